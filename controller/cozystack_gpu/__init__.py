@@ -1,0 +1,1 @@
+"""cozystack.gpu controller: GPU catalog, claims and inventory for KubeVirt VMs."""

@@ -1,0 +1,241 @@
+"""Every key the GPU components share: API names, labels, annotations, the scheduling gate,
+quota keys, the settings ConfigMap and the small rules that go with them.
+
+The controller, the node agent, the admission webhooks, the Ansible modules and the policies
+must agree on these strings, so they are defined here once. This module imports nothing
+beyond the standard library: the Ansible modules load it on hosts (through
+``plugins/module_utils/gpu_keys.py``, a link to this file) and the pure model imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from enum import Enum
+
+# --- API ---------------------------------------------------------------------------------
+
+GROUP = "gpu.cozystack.io"
+VERSION = "v1alpha1"
+API_VERSION = GROUP + "/" + VERSION
+
+KIND_CLASS = "GPUClass"
+KIND_CLAIM = "GPUClaim"
+KIND_NODE = "GPUNode"
+PLURAL_CLASSES = "gpuclasses"
+PLURAL_CLAIMS = "gpuclaims"
+PLURAL_NODES = "gpunodes"
+
+# Usage records: Cozystack's Workload, read by an external billing system.
+WORKLOAD_GROUP = "cozystack.io"
+WORKLOAD_VERSION = "v1alpha1"
+WORKLOAD_API_VERSION = WORKLOAD_GROUP + "/" + WORKLOAD_VERSION
+WORKLOAD_KIND = "Workload"
+WORKLOAD_PLURAL = "workloads"
+# Workload status.kind / status.type of a GPU usage record.
+WORKLOAD_STATUS_KIND = "GPUClaim"
+WORKLOAD_STATUS_TYPE = "gpu"
+
+KUBEVIRT_GROUP = "kubevirt.io"
+KUBEVIRT_VERSION = "v1"
+
+# --- Budgets -----------------------------------------------------------------------------
+
+# ResourceQuota spec.hard keys in tenant namespaces. A class name is a DNS label other than
+# "total" (the GPUClass CRD enforces both), so gpu.cozystack.io/<class> never collides
+# with the total key.
+QUOTA_KEY_PREFIX = GROUP + "/"
+QUOTA_TOTAL_NAME = "total"
+QUOTA_KEY_TOTAL = QUOTA_KEY_PREFIX + QUOTA_TOTAL_NAME
+
+
+def quota_key(class_name: str) -> str:
+    """The ResourceQuota key that budgets one GPUClass."""
+    return QUOTA_KEY_PREFIX + class_name
+
+
+def class_of_quota_key(key: str) -> str | None:
+    """The class a per-class quota key budgets; None for the total key or a foreign key."""
+    if not key.startswith(QUOTA_KEY_PREFIX):
+        return None
+    name = key[len(QUOTA_KEY_PREFIX) :]
+    if name == QUOTA_TOTAL_NAME or not name:
+        return None
+    return name
+
+
+# --- Tenants -----------------------------------------------------------------------------
+
+# Namespace label granting vGPU classes; its effective value must be exactly "true".
+LABEL_VGPU_ENTITLEMENT = GROUP + "/vgpu"
+VGPU_ENTITLEMENT_VALUE = "true"
+
+# Cozystack writes tenant.cozystack.io/<ancestor-namespace>: "" on a tenant namespace for
+# every ancestor and for itself.
+TENANT_LABEL_PREFIX = "tenant.cozystack.io/"
+
+
+def tenant_ancestors(namespace_labels: dict[str, str]) -> frozenset[str]:
+    """Namespaces named by the tenant ancestry labels of one namespace (itself included)."""
+    return frozenset(
+        key[len(TENANT_LABEL_PREFIX) :]
+        for key in namespace_labels
+        if key.startswith(TENANT_LABEL_PREFIX) and len(key) > len(TENANT_LABEL_PREFIX)
+    )
+
+
+# --- VMIs, launcher pods and claims ------------------------------------------------------
+
+# VMI annotation naming the claims a VM holds and the claim templates it orders at start.
+# Its value is JSON:
+#   {"claims": ["<GPUClaim name>", ...],
+#    "claimTemplates": [{"name": "<entry>", "class": "<GPUClass>", "count": <int>}, ...]}
+# Both members are optional; names refer to objects in the VMI's namespace.
+ANNOTATION_CLAIMS = GROUP + "/claims"
+ANNOTATION_MEMBER_CLAIMS = "claims"
+ANNOTATION_MEMBER_TEMPLATES = "claimTemplates"
+
+# Reference label on VMIs and launcher pods; the webhooks' object selectors match it, so
+# admission is only called for objects that use claims.
+LABEL_CLAIMS_REF = GROUP + "/claims"
+LABEL_CLAIMS_REF_VALUE = "true"
+
+# Scheduling gate that holds a launcher pod until the controller has pinned the claim set.
+SCHEDULING_GATE_CLAIMS = GROUP + "/claims"
+
+# Label of claims the controller creates from a VMI's claim templates. It carries no VMI
+# name (a VMI name can exceed a label value); the ownerReference names the VMI.
+LABEL_TEMPLATE_CLAIM = GROUP + "/template-claim"
+LABEL_TEMPLATE_CLAIM_VALUE = "true"
+
+# Prefix of the gpus entries the VMI webhook adds, one per unit.
+VMI_GPU_NAME_PREFIX = "gpu-cozystack-"
+
+# KubeVirt marks: the temporary pod for WaitForFirstConsumer volumes, and migration targets.
+ANNOTATION_EPHEMERAL_PROVISIONING = "kubevirt.io/ephemeral-provisioning"
+LABEL_MIGRATION_JOB_UID = "kubevirt.io/migrationJobUID"
+
+# Finalizer the binder keeps on a claim while a usage record or attachment must be cleaned.
+FINALIZER_CLAIM = GROUP + "/claim-protection"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def is_dns_label(name: str) -> bool:
+    """True for a name that may serve as a GPUClass name or a quota key suffix."""
+    return len(name) <= 63 and bool(_DNS_LABEL.match(name)) and name != QUOTA_TOTAL_NAME
+
+
+def template_claim_name(vmi_name: str, entry_name: str) -> str:
+    """Name of the claim created from one claim-template entry of a VMI.
+
+    Readable when short; a hash keeps it a valid, stable, unique name when the VMI and entry
+    names together are too long.
+    """
+    plain = f"{vmi_name}-{entry_name}"
+    if len(plain) <= 63 and _DNS_LABEL.match(plain):
+        return plain
+    digest = hashlib.sha256(f"{vmi_name}/{entry_name}".encode()).hexdigest()[:10]
+    head = re.sub(r"[^a-z0-9-]", "-", plain.lower())[: 63 - 11].strip("-") or "claim"
+    return f"{head}-{digest}"
+
+
+# --- Nodes -------------------------------------------------------------------------------
+
+# Node labels the host layer writes so class nodeSelectors can select on the layout.
+LABEL_NODE_LAYOUT = GROUP + "/layout"  # the layout name from the hoster's inventory
+LABEL_NODE_LAYOUT_STATE = GROUP + "/layout-state"  # see LayoutState
+NODE_MODEL_LABEL_PREFIX = "model." + GROUP + "/"  # model.gpu.cozystack.io/<model>: "<count>"
+NODE_PROFILE_LABEL_PREFIX = "profile." + GROUP + "/"  # profile.gpu.cozystack.io/<profile>: "<count>"
+NODE_MODE_LABEL_PREFIX = "mode." + GROUP + "/"  # mode.gpu.cozystack.io/<mode>: "<count>"
+
+
+class LayoutState(str, Enum):
+    """Value of LABEL_NODE_LAYOUT_STATE. The binder leaves a Pending node out."""
+
+    PENDING = "pending"
+    APPLIED = "applied"
+    FAILED = "failed"
+
+
+def node_label_name(text: str) -> str:
+    """A label name part (<=63, alphanumeric ends, [-_.A-Za-z0-9]) from a model or profile.
+
+    "NVIDIA L40S-24C" becomes "NVIDIA_L40S-24C", as the device plugin names resources.
+    """
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", text.strip().replace(" ", "_"))
+    name = name.strip("_.-")[:63].rstrip("_.-")
+    return name or "unknown"
+
+
+# --- Settings ----------------------------------------------------------------------------
+
+# ConfigMap in the controller's namespace; the ValidatingAdmissionPolicies take it as
+# paramRef. The controller owns it; nothing else writes it.
+SETTINGS_CONFIGMAP = "gpu-settings"
+SETTINGS_KEY_RESOURCE_NAMES = "resourceNames"
+SETTINGS_KEY_RAW_RESOURCE_NAMES = "rawResourceNames"
+
+
+class RawNamesPolicy(str, Enum):
+    """Whether tenants may request GPU resource names directly, without claims."""
+
+    ALLOWED = "allowed"
+    FORBIDDEN = "forbidden"
+
+
+def format_resource_names(names: set[str] | frozenset[str] | list[str]) -> str:
+    """The settings value of a resource-name set: sorted, de-duplicated, comma-joined."""
+    return ",".join(sorted({n.strip() for n in names if n.strip()}))
+
+
+def parse_resource_names(value: str) -> frozenset[str]:
+    """Inverse of format_resource_names; tolerant of spaces and empty members."""
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
+
+
+# --- Class rules -------------------------------------------------------------------------
+
+
+class Mode(str, Enum):
+    PASSTHROUGH = "passthrough"
+    VGPU = "vgpu"
+
+
+class OnCordon(str, Enum):
+    MOVE = "Move"
+    STAY = "Stay"
+
+
+class Phase(str, Enum):
+    PENDING = "Pending"
+    BOUND = "Bound"
+    ATTACHED = "Attached"
+    LOST = "Lost"
+
+
+def effective_max_count(mode: str, max_count: int | None, gpus_of_one_node: int) -> int:
+    """How many units of a class one VM may take.
+
+    maxCount has no schema default because the default depends on the mode: 1 for vgpu,
+    and for passthrough every GPU of one node (the largest node serving the class).
+    """
+    if max_count is not None:
+        return max_count
+    if mode == Mode.VGPU.value:
+        return 1
+    return max(gpus_of_one_node, 0)
+
+
+# --- Controller identity -----------------------------------------------------------------
+
+FIELD_MANAGER_BINDER = "cozystack-gpu-binder"
+FIELD_MANAGER_AGENT = "cozystack-gpu-agent"
+FIELD_MANAGER_WEBHOOK = "cozystack-gpu-webhook"
+LEASE_NAME_BINDER = "cozystack-gpu-binder"
+
+# Condition types.
+CONDITION_BOUND = "Bound"  # on GPUClaim: why a claim waits, or where it went
+CONDITION_PLACED = "Placed"  # on GPUClaim: the launcher pod's set placement
+CONDITION_AVAILABLE = "Available"  # on GPUClass: has it free capacity
+CONDITION_READY = "Ready"  # on GPUNode: written by the binder

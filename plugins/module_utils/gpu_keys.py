@@ -1,0 +1,1 @@
+../../controller/cozystack_gpu/keys.py
