@@ -1,0 +1,509 @@
+"""A real local Kubernetes control plane: etcd and kube-apiserver on loopback.
+
+Every test of CRDs, the controller, webhooks and the chart runs against this server; there
+is no mocked Kubernetes API. The binaries come from ``tools/build-binaries.sh`` (built from
+source once per machine and cached). There is no scheduler, kubelet or controller-manager:
+tests patch Node and Pod status as those would, and check ownerReferences instead of
+waiting for garbage collection.
+
+By hand::
+
+    eval "$(python -m cozystack_gpu_testkit.cluster up)"   # prints export KUBECONFIG=...
+    kubectl get gpuclasses
+    python -m cozystack_gpu_testkit.cluster down
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cozystack_gpu_testkit.pki import CertificateAuthority, service_account_keys
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "tools" / "build-binaries.sh"
+CRD_DIR = REPO_ROOT / "controller" / "cozystack_gpu" / "crds"
+DEFAULT_STATE_DIR = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cozystack-gpu" / "dev-cluster"
+)
+READY_TIMEOUT_S = 90.0
+SERVICE_CIDR = "10.96.0.0/12"
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be started; the message carries the server's log tail."""
+
+
+def binary_dir() -> Path:
+    """The directory with kube-apiserver, etcd, kubectl and helm, building them if needed."""
+    configured = os.environ.get("COZYSTACK_GPU_BIN_DIR")
+    if configured:
+        return Path(configured)
+    if not BUILD_SCRIPT.exists():
+        raise ControlPlaneError(
+            f"no binaries: set COZYSTACK_GPU_BIN_DIR or run {BUILD_SCRIPT} from a checkout"
+        )
+    out = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True
+    ).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel kills it when the test process dies.
+
+    This is what keeps a killed (SIGKILL) pytest run from leaving etcd or kube-apiserver
+    behind; atexit handlers never run in that case.
+    """
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class ControlPlane:
+    """A running etcd + kube-apiserver pair and the files a client needs to reach it."""
+
+    workdir: Path
+    bin_dir: Path
+    server: str
+    kubeconfig: Path
+    ca_file: Path
+    client_cert: Path
+    client_key: Path
+    pids: dict[str, int] = field(default_factory=dict)
+    _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+    _owns_workdir: bool = field(default=False, repr=False)
+
+    # --- clients ---------------------------------------------------------------------
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ctx.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return ctx
+
+    def get_json(self, path: str, timeout: float = 5.0) -> Any:
+        with urllib.request.urlopen(
+            self.server + path, context=self.ssl_context(), timeout=timeout
+        ) as resp:
+            return json.loads(resp.read())
+
+    def version(self) -> str:
+        return str(self.get_json("/version")["gitVersion"])
+
+    def api_client(self) -> Any:
+        """A kubernetes.client.ApiClient with the admin identity."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            check=check,
+            capture_output=True,
+            text=True,
+        )
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            for name, proc in self._procs.items():
+                if proc.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}"
+                    )
+            try:
+                req = urllib.request.Request(self.server + "/readyz")
+                with urllib.request.urlopen(req, context=self.ssl_context(), timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except urllib.error.HTTPError as exc:
+                last = f"/readyz answered {exc.code}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"kube-apiserver not ready after {timeout:.0f} s ({last}):\n"
+            f"{self.log_tail('kube-apiserver')}"
+        )
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stops the API server before etcd, then removes a work directory it created."""
+        for name in ("kube-apiserver", "etcd"):
+            pid = self.pids.get(name)
+            if pid is None:
+                continue
+            proc = self._procs.get(name)
+            _terminate(pid, proc, timeout)
+        self.pids.clear()
+        self._procs.clear()
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ControlPlane:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def _terminate(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None:
+            if proc.poll() is not None:
+                return
+        elif not _alive(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if proc is not None:
+        proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of someone else still answers signal 0; /proc tells the truth.
+    with contextlib.suppress(OSError):
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    return False
+
+
+def _kubeconfig(server: str, ca: bytes, cert: bytes, key: bytes) -> dict[str, Any]:
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "cozystack-gpu-local",
+                "cluster": {"server": server, "certificate-authority-data": b64(ca)},
+            }
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)},
+            }
+        ],
+        "contexts": [
+            {
+                "name": "cozystack-gpu-local",
+                "context": {"cluster": "cozystack-gpu-local", "user": "admin"},
+            }
+        ],
+        "current-context": "cozystack-gpu-local",
+    }
+
+
+def _scratch_parent() -> str | None:
+    # etcd on tmpfs: the suite writes thousands of objects and fsync on disk would dominate.
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def start(
+    workdir: Path | None = None,
+    *,
+    bin_dir: Path | None = None,
+    detach: bool = False,
+    extra_apiserver_args: tuple[str, ...] = (),
+) -> ControlPlane:
+    """Starts etcd and kube-apiserver and waits for /readyz.
+
+    detach=False ties both processes to the calling process (they die with it, even on
+    SIGKILL); detach=True starts them in their own session for `cluster up`.
+    """
+    bin_dir = bin_dir or binary_dir()
+    owns = workdir is None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="cozystack-gpu-cp-", dir=_scratch_parent()))
+    workdir.mkdir(parents=True, exist_ok=True)
+    pki = workdir / "pki"
+    pki.mkdir(exist_ok=True)
+
+    ca = CertificateAuthority()
+    (pki / "ca.crt").write_bytes(ca.cert_pem)
+    ca.issue(
+        "kube-apiserver",
+        dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+        ip_addresses=("127.0.0.1", "10.96.0.1"),
+        server=True,
+    ).write(pki / "apiserver.crt", pki / "apiserver.key")
+    admin = ca.issue("cozystack-gpu-admin", organization="system:masters", client=True)
+    admin.write(pki / "admin.crt", pki / "admin.key")
+    service_account_keys().write(pki / "sa.pub", pki / "sa.key")
+
+    etcd_client, etcd_peer, secure_port = _free_port(), _free_port(), _free_port()
+    server = f"https://127.0.0.1:{secure_port}"
+    kubeconfig = workdir / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(_kubeconfig(server, ca.cert_pem, admin.cert_pem, admin.key_pem))
+    )
+    kubeconfig.chmod(0o600)
+
+    plane = ControlPlane(
+        workdir=workdir,
+        bin_dir=bin_dir,
+        server=server,
+        kubeconfig=kubeconfig,
+        ca_file=pki / "ca.crt",
+        client_cert=pki / "admin.crt",
+        client_key=pki / "admin.key",
+        _owns_workdir=owns,
+    )
+
+    etcd_args = [
+        str(bin_dir / "etcd"),
+        "--name=default",
+        f"--data-dir={workdir / 'etcd'}",
+        f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+        f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+        f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+        f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+    apiserver_args = [
+        str(bin_dir / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={secure_port}",
+        f"--cert-dir={pki}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--service-account-issuer=https://kubernetes.default.svc",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true",
+        # No controller-manager creates default service accounts or their tokens, so the
+        # ServiceAccount admission plugin would refuse every pod the tests create.
+        "--disable-admission-plugins=ServiceAccount",
+        # The endpoint reconciler refuses a loopback advertise address; nothing here needs
+        # the kubernetes Service's endpoints.
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        "--v=0",
+        *extra_apiserver_args,
+    ]
+    try:
+        for name, args in (("etcd", etcd_args), ("kube-apiserver", apiserver_args)):
+            log = (workdir / f"{name}.log").open("ab")
+            proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=detach,
+                preexec_fn=None if detach else _die_with_parent,
+            )
+            log.close()
+            plane.pids[name] = proc.pid
+            plane._procs[name] = proc
+        plane.wait_ready()
+    except BaseException:
+        plane.stop()
+        raise
+    return plane
+
+
+# --- CRDs and objects ----------------------------------------------------------------
+
+
+def load_manifests(*paths: Path) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in paths:
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def install_crds(api_client: Any, paths: list[Path] | None = None, timeout: float = 30.0) -> None:
+    """Creates (or replaces) CRDs and waits until each is Established and served."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    ext = client.ApiextensionsV1Api(api_client)
+    crds = load_manifests(*(paths or sorted(CRD_DIR.glob("*.yaml"))))
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        try:
+            ext.create_custom_resource_definition(crd)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            current = ext.read_custom_resource_definition(name)
+            crd["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(name, crd)
+    for crd in crds:
+        _wait(
+            lambda crd=crd: _established(ext, crd["metadata"]["name"]),
+            timeout,
+            f"CRD {crd['metadata']['name']} not Established",
+        )
+
+
+def _established(ext: Any, name: str) -> bool:
+    conditions = ext.read_custom_resource_definition(name).status.conditions or []
+    return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} after {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def running(**kwargs: Any) -> Iterator[ControlPlane]:
+    plane = start(**kwargs)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def _state_file(state_dir: Path) -> Path:
+    return state_dir / "state.json"
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    state_dir: Path = args.dir
+    if _state_file(state_dir).exists():
+        state = json.loads(_state_file(state_dir).read_text())
+        if all(_alive(pid) for pid in state["pids"].values()):
+            print(f"# already running at {state['server']}", file=sys.stderr)
+            _print_env(state)
+            return 0
+        _cmd_down(args)
+    if state_dir.exists():
+        shutil.rmtree(state_dir)
+    started = time.monotonic()
+    print("# starting etcd and kube-apiserver...", file=sys.stderr)
+    plane = start(state_dir, detach=True)
+    if not args.no_crds:
+        install_crds(plane.api_client())
+    state = {
+        "server": plane.server,
+        "kubeconfig": str(plane.kubeconfig),
+        "bin_dir": str(plane.bin_dir),
+        "pids": plane.pids,
+    }
+    _state_file(state_dir).write_text(json.dumps(state))
+    print(
+        f"# kube-apiserver {plane.version()} ready at {plane.server} "
+        f"in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
+    _print_env(state)
+    return 0
+
+
+def _print_env(state: dict[str, Any]) -> None:
+    print(f"export KUBECONFIG={state['kubeconfig']}")
+    print(f"export PATH={state['bin_dir']}:$PATH")
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    path = _state_file(args.dir)
+    if not path.exists():
+        print("# no local control plane is running", file=sys.stderr)
+        return 0
+    state = json.loads(path.read_text())
+    for name in ("kube-apiserver", "etcd"):
+        pid = state["pids"].get(name)
+        if pid:
+            _terminate(pid, None, 10.0)
+    shutil.rmtree(args.dir, ignore_errors=True)
+    print("# stopped", file=sys.stderr)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    path = _state_file(args.dir)
+    if not path.exists():
+        print("not running")
+        return 1
+    state = json.loads(path.read_text())
+    alive = {name: _alive(pid) for name, pid in state["pids"].items()}
+    print(json.dumps({"server": state["server"], "alive": alive}))
+    return 0 if all(alive.values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="cozystack-gpu-cluster", description="A real local Kubernetes control plane."
+    )
+    parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR, help="state directory")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start etcd + kube-apiserver and print export lines")
+    up.add_argument("--no-crds", action="store_true", help="do not install the gpu CRDs")
+    sub.add_parser("down", help="stop them and remove the state directory")
+    sub.add_parser("status", help="say whether they run")
+    args = parser.parse_args(argv)
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "up": _cmd_up,
+        "down": _cmd_down,
+        "status": _cmd_status,
+    }
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
