@@ -1,0 +1,800 @@
+"""sysfs fixture trees for NVIDIA GPU hosts, built from compact descriptions.
+
+Tests of the inventory library, the node agent, the Ansible modules (molecule) and the
+stand-ins for ``sriov-manage`` and ``nvidia-smi`` all act on trees made here, so a tree
+always looks the way the kernel and NVIDIA's vGPU host driver lay sysfs out, and it changes
+the way they change it. Build a tree from :class:`Gpu` descriptions, or take a named
+scenario from :data:`SCENARIOS`; change it through :class:`SysfsTree`, never by writing its
+files directly, so that the dependent files (``sriov_numvfs``, the ``creatable_vgpu_types``
+lists of a card, mdev ``available_instances``) follow.
+
+Tree conventions (paths relative to the root; ``BDF`` is ``0000:41:00.0`` style):
+
+* Function directories are ``sys/devices/pci0000:00/BDF/`` (flat, one fake host bridge);
+  ``sys/bus/pci/devices/BDF`` links to them, as on a host.
+* Each function has ``vendor``, ``device``, ``class`` (``0x``-hex and a newline),
+  ``subsystem_vendor``, ``subsystem_device``, ``numa_node`` (decimal, ``-1`` unknown) and
+  ``driver_override`` (``(null)``). ``driver`` links to ``sys/bus/pci/drivers/<name>/``,
+  which holds ``bind``, ``unbind``, ``new_id`` and a link back per bound function; an
+  unbound function has no ``driver`` link. ``iommu_group`` links to
+  ``sys/kernel/iommu_groups/<N>/``, whose ``devices/`` links back. Every function gets a
+  group of its own unless its description names one.
+* SR-IOV PF (a model with ``total_vfs``): ``sriov_totalvfs``, ``sriov_numvfs``,
+  ``sriov_offset`` (4) and ``sriov_stride`` (1). VF ``i`` (0-based) of a PF at devfn ``d``
+  is at devfn ``d + 4 + i`` on the PF's bus (carrying into the next bus past 0xff): the
+  32 VFs of ``0000:41:00.0`` are ``0000:41:00.4`` … ``0000:41:04.3``.
+* Enabling VFs (:meth:`SysfsTree.enable_vfs`, what ``sriov-manage -e`` does) writes
+  ``sriov_numvfs``, creates the PF's ``virtfn<i>`` links (``../<VF BDF>``) and per VF a
+  function directory with the PF's IDs, class and NUMA node, driver ``nvidia``, its own
+  IOMMU group, a ``physfn`` link (``../<PF BDF>``) and ``nvidia/current_vgpu_type``
+  (``0``), ``nvidia/creatable_vgpu_types`` and ``nvidia/vgpu_params``. Enabling on a PF
+  whose VFs are enabled fails with EBUSY unless the count is the same (then nothing
+  changes); disabling removes every VF (there is no partial disable).
+* ``nvidia/creatable_vgpu_types`` is the header line ``ID    : vGPU Name`` followed by
+  ``<id> : <name>`` lines. The fixture's capacity model: a card's framebuffer is shared by
+  its VFs; the PF and every VF without a type list the types whose framebuffer fits what is
+  left (mixed sizes allowed), so a fully used card lists only the header; a VF with a type
+  lists its own type (``vf_catalog="own"``) or only the header (``vf_catalog="header"``,
+  the driver behaviour that makes the device plugin fall back to NVML). Writing a type ID
+  (:meth:`SysfsTree.set_vgpu_type`) succeeds only for a type the VF lists and only on a VF
+  without one (EINVAL / EBUSY otherwise); writing 0 removes the vGPU.
+* mdev parent (a model with ``mdev_types``): ``mdev_supported_types/<type>/`` with
+  ``name``, ``description``, ``device_api`` (``vfio-pci``), ``available_instances``,
+  ``create`` and ``devices/``; the parent is listed in ``sys/class/mdev_bus/``. A created
+  mdev (:meth:`SysfsTree.create_mdev`) is a directory ``<parent dir>/<uuid>/`` with an
+  ``mdev_type`` link (``../mdev_supported_types/<type>``) and ``remove``, linked from the
+  type's ``devices/`` and from ``sys/bus/mdev/devices/<uuid>``. One GPU runs one mdev type
+  at a time: the other types show ``available_instances`` 0 while it has mdevs.
+* ``usr/share/misc/pci.ids`` holds :data:`PCI_IDS_FIXTURE` (unless built without it).
+* ``.sysfs-fixture.json`` at the root keeps the models of the cards, so another process
+  (a stand-in) can reopen the tree with :meth:`SysfsTree.open` and act on it.
+
+Run ``python -m cozystack_gpu_testkit.sysfs_tree --help`` to build a scenario from a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HEADER = "ID    : vGPU Name"
+STATE_FILE = ".sysfs-fixture.json"
+PCI_IDS_PATH = "usr/share/misc/pci.ids"
+DEVICES_DIR = "sys/devices/pci0000:00"
+VF_OFFSET = 4
+VF_STRIDE = 1
+
+# A small pci.ids: vendors around NVIDIA so the reader must find the right section, device
+# names with brackets, dots and slashes, a subsystem line, and no line for 2bff.
+PCI_IDS_FIXTURE = """\
+#
+#\tList of PCI ID's (fixture for cozystack.gpu tests)
+#
+#\tSyntax:
+#\tvendor  vendor_name
+#\t\tdevice  device_name\t\t\t\t<-- single tab
+#\t\t\tsubvendor subdevice  subsystem_name\t<-- two tabs
+8086  Intel Corporation
+\t1572  Ethernet Controller X710 for 10GbE SFP+
+\t2330  Not an NVIDIA device
+10de  NVIDIA Corporation
+\t1bb3  GP104GL [Tesla P4]
+\t1e07  TU102 [GeForce RTX 2080 Ti Rev. A]
+\t1eb8  TU104GL [Tesla T4]
+\t\t10de 12a2  T4 16GB
+\t20b0  GA100 [A100 SXM4 40GB]
+\t2230  GA102GL [RTX A6000]
+\t2330  GH100 [H100 SXM5 80GB]
+\t2331  GH100 [H100 PCIe]
+\t22ba  AD102 High Definition Audio Controller
+\t26b5  AD102GL [L40S]
+\t26b9  AD102GL [L40S / L40 / L20 ES/QS]
+10df  Emulex Corporation
+\t2330  Not an NVIDIA device either
+"""
+
+
+@dataclass(frozen=True)
+class VgpuTypeSpec:
+    type_id: int
+    name: str
+    framebuffer_gb: int
+
+
+@dataclass(frozen=True)
+class MdevTypeSpec:
+    type_dir: str  # nvidia-<N>
+    name: str
+    max_instances: int
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class CardModel:
+    """What a GPU model looks like in sysfs and what its vGPU host driver offers."""
+
+    key: str
+    device_id: str  # 4 hex digits, as in pci.ids
+    memory_gb: int
+    class_code: str = "0x030200"
+    vendor_id: str = "0x10de"
+    total_vfs: int = 0
+    vgpu_types: tuple[VgpuTypeSpec, ...] = ()
+    mdev_types: tuple[MdevTypeSpec, ...] = ()
+
+    def vgpu_type(self, type_id: int) -> VgpuTypeSpec | None:
+        return next((t for t in self.vgpu_types if t.type_id == type_id), None)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CardModel:
+        return cls(
+            **{k: v for k, v in data.items() if k not in ("vgpu_types", "mdev_types")},
+            vgpu_types=tuple(VgpuTypeSpec(**t) for t in data.get("vgpu_types", ())),
+            mdev_types=tuple(MdevTypeSpec(**t) for t in data.get("mdev_types", ())),
+        )
+
+
+def _l40s_types() -> tuple[VgpuTypeSpec, ...]:
+    sizes = (48, 24, 16, 12, 8, 6, 4, 3, 2, 1)
+    return tuple(VgpuTypeSpec(1150 + i, f"NVIDIA L40S-{gb}C", gb) for i, gb in enumerate(sizes))
+
+
+H100_SXM = CardModel("h100-sxm", "2330", 80)
+A100_SXM = CardModel("a100-sxm", "20b0", 40)
+RTX_A6000 = CardModel("rtx-a6000", "2230", 48, class_code="0x030000")  # a VGA-class GPU
+L40S = CardModel("l40s", "26b5", 48, total_vfs=32, vgpu_types=_l40s_types())
+T4 = CardModel(
+    "t4",
+    "1eb8",
+    16,
+    mdev_types=(
+        MdevTypeSpec("nvidia-222", "GRID T4-1B", 16, "num_heads=4, frl_config=45"),
+        MdevTypeSpec("nvidia-225", "GRID T4-4Q", 4, "num_heads=4, frl_config=60"),
+        MdevTypeSpec("nvidia-228", "GRID T4-8Q", 2, "num_heads=4, frl_config=60"),
+        MdevTypeSpec("nvidia-230", "GRID T4-16Q", 1, "num_heads=4, frl_config=60"),
+    ),
+)
+UNLISTED = CardModel("unlisted", "2bff", 24)  # no pci.ids line: named by its raw ID
+NVIDIA_AUDIO = CardModel("nvidia-audio", "22ba", 0, class_code="0x040300")  # not a GPU
+INTEL_NIC = CardModel("intel-nic", "1572", 0, class_code="0x020000", vendor_id="0x8086")
+MODELS = {
+    m.key: m for m in (H100_SXM, A100_SXM, RTX_A6000, L40S, T4, UNLISTED, NVIDIA_AUDIO, INTEL_NIC)
+}
+
+
+@dataclass
+class Gpu:
+    """A compact description of one PCI function (and, on an SR-IOV PF, its VFs)."""
+
+    address: str
+    model: CardModel = H100_SXM
+    driver: str | None = "vfio-pci"
+    numa_node: int = 0
+    iommu_group: int | None = None  # None: a group of its own
+    vfs: int = 0  # VFs to enable
+    profiles: Mapping[int, int | str] = field(default_factory=dict)  # VF index -> type ID/name
+    mdevs: Sequence[tuple[str, str]] = ()  # (uuid, type dir)
+    vf_catalog: str = "own"  # what a VF with a vGPU type lists: "own" or "header"
+
+
+def _bdf(domain: int, bus: int, devfn: int) -> str:
+    return f"{domain:04x}:{bus:02x}:{devfn >> 3:02x}.{devfn & 7}"
+
+
+def vf_address(pf: str, index: int) -> str:
+    """The address of VF ``index`` (0-based) of ``pf`` under the fixture's offset and stride."""
+    domain, bus, devfn = int(pf[0:4], 16), int(pf[5:7], 16), int(pf[8:10], 16) * 8 + int(pf[11])
+    devfn += VF_OFFSET + index * VF_STRIDE
+    return _bdf(domain, bus + devfn // 256, devfn % 256)
+
+
+class SysfsTree:
+    """A fixture tree below ``root``; every change keeps the dependent files consistent."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.cards: dict[str, CardModel] = {}
+        self.vf_catalog: dict[str, str] = {}
+        self.next_group = 10
+        state = self.root / STATE_FILE
+        if state.exists():
+            data = json.loads(state.read_text())
+            self.cards = {a: CardModel.from_dict(m) for a, m in data["cards"].items()}
+            self.vf_catalog = dict(data["vf_catalog"])
+            self.next_group = int(data["next_group"])
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str]) -> SysfsTree:
+        """Reopen a tree built earlier, possibly by another process."""
+        if not (Path(root) / STATE_FILE).exists():
+            raise FileNotFoundError(f"{root} is not a sysfs fixture tree (no {STATE_FILE})")
+        return cls(root)
+
+    # --- paths -------------------------------------------------------------------------
+
+    @property
+    def pci_ids(self) -> Path:
+        return self.root / PCI_IDS_PATH
+
+    def device_dir(self, address: str) -> Path:
+        return self.root / DEVICES_DIR / address
+
+    def _save(self) -> None:
+        data = {
+            "cards": {a: asdict(m) for a, m in self.cards.items()},
+            "vf_catalog": self.vf_catalog,
+            "next_group": self.next_group,
+        }
+        (self.root / STATE_FILE).write_text(json.dumps(data, indent=1, sort_keys=True))
+
+    # --- low-level writes (also for breaking a tree on purpose) ------------------------
+
+    def write(self, address: str, relpath: str, content: str | bytes) -> Path:
+        """Write one attribute file of a function as raw content."""
+        path = self.device_dir(address) / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        return path
+
+    def link(self, address: str, relpath: str, target: str) -> Path:
+        """Create (or replace) a symlink in a function's directory, dangling or not."""
+        path = self.device_dir(address) / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        path.symlink_to(target)
+        return path
+
+    def _symlink(self, path: Path, target: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        path.symlink_to(target)
+
+    # --- building ----------------------------------------------------------------------
+
+    def add_function(
+        self,
+        address: str,
+        model: CardModel,
+        *,
+        driver: str | None,
+        numa_node: int = 0,
+        iommu_group: int | None = None,
+        physfn: str | None = None,
+    ) -> None:
+        """One PCI function with its identity, driver, IOMMU group and NUMA node."""
+        if iommu_group is None:
+            iommu_group = self.next_group
+            self.next_group += 1
+        else:
+            self.next_group = max(self.next_group, iommu_group + 1)
+        d = self.device_dir(address)
+        d.mkdir(parents=True, exist_ok=True)
+        for name, value in (
+            ("vendor", model.vendor_id),
+            ("device", "0x" + model.device_id),
+            ("class", model.class_code),
+            ("subsystem_vendor", model.vendor_id),
+            ("subsystem_device", "0x0000"),
+            ("numa_node", str(numa_node)),
+            ("driver_override", "(null)"),
+        ):
+            (d / name).write_text(value + "\n")
+        self._symlink(
+            self.root / "sys/bus/pci/devices" / address, f"../../../devices/pci0000:00/{address}"
+        )
+        group = self.root / "sys/kernel/iommu_groups" / str(iommu_group)
+        self._symlink(group / "devices" / address, f"../../../../devices/pci0000:00/{address}")
+        self._symlink(d / "iommu_group", f"../../../kernel/iommu_groups/{iommu_group}")
+        if physfn is not None:
+            self._symlink(d / "physfn", f"../{physfn}")
+        self.bind(address, driver)
+        if model.total_vfs and physfn is None:
+            self.cards[address] = model
+            for name, value in (
+                ("sriov_totalvfs", str(model.total_vfs)),
+                ("sriov_numvfs", "0"),
+                ("sriov_offset", str(VF_OFFSET)),
+                ("sriov_stride", str(VF_STRIDE)),
+            ):
+                (d / name).write_text(value + "\n")
+        if model.mdev_types:
+            self.cards[address] = model
+            for t in model.mdev_types:
+                tdir = d / "mdev_supported_types" / t.type_dir
+                (tdir / "devices").mkdir(parents=True, exist_ok=True)
+                (tdir / "name").write_text(t.name + "\n")
+                (tdir / "description").write_text(t.description + "\n")
+                (tdir / "device_api").write_text("vfio-pci\n")
+                (tdir / "create").write_text("")
+            self._symlink(
+                self.root / "sys/class/mdev_bus" / address, f"../../devices/pci0000:00/{address}"
+            )
+            self._refresh_mdev(address)
+        if model.vgpu_types and physfn is None:
+            self.refresh_card(address)
+        self._save()
+
+    def add_gpu(self, gpu: Gpu) -> None:
+        """A GPU from its description: the function, then its VFs, profiles and mdevs."""
+        self.vf_catalog[gpu.address] = gpu.vf_catalog
+        self.add_function(
+            gpu.address,
+            gpu.model,
+            driver=gpu.driver,
+            numa_node=gpu.numa_node,
+            iommu_group=gpu.iommu_group,
+        )
+        if gpu.vfs:
+            self.enable_vfs(gpu.address, gpu.vfs)
+        for index, profile in sorted(gpu.profiles.items()):
+            self.set_vgpu_type(vf_address(gpu.address, index), self._type_id(gpu.address, profile))
+        for uuid, type_dir in gpu.mdevs:
+            self.create_mdev(gpu.address, type_dir, uuid)
+
+    def _type_id(self, pf: str, profile: int | str) -> int:
+        if isinstance(profile, int):
+            return profile
+        for t in self.cards[pf].vgpu_types:
+            if t.name == profile:
+                return t.type_id
+        raise KeyError(f"{pf}: no vGPU type named {profile!r}")
+
+    def write_pci_ids(self, text: str = PCI_IDS_FIXTURE) -> None:
+        self.pci_ids.parent.mkdir(parents=True, exist_ok=True)
+        self.pci_ids.write_text(text)
+
+    # --- driver binding ----------------------------------------------------------------
+
+    def driver_of(self, address: str) -> str | None:
+        link = self.device_dir(address) / "driver"
+        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+    def bind(self, address: str, driver: str | None) -> None:
+        """Bind a function to ``driver`` (None: unbind), with the driver's back link."""
+        d = self.device_dir(address)
+        old = self.driver_of(address)
+        if old is not None:
+            (d / "driver").unlink()
+            back = self.root / "sys/bus/pci/drivers" / old / address
+            if back.is_symlink():
+                back.unlink()
+        if driver is None:
+            return
+        ddir = self.root / "sys/bus/pci/drivers" / driver
+        ddir.mkdir(parents=True, exist_ok=True)
+        for name in ("bind", "unbind", "new_id"):
+            if not (ddir / name).exists():
+                (ddir / name).write_text("")
+        self._symlink(ddir / address, f"../../../../devices/pci0000:00/{address}")
+        self._symlink(d / "driver", f"../../../bus/pci/drivers/{driver}")
+
+    # --- SR-IOV and vGPU ---------------------------------------------------------------
+
+    def vfs_of(self, pf: str) -> list[str]:
+        d = self.device_dir(pf)
+        found = sorted(
+            (int(p.name[len("virtfn") :]), os.path.basename(os.readlink(p)))
+            for p in d.glob("virtfn*")
+            if p.name[len("virtfn") :].isdigit()
+        )
+        return [address for _, address in found]
+
+    def enable_vfs(self, pf: str, count: int | None = None) -> list[str]:
+        """Create ``count`` VFs (all of ``sriov_totalvfs`` by default), as the driver would."""
+        model = self.cards.get(pf)
+        if model is None or not model.total_vfs:
+            raise OSError(errno.ENODEV, f"{pf} is not an SR-IOV physical function")
+        count = model.total_vfs if count is None else count
+        if not 0 <= count <= model.total_vfs:
+            raise OSError(errno.ERANGE, f"{pf}: {count} VFs out of 0..{model.total_vfs}")
+        current = self.vfs_of(pf)
+        if current:
+            if len(current) == count:
+                return current
+            raise OSError(errno.EBUSY, f"{pf}: {len(current)} VFs enabled; disable them first")
+        if count == 0:
+            return []
+        numa = int((self.device_dir(pf) / "numa_node").read_text().strip())
+        created = []
+        for index in range(count):
+            vf = vf_address(pf, index)
+            self.add_function(vf, model, driver="nvidia", numa_node=numa, physfn=pf)
+            self._symlink(self.device_dir(pf) / f"virtfn{index}", f"../{vf}")
+            vdir = self.device_dir(vf) / "nvidia"
+            vdir.mkdir(exist_ok=True)
+            (vdir / "current_vgpu_type").write_text("0\n")
+            (vdir / "vgpu_params").write_text("")
+            created.append(vf)
+        (self.device_dir(pf) / "sriov_numvfs").write_text(f"{count}\n")
+        self.refresh_card(pf)
+        self._save()
+        return created
+
+    def disable_vfs(self, pf: str) -> None:
+        """Remove every VF of ``pf`` (writing 0 to ``sriov_numvfs``)."""
+        for index, vf in enumerate(self.vfs_of(pf)):
+            self.bind(vf, None)
+            group = os.path.basename(os.readlink(self.device_dir(vf) / "iommu_group"))
+            shutil.rmtree(self.root / "sys/kernel/iommu_groups" / group, ignore_errors=True)
+            (self.root / "sys/bus/pci/devices" / vf).unlink(missing_ok=True)
+            shutil.rmtree(self.device_dir(vf), ignore_errors=True)
+            (self.device_dir(pf) / f"virtfn{index}").unlink(missing_ok=True)
+        for stale in self.device_dir(pf).glob("virtfn*"):
+            stale.unlink()
+        (self.device_dir(pf) / "sriov_numvfs").write_text("0\n")
+        self.refresh_card(pf)
+        self._save()
+
+    def current_vgpu_type(self, vf: str) -> int:
+        return int((self.device_dir(vf) / "nvidia/current_vgpu_type").read_text().strip() or 0)
+
+    def creatable_vgpu_types(self, address: str) -> list[int]:
+        text = (self.device_dir(address) / "nvidia/creatable_vgpu_types").read_text()
+        return [int(line.split(":")[0]) for line in text.splitlines()[1:] if line.strip()]
+
+    def set_vgpu_type(self, vf: str, type_id: int) -> None:
+        """Write ``current_vgpu_type`` as the driver takes it: a listed type on a free VF, or 0."""
+        path = self.device_dir(vf) / "nvidia/current_vgpu_type"
+        if not path.exists():
+            raise OSError(errno.ENOENT, f"{vf} has no nvidia/current_vgpu_type")
+        current = self.current_vgpu_type(vf)
+        if type_id != 0:
+            if current != 0:
+                raise OSError(errno.EBUSY, f"{vf} already has vGPU type {current}")
+            if type_id not in self.creatable_vgpu_types(vf):
+                raise OSError(errno.EINVAL, f"{vf}: vGPU type {type_id} is not creatable")
+        path.write_text(f"{type_id}\n")
+        pf = os.path.basename(os.readlink(self.device_dir(vf) / "physfn"))
+        self.refresh_card(pf)
+
+    def refresh_card(self, pf: str) -> None:
+        """Recompute the ``creatable_vgpu_types`` of a card's PF and VFs from what is in use."""
+        model = self.cards[pf]
+        vfs = self.vfs_of(pf)
+        used = {vf: self.current_vgpu_type(vf) for vf in vfs}
+        spent = sum(t.framebuffer_gb for t in map(model.vgpu_type, used.values()) if t)
+        left = model.memory_gb - spent
+        fitting = [t for t in model.vgpu_types if t.framebuffer_gb <= left]
+
+        def listing(types: Iterable[VgpuTypeSpec]) -> str:
+            return "".join([HEADER + "\n"] + [f"{t.type_id} : {t.name}\n" for t in types])
+
+        pf_dir = self.device_dir(pf) / "nvidia"
+        pf_dir.mkdir(exist_ok=True)
+        (pf_dir / "creatable_vgpu_types").write_text(listing(fitting))
+        catalog = self.vf_catalog.get(pf, "own")
+        for vf, type_id in used.items():
+            if type_id == 0:
+                text = listing(fitting)
+            elif catalog == "own":
+                own = model.vgpu_type(type_id)
+                text = listing([own] if own else [])
+            else:
+                text = listing([])
+            (self.device_dir(vf) / "nvidia/creatable_vgpu_types").write_text(text)
+
+    # --- mdev --------------------------------------------------------------------------
+
+    def mdevs_of(self, parent: str) -> dict[str, str]:
+        """uuid -> type dir of the mdevs below ``parent``."""
+        found = {}
+        for entry in self.device_dir(parent).iterdir():
+            link = entry / "mdev_type"
+            if entry.is_dir() and link.is_symlink():
+                found[entry.name] = os.path.basename(os.readlink(link))
+        return found
+
+    def create_mdev(self, parent: str, type_dir: str, uuid: str) -> None:
+        """Write ``uuid`` to a type's ``create``, as mdevctl does."""
+        tdir = self.device_dir(parent) / "mdev_supported_types" / type_dir
+        if not tdir.is_dir():
+            raise OSError(errno.ENOENT, f"{parent}: no mdev type {type_dir}")
+        if int((tdir / "available_instances").read_text()) < 1:
+            raise OSError(errno.EDQUOT, f"{parent}: no {type_dir} instance available")
+        d = self.device_dir(parent) / uuid
+        d.mkdir()
+        self._symlink(d / "mdev_type", f"../mdev_supported_types/{type_dir}")
+        (d / "remove").write_text("")
+        self._symlink(tdir / "devices" / uuid, f"../../../{uuid}")
+        self._symlink(
+            self.root / "sys/bus/mdev/devices" / uuid,
+            f"../../../devices/pci0000:00/{parent}/{uuid}",
+        )
+        self._refresh_mdev(parent)
+
+    def remove_mdev(self, uuid: str) -> None:
+        """Write 1 to an mdev's ``remove``."""
+        bus = self.root / "sys/bus/mdev/devices" / uuid
+        parent = os.path.basename(os.path.dirname(os.readlink(bus)))
+        type_dir = self.mdevs_of(parent)[uuid]
+        (self.device_dir(parent) / "mdev_supported_types" / type_dir / "devices" / uuid).unlink()
+        bus.unlink()
+        shutil.rmtree(self.device_dir(parent) / uuid)
+        self._refresh_mdev(parent)
+
+    def _refresh_mdev(self, parent: str) -> None:
+        model = self.cards[parent]
+        in_use = self.mdevs_of(parent)
+        for t in model.mdev_types:
+            count = sum(1 for v in in_use.values() if v == t.type_dir)
+            other = any(v != t.type_dir for v in in_use.values())
+            left = 0 if other else t.max_instances - count
+            (
+                self.device_dir(parent)
+                / "mdev_supported_types"
+                / t.type_dir
+                / "available_instances"
+            ).write_text(f"{left}\n")
+
+
+def build(
+    root: str | os.PathLike[str],
+    gpus: Iterable[Gpu],
+    *,
+    pci_ids: bool = True,
+    others: Iterable[Gpu] = (),
+) -> SysfsTree:
+    """A fresh tree below ``root`` holding ``gpus`` (and non-GPU functions ``others``)."""
+    tree = SysfsTree(root)
+    tree.root.mkdir(parents=True, exist_ok=True)
+    for name in (
+        "sys/bus/pci/devices",
+        "sys/bus/mdev/devices",
+        "sys/kernel/iommu_groups",
+        "sys/class/mdev_bus",
+    ):
+        (tree.root / name).mkdir(parents=True, exist_ok=True)
+    if pci_ids:
+        tree.write_pci_ids()
+    for gpu in [*gpus, *others]:
+        tree.add_gpu(gpu)
+    tree._save()
+    return tree
+
+
+# --- scenarios -----------------------------------------------------------------------------
+
+H100_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+L40S_PF = "0000:41:00.0"
+T4_PARENT = "0000:3b:00.0"
+T4_MDEVS = (
+    ("9b1c6b2a-3f0e-4c7e-9a55-0c1f5d2b7a01", "nvidia-225"),
+    ("9b1c6b2a-3f0e-4c7e-9a55-0c1f5d2b7a02", "nvidia-225"),
+)
+
+
+def h100_x8(root: str | os.PathLike[str]) -> SysfsTree:
+    """Eight H100 SXM on vfio-pci (passthrough), four per NUMA node, a group each."""
+    return build(
+        root,
+        [
+            Gpu(f"0000:{bus:02x}:00.0", H100_SXM, numa_node=i // 4)
+            for i, bus in enumerate(H100_BUSES)
+        ],
+    )
+
+
+def l40s_sriov(root: str | os.PathLike[str]) -> SysfsTree:
+    """An L40S with its 32 VFs: VF0 NVIDIA L40S-24C, VF1 NVIDIA L40S-12C, the rest empty."""
+    return build(
+        root,
+        [
+            Gpu(
+                L40S_PF,
+                L40S,
+                driver="nvidia",
+                numa_node=0,
+                vfs=32,
+                profiles={0: "NVIDIA L40S-24C", 1: "NVIDIA L40S-12C"},
+            )
+        ],
+    )
+
+
+def l40s_full(root: str | os.PathLike[str]) -> SysfsTree:
+    """A fully used L40S: 24C + 12C + 12C; every creatable_vgpu_types holds only its header."""
+    return build(
+        root,
+        [
+            Gpu(
+                L40S_PF,
+                L40S,
+                driver="nvidia",
+                vfs=32,
+                profiles={0: "NVIDIA L40S-24C", 1: "NVIDIA L40S-12C", 2: "NVIDIA L40S-12C"},
+                vf_catalog="header",
+            )
+        ],
+    )
+
+
+def t4_mdev(root: str | os.PathLike[str]) -> SysfsTree:
+    """A T4 on the nvidia driver with mdev types and two GRID T4-4Q mdevs; a second T4 idle."""
+    return build(
+        root,
+        [
+            Gpu(T4_PARENT, T4, driver="nvidia", numa_node=0, mdevs=T4_MDEVS),
+            Gpu("0000:af:00.0", T4, driver="nvidia", numa_node=1),
+        ],
+    )
+
+
+def shared_group(root: str | os.PathLike[str]) -> SysfsTree:
+    """Two A100 on vfio-pci behind one switch without ACS: one IOMMU group (40) holds both."""
+    return build(
+        root,
+        [
+            Gpu("0000:07:00.0", A100_SXM, iommu_group=40),
+            Gpu("0000:0f:00.0", A100_SXM, iommu_group=40),
+            Gpu("0000:47:00.0", A100_SXM, iommu_group=41),
+        ],
+    )
+
+
+MIXED_PASSTHROUGH = ("0000:18:00.0", "0000:2a:00.0")
+MIXED_L40S = "0000:41:00.0"
+MIXED_T4 = "0000:3b:00.0"
+MIXED_HOST = "0000:5d:00.0"  # an H100 left on the nvidia driver: no resource
+MIXED_UNLISTED = "0000:9a:00.0"
+MIXED_VGA = "0000:ab:00.0"
+
+
+def mixed(root: str | os.PathLike[str]) -> SysfsTree:
+    """A node with every kind: passthrough, SR-IOV vGPU (4 VFs), mdev, host-owned, unlisted ID,
+    a VGA-class GPU, and non-GPU functions (NVIDIA audio, an Intel NIC) that must be left out."""
+    return build(
+        root,
+        [
+            Gpu(MIXED_PASSTHROUGH[0], H100_SXM, numa_node=0),
+            Gpu(MIXED_PASSTHROUGH[1], H100_SXM, numa_node=0),
+            Gpu(
+                MIXED_L40S,
+                L40S,
+                driver="nvidia",
+                numa_node=0,
+                vfs=4,
+                profiles={0: "NVIDIA L40S-12C"},
+            ),
+            Gpu(MIXED_T4, T4, driver="nvidia", numa_node=1, mdevs=T4_MDEVS[:1]),
+            Gpu(MIXED_HOST, H100_SXM, driver="nvidia", numa_node=1),
+            Gpu(MIXED_UNLISTED, UNLISTED, numa_node=1),
+            Gpu(MIXED_VGA, RTX_A6000, driver="vfio-pci", numa_node=1),
+        ],
+        others=[
+            Gpu("0000:18:00.1", NVIDIA_AUDIO, driver="snd_hda_intel"),
+            Gpu("0000:01:00.0", INTEL_NIC, driver="i40e"),
+        ],
+    )
+
+
+BROKEN_BAD_VENDOR = "0000:18:00.0"
+BROKEN_BAD_NUMA = "0000:2a:00.0"
+BROKEN_UNREADABLE_CLASS = "0000:3a:00.0"
+BROKEN_BAD_GROUP = "0000:5d:00.0"
+BROKEN_DANGLING_DRIVER = "0000:9a:00.0"
+BROKEN_PF = "0000:41:00.0"
+BROKEN_T4 = "0000:3b:00.0"
+BROKEN_MDEV_DANGLING = "00000000-0000-0000-0000-00000000dead"
+
+
+def broken(root: str | os.PathLike[str]) -> SysfsTree:
+    """Files no host should have: a non-hex vendor, a non-numeric numa_node, a directory where
+    ``class`` should be, a group link that names no group, a dangling driver link, a PF with a
+    dangling ``virtfn`` and a VF whose type lists are empty and whose type is junk, a T4 with an
+    empty ``mdev_supported_types`` entry and a non-UTF-8 type name, and a dangling mdev."""
+    tree = build(
+        root,
+        [
+            Gpu(BROKEN_BAD_VENDOR, H100_SXM),
+            Gpu(BROKEN_BAD_NUMA, H100_SXM),
+            Gpu(BROKEN_UNREADABLE_CLASS, H100_SXM),
+            Gpu(BROKEN_BAD_GROUP, H100_SXM),
+            Gpu(BROKEN_DANGLING_DRIVER, H100_SXM),
+            Gpu(BROKEN_PF, L40S, driver="nvidia", vfs=4, profiles={0: "NVIDIA L40S-24C"}),
+            Gpu(BROKEN_T4, T4, driver="nvidia", mdevs=T4_MDEVS[:1]),
+        ],
+    )
+    tree.write(BROKEN_BAD_VENDOR, "vendor", "0xzzzz\n")
+    tree.write(BROKEN_BAD_NUMA, "numa_node", "first\n")
+    (tree.device_dir(BROKEN_UNREADABLE_CLASS) / "class").unlink()
+    (tree.device_dir(BROKEN_UNREADABLE_CLASS) / "class").mkdir()
+    tree.link(BROKEN_BAD_GROUP, "iommu_group", "../../../kernel/iommu_groups/not-a-group")
+    tree.link(BROKEN_DANGLING_DRIVER, "driver", "../../../bus/pci/drivers/gone-driver")
+    gone = vf_address(BROKEN_PF, 3)
+    (tree.root / "sys/bus/pci/devices" / gone).unlink()
+    shutil.rmtree(tree.device_dir(gone))
+    configured = vf_address(BROKEN_PF, 0)
+    for address in [BROKEN_PF, *tree.vfs_of(BROKEN_PF)[:3]]:
+        tree.write(address, "nvidia/creatable_vgpu_types", "")
+    tree.write(configured, "nvidia/current_vgpu_type", "twelve\n")
+    tree.write(vf_address(BROKEN_PF, 1), "nvidia/current_vgpu_type", "1153\n")  # listed nowhere now
+    empty_type = tree.device_dir(BROKEN_T4) / "mdev_supported_types" / "nvidia-999"
+    empty_type.mkdir()
+    tree.write(BROKEN_T4, "mdev_supported_types/nvidia-228/name", b"\xff\xfe GRID\n")
+    tree._symlink(
+        tree.root / "sys/bus/mdev/devices" / BROKEN_MDEV_DANGLING,
+        f"../../../devices/pci0000:00/{BROKEN_T4}/{BROKEN_MDEV_DANGLING}",
+    )
+    return tree
+
+
+def bench(root: str | os.PathLike[str], gpus: int = 8, vfs: int = 32) -> SysfsTree:
+    """``gpus`` L40S cards with ``vfs`` VFs each, every VF holding NVIDIA L40S-1C."""
+    return build(
+        root,
+        [
+            Gpu(
+                f"0000:{0x41 + 0x10 * i:02x}:00.0",
+                L40S,
+                driver="nvidia",
+                numa_node=i * 2 // gpus,
+                vfs=vfs,
+                profiles={v: "NVIDIA L40S-1C" for v in range(vfs)},
+            )
+            for i in range(gpus)
+        ],
+    )
+
+
+SCENARIOS: dict[str, Callable[[str | os.PathLike[str]], SysfsTree]] = {
+    "h100-x8": h100_x8,
+    "l40s-sriov": l40s_sriov,
+    "l40s-full": l40s_full,
+    "t4-mdev": t4_mdev,
+    "shared-group": shared_group,
+    "mixed": mixed,
+    "broken": broken,
+    "bench": bench,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m cozystack_gpu_testkit.sysfs_tree", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("build", help="build a scenario below ROOT")
+    p.add_argument("scenario", choices=sorted(SCENARIOS))
+    p.add_argument("root")
+    p = sub.add_parser("enable-vfs", help="enable VFs on a PF (sriov-manage -e)")
+    p.add_argument("root")
+    p.add_argument("pf")
+    p.add_argument("--count", type=int)
+    p = sub.add_parser("disable-vfs", help="disable the VFs of a PF (sriov-manage -d)")
+    p.add_argument("root")
+    p.add_argument("pf")
+    p = sub.add_parser("set-vgpu-type", help="write a VF's current_vgpu_type")
+    p.add_argument("root")
+    p.add_argument("vf")
+    p.add_argument("type_id", type=int)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            SCENARIOS[args.scenario](args.root)
+        elif args.command == "enable-vfs":
+            print("\n".join(SysfsTree.open(args.root).enable_vfs(args.pf, args.count)))
+        elif args.command == "disable-vfs":
+            SysfsTree.open(args.root).disable_vfs(args.pf)
+        else:
+            SysfsTree.open(args.root).set_vgpu_type(args.vf, args.type_id)
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
