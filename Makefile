@@ -1,0 +1,61 @@
+# cozystack.gpu: one entry point for setting up, testing and running the local platform.
+#   make test      set everything up on a fresh machine and run the whole suite (CI runs this)
+#   make cluster   start a real local control plane and print `export KUBECONFIG=...`
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := test
+
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(abspath $(VENV))/bin
+CACHE := .cache
+# The environment is rebuilt when the pinned requirements or the package metadata change.
+STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
+BIN_DIR_FILE := $(CACHE)/bin-dir
+
+.PHONY: test setup binaries lint pytest sanity cluster cluster-down build
+
+test: setup binaries lint pytest sanity
+
+setup: $(STAMP)
+
+$(STAMP):
+	@echo "== python environment ($(PYTHON)) =="
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements/dev.txt
+	$(BIN)/pip install -q --no-deps -e controller
+	touch $@
+
+# kube-apiserver, etcd, kubectl and helm built from source once per machine (cached in
+# ~/.cache/cozystack-gpu); prints progress while a first build runs.
+binaries:
+	@echo "== control plane binaries =="
+	mkdir -p $(CACHE)
+	tools/build-binaries.sh > $(BIN_DIR_FILE).tmp && mv $(BIN_DIR_FILE).tmp $(BIN_DIR_FILE)
+	@echo "using $$(cat $(BIN_DIR_FILE))"
+
+lint: setup
+	@echo "== ruff + mypy =="
+	cd controller && $(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check --config controller/pyproject.toml plugins
+	$(BIN)/ruff format --check --config controller/pyproject.toml plugins
+	cd controller && $(BIN)/mypy cozystack_gpu cozystack_gpu_testkit
+	$(BIN)/mypy --config-file controller/pyproject.toml plugins/module_utils
+
+pytest: setup binaries
+	@echo "== pytest (unit + integration against a real kube-apiserver) =="
+	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) $(BIN)/pytest -p no:cacheprovider
+
+sanity: setup
+	@echo "== ansible-test sanity (offline, no ignore file) =="
+	tools/ansible-test.sh sanity --python 3.11
+
+build: setup
+	$(BIN)/ansible-galaxy collection build --force --output-path $(CACHE)/dist
+
+cluster: setup binaries
+	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.cluster up
+
+cluster-down: setup
+	@$(BIN)/python -m cozystack_gpu_testkit.cluster down

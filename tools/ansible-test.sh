@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs ansible-test on this collection. ansible-test needs the collection at a path ending
+# in ansible_collections/cozystack/gpu, so the tracked and untracked-but-not-ignored files
+# are copied there first. It also downloads get-pip from the internet to build the virtual
+# environments of its sanity tests; a local stand-in that uses ensurepip serves it instead.
+#
+# Usage: tools/ansible-test.sh sanity --python 3.11 [more ansible-test arguments]
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+venv=${COZYSTACK_GPU_VENV:-$repo/.venv}
+root=${COZYSTACK_GPU_COLLECTIONS_ROOT:-$repo/.cache/collections}
+dest=$root/ansible_collections/cozystack/gpu
+
+# ansible-test looks for this exact cache file before downloading get-pip 24.2.
+shim_dir=$HOME/.ansible/test/cache
+mkdir -p "$shim_dir"
+cat > "$shim_dir/get_pip_24_2.py.new" <<'PY'
+"""Offline stand-in for get-pip.py: bootstrap pip with ensurepip, then install the rest."""
+import subprocess
+import sys
+
+args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
+subprocess.check_call([sys.executable, "-m", "ensurepip", "--upgrade"])
+if args:
+    subprocess.check_call([sys.executable, "-m", "pip", "install", *args])
+PY
+mv "$shim_dir/get_pip_24_2.py.new" "$shim_dir/get_pip_24_2.py"
+
+rm -rf "$dest"
+mkdir -p "$dest"
+(
+  cd "$repo"
+  git ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' path; do
+      [ -e "$path" ] || [ -L "$path" ] && printf '%s\0' "$path"
+    done |
+    tar --null --no-recursion -T - -cf - | tar -C "$dest" -xf -
+)
+
+cd "$dest"
+# A git repository makes ansible-test list files the way CI sees them.
+git init -q . && git add -A >/dev/null && git -c user.name=ci -c user.email=ci@localhost commit -qm snapshot
+
+export PATH="$venv/bin:$PATH"
+exec "$venv/bin/ansible-test" "$@"
