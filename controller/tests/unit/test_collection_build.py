@@ -1,0 +1,42 @@
+"""`ansible-galaxy collection build` yields an installable tarball without tests or caches."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_collection_builds_without_tests_or_caches(tmp_path: Path) -> None:
+    galaxy = Path(sys.executable).with_name("ansible-galaxy")
+    assert galaxy.exists() or shutil.which("ansible-galaxy"), "ansible-galaxy is not installed"
+    subprocess.run(
+        [str(galaxy), "collection", "build", "--force", "--output-path", str(tmp_path)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    (tarball,) = tmp_path.glob("cozystack-gpu-*.tar.gz")
+    with tarfile.open(tarball) as tar:
+        names = tar.getnames()
+    top = {name.split("/", 1)[0] for name in names}
+    assert {"MANIFEST.json", "FILES.json", "README.md", "meta", "plugins", "controller"} <= top
+    assert "controller/cozystack_gpu/crds/gpuclasses.yaml" in names
+    assert "controller/cozystack_gpu/keys.py" in names
+    for left_out in ("tests", "molecule", ".venv", ".cache", "tools", ".git", ".ci"):
+        assert left_out not in top, f"{left_out} is in the tarball"
+    for name in names:
+        assert "__pycache__" not in name and "_cache" not in name.split("/")[0], name
+        assert not name.startswith("controller/tests"), name
+    # The collection installs from the tarball.
+    install = tmp_path / "installed"
+    subprocess.run(
+        [str(galaxy), "collection", "install", "--offline", "--force", "-p", str(install), str(tarball)],
+        check=True,
+        capture_output=True,
+    )
+    assert (install / "ansible_collections" / "cozystack" / "gpu" / "meta" / "runtime.yml").exists()
