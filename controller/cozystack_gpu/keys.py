@@ -64,6 +64,17 @@ def class_of_quota_key(key: str) -> str | None:
     return name
 
 
+# A ResourceQuota may also limit a GPU resource name directly ("raw" keys, from before
+# classes existed). Kubernetes quotas extended resources as requests.<name>; the bare name is
+# accepted as well, since hosters wrote both.
+QUOTA_RAW_REQUESTS_PREFIX = "requests."
+
+
+def raw_quota_keys(resource_name: str) -> tuple[str, str]:
+    """The ResourceQuota keys that limit a device-plugin resource name directly."""
+    return (QUOTA_RAW_REQUESTS_PREFIX + resource_name, resource_name)
+
+
 # --- Tenants -----------------------------------------------------------------------------
 
 # Namespace label granting vGPU classes; its effective value must be exactly "true".
@@ -146,7 +157,9 @@ def template_claim_name(vmi_name: str, entry_name: str) -> str:
 LABEL_NODE_LAYOUT = GROUP + "/layout"  # the layout name from the hoster's inventory
 LABEL_NODE_LAYOUT_STATE = GROUP + "/layout-state"  # see LayoutState
 NODE_MODEL_LABEL_PREFIX = "model." + GROUP + "/"  # model.gpu.cozystack.io/<model>: "<count>"
-NODE_PROFILE_LABEL_PREFIX = "profile." + GROUP + "/"  # profile.gpu.cozystack.io/<profile>: "<count>"
+NODE_PROFILE_LABEL_PREFIX = (
+    "profile." + GROUP + "/"
+)  # profile.gpu.cozystack.io/<profile>: "<count>"
 NODE_MODE_LABEL_PREFIX = "mode." + GROUP + "/"  # mode.gpu.cozystack.io/<mode>: "<count>"
 
 

@@ -1,0 +1,64 @@
+"""Placement, capacity and budgets: dataclasses in, decisions out.
+
+This package answers one question for the binder, the admission webhooks and the class
+status: does this order fit, where, and why not. It imports no Kubernetes client and does no
+I/O; the current time is always an argument (float seconds since the epoch), so the same
+input gives the same answer.
+
+Typical use by a controller::
+
+    snap = Snapshot.build(nodes=..., classes=..., claims=..., namespaces=...)
+    snap.upsert_claim(claim)                 # for every watch event, one call
+    decision = snap.check_order(claim, now)  # Placement(node) or Refusal(reason, message)
+    result = plan(snap, now)                 # the binder's pass; write result.updates
+    commit(snap, result)                     # record own writes before their events return
+    snap.class_status("l40s-24c")            # ClassStatus(free, max_free_per_node)
+"""
+
+from cozystack_gpu.model.eligibility import selector_matches, serves, untolerated_taint
+from cozystack_gpu.model.planner import Action, Plan, Step, commit, plan
+from cozystack_gpu.model.snapshot import Snapshot
+from cozystack_gpu.model.types import (
+    ClaimInfo,
+    ClaimKey,
+    ClassInfo,
+    ClassStatus,
+    Decision,
+    Device,
+    NamespaceInfo,
+    NodeInfo,
+    Placement,
+    Reason,
+    Refusal,
+    RejectedNode,
+    Taint,
+    Toleration,
+    merge_quotas,
+)
+
+__all__ = [
+    "Action",
+    "ClaimInfo",
+    "ClaimKey",
+    "ClassInfo",
+    "ClassStatus",
+    "Decision",
+    "Device",
+    "NamespaceInfo",
+    "NodeInfo",
+    "Placement",
+    "Plan",
+    "Reason",
+    "Refusal",
+    "RejectedNode",
+    "Snapshot",
+    "Step",
+    "Taint",
+    "Toleration",
+    "commit",
+    "merge_quotas",
+    "plan",
+    "selector_matches",
+    "serves",
+    "untolerated_taint",
+]

@@ -1,0 +1,138 @@
+"""Per-class free-unit index: the nodes serving one class, bucketed by free units.
+
+Best fit asks for the node with the fewest free units that are still enough, ties broken
+by name. Free units per node take few distinct values (0..8 for passthrough, a few dozen for
+vGPU), so nodes are kept in one bucket per value, each bucket a heap of names: a lookup walks
+the distinct values at or above the need and pops the first name, O(distinct values +
+log n) however many nodes there are.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Callable
+
+
+class _Bucket:
+    """Node names with one free value; ``first`` returns the smallest accepted name.
+
+    Removal is lazy: a name leaves ``members`` at once and its heap entry is dropped when it
+    reaches the top or when stale entries outnumber live ones.
+    """
+
+    __slots__ = ("heap", "members")
+
+    def __init__(self) -> None:
+        self.members: set[str] = set()
+        self.heap: list[str] = []
+
+    def add(self, name: str) -> None:
+        if name in self.members:
+            return
+        self.members.add(name)
+        heapq.heappush(self.heap, name)
+
+    def discard(self, name: str) -> None:
+        self.members.discard(name)
+        if len(self.heap) > 2 * len(self.members) + 32:
+            self.heap = sorted(self.members)
+
+    def first(self, accept: Callable[[str], bool] | None) -> str | None:
+        heap = self.heap
+        aside: list[str] = []
+        found: str | None = None
+        while heap:
+            top = heap[0]
+            if top not in self.members:
+                heapq.heappop(heap)
+                continue
+            if accept is not None and not accept(top):
+                aside.append(heapq.heappop(heap))
+                continue
+            found = top
+            break
+        for name in aside:
+            heapq.heappush(heap, name)
+        return found
+
+
+class ClassIndex:
+    """Free units and capacity per serving node of one class."""
+
+    __slots__ = ("_buckets", "_cap_counts", "_keys", "cap", "free", "total_free")
+
+    def __init__(self) -> None:
+        self.free: dict[str, int] = {}
+        self.cap: dict[str, int] = {}
+        self.total_free = 0
+        self._buckets: dict[int, _Bucket] = {}
+        self._keys: list[int] = []  # free values with a non-empty bucket, ascending
+        self._cap_counts: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.free)
+
+    def __contains__(self, node: str) -> bool:
+        return node in self.free
+
+    def put(self, node: str, free: int, cap: int) -> None:
+        old = self.free.get(node)
+        if old is not None:
+            if old == free and self.cap[node] == cap:
+                return
+            self._drop(node, old)
+        self.free[node] = free
+        self.cap[node] = cap
+        self.total_free += free
+        self._cap_counts[cap] = self._cap_counts.get(cap, 0) + 1
+        bucket = self._buckets.get(free)
+        if bucket is None:
+            bucket = self._buckets[free] = _Bucket()
+        if not bucket.members:
+            insort(self._keys, free)
+        bucket.add(node)
+
+    def remove(self, node: str) -> None:
+        old = self.free.get(node)
+        if old is not None:
+            self._drop(node, old)
+            del self.free[node]
+            del self.cap[node]
+
+    def _drop(self, node: str, old: int) -> None:
+        self.total_free -= old
+        cap = self.cap[node]
+        left = self._cap_counts[cap] - 1
+        if left:
+            self._cap_counts[cap] = left
+        else:
+            del self._cap_counts[cap]
+        bucket = self._buckets[old]
+        bucket.discard(node)
+        if not bucket.members:
+            self._keys.pop(bisect_left(self._keys, old))
+            del self._buckets[old]
+
+    def best(self, need: int, accept: Callable[[str], bool] | None = None) -> str | None:
+        """The accepted node with the fewest free units >= need, smallest name first."""
+        keys = self._keys
+        for i in range(bisect_left(keys, need), len(keys)):
+            found = self._buckets[keys[i]].first(accept)
+            if found is not None:
+                return found
+        return None
+
+    def largest(self, accept: Callable[[str], bool] | None = None) -> int | None:
+        """The most free units on one accepted node; None when no node is accepted."""
+        keys = self._keys
+        for i in range(len(keys) - 1, -1, -1):
+            if self._buckets[keys[i]].first(accept) is not None:
+                return keys[i]
+        return None
+
+    def max_free(self) -> int:
+        return self._keys[-1] if self._keys else 0
+
+    def max_cap(self) -> int:
+        return max(self._cap_counts) if self._cap_counts else 0

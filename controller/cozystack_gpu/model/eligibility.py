@@ -1,0 +1,62 @@
+"""Does a node serve a class? The rule alone, without indexes, so the snapshot, the tests'
+oracle and anyone explaining a refusal apply the same words.
+
+A node serves a class when it matches the class's nodeSelector, is Ready, is not cordoned,
+has no pending layout change, and carries no NoSchedule or NoExecute taint the class does
+not tolerate (PreferNoSchedule only steers the scheduler, so it is ignored). Two classes
+that share a resource name must live on disjoint nodes; where their selectors both match a
+node, neither is served there, since the node's units could not be told apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cozystack_gpu.model.types import HARD_TAINT_EFFECTS, NODE_STATE_TAINTS, ClassInfo, NodeInfo
+
+
+def selector_matches(node: NodeInfo, cls: ClassInfo) -> bool:
+    labels = node.labels
+    return all(labels.get(key) == value for key, value in cls.node_selector.items())
+
+
+def untolerated_taint(node: NodeInfo, cls: ClassInfo) -> str | None:
+    """The key of the first hard taint the class does not tolerate, or None."""
+    for taint in node.taints:
+        if taint.effect not in HARD_TAINT_EFFECTS or taint.key in NODE_STATE_TAINTS:
+            continue
+        if not cls.tolerates(taint):
+            return taint.key
+    return None
+
+
+def shares_resource_on(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInfo]) -> bool:
+    """Another class with the same resource name also selects this node."""
+    return any(
+        other.name != cls.name
+        and other.resource_name == cls.resource_name
+        and selector_matches(node, other)
+        for other in classes
+    )
+
+
+def why_not_placeable(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInfo]) -> str | None:
+    """Why the node can never take the class while it stays as it is (Ready and cordon
+    aside), or None when only its state could keep it from serving."""
+    if node.layout_pending:
+        return f"node {node.name} has a pending layout change"
+    if not selector_matches(node, cls):
+        return f"node {node.name} does not match the nodeSelector of class {cls.name}"
+    taint = untolerated_taint(node, cls)
+    if taint is not None:
+        return f"node {node.name} has taint {taint}, which class {cls.name} does not tolerate"
+    if shares_resource_on(node, cls, classes):
+        return (
+            f"node {node.name} is selected by another class with resource name {cls.resource_name}"
+        )
+    return None
+
+
+def serves(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInfo]) -> bool:
+    """The full rule: Ready, not cordoned, and placeable."""
+    return node.ready and not node.unschedulable and why_not_placeable(node, cls, classes) is None

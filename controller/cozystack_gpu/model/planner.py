@@ -1,0 +1,340 @@
+"""The binder's pass: from a snapshot, which claims change phase or node, and why.
+
+Order of the pass, each step seeing the ones before it:
+
+1. attached claims on a node that is gone or not Ready go Lost (their VMI may still run
+   there, so they keep taking its capacity);
+2. Lost claims whose VMI still runs on a node that is Ready again return to Attached;
+3. unattached sets that must leave move (node gone, not Ready, no longer serving a class:
+   selector, taint, layout change; or the node holds more than its capacity, in which case
+   the most recently bound sets leave first), or go Lost where nowhere has room;
+4. Lost claims rebind, as sets, oldest first;
+5. unattached sets on a cordoned node move when every class of the set says
+   ``onCordon: Move`` and another node has room; otherwise they stay;
+6. Pending orders bind, oldest first. One that does not fit waits and the next is tried,
+   so a large order never holds up a smaller one behind it.
+
+Holds come before new orders (steps 3-5 before 6) because a tenant already has them.
+Planning the result of a plan changes nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from cozystack_gpu.keys import OnCordon, Phase
+from cozystack_gpu.model.snapshot import Snapshot
+from cozystack_gpu.model.types import (
+    ClaimInfo,
+    ClaimKey,
+    NodeInfo,
+    Placement,
+    Reason,
+    Refusal,
+)
+
+
+class Step(StrEnum):
+    BIND = "Bind"  # Pending -> Bound on ``node``
+    MOVE = "Move"  # Bound, unattached -> Bound on ``node``, from ``from_node``
+    LOSE = "Lose"  # Bound or Attached -> Lost
+    REBIND = "Rebind"  # Lost -> Bound on ``node``
+    REATTACH = "Reattach"  # Lost -> Attached on its node, which is Ready again
+    WAIT = "Wait"  # no change; ``refusal`` says why
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One decision of a pass, over the claims of one set (or one claim)."""
+
+    step: Step
+    claims: tuple[ClaimKey, ...]
+    node: str | None = None
+    from_node: str | None = None
+    why: str = ""
+    refusal: Refusal | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A pass's decisions in order, and each changed claim as its status should be written
+    (``updates``; a claim changed twice in one pass appears once, in its last state)."""
+
+    actions: tuple[Action, ...]
+    updates: Mapping[ClaimKey, ClaimInfo]
+
+    @property
+    def changes(self) -> tuple[Action, ...]:
+        return tuple(a for a in self.actions if a.step is not Step.WAIT)
+
+
+def plan(snapshot: Snapshot, now: float) -> Plan:
+    """The binder's pass over ``snapshot`` at time ``now``; the snapshot is left unchanged.
+
+    After writing the statuses, feed them back with ``commit`` (or let the watch events do
+    it) so the next pass starts from them.
+    """
+    planner = _Planner(snapshot, now)
+    try:
+        planner.run()
+    finally:
+        planner.revert()
+    return Plan(tuple(planner.actions), dict(planner.updates))
+
+
+def commit(snapshot: Snapshot, result: Plan) -> None:
+    """Record a plan's claim updates in the snapshot, as if their watch events arrived."""
+    for claim in result.updates.values():
+        snapshot.upsert_claim(claim)
+
+
+def _arrival(claims: list[ClaimInfo]) -> tuple[float, str, str]:
+    first = min(claims, key=lambda c: (c.created, c.namespace, c.name))
+    return (first.created, first.namespace, first.name)
+
+
+class _Planner:
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        self.snap = snapshot
+        self.now = now
+        self.actions: list[Action] = []
+        self.updates: dict[ClaimKey, ClaimInfo] = {}
+        self._undo: list[tuple[ClaimKey, ClaimInfo]] = []
+
+    def put(self, claim: ClaimInfo) -> None:
+        old = self.snap.claim(claim.key)
+        assert old is not None
+        self._undo.append((claim.key, old))
+        self.snap.upsert_claim(claim)
+        self.updates[claim.key] = claim
+
+    def revert(self) -> None:
+        for _key, old in reversed(self._undo):
+            self.snap.upsert_claim(old)
+        self._undo.clear()
+
+    def claims(self, keys: frozenset[ClaimKey] | set[ClaimKey]) -> list[ClaimInfo]:
+        out = []
+        for key in sorted(keys):
+            claim = self.snap.claim(key)
+            assert claim is not None
+            out.append(claim)
+        return out
+
+    def run(self) -> None:
+        unsettled = sorted(self.snap.unsettled_nodes())
+        self.lose_attached(unsettled)
+        self.reattach()
+        self.move_mandatory(unsettled)
+        self.rebind_lost()
+        self.move_cordoned(unsettled)
+        self.bind_pending()
+
+    # 1
+    def lose_attached(self, unsettled: list[str]) -> None:
+        for name in unsettled:
+            node = self.snap.node(name)
+            if node is not None and node.ready:
+                continue
+            why = f"node {name} is gone" if node is None else f"node {name} is not Ready"
+            by_vmi: dict[str, list[ClaimInfo]] = {}
+            for claim in self.claims(self.snap.claims_on(name)):
+                if claim.phase is Phase.ATTACHED:
+                    by_vmi.setdefault(claim.attached_to or "", []).append(claim)
+            for vmi in sorted(by_vmi):
+                group = by_vmi[vmi]
+                for claim in group:
+                    self.put(replace(claim, phase=Phase.LOST))
+                self.actions.append(
+                    Action(Step.LOSE, tuple(c.key for c in group), from_node=name, why=why)
+                )
+
+    # 2
+    def reattach(self) -> None:
+        for claim in self.claims(self.snap.lost_keys()):
+            if not (claim.attached_to and claim.vmi_live and claim.node):
+                continue
+            node = self.snap.node(claim.node)
+            if node is None or not node.ready:
+                continue
+            self.put(replace(claim, phase=Phase.ATTACHED))
+            self.actions.append(
+                Action(
+                    Step.REATTACH,
+                    (claim.key,),
+                    node=claim.node,
+                    why=f"node {claim.node} is Ready again and VMI {claim.attached_to} runs there",
+                )
+            )
+
+    def unattached_sets(self, name: str) -> dict[tuple[str, str], list[ClaimInfo]]:
+        sets: dict[tuple[str, str], list[ClaimInfo]] = {}
+        for claim in self.claims(self.snap.claims_on(name)):
+            if claim.phase is Phase.BOUND:
+                sets.setdefault(claim.set_key, []).append(claim)
+        return sets
+
+    def must_leave(self, node: NodeInfo | None, name: str, members: list[ClaimInfo]) -> str | None:
+        if node is None:
+            return f"node {name} is gone"
+        stay = False
+        for claim in members:
+            klass = self.snap.gpu_class(claim.class_name)
+            if klass is None:
+                continue
+            why = self.snap.why_not_placeable(node, klass)
+            if why is not None:
+                return why
+            stay = stay or klass.on_cordon is OnCordon.STAY
+        # A Stay pin holds through NotReady; it only gives way to lost capacity.
+        if not node.ready and not (node.unschedulable and stay):
+            return f"node {name} is not Ready"
+        return None
+
+    # 3
+    def move_mandatory(self, unsettled: list[str]) -> None:
+        leaving: list[tuple[tuple[float, str, str], tuple[str, str], str, str]] = []
+        for name in unsettled:
+            node = self.snap.node(name)
+            sets = self.unattached_sets(name)
+            staying: dict[tuple[str, str], list[ClaimInfo]] = {}
+            for set_key, members in sorted(sets.items()):
+                why = self.must_leave(node, name, members)
+                if why is not None:
+                    leaving.append((_arrival(members), set_key, name, why))
+                else:
+                    staying[set_key] = members
+            if node is None:
+                continue
+            excess = self.snap.over_capacity(name)
+            for _arr, set_key, from_node, _why in leaving:
+                if from_node != name:
+                    continue
+                for claim in sets[set_key]:
+                    klass = self.snap.gpu_class(claim.class_name)
+                    if klass is not None and klass.resource_name in excess:
+                        excess[klass.resource_name] -= claim.count
+
+            # The most recently bound sets give way first, so older holds keep their node.
+            def latest(item: tuple[tuple[str, str], list[ClaimInfo]]) -> tuple[float, str]:
+                members = item[1]
+                return (max(c.bound_at or c.created for c in members), str(item[0]))
+
+            for set_key, members in sorted(staying.items(), key=latest, reverse=True):
+                hit = False
+                for claim in members:
+                    klass = self.snap.gpu_class(claim.class_name)
+                    if klass is not None and excess.get(klass.resource_name, 0) > 0:
+                        hit = True
+                if not hit:
+                    continue
+                names = sorted(r for r, e in excess.items() if e > 0)
+                for claim in members:
+                    klass = self.snap.gpu_class(claim.class_name)
+                    if klass is not None and klass.resource_name in excess:
+                        excess[klass.resource_name] -= claim.count
+                why = f"node {name} has lost capacity for {', '.join(names)}"
+                leaving.append((_arrival(members), set_key, name, why))
+        for _arr, set_key, from_node, why in sorted(leaving):
+            members = [
+                c
+                for c in self.claims(self.snap.set_members(set_key))
+                if c.phase is Phase.BOUND and c.node == from_node
+            ]
+            if not members:
+                continue
+            decision = self.snap.place_set(members, self.now, exclude=(from_node,))
+            keys = tuple(c.key for c in members)
+            if isinstance(decision, Placement):
+                for claim in members:
+                    self.put(replace(claim, node=decision.node, bound_at=self.now))
+                self.actions.append(
+                    Action(Step.MOVE, keys, node=decision.node, from_node=from_node, why=why)
+                )
+            else:
+                for claim in members:
+                    self.put(replace(claim, phase=Phase.LOST, node=None))
+                self.actions.append(
+                    Action(Step.LOSE, keys, from_node=from_node, why=why, refusal=decision)
+                )
+
+    # 4
+    def rebind_lost(self) -> None:
+        sets: dict[tuple[str, str], list[ClaimInfo]] = {}
+        for claim in self.claims(self.snap.lost_keys()):
+            if claim.attached_to and claim.vmi_live:
+                self.actions.append(
+                    Action(
+                        Step.WAIT,
+                        (claim.key,),
+                        refusal=Refusal(
+                            Reason.VMI_STILL_RUNNING,
+                            f"VMI {claim.attached_to} may still run on node {claim.node}; "
+                            "the claim rebinds once it is final or gone",
+                        ),
+                    )
+                )
+                continue
+            sets.setdefault(claim.set_key, []).append(claim)
+        for members in sorted(sets.values(), key=_arrival):
+            decision = self.snap.place_set(members, self.now)
+            keys = tuple(c.key for c in members)
+            if isinstance(decision, Placement):
+                for claim in members:
+                    self.put(
+                        replace(
+                            claim,
+                            phase=Phase.BOUND,
+                            node=decision.node,
+                            bound_at=self.now,
+                            attached_to=None,
+                            vmi_live=False,
+                        )
+                    )
+                self.actions.append(Action(Step.REBIND, keys, node=decision.node))
+            else:
+                self.actions.append(Action(Step.WAIT, keys, refusal=decision))
+
+    # 5
+    def move_cordoned(self, unsettled: list[str]) -> None:
+        candidates: list[tuple[tuple[float, str, str], list[ClaimInfo], str]] = []
+        for name in unsettled:
+            node = self.snap.node(name)
+            if node is None or not node.unschedulable or not node.ready:
+                continue
+            for members in self.unattached_sets(name).values():
+                classes = [self.snap.gpu_class(c.class_name) for c in members]
+                if any(k is None or k.on_cordon is not OnCordon.MOVE for k in classes):
+                    continue
+                candidates.append((_arrival(members), members, name))
+        for _arr, members, name in sorted(candidates, key=lambda c: (c[0], c[2])):
+            current = [self.snap.claim(c.key) for c in members]
+            if any(c is None or c.phase is not Phase.BOUND or c.node != name for c in current):
+                continue
+            decision = self.snap.place_set(members, self.now, exclude=(name,))
+            if isinstance(decision, Placement):
+                for claim in members:
+                    self.put(replace(claim, node=decision.node, bound_at=self.now))
+                self.actions.append(
+                    Action(
+                        Step.MOVE,
+                        tuple(c.key for c in members),
+                        node=decision.node,
+                        from_node=name,
+                        why=f"node {name} is cordoned",
+                    )
+                )
+
+    # 6
+    def bind_pending(self) -> None:
+        pending = [c for c in self.claims(self.snap.pending_keys()) if not c.template]
+        pending.sort(key=lambda c: (c.created, c.namespace, c.name))
+        for claim in pending:
+            decision = self.snap.check_order(claim, self.now)
+            if isinstance(decision, Placement):
+                self.put(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
+                self.actions.append(Action(Step.BIND, (claim.key,), node=decision.node))
+            else:
+                self.actions.append(Action(Step.WAIT, (claim.key,), refusal=decision))
