@@ -85,6 +85,7 @@ __all__ = [
     "DEFAULT_NVIDIA_SMI",
     "DEFAULT_SRIOV_MANAGE",
     "MODES",
+    "ApplyFailed",
     "ApplyResult",
     "GpuSpec",
     "Layout",
@@ -92,13 +93,18 @@ __all__ = [
     "NvidiaSmi",
     "Plan",
     "Step",
+    "SysfsWriter",
     "apply_layout",
     "canonical_gpu_ref",
     "canonical_pci",
+    "execute_steps",
+    "host_summary",
     "load_layout_file",
     "main",
     "parse_layout",
     "plan_layout",
+    "plan_vf_profiles",
+    "predict_summary",
     "read_host",
     "resolve_layout",
 ]
@@ -448,7 +454,7 @@ class NvidiaSmi:
         types: dict[str, int] = {}
         type_id: int | None = None
         for line in (out or "").splitlines():
-            key, _, value = line.partition(":")
+            key, _colon, value = line.partition(":")
             key, value = key.strip(), value.strip()
             if key == "vGPU Type ID":
                 try:
@@ -572,13 +578,13 @@ def resolve_layout(
     targets: list[Target] = []
     claimed: dict[str, str] = {}
     for spec in layout.gpus:
-        address: str | None = spec.address
+        address = spec.address
         if spec.address.startswith("GPU-"):
-            address = nvidia.uuid_to_address(spec.address) if nvidia is not None else None
-            if address is None:
+            resolved = nvidia.uuid_to_address(spec.address) if nvidia is not None else None
+            if resolved is None:
                 problems.append(f"{spec.label}: no GPU with this UUID on this host (nvidia-smi)")
                 continue
-        assert address is not None
+            address = resolved
         if address in claimed:
             problems.append(f"{spec.label}: duplicate of {claimed[address]} (both are {address})")
             continue
@@ -776,8 +782,8 @@ class _Planner:
                 if vf is not None:
                     self.vf_slot(target, vf, profile, fill=False)
             return
-        assert spec.profile is not None
-        self.vf_profile(target, vfs, spec.profile, spec.count)
+        if spec.profile is not None:  # parse_layout guarantees one of profile and vfs
+            self.vf_profile(target, vfs, spec.profile, spec.count)
 
     # SR-IOV and mdev-on-VF cards: one vGPU per VF.
     def _vf_current(self, target: Target, vf: gpu_sysfs.GpuFunction) -> int | str:
@@ -837,7 +843,8 @@ class _Planner:
                 fill=fill,
             )
             return
-        assert isinstance(wanted, int)
+        if not isinstance(wanted, int):
+            raise LayoutError([f"{target.spec.label}: {profile!r} resolved to {wanted!r}"])
         self.step(
             SET_VGPU_TYPE,
             vf.address,
@@ -922,8 +929,9 @@ class _Planner:
     # Cards that are themselves the mdev parent: count mdevs of one type.
     def mdev_parent(self, target: Target) -> None:
         gpu, spec = target.gpu, target.spec
-        assert spec.profile is not None
         label = spec.label
+        if spec.profile is None:  # parse_layout guarantees one of profile and vfs
+            raise LayoutError([f"{label}: a vgpu GPU needs a profile"])
         wanted = str(target.types[spec.profile])
         keep = [m for m in gpu.mdevs if m.type_id == wanted]
         other = [m for m in gpu.mdevs if m.type_id != wanted]
@@ -966,7 +974,7 @@ class _Planner:
             need, fill = max(spec.count - len(keep), 0), False
         existing = {m.uuid for m in gpu.mdevs}
         ordinal = 0
-        for _ in range(need):
+        for _count in range(need):
             while mdev_uuid(gpu.address, wanted, ordinal) in existing:
                 ordinal += 1
             self.step(
@@ -994,6 +1002,128 @@ def plan_layout(resolved: Resolved, inventory: gpu_sysfs.Inventory, force: bool 
     order = {action: i for i, action in enumerate(ACTION_ORDER)}
     planner.plan.steps.sort(key=lambda s: order[s.action])  # stable within an action
     return planner.plan
+
+
+def plan_vf_profiles(
+    inventory: gpu_sysfs.Inventory,
+    vfs: Sequence[str],
+    profile: str | None,
+    force: bool = False,
+    nvidia: NvidiaSmiLike | None = None,
+) -> Plan:
+    """Steps that give each VF in ``vfs`` the vGPU type named ``profile`` (None or "0": none).
+
+    The name is resolved per VF against its own card's types. A VF carrying another type is
+    refused unless ``force``; clearing a VF is what was asked for and needs no force. Raises
+    :class:`LayoutError` for an address that is no SR-IOV vGPU VF or a name its card lacks.
+    """
+    functions = inventory.by_address()
+    name = "" if profile is None else str(profile).strip()
+    clear = name in ("", "0")
+    problems: list[str] = []
+    planner = _Planner(inventory, force)
+    seen: set[str] = set()
+    for written in vfs:
+        address = canonical_pci(written)
+        label = f"vfs[{written}]"
+        if address is None:
+            problems.append(
+                _address_problem(label, written, "VF address") or f"{label}: not a PCI address"
+            )
+            continue
+        if address in seen:
+            problems.append(f"{label}: listed twice (both are {address})")
+            continue
+        seen.add(address)
+        vf = functions.get(address)
+        if vf is None:
+            problems.append(f"{label}: no NVIDIA GPU function at {address} on this host")
+            continue
+        if vf.physfn is None or vf.vgpu is None:
+            problems.append(f"{label}: {address} is not an SR-IOV vGPU VF (no physfn or nvidia/)")
+            continue
+        current = _current_type(vf)
+        pf = functions.get(vf.physfn)
+        target = Target(
+            spec=GpuSpec(position=0, address=vf.physfn, written=str(written), mode=MODE_VGPU),
+            gpu=pf if pf is not None else vf,
+            kind=KIND_SRIOV,
+        )
+        if clear:
+            if current:
+                planner.step(
+                    CLEAR_VGPU_TYPE, address, vf.physfn, "cleared", type_id=0, old_type_id=current
+                )
+            continue
+        catalog = _sriov_catalog(functions, pf) if pf is not None else {}
+        if name not in catalog and nvidia is not None:
+            catalog.update(
+                {
+                    k: v
+                    for k, v in nvidia.supported_vgpu_types(vf.physfn).items()
+                    if k not in catalog
+                }
+            )
+        if name not in catalog:
+            problems.append(
+                f"{label}: profile {name!r} is not a vGPU type of card {vf.physfn}"
+                f" (offered: {', '.join(sorted(catalog)) or 'none'})"
+            )
+            continue
+        target.types[name] = catalog[name]
+        planner.vf_slot(target, vf, name, fill=False)
+    if problems:
+        raise LayoutError(problems)
+    return planner.plan
+
+
+def host_summary(
+    inventory: gpu_sysfs.Inventory, addresses: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """What matters of each GPU in ``addresses`` (and its VFs), for diffs and reports."""
+    functions = inventory.by_address()
+    summary: dict[str, dict[str, Any]] = {}
+    for address in addresses:
+        gpu = functions.get(address)
+        if gpu is None:
+            continue
+        entry: dict[str, Any] = {"driver": gpu.driver}
+        if gpu.physfn is not None and gpu.vgpu is not None:
+            entry["vgpu_type"] = _current_type(gpu)
+        if gpu.sriov is not None:
+            entry["num_vfs"] = gpu.sriov.num_vfs or 0
+            entry["vfs"] = {vf.address: _current_type(vf) for vf in _vfs_of(functions, gpu)}
+        if gpu.mdev_types:
+            entry["mdevs"] = {m.uuid: m.type_id for m in gpu.mdevs}
+        summary[address] = entry
+    return summary
+
+
+def predict_summary(summary: Mapping[str, Mapping[str, Any]], plan: Plan) -> dict[str, Any]:
+    """``summary`` as it will read once the executable steps of ``plan`` have run."""
+    after: dict[str, dict[str, Any]] = json.loads(json.dumps(summary))
+    for step in plan.steps:
+        entry = after.setdefault(step.gpu, {})
+        if step.action == BIND_VFIO:
+            entry["driver"] = VFIO_DRIVER
+        elif step.action == BIND_NVIDIA:
+            entry["driver"] = NVIDIA_DRIVER
+        elif step.action == ENABLE_VFS:
+            entry["num_vfs"] = "enabled by sriov-manage"
+        elif step.action in (SET_VGPU_TYPE, CLEAR_VGPU_TYPE):
+            if step.target == step.gpu or step.gpu not in after:
+                entry["vgpu_type"] = step.type_id
+            else:
+                entry.setdefault("vfs", {})[step.target] = step.type_id
+            if step.target in after:
+                after[step.target]["vgpu_type"] = step.type_id
+        elif step.action == CREATE_MDEV and step.mdev_uuid:
+            entry.setdefault("mdevs", {})[step.mdev_uuid] = step.mdev_type
+        elif step.action == REMOVE_MDEV and step.mdev_uuid:
+            entry.setdefault("mdevs", {}).pop(step.mdev_uuid, None)
+        elif step.action == PENDING:
+            entry["pending"] = step.reason
+    return after
 
 
 # --- applying ----------------------------------------------------------------------------
@@ -1170,7 +1300,8 @@ class _Applier:
         return None
 
     def _set_vgpu_type(self, step: Step) -> str | None:
-        assert step.type_id is not None
+        if step.type_id is None:
+            raise ApplyFailed("a set_vgpu_type step without a type ID")
         vf = self.function(step.target)
         current = _current_type(vf)
         if current == step.type_id:
@@ -1194,7 +1325,8 @@ class _Applier:
         return None
 
     def _create_mdev(self, step: Step) -> str | None:
-        assert step.mdev_type is not None and step.mdev_uuid is not None
+        if step.mdev_type is None or step.mdev_uuid is None:
+            raise ApplyFailed("a create_mdev step without type or UUID")
         parent = self.function(step.target)
         if any(m.uuid == step.mdev_uuid for m in parent.mdevs):
             return "already present"
@@ -1218,7 +1350,8 @@ class _Applier:
         return None
 
     def _remove_mdev(self, step: Step) -> str | None:
-        assert step.mdev_uuid is not None
+        if step.mdev_uuid is None:
+            raise ApplyFailed("a remove_mdev step without a UUID")
         base = self.writer.path(gpu_sysfs.MDEV_DEVICES_DIR, step.mdev_uuid)
         if not os.path.exists(base):
             return "already gone"
@@ -1226,6 +1359,55 @@ class _Applier:
         if os.path.exists(base):
             raise ApplyFailed(f"mdev {step.mdev_uuid} still present after remove")
         return None
+
+
+def execute_steps(
+    steps: Sequence[Step],
+    root: str = "/",
+    *,
+    writer: SysfsWriter | None = None,
+    sriov_manage: str = DEFAULT_SRIOV_MANAGE,
+    runner: Runner | None = None,
+    retries: int = 5,
+    retry_delay: float = 3.0,
+    sleep: Callable[[float], None] = time.sleep,
+    log: Callable[[str], None] | None = None,
+    done: list[dict[str, Any]] | None = None,
+    skipped: list[dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run ``steps`` in order; ``(done, skipped)``, appended to the lists given, if any.
+
+    Raises :class:`ApplyFailed` at the first step that does not take effect; the steps
+    before it stay done (and are in ``done``).
+    """
+    applier = _Applier(
+        root=root,
+        writer=writer or SysfsWriter(root),
+        sriov_manage=sriov_manage,
+        runner=runner or _run_command,
+        retries=retries,
+        retry_delay=retry_delay,
+        sleep=sleep,
+        log=log or (lambda message: None),
+    )
+    done = [] if done is None else done
+    skipped = [] if skipped is None else skipped
+    for step in steps:
+        if step.action == PENDING:
+            continue
+        try:
+            reason = applier.run(step)
+        except (OSError, ApplyFailed) as exc:
+            message = str(exc)
+            where = (
+                step.action if message.startswith(step.target) else f"{step.action} {step.target}"
+            )
+            raise ApplyFailed(f"{where}: {message}") from exc
+        if reason:
+            skipped.append({**step.to_dict(), "skipped": reason})
+        else:
+            done.append(step.to_dict())
+    return done, skipped
 
 
 def apply_layout(
@@ -1256,27 +1438,25 @@ def apply_layout(
     result = ApplyResult(layout=layout, plan=plan, check_mode=check_mode)
     if check_mode or plan.refusals:
         return result
-    applier = _Applier(
-        root=root,
-        writer=writer or SysfsWriter(root),
-        sriov_manage=sriov_manage,
-        runner=runner or _run_command,
-        retries=retries,
-        retry_delay=retry_delay,
-        sleep=sleep,
-        log=log or (lambda message: None),
-    )
     current = plan
     for _round in range(3):
-        for step in current.executable:
-            try:
-                skipped = applier.run(step)
-            except (ApplyFailed, OSError) as exc:
-                result.error = f"{step.action} {step.target}: {exc}"
-                return result
-            (result.skipped if skipped else result.done).append(
-                {**step.to_dict(), **({"skipped": skipped} if skipped else {})}
+        try:
+            execute_steps(
+                current.steps,
+                root,
+                writer=writer,
+                sriov_manage=sriov_manage,
+                runner=runner,
+                retries=retries,
+                retry_delay=retry_delay,
+                sleep=sleep,
+                log=log,
+                done=result.done,
+                skipped=result.skipped,
             )
+        except ApplyFailed as exc:
+            result.error = str(exc)
+            return result
         if not any(s.action == PENDING for s in current.steps):
             break
         inventory = read_host(root)
@@ -1289,7 +1469,12 @@ def apply_layout(
         if current.refusals:
             result.error = "; ".join(current.refusals)
             return result
-    final = plan_layout(resolve_layout(layout, read_host(root), nvidia), read_host(root), force)
+    inventory = read_host(root)
+    try:
+        final = plan_layout(resolve_layout(layout, inventory, nvidia), inventory, force)
+    except LayoutError as exc:
+        result.error = str(exc)
+        return result
     skipped_targets = {(s["action"], s["target"]) for s in result.skipped}
     result.remaining = [
         s.to_dict() for s in final.steps if not (s.fill and (s.action, s.target) in skipped_targets)
@@ -1368,4 +1553,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+#!/usr/bin/python
+# Copyright: Cozystack GPU authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_facts
+short_description: Report the NVIDIA GPU functions of a host from sysfs as facts
+version_added: 0.1.0
+description:
+  - Reads every NVIDIA GPU PCI function below O(root) (C(sys/bus/pci/devices)) with its
+    driver, IOMMU group, NUMA node, SR-IOV physical/virtual function relation, vGPU type,
+    mdev types and mdevs, and the device-plugin resource name it is advertised under.
+  - Uses the same sysfs reader as the node agent of the cozystack.gpu controller, so the
+    host layer and the cluster agree on what a GPU is and what it is called.
+  - Sets the fact C(cozystack_gpu). Reads only; never changes the host.
+author:
+  - Cozystack GPU team (@cozystack)
+options:
+  root:
+    description:
+      - Directory below which C(sys/) and C(usr/share/misc/pci.ids) are read.
+      - V(/) on a host; a fixture tree in tests, or the host root mounted in a container.
+    type: path
+    default: /
+attributes:
+  check_mode:
+    support: full
+    description: Only reads sysfs, so check mode runs it unchanged.
+  diff_mode:
+    support: none
+    description: Changes nothing, so there is nothing to diff.
+  facts:
+    support: full
+    description: Sets C(ansible_facts.cozystack_gpu).
+notes:
+  - Attribute files that exist but cannot be parsed are reported per function in
+    C(errors), never as a module failure.
+seealso:
+  - module: cozystack.gpu.gpu_node_layout
+  - module: cozystack.gpu.vgpu_profile
+"""
+
+EXAMPLES = r"""
+- name: Read the GPU inventory
+  cozystack.gpu.gpu_facts:
+
+- name: Show the resource names this host advertises
+  ansible.builtin.debug:
+    var: ansible_facts.cozystack_gpu.resource_names
+
+- name: Read a fixture tree instead of the host
+  cozystack.gpu.gpu_facts:
+    root: /srv/fixtures/l40s
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts set by the module.
+  returned: always
+  type: dict
+  contains:
+    cozystack_gpu:
+      description: The inventory.
+      returned: always
+      type: dict
+      contains:
+        root:
+          description: The root read.
+          type: str
+          returned: always
+          sample: /
+        functions:
+          description:
+            - One entry per NVIDIA GPU function, sorted by PCI address, with C(address),
+              C(device_id), C(model), C(driver), C(iommu_group), C(numa_node), C(physfn),
+              C(is_vf), C(sriov) (C(total_vfs), C(num_vfs), C(vfs)), C(vgpu)
+              (C(current_type_id), C(creatable)), C(vgpu_type_name), C(mdev_types),
+              C(mdevs), C(mode), C(resource_name), C(resource_names) and C(errors).
+          type: list
+          elements: dict
+          returned: always
+        mdevs:
+          description: Every mdev on the host, with its parent and type.
+          type: list
+          elements: dict
+          returned: always
+        resource_names:
+          description: Every device-plugin resource name the functions serve.
+          type: list
+          elements: str
+          returned: always
+          sample: [nvidia.com/NVIDIA_L40S-24C, nvidia.com/GH100_H100_SXM5_80GB]
+        pci_ids_path:
+          description: The pci.ids file the model names come from, if one was found.
+          type: str
+          returned: always
+        errors:
+          description: Problems that belong to no single function.
+          type: list
+          elements: str
+          returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_sysfs
+
+
+def argument_spec():
+    return dict(root=dict(type="path", default="/"))
+
+
+def run_module(module):
+    inventory = gpu_sysfs.read_inventory(module.params["root"])
+    module.exit_json(changed=False, ansible_facts={"cozystack_gpu": inventory.to_dict()})
+
+
+def main():
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    run_module(module)
+
+
+if __name__ == "__main__":
+    main()

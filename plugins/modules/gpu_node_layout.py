@@ -1,0 +1,264 @@
+#!/usr/bin/python
+# Copyright: Cozystack GPU authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_node_layout
+short_description: Validate, plan and apply the GPU layout of one node
+version_added: 0.1.0
+description:
+  - Takes the node layout (which GPUs are passthrough, which carry which vGPU profile),
+    validates it against the host, plans the steps from the current sysfs state and applies
+    them, B(with the same code) the C(vgpu_layout) role's boot restore unit runs at boot.
+  - "Steps, in order: bind passthrough GPUs to C(vfio-pci) (C(driver_override), unbind,
+    C(drivers_probe)); enable SR-IOV VFs with C(sriov-manage -e), retried and judged by
+    C(sriov_numvfs) alone because it can exit 0 without creating any; write profiles
+    read-compare-write to C(nvidia/current_vgpu_type); create mdevs on mdev-based cards."
+  - Never unbinds or resets a GPU that carries vGPUs, never disables VFs, never reboots.
+    A VF or mdev that carries another profile is changed only with O(force).
+  - "B(Layout schema) (O(layout), or the file O(src)): a mapping with an optional C(name)
+    and a list C(gpus). Each entry has C(address) (a PCI address such as C(0000:41:00.0) or
+    C(41:00.0), or C(GPU-<uuid>); never an index) and C(mode) (V(passthrough) or V(vgpu)). A
+    V(vgpu) entry has exactly one of C(profile) (a vGPU type name such as C(NVIDIA L40S-24C)
+    for every VF, or every mdev, of the card; with an optional C(count), the exact number
+    of vGPUs, otherwise as many as the card can hold) and C(vfs) (a mapping of VF
+    addresses of that same card to profile names; VFs it does not name are left as they
+    are). A passthrough entry takes no profile, count or vfs. No GPU may appear twice once
+    the PCI domain is canonicalised and UUIDs are resolved. Profiles are names, resolved per
+    card to its type ID. Each refusal names its entry (C(gpus[2] (41:00.0): ...))."
+author:
+  - Cozystack GPU team (@cozystack)
+options:
+  layout:
+    description:
+      - The layout, as described above. Exactly one of O(layout) and O(src).
+    type: dict
+  src:
+    description:
+      - Path on the managed host of a layout file (JSON, or YAML when PyYAML is installed).
+    type: path
+  force:
+    description:
+      - Replace the profile of VFs (or mdevs) that carry another one, and rebind a GPU
+        declared V(vgpu) that is bound to C(vfio-pci).
+      - Does not allow unbinding a GPU with live vGPUs; nothing does.
+    type: bool
+    default: false
+  root:
+    description:
+      - Directory below which C(sys/) is read and written (V(/) on a host, a fixture tree
+        in tests).
+    type: path
+    default: /
+  sriov_manage:
+    description: NVIDIA's C(sriov-manage) command.
+    type: path
+    default: /usr/lib/nvidia/sriov-manage
+  nvidia_smi:
+    description:
+      - The C(nvidia-smi) command; resolves C(GPU-<uuid>) addresses and names the vGPU
+        types of a card whose sysfs lists do not.
+    type: str
+    default: nvidia-smi
+  retries:
+    description: Attempts of C(sriov-manage -e) per card (it races C(nvidia-vgpu-mgr) start-up).
+    type: int
+    default: 5
+  retry_delay:
+    description: Seconds between those attempts.
+    type: float
+    default: 3
+attributes:
+  check_mode:
+    support: full
+    description: Validates and returns the plan; writes nothing and runs no command that changes the host.
+  diff_mode:
+    support: full
+    description: Driver, VF count, per-VF type IDs and mdevs of each declared GPU, before and after.
+notes:
+  - In check mode on a host whose VFs do not exist yet, per-VF work shows as a C(pending)
+    step and names that only the VFs can resolve appear in RV(plan.deferred).
+  - The standalone form for boot is C(python3 gpu_layout.py apply LAYOUT --root /), see
+    the C(gpu_layout) module_utils docstring.
+seealso:
+  - module: cozystack.gpu.vgpu_profile
+  - module: cozystack.gpu.gpu_facts
+"""
+
+EXAMPLES = r"""
+- name: Two H100 for passthrough, an L40S split in two 24C vGPUs
+  cozystack.gpu.gpu_node_layout:
+    layout:
+      name: mixed
+      gpus:
+        - address: "0000:18:00.0"
+          mode: passthrough
+        - address: GPU-5e8b1c0a-1f2e-4d3c-9b8a-7f6e5d4c3b2a
+          mode: passthrough
+        - address: "41:00.0"
+          mode: vgpu
+          profile: NVIDIA L40S-24C
+          count: 2
+
+- name: Show what would change
+  cozystack.gpu.gpu_node_layout:
+    src: /etc/cozystack-gpu/layout.json
+  check_mode: true
+  register: layout_plan
+
+- name: Per-VF profiles, replacing what the VFs carry now
+  cozystack.gpu.gpu_node_layout:
+    layout:
+      gpus:
+        - address: "0000:41:00.0"
+          mode: vgpu
+          vfs:
+            "0000:41:00.4": NVIDIA L40S-24C
+            "0000:41:00.5": NVIDIA L40S-12C
+    force: true
+"""
+
+RETURN = r"""
+layout:
+  description: The validated layout, addresses canonical.
+  returned: always
+  type: dict
+plan:
+  description: The plan computed from the host's state before any change.
+  returned: always
+  type: dict
+  contains:
+    steps:
+      description:
+        - Steps with C(action) (V(bind_vfio), V(bind_nvidia), V(enable_vfs),
+          V(remove_mdev), V(clear_vgpu_type), V(set_vgpu_type), V(create_mdev), V(pending)),
+          C(target), C(gpu), C(reason) and, as they apply, C(type_id), C(profile),
+          C(old_type_id), C(mdev_type), C(mdev_uuid), C(fill).
+      type: list
+      elements: dict
+    refusals:
+      description: Changes refused (need O(force), or never made); the module fails when any.
+      type: list
+      elements: str
+    deferred:
+      description: Checks that can only run once the VFs exist.
+      type: list
+      elements: str
+done:
+  description: Steps executed (empty in check mode).
+  returned: always
+  type: list
+  elements: dict
+skipped:
+  description: Steps that had nothing to do when their turn came, with the reason (for example a full card).
+  returned: always
+  type: list
+  elements: dict
+remaining:
+  description: Steps a last read of the host still finds missing; the module fails when any.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_layout
+
+
+def argument_spec():
+    return dict(
+        layout=dict(type="dict"),
+        src=dict(type="path"),
+        force=dict(type="bool", default=False),
+        root=dict(type="path", default="/"),
+        sriov_manage=dict(type="path", default=gpu_layout.DEFAULT_SRIOV_MANAGE),
+        nvidia_smi=dict(type="str", default=gpu_layout.DEFAULT_NVIDIA_SMI),
+        retries=dict(type="int", default=5),
+        retry_delay=dict(type="float", default=3.0),
+    )
+
+
+def _addresses(layout, inventory, nvidia):
+    """Canonical PCI addresses of the declared GPUs and their VFs."""
+    found = []
+    for gpu in layout.gpus:
+        address = (
+            nvidia.uuid_to_address(gpu.address) if gpu.address.startswith("GPU-") else gpu.address
+        )
+        if address:
+            found.append(address)
+    for function in inventory.functions:
+        if function.physfn in found:
+            found.append(function.address)
+    return found
+
+
+def run_module(module, writer=None, runner=None, nvidia=None, sleep=None):
+    params = module.params
+    root = params["root"]
+    nvidia = nvidia or gpu_layout.NvidiaSmi(params["nvidia_smi"])
+    try:
+        if params["src"]:
+            document = gpu_layout.load_layout_file(params["src"])
+        else:
+            document = params["layout"]
+        layout = gpu_layout.parse_layout(document)
+        before_inventory = gpu_layout.read_host(root)
+        kwargs = dict(
+            force=params["force"],
+            check_mode=module.check_mode,
+            nvidia=nvidia,
+            sriov_manage=params["sriov_manage"],
+            writer=writer,
+            runner=runner,
+            retries=params["retries"],
+            retry_delay=params["retry_delay"],
+        )
+        if sleep is not None:
+            kwargs["sleep"] = sleep
+        result = gpu_layout.apply_layout(layout, root, **kwargs)
+    except gpu_layout.LayoutError as exc:
+        module.fail_json(msg="; ".join(exc.problems), problems=exc.problems)
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=str(exc))
+
+    addresses = sorted(
+        set(_addresses(layout, before_inventory, nvidia)) | {s.gpu for s in result.plan.steps}
+    )
+    before = gpu_layout.host_summary(before_inventory, addresses)
+    if module.check_mode:
+        after = gpu_layout.predict_summary(before, result.plan)
+    else:
+        after_inventory = gpu_layout.read_host(root)
+        after = gpu_layout.host_summary(
+            after_inventory,
+            sorted(set(addresses) | set(_addresses(layout, after_inventory, nvidia))),
+        )
+    data = result.to_dict()
+    data.pop("ok")
+    if module._diff:
+        data["diff"] = dict(before=before, after=after)
+    if result.plan.refusals:
+        module.fail_json(msg="; ".join(result.plan.refusals), **data)
+    if result.error:
+        module.fail_json(msg=result.error, **data)
+    if result.remaining and not module.check_mode:
+        missing = ", ".join("%s %s" % (s["action"], s["target"]) for s in result.remaining)
+        module.fail_json(msg="layout not in place after applying: " + missing, **data)
+    module.exit_json(**data)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=argument_spec(),
+        mutually_exclusive=[("layout", "src")],
+        required_one_of=[("layout", "src")],
+        supports_check_mode=True,
+    )
+    run_module(module)
+
+
+if __name__ == "__main__":
+    main()
