@@ -78,7 +78,8 @@ if TYPE_CHECKING:
 else:
     try:
         from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_sysfs
-    except ImportError:  # run as a script, next to gpu_sysfs.py
+    except ImportError:  # run as a script (python3 -I too), next to gpu_sysfs.py
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import gpu_sysfs
 
 __all__ = [
@@ -879,6 +880,10 @@ class _Planner:
                 return
             for vf in other:
                 self._write_vf(target, vf, profile, wanted, self._vf_current(target, vf), True)
+            if other:
+                # Replacing frees capacity the creatable lists do not show yet.
+                self.step(PENDING, target.address, target.address, "fill once replaced")
+                return
             for vf in empty:
                 if self._vf_can_take(target, vf, wanted):
                     self._write_vf(target, vf, profile, wanted, 0, True)
@@ -950,6 +955,9 @@ class _Planner:
                     "other type (force)",
                     mdev_uuid=mdev.uuid,
                 )
+            # One type per GPU: the wanted type has instances only once the others are gone.
+            self.step(PENDING, gpu.address, gpu.address, "mdevs once the others are removed")
+            return
         mtype = next((t for t in gpu.mdev_types if t.type_id == wanted), None)
         available = (mtype.available_instances or 0) if mtype is not None else 0
         if spec.count is None:
