@@ -388,7 +388,7 @@ class Snapshot:
         on one serving node (best fit, skipping the claim's unexpired rejected nodes).
 
         A claim that already counts (Bound, Attached, Lost) skips the entitlement and
-        budget checks, so moving or rebinding it never fails on them.
+        budget (and maxCount) checks, so moving or rebinding it never fails on them.
         """
         return self.place_set((claim,), now, nodes)
 
@@ -426,7 +426,10 @@ class Snapshot:
                 Reason.VGPU_CLASSES_MIXED,
                 f"a VM takes one vGPU class; the set asks for {', '.join(vgpu)}",
             )
-        for name in sorted(demand):
+        # maxCount judges orders; a move or rebind of units already held is judged by
+        # capacity alone, so a hold is not refused for what the largest node became.
+        ordering = any(not c.counts_budget for c in claims)
+        for name in sorted(demand) if ordering else ():
             limit = self.max_count(name)
             if limit > 0 and demand[name] > limit:
                 return Refusal(

@@ -1,0 +1,93 @@
+"""Properties over random clusters and random operation sequences.
+
+Each operation is checked against an oracle that recomputes from the raw objects (see
+``model_world``). CI runs a modest number of examples; set MODEL_HYPOTHESIS_EXAMPLES for a
+longer run, and see BENCHMARKS.md for the million-operation stress command.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from model_world import N_OPS, Checker, Op, oracle_best_fit, random_world
+
+from cozystack_gpu.model import Placement, Reason, Refusal, plan
+
+EXAMPLES = int(os.environ.get("MODEL_HYPOTHESIS_EXAMPLES", "40"))
+
+ops_strategy = st.lists(
+    st.tuples(
+        st.integers(0, N_OPS - 1),
+        st.integers(0, 999),
+        st.integers(0, 999),
+        st.integers(0, 999),
+    ),
+    min_size=1,
+    max_size=50,
+)
+model_settings = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def run(seed: int, ops: list[Op]) -> Checker:
+    checker = Checker.of(random_world(random.Random(seed)), orders=seed % 16, seed=seed)
+    for op in ops:
+        checker.apply(op)
+    return checker
+
+
+@model_settings
+@given(seed=st.integers(0, 2**32), ops=ops_strategy)
+def test_no_decision_overcommits_a_node_exceeds_a_budget_or_splits_a_set(
+    seed: int, ops: list[Op]
+) -> None:
+    # Checker asserts after every placement: the node serves every class of the set, holds
+    # no more than its capacity, every budget key on every ancestor is within its limit,
+    # and after every pass no unattached claim is left on an over-committed node.
+    checker = run(seed, ops)
+    checker.plan_and_commit()
+    assert checker.plans >= 1
+
+
+@model_settings
+@given(seed=st.integers(0, 2**32), ops=ops_strategy)
+def test_incremental_snapshot_equals_a_full_rebuild(seed: int, ops: list[Op]) -> None:
+    checker = run(seed, ops)
+    assert checker.snap.digest() == checker.world.snapshot().digest()
+
+
+@model_settings
+@given(seed=st.integers(0, 2**32), ops=ops_strategy)
+def test_plan_is_idempotent_and_deterministic(seed: int, ops: list[Op]) -> None:
+    checker = run(seed, ops)
+    now = checker.world.now
+    first = plan(checker.snap, now)
+    assert plan(checker.world.snapshot(), now) == first
+    checker.plan_and_commit()  # asserts that planning the result changes nothing
+    assert plan(checker.snap, now).changes == ()
+
+
+@model_settings
+@given(seed=st.integers(0, 2**32), ops=ops_strategy, a=st.integers(0, 999), b=st.integers(0, 999))
+def test_check_order_is_the_brute_force_best_fit(seed: int, ops: list[Op], a: int, b: int) -> None:
+    checker = run(seed, ops)
+    order = checker.new_claim(a, b)
+    decision = checker.snap.check_order(order, checker.world.now)
+    expected = (
+        oracle_best_fit(checker.snapshot_view(), order)
+        if order.class_name in checker.world.classes
+        else None
+    )
+    if isinstance(decision, Placement):
+        assert decision.node == expected
+    elif isinstance(decision, Refusal) and decision.reason in (
+        Reason.INSUFFICIENT_CAPACITY,
+        Reason.NO_NODE_SERVES,
+    ):
+        assert expected is None
