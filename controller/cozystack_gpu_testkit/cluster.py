@@ -386,11 +386,12 @@ def install_crds(api_client: Any, paths: list[Path] | None = None, timeout: floa
             crd["metadata"]["resourceVersion"] = current.metadata.resource_version
             ext.replace_custom_resource_definition(name, crd)
     for crd in crds:
-        _wait(
-            lambda crd=crd: _established(ext, crd["metadata"]["name"]),
-            timeout,
-            f"CRD {crd['metadata']['name']} not Established",
-        )
+        name = str(crd["metadata"]["name"])
+
+        def established(name: str = name) -> bool:
+            return _established(ext, name)
+
+        _wait(established, timeout, f"CRD {name} not Established")
 
 
 def _established(ext: Any, name: str) -> bool:

@@ -1,0 +1,98 @@
+"""Entry point: ``python -m cozystack_gpu`` (or ``cozystack-gpu-controller``).
+
+kopf runs the operator: start-up and clean-up, the liveness probe, and (in the webhook
+issue) the admission webhooks of every replica. The binder starts only in the replica that
+holds the Lease.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+from kubernetes import client
+from kubernetes import config as kube_config
+from prometheus_client import start_http_server
+
+from cozystack_gpu import config as settings
+from cozystack_gpu.controller import Controller
+
+log = logging.getLogger("cozystack_gpu")
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else a kubeconfig."""
+    configuration = client.Configuration()
+    if kubeconfig is None:
+        try:
+            kube_config.load_incluster_config(client_configuration=configuration)
+        except kube_config.ConfigException:
+            kube_config.load_kube_config(client_configuration=configuration)
+    else:
+        kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    # The binder's writers and informers share one pool; the default of 4 would queue them.
+    configuration.connection_pool_maxsize = 32
+    return client.ApiClient(configuration)
+
+
+@kopf.on.startup()
+def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.peering.standalone = True
+    settings.posting.level = logging.WARNING
+    controller = Controller(api_client(memo.kubeconfig), memo.config)
+    memo.controller = controller
+    controller.start()
+
+
+@kopf.on.cleanup()
+def _cleanup(memo: kopf.Memo, **_: Any) -> None:
+    controller = memo.get("controller")
+    if controller is not None:
+        controller.stop()
+
+
+@kopf.on.probe(id="binder")
+def _binder_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    controller = memo.get("controller")
+    return controller.health() if controller is not None else {"leader": False, "synced": False}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="cozystack-gpu-controller",
+        description="GPU claims binder (leader only) for cozystack.gpu",
+    )
+    settings.add_arguments(parser)
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster)")
+    parser.add_argument("--health-port", type=int, default=8080, help="port of /healthz")
+    parser.add_argument("--log-format", choices=("json", "text"), default="json")
+    args = parser.parse_args(argv)
+    try:
+        config = settings.from_arguments(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(
+        level=logging.INFO,
+        format=(
+            '{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}'
+            if args.log_format == "json"
+            else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+        ),
+    )
+    if config.metrics_port:
+        start_http_server(config.metrics_port)
+    kopf.run(
+        clusterwide=True,
+        standalone=True,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+        memo=kopf.Memo(config=config, kubeconfig=args.kubeconfig),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The binder: claims bound when ordered, kept through stops, moved and rebound."""

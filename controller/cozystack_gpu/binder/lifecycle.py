@@ -1,0 +1,311 @@
+"""Claim lifecycle rules that sit beside the model, and the bodies the binder writes.
+
+Pure: the binder calls these with API objects and the current time. The model decides
+placement (bind, move, lose, rebind); these decide attachment (Bound ⇄ Attached), what a
+claim's status patch and conditions look like, which usage records should exist, and what
+the settings ConfigMap says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.translate import VMIState, meta, name_of, namespace_of, rfc3339, timestamp
+from cozystack_gpu.keys import Phase
+from cozystack_gpu.model import Action, ClaimInfo, ClassStatus, Refusal, Step
+
+Obj = Mapping[str, Any]
+
+
+# --- Attachment --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttachmentChange:
+    phase: Phase
+    clear_attachment: bool
+    reason: str
+    message: str
+
+
+def attachment_change(
+    claim: Obj, vmi: VMIState | None, now: float, grace: float
+) -> AttachmentChange | None:
+    """Bound → Attached once the VMI the webhook recorded runs; back to Bound (attachment
+    cleared) when that VMI is Succeeded or Failed, or gone. A deletion timestamp on the VMI
+    changes nothing: it may still run. An attachment whose VMI never appeared within the
+    grace is cleared (a later admission step refused the VMI)."""
+    status = claim.get("status") or {}
+    attached_to = status.get("attachedTo")
+    if not attached_to:
+        return None
+    phase = status.get("phase")
+    if phase == Phase.BOUND.value:
+        if vmi is not None and not vmi.final:
+            return AttachmentChange(
+                Phase.ATTACHED, False, "Attached", f"attached to VMI {attached_to}"
+            )
+        if vmi is not None and vmi.final:
+            return AttachmentChange(
+                Phase.BOUND, True, "VMIFinished", f"VMI {attached_to} is {vmi.phase}"
+            )
+        attached_at = timestamp(status.get("attachedAt"))
+        if attached_at is None or now >= attached_at + grace:
+            return AttachmentChange(
+                Phase.BOUND,
+                True,
+                "AttachmentExpired",
+                f"VMI {attached_to} did not appear within {grace:.0f} s of its attachment",
+            )
+        return None
+    if phase == Phase.ATTACHED.value:
+        if vmi is None:
+            return AttachmentChange(Phase.BOUND, True, "VMIGone", f"VMI {attached_to} is gone")
+        if vmi.final:
+            return AttachmentChange(
+                Phase.BOUND, True, "VMIFinished", f"VMI {attached_to} is {vmi.phase}"
+            )
+    return None
+
+
+def attachment_expiry(claim: Obj, grace: float) -> float | None:
+    """When an unconfirmed attachment of a Bound claim expires (to schedule a re-check)."""
+    status = claim.get("status") or {}
+    if status.get("phase") != Phase.BOUND.value or not status.get("attachedTo"):
+        return None
+    attached_at = timestamp(status.get("attachedAt"))
+    return None if attached_at is None else attached_at + grace
+
+
+# --- Conditions and status patches -------------------------------------------------------
+
+
+def condition(type_: str, status: bool, reason: str, message: str, now: float) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": rfc3339(now),
+    }
+
+
+def merge_conditions(
+    current: Iterable[Mapping[str, Any]], new: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Replace the condition of ``new``'s type, keeping its transition time when the status
+    did not change, and every other writer's conditions as they are."""
+    out: list[dict[str, Any]] = []
+    replaced = False
+    for cond in current:
+        if cond.get("type") == new["type"]:
+            merged = dict(new)
+            if cond.get("status") == new["status"]:
+                merged["lastTransitionTime"] = cond.get(
+                    "lastTransitionTime", new["lastTransitionTime"]
+                )
+            out.append(merged)
+            replaced = True
+        else:
+            out.append(dict(cond))
+    if not replaced:
+        out.append(dict(new))
+    return out
+
+
+def same_condition(current: Iterable[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
+    """True when writing ``new`` would change nothing a reader sees."""
+    for cond in current:
+        if cond.get("type") == new["type"]:
+            return all(cond.get(k) == new[k] for k in ("status", "reason", "message"))
+    return False
+
+
+_ACTION_REASON = {
+    Step.BIND: "Bound",
+    Step.MOVE: "Moved",
+    Step.LOSE: "Lost",
+    Step.REBIND: "Rebound",
+    Step.REATTACH: "Reattached",
+}
+
+
+def action_condition(action: Action, updated: ClaimInfo, now: float) -> dict[str, Any]:
+    reason = _ACTION_REASON.get(action.step, str(action.step))
+    if action.step is Step.LOSE:
+        message = f"lost its node: {action.why}" if action.why else "lost its node"
+        return condition(keys.CONDITION_BOUND, False, reason, message, now)
+    message = f"holds {updated.count} unit(s) of class {updated.class_name} on node {updated.node}"
+    if action.why:
+        message += f" ({action.why})"
+    return condition(keys.CONDITION_BOUND, True, reason, message, now)
+
+
+def waiting_condition(refusal: Refusal, now: float) -> dict[str, Any]:
+    return condition(keys.CONDITION_BOUND, False, str(refusal.reason), refusal.message, now)
+
+
+def claim_status_patch(
+    claim_obj: Obj, updated: ClaimInfo, cond: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A merge patch of the status fields the binder owns, with the resourceVersion the
+    decision was made on, so the write fails (409) instead of acting on stale state."""
+    status: dict[str, Any] = {
+        "phase": updated.phase.value,
+        "nodeName": updated.node,
+        "boundAt": rfc3339(updated.bound_at) if updated.bound_at is not None else None,
+    }
+    current = claim_obj.get("status") or {}
+    if updated.attached_to is None and current.get("attachedTo"):
+        status["attachedTo"] = None
+        status["attachedAt"] = None
+    if cond is not None:
+        status["conditions"] = merge_conditions(current.get("conditions") or [], cond)
+    return {
+        "metadata": {"resourceVersion": meta(claim_obj).get("resourceVersion")},
+        "status": status,
+    }
+
+
+def attachment_patch(claim_obj: Obj, change: AttachmentChange, now: float) -> dict[str, Any]:
+    current = claim_obj.get("status") or {}
+    status: dict[str, Any] = {"phase": change.phase.value}
+    if change.clear_attachment:
+        status["attachedTo"] = None
+        status["attachedAt"] = None
+    cond = condition(keys.CONDITION_BOUND, True, change.reason, change.message, now)
+    status["conditions"] = merge_conditions(current.get("conditions") or [], cond)
+    return {
+        "metadata": {"resourceVersion": meta(claim_obj).get("resourceVersion")},
+        "status": status,
+    }
+
+
+def condition_patch(claim_obj: Obj, cond: Mapping[str, Any]) -> dict[str, Any]:
+    current = claim_obj.get("status") or {}
+    return {
+        "metadata": {"resourceVersion": meta(claim_obj).get("resourceVersion")},
+        "status": {"conditions": merge_conditions(current.get("conditions") or [], cond)},
+    }
+
+
+# --- Class status ------------------------------------------------------------------------
+
+
+def class_status_body(class_obj: Obj, numbers: ClassStatus, now: float) -> dict[str, Any] | None:
+    """The status a class should show, or None when it already does.
+
+    Only free, maxFreePerNode and conditions: every authenticated user reads GPUClass, so
+    no node names and no other counts go here (they go to metrics).
+    """
+    current = class_obj.get("status") or {}
+    if meta(class_obj).get("deletionTimestamp"):
+        cond = condition(
+            keys.CONDITION_AVAILABLE, False, "Deleting", "the class takes no new orders", now
+        )
+    elif numbers.free > 0:
+        cond = condition(
+            keys.CONDITION_AVAILABLE, True, "Free", "units are free on nodes serving the class", now
+        )
+    else:
+        cond = condition(
+            keys.CONDITION_AVAILABLE,
+            False,
+            "NoFreeUnits",
+            "no node serving the class has a free unit",
+            now,
+        )
+    unchanged = (
+        current.get("free") == numbers.free
+        and current.get("maxFreePerNode") == numbers.max_free_per_node
+        and same_condition(current.get("conditions") or [], cond)
+    )
+    if unchanged:
+        return None
+    return {
+        "status": {
+            "free": numbers.free,
+            "maxFreePerNode": numbers.max_free_per_node,
+            "conditions": merge_conditions(current.get("conditions") or [], cond),
+        }
+    }
+
+
+# --- Usage records -----------------------------------------------------------------------
+
+
+def workload_name(claim_name: str) -> str:
+    return ("gpuclaim-" + claim_name)[:253]
+
+
+def wants_usage_record(claim_obj: Obj) -> bool:
+    """One record per ordered claim while it is Bound or Attached; template claims, and
+    Pending or Lost ones, have none."""
+    labels = meta(claim_obj).get("labels") or {}
+    if labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE:
+        return False
+    phase = (claim_obj.get("status") or {}).get("phase")
+    return phase in (Phase.BOUND.value, Phase.ATTACHED.value)
+
+
+def usage_record(claim_obj: Obj) -> dict[str, Any]:
+    return {
+        "apiVersion": keys.WORKLOAD_API_VERSION,
+        "kind": keys.WORKLOAD_KIND,
+        "metadata": {
+            "name": workload_name(name_of(claim_obj)),
+            "namespace": namespace_of(claim_obj),
+            # Owned by the claim: the garbage collector removes it with the claim, so no
+            # monitor or reserved label has to guard it.
+            "ownerReferences": [
+                {
+                    "apiVersion": keys.API_VERSION,
+                    "kind": keys.KIND_CLAIM,
+                    "name": name_of(claim_obj),
+                    "uid": meta(claim_obj).get("uid"),
+                    "blockOwnerDeletion": False,
+                    "controller": True,
+                }
+            ],
+        },
+        "status": usage_status(claim_obj),
+    }
+
+
+def usage_status(claim_obj: Obj) -> dict[str, Any]:
+    spec = claim_obj.get("spec") or {}
+    return {
+        "kind": keys.WORKLOAD_STATUS_KIND,
+        "type": keys.WORKLOAD_STATUS_TYPE,
+        "resources": {keys.quota_key(str(spec.get("class"))): str(int(spec.get("count") or 1))},
+        "operational": True,
+    }
+
+
+def owned_claim_name(workload: Obj) -> str | None:
+    for ref in meta(workload).get("ownerReferences") or []:
+        if ref.get("kind") == keys.KIND_CLAIM and ref.get("apiVersion") == keys.API_VERSION:
+            return str(ref.get("name"))
+    return None
+
+
+# --- Settings ----------------------------------------------------------------------------
+
+
+def settings_data(
+    class_names: Iterable[str],
+    node_names: Iterable[str],
+    extra: Iterable[str],
+    raw_policy: keys.RawNamesPolicy,
+) -> dict[str, str]:
+    """The gpu-settings ConfigMap's data: the effective GPU resource-name set and the
+    raw-name policy the ValidatingAdmissionPolicies take as a parameter."""
+    return {
+        keys.SETTINGS_KEY_RESOURCE_NAMES: keys.format_resource_names(
+            [*class_names, *node_names, *extra]
+        ),
+        keys.SETTINGS_KEY_RAW_RESOURCE_NAMES: raw_policy.value,
+    }

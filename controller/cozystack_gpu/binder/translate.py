@@ -1,0 +1,361 @@
+"""API objects (the JSON dicts the informers deliver) → the model's input dataclasses.
+
+Pure: no client, no clock; the caller passes ``now`` where a rule depends on time. This is
+the only place that knows which fields of a Node, Pod, GPUNode, GPUClass, GPUClaim,
+Namespace, ResourceQuota or VMI the binder reads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.keys import Mode, OnCordon, Phase
+from cozystack_gpu.model import (
+    ClaimInfo,
+    ClassInfo,
+    Device,
+    NamespaceInfo,
+    NodeInfo,
+    RejectedNode,
+    Taint,
+    Toleration,
+    merge_quotas,
+)
+
+Obj = Mapping[str, Any]
+
+FINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
+FINAL_VMI_PHASES = frozenset({"Succeeded", "Failed"})
+
+_QUANTITY = re.compile(r"^([0-9]+)([kMGTPE]|[KMGTPE]i)?$")
+_SUFFIX = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+def whole_quantity(value: Any) -> int | None:
+    """An integer Kubernetes quantity ("8", "2k"), or None for fractions and garbage.
+
+    GPU resources and quota counts are whole numbers; anything else (cpu "3800m") is not
+    a GPU figure and is skipped.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    match = _QUANTITY.match(str(value).strip())
+    if match is None:
+        return None
+    return int(match.group(1)) * _SUFFIX[match.group(2) or ""]
+
+
+def timestamp(value: Any) -> float | None:
+    """Seconds since the epoch of an RFC 3339 API timestamp, or None."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.UTC)
+    return parsed.timestamp()
+
+
+def rfc3339(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def meta(obj: Obj) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def name_of(obj: Obj) -> str:
+    return str(meta(obj).get("name", ""))
+
+
+def namespace_of(obj: Obj) -> str:
+    return str(meta(obj).get("namespace", ""))
+
+
+def resource_version(obj: Obj) -> int:
+    """etcd revisions are integers; the binder orders events of one object by them."""
+    try:
+        return int(meta(obj).get("resourceVersion", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+# --- Nodes -------------------------------------------------------------------------------
+
+
+def node_ready(node: Obj) -> bool:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def node_info(node: Obj, gpunode: Obj | None, raw_used: Mapping[str, int]) -> NodeInfo:
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    allocatable = {
+        name: units
+        for name, value in (status.get("allocatable") or {}).items()
+        if (units := whole_quantity(value)) is not None
+    }
+    devices = tuple(
+        Device(str(d["resourceName"]), int(d.get("allocatable") or 0))
+        for d in ((gpunode or {}).get("status") or {}).get("devices") or []
+        if d.get("resourceName")
+    )
+    return NodeInfo(
+        name=name_of(node),
+        labels=dict(meta(node).get("labels") or {}),
+        taints=tuple(
+            Taint(str(t.get("key", "")), str(t.get("effect", "")), str(t.get("value") or ""))
+            for t in spec.get("taints") or []
+        ),
+        ready=node_ready(node),
+        unschedulable=bool(spec.get("unschedulable")),
+        allocatable=allocatable,
+        devices=devices,
+        raw_used=dict(raw_used),
+    )
+
+
+def node_health(node: Obj) -> tuple[Any, ...]:
+    """What a rejection of a node waits for: its allocatable, taints or Ready changing."""
+    status = node.get("status") or {}
+    return (
+        json.dumps(status.get("allocatable") or {}, sort_keys=True),
+        json.dumps((node.get("spec") or {}).get("taints") or [], sort_keys=True),
+        node_ready(node),
+    )
+
+
+# --- Pods (raw-name usage) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodUsage:
+    """Extended resources one running pod requests, and where."""
+
+    namespace: str
+    node: str | None
+    requests: Mapping[str, int]
+
+
+def pod_usage(pod: Obj) -> PodUsage | None:
+    """The extended-resource requests of a pod that holds no claim, or None.
+
+    Launcher pods of VMIs with claims carry the claims reference label: their units are
+    already counted through the claims. Pods in a final phase hold nothing.
+    """
+    labels = meta(pod).get("labels") or {}
+    if labels.get(keys.LABEL_CLAIMS_REF) == keys.LABEL_CLAIMS_REF_VALUE:
+        return None
+    if (pod.get("status") or {}).get("phase") in FINAL_POD_PHASES:
+        return None
+    spec = pod.get("spec") or {}
+    totals: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        # Extended resources must have requests == limits; either may be written alone.
+        merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for name, value in merged.items():
+            if "/" not in name:
+                continue
+            units = whole_quantity(value)
+            if units:
+                totals[name] = totals.get(name, 0) + units
+    if not totals:
+        return None
+    return PodUsage(namespace_of(pod), spec.get("nodeName") or None, totals)
+
+
+def sum_usage(usages: Iterable[PodUsage], gpu_names: frozenset[str]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for usage in usages:
+        for name, units in usage.requests.items():
+            if name in gpu_names:
+                total[name] = total.get(name, 0) + units
+    return total
+
+
+# --- Classes -----------------------------------------------------------------------------
+
+
+def class_resource_name(gpu_class: Obj) -> str:
+    source = (gpu_class.get("spec") or {}).get("source") or {}
+    return str((source.get("devicePlugin") or {}).get("resourceName", ""))
+
+
+def class_info(gpu_class: Obj) -> ClassInfo:
+    spec = gpu_class.get("spec") or {}
+    return ClassInfo(
+        name=name_of(gpu_class),
+        mode=Mode(spec.get("mode", Mode.PASSTHROUGH.value)),
+        resource_name=class_resource_name(gpu_class),
+        max_count=spec.get("maxCount"),
+        node_selector=dict(spec.get("nodeSelector") or {}),
+        tolerations=tuple(
+            Toleration(
+                key=str(t.get("key") or ""),
+                operator=str(t.get("operator") or "Equal"),
+                value=str(t.get("value") or ""),
+                effect=str(t.get("effect") or ""),
+            )
+            for t in spec.get("tolerations") or []
+        ),
+        on_cordon=OnCordon(spec.get("onCordon") or OnCordon.MOVE.value),
+        deleting=bool(meta(gpu_class).get("deletionTimestamp")),
+    )
+
+
+# --- VMIs and claims ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VMIState:
+    """What the binder needs of a VirtualMachineInstance."""
+
+    namespace: str
+    name: str
+    phase: str
+    node: str | None
+    held_claims: tuple[str, ...]
+
+    @property
+    def final(self) -> bool:
+        return self.phase in FINAL_VMI_PHASES
+
+
+def claims_annotation(annotations: Mapping[str, str]) -> tuple[str, ...]:
+    """Held claim names from the claims annotation (see keys.ANNOTATION_CLAIMS).
+
+    A malformed annotation names nothing here; the VMI webhook refuses it at admission.
+    """
+    raw = annotations.get(keys.ANNOTATION_CLAIMS)
+    if not raw:
+        return ()
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return ()
+    if not isinstance(value, dict):
+        return ()
+    names = value.get(keys.ANNOTATION_MEMBER_CLAIMS) or []
+    return tuple(str(n) for n in names if isinstance(n, str))
+
+
+def vmi_state(vmi: Obj) -> VMIState:
+    status = vmi.get("status") or {}
+    return VMIState(
+        namespace=namespace_of(vmi),
+        name=name_of(vmi),
+        phase=str(status.get("phase") or "Pending"),
+        node=status.get("nodeName") or None,
+        held_claims=claims_annotation(meta(vmi).get("annotations") or {}),
+    )
+
+
+def vm_held_claims(vm: Obj) -> tuple[str, ...]:
+    """Claims a VirtualMachine's template names: the set it keeps while it is stopped."""
+    template = (vm.get("spec") or {}).get("template") or {}
+    return claims_annotation((template.get("metadata") or {}).get("annotations") or {})
+
+
+def set_id_for(claim: Obj, vmi_of_claim: str | None, vm_of_claim: str | None) -> str | None:
+    """Claims of one VM share a set id: the VM (or VMI) that names them, or the VMI that
+    owns a template claim."""
+    for ref in meta(claim).get("ownerReferences") or []:
+        if ref.get("kind") == "VirtualMachineInstance":
+            return "vm/" + str(ref.get("name"))
+    if vm_of_claim:
+        return "vm/" + vm_of_claim
+    if vmi_of_claim:
+        return "vm/" + vmi_of_claim
+    return None
+
+
+def vmi_live(claim: Obj, vmi: VMIState | None, now: float, grace: float) -> bool:
+    """The VMI a claim is attached to runs, or may still appear (within the grace)."""
+    status = claim.get("status") or {}
+    if not status.get("attachedTo"):
+        return False
+    if vmi is not None:
+        return not vmi.final
+    attached_at = timestamp(status.get("attachedAt"))
+    if status.get("phase") == Phase.ATTACHED.value:
+        return False  # it was seen running, and now it is gone
+    return attached_at is not None and now < attached_at + grace
+
+
+def claim_info(claim: Obj, *, vmi_live_now: bool, set_id: str | None) -> ClaimInfo:
+    spec = claim.get("spec") or {}
+    status = claim.get("status") or {}
+    labels = meta(claim).get("labels") or {}
+    rejected = []
+    for entry in status.get("rejectedNodes") or []:
+        until = timestamp(entry.get("until"))
+        if entry.get("node") and until is not None:
+            rejected.append(RejectedNode(str(entry["node"]), until))
+    try:
+        phase = Phase(status.get("phase") or Phase.PENDING.value)
+    except ValueError:
+        phase = Phase.PENDING
+    return ClaimInfo(
+        namespace=namespace_of(claim),
+        name=name_of(claim),
+        class_name=str(spec.get("class", "")),
+        count=int(spec.get("count") or 1),
+        created=timestamp(meta(claim).get("creationTimestamp")) or 0.0,
+        phase=phase,
+        node=status.get("nodeName") or None,
+        attached_to=status.get("attachedTo") or None,
+        vmi_live=vmi_live_now,
+        bound_at=timestamp(status.get("boundAt")),
+        rejected=tuple(rejected),
+        set_id=set_id,
+        template=labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE,
+    )
+
+
+# --- Namespaces --------------------------------------------------------------------------
+
+
+def quota_hard(quota: Obj) -> dict[str, int]:
+    hard = (quota.get("spec") or {}).get("hard") or {}
+    return {
+        key: units for key, value in hard.items() if (units := whole_quantity(value)) is not None
+    }
+
+
+def namespace_info(
+    namespace: Obj, quotas: Iterable[Obj], raw_used: Mapping[str, int]
+) -> NamespaceInfo:
+    return NamespaceInfo(
+        name=name_of(namespace),
+        labels=dict(meta(namespace).get("labels") or {}),
+        quota=merge_quotas([quota_hard(q) for q in quotas]),
+        raw_used=dict(raw_used),
+    )

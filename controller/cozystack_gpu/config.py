@@ -1,0 +1,177 @@
+"""Controller configuration: flags, each with an environment variable and a default.
+
+Every setting is documented in one table (``SETTINGS``) that feeds both ``--help`` and the
+environment lookup, so the chart's values, the README and the code cannot disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cozystack_gpu.keys import RawNamesPolicy, parse_resource_names
+
+
+@dataclass(frozen=True)
+class Setting:
+    flag: str
+    env: str
+    default: str
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "--namespace",
+        "GPU_NAMESPACE",
+        "cozy-gpu",
+        "namespace of the controller: its Lease and the gpu-settings ConfigMap",
+    ),
+    Setting(
+        "--identity", "GPU_IDENTITY", "", "this replica's name in the Lease (default: hostname)"
+    ),
+    Setting(
+        "--attachment-grace",
+        "GPU_ATTACHMENT_GRACE",
+        "120",
+        "seconds an attachment may wait for its VMI to appear before it is cleared",
+    ),
+    Setting(
+        "--rejection-ttl",
+        "GPU_REJECTION_TTL",
+        "600",
+        "seconds a node that refused a pinned launcher pod is skipped for the set",
+    ),
+    Setting(
+        "--raw-resource-names",
+        "GPU_RAW_RESOURCE_NAMES",
+        "allowed",
+        "whether tenants may request GPU resource names without claims: allowed|forbidden",
+    ),
+    Setting(
+        "--extra-resource-names",
+        "GPU_EXTRA_RESOURCE_NAMES",
+        "",
+        "comma-joined GPU resource names to add to resourceNames (hoster list)",
+    ),
+    Setting(
+        "--lease-duration",
+        "GPU_LEASE_DURATION",
+        "15",
+        "seconds a leader's Lease is valid without renewal",
+    ),
+    Setting(
+        "--renew-deadline",
+        "GPU_RENEW_DEADLINE",
+        "10",
+        "seconds after its last renewal a leader stops binding",
+    ),
+    Setting(
+        "--retry-period",
+        "GPU_RETRY_PERIOD",
+        "2",
+        "seconds between Lease renewals and acquisition attempts",
+    ),
+    Setting(
+        "--write-workers",
+        "GPU_WRITE_WORKERS",
+        "8",
+        "status writes in flight at once (decisions stay serial)",
+    ),
+    Setting("--metrics-port", "GPU_METRICS_PORT", "9090", "port of /metrics and /healthz (0: off)"),
+    Setting(
+        "--workload-records",
+        "GPU_WORKLOAD_RECORDS",
+        "true",
+        "write cozystack.io Workload usage records: true|false",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    namespace: str
+    identity: str
+    attachment_grace: float
+    rejection_ttl: float
+    raw_resource_names: RawNamesPolicy
+    extra_resource_names: frozenset[str]
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+    write_workers: int
+    metrics_port: int
+    workload_records: bool
+
+
+def _attr(setting: Setting) -> str:
+    return setting.flag.lstrip("-").replace("-", "_")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for setting in SETTINGS:
+        parser.add_argument(
+            setting.flag,
+            dest=_attr(setting),
+            default=None,
+            help=f"{setting.help} [env {setting.env}, default {setting.default or 'none'}]",
+        )
+
+
+def _bool(name: str, value: str) -> bool:
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def from_arguments(args: argparse.Namespace | None = None) -> Config:
+    """Flags first, then the environment, then the defaults; refuses bad values by name."""
+    raw: dict[str, str] = {}
+    for setting in SETTINGS:
+        value = getattr(args, _attr(setting), None) if args is not None else None
+        if value is None:
+            value = os.environ.get(setting.env, setting.default)
+        raw[_attr(setting)] = value
+
+    def number(name: str) -> float:
+        try:
+            result = float(raw[name])
+        except ValueError:
+            raise ValueError(
+                f"{name.replace('_', '-')} must be a number, got {raw[name]!r}"
+            ) from None
+        if result < 0:
+            raise ValueError(f"{name.replace('_', '-')} must not be negative, got {raw[name]!r}")
+        return result
+
+    try:
+        policy = RawNamesPolicy(raw["raw_resource_names"])
+    except ValueError:
+        raise ValueError(
+            f"raw-resource-names must be allowed or forbidden, got {raw['raw_resource_names']!r}"
+        ) from None
+    return Config(
+        namespace=raw["namespace"],
+        identity=raw["identity"] or socket.gethostname(),
+        attachment_grace=number("attachment_grace"),
+        rejection_ttl=number("rejection_ttl"),
+        raw_resource_names=policy,
+        extra_resource_names=parse_resource_names(raw["extra_resource_names"]),
+        lease_duration=number("lease_duration"),
+        renew_deadline=number("renew_deadline"),
+        retry_period=number("retry_period"),
+        write_workers=max(1, int(number("write_workers"))),
+        metrics_port=int(number("metrics_port")),
+        workload_records=_bool("workload-records", raw["workload_records"]),
+    )
+
+
+def parse(argv: Sequence[str] | None = None) -> Config:
+    parser = argparse.ArgumentParser(prog="cozystack-gpu-controller")
+    add_arguments(parser)
+    return from_arguments(parser.parse_args(argv))

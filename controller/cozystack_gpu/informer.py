@@ -1,0 +1,159 @@
+"""List-then-watch feeds of API objects into one queue, with an explicit "listed" mark.
+
+The binder needs what kopf's per-object workers do not give: every kind fully listed before
+its first decision (a claim seen before its node would read as Lost), and one ordered stream
+of changes for its single loop. Each Informer runs one thread: it lists, emits the whole
+listing as one LISTED event, then watches from the listing's resourceVersion, re-listing on
+410 Gone or any broken stream. Objects stay plain dicts (the API's JSON), so the edges decide
+what to read from them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger(__name__)
+
+_CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+WATCH_TIMEOUT_S = 300
+RETRY_DELAY_S = 1.0
+
+
+class EventType(enum.Enum):
+    LISTED = "LISTED"  # objects = the complete current set of the kind
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    type: EventType
+    obj: dict[str, Any] | None = None
+    objects: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Source:
+    """One watched kind: a list callable of the kubernetes client and its arguments."""
+
+    kind: str
+    list_fn: Callable[..., Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def sources(api: client.ApiClient) -> dict[str, Callable[..., Any]]:
+    """The list functions the controller watches, by kind name (cluster-wide lists)."""
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+
+    def custom_list(group: str, version: str, plural: str) -> Callable[..., Any]:
+        def list_fn(**kwargs: Any) -> Any:
+            return custom.list_cluster_custom_object(group, version, plural, **kwargs)
+
+        return list_fn
+
+    return {
+        "Node": core.list_node,
+        "Namespace": core.list_namespace,
+        "ResourceQuota": core.list_resource_quota_for_all_namespaces,
+        "Pod": core.list_pod_for_all_namespaces,
+        "GPUClass": custom_list("gpu.cozystack.io", "v1alpha1", "gpuclasses"),
+        "GPUClaim": custom_list("gpu.cozystack.io", "v1alpha1", "gpuclaims"),
+        "GPUNode": custom_list("gpu.cozystack.io", "v1alpha1", "gpunodes"),
+        "VirtualMachineInstance": custom_list("kubevirt.io", "v1", "virtualmachineinstances"),
+        "VirtualMachine": custom_list("kubevirt.io", "v1", "virtualmachines"),
+    }
+
+
+class Informer:
+    """Feeds one kind into ``sink`` until stopped."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        source: Source,
+        sink: queue.Queue[Event],
+        stop: threading.Event,
+    ) -> None:
+        self._api = api
+        self._source = source
+        self._sink = sink
+        self._stop = stop
+        self._thread = threading.Thread(
+            target=self._run, name=f"informer-{source.kind}", daemon=True
+        )
+        self._watch: watch.Watch | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+        self._thread.join(timeout)
+
+    def _list(self) -> str:
+        # _preload_content=False keeps the JSON as dicts: the typed models of the client
+        # are slow to build and drop fields of custom resources.
+        response = self._source.list_fn(_preload_content=False, **self._source.kwargs)
+        body = json.loads(response.data)
+        items = body.get("items") or []
+        kind = self._source.kind
+        for item in items:
+            item.setdefault("kind", kind)
+        self._sink.put(Event(kind, EventType.LISTED, objects=tuple(items)))
+        return str(body["metadata"]["resourceVersion"])
+
+    def _run(self) -> None:
+        kind = self._source.kind
+        while not self._stop.is_set():
+            try:
+                resource_version = self._list()
+                self._watch = watch.Watch()
+                for raw in self._watch.stream(
+                    self._source.list_fn,
+                    resource_version=resource_version,
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                    allow_watch_bookmarks=True,
+                    deserialize=False,
+                    **self._source.kwargs,
+                ):
+                    if self._stop.is_set():
+                        return
+                    kind_of_event = raw.get("type")
+                    obj = raw.get("object")
+                    if kind_of_event not in _CHANGES or not isinstance(obj, dict):
+                        continue
+                    obj.setdefault("kind", kind)
+                    self._sink.put(Event(kind, EventType(kind_of_event), obj=obj))
+                # A watch that ends (timeout) is re-listed too: simple, and it heals any gap.
+            except ApiException as exc:
+                if exc.status == 410:
+                    # Our resourceVersion is too old: list again at once.
+                    log.info("watch of %s expired; listing again", kind)
+                    continue
+                if exc.status == 404:
+                    # The kind is not installed (e.g. no KubeVirt yet): an empty listing.
+                    self._sink.put(Event(kind, EventType.LISTED, objects=()))
+                    self._stop.wait(10 * RETRY_DELAY_S)
+                    continue
+                log.warning("watch of %s failed: %s; retrying", kind, exc.reason)
+                self._stop.wait(RETRY_DELAY_S)
+            except Exception:  # a broken stream must not end the feed
+                if self._stop.is_set():
+                    return
+                log.exception("watch of %s broke; retrying", kind)
+                self._stop.wait(RETRY_DELAY_S)

@@ -1,0 +1,197 @@
+"""Leader election on a coordination.k8s.io Lease, so exactly one replica binds.
+
+kopf's peering is not leader election (replicas of equal priority all pause), so the binder
+uses a Lease like client-go's leaderelection: a holder renews it every ``retry_period``; a
+candidate takes it over only when it has seen no change of the record for a whole
+``lease_duration`` (measured on its own monotonic clock, so clocks need not agree). The
+holder counts itself leader only until ``renew_deadline`` after its last successful renew,
+which is shorter than ``lease_duration``: it stops binding before anyone else may start.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                "lease timing needs retry_period < renew_deadline < lease_duration, got "
+                f"{self.retry_period} / {self.renew_deadline} / {self.lease_duration}"
+            )
+
+
+def _micro_time(now: datetime.datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Runs the election in its own thread; ``is_leader()`` is safe to call from any."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        timing: LeaseTiming = LeaseTiming(),
+        on_started: Callable[[], None] = lambda: None,
+        on_stopped: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._coordination = client.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.timing = timing
+        self._on_started = on_started
+        self._on_stopped = on_stopped
+        self._clock = clock
+        self._valid_until = 0.0
+        self._leading = False
+        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
+        self._observed_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
+
+    # --- queries ---------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        return self._leading and self._clock() < self._valid_until
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, release: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.timing.renew_deadline)
+        if self._leading:
+            self._set_leading(False)
+            if release:
+                self._release()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._try_acquire_or_renew()
+            except Exception:  # the election must survive API hiccups
+                log.exception("lease %s/%s: acquire or renew failed", self.namespace, self.name)
+            if self._leading and self._clock() >= self._valid_until:
+                log.warning(
+                    "lease %s/%s: renew deadline passed; stop leading", self.namespace, self.name
+                )
+                self._set_leading(False)
+            self._stop.wait(self.timing.retry_period)
+
+    def _set_leading(self, leading: bool) -> None:
+        if leading == self._leading:
+            return
+        self._leading = leading
+        log.info(
+            "lease %s/%s: %s", self.namespace, self.name, "leading" if leading else "not leading"
+        )
+        (self._on_started if leading else self._on_stopped)()
+
+    # --- the protocol ----------------------------------------------------------------
+
+    def _try_acquire_or_renew(self) -> None:
+        started = self._clock()
+        now = datetime.datetime.now(datetime.UTC)
+        try:
+            lease = self._coordination.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._create(now, started)
+            return
+        spec = lease.spec
+        record = (spec.holder_identity or "", str(spec.renew_time or ""))
+        if record != self._observed:
+            self._observed = record
+            self._observed_at = started
+        duration = float(spec.lease_duration_seconds or self.timing.lease_duration)
+        held_by_other = bool(spec.holder_identity) and spec.holder_identity != self.identity
+        if held_by_other and started < self._observed_at + duration:
+            return  # someone else holds a live lease
+        transitions = int(spec.lease_transitions or 0)
+        body: dict[str, Any] = {
+            "metadata": {"resourceVersion": lease.metadata.resource_version},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": int(self.timing.lease_duration),
+                "renewTime": _micro_time(now),
+            },
+        }
+        if spec.holder_identity != self.identity:
+            body["spec"]["acquireTime"] = _micro_time(now)
+            body["spec"]["leaseTransitions"] = transitions + 1
+        try:
+            # A merge patch carrying resourceVersion is a compare-and-swap: of two
+            # candidates taking over one expired lease, one gets 409.
+            self._coordination.patch_namespaced_lease(self.name, self.namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return
+            raise
+        self._renewed(started)
+
+    def _create(self, now: datetime.datetime, started: float) -> None:
+        body = {
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": int(self.timing.lease_duration),
+                "acquireTime": _micro_time(now),
+                "renewTime": _micro_time(now),
+                "leaseTransitions": 0,
+            },
+        }
+        try:
+            self._coordination.create_namespaced_lease(self.namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return
+            raise
+        self._renewed(started)
+
+    def _renewed(self, started: float) -> None:
+        # Counted from before the request was sent: the lease may have been written at once.
+        self._valid_until = started + self.timing.renew_deadline
+        self._set_leading(True)
+
+    def _release(self) -> None:
+        """Hands the lease back on a clean stop so a standby takes over within one retry."""
+        try:
+            lease = self._coordination.read_namespaced_lease(self.name, self.namespace)
+            if lease.spec.holder_identity != self.identity:
+                return
+            self._coordination.patch_namespaced_lease(
+                self.name,
+                self.namespace,
+                {
+                    "metadata": {"resourceVersion": lease.metadata.resource_version},
+                    "spec": {"holderIdentity": "", "leaseDurationSeconds": 1},
+                },
+            )
+        except ApiException as exc:
+            log.warning("lease %s/%s: release failed: %s", self.namespace, self.name, exc.reason)

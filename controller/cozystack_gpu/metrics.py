@@ -1,0 +1,41 @@
+"""Prometheus metrics of the controller. Counts that GPUClass status must not show (it is
+readable by every authenticated user) are exported here, for the hoster only."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CLASS_CAPACITY = Gauge(
+    "cozystack_gpu_class_capacity_units",
+    "Units of the class on nodes serving it (device-plugin allocatable, capped by the Node)",
+    ["class"],
+)
+CLASS_FREE = Gauge(
+    "cozystack_gpu_class_free_units", "Units of the class free on nodes serving it", ["class"]
+)
+CLASS_CLAIMED = Gauge(
+    "cozystack_gpu_class_claimed_units",
+    "Units of the class held by claims, by claim phase",
+    ["class", "phase"],
+)
+BIND_LATENCY = Histogram(
+    "cozystack_gpu_bind_latency_seconds",
+    "Time from a claim's creation to its status write as Bound",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+)
+DECISIONS = Counter(
+    "cozystack_gpu_binder_decisions_total",
+    "Binder decisions written, by step (Bind, Move, Lose, Rebind, Reattach, Attach, Detach)",
+    ["step"],
+)
+REFUSALS = Counter(
+    "cozystack_gpu_refusals_total",
+    "Orders and sets that did not fit when first judged, by machine reason",
+    ["reason"],
+)
+WRITE_CONFLICTS = Counter(
+    "cozystack_gpu_binder_write_conflicts_total",
+    "Claim status writes refused because the claim changed after the decision",
+)
+LEADER = Gauge("cozystack_gpu_binder_leader", "1 while this replica holds the binder Lease")
+PENDING = Gauge("cozystack_gpu_claims_pending", "Ordered claims waiting to be bound")

@@ -1,0 +1,472 @@
+"""The binder against the real API server: lifecycle rules of SPEC.md §5 and §7.
+
+Each test gets its own binder (a fresh listing), and names its classes, nodes and
+namespaces uniquely, with class node selectors on a per-test label, so claims and nodes of
+other tests never meet.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu.config import Config
+from cozystack_gpu.keys import RawNamesPolicy
+from cozystack_gpu_testkit.objects import Kube, install_extra_crds, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+GRACE_S = 2.0
+
+
+@pytest.fixture(scope="session")
+def kube(api_client: Any) -> Kube:
+    install_extra_crds(api_client)
+    return Kube(api_client)
+
+
+def make_config(namespace: str, **overrides: Any) -> Config:
+    values: dict[str, Any] = {
+        "namespace": namespace,
+        "identity": "test-binder",
+        "attachment_grace": GRACE_S,
+        "rejection_ttl": 600.0,
+        "raw_resource_names": RawNamesPolicy.ALLOWED,
+        "extra_resource_names": frozenset(),
+        "lease_duration": 15.0,
+        "renew_deadline": 10.0,
+        "retry_period": 2.0,
+        "write_workers": 4,
+        "metrics_port": 0,
+        "workload_records": True,
+    }
+    values.update(overrides)
+    return Config(**values)
+
+
+@dataclass
+class Env:
+    """One test's corner of the cluster."""
+
+    kube: Kube
+    binder: Binder
+    id: str
+    tenant: str
+    controller_ns: str
+
+    @property
+    def selector(self) -> dict[str, str]:
+        return {"test.cozystack.io/id": self.id}
+
+    def name(self, base: str) -> str:
+        return f"{base}-{self.id}"
+
+    def node(self, base: str, gpus: int, resource: str | None = None, **kwargs: Any) -> str:
+        name = self.name(base)
+        labels = {**self.selector, **kwargs.pop("labels", {})}
+        self.kube.gpu_node(name, resource or self.resource, gpus, labels=labels, **kwargs)
+        return name
+
+    @property
+    def resource(self) -> str:
+        return f"nvidia.com/GPU_{self.id}"
+
+    def gpu_class(self, base: str = "h100", **spec: Any) -> str:
+        name = self.name(base)
+        resource = spec.pop("resource", self.resource)
+        self.kube.gpu_class(name, resource, selector=self.selector, **spec)
+        return name
+
+    def phase(self, claim: str, namespace: str | None = None) -> str | None:
+        obj = self.kube.get_claim(namespace or self.tenant, claim)
+        return (obj.get("status") or {}).get("phase")
+
+    def wait_phase(
+        self, claim: str, phase: str, namespace: str | None = None, timeout: float = 15.0
+    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            obj = self.kube.get_claim(namespace or self.tenant, claim)
+            return obj if (obj.get("status") or {}).get("phase") == phase else None
+
+        result: dict[str, Any] = wait_for(check, timeout, f"claim {claim} {phase}")
+        return result
+
+
+@pytest.fixture
+def env(api_client: Any, kube: Kube) -> Iterator[Env]:
+    test_id = uuid.uuid4().hex[:8]
+    controller_ns = f"ctl-{test_id}"
+    tenant = f"tenant-{test_id}"
+    kube.namespace(controller_ns)
+    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
+    binder = Binder(api_client, make_config(controller_ns))
+    binder.start()
+    assert binder.synced.wait(30), "the binder did not finish its first listing"
+    try:
+        yield Env(kube, binder, test_id, tenant, controller_ns)
+    finally:
+        binder.stop()
+
+
+def condition(obj: dict[str, Any], type_: str = keys.CONDITION_BOUND) -> dict[str, Any]:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond["type"] == type_:
+            return dict(cond)
+    return {}
+
+
+# --- binding -----------------------------------------------------------------------------
+
+
+def test_claim_binds_when_ordered_before_any_pod_exists(env: Env) -> None:
+    node = env.node("n1", 2)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "vm-a", gpu_class, 2)
+    bound = env.wait_phase("vm-a", "Bound")
+    assert bound["status"]["nodeName"] == node
+    assert bound["status"]["boundAt"]
+    assert condition(bound)["status"] == "True"
+    assert condition(bound)["reason"] == "Bound"
+
+
+def _refusal(env: Env, claim: str, reason: str) -> dict[str, Any]:
+    def refused() -> dict[str, Any] | None:
+        cond = condition(env.kube.get_claim(env.tenant, claim))
+        return cond if cond.get("reason") == reason else None
+
+    cond: dict[str, Any] = wait_for(refused, what=f"a {reason} condition on {claim}")
+    assert cond["status"] == "False"
+    assert env.phase(claim) is None, "a refused order stays unbound"
+    return cond
+
+
+def test_order_larger_than_any_node_waits_and_says_why(env: Env) -> None:
+    env.node("n1", 2)
+    env.node("n2", 1)
+    gpu_class = env.gpu_class(maxCount=8)
+    env.kube.claim(env.tenant, "big", gpu_class, 4)
+    cond = _refusal(env, "big", "InsufficientCapacity")
+    assert cond["message"] == (
+        f"no node serving class {gpu_class} has 4 free units; the largest has 2"
+    ), cond["message"]
+
+
+def test_passthrough_max_count_defaults_to_the_gpus_of_one_node(env: Env) -> None:
+    env.node("n1", 2)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "big", gpu_class, 4)
+    cond = _refusal(env, "big", "MaxCountExceeded")
+    assert gpu_class in cond["message"] and "2" in cond["message"], cond["message"]
+
+
+def test_refuse_to_bind_when_the_budget_is_used(env: Env) -> None:
+    env.node("n1", 8)
+    gpu_class = env.gpu_class()
+    env.kube.quota(env.tenant, {keys.quota_key(gpu_class): 2})
+    env.kube.claim(env.tenant, "first", gpu_class, 2)
+    env.wait_phase("first", "Bound")
+    env.kube.claim(env.tenant, "second", gpu_class, 1)
+
+    cond = _refusal(env, "second", "BudgetExceeded")
+    assert cond["message"].startswith(
+        f"{env.tenant} has 2 of 2 {keys.quota_key(gpu_class)} in use"
+    ), cond["message"]
+
+
+def test_lost_claims_keep_counting_against_the_budget(env: Env) -> None:
+    node = env.node("n1", 2)
+    gpu_class = env.gpu_class()
+    env.kube.quota(env.tenant, {keys.quota_key(gpu_class): 1})
+    env.kube.claim(env.tenant, "held", gpu_class, 1)
+    env.wait_phase("held", "Bound")
+    env.kube.attach(env.tenant, "held", "vm-held")
+    env.kube.vmi(env.tenant, "vm-held", claims=["held"], node=node)
+    env.wait_phase("held", "Attached")
+    env.kube.node_status(node, ready=False)
+    env.wait_phase("held", "Lost")
+    env.kube.claim(env.tenant, "newcomer", gpu_class, 1)
+    _refusal(env, "newcomer", "BudgetExceeded")
+
+
+# --- attachment --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ending", ["Succeeded", "Failed", "deleted"])
+def test_attached_returns_to_bound_when_the_vmi_ends(env: Env, ending: str) -> None:
+    node = env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+    env.kube.attach(env.tenant, "c", "vm")
+    env.kube.vmi(env.tenant, "vm", claims=["c"], node=node)
+    attached = env.wait_phase("c", "Attached")
+    assert attached["status"]["attachedTo"] == "vm"
+    if ending == "deleted":
+        env.kube.delete_vmi(env.tenant, "vm")
+    else:
+        env.kube.vmi_phase(env.tenant, "vm", ending, node)
+    back = env.wait_phase("c", "Bound")
+    assert "attachedTo" not in back["status"]
+    assert back["status"]["nodeName"] == node, "a stopped VM keeps its GPU"
+
+
+def test_a_deletion_timestamp_on_the_vmi_is_not_enough(env: Env) -> None:
+    node = env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+    env.kube.attach(env.tenant, "c", "vm")
+    env.kube.vmi(env.tenant, "vm", claims=["c"], node=node)
+    env.wait_phase("c", "Attached")
+    env.kube.custom.patch_namespaced_custom_object(
+        "kubevirt.io", "v1", env.tenant, "virtualmachineinstances", "vm",
+        {"metadata": {"finalizers": ["test.cozystack.io/hold"]}},
+    )  # fmt: skip
+    env.kube.delete_vmi(env.tenant, "vm")
+    vmi = env.kube.custom.get_namespaced_custom_object(
+        "kubevirt.io", "v1", env.tenant, "virtualmachineinstances", "vm"
+    )
+    assert vmi["metadata"]["deletionTimestamp"]
+    # The binder has seen the deletion timestamp once its pass is done; the claim stays.
+    loops = env.binder.stats.loops
+    wait_for(lambda: env.binder.stats.loops > loops + 3, what="binder loops")
+    assert env.phase("c") == "Attached"
+    env.kube.custom.patch_namespaced_custom_object(
+        "kubevirt.io", "v1", env.tenant, "virtualmachineinstances", "vm",
+        {"metadata": {"finalizers": []}},
+    )  # fmt: skip
+    env.wait_phase("c", "Bound")
+
+
+def test_an_attachment_whose_vmi_never_appears_is_cleared(env: Env) -> None:
+    env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+    env.kube.attach(env.tenant, "c", "refused-vm")
+
+    def cleared() -> dict[str, Any] | None:
+        obj = env.kube.get_claim(env.tenant, "c")
+        return obj if "attachedTo" not in obj["status"] else None
+
+    obj = wait_for(cleared, timeout=GRACE_S + 10, what="the attachment to expire")
+    assert obj["status"]["phase"] == "Bound"
+    assert condition(obj)["reason"] == "AttachmentExpired"
+
+
+# --- moves and losses --------------------------------------------------------------------
+
+
+def test_cordon_moves_unattached_claims_of_a_move_class(env: Env) -> None:
+    first = env.node("n1", 1)
+    gpu_class = env.gpu_class(onCordon="Move")
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    assert env.wait_phase("c", "Bound")["status"]["nodeName"] == first
+    second = env.node("n2", 1)
+    env.kube.cordon(first)
+
+    def moved() -> bool:
+        return bool(env.kube.get_claim(env.tenant, "c")["status"].get("nodeName") == second)
+
+    wait_for(moved, what="the claim to move off the cordoned node")
+    assert env.phase("c") == "Bound"
+
+
+def test_cordon_keeps_claims_of_a_stay_class(env: Env) -> None:
+    first = env.node("n1", 1)
+    gpu_class = env.gpu_class(onCordon="Stay")
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+    env.node("n2", 1)
+    env.kube.cordon(first)
+    loops = env.binder.stats.loops
+    wait_for(lambda: env.binder.stats.loops > loops + 3, what="binder loops")
+    obj = env.kube.get_claim(env.tenant, "c")
+    assert obj["status"]["nodeName"] == first
+    assert obj["status"]["phase"] == "Bound"
+
+
+def test_not_ready_node_loses_attached_claims_which_rebind_once_the_vmi_is_final(
+    env: Env,
+) -> None:
+    first = env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+    env.kube.attach(env.tenant, "c", "vm")
+    env.kube.vmi(env.tenant, "vm", claims=["c"], node=first)
+    env.wait_phase("c", "Attached")
+    second = env.node("n2", 1)
+    env.kube.node_status(first, ready=False)
+    env.wait_phase("c", "Lost")
+
+    # While the VMI may still run on the lost node, the claim is not rebound elsewhere,
+    # and it says so.
+    def waits_for_vmi() -> dict[str, Any] | None:
+        cond = condition(env.kube.get_claim(env.tenant, "c"))
+        return cond if cond.get("reason") == "VMIStillRunning" else None
+
+    cond = wait_for(waits_for_vmi, what="the Lost claim to say why it waits")
+    assert "vm" in cond["message"]
+    assert env.phase("c") == "Lost"
+    env.kube.vmi_phase(env.tenant, "vm", "Failed", first)
+    rebound = env.wait_phase("c", "Bound")
+    assert rebound["status"]["nodeName"] == second
+    assert "attachedTo" not in rebound["status"]
+
+
+def test_lost_claim_returns_to_attached_when_its_node_comes_back(env: Env) -> None:
+    node = env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+    env.kube.attach(env.tenant, "c", "vm")
+    env.kube.vmi(env.tenant, "vm", claims=["c"], node=node)
+    env.wait_phase("c", "Attached")
+    env.kube.node_status(node, ready=False)
+    env.wait_phase("c", "Lost")
+    env.kube.node_status(node, ready=True)
+    back = env.wait_phase("c", "Attached")
+    assert back["status"]["nodeName"] == node
+
+
+def test_a_deleted_node_moves_its_unattached_claims(env: Env) -> None:
+    first = env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    assert env.wait_phase("c", "Bound")["status"]["nodeName"] == first
+    second = env.node("n2", 1)
+    env.kube.core.delete_node(first)
+    wait_for(
+        lambda: env.kube.get_claim(env.tenant, "c")["status"].get("nodeName") == second,
+        what="the claim to move off the deleted node",
+    )
+
+
+def test_unattached_claim_goes_lost_when_nowhere_has_room(env: Env) -> None:
+    first = env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+    env.kube.core.delete_node(first)
+    env.wait_phase("c", "Lost")
+    second = env.node("n2", 1)
+    assert env.wait_phase("c", "Bound")["status"]["nodeName"] == second
+
+
+# --- classes -----------------------------------------------------------------------------
+
+
+def test_a_class_being_deleted_serves_held_claims_and_refuses_pending(env: Env) -> None:
+    env.node("n1", 4)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "held", gpu_class, 1)
+    env.wait_phase("held", "Bound")
+    env.kube.custom.patch_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class,
+        {"metadata": {"finalizers": ["test.cozystack.io/hold"]}},
+    )  # fmt: skip
+    env.kube.custom.delete_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class
+    )
+    env.kube.claim(env.tenant, "late", gpu_class, 1)
+    _refusal(env, "late", "ClassDeleting")
+    assert env.phase("held") == "Bound"
+    env.kube.custom.patch_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class,
+        {"metadata": {"finalizers": []}},
+    )  # fmt: skip
+
+
+def test_class_status_shows_free_units_and_nothing_else(env: Env) -> None:
+    first = env.node("n1", 4)
+    env.node("n2", 2)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 3)
+    env.wait_phase("c", "Bound")
+
+    def status() -> dict[str, Any] | None:
+        obj = env.kube.custom.get_cluster_custom_object(
+            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class
+        )
+        st = obj.get("status") or {}
+        return st if st.get("free") == 3 else None
+
+    st = wait_for(status, what="class status free=3")
+    assert st["maxFreePerNode"] == 2
+    assert set(st) == {"free", "maxFreePerNode", "conditions"}
+    text = str(st)
+    assert first not in text and env.name("n2") not in text, "class status names no node"
+
+
+# --- usage records and settings ----------------------------------------------------------
+
+
+def _records(env: Env) -> list[dict[str, Any]]:
+    items = env.kube.custom.list_namespaced_custom_object(
+        keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, env.tenant, keys.WORKLOAD_PLURAL
+    )["items"]
+    return list(items)
+
+
+def test_usage_record_follows_the_phase_and_is_owned_by_the_claim(env: Env) -> None:
+    node = env.node("n1", 2)
+    gpu_class = env.gpu_class()
+    claim = env.kube.claim(env.tenant, "billable", gpu_class, 2)
+    env.wait_phase("billable", "Bound")
+    (record,) = wait_for(lambda: _records(env), what="a usage record")
+    assert record["metadata"]["name"] == "gpuclaim-billable"
+    owner = record["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "GPUClaim",
+        "billable",
+        claim["metadata"]["uid"],
+    )
+    assert record["status"]["resources"] == {keys.quota_key(gpu_class): "2"}
+    assert record["status"]["kind"] == "GPUClaim"
+    # Lost: no record.
+    env.kube.attach(env.tenant, "billable", "vm")
+    env.kube.vmi(env.tenant, "vm", claims=["billable"], node=node)
+    env.wait_phase("billable", "Attached")
+    assert len(_records(env)) == 1
+    env.kube.node_status(node, ready=False)
+    env.wait_phase("billable", "Lost")
+    wait_for(lambda: not _records(env), what="the record to go with the Lost phase")
+
+
+def test_template_claims_get_no_usage_record(env: Env) -> None:
+    env.node("n1", 2)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "tmpl", gpu_class, 1, labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
+    env.kube.claim(env.tenant, "ordered", gpu_class, 1)
+    env.wait_phase("ordered", "Bound")
+    wait_for(lambda: _records(env), what="the ordered claim's record")
+    names = [r["metadata"]["name"] for r in _records(env)]
+    assert names == ["gpuclaim-ordered"]
+
+
+def test_settings_configmap_lists_gpu_resource_names_and_raw_policy(env: Env) -> None:
+    env.node("n1", 1)
+    env.gpu_class()
+    core = client.CoreV1Api(env.kube.api)
+
+    def settings() -> dict[str, str] | None:
+        try:
+            cm = core.read_namespaced_config_map(keys.SETTINGS_CONFIGMAP, env.controller_ns)
+        except ApiException:
+            return None
+        names = keys.parse_resource_names(cm.data.get(keys.SETTINGS_KEY_RESOURCE_NAMES, ""))
+        return dict(cm.data) if env.resource in names else None
+
+    data = wait_for(settings, what="the settings ConfigMap")
+    names = data[keys.SETTINGS_KEY_RESOURCE_NAMES].split(",")
+    assert names == sorted(set(names)), "sorted and unique"
+    assert data[keys.SETTINGS_KEY_RAW_RESOURCE_NAMES] == "allowed"
