@@ -8,6 +8,7 @@ holds the Lease.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -37,6 +38,21 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     # The binder's writers and informers share one pool; the default of 4 would queue them.
     configuration.connection_pool_maxsize = 32
     return client.ApiClient(configuration)
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per line, for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
 
 
 @kopf.on.startup()
@@ -75,14 +91,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = settings.from_arguments(args)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=logging.INFO,
-        format=(
-            '{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}'
-            if args.log_format == "json"
-            else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-        ),
-    )
+    handler = logging.StreamHandler()
+    if args.log_format == "json":
+        handler.setFormatter(JSONFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     if config.metrics_port:
         start_http_server(config.metrics_port)
     kopf.run(

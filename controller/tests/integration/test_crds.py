@@ -136,9 +136,9 @@ def test_class_profile_is_required_for_vgpu_and_refused_for_passthrough(
 @pytest.mark.parametrize(
     ("field", "bad", "expected"),
     [
-        ("model", "", "spec.model: Invalid value: \"\": spec.model in body should be at least 1"),
+        ("model", "", 'spec.model: Invalid value: "": spec.model in body should be at least 1'),
         ("model", "x" * 64, "spec.model: Too long: may not be more than 63"),
-        ("vendor", "", "spec.vendor: Invalid value: \"\": spec.vendor in body should be at least 1"),
+        ("vendor", "", 'spec.vendor: Invalid value: "": spec.vendor in body should be at least 1'),
         ("vendor", None, "spec.vendor: Required value"),
         ("displayName", "d" * 257, "spec.displayName: Too long: may not be more than 256"),
         ("memory", "lots", "spec.memory in body should match"),
@@ -179,10 +179,10 @@ def test_class_on_cordon_defaults_to_move_and_max_count_has_no_default(
     assert "maxCount" not in created["spec"]
 
 
-def test_class_source_needs_exactly_one_member_and_dra_is_reserved(
-    api: Api, unique: str
-) -> None:
-    rule = "exactly one source must be set; devicePlugin is the only source supported, dra is reserved"
+def test_class_source_needs_exactly_one_member_and_dra_is_reserved(api: Api, unique: str) -> None:
+    rule = (
+        "exactly one source must be set; devicePlugin is the only source supported, dra is reserved"
+    )
     assert rule in refusal(lambda: api.create_class(_class_body(f"s-{unique}", source={})))
     # An unknown member such as dra is pruned, which leaves no member.
     assert rule in refusal(
@@ -190,9 +190,7 @@ def test_class_source_needs_exactly_one_member_and_dra_is_reserved(
     )
 
 
-def test_class_resource_name_has_the_shape_of_an_extended_resource(
-    api: Api, unique: str
-) -> None:
+def test_class_resource_name_has_the_shape_of_an_extended_resource(api: Api, unique: str) -> None:
     good = {"devicePlugin": {"resourceName": "nvidia.com/AD102GL_L40S"}}
     api.create_class(_class_body(f"rn-{unique}", source=good))
     bad = {"devicePlugin": {"resourceName": "L40S"}}
@@ -209,7 +207,10 @@ def test_class_resource_name_must_not_be_a_budget_key(api: Api, unique: str) -> 
 @pytest.mark.parametrize(
     ("toleration", "expected"),
     [
-        ({"operator": "Equal", "value": "x"}, "a toleration with an empty key needs operator Exists"),
+        (
+            {"operator": "Equal", "value": "x"},
+            "a toleration with an empty key needs operator Exists",
+        ),
         ({"key": "", "value": "x"}, "a toleration with an empty key needs operator Exists"),
         (
             {"key": "gpu", "operator": "Exists", "value": "x"},

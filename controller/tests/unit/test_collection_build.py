@@ -35,7 +35,8 @@ def test_collection_builds_without_tests_or_caches(tmp_path: Path) -> None:
     # The collection installs from the tarball.
     install = tmp_path / "installed"
     subprocess.run(
-        [str(galaxy), "collection", "install", "--offline", "--force", "-p", str(install), str(tarball)],
+        [str(galaxy), "collection", "install", "--offline", "--force"]
+        + ["-p", str(install), str(tarball)],
         check=True,
         capture_output=True,
     )

@@ -1,0 +1,223 @@
+"""Races and failures with real controller processes: two replicas, one Lease.
+
+Each replica is `python -m cozystack_gpu` (kopf, the Lease, the binder) against the real
+API server, with a short Lease so take-overs happen within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.objects import Kube, install_extra_crds, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+UNITS = 10
+CREATORS = 50
+
+
+@pytest.fixture(scope="module")
+def kube(api_client: Any) -> Kube:
+    install_extra_crds(api_client)
+    return Kube(api_client)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Replica:
+    def __init__(self, plane: ControlPlane, namespace: str, identity: str, log_dir: Path) -> None:
+        self.identity = identity
+        self.log = log_dir / f"{identity}.log"
+        args = [
+            sys.executable, "-m", "cozystack_gpu",
+            "--kubeconfig", str(plane.kubeconfig),
+            "--namespace", namespace,
+            "--identity", identity,
+            "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
+            "--metrics-port", "0", "--health-port", str(_free_port()),
+            "--log-format", "text",
+        ]  # fmt: skip
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextmanager
+def replicas(
+    plane: ControlPlane, namespace: str, names: list[str], log_dir: Path
+) -> Iterator[dict[str, Replica]]:
+    running = {name: Replica(plane, namespace, name, log_dir) for name in names}
+    try:
+        yield running
+    finally:
+        for replica in running.values():
+            replica.stop()
+
+
+def holder(kube: Kube, namespace: str) -> str | None:
+    try:
+        lease = client.CoordinationV1Api(kube.api).read_namespaced_lease(
+            keys.LEASE_NAME_BINDER, namespace
+        )
+    except ApiException:
+        return None
+    return lease.spec.holder_identity or None
+
+
+def setup_cluster(kube: Kube, test_id: str, nodes: int, gpus: int) -> tuple[str, str, str]:
+    controller_ns = f"ctl-{test_id}"
+    tenant = f"tenant-{test_id}"
+    kube.namespace(controller_ns)
+    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
+    resource = f"nvidia.com/GPU_{test_id}"
+    selector = {"test.cozystack.io/id": test_id}
+    for i in range(nodes):
+        kube.gpu_node(f"n{i}-{test_id}", resource, gpus, labels=selector)
+    gpu_class = f"h100-{test_id}"
+    kube.gpu_class(gpu_class, resource, selector=selector, maxCount=gpus)
+    return controller_ns, tenant, gpu_class
+
+
+def order_concurrently(kube: Kube, tenant: str, gpu_class: str, count: int) -> None:
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def create(i: int) -> None:
+        barrier.wait()
+        try:
+            kube.claim(tenant, f"vm-{i:02d}", gpu_class, 1)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+
+
+def assert_invariants(kube: Kube, tenant: str, capacity_per_node: int) -> list[dict[str, Any]]:
+    claims = kube.claims(tenant)
+    held: dict[str, int] = {}
+    for claim in claims:
+        status = claim.get("status") or {}
+        if status.get("phase") in ("Bound", "Attached"):
+            held[status["nodeName"]] = held.get(status["nodeName"], 0) + claim["spec"]["count"]
+    over = {node: units for node, units in held.items() if units > capacity_per_node}
+    assert not over, f"nodes over capacity: {over}"
+    return claims
+
+
+def bound(claims: list[dict[str, Any]]) -> int:
+    return sum(1 for c in claims if (c.get("status") or {}).get("phase") == "Bound")
+
+
+def test_racing_orders_for_the_last_units_bind_exactly_that_many(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    test_id = uuid.uuid4().hex[:8]
+    controller_ns, tenant, gpu_class = setup_cluster(kube, test_id, nodes=5, gpus=2)
+    with replicas(control_plane, controller_ns, ["r1", "r2"], tmp_path):
+        wait_for(lambda: holder(kube, controller_ns), timeout=30, what="a leader")
+        order_concurrently(kube, tenant, gpu_class, CREATORS)
+
+        def settled() -> list[dict[str, Any]] | None:
+            claims = assert_invariants(kube, tenant, 2)
+            waiting = [c for c in claims if (c.get("status") or {}).get("conditions")]
+            return claims if bound(claims) == UNITS and len(waiting) == CREATORS else None
+
+        claims = wait_for(settled, timeout=60, what=f"{UNITS} bound and every claim told")
+    assert bound(claims) == UNITS
+    assert sum(1 for c in claims if not (c.get("status") or {}).get("phase")) == CREATORS - UNITS
+
+
+def test_killing_the_leader_mid_burst_hands_over_and_keeps_the_invariant(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    test_id = uuid.uuid4().hex[:8]
+    controller_ns, tenant, gpu_class = setup_cluster(kube, test_id, nodes=5, gpus=2)
+    with replicas(control_plane, controller_ns, ["r1", "r2"], tmp_path) as running:
+        leader = wait_for(lambda: holder(kube, controller_ns), timeout=30, what="a leader")
+        creators = threading.Thread(
+            target=order_concurrently, args=(kube, tenant, gpu_class, CREATORS)
+        )
+        creators.start()
+        wait_for(lambda: bound(kube.claims(tenant)) >= 3, timeout=30, what="some binds")
+        running[leader].kill()
+        creators.join()
+        other = "r2" if leader == "r1" else "r1"
+        wait_for(lambda: holder(kube, controller_ns) == other, timeout=30, what="the take-over")
+
+        def settled() -> list[dict[str, Any]] | None:
+            claims = assert_invariants(kube, tenant, 2)
+            return claims if bound(claims) == UNITS else None
+
+        wait_for(settled, timeout=60, what=f"{UNITS} bound after the take-over")
+    assert "leads: binder started" in (tmp_path / f"{other}.log").read_text()
+
+
+def test_a_restart_between_decisions_converges_with_nothing_lost(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    test_id = uuid.uuid4().hex[:8]
+    controller_ns, tenant, gpu_class = setup_cluster(kube, test_id, nodes=10, gpus=4)
+    with replicas(control_plane, controller_ns, ["solo"], tmp_path) as running:
+        wait_for(lambda: holder(kube, controller_ns), timeout=30, what="a leader")
+        for i in range(30):
+            kube.claim(tenant, f"vm-{i:02d}", gpu_class, 1)
+        wait_for(lambda: bound(kube.claims(tenant)) >= 1, timeout=30, what="a first bind")
+        running["solo"].kill()
+    before = {
+        c["metadata"]["name"]: c["status"]["nodeName"]
+        for c in kube.claims(tenant)
+        if (c.get("status") or {}).get("phase") == "Bound"
+    }
+    again = tmp_path / "again"
+    again.mkdir()
+    with replicas(control_plane, controller_ns, ["solo"], again):
+
+        def settled() -> list[dict[str, Any]] | None:
+            claims = assert_invariants(kube, tenant, 4)
+            return claims if bound(claims) == 30 else None
+
+        claims = wait_for(settled, timeout=60, what="every claim bound after the restart")
+    after = {c["metadata"]["name"]: c["status"]["nodeName"] for c in claims}
+    assert before, "the kill came after at least one bind"
+    moved = {name for name, node in before.items() if after[name] != node}
+    assert not moved, f"claims bound before the restart moved: {moved}"
+    nodes = {c["status"]["nodeName"] for c in claims}
+    # Best fit packs: 30 single units on 4-GPU nodes fill 8 nodes, the 8th with 2.
+    assert len(nodes) == 8, nodes
