@@ -34,9 +34,9 @@ def test_collection_builds_without_tests_or_caches(tmp_path: Path) -> None:
         assert not name.startswith("controller/tests"), name
     # The collection installs from the tarball.
     install = tmp_path / "installed"
+    install_args = ["--offline", "--force", "-p", str(install), str(tarball)]
     subprocess.run(
-        [str(galaxy), "collection", "install", "--offline", "--force"]
-        + ["-p", str(install), str(tarball)],
+        [str(galaxy), "collection", "install", *install_args],
         check=True,
         capture_output=True,
     )
