@@ -334,16 +334,31 @@ def _label(path: str) -> str:
 
 def _read(path: str) -> str | None:
     """A sysfs attribute as text; None when absent; _Bad when unreadable."""
+    # os-level reads: a buffered read(n) allocates n bytes per call, which dominated a
+    # refresh of a few hundred functions. sysfs attributes fit one page.
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(_MAX_READ)
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise _Bad(f"{_label(path)}: unreadable: {reason}") from None
+    except OSError as exc:
+        raise _Bad(f"{_label(path)}: unreadable: {exc.strerror or exc}") from None
     try:
-        return data.decode("utf-8")
+        chunks = []
+        size = 0
+        while size <= _MAX_READ:
+            chunk = os.read(fd, 16384)
+            chunks.append(chunk)
+            size += len(chunk)
+            if len(chunk) < 16384:  # a short read is the end, for sysfs and plain files
+                break
+    except OSError as exc:
+        raise _Bad(f"{_label(path)}: unreadable: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > _MAX_READ:
+        raise _Bad(f"{_label(path)}: larger than {_MAX_READ} bytes")
+    try:
+        return b"".join(chunks).decode("utf-8")
     except UnicodeDecodeError:
         raise _Bad(f"{_label(path)}: not text") from None
 
@@ -422,26 +437,23 @@ def _is_gpu(vendor: str | None, class_code: str | None) -> bool:
     return vendor is not None or class_code is not None
 
 
-def _read_sriov(path: str, function: GpuFunction) -> None:
-    errors = function.errors
-    total = _attempt(errors, _int_attr, os.path.join(path, "sriov_totalvfs"))
-    if total is None and not os.path.lexists(os.path.join(path, "sriov_totalvfs")):
+def _read_sriov(path: str, function: GpuFunction, present: set[str]) -> None:
+    if "sriov_totalvfs" not in present:
         return
-    info = SriovInfo(
-        total_vfs=total, num_vfs=_attempt(errors, _int_attr, os.path.join(path, "sriov_numvfs"))
-    )
-    entries = _attempt(errors, _listdir, path) or []
+    errors = function.errors
+    total = _attempt(errors, _int_attr, path + "/sriov_totalvfs")
+    info = SriovInfo(total_vfs=total, num_vfs=_attempt(errors, _int_attr, path + "/sriov_numvfs"))
     numbered = []
-    for entry in entries:
+    for entry in present:
         match = _VIRTFN.match(entry)
         if not match:
             continue
-        vf = _attempt(errors, _link_name, os.path.join(path, entry))
+        vf = _attempt(errors, _link_name, path + "/" + entry)
         address = canonical_pci_address(vf) if vf else None
         if address is None:
             errors.append(f"{entry}: does not name a PCI function")
             continue
-        if not os.path.exists(os.path.join(path, entry)):
+        if not os.path.exists(path + "/" + entry):
             errors.append(f"{entry}: dangling link to {address}")
         numbered.append((int(match.group(1)), address))
     info.vfs = [address for _index, address in sorted(numbered)]
@@ -449,54 +461,52 @@ def _read_sriov(path: str, function: GpuFunction) -> None:
 
 
 def _read_vendor_vgpu(path: str, function: GpuFunction) -> None:
-    vdir = os.path.join(path, "nvidia")
+    vdir = path + "/nvidia"
     if not os.path.isdir(vdir):
         return
     errors = function.errors
     vgpu = VendorVgpu()
-    current = _attempt(errors, _text_attr, os.path.join(vdir, "current_vgpu_type"))
+    current = _attempt(errors, _text_attr, vdir + "/current_vgpu_type")
     if current is not None:
         if current.isdigit():
             vgpu.current_type_id = int(current)
         elif current:
             errors.append(f"nvidia/current_vgpu_type: not a number: {current[:40]!r}")
-    creatable = _attempt(errors, _read, os.path.join(vdir, "creatable_vgpu_types"))
+    creatable = _attempt(errors, _read, vdir + "/creatable_vgpu_types")
     if creatable is not None:
         vgpu.creatable = parse_creatable_vgpu_types(creatable)
     function.vgpu = vgpu
 
 
 def _read_mdev_types(path: str, function: GpuFunction) -> None:
-    tdir = os.path.join(path, "mdev_supported_types")
+    tdir = path + "/mdev_supported_types"
     errors = function.errors
     for type_id in _attempt(errors, _listdir, tdir) or []:
-        base = os.path.join(tdir, type_id)
+        base = tdir + "/" + type_id
         mtype = MdevType(type_id=type_id)
         failed = len(errors)
-        raw_name = _attempt(errors, _read, os.path.join(base, "name"))
+        raw_name = _attempt(errors, _read, base + "/name")
         if raw_name is not None and raw_name.strip():
             mtype.name = raw_name.strip()
             mtype.resource_name = resource_name(vgpu_type_name(raw_name))
         elif len(errors) == failed:
             errors.append(f"mdev_supported_types/{type_id}/name: missing or empty")
-        mtype.description = _attempt(errors, _text_attr, os.path.join(base, "description"))
-        mtype.available_instances = _attempt(
-            errors, _int_attr, os.path.join(base, "available_instances")
-        )
-        mtype.device_api = _attempt(errors, _text_attr, os.path.join(base, "device_api"))
+        mtype.description = _attempt(errors, _text_attr, base + "/description")
+        mtype.available_instances = _attempt(errors, _int_attr, base + "/available_instances")
+        mtype.device_api = _attempt(errors, _text_attr, base + "/device_api")
         mtype.devices = [
-            d
-            for d in _attempt(errors, _listdir, os.path.join(base, "devices")) or []
-            if is_mdev_uuid(d)
+            d for d in _attempt(errors, _listdir, base + "/devices") or [] if is_mdev_uuid(d)
         ]
         function.mdev_types.append(mtype)
 
 
-def read_function(root: str, address: str, pci_ids: PciIds | None = None) -> GpuFunction | None:
+def read_function(
+    root: str, address: str, pci_ids: PciIds | None = None, _seen: dict[str, bool] | None = None
+) -> GpuFunction | None:
     """One function below ``root``; None when it is not an NVIDIA GPU. Never raises."""
     function = GpuFunction(address=address)
     try:
-        return _read_function(root, address, pci_ids or PciIds(), function)
+        return _read_function(root, address, pci_ids or PciIds(), function, _seen or {})
     except Exception as exc:  # pylint: disable=broad-exception-caught
         # A guard, not a path: every expected failure is a _Bad above. An inventory that
         # loses one function still reports the others.
@@ -504,13 +514,21 @@ def read_function(root: str, address: str, pci_ids: PciIds | None = None) -> Gpu
         return function
 
 
+def _driver_alive(path: str, driver: str, seen: dict[str, bool]) -> bool:
+    """Whether a driver link resolves; asked once per driver and pass, not per function."""
+    key = os.path.dirname(path) + "\0" + driver
+    if key not in seen:
+        seen[key] = os.path.exists(path + "/driver")
+    return seen[key]
+
+
 def _read_function(
-    root: str, address: str, pci_ids: PciIds, function: GpuFunction
+    root: str, address: str, pci_ids: PciIds, function: GpuFunction, seen: dict[str, bool]
 ) -> GpuFunction | None:
-    path = os.path.join(root, PCI_DEVICES_DIR, address)
+    path = os.path.join(root, PCI_DEVICES_DIR) + "/" + address
     errors = function.errors
-    function.vendor_id = _attempt(errors, _hex_attr, os.path.join(path, "vendor"), 4)
-    function.class_code = _attempt(errors, _hex_attr, os.path.join(path, "class"), 6)
+    function.vendor_id = _attempt(errors, _hex_attr, path + "/vendor", 4)
+    function.class_code = _attempt(errors, _hex_attr, path + "/class", 6)
     if not _is_gpu(function.vendor_id, function.class_code):
         if errors and function.vendor_id is None and function.class_code is None:
             return function  # nothing identifies it, and something is broken: show it
@@ -518,32 +536,36 @@ def _read_function(
     for attr, value in (("vendor", function.vendor_id), ("class", function.class_code)):
         if value is None and not any(e.startswith(attr + ":") for e in errors):
             errors.append(f"{attr}: missing")
-    function.device_id = _attempt(errors, _hex_attr, os.path.join(path, "device"), 4)
+    # One listing instead of a failed open or stat per optional attribute.
+    present = set(_attempt(errors, _listdir, path) or [])
+    function.device_id = _attempt(errors, _hex_attr, path + "/device", 4)
     listed = None
     if function.device_id is not None:
         listed = pci_ids.name(function.device_id)
         function.model = listed or function.device_id
-    function.driver = _attempt(errors, _link_name, os.path.join(path, "driver"))
-    if function.driver is not None and not os.path.exists(os.path.join(path, "driver")):
+    function.driver = _attempt(errors, _link_name, path + "/driver")
+    if function.driver is not None and not _driver_alive(path, function.driver, seen):
         errors.append(f"driver: dangling link to {function.driver}")
-    group = _attempt(errors, _link_name, os.path.join(path, "iommu_group"))
+    group = _attempt(errors, _link_name, path + "/iommu_group")
     if group is not None:
         if group.isdigit():
             function.iommu_group = int(group)
         else:
             errors.append(f"iommu_group: link to {group!r} is not a group number")
-    numa = _attempt(errors, _int_attr, os.path.join(path, "numa_node"))
+    numa = _attempt(errors, _int_attr, path + "/numa_node")
     function.numa_node = numa if numa is not None and numa >= 0 else None
-    physfn = _attempt(errors, _link_name, os.path.join(path, "physfn"))
+    physfn = _attempt(errors, _link_name, path + "/physfn") if "physfn" in present else None
     if physfn is not None:
         function.physfn = canonical_pci_address(physfn)
         if function.physfn is None:
             errors.append(f"physfn: link to {physfn!r} is not a PCI function")
-        elif not os.path.exists(os.path.join(path, "physfn")):
+        elif not os.path.exists(os.path.dirname(path) + "/" + function.physfn):
             errors.append(f"physfn: dangling link to {function.physfn}")
-    _read_sriov(path, function)
-    _read_vendor_vgpu(path, function)
-    _read_mdev_types(path, function)
+    _read_sriov(path, function, present)
+    if "nvidia" in present:
+        _read_vendor_vgpu(path, function)
+    if "mdev_supported_types" in present:
+        _read_mdev_types(path, function)
     if function.driver in VFIO_DRIVERS and function.device_id is not None:
         # The plugin falls back to the raw ID as it is when pci.ids has no usable name.
         function.resource_name = resource_name(
@@ -570,9 +592,9 @@ def _read_mdev(root: str, uuid: str) -> MdevDevice:
     if not os.path.exists(entry):
         errors.append("dangling link")
         return mdev
-    mdev.type_id = _attempt(errors, _link_name, os.path.join(entry, "mdev_type"))
+    mdev.type_id = _attempt(errors, _link_name, entry + "/mdev_type")
     failed = len(errors)
-    raw_name = _attempt(errors, _read, os.path.join(entry, "mdev_type", "name"))
+    raw_name = _attempt(errors, _read, entry + "/mdev_type/name")
     if raw_name is not None and raw_name.strip():
         mdev.type_name = raw_name.strip()
         mdev.resource_name = resource_name(vgpu_type_name(raw_name))
@@ -626,11 +648,12 @@ def read_inventory(
             inventory.errors.append("no pci.ids found; models are raw device IDs")
         base = os.path.join(root, PCI_DEVICES_DIR)
         entries = _attempt(inventory.errors, _listdir, base) or []
+        seen: dict[str, bool] = {}
         for entry in entries:
             address = canonical_pci_address(entry)
             if address is None or address != entry:
                 continue
-            function = read_function(root, address, names)
+            function = read_function(root, address, names, seen)
             if function is not None:
                 inventory.functions.append(function)
         by_address = inventory.by_address()
