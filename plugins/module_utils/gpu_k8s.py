@@ -110,7 +110,9 @@ def make_api_client(params: Mapping[str, Any]) -> Any:
     if params.get("host"):
         config.host = params["host"]
     if params.get("api_key"):
-        config.api_key = {"authorization": "Bearer " + params["api_key"]}
+        config.api_key = {"BearerToken": "Bearer " + params["api_key"]}
+        # The kubeconfig loader's refresh hook would put the kubeconfig's token back.
+        config.refresh_api_key_hook = None
     if params.get("validate_certs") is not None:
         config.verify_ssl = params["validate_certs"]
     if params.get("ca_cert"):

@@ -205,10 +205,12 @@ class GpuSpec:
     profile: str | None = None
     count: int | None = None
     vfs: tuple[tuple[str, str], ...] = ()
+    # How messages name the entry when it does not come from a layout's gpus list.
+    named: str | None = None
 
     @property
     def label(self) -> str:
-        return f"gpus[{self.position}] ({self.written})"
+        return self.named or f"gpus[{self.position}] ({self.written})"
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"address": self.address, "mode": self.mode}
@@ -1053,7 +1055,9 @@ def plan_vf_profiles(
         current = _current_type(vf)
         pf = functions.get(vf.physfn)
         target = Target(
-            spec=GpuSpec(position=0, address=vf.physfn, written=str(written), mode=MODE_VGPU),
+            spec=GpuSpec(
+                position=0, address=vf.physfn, written=str(written), mode=MODE_VGPU, named=label
+            ),
             gpu=pf if pf is not None else vf,
             kind=KIND_SRIOV,
         )

@@ -177,12 +177,16 @@ def run_module(module, api=None):
     module.exit_json(**result)
 
 
-def main():
-    module = AnsibleModule(
+def build_module():
+    return AnsibleModule(
         argument_spec=argument_spec(),
         required_if=[("state", "present", ("spec",))],
         supports_check_mode=True,
     )
+
+
+def main():
+    module = build_module()
     if not gpu_k8s.HAS_KUBERNETES:
         module.fail_json(
             msg=missing_required_lib("kubernetes"), exception=gpu_k8s.KUBERNETES_IMPORT_ERROR

@@ -110,8 +110,12 @@ def run_module(module, api=None):
     module.exit_json(changed=False, classes=classes)
 
 
+def build_module():
+    return AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+
+
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    module = build_module()
     if not gpu_k8s.HAS_KUBERNETES:
         module.fail_json(
             msg=missing_required_lib("kubernetes"), exception=gpu_k8s.KUBERNETES_IMPORT_ERROR

@@ -116,8 +116,12 @@ def run_module(module):
     module.exit_json(changed=False, ansible_facts={"cozystack_gpu": inventory.to_dict()})
 
 
+def build_module():
+    return AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+
+
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    module = build_module()
     run_module(module)
 
 

@@ -250,13 +250,17 @@ def run_module(module, writer=None, runner=None, nvidia=None, sleep=None):
     module.exit_json(**data)
 
 
-def main():
-    module = AnsibleModule(
+def build_module():
+    return AnsibleModule(
         argument_spec=argument_spec(),
         mutually_exclusive=[("layout", "src")],
         required_one_of=[("layout", "src")],
         supports_check_mode=True,
     )
+
+
+def main():
+    module = build_module()
     run_module(module)
 
 

@@ -165,8 +165,12 @@ def run_module(module, writer=None):
     module.exit_json(**result)
 
 
+def build_module():
+    return AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+
+
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    module = build_module()
     run_module(module)
 
 

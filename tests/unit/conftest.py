@@ -49,23 +49,25 @@ class KernelWriter(gpu_layout.SysfsWriter):
             self.tree.remove_mdev(rel.split("/")[4])
             return
         if not rel.startswith(PCI):
-            raise AssertionError("unexpected write to %s" % rel)
+            raise AssertionError(f"unexpected write to {rel}")
         address, attribute = rel[len(PCI) :].split("/", 1)
         if attribute == "driver_override":
-            self.tree.write(address, "driver_override", value.strip() + "\n" if value.strip() else "(null)\n")
+            self.tree.write(
+                address, "driver_override", value.strip() + "\n" if value.strip() else "(null)\n"
+            )
         elif attribute == "driver/unbind":
             if value.strip() != address:
-                raise AssertionError("unbind of %s through %s" % (value, address))
+                raise AssertionError(f"unbind of {value} through {address}")
             self.tree.bind(address, None)
         elif attribute == "nvidia/current_vgpu_type":
             self.tree.set_vgpu_type(address, int(value.strip()))
         elif attribute.startswith("mdev_supported_types/") and attribute.endswith("/create"):
             self.tree.create_mdev(address, attribute.split("/")[1], value.strip())
         else:
-            raise AssertionError("unexpected write to %s" % rel)
+            raise AssertionError(f"unexpected write to {rel}")
 
 
-class SriovManage(object):
+class SriovManage:
     """sriov-manage -e: enables the VFs, after ``silent`` calls that exit 0 and do nothing."""
 
     def __init__(self, tree, silent=0, code_when_silent=0):
@@ -81,10 +83,10 @@ class SriovManage(object):
         if len(self.calls) <= self.silent:
             return self.code_when_silent, "NVRM: timeout waiting for vgpu_mgr"
         self.tree.enable_vfs(argv[2])
-        return 0, "Enabling VFs on %s" % argv[2]
+        return 0, f"Enabling VFs on {argv[2]}"
 
 
-class FakeNvidiaSmi(object):
+class FakeNvidiaSmi:
     """nvidia-smi answers: UUID -> address, and per-card supported vGPU types."""
 
     def __init__(self, uuids=None, supported=None):
@@ -152,3 +154,46 @@ def nvidia_smi():
 @pytest.fixture
 def digest():
     return tree_digest
+
+
+class ModuleExit(Exception):
+    """exit_json/fail_json of a module under test, with the result it carried."""
+
+    def __init__(self, result):
+        super().__init__(result.get("msg", ""))
+        self.result = result
+
+
+@pytest.fixture
+def run_module(monkeypatch):
+    """Run a module's run_module() (or main()) with args; return its result dict.
+
+    ``failed`` is True in the result when the module called fail_json.
+    """
+    from ansible.module_utils import basic
+    from ansible.module_utils.testing import patch_module_args
+
+    def exit_json(self, **kwargs):
+        kwargs.setdefault("failed", False)
+        raise ModuleExit(kwargs)
+
+    def fail_json(self, msg, **kwargs):
+        kwargs.update(msg=msg, failed=True)
+        raise ModuleExit(kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+    def _run(module, args, check_mode=False, diff=False, use_main=False, **hooks):
+        args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
+        with patch_module_args(args):
+            try:
+                if use_main:
+                    module.main()
+                else:
+                    module.run_module(module.build_module(), **hooks)
+            except ModuleExit as done:
+                return done.result
+        raise AssertionError("the module returned without exit_json or fail_json")
+
+    return _run

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_layout
 
 L40S_PF = "0000:41:00.0"
@@ -31,7 +30,9 @@ def resolve_problems(document, inventory, nvidia=None):
 
 
 def vgpu_type(root, address):
-    with open(os.path.join(str(root), "sys/bus/pci/devices", address, "nvidia/current_vgpu_type")) as f:
+    with open(
+        os.path.join(str(root), "sys/bus/pci/devices", address, "nvidia/current_vgpu_type")
+    ) as f:
         return int(f.read())
 
 
@@ -60,7 +61,9 @@ class TestSchema:
                 ]
             }
         )
-        assert problems == ["gpus[1] (0000:01:00.0): duplicate of gpus[0] (01:00.0) (both are 0000:01:00.0)"]
+        assert problems == [
+            "gpus[1] (0000:01:00.0): duplicate of gpus[0] (01:00.0) (both are 0000:01:00.0)"
+        ]
 
     def test_nvidia_smis_eight_digit_domain_is_the_same_gpu(self):
         problems = problems_of(
@@ -80,12 +83,17 @@ class TestSchema:
         )
         assert [g.address for g in parsed.gpus] == ["0000:41:00.0", "0001:41:00.0"]
 
-    @pytest.mark.parametrize("key,value", [("profile", "NVIDIA L40S-24C"), ("count", 2), ("vfs", {"41:00.4": "NVIDIA L40S-24C"})])
+    @pytest.mark.parametrize(
+        "key,value",
+        [("profile", "NVIDIA L40S-24C"), ("count", 2), ("vfs", {"41:00.4": "NVIDIA L40S-24C"})],
+    )
     def test_a_profile_for_a_passthrough_gpu_is_refused(self, key, value):
-        problems = problems_of({"gpus": [{"address": "41:00.0", "mode": "passthrough", key: value}]})
+        problems = problems_of(
+            {"gpus": [{"address": "41:00.0", "mode": "passthrough", key: value}]}
+        )
         assert problems == [
-            "gpus[0] (41:00.0): %s is set for a passthrough GPU; a passthrough GPU goes to a VM"
-            " whole and carries no vGPU profile" % key
+            f"gpus[0] (41:00.0): {key} is set for a passthrough GPU; a passthrough GPU goes to a VM"
+            " whole and carries no vGPU profile"
         ]
 
     def test_a_gpu_uuid_is_accepted_and_lower_cased(self):
@@ -107,7 +115,10 @@ class TestSchema:
             ),
             ({"address": "41:00.0", "mode": "gpu"}, "mode must be passthrough or vgpu"),
             ({"address": "41:00.0", "mode": "vgpu", "profile": "A", "count": 0}, "count must be"),
-            ({"address": "41:00.0", "mode": "vgpu", "profile": "A", "count": True}, "count must be"),
+            (
+                {"address": "41:00.0", "mode": "vgpu", "profile": "A", "count": True},
+                "count must be",
+            ),
             ({"address": "41:00.0", "mode": "passthrough", "prof1le": "A"}, "unknown keys prof1le"),
             ({"address": "slot-3", "mode": "passthrough"}, "neither a PCI address"),
             ({"mode": "passthrough"}, "address is required"),
@@ -160,13 +171,24 @@ class TestSchema:
             "name": "mixed",
             "gpus": [
                 {"address": "0000:18:00.0", "mode": "passthrough"},
-                {"address": "0000:41:00.0", "mode": "vgpu", "profile": "NVIDIA L40S-24C", "count": 2},
-                {"address": "0000:81:00.0", "mode": "vgpu", "vfs": {"0000:81:00.4": "A", "0000:81:00.5": "B"}},
+                {
+                    "address": "0000:41:00.0",
+                    "mode": "vgpu",
+                    "profile": "NVIDIA L40S-24C",
+                    "count": 2,
+                },
+                {
+                    "address": "0000:81:00.0",
+                    "mode": "vgpu",
+                    "vfs": {"0000:81:00.4": "A", "0000:81:00.5": "B"},
+                },
             ],
         }
 
     def test_layout_files_are_json_or_yaml(self, tmp_path):
-        (tmp_path / "l.json").write_text(json.dumps({"gpus": [{"address": "18:00.0", "mode": "passthrough"}]}))
+        (tmp_path / "l.json").write_text(
+            json.dumps({"gpus": [{"address": "18:00.0", "mode": "passthrough"}]})
+        )
         (tmp_path / "l.yaml").write_text("gpus:\n  - address: '18:00.0'\n    mode: passthrough\n")
         for name in ("l.json", "l.yaml"):
             parsed = gpu_layout.parse_layout(gpu_layout.load_layout_file(str(tmp_path / name)))
@@ -185,7 +207,9 @@ class TestResolve:
         )
         # GRID T4-4Q exists on this host, on the T4: names resolve per card.
         assert len(problems) == 1
-        assert problems[0].startswith("gpus[0] (41:00.0): profile 'GRID T4-4Q' is not a vGPU type of this card")
+        assert problems[0].startswith(
+            "gpus[0] (41:00.0): profile 'GRID T4-4Q' is not a vGPU type of this card"
+        )
         assert "NVIDIA L40S-24C" in problems[0]
 
     def test_profile_names_resolve_to_the_cards_own_type_ids(self, build):
@@ -197,7 +221,10 @@ class TestResolve:
             ),
             gpu_layout.read_host(str(tree.root)),
         )
-        assert [t.types for t in resolved.targets] == [{"NVIDIA L40S-24C": L40S_24C}, {"GRID T4-4Q": "nvidia-225"}]
+        assert [t.types for t in resolved.targets] == [
+            {"NVIDIA L40S-24C": L40S_24C},
+            {"GRID T4-4Q": "nvidia-225"},
+        ]
 
     def test_a_vf_of_another_card_is_refused(self, build, testkit):
         tree = build(
@@ -206,17 +233,22 @@ class TestResolve:
         )
         other_vf = testkit.vf_address("0000:81:00.0", 1)
         problems = resolve_problems(
-            {"gpus": [{"address": "41:00.0", "mode": "vgpu", "vfs": {other_vf: "NVIDIA L40S-24C"}}]},
+            {
+                "gpus": [
+                    {"address": "41:00.0", "mode": "vgpu", "vfs": {other_vf: "NVIDIA L40S-24C"}}
+                ]
+            },
             gpu_layout.read_host(str(tree.root)),
         )
         assert problems == [
-            "gpus[0] (41:00.0): vfs[%s] is a VF of 0000:81:00.0, not of this GPU (0000:41:00.0)" % other_vf
+            f"gpus[0] (41:00.0): vfs[{other_vf}] is a VF of 0000:81:00.0, not of this GPU (0000:41:00.0)"
         ]
 
     def test_a_vf_declared_as_a_gpu_is_refused(self, build):
         tree = build(scenario="l40s-sriov")
         problems = resolve_problems(
-            {"gpus": [{"address": "41:00.5", "mode": "passthrough"}]}, gpu_layout.read_host(str(tree.root))
+            {"gpus": [{"address": "41:00.5", "mode": "passthrough"}]},
+            gpu_layout.read_host(str(tree.root)),
         )
         assert problems == [
             "gpus[0] (41:00.5): 0000:41:00.5 is a VF of 0000:41:00.0; declare the card by its"
@@ -226,7 +258,8 @@ class TestResolve:
     def test_a_gpu_that_is_not_there_is_refused(self, build):
         tree = build(scenario="l40s-sriov")
         problems = resolve_problems(
-            {"gpus": [{"address": "c1:00.0", "mode": "passthrough"}]}, gpu_layout.read_host(str(tree.root))
+            {"gpus": [{"address": "c1:00.0", "mode": "passthrough"}]},
+            gpu_layout.read_host(str(tree.root)),
         )
         assert problems == ["gpus[0] (c1:00.0): no NVIDIA GPU at 0000:c1:00.0 on this host"]
 
@@ -262,15 +295,20 @@ class TestResolve:
             nvidia_smi(uuids={UUID: L40S_PF}),
         )
         assert problems == [
-            "gpus[1] (%s): duplicate of gpus[0] (41:00.0) (both are %s)" % (UUID, L40S_PF),
-            "gpus[2] (%s): no GPU with this UUID on this host (nvidia-smi)" % other,
+            f"gpus[1] ({UUID}): duplicate of gpus[0] (41:00.0) (both are {L40S_PF})",
+            f"gpus[2] ({other}): no GPU with this UUID on this host (nvidia-smi)",
         ]
 
     def test_a_full_card_resolves_names_through_nvidia_smi(self, apply, build, nvidia_smi):
         tree = build(scenario="l40s-full")
         inventory = gpu_layout.read_host(str(tree.root))
-        document = {"gpus": [{"address": "41:00.0", "mode": "vgpu", "vfs": {"41:00.5": "NVIDIA L40S-12C"}}]}
-        assert "not a vGPU type of this card (offered: none)" in resolve_problems(document, inventory)[0]
+        document = {
+            "gpus": [{"address": "41:00.0", "mode": "vgpu", "vfs": {"41:00.5": "NVIDIA L40S-12C"}}]
+        }
+        assert (
+            "not a vGPU type of this card (offered: none)"
+            in resolve_problems(document, inventory)[0]
+        )
         smi = nvidia_smi(supported={L40S_PF: {"NVIDIA L40S-12C": L40S_12C}})
         resolved = gpu_layout.resolve_layout(gpu_layout.parse_layout(document), inventory, smi)
         assert smi.asked == [L40S_PF]
@@ -322,22 +360,30 @@ class TestApply:
         tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia"))
         manage = sriov_manage(tree, silent=2)
         slept = []
-        result = apply(tree, {"gpus": [L40S_BARE]}, runner=manage, sleep=slept.append, retry_delay=7)
+        result = apply(
+            tree, {"gpus": [L40S_BARE]}, runner=manage, sleep=slept.append, retry_delay=7
+        )
         assert result.ok
         assert len(manage.calls) == 3
         assert slept == [7, 7]
 
-    def test_sriov_manage_that_never_creates_vfs_fails_after_the_retries(self, apply, build, testkit, sriov_manage):
+    def test_sriov_manage_that_never_creates_vfs_fails_after_the_retries(
+        self, apply, build, testkit, sriov_manage
+    ):
         tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia"))
         manage = sriov_manage(tree, silent=99)
         result = apply(tree, {"gpus": [L40S_BARE]}, runner=manage, retries=3)
         assert not result.ok
-        assert result.error.startswith("enable_vfs: 0000:41:00.0: no VFs after 3 sriov-manage -e attempts")
+        assert result.error.startswith(
+            "enable_vfs: 0000:41:00.0: no VFs after 3 sriov-manage -e attempts"
+        )
         assert "NVRM: timeout" in result.error
         assert len(manage.calls) == 3
 
     @pytest.mark.parametrize("scenario", ["mixed", "l40s-sriov", "t4-mdev"])
-    def test_check_mode_writes_nothing_and_runs_nothing(self, apply, build, scenario, kernel, sriov_manage, digest):
+    def test_check_mode_writes_nothing_and_runs_nothing(
+        self, apply, build, scenario, kernel, sriov_manage, digest
+    ):
         tree = build(scenario=scenario)
         document = {
             "mixed": {
@@ -347,7 +393,11 @@ class TestApply:
                     {"address": "3b:00.0", "mode": "vgpu", "profile": "GRID T4-4Q", "count": 3},
                 ]
             },
-            "l40s-sriov": {"gpus": [{"address": "41:00.0", "mode": "vgpu", "vfs": {"41:00.5": "NVIDIA L40S-24C"}}]},
+            "l40s-sriov": {
+                "gpus": [
+                    {"address": "41:00.0", "mode": "vgpu", "vfs": {"41:00.5": "NVIDIA L40S-24C"}}
+                ]
+            },
             "t4-mdev": {"gpus": [{"address": "af:00.0", "mode": "vgpu", "profile": "GRID T4-8Q"}]},
         }[scenario]
         before = digest(tree.root)
@@ -358,7 +408,9 @@ class TestApply:
         assert writer.writes == [] and manage.calls == []
         assert digest(tree.root) == before
 
-    def test_check_mode_on_a_bare_card_reports_the_pending_profiles(self, apply, build, testkit, digest):
+    def test_check_mode_on_a_bare_card_reports_the_pending_profiles(
+        self, apply, build, testkit, digest
+    ):
         tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia"))
         before = digest(tree.root)
         result = apply(tree, {"gpus": [L40S_BARE]}, check_mode=True)
@@ -368,10 +420,14 @@ class TestApply:
         ]
         assert digest(tree.root) == before
 
-    def test_a_vf_carrying_another_profile_is_refused_without_force(self, apply, build, kernel, digest):
+    def test_a_vf_carrying_another_profile_is_refused_without_force(
+        self, apply, build, kernel, digest
+    ):
         tree = build(scenario="l40s-sriov")  # VF0 24C, VF1 12C
         vf1 = tree.vfs_of(L40S_PF)[1]
-        document = {"gpus": [{"address": "41:00.0", "mode": "vgpu", "vfs": {vf1: "NVIDIA L40S-24C"}}]}
+        document = {
+            "gpus": [{"address": "41:00.0", "mode": "vgpu", "vfs": {vf1: "NVIDIA L40S-24C"}}]
+        }
         before = digest(tree.root)
         refused = apply(tree, document)
         assert refused.plan.refusals == [
@@ -390,35 +446,52 @@ class TestApply:
         self, apply, build, testkit, nvidia_smi
     ):
         tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia", vfs=4))
-        result = apply(tree, {"gpus": [{"address": L40S_PF, "mode": "vgpu", "profile": "NVIDIA L40S-12C"}]})
+        result = apply(
+            tree, {"gpus": [{"address": L40S_PF, "mode": "vgpu", "profile": "NVIDIA L40S-12C"}]}
+        )
         assert result.ok
         assert [vgpu_type(tree.root, vf) for vf in tree.vfs_of(L40S_PF)] == [L40S_12C] * 4
         smi = nvidia_smi(supported={L40S_PF: {"NVIDIA L40S-24C": L40S_24C}})
-        document = {"gpus": [{"address": L40S_PF, "mode": "vgpu", "profile": "NVIDIA L40S-24C", "count": 1}]}
+        document = {
+            "gpus": [{"address": L40S_PF, "mode": "vgpu", "profile": "NVIDIA L40S-24C", "count": 1}]
+        }
         full = apply(tree, document, nvidia=smi)
         assert full.plan.refusals == [
-            "gpus[0] (0000:41:00.0): count 1 needs 1 more VFs, 0 are free and %s carry another type;"
-            " set force to replace them" % ", ".join(tree.vfs_of(L40S_PF))
+            "gpus[0] (0000:41:00.0): count 1 needs 1 more VFs, 0 are free and {} carry another type;"
+            " set force to replace them".format(", ".join(tree.vfs_of(L40S_PF)))
         ]
 
     def test_fill_stops_where_the_card_is_full(self, apply, build, testkit):
         tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia", vfs=4))
-        result = apply(tree, {"gpus": [{"address": L40S_PF, "mode": "vgpu", "profile": "NVIDIA L40S-24C"}]})
+        result = apply(
+            tree, {"gpus": [{"address": L40S_PF, "mode": "vgpu", "profile": "NVIDIA L40S-24C"}]}
+        )
         assert result.ok and result.remaining == []
         # Planned against the empty card, every VF looked free; two 24C fill 48 GB.
         assert len(result.done) == 2
-        assert [s["skipped"] for s in result.skipped] == ["card full: NVIDIA L40S-24C no longer creatable on this VF"] * 2
-        assert [vgpu_type(tree.root, vf) for vf in tree.vfs_of(L40S_PF)] == [L40S_24C, L40S_24C, 0, 0]
+        assert [s["skipped"] for s in result.skipped] == [
+            "card full: NVIDIA L40S-24C no longer creatable on this VF"
+        ] * 2
+        assert [vgpu_type(tree.root, vf) for vf in tree.vfs_of(L40S_PF)] == [
+            L40S_24C,
+            L40S_24C,
+            0,
+            0,
+        ]
 
     def test_count_beyond_the_vfs_is_refused(self, apply, build, testkit):
         tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia", vfs=2))
         result = apply(tree, {"gpus": [dict(L40S_BARE, count=3)]})
-        assert result.plan.refusals == ["gpus[0] (0000:41:00.0): count 3, but the card has only 2 VFs"]
+        assert result.plan.refusals == [
+            "gpus[0] (0000:41:00.0): count 3, but the card has only 2 VFs"
+        ]
 
     def test_passthrough_binds_to_vfio_pci_through_driver_override(self, apply, build, kernel):
         tree = build(scenario="mixed")
         writer = kernel(tree)
-        result = apply(tree, {"gpus": [{"address": "5d:00.0", "mode": "passthrough"}]}, writer=writer)
+        result = apply(
+            tree, {"gpus": [{"address": "5d:00.0", "mode": "passthrough"}]}, writer=writer
+        )
         assert result.ok
         assert tree.driver_of("0000:5d:00.0") == "vfio-pci"
         assert writer.writes == [
@@ -435,7 +508,10 @@ class TestApply:
             {"gpus": [{"address": "5d:00.0", "mode": "passthrough"}]},
             writer=gpu_layout.SysfsWriter(str(tree.root)),  # plain files: nothing binds
         )
-        assert result.error == "bind_vfio: 0000:5d:00.0: still bound to nvidia after binding to vfio-pci"
+        assert (
+            result.error
+            == "bind_vfio: 0000:5d:00.0: still bound to nvidia after binding to vfio-pci"
+        )
 
     @pytest.mark.parametrize("force", [False, True])
     def test_a_gpu_with_live_vgpus_is_never_unbound(self, apply, build, force, digest):
@@ -447,19 +523,28 @@ class TestApply:
         assert "never unbound or reset" in result.plan.refusals[0]
         assert digest(tree.root) == before
 
-    def test_a_vgpu_card_on_vfio_pci_goes_back_to_nvidia_only_with_force(self, apply, build, testkit, sriov_manage):
+    def test_a_vgpu_card_on_vfio_pci_goes_back_to_nvidia_only_with_force(
+        self, apply, build, testkit, sriov_manage
+    ):
         tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="vfio-pci"))
         refused = apply(tree, {"gpus": [L40S_BARE]}, runner=sriov_manage(tree))
         assert "bound to vfio-pci, where a VM may hold it; set force" in refused.plan.refusals[0]
         assert tree.driver_of(L40S_PF) == "vfio-pci"
         forced = apply(tree, {"gpus": [L40S_BARE]}, runner=sriov_manage(tree), force=True)
         assert forced.ok, forced.error
-        assert [d["action"] for d in forced.done] == ["bind_nvidia", "enable_vfs", "set_vgpu_type", "set_vgpu_type"]
+        assert [d["action"] for d in forced.done] == [
+            "bind_nvidia",
+            "enable_vfs",
+            "set_vgpu_type",
+            "set_vgpu_type",
+        ]
         assert tree.driver_of(L40S_PF) == "nvidia"
 
     def test_mdevs_are_created_with_stable_uuids(self, apply, build, testkit):
         tree = build(scenario="t4-mdev")  # 3b:00.0 has two GRID T4-4Q mdevs
-        document = {"gpus": [{"address": "3b:00.0", "mode": "vgpu", "profile": "GRID T4-4Q", "count": 3}]}
+        document = {
+            "gpus": [{"address": "3b:00.0", "mode": "vgpu", "profile": "GRID T4-4Q", "count": 3}]
+        }
         result = apply(tree, document)
         assert result.ok
         created = [d["mdev_uuid"] for d in result.done]
@@ -477,9 +562,21 @@ class TestApply:
         assert sorted(tree.mdevs_of("0000:3b:00.0").values()) == ["nvidia-228", "nvidia-228"]
 
     def test_per_vf_profiles_leave_other_vfs_alone(self, apply, build, testkit):
-        tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia", vfs=4, profiles={3: "NVIDIA L40S-12C"}))
+        tree = build(
+            testkit.Gpu(
+                L40S_PF, testkit.L40S, driver="nvidia", vfs=4, profiles={3: "NVIDIA L40S-12C"}
+            )
+        )
         vfs = tree.vfs_of(L40S_PF)
-        document = {"gpus": [{"address": L40S_PF, "mode": "vgpu", "vfs": {vfs[0]: "NVIDIA L40S-24C", vfs[1]: "NVIDIA L40S-12C"}}]}
+        document = {
+            "gpus": [
+                {
+                    "address": L40S_PF,
+                    "mode": "vgpu",
+                    "vfs": {vfs[0]: "NVIDIA L40S-24C", vfs[1]: "NVIDIA L40S-12C"},
+                }
+            ]
+        }
         assert apply(tree, document).ok
         assert [vgpu_type(tree.root, vf) for vf in vfs] == [L40S_24C, L40S_12C, 0, L40S_12C]
 
@@ -490,7 +587,9 @@ class TestVfProfiles:
         inventory = gpu_layout.read_host(str(tree.root))
         vf0, vf1, vf2 = tree.vfs_of(L40S_PF)[:3]
         plan = gpu_layout.plan_vf_profiles(inventory, [vf0, vf2], "NVIDIA L40S-24C")
-        assert [(s.action, s.target, s.type_id) for s in plan.steps] == [("set_vgpu_type", vf2, L40S_24C)]
+        assert [(s.action, s.target, s.type_id) for s in plan.steps] == [
+            ("set_vgpu_type", vf2, L40S_24C)
+        ]
         refused = gpu_layout.plan_vf_profiles(inventory, [vf1], "NVIDIA L40S-24C")
         assert refused.steps == [] and "set force to replace it" in refused.refusals[0]
         forced = gpu_layout.plan_vf_profiles(inventory, [vf1], "NVIDIA L40S-24C", force=True)
@@ -500,15 +599,22 @@ class TestVfProfiles:
     def test_zero_or_no_profile_clears_without_force(self, build, profile):
         tree = build(scenario="l40s-sriov")
         vf0, vf1, vf2 = tree.vfs_of(L40S_PF)[:3]
-        plan = gpu_layout.plan_vf_profiles(gpu_layout.read_host(str(tree.root)), [vf0, vf1, vf2], profile)
-        assert [(s.action, s.target) for s in plan.steps] == [("clear_vgpu_type", vf0), ("clear_vgpu_type", vf1)]
+        plan = gpu_layout.plan_vf_profiles(
+            gpu_layout.read_host(str(tree.root)), [vf0, vf1, vf2], profile
+        )
+        assert [(s.action, s.target) for s in plan.steps] == [
+            ("clear_vgpu_type", vf0),
+            ("clear_vgpu_type", vf1),
+        ]
         assert plan.refusals == []
 
     def test_bad_addresses_and_unknown_profiles_are_named(self, build):
         tree = build(scenario="l40s-sriov")
         with pytest.raises(gpu_layout.LayoutError) as caught:
             gpu_layout.plan_vf_profiles(
-                gpu_layout.read_host(str(tree.root)), [L40S_PF, "41:00.4", "0000:41:00.4", "c1:00.4", "2"], "NVIDIA L40S-7C"
+                gpu_layout.read_host(str(tree.root)),
+                [L40S_PF, "41:00.4", "0000:41:00.4", "c1:00.4", "2"],
+                "NVIDIA L40S-7C",
             )
         assert caught.value.problems == [
             "vfs[0000:41:00.0]: 0000:41:00.0 is not an SR-IOV vGPU VF (no physfn or nvidia/)",
@@ -528,7 +634,9 @@ class TestSummaries:
         document = {"gpus": [dict(L40S_BARE)]}
         inventory = gpu_layout.read_host(str(tree.root))
         addresses = [L40S_PF]
-        plan = gpu_layout.plan_layout(gpu_layout.resolve_layout(gpu_layout.parse_layout(document), inventory), inventory)
+        plan = gpu_layout.plan_layout(
+            gpu_layout.resolve_layout(gpu_layout.parse_layout(document), inventory), inventory
+        )
         predicted = gpu_layout.predict_summary(gpu_layout.host_summary(inventory, addresses), plan)
         assert apply(tree, document).ok
         assert predicted == gpu_layout.host_summary(gpu_layout.read_host(str(tree.root)), addresses)
@@ -538,13 +646,16 @@ class TestSummaries:
 
 
 def _stand_in_sriov_manage(tmp_path):
-    controller = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "controller"))
+    controller = os.path.abspath(
+        os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "controller")
+    )
     script = tmp_path / "sriov-manage"
     script.write_text(
-        "#!%s\nimport sys\nsys.path.insert(0, %r)\n"
+        "#!{}\nimport sys\nsys.path.insert(0, {!r})\n"
         "from cozystack_gpu_testkit.sysfs_tree import SysfsTree\n"
-        "root = %r\nSysfsTree.open(root).enable_vfs(sys.argv[2])\n"
-        % (sys.executable, controller, str(tmp_path / "root"))
+        "root = {!r}\nSysfsTree.open(root).enable_vfs(sys.argv[2])\n".format(
+            sys.executable, controller, str(tmp_path / "root")
+        )
     )
     script.chmod(0o755)
     return str(script)
@@ -556,7 +667,12 @@ class TestCli:
         path = tmp_path / "layout.json"
         path.write_text(json.dumps({"gpus": [L40S_BARE]}))
         before = digest(tree.root)
-        assert gpu_layout.main(["plan", str(path), "--root", str(tree.root), "--nvidia-smi", "/nonexistent"]) == 0
+        assert (
+            gpu_layout.main(
+                ["plan", str(path), "--root", str(tree.root), "--nvidia-smi", "/nonexistent"]
+            )
+            == 0
+        )
         out = json.loads(capsys.readouterr().out)
         assert [s["action"] for s in out["plan"]["steps"]] == ["enable_vfs", "pending"]
         assert digest(tree.root) == before
@@ -567,7 +683,9 @@ class TestCli:
         path.write_text(json.dumps({"gpus": [{"address": 1, "mode": "passthrough"}]}))
         assert gpu_layout.main(["validate", str(path), "--root", str(tree.root)]) == 2
         captured = capsys.readouterr()
-        assert json.loads(captured.out)["problems"][0].startswith("gpus[0] (1): address 1 looks like a GPU index")
+        assert json.loads(captured.out)["problems"][0].startswith(
+            "gpus[0] (1): address 1 looks like a GPU index"
+        )
         assert "gpus[0] (1)" in captured.err
 
     def test_the_file_runs_standalone_next_to_gpu_sysfs(self, build, testkit, tmp_path):
@@ -580,8 +698,21 @@ class TestCli:
             shutil.copy(os.path.join(utils, name), str(libdir / name))
         path = tmp_path / "layout.json"
         path.write_text(json.dumps({"gpus": [L40S_BARE]}))
-        argv = [sys.executable, "-I", str(libdir / "gpu_layout.py"), "apply", str(path), "--root", str(tree.root),
-                "--sriov-manage", _stand_in_sriov_manage(tmp_path), "--nvidia-smi", "/nonexistent", "--retry-delay", "0"]
+        argv = [
+            sys.executable,
+            "-I",
+            str(libdir / "gpu_layout.py"),
+            "apply",
+            str(path),
+            "--root",
+            str(tree.root),
+            "--sriov-manage",
+            _stand_in_sriov_manage(tmp_path),
+            "--nvidia-smi",
+            "/nonexistent",
+            "--retry-delay",
+            "0",
+        ]
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["ok"] is True

@@ -1,0 +1,86 @@
+"""gpu_class / gpu_class_info over an in-memory API (the real server: controller/tests/integration)."""
+
+from __future__ import annotations
+
+from ansible_collections.cozystack.gpu.plugins.modules import gpu_class, gpu_class_info
+from ansible_collections.cozystack.gpu.tests.unit.plugins.module_utils.fake_k8s import FakeClassApi
+
+SPEC = {
+    "vendor": "NVIDIA",
+    "model": "L40S",
+    "mode": "vgpu",
+    "profile": "L40S-24C",
+    "nodeSelector": {"pool": "l40s"},
+    "source": {"devicePlugin": {"resourceName": "nvidia.com/NVIDIA_L40S-24C"}},
+}
+
+
+def test_present_is_idempotent_and_diffs_the_spec(run_module):
+    api = FakeClassApi()
+    first = run_module(gpu_class, {"name": "l40s-24c", "spec": SPEC}, diff=True, api=api)
+    assert first["failed"] is False and first["changed"] is True
+    assert first["diff"]["after"]["spec"]["profile"] == "L40S-24C"
+    second = run_module(gpu_class, {"name": "l40s-24c", "spec": SPEC}, api=api)
+    assert second["changed"] is False and "diff" not in second
+    assert api.writes == [("create", "l40s-24c")]
+
+
+def test_check_mode_creates_nothing(run_module):
+    api = FakeClassApi()
+    result = run_module(gpu_class, {"name": "l40s-24c", "spec": SPEC}, check_mode=True, api=api)
+    assert result["changed"] is True and api.objects == {}
+
+
+def test_the_crds_refusal_is_the_message(run_module):
+    api = FakeClassApi()
+    run_module(gpu_class, {"name": "c", "spec": SPEC}, api=api)
+    result = run_module(gpu_class, {"name": "c", "spec": dict(SPEC, mode="passthrough")}, api=api)
+    assert result["failed"] is True and result["status"] == 422
+    assert result["msg"].endswith("mode is immutable; create a new GPUClass instead")
+
+
+def test_a_shared_resource_name_on_overlapping_nodes_is_refused(run_module):
+    api = FakeClassApi()
+    run_module(gpu_class, {"name": "a", "spec": SPEC}, api=api)
+    overlapping = dict(SPEC, nodeSelector={})
+    refused = run_module(gpu_class, {"name": "b", "spec": overlapping}, check_mode=True, api=api)
+    assert refused["failed"] is True
+    assert refused["msg"] == (
+        "GPUClass b: resourceName nvidia.com/NVIDIA_L40S-24C is already served by GPUClass a on"
+        " overlapping nodes; two classes may share a resourceName only when their nodeSelectors"
+        " do not overlap"
+    )
+    disjoint = dict(SPEC, nodeSelector={"pool": "l40s-west"})
+    assert run_module(gpu_class, {"name": "b", "spec": disjoint}, api=api)["changed"] is True
+    assert sorted(api.objects) == ["a", "b"]
+
+
+def test_absent(run_module):
+    api = FakeClassApi()
+    run_module(gpu_class, {"name": "c", "spec": SPEC}, api=api)
+    gone = run_module(gpu_class, {"name": "c", "state": "absent"}, diff=True, api=api)
+    assert gone["changed"] is True and gone["diff"]["after"] == {} and api.objects == {}
+    assert run_module(gpu_class, {"name": "c", "state": "absent"}, api=api)["changed"] is False
+
+
+def test_present_needs_a_spec(run_module):
+    result = run_module(gpu_class, {"name": "c"}, use_main=True)
+    assert result["failed"] is True and "spec" in result["msg"]
+
+
+def test_info_lists_and_gets(run_module):
+    api = FakeClassApi()
+    run_module(gpu_class, {"name": "b", "spec": SPEC, "labels": {"tier": "gold"}}, api=api)
+    run_module(
+        gpu_class, {"name": "a", "spec": dict(SPEC, nodeSelector={"pool": "other"})}, api=api
+    )
+    listed = run_module(gpu_class_info, {}, api=api)
+    assert listed["changed"] is False and [c["metadata"]["name"] for c in listed["classes"]] == [
+        "a",
+        "b",
+    ]
+    gold = run_module(gpu_class_info, {"label_selector": "tier=gold"}, api=api)
+    assert [c["metadata"]["name"] for c in gold["classes"]] == ["b"]
+    one = run_module(gpu_class_info, {"name": "a"}, api=api)
+    assert [c["spec"]["nodeSelector"] for c in one["classes"]] == [{"pool": "other"}]
+    assert run_module(gpu_class_info, {"name": "missing"}, api=api)["classes"] == []
