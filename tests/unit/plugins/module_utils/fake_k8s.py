@@ -41,7 +41,7 @@ class FakeClassApi:
         return copy.deepcopy(self.objects.get(name))
 
     def list(self, label_selector=None):
-        items = [copy.deepcopy(o) for _, o in sorted(self.objects.items())]
+        items = [copy.deepcopy(self.objects[name]) for name in sorted(self.objects)]
         if label_selector:
             key, _sep, value = label_selector.partition("=")
             items = [o for o in items if (o["metadata"].get("labels") or {}).get(key) == value]
