@@ -30,7 +30,7 @@ from cozystack_gpu.keys import (
     raw_quota_keys,
 )
 from cozystack_gpu.model._index import ClassIndex
-from cozystack_gpu.model.eligibility import why_not_placeable
+from cozystack_gpu.model.eligibility import selector_matches, why_not_placeable
 from cozystack_gpu.model.types import (
     ClaimInfo,
     ClaimKey,
@@ -177,7 +177,8 @@ class Snapshot:
 
     def why_not_placeable(self, node: NodeInfo, klass: ClassInfo) -> str | None:
         """Why a node cannot take the class whatever its Ready and cordon state; None if it can."""
-        same = [self._classes[c] for c in self._classes_by_res.get(klass.resource_name, ())]
+        names = self._classes_by_res.get(klass.resource_name, ())
+        same = [self._classes[c] for c in names] if len(names) > 1 else ()
         return why_not_placeable(node, klass, same)
 
     def capacity(self, node: str, resource: str) -> int:
@@ -686,7 +687,14 @@ class Snapshot:
         node = self._nodes[node_name]
         klass = self._classes[class_name]
         served = self._served.get(node_name)
-        ok = node.ready and not node.unschedulable and self.why_not_placeable(node, klass) is None
+        # Cheapest tests first: a node event re-judges every class, and most classes fail
+        # on the selector; the full rule (with its message) only runs for the rest.
+        ok = (
+            node.ready
+            and not node.unschedulable
+            and selector_matches(node, klass)
+            and self.why_not_placeable(node, klass) is None
+        )
         if ok:
             if served is None:
                 served = self._served[node_name] = set()
