@@ -265,7 +265,10 @@ class Snapshot:
 
     def upsert_class(self, klass: ClassInfo) -> None:
         old = self._classes.get(klass.name)
-        keys = self._class_claims.get(klass.name, set())
+        # A claim's counters depend on its class only through the resource name.
+        keys: set[ClaimKey] = set()
+        if old is None or old.resource_name != klass.resource_name:
+            keys = self._class_claims.get(klass.name, set())
         for key in keys:
             self._apply(self._acct[key], -1)
         affected = {klass.name}
