@@ -438,7 +438,7 @@ class Snapshot:
             if limit > 0 and demand[name] > limit:
                 return Refusal(
                     Reason.MAX_COUNT_EXCEEDED,
-                    f"class {name} allows at most {limit} units per VM; "
+                    f"class {name} allows at most {_units(limit)} per VM; "
                     f"the set asks for {demand[name]}",
                 )
         refusal = self._check_orders([c for c in claims if not c.counts_budget])
@@ -621,7 +621,8 @@ class Snapshot:
                 return Refusal(Reason.NO_NODE_SERVES, f"no node serves class {order[0]}{where}")
             return Refusal(
                 Reason.INSUFFICIENT_CAPACITY,
-                f"no node serving class {order[0]}{where} has {demand[order[0]]} free units; "
+                f"no node serving class {order[0]}{where} has {demand[order[0]]} free "
+                f"{'unit' if demand[order[0]] == 1 else 'units'}; "
                 f"the largest has {largest}",
             )
         names = sorted(order)
@@ -756,6 +757,10 @@ class Snapshot:
             "sets": {str(s): sorted(k) for s, k in sorted(self._set_claims.items()) if k},
             "unsettled": sorted(self._unsettled),
         }
+
+
+def _units(n: int) -> str:
+    return f"{n} unit" if n == 1 else f"{n} units"
 
 
 def _sorted_table(table: dict[str, dict[str, int]]) -> dict[str, list[tuple[str, int]]]:

@@ -59,7 +59,7 @@ def test_max_count_is_one_for_vgpu_and_the_largest_node_for_passthrough_when_uns
     assert snap.max_count("l40s") == 1
     assert snap.check_order(claim("l40s-24c", 2), NOW) == Refusal(
         Reason.MAX_COUNT_EXCEEDED,
-        "class l40s-24c allows at most 1 units per VM; the set asks for 2",
+        "class l40s-24c allows at most 1 unit per VM; the set asks for 2",
     )
     assert reason(snap.check_order(claim("h100", 5), NOW)) is Reason.MAX_COUNT_EXCEEDED
     assert snap.check_order(claim("h100", 4), NOW) == Placement("n1")
