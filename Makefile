@@ -17,7 +17,14 @@ BIN_DIR_FILE := $(CACHE)/bin-dir
 
 test: setup binaries lint pytest sanity
 
-setup: $(STAMP)
+PROTO := controller/cozystack_gpu/agent/podresources/api.proto
+PROTO_OUT := $(PROTO:.proto=_pb2.py)
+
+setup: $(STAMP) $(PROTO_OUT)
+
+# kubelet's pod-resources messages are compiled from the .proto, never written by hand.
+$(PROTO_OUT): $(PROTO) $(STAMP)
+	$(BIN)/python controller/gen_protos.py
 
 $(STAMP):
 	@echo "== python environment ($(PYTHON)) =="

@@ -118,11 +118,19 @@ class ControlPlane:
     def version(self) -> str:
         return str(self.get_json("/version")["gitVersion"])
 
-    def api_client(self) -> Any:
-        """A kubernetes.client.ApiClient with the admin identity."""
-        from kubernetes import config
+    def api_client(self, pool_size: int = 32) -> Any:
+        """A kubernetes.client.ApiClient with the admin identity.
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        The pool is sized for the binder's writer threads and informers sharing one client.
+        """
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_kube_config(
+            config_file=str(self.kubeconfig), client_configuration=configuration
+        )
+        configuration.connection_pool_maxsize = pool_size
+        return client.ApiClient(configuration)
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
