@@ -58,7 +58,7 @@ def generate(force: bool = True) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--check", action="store_true", help="only check they are up to date")
     args = parser.parse_args(argv)
     if args.check:

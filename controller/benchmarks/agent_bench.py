@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             assert refresh() == args.gpus * args.vfs
             times = []
             cpu = []
-            for _ in range(args.runs):
+            for _run in range(args.runs):
                 start, start_cpu = time.perf_counter(), time.process_time()
                 refresh()
                 times.append((time.perf_counter() - start) * 1000)

@@ -18,13 +18,13 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
 
-KUBEVIRT_CRDS = Path(__file__).with_name("kubevirt-crds.yaml")
+KUBEVIRT_CRDS = sorted((Path(__file__).parent / "kubevirt-crds").glob("*.yaml"))
 WORKLOAD_CRD = cluster.CRD_DIR / "extra" / "workloads.yaml"
 
 
 def install_extra_crds(api: Any) -> None:
     """Workload (usage records) and minimal KubeVirt VMI/VM CRDs."""
-    cluster.install_crds(api, [WORKLOAD_CRD, KUBEVIRT_CRDS])
+    cluster.install_crds(api, [WORKLOAD_CRD, *KUBEVIRT_CRDS])
 
 
 @dataclass

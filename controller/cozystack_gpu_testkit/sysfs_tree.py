@@ -390,7 +390,7 @@ class SysfsTree:
             for p in d.glob("virtfn*")
             if p.name[len("virtfn") :].isdigit()
         )
-        return [address for _, address in found]
+        return [address for _key, address in found]
 
     def enable_vfs(self, pf: str, count: int | None = None) -> list[str]:
         """Create ``count`` VFs (all of ``sriov_totalvfs`` by default), as the driver would."""
@@ -763,7 +763,8 @@ SCENARIOS: dict[str, Callable[[str | os.PathLike[str]], SysfsTree]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m cozystack_gpu_testkit.sysfs_tree", description=__doc__.split("\n")[0]
+        prog="python -m cozystack_gpu_testkit.sysfs_tree",
+        description=__doc__.split("\n", maxsplit=1)[0],
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("build", help="build a scenario below ROOT")

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         result = agent.tick(force=True)
         log.info("GPUNode %s: %s", args.node, result.reason)
         return 0 if result.written else 1
-    host, _, port = args.listen.rpartition(":")
+    host, _colon, port = args.listen.rpartition(":")
     server = serve(agent, host or "0.0.0.0", int(port))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

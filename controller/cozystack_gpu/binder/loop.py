@@ -394,7 +394,7 @@ class Binder:
         )
 
     def _names(self, kind: str) -> list[str]:
-        return [name for _, name in self.raw[kind]]
+        return [name for _namespace, name in self.raw[kind]]
 
     def _flush(self) -> None:
         """Bring the snapshot up to date with every object changed since the last pass."""
@@ -595,7 +595,7 @@ class Binder:
             self._publish_metrics()
 
     def _publish_class_status(self, now: float) -> None:
-        for (_, name), obj in self.raw["GPUClass"].items():
+        for (_cluster_scope, name), obj in self.raw["GPUClass"].items():
             if name in self._class_writes:
                 continue
             body = lifecycle.class_status_body(obj, self.snapshot.class_status(name), now)

@@ -81,7 +81,7 @@ class Writer:
             thread.start()
 
     def stop(self) -> None:
-        for _ in self._threads:
+        for _thread in self._threads:
             # None sorts after every job of the same priority; the highest number ends last.
             self._jobs.put((Priority.EVENT + 1, next(self._seq), None))
         for thread in self._threads:
@@ -95,7 +95,7 @@ class Writer:
 
     def _work(self) -> None:
         while True:
-            _, _, job = self._jobs.get()
+            _priority, _seq, job = self._jobs.get()
             if job is None:
                 return
             try:

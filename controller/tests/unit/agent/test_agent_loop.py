@@ -99,7 +99,7 @@ def test_health_and_metrics_are_served(tmp_path: Path, kubelet: FakeKubelet) -> 
     devices["nvidia.com/gpu"] = ["7"]  # an index that is no group
     kubelet.set(allocatable=devices)
     clock = Clock()
-    agent, _ = make_agent(tree.root, kubelet, clock)
+    agent, _writer = make_agent(tree.root, kubelet, clock)
     server = serve(agent, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:

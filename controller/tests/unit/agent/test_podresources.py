@@ -18,7 +18,7 @@ MDEV = "9b1c6b2a-3f0e-4c7e-9a55-0c1f5d2b7a01"
 
 
 def test_the_service_path_is_kubelets() -> None:
-    messages, _ = generated()
+    messages, _services = generated()
     service = messages.DESCRIPTOR.services_by_name["PodResourcesLister"]
     assert service.full_name == "v1.PodResourcesLister"
     assert sorted(m.name for m in service.methods) == ["Get", "GetAllocatableResources", "List"]

@@ -14,7 +14,7 @@ from cozystack_gpu_testkit import sysfs_tree as st
 H100 = "nvidia.com/GH100_H100_SXM5_80GB"
 A100 = "nvidia.com/GA100_A100_SXM4_40GB"
 T4Q = "nvidia.com/GRID_T4-4Q"
-MDEV_A, MDEV_B = (u for u, _ in st.T4_MDEVS)
+MDEV_A, MDEV_B = (u for u, _type in st.T4_MDEVS)
 
 
 def running(_ns: str, _name: str) -> str | None:

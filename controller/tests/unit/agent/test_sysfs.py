@@ -173,13 +173,13 @@ def test_t4_mdevs_hang_off_their_parent_with_the_type_name(tmp_path: Path) -> No
     st.t4_mdev(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     parent = inv.by_address()[st.T4_PARENT]
-    assert [m.uuid for m in parent.mdevs] == [u for u, _ in st.T4_MDEVS]
+    assert [m.uuid for m in parent.mdevs] == [u for u, _type in st.T4_MDEVS]
     assert {m.type_id for m in parent.mdevs} == {"nvidia-225"}
     assert parent.resource_name == "nvidia.com/GRID_T4-4Q"
     assert parent.mode == "vgpu"
     types = {t.type_id: t for t in parent.mdev_types}
     assert types["nvidia-225"].available_instances == 2
-    assert types["nvidia-225"].devices == [u for u, _ in st.T4_MDEVS]
+    assert types["nvidia-225"].devices == [u for u, _type in st.T4_MDEVS]
     assert types["nvidia-222"].available_instances == 0  # one type per GPU at a time
     assert types["nvidia-222"].resource_name == "nvidia.com/GRID_T4-1B"
     idle = inv.by_address()["0000:af:00.0"]
@@ -287,7 +287,7 @@ def test_enabling_vfs_follows_the_kernels_rules(tmp_path: Path) -> None:
 
 def test_writing_a_vgpu_type_follows_the_drivers_rules(tmp_path: Path) -> None:
     tree = st.build(tmp_path, [st.Gpu(st.L40S_PF, st.L40S, driver="nvidia", vfs=3)])
-    vf0, vf1, _ = tree.vfs_of(st.L40S_PF)
+    vf0, vf1, _vf2 = tree.vfs_of(st.L40S_PF)
     tree.set_vgpu_type(vf0, 1150)  # 48C: the whole card
     assert tree.creatable_vgpu_types(st.L40S_PF) == []
     with pytest.raises(OSError) as invalid:
