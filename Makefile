@@ -45,8 +45,8 @@ binaries:
 lint: setup
 	@echo "== ruff + mypy =="
 	cd controller && $(BIN)/ruff check . && $(BIN)/ruff format --check .
-	$(BIN)/ruff check --config controller/pyproject.toml plugins
-	$(BIN)/ruff format --check --config controller/pyproject.toml plugins
+	$(BIN)/ruff check --config controller/pyproject.toml plugins/module_utils
+	$(BIN)/ruff format --check --config controller/pyproject.toml plugins/module_utils
 	cd controller && $(BIN)/mypy cozystack_gpu cozystack_gpu_testkit
 	$(BIN)/mypy --config-file controller/pyproject.toml plugins/module_utils
 

@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     settings.add_arguments(parser)
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster)")
-    parser.add_argument("--health-port", type=int, default=8080, help="port of /healthz")
+    parser.add_argument("--health-port", type=int, default=8080, help="port of /healthz (0: off)")
     parser.add_argument("--log-format", choices=("json", "text"), default="json")
     args = parser.parse_args(argv)
     try:
@@ -102,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf.run(
         clusterwide=True,
         standalone=True,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+        liveness_endpoint=(
+            f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
+        ),
         memo=kopf.Memo(config=config, kubeconfig=args.kubeconfig),
     )
     return 0

@@ -39,3 +39,8 @@ WRITE_CONFLICTS = Counter(
 )
 LEADER = Gauge("cozystack_gpu_binder_leader", "1 while this replica holds the binder Lease")
 PENDING = Gauge("cozystack_gpu_claims_pending", "Ordered claims waiting to be bound")
+STATUS_WRITES = Counter(
+    "cozystack_gpu_binder_claim_status_writes_total",
+    "Claim status writes sent, by purpose (a placement step, or Wait for a refusal note)",
+    ["purpose"],
+)

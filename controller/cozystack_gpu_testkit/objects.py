@@ -16,6 +16,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.config import Config
+from cozystack_gpu.keys import RawNamesPolicy
 from cozystack_gpu_testkit import cluster
 
 KUBEVIRT_CRDS = sorted((Path(__file__).parent / "kubevirt-crds").glob("*.yaml"))
@@ -272,6 +274,26 @@ class Kube:
         self.custom.delete_namespaced_custom_object(
             keys.KUBEVIRT_GROUP, keys.KUBEVIRT_VERSION, namespace, "virtualmachineinstances", name
         )
+
+
+def binder_config(namespace: str, **overrides: Any) -> Config:
+    """Controller settings for tests: quick, no metrics server."""
+    values: dict[str, Any] = {
+        "namespace": namespace,
+        "identity": "test-binder",
+        "attachment_grace": 120.0,
+        "rejection_ttl": 600.0,
+        "raw_resource_names": RawNamesPolicy.ALLOWED,
+        "extra_resource_names": frozenset(),
+        "lease_duration": 15.0,
+        "renew_deadline": 10.0,
+        "retry_period": 2.0,
+        "write_workers": 4,
+        "metrics_port": 0,
+        "workload_records": True,
+    }
+    values.update(overrides)
+    return Config(**values)
 
 
 def _now() -> str:

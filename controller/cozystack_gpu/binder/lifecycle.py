@@ -71,6 +71,11 @@ def attachment_change(
     return None
 
 
+def vmi_never_ran(vmi: VMIState) -> bool:
+    """A VMI not yet scheduled: it has no node, or is still Pending or Scheduling."""
+    return vmi.node is None or vmi.phase in ("Pending", "Scheduling", "")
+
+
 def attachment_expiry(claim: Obj, grace: float) -> float | None:
     """When an unconfirmed attachment of a Bound claim expires (to schedule a re-check)."""
     status = claim.get("status") or {}

@@ -298,15 +298,20 @@ def set_id_for(claim: Obj, vmi_of_claim: str | None, vm_of_claim: str | None) ->
 
 
 def vmi_live(claim: Obj, vmi: VMIState | None, now: float, grace: float) -> bool:
-    """The VMI a claim is attached to runs, or may still appear (within the grace)."""
+    """The VMI a claim is attached to runs, or may still appear.
+
+    Only a Bound claim's attachment may precede its VMI (the webhook writes it before the
+    VMI is stored), for at most the grace; an Attached or Lost claim's VMI existed, so once
+    it is gone it is gone.
+    """
     status = claim.get("status") or {}
     if not status.get("attachedTo"):
         return False
     if vmi is not None:
         return not vmi.final
+    if status.get("phase") != Phase.BOUND.value:
+        return False
     attached_at = timestamp(status.get("attachedAt"))
-    if status.get("phase") == Phase.ATTACHED.value:
-        return False  # it was seen running, and now it is gone
     return attached_at is not None and now < attached_at + grace
 
 

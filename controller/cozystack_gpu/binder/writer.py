@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from cozystack_gpu import keys
+from cozystack_gpu import keys, metrics
 from cozystack_gpu.model import ClaimKey
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ class Writer:
     ) -> None:
         def job() -> None:
             self.status_writes += 1
+            metrics.STATUS_WRITES.labels(purpose).inc()
             try:
                 obj = self.custom.patch_namespaced_custom_object_status(
                     keys.GROUP, keys.VERSION, key.namespace, keys.PLURAL_CLAIMS, key.name, body
@@ -199,6 +200,26 @@ class Writer:
                 )
 
         self._submit(Priority.RECORD, job)
+
+    def delete_vmi(self, namespace: str, name: str) -> None:
+        def job() -> None:
+            try:
+                self.custom.delete_namespaced_custom_object(
+                    keys.KUBEVIRT_GROUP,
+                    keys.KUBEVIRT_VERSION,
+                    namespace,
+                    "virtualmachineinstances",
+                    name,
+                )
+                log.info("deleted VMI %s/%s: its node is gone and it never ran", namespace, name)
+                self._results.put(WriteDone("vmi-delete", f"{namespace}/{name}", True))
+            except ApiException as exc:
+                ok = exc.status == 404
+                self._results.put(
+                    WriteDone("vmi-delete", f"{namespace}/{name}", ok, error=str(exc.reason))
+                )
+
+        self._submit(Priority.BIND, job)
 
     def settings(self, namespace: str, data: dict[str, str]) -> None:
         def job() -> None:

@@ -331,8 +331,20 @@ class _Planner:
     def bind_pending(self) -> None:
         pending = [c for c in self.claims(self.snap.pending_keys()) if not c.template]
         pending.sort(key=lambda c: (c.created, c.namespace, c.name))
+        # Within one pass binds only take capacity and budget, so an order refused here
+        # refuses every later order of the same class, tenant and count alike, with the
+        # same words. Judging them once keeps a pass short when thousands wait, so new
+        # orders that fit are not slowed by old ones that do not.
+        refused: dict[tuple[str, str, int], Refusal] = {}
         for claim in pending:
+            shape = None if claim.rejected else (claim.class_name, claim.namespace, claim.count)
+            known = refused.get(shape) if shape is not None else None
+            if known is not None:
+                self.actions.append(Action(Step.WAIT, (claim.key,), refusal=known))
+                continue
             decision = self.snap.check_order(claim, self.now)
+            if shape is not None and isinstance(decision, Refusal):
+                refused[shape] = decision
             if isinstance(decision, Placement):
                 self.put(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
                 self.actions.append(Action(Step.BIND, (claim.key,), node=decision.node))

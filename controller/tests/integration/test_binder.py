@@ -18,9 +18,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.loop import Binder
-from cozystack_gpu.config import Config
-from cozystack_gpu.keys import RawNamesPolicy
-from cozystack_gpu_testkit.objects import Kube, install_extra_crds, wait_for
+from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -31,25 +29,6 @@ GRACE_S = 2.0
 def kube(api_client: Any) -> Kube:
     install_extra_crds(api_client)
     return Kube(api_client)
-
-
-def make_config(namespace: str, **overrides: Any) -> Config:
-    values: dict[str, Any] = {
-        "namespace": namespace,
-        "identity": "test-binder",
-        "attachment_grace": GRACE_S,
-        "rejection_ttl": 600.0,
-        "raw_resource_names": RawNamesPolicy.ALLOWED,
-        "extra_resource_names": frozenset(),
-        "lease_duration": 15.0,
-        "renew_deadline": 10.0,
-        "retry_period": 2.0,
-        "write_workers": 4,
-        "metrics_port": 0,
-        "workload_records": True,
-    }
-    values.update(overrides)
-    return Config(**values)
 
 
 @dataclass
@@ -107,7 +86,7 @@ def env(api_client: Any, kube: Kube) -> Iterator[Env]:
     tenant = f"tenant-{test_id}"
     kube.namespace(controller_ns)
     kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
-    binder = Binder(api_client, make_config(controller_ns))
+    binder = Binder(api_client, binder_config(controller_ns, attachment_grace=GRACE_S))
     binder.start()
     assert binder.synced.wait(30), "the binder did not finish its first listing"
     try:
@@ -349,6 +328,49 @@ def test_a_deleted_node_moves_its_unattached_claims(env: Env) -> None:
         lambda: env.kube.get_claim(env.tenant, "c")["status"].get("nodeName") == second,
         what="the claim to move off the deleted node",
     )
+
+
+def test_a_deleted_node_releases_the_vmi_that_never_ran_there(env: Env) -> None:
+    first = env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+    env.kube.attach(env.tenant, "c", "vm")
+    env.kube.vmi(env.tenant, "vm", claims=["c"], phase="Scheduling")
+    env.wait_phase("c", "Attached")
+    second = env.node("n2", 1)
+    env.kube.core.delete_node(first)
+
+    def vmi_gone() -> bool:
+        try:
+            env.kube.custom.get_namespaced_custom_object(
+                "kubevirt.io", "v1", env.tenant, "virtualmachineinstances", "vm"
+            )
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(vmi_gone, what="the stuck VMI to be deleted")
+    rebound = env.wait_phase("c", "Bound")
+    assert rebound["status"]["nodeName"] == second
+
+
+def test_a_vmi_that_ran_on_a_deleted_node_is_left_to_kubevirt(env: Env) -> None:
+    first = env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+    env.kube.attach(env.tenant, "c", "vm")
+    env.kube.vmi(env.tenant, "vm", claims=["c"], node=first)
+    env.wait_phase("c", "Attached")
+    env.kube.core.delete_node(first)
+    env.wait_phase("c", "Lost")
+    loops = env.binder.stats.loops
+    wait_for(lambda: env.binder.stats.loops > loops + 3, what="binder loops")
+    vmi = env.kube.custom.get_namespaced_custom_object(
+        "kubevirt.io", "v1", env.tenant, "virtualmachineinstances", "vm"
+    )
+    assert "deletionTimestamp" not in vmi["metadata"]
 
 
 def test_unattached_claim_goes_lost_when_nowhere_has_room(env: Env) -> None:
