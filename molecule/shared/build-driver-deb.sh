@@ -15,7 +15,8 @@ install -m 0755 "$here/stand-ins/sriov-manage" "$pkg/usr/lib/nvidia/sriov-manage
 install -m 0644 "$here/stand-ins/units/nvidia-vgpud.service" "$here/stand-ins/units/nvidia-vgpu-mgr.service" \
   "$pkg/lib/systemd/system/"
 install -m 0644 "$collection/controller/cozystack_gpu_testkit/sysfs_tree.py" \
-  "$pkg/usr/lib/cozystack-gpu-stand-in/sysfs_tree.py"
+  "$here/stand-ins/nvidia_smi.py" "$here/stand-ins/sriov_manage.py" \
+  "$pkg/usr/lib/cozystack-gpu-stand-in/"
 cat >"$pkg/DEBIAN/control" <<CONTROL
 Package: nvidia-vgpu-kvm-stand-in
 Version: 550.54.16-1

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Test stand-in for nvidia-smi (molecule only), answering from the sysfs fixture tree named
 in /etc/cozystack-gpu-stand-in/root: ``-q`` (with Host VGPU Mode), ``--query-gpu=pci.bus_id,
 uuid --format=csv,noheader`` and ``vgpu -s -v -i <address>`` (the card model's types)."""
@@ -8,7 +7,7 @@ import uuid
 
 CONF = os.environ.get("COZYSTACK_GPU_STAND_IN_CONF", "/etc/cozystack-gpu-stand-in")
 sys.path.insert(0, os.environ.get("COZYSTACK_GPU_STAND_IN_LIB", "/usr/lib/cozystack-gpu-stand-in"))
-from sysfs_tree import SysfsTree  # noqa: E402
+from sysfs_tree import SysfsTree  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 NAMESPACE = uuid.UUID("0b7c2c55-7e0c-4bd4-8f54-2f1b8d9e3a11")
 
@@ -31,11 +30,11 @@ def long_address(address):
 
 
 def main(argv):
-    tree = SysfsTree.open(open(os.path.join(CONF, "root")).read().strip())
+    tree = SysfsTree.open(open(os.path.join(CONF, "root"), encoding="utf-8").read().strip())
     found = gpus(tree)
     if argv == ["-q"]:
         print("==============NVSMI LOG==============\n")
-        print(f"Driver Version                            : 550.54.16")
+        print("Driver Version                            : 550.54.16")
         print(f"Attached GPUs                             : {len(found)}")
         for address, model in found:
             mode = "SR-IOV" if model.total_vfs else "Non SR-IOV"

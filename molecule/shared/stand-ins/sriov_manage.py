@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Test stand-in for NVIDIA's /usr/lib/nvidia/sriov-manage (molecule only).
 
 Acts on the sysfs fixture tree named in /etc/cozystack-gpu-stand-in/root through the
@@ -13,12 +12,12 @@ import sys
 
 CONF = os.environ.get("COZYSTACK_GPU_STAND_IN_CONF", "/etc/cozystack-gpu-stand-in")
 sys.path.insert(0, os.environ.get("COZYSTACK_GPU_STAND_IN_LIB", "/usr/lib/cozystack-gpu-stand-in"))
-from sysfs_tree import SysfsTree  # noqa: E402
+from sysfs_tree import SysfsTree  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 
 def log(line):
     os.makedirs("/var/lib/stand-in", exist_ok=True)
-    with open("/var/lib/stand-in/calls", "a") as calls:
+    with open("/var/lib/stand-in/calls", "a", encoding="utf-8") as calls:
         calls.write(line + "\n")
 
 
@@ -33,13 +32,13 @@ def main(argv):
         return 1
     noop = os.path.join(CONF, "sriov-manage-noop")
     if os.path.exists(noop):
-        left = int(open(noop).read().strip() or 0)
+        left = int(open(noop, encoding="utf-8").read().strip() or 0)
         if left > 0:
-            with open(noop, "w") as f:
+            with open(noop, "w", encoding="utf-8") as f:
                 f.write(f"{left - 1}\n")
             log("sriov-manage: exited 0 without enabling (noop)")
             return 0
-    root = open(os.path.join(CONF, "root")).read().strip()
+    root = open(os.path.join(CONF, "root"), encoding="utf-8").read().strip()
     tree = SysfsTree.open(root)
     pfs = sorted(a for a, m in tree.cards.items() if m.total_vfs and tree.driver_of(a) == "nvidia")
     targets = pfs if target == "ALL" else [target if target.count(":") == 2 else "0000:" + target]
