@@ -147,6 +147,7 @@ class Binder:
         self._note_refilled = 0.0
         self._last_publish = 0.0
         self._last_plan = 0.0
+        self._next_plan = 0.0
         self._last_metrics = 0.0
         self._changed = True
 
@@ -195,8 +196,12 @@ class Binder:
             self._stop.set()
 
     def _drain(self) -> list[Any]:
+        timeout = TICK_S
+        if self._changed:
+            # A pass is due: wait no longer than its spacing for more to batch into it.
+            timeout = max(0.0, min(TICK_S, self._next_plan - time.monotonic()))
         try:
-            first = self._queue.get(timeout=TICK_S)
+            first = self._queue.get(timeout=timeout)
         except queue.Empty:
             return []
         batch = [first]
@@ -520,9 +525,16 @@ class Binder:
         # once per REPLAN_S even when nothing was watched to change.
         if not self._changed and now - self._last_plan < REPLAN_S:
             return
+        if time.monotonic() < self._next_plan:
+            return  # too soon after the last pass: let more changes batch into the next
         self._changed = False
         self._last_plan = now
+        started = time.monotonic()
         result = plan(self.snapshot, now)
+        # A pass costs time in proportion to what waits; space passes by their own cost so
+        # the loop spends at most about half its time planning and the rest taking in
+        # events and sending writes. Arrivals meanwhile are judged together in the next.
+        self._next_plan = time.monotonic() + (time.monotonic() - started)
         self.stats.passes += 1
         if any(key in self._inflight for a in result.changes for key in a.claims):
             # A decision would change a claim whose write is still out: wait for it and
@@ -533,12 +545,15 @@ class Binder:
 
     def _act(self, result: Plan, now: float) -> None:
         pending = 0
+        self._note_budget = min(
+            WAIT_NOTES_PER_S, self._note_budget + (now - self._note_refilled) * WAIT_NOTES_PER_S
+        )
+        self._note_refilled = now
         for action in result.actions:
             if action.step is Step.WAIT:
                 pending += len(action.claims)
                 if action.refusal is not None:
-                    for key in action.claims:
-                        self._note_waiting(key, action, now)
+                    self._note_waiting(action, now)
                 continue
             for key in action.claims:
                 updated = result.updates.get(key)
@@ -555,41 +570,39 @@ class Binder:
                 )
         metrics.PENDING.set(pending)
 
-    def _note_waiting(self, key: ClaimKey, action: Action, now: float) -> None:
-        """Say on the claim why it waits, once per distinct reason.
+    def _note_waiting(self, action: Action, now: float) -> None:
+        """Say on each waiting claim why it waits, once per distinct reason.
 
         At most WAIT_NOTES_PER_S such writes a second, and none while a placement write is
         out: a burst of orders that do not fit must not take the API server's time from
         the binds. A note not written now is written on a later pass.
         """
-        assert action.refusal is not None
-        said = (str(action.refusal.reason), action.refusal.message)
-        if self._waiting_written.get(key) == said or key in self._inflight:
-            return
-        if self._inflight:
-            return  # placements first: notes wait for a pass with no write out
-        self._note_budget = min(
-            WAIT_NOTES_PER_S, self._note_budget + (now - self._note_refilled) * WAIT_NOTES_PER_S
-        )
-        self._note_refilled = now
-        if self._note_budget < 1:
-            return  # the next pass (at most REPLAN_S away) says it
-        self._note_budget -= 1
-        obj = self.raw["GPUClaim"].get(key)
-        if obj is None:
-            return
-        cond = lifecycle.waiting_condition(action.refusal, now)
-        current = (obj.get("status") or {}).get("conditions") or []
-        self._waiting_written[key] = said
-        if key not in self._counted_refusals:
-            self._counted_refusals.add(key)
-            metrics.REFUSALS.labels(str(action.refusal.reason)).inc()
-        if lifecycle.same_condition(current, cond):
-            return
-        body = lifecycle.condition_patch(obj, cond)
-        # Not a placement: written after every bind queued, and not held in flight, so a
-        # burst of refusals never delays or blocks a bind.
-        self._writer.claim_status(key, body, "Wait", Priority.STATUS)
+        refusal = action.refusal
+        if refusal is None or self._inflight or self._note_budget < 1:
+            return  # placements first; the next pass (at most REPLAN_S away) says it
+        said = (str(refusal.reason), refusal.message)
+        cond = lifecycle.waiting_condition(refusal, now)
+        for key in action.claims:
+            if self._note_budget < 1:
+                return
+            if self._waiting_written.get(key) == said:
+                continue
+            obj = self.raw["GPUClaim"].get(key)
+            if obj is None:
+                continue
+            self._waiting_written[key] = said
+            if key not in self._counted_refusals:
+                self._counted_refusals.add(key)
+                metrics.REFUSALS.labels(str(refusal.reason)).inc()
+            current = (obj.get("status") or {}).get("conditions") or []
+            if lifecycle.same_condition(current, cond):
+                continue
+            self._note_budget -= 1
+            # Not a placement: queued behind every bind and not held in flight, so a burst
+            # of refusals never delays or blocks a bind.
+            self._writer.claim_status(
+                key, lifecycle.condition_patch(obj, cond), "Wait", Priority.STATUS
+            )
 
     def _send(self, key: ClaimKey, body: dict[str, Any], purpose: str) -> None:
         if not self.is_leader():
@@ -606,7 +619,8 @@ class Binder:
             return
         self._inflight.discard(done.key)
         self._dirty_claims.add(done.key)
-        self._changed = True
+        if done.outcome is not Outcome.WRITTEN:
+            self._changed = True
         if done.outcome is Outcome.WRITTEN and done.obj is not None:
             self._store_claim(done.key, done.obj)
             self.stats.decisions[done.purpose] = self.stats.decisions.get(done.purpose, 0) + 1

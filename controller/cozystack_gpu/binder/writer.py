@@ -8,6 +8,7 @@ burst of refusals never delays a bind. Every job reports back to the loop throug
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import queue
 import threading
@@ -112,9 +113,16 @@ class Writer:
             self.status_writes += 1
             metrics.STATUS_WRITES.labels(purpose).inc()
             try:
-                obj = self.custom.patch_namespaced_custom_object_status(
-                    keys.GROUP, keys.VERSION, key.namespace, keys.PLURAL_CLAIMS, key.name, body
+                response = self.custom.patch_namespaced_custom_object_status(
+                    keys.GROUP,
+                    keys.VERSION,
+                    key.namespace,
+                    keys.PLURAL_CLAIMS,
+                    key.name,
+                    body,
+                    _preload_content=False,
                 )
+                obj = json.loads(response.data)
                 self._results.put(ClaimWriteDone(key, Outcome.WRITTEN, obj, purpose))
             except ApiException as exc:
                 self._results.put(self._claim_failure(key, exc, purpose))
@@ -274,7 +282,10 @@ class Writer:
                 "count": 1,
             }
             try:
-                self.core.create_namespaced_event(str(metadata.get("namespace")), body)
+                # The answer is not read: skip building the client's Event model from it.
+                self.core.create_namespaced_event(
+                    str(metadata.get("namespace")), body, _preload_content=False
+                ).release_conn()
             except ApiException as exc:
                 log.debug("event for %s not written: %s", metadata.get("name"), exc.reason)
 

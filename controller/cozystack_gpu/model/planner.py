@@ -329,24 +329,31 @@ class _Planner:
 
     # 6
     def bind_pending(self) -> None:
-        pending = [c for c in self.claims(self.snap.pending_keys()) if not c.template]
-        pending.sort(key=lambda c: (c.created, c.namespace, c.name))
+        pending: list[tuple[float, ClaimKey, ClaimInfo]] = []
+        for key in self.snap.pending_keys():
+            claim = self.snap.claim(key)
+            if claim is not None and not claim.template:
+                pending.append((claim.created, key, claim))
+        pending.sort(key=lambda item: (item[0], item[1]))
         # Within one pass binds only take capacity and budget, so an order refused here
         # refuses every later order of the same class, tenant and count alike, with the
-        # same words. Judging them once keeps a pass short when thousands wait, so new
-        # orders that fit are not slowed by old ones that do not.
+        # same words. Judging them once, and reporting them as one Wait, keeps a pass short
+        # when thousands wait, so new orders that fit are not slowed by old ones that do not.
         refused: dict[tuple[str, str, int], Refusal] = {}
-        for claim in pending:
+        alike: dict[tuple[str, str, int], list[ClaimKey]] = {}
+        for _created, key, claim in pending:
             shape = None if claim.rejected else (claim.class_name, claim.namespace, claim.count)
-            known = refused.get(shape) if shape is not None else None
-            if known is not None:
-                self.actions.append(Action(Step.WAIT, (claim.key,), refusal=known))
+            if shape is not None and shape in refused:
+                alike[shape].append(key)
                 continue
             decision = self.snap.check_order(claim, self.now)
-            if shape is not None and isinstance(decision, Refusal):
-                refused[shape] = decision
             if isinstance(decision, Placement):
                 self.put(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
-                self.actions.append(Action(Step.BIND, (claim.key,), node=decision.node))
+                self.actions.append(Action(Step.BIND, (key,), node=decision.node))
+            elif shape is not None:
+                refused[shape] = decision
+                alike[shape] = [key]
             else:
-                self.actions.append(Action(Step.WAIT, (claim.key,), refusal=decision))
+                self.actions.append(Action(Step.WAIT, (key,), refusal=decision))
+        for shape, keys in alike.items():
+            self.actions.append(Action(Step.WAIT, tuple(keys), refusal=refused[shape]))
