@@ -13,9 +13,9 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: test setup binaries lint pytest sanity cluster cluster-down build
+.PHONY: test setup binaries lint pytest sanity units cluster cluster-down build
 
-test: setup binaries lint pytest sanity
+test: setup binaries lint pytest sanity units
 
 PROTO := controller/cozystack_gpu/agent/podresources/api.proto
 PROTO_OUT := $(PROTO:.proto=_pb2.py)
@@ -57,6 +57,10 @@ pytest: setup binaries
 sanity: setup
 	@echo "== ansible-test sanity (offline, no ignore file) =="
 	tools/ansible-test.sh sanity --python 3.11
+
+units: setup
+	@echo "== ansible-test units (modules and module_utils) =="
+	tools/ansible-test.sh units --python 3.11 --local
 
 build: setup
 	$(BIN)/ansible-galaxy collection build --force --output-path $(CACHE)/dist
