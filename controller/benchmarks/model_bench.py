@@ -194,7 +194,7 @@ def decide_and_bind(
     now = 1e9
     target = sum(c.count for c in held)
     units = target
-    for _ in range(decisions):
+    for _decision in range(decisions):
         order = ClaimInfo(
             namespace=rng.choice(leaves),
             name=f"order-{next(_serial)}",

@@ -14,17 +14,21 @@ import pytest
 
 from cozystack_gpu_testkit import cluster
 
+_STARTED: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say in the run's output which API server the integration tests ran against."""
+    for line in _STARTED:
+        terminalreporter.write_line(f"[control plane] {line}")
+
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[cluster.ControlPlane]:
     plane = cluster.start()
     try:
         cluster.install_crds(plane.api_client())
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(
-                f"\n[control plane] real kube-apiserver {plane.version()} at {plane.server}"
-            )
+        _STARTED.append(f"real kube-apiserver {plane.version()} at {plane.server}")
         yield plane
     finally:
         plane.stop()

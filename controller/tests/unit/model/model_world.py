@@ -183,7 +183,7 @@ class Checker:
         checker = cls(world, world.snapshot())
         if orders:
             r = random.Random(seed)
-            for _ in range(orders):
+            for _order in range(orders):
                 checker.put(checker.new_claim(r.randrange(1000), r.randrange(1000)))
             checker.plan_and_commit()
         return checker

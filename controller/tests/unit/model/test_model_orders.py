@@ -221,12 +221,12 @@ def test_best_fit_keeps_whole_nodes_free_for_large_sets() -> None:
     # Fragmentation: eight 1-GPU orders on four 8-GPU nodes. Spreading (worst fit) would
     # leave no node with 8 free; best fit packs them onto one node and keeps three whole.
     snap = Snapshot.build(nodes=[node(f"n{i}", 8) for i in range(4)], classes=[passthrough()])
-    for _ in range(8):
+    for _i in range(8):
         order = claim("h100", 1)
         decision = snap.check_order(order, NOW)
         assert decision == Placement("n0")
         snap.bind(order, decision.node, NOW)
-    for _ in range(3):
+    for _i in range(3):
         order = claim("h100", 8)
         decision = snap.check_order(order, NOW)
         assert isinstance(decision, Placement)

@@ -257,7 +257,7 @@ def test_plan_binds_within_budget_and_leaves_the_rest_waiting() -> None:
 
 
 def test_plan_leaves_the_snapshot_unchanged_and_commit_applies_it() -> None:
-    orders = [claim("h100", 1) for _ in range(3)]
+    orders = [claim("h100", 1) for _i in range(3)]
     snap = Snapshot.build(nodes=[node("n1", 2)], classes=[passthrough()], claims=orders)
     before = snap.digest()
     result = plan(snap, NOW)
