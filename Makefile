@@ -13,9 +13,9 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: test setup binaries lint pytest sanity units cluster cluster-down build
+.PHONY: test setup binaries lint pytest sanity units ansible-lint molecule cluster cluster-down build
 
-test: setup binaries lint pytest sanity units
+test: setup binaries lint pytest sanity units ansible-lint molecule
 
 PROTO := controller/cozystack_gpu/agent/podresources/api.proto
 PROTO_OUT := $(PROTO:.proto=_pb2.py)
@@ -61,6 +61,16 @@ sanity: setup
 units: setup
 	@echo "== ansible-test units (modules and module_utils) =="
 	tools/ansible-test.sh units --python 3.11 --local
+
+ansible-lint: setup
+	@echo "== ansible-lint (production profile, offline) =="
+	tools/molecule-lint.sh
+
+# Roles in podman containers with real systemd; the platform (podman, runc, a debootstrapped
+# image) is prepared once per machine by tools/molecule-platform.sh. Needs root.
+molecule: setup binaries
+	@echo "== molecule scenarios =="
+	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/molecule-test.sh
 
 build: setup
 	$(BIN)/ansible-galaxy collection build --force --output-path $(CACHE)/dist
