@@ -68,6 +68,16 @@ class Env:
         obj = self.kube.get_claim(namespace or self.tenant, claim)
         return (obj.get("status") or {}).get("phase")
 
+    def attached(self, node: str, gpu_class: str, *, phase: str = "Running") -> dict[str, Any]:
+        """Claim "c" ordered, bound, and attached to VMI "vm" running on ``node``, as the
+        VMI webhook and KubeVirt would leave it."""
+        self.kube.claim(self.tenant, "c", gpu_class, 1)
+        self.wait_phase("c", "Bound")
+        self.kube.attach(self.tenant, "c", "vm")
+        vmi_node = node if phase == "Running" else None
+        self.kube.vmi(self.tenant, "vm", claims=["c"], phase=phase, node=vmi_node)
+        return self.wait_phase("c", "Attached")
+
     def wait_phase(
         self, claim: str, phase: str, namespace: str | None = None, timeout: float = 15.0
     ) -> dict[str, Any]:
@@ -182,11 +192,7 @@ def test_lost_claims_keep_counting_against_the_budget(env: Env) -> None:
 def test_attached_returns_to_bound_when_the_vmi_ends(env: Env, ending: str) -> None:
     node = env.node("n1", 1)
     gpu_class = env.gpu_class()
-    env.kube.claim(env.tenant, "c", gpu_class, 1)
-    env.wait_phase("c", "Bound")
-    env.kube.attach(env.tenant, "c", "vm")
-    env.kube.vmi(env.tenant, "vm", claims=["c"], node=node)
-    attached = env.wait_phase("c", "Attached")
+    attached = env.attached(node, gpu_class)
     assert attached["status"]["attachedTo"] == "vm"
     if ending == "deleted":
         env.kube.delete_vmi(env.tenant, "vm")
@@ -200,11 +206,7 @@ def test_attached_returns_to_bound_when_the_vmi_ends(env: Env, ending: str) -> N
 def test_a_deletion_timestamp_on_the_vmi_is_not_enough(env: Env) -> None:
     node = env.node("n1", 1)
     gpu_class = env.gpu_class()
-    env.kube.claim(env.tenant, "c", gpu_class, 1)
-    env.wait_phase("c", "Bound")
-    env.kube.attach(env.tenant, "c", "vm")
-    env.kube.vmi(env.tenant, "vm", claims=["c"], node=node)
-    env.wait_phase("c", "Attached")
+    env.attached(node, gpu_class)
     env.kube.custom.patch_namespaced_custom_object(
         "kubevirt.io", "v1", env.tenant, "virtualmachineinstances", "vm",
         {"metadata": {"finalizers": ["test.cozystack.io/hold"]}},
@@ -278,11 +280,7 @@ def test_not_ready_node_loses_attached_claims_which_rebind_once_the_vmi_is_final
 ) -> None:
     first = env.node("n1", 1)
     gpu_class = env.gpu_class()
-    env.kube.claim(env.tenant, "c", gpu_class, 1)
-    env.wait_phase("c", "Bound")
-    env.kube.attach(env.tenant, "c", "vm")
-    env.kube.vmi(env.tenant, "vm", claims=["c"], node=first)
-    env.wait_phase("c", "Attached")
+    env.attached(first, gpu_class)
     second = env.node("n2", 1)
     env.kube.node_status(first, ready=False)
     env.wait_phase("c", "Lost")
@@ -305,11 +303,7 @@ def test_not_ready_node_loses_attached_claims_which_rebind_once_the_vmi_is_final
 def test_lost_claim_returns_to_attached_when_its_node_comes_back(env: Env) -> None:
     node = env.node("n1", 1)
     gpu_class = env.gpu_class()
-    env.kube.claim(env.tenant, "c", gpu_class, 1)
-    env.wait_phase("c", "Bound")
-    env.kube.attach(env.tenant, "c", "vm")
-    env.kube.vmi(env.tenant, "vm", claims=["c"], node=node)
-    env.wait_phase("c", "Attached")
+    env.attached(node, gpu_class)
     env.kube.node_status(node, ready=False)
     env.wait_phase("c", "Lost")
     env.kube.node_status(node, ready=True)
@@ -333,11 +327,7 @@ def test_a_deleted_node_moves_its_unattached_claims(env: Env) -> None:
 def test_a_deleted_node_releases_the_vmi_that_never_ran_there(env: Env) -> None:
     first = env.node("n1", 1)
     gpu_class = env.gpu_class()
-    env.kube.claim(env.tenant, "c", gpu_class, 1)
-    env.wait_phase("c", "Bound")
-    env.kube.attach(env.tenant, "c", "vm")
-    env.kube.vmi(env.tenant, "vm", claims=["c"], phase="Scheduling")
-    env.wait_phase("c", "Attached")
+    env.attached(first, gpu_class, phase="Scheduling")
     second = env.node("n2", 1)
     env.kube.core.delete_node(first)
 
@@ -358,11 +348,7 @@ def test_a_deleted_node_releases_the_vmi_that_never_ran_there(env: Env) -> None:
 def test_a_vmi_that_ran_on_a_deleted_node_is_left_to_kubevirt(env: Env) -> None:
     first = env.node("n1", 1)
     gpu_class = env.gpu_class()
-    env.kube.claim(env.tenant, "c", gpu_class, 1)
-    env.wait_phase("c", "Bound")
-    env.kube.attach(env.tenant, "c", "vm")
-    env.kube.vmi(env.tenant, "vm", claims=["c"], node=first)
-    env.wait_phase("c", "Attached")
+    env.attached(first, gpu_class)
     env.kube.core.delete_node(first)
     env.wait_phase("c", "Lost")
     loops = env.binder.stats.loops
