@@ -478,3 +478,63 @@ def test_settings_configmap_lists_gpu_resource_names_and_raw_policy(env: Env) ->
     names = data[keys.SETTINGS_KEY_RESOURCE_NAMES].split(",")
     assert names == sorted(set(names)), "sorted and unique"
     assert data[keys.SETTINGS_KEY_RAW_RESOURCE_NAMES] == "allowed"
+
+
+# --- optimistic concurrency --------------------------------------------------------------
+
+
+class _Meddling(Binder):
+    """A binder whose first bind is overtaken: someone writes the claim between the
+    decision and the status write, so the write carries a stale resourceVersion."""
+
+    def __init__(self, *args: Any, meddle: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._meddle = meddle
+        self.meddled = 0
+
+    def _send(self, key: Any, body: dict[str, Any], purpose: str) -> None:
+        if purpose == "Bind" and not self.meddled:
+            self.meddled += 1
+            self._meddle(key)
+        super()._send(key, body, purpose)
+
+
+def test_a_bind_overtaken_by_another_write_is_judged_again_and_books_once(
+    api_client: Any, kube: Kube
+) -> None:
+    test_id = uuid.uuid4().hex[:8]
+    controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
+    kube.namespace(controller_ns)
+    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
+    resource = f"nvidia.com/GPU_{test_id}"
+    selector = {"test.cozystack.io/id": test_id}
+    kube.gpu_node(f"n1-{test_id}", resource, 1, labels=selector)
+    kube.gpu_class(f"h100-{test_id}", resource, selector=selector)
+
+    def meddle(key: Any) -> None:
+        kube.custom.patch_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, key.namespace, keys.PLURAL_CLAIMS, key.name,
+            {"metadata": {"labels": {"touched": "yes"}}},
+        )  # fmt: skip
+
+    binder = _Meddling(api_client, binder_config(controller_ns), meddle=meddle)
+    binder.start()
+    try:
+        assert binder.synced.wait(30)
+        kube.claim(tenant, "first", f"h100-{test_id}", 1)
+        kube.claim(tenant, "second", f"h100-{test_id}", 1)
+
+        def settled() -> list[dict[str, Any]] | None:
+            claims = kube.claims(tenant)
+            bound = [c for c in claims if (c.get("status") or {}).get("phase") == "Bound"]
+            return claims if bound and binder.stats.conflicts >= 1 else None
+
+        claims = wait_for(settled, what="a conflict and a bind")
+        loops = binder.stats.loops
+        wait_for(lambda: binder.stats.loops > loops + 3, what="binder loops")
+        claims = kube.claims(tenant)
+    finally:
+        binder.stop()
+    phases = {c["metadata"]["name"]: (c.get("status") or {}).get("phase") for c in claims}
+    assert binder.meddled == 1
+    assert sorted(phases.values(), key=str) == ["Bound", None], f"one unit, one bind: {phases}"
