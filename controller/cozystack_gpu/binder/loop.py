@@ -418,33 +418,24 @@ class Binder:
         """
         now = self.clock()
         snap = self.snapshot
-        changed = False
-        for name in self._dirty_classes:
+
+        def class_info(name: str) -> Any:
             obj = self.raw["GPUClass"].get(("", name))
-            if obj is None:
-                changed |= snap.gpu_class(name) is not None
-                snap.remove_class(name)
-            else:
-                gpu_class = translate.class_info(obj)
-                if snap.gpu_class(name) != gpu_class:
-                    snap.upsert_class(gpu_class)
-                    changed = True
-        for name in self._dirty_namespaces:
-            namespace = self._namespace_info(name)
-            if namespace is None:
-                changed |= snap.namespace(name) is not None
-                snap.remove_namespace(name)
-            elif snap.namespace(name) != namespace:
-                snap.upsert_namespace(namespace)
-                changed = True
-        for name in self._dirty_nodes:
-            node = self._node_info(name)
-            if node is None:
-                changed |= snap.node(name) is not None
-                snap.remove_node(name)
-            elif snap.node(name) != node:
-                snap.upsert_node(node)
-                changed = True
+            return None if obj is None else translate.class_info(obj)
+
+        changed = _sync(
+            self._dirty_classes, class_info, snap.gpu_class, snap.upsert_class, snap.remove_class
+        )
+        changed |= _sync(
+            self._dirty_namespaces,
+            self._namespace_info,
+            snap.namespace,
+            snap.upsert_namespace,
+            snap.remove_namespace,
+        )
+        changed |= _sync(
+            self._dirty_nodes, self._node_info, snap.node, snap.upsert_node, snap.remove_node
+        )
         held: set[ClaimKey] = set()
         for key in self._dirty_claims:
             if key in self._inflight:
@@ -751,3 +742,23 @@ class Binder:
                 metrics.CLASS_CLAIMED.labels(gpu_class.name, phase.value).set(
                     claimed.get((gpu_class.name, phase.value), 0)
                 )
+
+
+def _sync(
+    names: Iterable[str],
+    build: Callable[[str], Any],
+    current: Callable[[str], Any],
+    upsert: Callable[[Any], None],
+    remove: Callable[[str], None],
+) -> bool:
+    """Bring one kind of model input up to date; True when the model saw a change."""
+    changed = False
+    for name in names:
+        fresh = build(name)
+        if fresh is None:
+            changed |= current(name) is not None
+            remove(name)
+        elif current(name) != fresh:
+            upsert(fresh)
+            changed = True
+    return changed
