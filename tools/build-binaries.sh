@@ -10,6 +10,13 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/versions.env"
 
+# The wrapper modules pin the same versions; a mismatch would build one release and label it
+# (ldflags, cache directory) as another.
+grep -q "k8s.io/kubernetes ${KUBERNETES_VERSION}$" "$here/k8s/go.mod" ||
+  { echo "tools/k8s/go.mod does not require k8s.io/kubernetes ${KUBERNETES_VERSION} (versions.env)" >&2; exit 1; }
+grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}$" "$here/etcd/go.mod" ||
+  { echo "tools/etcd/go.mod does not require etcd ${ETCD_VERSION} (versions.env)" >&2; exit 1; }
+
 cache_root=${COZYSTACK_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cozystack-gpu}
 bin_dir="$cache_root/bin/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
 mkdir -p "$bin_dir"
