@@ -27,7 +27,7 @@ $(PROTO_OUT): $(PROTO) $(STAMP)
 	$(BIN)/python controller/gen_protos.py
 
 $(STAMP):
-	@echo "== python environment ($(PYTHON)) =="
+	@echo "== python environment ($(PYTHON)) ==" >&2
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements/dev.txt
@@ -37,13 +37,13 @@ $(STAMP):
 # kube-apiserver, etcd, kubectl and helm built from source once per machine (cached in
 # ~/.cache/cozystack-gpu); prints progress while a first build runs.
 binaries:
-	@echo "== control plane binaries =="
+	@echo "== control plane binaries ==" >&2
 	mkdir -p $(CACHE)
 	tools/build-binaries.sh > $(BIN_DIR_FILE).tmp && mv $(BIN_DIR_FILE).tmp $(BIN_DIR_FILE)
-	@echo "using $$(cat $(BIN_DIR_FILE))"
+	@echo "using $$(cat $(BIN_DIR_FILE))" >&2
 
 lint: setup
-	@echo "== ruff + mypy =="
+	@echo "== ruff + mypy ==" >&2
 	cd controller && $(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/ruff check --config controller/pyproject.toml plugins/module_utils
 	$(BIN)/ruff format --check --config controller/pyproject.toml plugins/module_utils
@@ -51,25 +51,25 @@ lint: setup
 	$(BIN)/mypy --config-file controller/pyproject.toml plugins/module_utils
 
 pytest: setup binaries
-	@echo "== pytest (unit + integration against a real kube-apiserver) =="
+	@echo "== pytest (unit + integration against a real kube-apiserver) ==" >&2
 	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) $(BIN)/pytest -p no:cacheprovider
 
 sanity: setup
-	@echo "== ansible-test sanity (offline, no ignore file) =="
+	@echo "== ansible-test sanity (offline, no ignore file) ==" >&2
 	tools/ansible-test.sh sanity --python 3.11
 
 units: setup
-	@echo "== ansible-test units (modules and module_utils) =="
+	@echo "== ansible-test units (modules and module_utils) ==" >&2
 	tools/ansible-test.sh units --python 3.11 --local
 
 ansible-lint: setup
-	@echo "== ansible-lint (production profile, offline) =="
+	@echo "== ansible-lint (production profile, offline) ==" >&2
 	tools/molecule-lint.sh
 
 # Roles in podman containers with real systemd; the platform (podman, runc, a debootstrapped
 # image) is prepared once per machine by tools/molecule-platform.sh. Needs root.
 molecule: setup binaries
-	@echo "== molecule scenarios =="
+	@echo "== molecule scenarios ==" >&2
 	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/molecule-test.sh
 
 build: setup
