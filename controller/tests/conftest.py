@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.fake_kubelet import FakeKubelet
 
 _STARTED: list[str] = []
 
@@ -48,6 +50,18 @@ def namespace(api_client: Any) -> str:
     name = f"t-{uuid.uuid4().hex[:10]}"
     client.CoreV1Api(api_client).create_namespace({"metadata": {"name": name}})
     return name
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
+    """A fake kubelet serving the real pod-resources API on a unix socket."""
+    # A short path: unix socket paths are limited to about 100 bytes.
+    fake = FakeKubelet(str(tmp_path / "kubelet.sock"))
+    fake.start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
 
 
 @pytest.fixture

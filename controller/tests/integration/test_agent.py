@@ -4,7 +4,6 @@ phases from the API server, and never touches another node's GPUNode."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +22,6 @@ pytestmark = pytest.mark.apiserver
 
 H100 = "nvidia.com/GH100_H100_SXM5_80GB"
 T4Q = "nvidia.com/GRID_T4-4Q"
-
-
-@pytest.fixture
-def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
-    fake = FakeKubelet(str(tmp_path / "kubelet.sock"))
-    fake.start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
 
 
 @pytest.fixture
