@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Any
 
 import kopf
@@ -77,11 +78,20 @@ def _binder_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     return controller.health() if controller is not None else {"leader": False, "synced": False}
 
 
+def version() -> str:
+    """The installed package's version (the image and the chart's appVersion carry it)."""
+    try:
+        return metadata.version("cozystack-gpu-controller")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cozystack-gpu-controller",
         description="GPU claims binder (leader only) for cozystack.gpu",
     )
+    parser.add_argument("--version", action="version", version=version())
     settings.add_arguments(parser)
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster)")
     parser.add_argument("--health-port", type=int, default=8080, help="port of /healthz (0: off)")
