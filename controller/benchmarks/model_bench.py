@@ -205,7 +205,8 @@ def decide_and_bind(
         start = time.perf_counter_ns()
         decision = snap.check_order(order, now)
         if isinstance(decision, Placement):
-            bound = snap.bind(order, decision.node, now)
+            bound = replace(order, phase=Phase.BOUND, node=decision.node, bound_at=now)
+            snap.upsert_claim(bound)
         timings.append(time.perf_counter_ns() - start)
         if isinstance(decision, Placement):
             placed += 1

@@ -11,12 +11,13 @@ Typical use by a controller::
     snap.upsert_claim(claim)                 # for every watch event, one call
     decision = snap.check_order(claim, now)  # Placement(node) or Refusal(reason, message)
     result = plan(snap, now)                 # the binder's pass; write result.updates
-    commit(snap, result)                     # record own writes before their events return
+    for claim in result.updates.values():    # record own writes before their events return
+        snap.upsert_claim(claim)
     snap.class_status("l40s-24c")            # ClassStatus(free, max_free_per_node)
 """
 
 from cozystack_gpu.model.eligibility import selector_matches, serves, untolerated_taint
-from cozystack_gpu.model.planner import Action, Plan, Step, commit, plan
+from cozystack_gpu.model.planner import Action, Plan, Step, plan
 from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import (
     ClaimInfo,
@@ -55,7 +56,6 @@ __all__ = [
     "Step",
     "Taint",
     "Toleration",
-    "commit",
     "merge_quotas",
     "plan",
     "selector_matches",

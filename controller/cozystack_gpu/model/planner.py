@@ -73,8 +73,8 @@ class Plan:
 def plan(snapshot: Snapshot, now: float) -> Plan:
     """The binder's pass over ``snapshot`` at time ``now``; the snapshot is left unchanged.
 
-    After writing the statuses, feed them back with ``commit`` (or let the watch events do
-    it) so the next pass starts from them.
+    After writing the statuses, feed ``result.updates`` back with ``upsert_claim`` (or let
+    the watch events do it) so the next pass starts from them.
     """
     planner = _Planner(snapshot, now)
     try:
@@ -82,12 +82,6 @@ def plan(snapshot: Snapshot, now: float) -> Plan:
     finally:
         planner.revert()
     return Plan(tuple(planner.actions), dict(planner.updates))
-
-
-def commit(snapshot: Snapshot, result: Plan) -> None:
-    """Record a plan's claim updates in the snapshot, as if their watch events arrived."""
-    for claim in result.updates.values():
-        snapshot.upsert_claim(claim)
 
 
 def _arrival(claims: list[ClaimInfo]) -> tuple[float, str, str]:

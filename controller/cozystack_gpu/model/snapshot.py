@@ -3,9 +3,11 @@
 A ``Snapshot`` holds the nodes, classes, claims and namespaces, and beside them the indexes a
 decision needs: per class, the serving nodes bucketed by free units (best fit without a
 scan); per node and resource name, the units claims hold; per tenant and budget key, the
-units its subtree uses. Every ``upsert_*``/``remove_*`` call keeps them exact, so a decision
-costs the same at 500 nodes as at 50,000, and ``Snapshot.build`` of the same objects gives
-the same indexes (``digest`` compares them).
+units its subtree uses (the budget ``Ledger``). Every ``upsert_*``/``remove_*`` call keeps
+them exact, so a decision costs the same at 500 nodes as at 50,000, and ``Snapshot.build`` of
+the same objects gives the same indexes (the model tests compare an incremental snapshot with
+a rebuild through the public reads). Node search is in ``search``, budget arithmetic in
+``budgets``.
 
 Nothing here does I/O or reads a clock: ``now`` is passed to every call whose answer depends
 on time (rejected-node expiry).
@@ -13,24 +15,14 @@ on time (rejected-node expiry).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from cozystack_gpu.keys import (
-    LABEL_VGPU_ENTITLEMENT,
-    QUOTA_KEY_TOTAL,
-    QUOTA_RAW_REQUESTS_PREFIX,
-    VGPU_ENTITLEMENT_VALUE,
-    Mode,
-    Phase,
-    class_of_quota_key,
-    effective_max_count,
-    quota_key,
-    raw_quota_keys,
-)
+from cozystack_gpu.keys import Mode, Phase, effective_max_count
 from cozystack_gpu.model._index import ClassIndex
+from cozystack_gpu.model.budgets import Charge, Ledger, bump
 from cozystack_gpu.model.eligibility import selector_matches, why_not_placeable
+from cozystack_gpu.model.search import find_node
 from cozystack_gpu.model.types import (
     ClaimInfo,
     ClaimKey,
@@ -39,7 +31,6 @@ from cozystack_gpu.model.types import (
     Decision,
     NamespaceInfo,
     NodeInfo,
-    Placement,
     Reason,
     Refusal,
 )
@@ -48,30 +39,10 @@ from cozystack_gpu.model.types import (
 class _Acct(NamedTuple):
     """What one claim added to the counters, so removing it takes back exactly that."""
 
-    ancestors: tuple[str, ...]
-    class_name: str
+    charge: Charge | None  # set when the claim counts against budgets
     resource: str | None
     node: str | None  # set when the claim takes capacity there
     units: int
-    budget: bool
-
-
-def _bump(table: dict[str, dict[str, int]], outer: str, inner: str, delta: int) -> None:
-    row = table.get(outer)
-    if row is None:
-        row = table[outer] = {}
-    value = row.get(inner, 0) + delta
-    if value:
-        row[inner] = value
-    else:
-        row.pop(inner, None)
-        if not row:
-            del table[outer]
-
-
-def _ordered_ancestors(ns: NamespaceInfo) -> tuple[str, ...]:
-    # The namespace itself first, so a refusal names the nearest tenant when several limit.
-    return (ns.name, *sorted(ns.ancestors - {ns.name}))
 
 
 class Snapshot:
@@ -81,7 +52,7 @@ class Snapshot:
     watch event to ``upsert_node``/``remove_node``, ``upsert_class``/``remove_class``,
     ``upsert_claim``/``remove_claim`` and ``upsert_namespace``/``remove_namespace``.
     Decisions (``check_order``, ``place_set``, ``class_status``, ``plan``) never change it;
-    ``bind`` and ``commit`` record the binder's own writes before their watch events return.
+    The binder records its own writes with ``upsert_claim`` before their watch events return.
     """
 
     def __init__(self) -> None:
@@ -91,7 +62,7 @@ class Snapshot:
         self._classes_by_res: dict[str, set[str]] = {}
         self._claims: dict[ClaimKey, ClaimInfo] = {}
         self._namespaces: dict[str, NamespaceInfo] = {}
-        self._ancestors: dict[str, tuple[str, ...]] = {}
+        self._ledger = Ledger()
         self._idx: dict[str, ClassIndex] = {}
         self._served: dict[str, set[str]] = {}
         self._used: dict[str, dict[str, int]] = {}
@@ -102,10 +73,6 @@ class Snapshot:
         self._pending: set[ClaimKey] = set()
         self._lost: set[ClaimKey] = set()
         self._acct: dict[ClaimKey, _Acct] = {}
-        self._bud_class: dict[str, dict[str, int]] = {}
-        self._bud_total: dict[str, dict[str, int]] = {}
-        self._bud_res: dict[str, dict[str, int]] = {}
-        self._bud_raw: dict[str, dict[str, int]] = {}
         self._dirty: set[str] = set()
         self._unsettled: set[str] = set()
 
@@ -208,18 +175,9 @@ class Snapshot:
         return excess
 
     def budget_used(self, tenant: str, key: str) -> int:
-        """Units counted against one budget key of one tenant, over its whole subtree.
-
-        ``key`` is ``gpu.cozystack.io/<class>``, ``gpu.cozystack.io/total`` or a raw key
-        (``requests.<resource>`` or ``<resource>``, raw-name pods included).
-        """
-        if key == QUOTA_KEY_TOTAL:
-            return self._bud_total.get(tenant, {}).get("", 0)
-        class_name = class_of_quota_key(key)
-        if class_name is not None:
-            return self._bud_class.get(tenant, {}).get(class_name, 0)
-        res = key.removeprefix(QUOTA_RAW_REQUESTS_PREFIX)
-        return self._bud_res.get(tenant, {}).get(res, 0) + self._bud_raw.get(tenant, {}).get(res, 0)
+        """Units counted against one budget key of one tenant, over its whole subtree
+        (see ``Ledger.used``)."""
+        return self._ledger.used(tenant, key)
 
     def max_count(self, class_name: str) -> int:
         """maxCount resolved: the spec value, else 1 for vGPU and the largest node's units of
@@ -317,24 +275,14 @@ class Snapshot:
     # --- namespaces ------------------------------------------------------------------------
 
     def upsert_namespace(self, ns: NamespaceInfo) -> None:
-        old = self._namespaces.get(ns.name)
-        old_anc = self._ancestors.get(ns.name, (ns.name,))
-        new_anc = _ordered_ancestors(ns)
-        if old is not None:
-            self._apply_raw(old_anc, old.raw_used, -1)
         self._namespaces[ns.name] = ns
-        self._ancestors[ns.name] = new_anc
-        self._apply_raw(new_anc, ns.raw_used, 1)
-        if new_anc != old_anc:
+        if self._ledger.set_namespace(ns):
             self._reaccount(self._ns_claims.get(ns.name, set()))
 
     def remove_namespace(self, name: str) -> None:
-        old = self._namespaces.pop(name, None)
-        if old is None:
+        if self._namespaces.pop(name, None) is None:
             return
-        old_anc = self._ancestors.pop(name)
-        self._apply_raw(old_anc, old.raw_used, -1)
-        if old_anc != (name,):
+        if self._ledger.remove_namespace(name):
             self._reaccount(self._ns_claims.get(name, set()))
 
     # --- claims ----------------------------------------------------------------------------
@@ -361,15 +309,6 @@ class Snapshot:
     def remove_claim(self, key: ClaimKey) -> None:
         if key in self._claims:
             self._drop_claim(key)
-
-    def bind(self, claim: ClaimInfo, node: str, now: float) -> ClaimInfo:
-        """Record the binder's bind of a claim to a node (Pending or Lost → Bound) and return
-        the claim as its status should be written."""
-        bound = _with(claim, phase=Phase.BOUND, node=node, bound_at=now)
-        if claim.phase is Phase.LOST:
-            bound = _with(bound, attached_to=None, vmi_live=False)
-        self.upsert_claim(bound)
-        return bound
 
     def _drop_claim(self, key: ClaimKey) -> None:
         claim = self._claims.pop(key)
@@ -441,203 +380,12 @@ class Snapshot:
                     f"class {name} allows at most {_units(limit)} per VM; "
                     f"the set asks for {demand[name]}",
                 )
-        refusal = self._check_orders([c for c in claims if not c.counts_budget])
+        refusal = self._ledger.check_orders(
+            [c for c in claims if not c.counts_budget], self._classes
+        )
         if refusal is not None:
             return refusal
-        return self._find_node(demand, claims, now, nodes, exclude)
-
-    # --- budgets ---------------------------------------------------------------------------
-
-    def _check_orders(self, orders: Sequence[ClaimInfo]) -> Refusal | None:
-        extra: dict[tuple[str, str], int] = {}
-        for claim in orders:
-            klass = self._classes[claim.class_name]
-            ns = self._namespaces.get(claim.namespace)
-            if klass.mode is Mode.VGPU and (ns is None or not ns.vgpu_entitled):
-                return Refusal(
-                    Reason.VGPU_NOT_ENTITLED,
-                    f"namespace {claim.namespace} lacks the label "
-                    f'{LABEL_VGPU_ENTITLEMENT}: "{VGPU_ENTITLEMENT_VALUE}" '
-                    f"that vGPU class {klass.name} needs",
-                )
-            refusal = self._check_budget(claim, klass, extra)
-            if refusal is not None:
-                return refusal
-        return None
-
-    def _check_budget(
-        self, claim: ClaimInfo, klass: ClassInfo, extra: dict[tuple[str, str], int]
-    ) -> Refusal | None:
-        class_key = quota_key(klass.name)
-        res = klass.resource_name
-        count = claim.count
-        ancestors = self._ancestors.get(claim.namespace, (claim.namespace,))
-        for tenant in ancestors:
-            ns = self._namespaces.get(tenant)
-            if ns is None or not ns.quota:
-                continue
-            quota = ns.quota
-            checks: list[tuple[str, int, int]] = []
-            if class_key in quota:
-                used = self._bud_class.get(tenant, {}).get(klass.name, 0)
-                checks.append((class_key, quota[class_key], used))
-            if QUOTA_KEY_TOTAL in quota:
-                used = self._bud_total.get(tenant, {}).get("", 0)
-                checks.append((QUOTA_KEY_TOTAL, quota[QUOTA_KEY_TOTAL], used))
-            for raw_key in raw_quota_keys(res):
-                if raw_key not in quota:
-                    continue
-                covered = class_key in quota or (
-                    klass.mode is Mode.PASSTHROUGH and QUOTA_KEY_TOTAL in quota
-                )
-                if not covered:
-                    also = "" if klass.mode is Mode.VGPU else f" or {QUOTA_KEY_TOTAL}"
-                    return Refusal(
-                        Reason.RAW_KEY_UNCOVERED,
-                        f"{tenant} limits {res} by quota key {raw_key} and has no "
-                        f"{class_key}{also} key for class {klass.name}",
-                    )
-                used = self._bud_res.get(tenant, {}).get(res, 0) + self._bud_raw.get(
-                    tenant, {}
-                ).get(res, 0)
-                checks.append((raw_key, quota[raw_key], used))
-            for key, limit, used in checks:
-                used += extra.get((tenant, key), 0)
-                if used + count > limit:
-                    return Refusal(
-                        Reason.BUDGET_EXCEEDED,
-                        f"{tenant} has {used} of {limit} {key} in use; "
-                        f"the order needs {count} more",
-                    )
-            for key, _limit, _used in checks:
-                extra[(tenant, key)] = extra.get((tenant, key), 0) + count
-        return None
-
-    # --- capacity --------------------------------------------------------------------------
-
-    def _find_node(
-        self,
-        demand: dict[str, int],
-        claims: Sequence[ClaimInfo],
-        now: float,
-        nodes: Collection[str] | None,
-        exclude: Collection[str],
-    ) -> Decision:
-        res_of = {name: self._classes[name].resource_name for name in demand}
-        by_res: dict[str, str] = {}
-        for name in sorted(demand):
-            other = by_res.setdefault(res_of[name], name)
-            if other != name:
-                return Refusal(
-                    Reason.NO_NODE_SERVES,
-                    f"classes {other} and {name} share resource name {res_of[name]}, "
-                    "so no node serves both",
-                )
-        skip = {r.node for c in claims for r in c.rejected if r.until > now}
-        skip.update(exclude)
-        credit: dict[str, dict[str, int]] = {}
-        for claim in claims:
-            if claim.holds_node and claim.node is not None:
-                row = credit.setdefault(claim.node, {})
-                res = res_of[claim.class_name]
-                row[res] = row.get(res, 0) + claim.count
-        order = sorted(demand, key=lambda n: (-demand[n], n))
-        primary = order[0]
-        pidx = self._idx[primary]
-        pres = res_of[primary]
-        pneed = demand[primary]
-        others = [(self._idx[n], demand[n], res_of[n]) for n in order[1:]]
-        allowed = None if nodes is None else set(nodes)
-
-        def fits_others(node: str) -> bool:
-            row = credit.get(node)
-            for idx, need, res in others:
-                free = idx.free.get(node)
-                if free is None or free + (row.get(res, 0) if row else 0) < need:
-                    return False
-            return True
-
-        def usable(node: str) -> bool:
-            return node not in skip and (allowed is None or node in allowed)
-
-        best: tuple[int, str] | None = None
-        for node in sorted(credit):
-            free = pidx.free.get(node)
-            if free is None or not usable(node):
-                continue
-            free += credit[node].get(pres, 0)
-            if free >= pneed and fits_others(node):
-                if len(credit) == 1:
-                    return Placement(node)
-                if best is None or (free, node) < best:
-                    best = (free, node)
-        if allowed is not None:
-            for node in allowed:
-                free = pidx.free.get(node)
-                if free is None or free < pneed or node in skip or node in credit:
-                    continue
-                if others and not fits_others(node):
-                    continue
-                if best is None or (free, node) < best:
-                    best = (free, node)
-        else:
-            accept: Callable[[str], bool] | None = None
-            if skip or credit or others:
-
-                def accept(node: str) -> bool:
-                    return node not in skip and node not in credit and fits_others(node)
-
-            found = pidx.best(pneed, accept)
-            if found is not None and (best is None or (pidx.free[found], found) < best):
-                best = (pidx.free[found], found)
-        if best is not None:
-            return Placement(best[1])
-        return self._capacity_refusal(order, demand, skip, allowed)
-
-    def _capacity_refusal(
-        self,
-        order: list[str],
-        demand: dict[str, int],
-        skip: set[str],
-        allowed: set[str] | None,
-    ) -> Refusal:
-        where = ""
-        if allowed is not None:
-            where += " among the nodes the VM may use"
-        if skip:
-            where += " apart from " + ", ".join(sorted(skip))
-
-        def usable(node: str) -> bool:
-            return node not in skip and (allowed is None or node in allowed)
-
-        pidx = self._idx[order[0]]
-        if len(order) == 1:
-            if allowed is not None:
-                frees = [pidx.free[n] for n in allowed if n in pidx.free and usable(n)]
-                largest = max(frees) if frees else None
-            else:
-                largest = pidx.largest(usable if skip else None)
-            if largest is None:
-                return Refusal(Reason.NO_NODE_SERVES, f"no node serves class {order[0]}{where}")
-            return Refusal(
-                Reason.INSUFFICIENT_CAPACITY,
-                f"no node serving class {order[0]}{where} has {demand[order[0]]} free "
-                f"{'unit' if demand[order[0]] == 1 else 'units'}; "
-                f"the largest has {largest}",
-            )
-        names = sorted(order)
-        idxs = [self._idx[n] for n in names]
-        smallest = min(idxs, key=len)
-        if not any(usable(n) and all(n in i for i in idxs) for n in smallest.free):
-            return Refusal(
-                Reason.NO_NODE_SERVES,
-                f"no node serves every class of the set ({', '.join(names)}){where}",
-            )
-        wanted = ", ".join(f"{n}: {demand[n]}" for n in names)
-        return Refusal(
-            Reason.INSUFFICIENT_CAPACITY,
-            f"no node serving classes {', '.join(names)}{where} has room for the set ({wanted})",
-        )
+        return find_node(self._classes, self._idx, demand, claims, now, nodes, exclude)
 
     # --- bookkeeping -----------------------------------------------------------------------
 
@@ -645,32 +393,19 @@ class Snapshot:
         klass = self._classes.get(claim.class_name)
         res = klass.resource_name if klass is not None else None
         node = claim.node if claim.holds_node and res is not None else None
-        return _Acct(
-            self._ancestors.get(claim.namespace, (claim.namespace,)),
-            claim.class_name,
-            res,
-            node,
-            claim.count,
-            claim.counts_budget,
-        )
+        charge = None
+        if claim.counts_budget:
+            ancestors = self._ledger.ancestors(claim.namespace)
+            charge = Charge(ancestors, claim.class_name, res, claim.count)
+        return _Acct(charge, res, node, claim.count)
 
     def _apply(self, acct: _Acct, sign: int) -> None:
-        delta = sign * acct.units
-        if acct.budget:
-            for tenant in acct.ancestors:
-                _bump(self._bud_class, tenant, acct.class_name, delta)
-                _bump(self._bud_total, tenant, "", delta)
-                if acct.resource is not None:
-                    _bump(self._bud_res, tenant, acct.resource, delta)
+        if acct.charge is not None:
+            self._ledger.charge(acct.charge, sign)
         if acct.node is not None and acct.resource is not None:
-            _bump(self._used, acct.node, acct.resource, delta)
+            bump(self._used, acct.node, acct.resource, sign * acct.units)
             self._refresh_free(acct.node, acct.resource)
             self._dirty.add(acct.node)
-
-    def _apply_raw(self, ancestors: tuple[str, ...], raw: Mapping[str, int], sign: int) -> None:
-        for res, units in raw.items():
-            for tenant in ancestors:
-                _bump(self._bud_raw, tenant, res, sign * units)
 
     def _reaccount(self, keys: Iterable[ClaimKey]) -> None:
         for key in list(keys):
@@ -737,36 +472,9 @@ class Snapshot:
                     return False
         return not (has_unattached and self.over_capacity(name))
 
-    def digest(self) -> dict[str, Any]:
-        """Every derived number, in plain sorted form: two snapshots of the same objects have
-        equal digests however they were built. For tests and debugging."""
-        self._flush()
-        return {
-            "free": {c: sorted(i.free.items()) for c, i in sorted(self._idx.items())},
-            "cap": {c: sorted(i.cap.items()) for c, i in sorted(self._idx.items())},
-            "status": {c: self.class_status(c) for c in sorted(self._idx)},
-            "max_count": {c: self.max_count(c) for c in sorted(self._classes)},
-            "used": _sorted_table(self._used),
-            "budget_class": _sorted_table(self._bud_class),
-            "budget_total": _sorted_table(self._bud_total),
-            "budget_res": _sorted_table(self._bud_res),
-            "budget_raw": _sorted_table(self._bud_raw),
-            "pending": sorted(self._pending),
-            "lost": sorted(self._lost),
-            "node_claims": {n: sorted(k) for n, k in sorted(self._node_claims.items()) if k},
-            "sets": {str(s): sorted(k) for s, k in sorted(self._set_claims.items()) if k},
-            "unsettled": sorted(self._unsettled),
-        }
-
 
 def _units(n: int) -> str:
     return f"{n} unit" if n == 1 else f"{n} units"
-
-
-def _sorted_table(table: dict[str, dict[str, int]]) -> dict[str, list[tuple[str, int]]]:
-    return {
-        k: sorted((i, v) for i, v in row.items() if v) for k, row in sorted(table.items()) if row
-    }
 
 
 def _discard(table: dict[Any, set[ClaimKey]], key: Any, item: ClaimKey) -> None:
@@ -775,7 +483,3 @@ def _discard(table: dict[Any, set[ClaimKey]], key: Any, item: ClaimKey) -> None:
         members.discard(item)
         if not members:
             del table[key]
-
-
-def _with(claim: ClaimInfo, **changes: Any) -> ClaimInfo:
-    return replace(claim, **changes)

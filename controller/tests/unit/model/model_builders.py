@@ -4,6 +4,7 @@ claim, a tenant tree."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from cozystack_gpu.keys import LABEL_VGPU_ENTITLEMENT, TENANT_LABEL_PREFIX, Mode, OnCordon, Phase
 from cozystack_gpu.model import (
@@ -12,7 +13,9 @@ from cozystack_gpu.model import (
     Device,
     NamespaceInfo,
     NodeInfo,
+    Plan,
     RejectedNode,
+    Snapshot,
     Taint,
     Toleration,
 )
@@ -133,3 +136,19 @@ def tenant(
     if vgpu:
         labels[LABEL_VGPU_ENTITLEMENT] = "true"
     return NamespaceInfo(name, labels, dict(quota or {}), dict(raw_used or {}))
+
+
+def record_bind(snap: Snapshot, order: ClaimInfo, node_name: str, now: float) -> ClaimInfo:
+    """Record a bind in the snapshot as the binder does when it sends the write: the order
+    (Pending or Lost) becomes Bound on the node; a rebound Lost claim loses its attachment."""
+    bound_claim = replace(order, phase=Phase.BOUND, node=node_name, bound_at=now)
+    if order.phase is Phase.LOST:
+        bound_claim = replace(bound_claim, attached_to=None, vmi_live=False)
+    snap.upsert_claim(bound_claim)
+    return bound_claim
+
+
+def commit(snap: Snapshot, result: Plan) -> None:
+    """Record a plan's claim updates, as if their watch events had arrived."""
+    for updated in result.updates.values():
+        snap.upsert_claim(updated)

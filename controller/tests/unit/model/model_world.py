@@ -11,6 +11,9 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from model_builders import commit, record_bind
+from model_digest import digest
+
 from cozystack_gpu.keys import (
     LABEL_NODE_LAYOUT_STATE,
     LABEL_VGPU_ENTITLEMENT,
@@ -40,7 +43,6 @@ from cozystack_gpu.model import (
     Step,
     Taint,
     Toleration,
-    commit,
     plan,
     serves,
 )
@@ -274,7 +276,7 @@ class Checker:
         decision = self.snap.check_order(claim, self.world.now)
         self.check_decision(before, [claim], decision)
         if isinstance(decision, Placement):
-            self.put(self.snap.bind(claim, decision.node, self.world.now))
+            self.put(record_bind(self.snap, claim, decision.node, self.world.now))
             self.check_placed([claim.key], decision.node)
             check_budgets_after(self.world, [claim])
         else:
@@ -291,7 +293,7 @@ class Checker:
             self.put(claim)
         if isinstance(decision, Placement):
             for claim in members:
-                self.put(self.snap.bind(claim, decision.node, self.world.now))
+                self.put(record_bind(self.snap, claim, decision.node, self.world.now))
             self.check_placed([m.key for m in members], decision.node)
             check_budgets_after(self.world, members)
 
@@ -339,9 +341,9 @@ class Checker:
     # plans
     def plan_and_commit(self) -> Plan:
         before = self.snapshot_view()
-        digest = self.snap.digest()
+        unplanned = digest(self.snap)
         result = plan(self.snap, self.world.now)
-        assert self.snap.digest() == digest, "plan changed the snapshot"
+        assert digest(self.snap) == unplanned, "plan changed the snapshot"
         commit(self.snap, result)
         self.world.claims.update(result.updates)
         self.plans += 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from model_builders import H100, L40S, NOW, bound, claim, node, passthrough
+from model_builders import H100, L40S, NOW, bound, claim, node, passthrough, record_bind
 
 from cozystack_gpu.keys import LABEL_NODE_LAYOUT_STATE, Phase
 from cozystack_gpu.model import (
@@ -170,5 +170,5 @@ def test_class_status_follows_each_bind() -> None:
     order = claim("h100", 2)
     decision = snap.check_order(order, NOW)
     assert decision == Placement("n1")
-    snap.bind(order, decision.node, NOW)
+    record_bind(snap, order, decision.node, NOW)
     assert snap.class_status("h100") == ClassStatus(free=1, max_free_per_node=1)

@@ -12,6 +12,7 @@ from model_builders import (
     claim,
     node,
     passthrough,
+    record_bind,
     tenant,
     vgpu,
 )
@@ -225,12 +226,12 @@ def test_best_fit_keeps_whole_nodes_free_for_large_sets() -> None:
         order = claim("h100", 1)
         decision = snap.check_order(order, NOW)
         assert decision == Placement("n0")
-        snap.bind(order, decision.node, NOW)
+        record_bind(snap, order, decision.node, NOW)
     for _i in range(3):
         order = claim("h100", 8)
         decision = snap.check_order(order, NOW)
         assert isinstance(decision, Placement)
-        snap.bind(order, decision.node, NOW)
+        record_bind(snap, order, decision.node, NOW)
     assert snap.class_status("h100").free == 0
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from model_builders import NOW, bound, claim, node, passthrough, tenant
+from model_builders import NOW, bound, claim, commit, node, passthrough, tenant
+from model_digest import digest
 
 from cozystack_gpu.keys import LABEL_NODE_LAYOUT_STATE, OnCordon, Phase, quota_key
 from cozystack_gpu.model import (
@@ -11,7 +12,6 @@ from cozystack_gpu.model import (
     Reason,
     Snapshot,
     Step,
-    commit,
     plan,
 )
 
@@ -259,9 +259,9 @@ def test_plan_binds_within_budget_and_leaves_the_rest_waiting() -> None:
 def test_plan_leaves_the_snapshot_unchanged_and_commit_applies_it() -> None:
     orders = [claim("h100", 1) for _i in range(3)]
     snap = Snapshot.build(nodes=[node("n1", 2)], classes=[passthrough()], claims=orders)
-    before = snap.digest()
+    before = digest(snap)
     result = plan(snap, NOW)
-    assert snap.digest() == before
+    assert digest(snap) == before
     commit(snap, result)
     assert snap.class_status("h100").free == 0
     assert plan(snap, NOW).changes == ()

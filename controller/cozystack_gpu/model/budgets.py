@@ -1,0 +1,206 @@
+"""Budget arithmetic: the units each tenant's subtree uses, per budget key, and whether an
+order fits under every key on the way up the tenant tree.
+
+Kept apart from placement (the way cozystack keeps ``tenantquota/pool.go`` apart from its
+placement code): nothing here knows nodes. The snapshot tells the ledger what each claim
+adds or takes back; the ledger answers ``used`` and ``check_orders``.
+
+Rules (SPEC.md §4): a key on a tenant or any ancestor limits the sum over that tenant's
+subtree, and a child's key only adds a limit. ``gpu.cozystack.io/<class>`` counts one class,
+``gpu.cozystack.io/total`` every class, and a raw key on a resource name
+(``requests.<name>`` or ``<name>``) counts claims of classes with that name plus raw-name
+pods. Bound, Attached and Lost claims count (a Lost one too, so its rebind never fails a
+budget check); a Pending one is judged when it binds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from cozystack_gpu.keys import (
+    LABEL_VGPU_ENTITLEMENT,
+    QUOTA_KEY_TOTAL,
+    QUOTA_RAW_REQUESTS_PREFIX,
+    VGPU_ENTITLEMENT_VALUE,
+    Mode,
+    class_of_quota_key,
+    quota_key,
+    raw_quota_keys,
+)
+from cozystack_gpu.model.types import ClaimInfo, ClassInfo, NamespaceInfo, Reason, Refusal
+
+Table = dict[str, dict[str, int]]
+
+
+class Charge(NamedTuple):
+    """What one claim counts against budgets, so taking it back removes exactly that."""
+
+    ancestors: tuple[str, ...]
+    class_name: str
+    resource: str | None
+    units: int
+
+
+def bump(table: Table, outer: str, inner: str, delta: int) -> None:
+    """Add ``delta`` to ``table[outer][inner]``, dropping rows that reach zero."""
+    row = table.get(outer)
+    if row is None:
+        row = table[outer] = {}
+    value = row.get(inner, 0) + delta
+    if value:
+        row[inner] = value
+    else:
+        row.pop(inner, None)
+        if not row:
+            del table[outer]
+
+
+def ordered_ancestors(ns: NamespaceInfo) -> tuple[str, ...]:
+    # The namespace itself first, so a refusal names the nearest tenant when several limit.
+    return (ns.name, *sorted(ns.ancestors - {ns.name}))
+
+
+class Ledger:
+    """Units per tenant and budget key, over each tenant's subtree."""
+
+    def __init__(self) -> None:
+        self._namespaces: dict[str, NamespaceInfo] = {}
+        self._ancestors: dict[str, tuple[str, ...]] = {}
+        self._by_class: Table = {}  # tenant -> class -> units
+        self._total: Table = {}  # tenant -> "" -> units
+        self._by_resource: Table = {}  # tenant -> resource name -> units of claims
+        self._raw: Table = {}  # tenant -> resource name -> units of raw-name pods
+
+    # --- tenants -----------------------------------------------------------------------
+
+    def ancestors(self, namespace: str) -> tuple[str, ...]:
+        """The namespace and every tenant above it, nearest first."""
+        return self._ancestors.get(namespace, (namespace,))
+
+    def set_namespace(self, ns: NamespaceInfo) -> bool:
+        """Take in a namespace's labels, quota and raw-name usage; True when its ancestry
+        changed (its claims must then be charged again along the new chain)."""
+        old = self._namespaces.get(ns.name)
+        old_anc = self.ancestors(ns.name)
+        new_anc = ordered_ancestors(ns)
+        if old is not None:
+            self._charge_raw(old_anc, old.raw_used, -1)
+        self._namespaces[ns.name] = ns
+        self._ancestors[ns.name] = new_anc
+        self._charge_raw(new_anc, ns.raw_used, 1)
+        return new_anc != old_anc
+
+    def remove_namespace(self, name: str) -> bool:
+        """Forget a namespace; True when its claims must be charged again."""
+        old = self._namespaces.pop(name, None)
+        if old is None:
+            return False
+        old_anc = self._ancestors.pop(name)
+        self._charge_raw(old_anc, old.raw_used, -1)
+        return old_anc != (name,)
+
+    # --- charges -----------------------------------------------------------------------
+
+    def charge(self, charge: Charge, sign: int) -> None:
+        delta = sign * charge.units
+        for tenant in charge.ancestors:
+            bump(self._by_class, tenant, charge.class_name, delta)
+            bump(self._total, tenant, "", delta)
+            if charge.resource is not None:
+                bump(self._by_resource, tenant, charge.resource, delta)
+
+    def _charge_raw(self, ancestors: tuple[str, ...], raw: Mapping[str, int], sign: int) -> None:
+        for res, units in raw.items():
+            for tenant in ancestors:
+                bump(self._raw, tenant, res, sign * units)
+
+    def used(self, tenant: str, key: str) -> int:
+        """Units counted against one budget key of one tenant, over its whole subtree.
+
+        ``key`` is ``gpu.cozystack.io/<class>``, ``gpu.cozystack.io/total`` or a raw key
+        (``requests.<resource>`` or ``<resource>``, raw-name pods included).
+        """
+        if key == QUOTA_KEY_TOTAL:
+            return self._total.get(tenant, {}).get("", 0)
+        class_name = class_of_quota_key(key)
+        if class_name is not None:
+            return self._by_class.get(tenant, {}).get(class_name, 0)
+        res = key.removeprefix(QUOTA_RAW_REQUESTS_PREFIX)
+        return self._by_resource.get(tenant, {}).get(res, 0) + self._raw.get(tenant, {}).get(res, 0)
+
+    def tables(self) -> dict[str, Table]:
+        """Every tally, for comparing two ledgers of the same objects."""
+        return {
+            "class": self._by_class,
+            "total": self._total,
+            "resource": self._by_resource,
+            "raw": self._raw,
+        }
+
+    # --- judging orders ----------------------------------------------------------------
+
+    def check_orders(
+        self, orders: Sequence[ClaimInfo], classes: Mapping[str, ClassInfo]
+    ) -> Refusal | None:
+        """Judge orders of one set in turn, each counted as bound before the next: the vGPU
+        entitlement of the namespace, then every budget key on the way up."""
+        extra: dict[tuple[str, str], int] = {}
+        for claim in orders:
+            klass = classes[claim.class_name]
+            ns = self._namespaces.get(claim.namespace)
+            if klass.mode is Mode.VGPU and (ns is None or not ns.vgpu_entitled):
+                return Refusal(
+                    Reason.VGPU_NOT_ENTITLED,
+                    f"namespace {claim.namespace} lacks the label "
+                    f'{LABEL_VGPU_ENTITLEMENT}: "{VGPU_ENTITLEMENT_VALUE}" '
+                    f"that vGPU class {klass.name} needs",
+                )
+            refusal = self._check_budget(claim, klass, extra)
+            if refusal is not None:
+                return refusal
+        return None
+
+    def _check_budget(
+        self, claim: ClaimInfo, klass: ClassInfo, extra: dict[tuple[str, str], int]
+    ) -> Refusal | None:
+        class_key = quota_key(klass.name)
+        res = klass.resource_name
+        count = claim.count
+        for tenant in self.ancestors(claim.namespace):
+            ns = self._namespaces.get(tenant)
+            if ns is None or not ns.quota:
+                continue
+            quota = ns.quota
+            checks: list[tuple[str, int]] = []
+            if class_key in quota:
+                checks.append((class_key, quota[class_key]))
+            if QUOTA_KEY_TOTAL in quota:
+                checks.append((QUOTA_KEY_TOTAL, quota[QUOTA_KEY_TOTAL]))
+            for raw_key in raw_quota_keys(res):
+                if raw_key not in quota:
+                    continue
+                # A raw key alone would let class orders slip past it: the tenant must say
+                # how the class counts (its class key, or total for passthrough).
+                covered = class_key in quota or (
+                    klass.mode is Mode.PASSTHROUGH and QUOTA_KEY_TOTAL in quota
+                )
+                if not covered:
+                    also = "" if klass.mode is Mode.VGPU else f" or {QUOTA_KEY_TOTAL}"
+                    return Refusal(
+                        Reason.RAW_KEY_UNCOVERED,
+                        f"{tenant} limits {res} by quota key {raw_key} and has no "
+                        f"{class_key}{also} key for class {klass.name}",
+                    )
+                checks.append((raw_key, quota[raw_key]))
+            for key, limit in checks:
+                used = self.used(tenant, key) + extra.get((tenant, key), 0)
+                if used + count > limit:
+                    return Refusal(
+                        Reason.BUDGET_EXCEEDED,
+                        f"{tenant} has {used} of {limit} {key} in use; "
+                        f"the order needs {count} more",
+                    )
+            for key, _limit in checks:
+                extra[(tenant, key)] = extra.get((tenant, key), 0) + count
+        return None
