@@ -83,6 +83,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("--metrics-port", "GPU_METRICS_PORT", "9090", "port of /metrics and /healthz (0: off)"),
     Setting(
+        "--inventory-stale-after",
+        "GPU_INVENTORY_STALE_AFTER",
+        "300",
+        "seconds without a node agent report after which a node serves no class (0: never)",
+    ),
+    Setting(
         "--workload-records",
         "GPU_WORKLOAD_RECORDS",
         "true",
@@ -105,6 +111,9 @@ class Config:
     write_workers: int
     metrics_port: int
     workload_records: bool
+    # Settings added later carry their defaults here too, so callers that build a Config
+    # by hand (tests, benchmarks) need not name them.
+    inventory_stale_after: float = 300.0
 
 
 def _attr(setting: Setting) -> str:
@@ -168,6 +177,7 @@ def from_arguments(args: argparse.Namespace | None = None) -> Config:
         write_workers=max(1, int(number("write_workers"))),
         metrics_port=int(number("metrics_port")),
         workload_records=_bool("workload-records", raw["workload_records"]),
+        inventory_stale_after=number("inventory_stale_after"),
     )
 
 

@@ -22,6 +22,9 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from cozystack_gpu import keys
+from cozystack_gpu.keys import ApiKind
+
 log = logging.getLogger(__name__)
 
 _CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
@@ -54,28 +57,34 @@ class Source:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def sources(api: client.ApiClient) -> dict[str, Callable[..., Any]]:
-    """The list functions the controller watches, by kind name (cluster-wide lists)."""
+def list_function(api: client.ApiClient, kind: ApiKind) -> Callable[..., Any]:
+    """The cluster-wide list (and watch) call of one kind of ``keys``' table."""
+    if kind.group:
+        custom = client.CustomObjectsApi(api)
+
+        def list_custom(**kwargs: Any) -> Any:
+            return custom.list_cluster_custom_object(
+                kind.group, kind.version, kind.plural, **kwargs
+            )
+
+        return list_custom
+    # The core group has one typed call per kind; namespaced kinds are listed across all
+    # namespaces.
     core = client.CoreV1Api(api)
-    custom = client.CustomObjectsApi(api)
-
-    def custom_list(group: str, version: str, plural: str) -> Callable[..., Any]:
-        def list_fn(**kwargs: Any) -> Any:
-            return custom.list_cluster_custom_object(group, version, plural, **kwargs)
-
-        return list_fn
-
-    return {
-        "Node": core.list_node,
-        "Namespace": core.list_namespace,
-        "ResourceQuota": core.list_resource_quota_for_all_namespaces,
-        "Pod": core.list_pod_for_all_namespaces,
-        "GPUClass": custom_list("gpu.cozystack.io", "v1alpha1", "gpuclasses"),
-        "GPUClaim": custom_list("gpu.cozystack.io", "v1alpha1", "gpuclaims"),
-        "GPUNode": custom_list("gpu.cozystack.io", "v1alpha1", "gpunodes"),
-        "VirtualMachineInstance": custom_list("kubevirt.io", "v1", "virtualmachineinstances"),
-        "VirtualMachine": custom_list("kubevirt.io", "v1", "virtualmachines"),
+    core_lists: dict[str, Callable[..., Any]] = {
+        keys.NODE.plural: core.list_node,
+        keys.NAMESPACE.plural: core.list_namespace,
+        keys.RESOURCE_QUOTA.plural: core.list_resource_quota_for_all_namespaces,
+        keys.POD.plural: core.list_pod_for_all_namespaces,
     }
+    try:
+        return core_lists[kind.plural]
+    except KeyError:
+        raise ValueError(f"no list call for core kind {kind.kind}") from None
+
+
+def source(api: client.ApiClient, kind: ApiKind) -> Source:
+    return Source(kind.kind, list_function(api, kind))
 
 
 class Informer:
@@ -99,6 +108,10 @@ class Informer:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
 
     def join(self, timeout: float | None = None) -> None:
         if self._watch is not None:

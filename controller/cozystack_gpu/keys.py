@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from enum import Enum
+from typing import NamedTuple
 
 # --- API ---------------------------------------------------------------------------------
 
@@ -38,6 +39,38 @@ WORKLOAD_STATUS_TYPE = "gpu"
 
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
+
+
+class ApiKind(NamedTuple):
+    """Where one kind lives in the API: its group ("" for core), version and plural."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+NODE = ApiKind("Node", "", "v1", "nodes", False)
+NAMESPACE = ApiKind("Namespace", "", "v1", "namespaces", False)
+RESOURCE_QUOTA = ApiKind("ResourceQuota", "", "v1", "resourcequotas", True)
+POD = ApiKind("Pod", "", "v1", "pods", True)
+GPU_CLASS = ApiKind(KIND_CLASS, GROUP, VERSION, PLURAL_CLASSES, False)
+GPU_CLAIM = ApiKind(KIND_CLAIM, GROUP, VERSION, PLURAL_CLAIMS, True)
+GPU_NODE = ApiKind(KIND_NODE, GROUP, VERSION, PLURAL_NODES, False)
+VMI = ApiKind(
+    "VirtualMachineInstance", KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances", True
+)
+VM = ApiKind("VirtualMachine", KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachines", True)
+WORKLOAD = ApiKind(WORKLOAD_KIND, WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, True)
+
+# Everything the binder watches, in one place: its informers and its cluster view are built
+# from this table. Usage records (WORKLOAD) are watched too unless they are switched off.
+BINDER_WATCHES = (NODE, GPU_NODE, GPU_CLASS, GPU_CLAIM, NAMESPACE, RESOURCE_QUOTA, POD, VMI, VM)
 
 # --- Budgets -----------------------------------------------------------------------------
 
@@ -126,8 +159,13 @@ VMI_GPU_NAME_PREFIX = "gpu-cozystack-"
 ANNOTATION_EPHEMERAL_PROVISIONING = "kubevirt.io/ephemeral-provisioning"
 LABEL_MIGRATION_JOB_UID = "kubevirt.io/migrationJobUID"
 
-# Finalizer the binder keeps on a claim while a usage record or attachment must be cleaned.
+# Finalizer the binder keeps on a claim while it is attached to a VMI: deleting the claim
+# then only marks it, and it goes (with its usage record) once the VMI is final or gone.
 FINALIZER_CLAIM = GROUP + "/claim-protection"
+# Finalizer the binder keeps on every GPUClass: a class being deleted keeps serving the
+# claims that hold its units (Bound, Attached, Lost) and goes once none does, so its held
+# units never read as free to another class sharing the resource name.
+FINALIZER_CLASS = GROUP + "/class-protection"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -186,6 +224,10 @@ def node_label_name(text: str) -> str:
 # ConfigMap in the controller's namespace; the ValidatingAdmissionPolicies take it as
 # paramRef. The controller owns it; nothing else writes it.
 SETTINGS_CONFIGMAP = "gpu-settings"
+# Every name a GPU node advertises under this prefix counts as a GPU resource name (seed
+# 004): NVIDIA's device plugins advertise GPUs, and any NVIDIA function a hoster bound to
+# vfio-pci (an audio function, an NVSwitch), under it.
+NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
 SETTINGS_KEY_RESOURCE_NAMES = "resourceNames"
 SETTINGS_KEY_RAW_RESOURCE_NAMES = "rawResourceNames"
 
@@ -251,4 +293,7 @@ LEASE_NAME_BINDER = "cozystack-gpu-binder"
 CONDITION_BOUND = "Bound"  # on GPUClaim: why a claim waits, or where it went
 CONDITION_PLACED = "Placed"  # on GPUClaim: the launcher pod's set placement
 CONDITION_AVAILABLE = "Available"  # on GPUClass: has it free capacity
-CONDITION_READY = "Ready"  # on GPUNode: written by the binder
+CONDITION_READY = "Ready"  # on GPUNode: written by the binder: does the node serve classes
+# on GPUNode: does kubelet advertise every resource name the agent reports for a device
+CONDITION_NAMES_ADVERTISED = "ResourceNamesAdvertised"
+CONDITION_DELETING = "Deleting"  # on GPUClaim: deletion waits for the VMI to stop

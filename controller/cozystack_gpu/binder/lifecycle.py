@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.translate import VMIState, meta, name_of, namespace_of, rfc3339, timestamp
+from cozystack_gpu.binder.translate import (
+    VMIState,
+    meta,
+    name_of,
+    namespace_of,
+    rfc3339,
+    timestamp,
+)
+from cozystack_gpu.binder.translate import node_ready as translate_node_ready
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import Action, ClaimInfo, ClassStatus, Refusal, Step
 
@@ -197,6 +205,97 @@ def condition_patch(claim_obj: Obj, cond: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _unbound_order(claim_obj: Obj) -> bool:
+    phase = (claim_obj.get("status") or {}).get("phase")
+    return not phase or phase == Phase.PENDING.value
+
+
+def waiting_note_due(claim_obj: Obj, cond: Mapping[str, Any]) -> bool:
+    """A waiting claim should be told (again): its reason changed, or it is an order that
+    does not show the Pending phase yet."""
+    status = claim_obj.get("status") or {}
+    if _unbound_order(claim_obj) and status.get("phase") != Phase.PENDING.value:
+        return True
+    return not same_condition(status.get("conditions") or [], cond)
+
+
+def waiting_patch(claim_obj: Obj, cond: Mapping[str, Any]) -> dict[str, Any]:
+    """Why a claim waits; an order not bound yet also shows the phase Pending (a Lost claim
+    waiting to rebind keeps its phase)."""
+    body = condition_patch(claim_obj, cond)
+    if _unbound_order(claim_obj):
+        body["status"]["phase"] = Phase.PENDING.value
+    return body
+
+
+# --- Finalizers --------------------------------------------------------------------------
+
+
+def finalizers_of(obj: Obj) -> list[str]:
+    return [str(f) for f in meta(obj).get("finalizers") or []]
+
+
+def finalizer_patch(obj: Obj, finalizer: str, present: bool) -> dict[str, Any] | None:
+    """A merge patch that adds or removes one finalizer, or None when nothing changes.
+
+    A merge patch replaces the whole list, so it carries the resourceVersion it was built
+    from: a finalizer another controller added meanwhile makes the write fail (409) rather
+    than vanish.
+    """
+    current = finalizers_of(obj)
+    if (finalizer in current) == present:
+        return None
+    wanted = [*current, finalizer] if present else [f for f in current if f != finalizer]
+    return {
+        "metadata": {
+            "resourceVersion": meta(obj).get("resourceVersion"),
+            "finalizers": wanted,
+        }
+    }
+
+
+def deleting(obj: Obj) -> bool:
+    return bool(meta(obj).get("deletionTimestamp"))
+
+
+def class_protection(class_obj: Obj, holding_claims: int) -> dict[str, Any] | None:
+    """Keep the class-protection finalizer on a live class; let a class being deleted go
+    once no claim holds units of it (Bound, Attached or Lost)."""
+    if not deleting(class_obj):
+        return finalizer_patch(class_obj, keys.FINALIZER_CLASS, True)
+    if holding_claims == 0:
+        return finalizer_patch(class_obj, keys.FINALIZER_CLASS, False)
+    return None
+
+
+def claim_protection(claim_obj: Obj, vmi_live: bool) -> dict[str, Any] | None:
+    """Keep the claim-protection finalizer while the claim is attached to a VMI that runs
+    (or may still appear, within the attachment grace), so deleting the claim cannot pull
+    the GPU from under it; drop it once the attachment is over."""
+    attached = bool((claim_obj.get("status") or {}).get("attachedTo"))
+    if attached and vmi_live and not deleting(claim_obj):
+        return finalizer_patch(claim_obj, keys.FINALIZER_CLAIM, True)
+    if not attached or not vmi_live:
+        return finalizer_patch(claim_obj, keys.FINALIZER_CLAIM, False)
+    return None
+
+
+def deletion_waits_condition(claim_obj: Obj, now: float) -> dict[str, Any] | None:
+    """What a tenant who deleted an attached claim sees: why it is still there."""
+    status = claim_obj.get("status") or {}
+    vmi = status.get("attachedTo")
+    if not deleting(claim_obj) or not vmi:
+        return None
+    return condition(
+        keys.CONDITION_DELETING,
+        True,
+        "WaitingForVMI",
+        f"deletion waits for VMI {vmi} to stop: its GPU stays attached until the VMI is "
+        "Succeeded, Failed or deleted; then the claim and its usage record go",
+        now,
+    )
+
+
 # --- Class status ------------------------------------------------------------------------
 
 
@@ -314,3 +413,117 @@ def settings_data(
         ),
         keys.SETTINGS_KEY_RAW_RESOURCE_NAMES: raw_policy.value,
     }
+
+
+# --- GPUNode conditions ------------------------------------------------------------------
+
+
+def gpunode_conditions(
+    node: Obj | None, gpunode: Obj, stale: bool, stale_after: float, now: float
+) -> list[dict[str, Any]]:
+    """The conditions the binder keeps on a GPUNode: ``Ready`` (does the node serve GPU
+    classes now, and if not why, in words a hoster can act on) and
+    ``ResourceNamesAdvertised`` (does kubelet advertise every resource name the agent
+    reports for the node's devices)."""
+    name = name_of(gpunode)
+    return [
+        _ready_condition(name, node, gpunode, stale, stale_after, now),
+        _names_condition(name, node, gpunode, now),
+    ]
+
+
+def _ready_condition(
+    name: str, node: Obj | None, gpunode: Obj, stale: bool, stale_after: float, now: float
+) -> dict[str, Any]:
+    def not_ready(reason: str, message: str) -> dict[str, Any]:
+        return condition(keys.CONDITION_READY, False, reason, message, now)
+
+    if node is None:
+        return not_ready("NodeGone", f"Node {name} does not exist; the GPUNode goes with it")
+    reported = timestamp((gpunode.get("status") or {}).get("updatedAt"))
+    if reported is None:
+        return not_ready(
+            "NoInventory",
+            "the node agent has not reported this node yet; check that the "
+            "cozystack-gpu-agent DaemonSet runs a pod on it",
+        )
+    if stale:
+        return not_ready(
+            "InventoryStale",
+            f"the node agent last reported at {rfc3339(reported)}, {now - reported:.0f} s ago "
+            f"(more than {stale_after:.0f} s): the node serves no class until it reports "
+            "again; check the cozystack-gpu-agent pod on this node and its logs",
+        )
+    if not translate_node_ready(node):
+        return not_ready("NodeNotReady", f"Node {name} is not Ready")
+    if (node.get("spec") or {}).get("unschedulable"):
+        return not_ready(
+            "Cordoned",
+            f"Node {name} is cordoned: no new order binds here; unattached holds move where "
+            "their class says onCordon: Move and stay where it says Stay",
+        )
+    state = (meta(node).get("labels") or {}).get(keys.LABEL_NODE_LAYOUT_STATE)
+    if state == keys.LayoutState.PENDING.value:
+        return not_ready(
+            "LayoutPending",
+            f"the GPU layout of Node {name} is being changed "
+            f"({keys.LABEL_NODE_LAYOUT_STATE}=pending): it serves no class until it is applied",
+        )
+    if state == keys.LayoutState.FAILED.value:
+        return condition(
+            keys.CONDITION_READY,
+            True,
+            "LayoutFailed",
+            f"the last GPU layout change of Node {name} failed "
+            f"({keys.LABEL_NODE_LAYOUT_STATE}=failed); the node serves what its devices "
+            "advertise; rerun the host playbook to finish the layout",
+            now,
+        )
+    return condition(keys.CONDITION_READY, True, "Serving", "the node serves GPU classes", now)
+
+
+def _names_condition(name: str, node: Obj | None, gpunode: Obj, now: float) -> dict[str, Any]:
+    advertised = set(((node or {}).get("status") or {}).get("allocatable") or {})
+    missing: dict[str, list[str]] = {}
+    for device in (gpunode.get("status") or {}).get("devices") or []:
+        resource = device.get("resourceName")
+        if resource and resource not in advertised:
+            missing.setdefault(str(resource), []).append(str(device.get("pciAddress", "?")))
+    if not missing:
+        return condition(
+            keys.CONDITION_NAMES_ADVERTISED,
+            True,
+            "Advertised",
+            "kubelet advertises every resource name reported for the node's devices",
+            now,
+        )
+    parts = [f"{res} ({', '.join(sorted(addrs))})" for res, addrs in sorted(missing.items())]
+    return condition(
+        keys.CONDITION_NAMES_ADVERTISED,
+        False,
+        "NotAdvertised",
+        f"kubelet does not advertise {'; '.join(parts)}: these names were predicted from "
+        "sysfs and the host's pci.ids, but the device plugin names devices from the pci.ids "
+        "in its own image, or it does not run yet. These devices count as 0 units. Compare "
+        f"kubectl get node {name} -o jsonpath='{{.status.allocatable}}' and name classes "
+        "after what kubelet advertises",
+        now,
+    )
+
+
+def gpunode_status_patch(
+    gpunode: Obj, conditions: Iterable[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """A status merge patch of the binder's conditions, or None when they already show.
+
+    Only ``conditions`` is sent: the agent owns every other status field and merge-patches
+    only those, so neither writer overwrites the other.
+    """
+    current = (gpunode.get("status") or {}).get("conditions") or []
+    merged: list[dict[str, Any]] = [dict(c) for c in current]
+    changed = False
+    for cond in conditions:
+        if not same_condition(merged, cond):
+            merged = merge_conditions(merged, cond)
+            changed = True
+    return {"status": {"conditions": merged}} if changed else None

@@ -27,10 +27,11 @@ from kubernetes import client
 
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import lifecycle, translate
-from cozystack_gpu.binder.translate import VMIState, meta, name_of, namespace_of
+from cozystack_gpu.binder.translate import meta
+from cozystack_gpu.binder.view import ClusterView, Key
 from cozystack_gpu.binder.writer import ClaimWriteDone, Outcome, Priority, WriteDone, Writer
 from cozystack_gpu.config import Config
-from cozystack_gpu.informer import Event, EventType, Informer, Source, sources
+from cozystack_gpu.informer import Event, EventType, Informer, source
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import Action, ClaimKey, Plan, Snapshot, Step, plan
 
@@ -46,24 +47,7 @@ PUBLISH_EVERY_S = 0.25  # class status and usage records at most this often
 METRICS_EVERY_S = 5.0
 MAX_BATCH = 5000
 
-Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
-
-WORKLOAD_KIND = "Workload"
-KINDS = (
-    "Node",
-    "GPUNode",
-    "GPUClass",
-    "GPUClaim",
-    "Namespace",
-    "ResourceQuota",
-    "Pod",
-    "VirtualMachineInstance",
-    "VirtualMachine",
-)
-
-
-def _key(obj: dict[str, Any]) -> Key:
-    return (namespace_of(obj), name_of(obj))
+WORKLOAD_KIND = keys.WORKLOAD.kind
 
 
 @dataclass
@@ -94,46 +78,19 @@ class Binder:
         self.is_leader = is_leader
         self.stats = Stats()
         self.synced = threading.Event()
+        # Why the loop stopped on its own (an exception), for the health probe and the logs.
+        self.failure: str | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue[Any] = queue.Queue()
         self._writer = Writer(api, self._queue, config.write_workers)
-        lists = sources(api)
-        custom = client.CustomObjectsApi(api)
-
-        def list_workloads(**kwargs: Any) -> Any:
-            return custom.list_cluster_custom_object(
-                keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, keys.WORKLOAD_PLURAL, **kwargs
-            )
-
-        self._kinds = KINDS + ((WORKLOAD_KIND,) if config.workload_records else ())
+        watched = keys.BINDER_WATCHES + ((keys.WORKLOAD,) if config.workload_records else ())
+        self.view = ClusterView(config, watched)
         self._informers = [
-            Informer(api, Source(kind, lists[kind]), self._queue, self._stop) for kind in KINDS
+            Informer(api, source(api, kind), self._queue, self._stop) for kind in watched
         ]
-        if config.workload_records:
-            self._informers.append(
-                Informer(api, Source(WORKLOAD_KIND, list_workloads), self._queue, self._stop)
-            )
         self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
 
-        # Raw objects by kind, as the API has them (or as our own writes returned them).
-        self.raw: dict[str, dict[Key, dict[str, Any]]] = {kind: {} for kind in self._kinds}
-        self._listed: set[str] = set()
-        # Derived indexes.
-        self._pods: dict[Key, translate.PodUsage] = {}
-        self._pods_on_node: dict[str, set[Key]] = {}
-        self._pods_in_ns: dict[str, set[Key]] = {}
-        self._quotas_in_ns: dict[str, set[Key]] = {}
-        self._vmis: dict[Key, VMIState] = {}
-        self._claim_vmi: dict[ClaimKey, str] = {}
-        self._claim_vm: dict[ClaimKey, str] = {}
-        self._attached: dict[Key, set[ClaimKey]] = {}
-        self._gpu_names: frozenset[str] = frozenset(config.extra_resource_names)
-        # Model and what must be re-read into it.
         self.snapshot = Snapshot()
-        self._dirty_nodes: set[str] = set()
-        self._dirty_classes: set[str] = set()
-        self._dirty_claims: set[ClaimKey] = set()
-        self._dirty_namespaces: set[str] = set()
         # Writes in flight.
         self._inflight: set[ClaimKey] = set()
         self._class_writes: set[str] = set()
@@ -167,6 +124,13 @@ class Binder:
         for informer in self._informers:
             informer.join(timeout=1)
 
+    def dead_threads(self) -> list[str]:
+        """Names of the binder's threads that should run but do not (empty when healthy)."""
+        if self._stop.is_set() and self.failure is None:
+            return []  # stopped on purpose
+        threads = [self._thread, *self._writer.threads, *(i.thread for i in self._informers)]
+        return [t.name for t in threads if t.ident is not None and not t.is_alive()]
+
     @property
     def status_writes(self) -> int:
         return self._writer.status_writes
@@ -178,7 +142,7 @@ class Binder:
                 for item in batch:
                     self._handle(item)
                 if not self.synced.is_set():
-                    if self._listed >= set(self._kinds):
+                    if self.view.fully_listed:
                         self._initial_build()
                     else:
                         continue
@@ -191,8 +155,9 @@ class Binder:
                 self._decide(now)
                 self._release_stuck_vmis()
                 self._publish(now)
-        except Exception:
+        except Exception as exc:
             log.exception("binder loop failed; stopping so a fresh one can start")
+            self.failure = f"{type(exc).__name__}: {exc}"
             self._stop.set()
 
     def _drain(self) -> list[Any]:
@@ -217,198 +182,34 @@ class Binder:
     def _handle(self, item: Any) -> None:
         if isinstance(item, Event):
             if item.type is EventType.LISTED:
-                self._listed.add(item.kind)
-                self._relist(item.kind, item.objects)
+                self.view.relist(item.kind, item.objects)
             elif item.obj is not None:
-                self._apply(item.kind, item.obj, deleted=item.type is EventType.DELETED)
+                self.view.apply(item.kind, item.obj, deleted=item.type is EventType.DELETED)
         elif isinstance(item, ClaimWriteDone):
             self._claim_written(item)
         elif isinstance(item, WriteDone):
             self._written(item)
 
-    def _relist(self, kind: str, objects: Iterable[dict[str, Any]]) -> None:
-        fresh = {_key(o): o for o in objects}
-        for key in list(self.raw[kind]):
-            if key not in fresh:
-                self._apply(kind, self.raw[kind][key], deleted=True)
-        for obj in fresh.values():
-            self._apply(kind, obj, deleted=False)
-
-    def _apply(self, kind: str, obj: dict[str, Any], *, deleted: bool) -> None:
-        key = _key(obj)
-        store = self.raw[kind]
-        old = store.get(key)
-        if (
-            not deleted
-            and old is not None
-            and translate.resource_version(obj) < translate.resource_version(old)
-        ):
-            return  # an event older than what we already know (e.g. our own write)
-        if deleted:
-            store.pop(key, None)
-        else:
-            store[key] = obj
-        handler = getattr(self, "_on_" + kind, None)
-        if handler is not None:
-            handler(key, old, None if deleted else obj)
-
-    def _on_Node(self, key: Key, old: Any, new: Any) -> None:
-        self._dirty_nodes.add(key[1])
-
-    def _on_GPUNode(self, key: Key, old: Any, new: Any) -> None:
-        self._dirty_nodes.add(key[1])
-        self._refresh_gpu_names()
-
-    def _on_GPUClass(self, key: Key, old: Any, new: Any) -> None:
-        self._dirty_classes.add(key[1])
-        self._refresh_gpu_names()
-
-    def _on_GPUClaim(self, key: Key, old: Any, new: Any) -> None:
-        claim_key = ClaimKey(*key)
-        for obj, add in ((old, False), (new, True)):
-            target = ((obj or {}).get("status") or {}).get("attachedTo")
-            if target:
-                index = self._attached.setdefault((key[0], target), set())
-                (index.add if add else index.discard)(claim_key)
-        self._dirty_claims.add(claim_key)
-
-    def _on_Namespace(self, key: Key, old: Any, new: Any) -> None:
-        self._dirty_namespaces.add(key[1])
-
-    def _on_ResourceQuota(self, key: Key, old: Any, new: Any) -> None:
-        members = self._quotas_in_ns.setdefault(key[0], set())
-        (members.add if new is not None else members.discard)(key)
-        self._dirty_namespaces.add(key[0])
-
-    def _on_Pod(self, key: Key, old: Any, new: Any) -> None:
-        previous = self._pods.pop(key, None)
-        if previous is not None:
-            if previous.node:
-                self._pods_on_node.get(previous.node, set()).discard(key)
-                self._dirty_nodes.add(previous.node)
-            self._pods_in_ns.get(previous.namespace, set()).discard(key)
-            self._dirty_namespaces.add(previous.namespace)
-        usage = translate.pod_usage(new) if new is not None else None
-        if usage is None:
-            return
-        self._pods[key] = usage
-        if usage.node:
-            self._pods_on_node.setdefault(usage.node, set()).add(key)
-            self._dirty_nodes.add(usage.node)
-        self._pods_in_ns.setdefault(usage.namespace, set()).add(key)
-        self._dirty_namespaces.add(usage.namespace)
-
-    def _on_VirtualMachineInstance(self, key: Key, old: Any, new: Any) -> None:
-        namespace = key[0]
-        before = self._vmis.pop(key, None)
-        touched: set[ClaimKey] = set(self._attached.get(key, set()))
-        if before is not None:
-            for claim in before.held_claims:
-                claim_key = ClaimKey(namespace, claim)
-                if self._claim_vmi.get(claim_key) == key[1]:
-                    del self._claim_vmi[claim_key]
-                touched.add(claim_key)
-        if new is not None:
-            state = translate.vmi_state(new)
-            self._vmis[key] = state
-            for claim in state.held_claims:
-                claim_key = ClaimKey(namespace, claim)
-                self._claim_vmi[claim_key] = key[1]
-                touched.add(claim_key)
-        # Template claims are owned by their VMI: their set id does not change, but their
-        # liveness does.
-        self._dirty_claims |= touched
-
-    def _on_VirtualMachine(self, key: Key, old: Any, new: Any) -> None:
-        namespace = key[0]
-        touched: set[ClaimKey] = set()
-        for obj in (old, new):
-            if obj is None:
-                continue
-            for claim in translate.vm_held_claims(obj):
-                touched.add(ClaimKey(namespace, claim))
-        for claim_key in touched:
-            if self._claim_vm.get(claim_key) == key[1]:
-                del self._claim_vm[claim_key]
-        if new is not None:
-            for claim in translate.vm_held_claims(new):
-                self._claim_vm[ClaimKey(namespace, claim)] = key[1]
-        self._dirty_claims |= touched
-
-    def _refresh_gpu_names(self) -> None:
-        names = set(self.config.extra_resource_names)
-        for gpu_class in self.raw["GPUClass"].values():
-            resource = translate.class_resource_name(gpu_class)
-            if resource:
-                names.add(resource)
-        for gpunode in self.raw["GPUNode"].values():
-            names.update((gpunode.get("status") or {}).get("resourceNames") or [])
-        fresh = frozenset(names)
-        if fresh != self._gpu_names:
-            self._gpu_names = fresh
-            # Raw-name usage is counted over GPU names only: re-read every user of it.
-            self._dirty_nodes |= set(self._pods_on_node)
-            self._dirty_namespaces |= set(self._pods_in_ns)
-
-    # --- model inputs ----------------------------------------------------------------
-
-    def _node_info(self, name: str) -> Any:
-        node = self.raw["Node"].get(("", name))
-        if node is None:
-            return None
-        usage = [self._pods[k] for k in self._pods_on_node.get(name, ())]
-        return translate.node_info(
-            node, self.raw["GPUNode"].get(("", name)), translate.sum_usage(usage, self._gpu_names)
-        )
-
-    def _namespace_info(self, name: str) -> Any:
-        namespace = self.raw["Namespace"].get(("", name))
-        if namespace is None:
-            return None
-        quotas = [self.raw["ResourceQuota"][k] for k in self._quotas_in_ns.get(name, ())]
-        usage = [self._pods[k] for k in self._pods_in_ns.get(name, ())]
-        return translate.namespace_info(
-            namespace, quotas, translate.sum_usage(usage, self._gpu_names)
-        )
-
-    def _claim_info(self, key: ClaimKey, now: float) -> Any:
-        obj = self.raw["GPUClaim"].get(key)
-        if obj is None:
-            return None
-        attached = (obj.get("status") or {}).get("attachedTo")
-        vmi = self._vmis.get((key.namespace, attached)) if attached else None
-        return translate.claim_info(
-            obj,
-            vmi_live_now=translate.vmi_live(obj, vmi, now, self.config.attachment_grace),
-            set_id=translate.set_id_for(obj, self._claim_vmi.get(key), self._claim_vm.get(key)),
-        )
-
     def _initial_build(self) -> None:
         now = self.clock()
         started = time.perf_counter()
+        view = self.view
+        view.mark_all_dirty()
+        dirty = view.take_dirty()
         self.snapshot = Snapshot.build(
-            nodes=[n for name in self._names("Node") if (n := self._node_info(name))],
-            classes=[translate.class_info(c) for c in self.raw["GPUClass"].values()],
-            claims=[c for k in self.raw["GPUClaim"] if (c := self._claim_info(ClaimKey(*k), now))],
-            namespaces=[
-                n for name in self._names("Namespace") if (n := self._namespace_info(name))
-            ],
+            nodes=[node for name in dirty.nodes if (node := view.node_info(name))],
+            classes=[cls for name in dirty.classes if (cls := view.class_info(name))],
+            claims=[claim for key in dirty.claims if (claim := view.claim_info(key, now))],
+            namespaces=[ns for name in dirty.namespaces if (ns := view.namespace_info(name))],
         )
-        self._dirty_nodes.clear()
-        self._dirty_classes.clear()
-        self._dirty_claims.clear()
-        self._dirty_namespaces.clear()
         self.synced.set()
         log.info(
             "binder synced: %d nodes, %d classes, %d claims in %.3f s",
-            len(self.raw["Node"]),
-            len(self.raw["GPUClass"]),
-            len(self.raw["GPUClaim"]),
+            len(dirty.nodes),
+            len(dirty.classes),
+            len(dirty.claims),
             time.perf_counter() - started,
         )
-
-    def _names(self, kind: str) -> list[str]:
-        return [name for _namespace, name in self.raw[kind]]
 
     def _flush(self) -> None:
         """Bring the snapshot up to date with every object changed since the last pass.
@@ -418,30 +219,24 @@ class Binder:
         """
         now = self.clock()
         snap = self.snapshot
-
-        def class_info(name: str) -> Any:
-            obj = self.raw["GPUClass"].get(("", name))
-            return None if obj is None else translate.class_info(obj)
-
+        view = self.view
+        dirty = view.take_dirty()
         changed = _sync(
-            self._dirty_classes, class_info, snap.gpu_class, snap.upsert_class, snap.remove_class
+            dirty.classes, view.class_info, snap.gpu_class, snap.upsert_class, snap.remove_class
         )
         changed |= _sync(
-            self._dirty_namespaces,
-            self._namespace_info,
+            dirty.namespaces,
+            view.namespace_info,
             snap.namespace,
             snap.upsert_namespace,
             snap.remove_namespace,
         )
-        changed |= _sync(
-            self._dirty_nodes, self._node_info, snap.node, snap.upsert_node, snap.remove_node
-        )
-        held: set[ClaimKey] = set()
-        for key in self._dirty_claims:
+        changed |= _sync(dirty.nodes, view.node_info, snap.node, snap.upsert_node, snap.remove_node)
+        for key in dirty.claims:
             if key in self._inflight:
-                held.add(key)  # keep the decision sent until its write returns
+                view.dirty.claims.add(key)  # keep the decision sent until its write returns
                 continue
-            claim = self._claim_info(key, now)
+            claim = view.claim_info(key, now)
             if claim is None:
                 changed |= snap.claim(key) is not None
                 snap.remove_claim(key)
@@ -449,10 +244,6 @@ class Binder:
             elif snap.claim(key) != claim:
                 snap.upsert_claim(claim)
                 changed = True
-        self._dirty_classes.clear()
-        self._dirty_namespaces.clear()
-        self._dirty_nodes.clear()
-        self._dirty_claims = held
         if changed:
             self._changed = True
 
@@ -461,19 +252,19 @@ class Binder:
     def _attachments(self, now: float) -> None:
         """Bound ⇄ Attached transitions, and attachments that never saw their VMI."""
         grace = self.config.attachment_grace
-        for (namespace, vmi_name), members in list(self._attached.items()):
-            vmi = self._vmis.get((namespace, vmi_name))
+        for vmi_key, members in self.view.attachments():
+            vmi = self.view.vmi(vmi_key)
             for key in list(members):
                 if key in self._inflight:
                     continue
-                obj = self.raw["GPUClaim"].get(key)
+                obj = self.view.claim(key)
                 if obj is None:
                     continue
                 change = lifecycle.attachment_change(obj, vmi, now, grace)
                 if change is None:
                     continue
                 body = lifecycle.attachment_patch(obj, change, now)
-                info = self._claim_info(key, now)
+                info = self.view.claim_info(key, now)
                 if info is not None:
                     self.snapshot.upsert_claim(
                         replace(
@@ -491,25 +282,24 @@ class Binder:
         Its launcher pod can never be scheduled, so it would hold its Lost claims forever;
         deleted, the VM starts again and its claims move with it.
         """
-        nodes = self.raw["Node"]
-        for (namespace, vmi_name), members in self._attached.items():
-            vmi = self._vmis.get((namespace, vmi_name))
-            if vmi is None or (namespace, vmi_name) in self._vmi_deletes:
+        for vmi_key, members in self.view.attachments():
+            vmi = self.view.vmi(vmi_key)
+            if vmi is None or vmi_key in self._vmi_deletes:
                 continue
             if not lifecycle.vmi_never_ran(vmi):
                 continue
             stuck = False
             for key in members:
-                claim = self.raw["GPUClaim"].get(key)
+                claim = self.view.claim(key)
                 status = (claim or {}).get("status") or {}
                 if (
                     status.get("phase") == Phase.LOST.value
-                    and ("", status.get("nodeName")) not in nodes
+                    and self.view.node(str(status.get("nodeName"))) is None
                 ):
                     stuck = True
             if stuck:
-                self._vmi_deletes.add((namespace, vmi_name))
-                self._writer.delete_vmi(namespace, vmi_name)
+                self._vmi_deletes.add(vmi_key)
+                self._writer.delete_vmi(*vmi_key)
 
     def _decide(self, now: float) -> None:
         # Decisions also depend on time (rejections and attachments expire): plan at least
@@ -548,7 +338,7 @@ class Binder:
                 continue
             for key in action.claims:
                 updated = result.updates.get(key)
-                obj = self.raw["GPUClaim"].get(key)
+                obj = self.view.claim(key)
                 if updated is None or obj is None:
                     continue
                 cond = lifecycle.action_condition(action, updated, now)
@@ -578,7 +368,7 @@ class Binder:
                 return
             if self._waiting_written.get(key) == said:
                 continue
-            obj = self.raw["GPUClaim"].get(key)
+            obj = self.view.claim(key)
             if obj is None:
                 continue
             self._waiting_written[key] = said
@@ -609,7 +399,7 @@ class Binder:
                 self._waiting_written.pop(done.key, None)
             return
         self._inflight.discard(done.key)
-        self._dirty_claims.add(done.key)
+        self.view.dirty.claims.add(done.key)
         if done.outcome is not Outcome.WRITTEN:
             self._changed = True
         if done.outcome is Outcome.WRITTEN and done.obj is not None:
@@ -622,11 +412,7 @@ class Binder:
                 if created is not None:
                     metrics.BIND_LATENCY.observe(max(self.clock() - created, 0.0))
         elif done.outcome is Outcome.GONE:
-            self._apply(
-                "GPUClaim",
-                {"metadata": {"namespace": done.key.namespace, "name": done.key.name}},
-                deleted=True,
-            )
+            self.view.forget_claim(done.key)
         else:
             self.stats.conflicts += 1
             metrics.WRITE_CONFLICTS.inc()
@@ -635,20 +421,20 @@ class Binder:
 
     def _store_claim(self, key: ClaimKey, obj: dict[str, Any]) -> None:
         obj.setdefault("kind", keys.KIND_CLAIM)
-        self._apply("GPUClaim", obj, deleted=False)
+        self.view.apply(keys.GPU_CLAIM.kind, obj, deleted=False)
 
     def _written(self, done: WriteDone) -> None:
         if done.what == "class-status":
             self._class_writes.discard(done.name)
             if done.ok and done.obj is not None:
-                self._apply("GPUClass", done.obj, deleted=False)
+                self.view.apply(keys.GPU_CLASS.kind, done.obj, deleted=False)
         elif done.what in ("record", "record-delete"):
             namespace, name = done.name.split("/", 1)
             self._record_writes.discard((namespace, name))
             if done.ok and done.obj is not None:
-                self._apply(WORKLOAD_KIND, done.obj, deleted=False)
+                self.view.apply(WORKLOAD_KIND, done.obj, deleted=False)
             elif done.ok and done.what == "record-delete":
-                self.raw[WORKLOAD_KIND].pop((namespace, name), None)
+                self.view.raw[WORKLOAD_KIND].pop((namespace, name), None)
         elif done.what == "vmi-delete":
             namespace, name = done.name.split("/", 1)
             if not done.ok:
@@ -674,7 +460,7 @@ class Binder:
             self._publish_metrics()
 
     def _publish_class_status(self, now: float) -> None:
-        for (_cluster_scope, name), obj in self.raw["GPUClass"].items():
+        for (_cluster_scope, name), obj in self.view.raw[keys.GPU_CLASS.kind].items():
             if name in self._class_writes:
                 continue
             body = lifecycle.class_status_body(obj, self.snapshot.class_status(name), now)
@@ -686,10 +472,10 @@ class Binder:
         if self._settings_inflight:
             return
         data = lifecycle.settings_data(
-            (translate.class_resource_name(c) for c in self.raw["GPUClass"].values()),
+            (translate.class_resource_name(c) for c in self.view.classes()),
             (
                 name
-                for n in self.raw["GPUNode"].values()
+                for n in self.view.gpunodes()
                 for name in (n.get("status") or {}).get("resourceNames") or []
             ),
             self.config.extra_resource_names,
@@ -704,10 +490,10 @@ class Binder:
     def _publish_records(self) -> None:
         """One usage record per ordered Bound or Attached claim, as the API confirmed it."""
         wanted: dict[Key, dict[str, Any]] = {}
-        for key, claim in self.raw["GPUClaim"].items():
+        for key, claim in self.view.claims():
             if lifecycle.wants_usage_record(claim):
                 wanted[(key[0], lifecycle.workload_name(key[1]))] = claim
-        existing = self.raw[WORKLOAD_KIND]
+        existing = self.view.raw[WORKLOAD_KIND]
         for record_key, claim in wanted.items():
             if record_key in self._record_writes:
                 continue

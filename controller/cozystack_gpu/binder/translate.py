@@ -114,7 +114,20 @@ def node_ready(node: Obj) -> bool:
     return False
 
 
-def node_info(node: Obj, gpunode: Obj | None, raw_used: Mapping[str, int]) -> NodeInfo:
+def inventory_reported_at(gpunode: Obj | None) -> float | None:
+    """When the node agent last wrote the GPUNode (``status.updatedAt``), or None."""
+    return timestamp(((gpunode or {}).get("status") or {}).get("updatedAt"))
+
+
+def inventory_stale(reported_at: float | None, now: float, stale_after: float) -> bool:
+    """The agent has reported, but not within ``stale_after`` seconds. A node without any
+    report has no devices, so it serves nothing anyway; 0 switches the check off."""
+    return reported_at is not None and stale_after > 0 and now - reported_at > stale_after
+
+
+def node_info(
+    node: Obj, gpunode: Obj | None, raw_used: Mapping[str, int], *, stale: bool = False
+) -> NodeInfo:
     spec = node.get("spec") or {}
     status = node.get("status") or {}
     allocatable = {
@@ -139,6 +152,7 @@ def node_info(node: Obj, gpunode: Obj | None, raw_used: Mapping[str, int]) -> No
         allocatable=allocatable,
         devices=devices,
         raw_used=dict(raw_used),
+        inventory_stale=stale,
     )
 
 

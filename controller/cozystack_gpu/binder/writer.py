@@ -88,6 +88,10 @@ class Writer:
         for thread in self._threads:
             thread.join(timeout=5)
 
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        return tuple(self._threads)
+
     def pending(self) -> int:
         return self._jobs.qsize()
 
@@ -213,11 +217,7 @@ class Writer:
         def job() -> None:
             try:
                 self.custom.delete_namespaced_custom_object(
-                    keys.KUBEVIRT_GROUP,
-                    keys.KUBEVIRT_VERSION,
-                    namespace,
-                    "virtualmachineinstances",
-                    name,
+                    keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name
                 )
                 log.info("deleted VMI %s/%s: its node is gone and it never ran", namespace, name)
                 self._results.put(WriteDone("vmi-delete", f"{namespace}/{name}", True))
@@ -228,6 +228,20 @@ class Writer:
                 )
 
         self._submit(Priority.BIND, job)
+
+    def call(self, what: str, name: str, request: Callable[[], Any], priority: Priority) -> None:
+        """Any other write the loop composes (a finalizer, a GPUNode condition): ``request``
+        runs on a writer thread and its answer comes back as a WriteDone."""
+
+        def job() -> None:
+            try:
+                answer = request()
+                obj = answer if isinstance(answer, dict) else None
+                self._results.put(WriteDone(what, name, True, obj))
+            except ApiException as exc:
+                self._results.put(WriteDone(what, name, False, error=f"{exc.status} {exc.reason}"))
+
+        self._submit(priority, job)
 
     def settings(self, namespace: str, data: dict[str, str]) -> None:
         def job() -> None:

@@ -2,8 +2,9 @@
 oracle and anyone explaining a refusal apply the same words.
 
 A node serves a class when it matches the class's nodeSelector, is Ready, is not cordoned,
-has no pending layout change, and carries no NoSchedule or NoExecute taint the class does
-not tolerate (PreferNoSchedule only steers the scheduler, so it is ignored). Two classes
+has no pending layout change and a fresh GPU inventory, and carries no NoSchedule or
+NoExecute taint the class does not tolerate (PreferNoSchedule only steers the scheduler, so
+it is ignored). Two classes
 that share a resource name must live on disjoint nodes; where their selectors both match a
 node, neither is served there, since the node's units could not be told apart.
 """
@@ -45,6 +46,8 @@ def why_not_placeable(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInf
     aside), or None when only its state could keep it from serving."""
     if node.layout_pending:
         return f"node {node.name} has a pending layout change"
+    if node.inventory_stale:
+        return f"node {node.name} has a stale GPU inventory (its node agent stopped reporting)"
     if not selector_matches(node, cls):
         return f"node {node.name} does not match the nodeSelector of class {cls.name}"
     taint = untolerated_taint(node, cls)

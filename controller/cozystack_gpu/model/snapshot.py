@@ -129,6 +129,11 @@ class Snapshot:
         """Claims whose status names this node, in any phase."""
         return frozenset(self._node_claims.get(node, ()))
 
+    def holds_of_class(self, class_name: str) -> int:
+        """Claims of the class that hold units (Bound, Attached or Lost)."""
+        keys = self._class_claims.get(class_name, ())
+        return sum(1 for key in keys if self._claims[key].phase is not Phase.PENDING)
+
     def set_members(self, set_key: tuple[str, str]) -> frozenset[ClaimKey]:
         return frozenset(self._set_claims.get(set_key, ()))
 

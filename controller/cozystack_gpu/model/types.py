@@ -103,6 +103,8 @@ class NodeInfo:
       sum capped at ``allocatable``.
     - ``raw_used``: units per resource name requested by running pods that hold no claim
       (raw-name VMs and pods); they take capacity like claims do.
+    - ``inventory_stale``: the node agent has not refreshed the GPUNode for longer than the
+      binder allows; nobody knows the devices' health, so the node serves no class.
     """
 
     name: str
@@ -113,6 +115,7 @@ class NodeInfo:
     allocatable: Mapping[str, int] = field(default_factory=dict)
     devices: tuple[Device, ...] = ()
     raw_used: Mapping[str, int] = field(default_factory=dict)
+    inventory_stale: bool = False
 
     @property
     def layout_pending(self) -> bool:

@@ -1,0 +1,360 @@
+"""The cluster as the binder's watches deliver it, and the model inputs built from it.
+
+The view keeps every watched object as the API has it (or as the binder's own writes
+returned it), the indexes derived from them (pods per node and namespace, VMIs and the
+claims they name, attachments per VMI), and the names of what changed since the binder last
+read it into its model. It decides nothing and writes nothing: the loop asks it for model
+inputs (``node_info``, ``claim_info``...) of what is dirty and feeds them to the snapshot.
+
+Events older than what the view already holds of an object are dropped (etcd revisions are
+integers and grow), so the echo of an old watch event never undoes the binder's own write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder import translate
+from cozystack_gpu.binder.translate import VMIState, name_of, namespace_of
+from cozystack_gpu.config import Config
+from cozystack_gpu.model import ClaimInfo, ClaimKey, ClassInfo, NamespaceInfo, NodeInfo
+
+Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
+Obj = dict[str, Any]
+Handler = Callable[[Key, Obj | None, Obj | None], None]
+
+
+def object_key(obj: Mapping[str, Any]) -> Key:
+    return (namespace_of(obj), name_of(obj))
+
+
+@dataclass
+class Dirty:
+    """Names whose model input must be built again before the next pass."""
+
+    nodes: set[str] = field(default_factory=set)
+    classes: set[str] = field(default_factory=set)
+    claims: set[ClaimKey] = field(default_factory=set)
+    namespaces: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.nodes or self.classes or self.claims or self.namespaces)
+
+
+class ClusterView:
+    """Raw objects by kind, their indexes, and the model inputs derived from both."""
+
+    def __init__(self, config: Config, kinds: Iterable[keys.ApiKind]) -> None:
+        self.config = config
+        self.kinds = tuple(k.kind for k in kinds)
+        self.raw: dict[str, dict[Key, Obj]] = {kind: {} for kind in self.kinds}
+        self.listed: set[str] = set()
+        self.dirty = Dirty()
+        self._pods: dict[Key, translate.PodUsage] = {}
+        self._pods_on_node: dict[str, set[Key]] = {}
+        self._pods_in_ns: dict[str, set[Key]] = {}
+        self._quotas_in_ns: dict[str, set[Key]] = {}
+        self._vmis: dict[Key, VMIState] = {}
+        self._claim_vmi: dict[ClaimKey, str] = {}
+        self._claim_vm: dict[ClaimKey, str] = {}
+        self._attached: dict[Key, set[ClaimKey]] = {}
+        # GPU resource names and where each comes from (a class, a GPUNode report, a GPU
+        # node's allocatable, the hoster's list), counted so one event updates them.
+        self._name_sources: dict[tuple[str, str], frozenset[str]] = {}
+        self._name_counts: dict[str, int] = {}
+        self._gpu_names: frozenset[str] = frozenset()
+        self._set_names(("extra", ""), frozenset(config.extra_resource_names))
+        # When each node agent last reported, and which nodes' reports are too old.
+        self._reported_at: dict[str, float | None] = {}
+        self._stale: set[str] = set()
+        # Which index each kind feeds; kinds without an entry are only stored.
+        self._handlers: dict[str, Handler] = {
+            keys.NODE.kind: self._on_node,
+            keys.GPU_NODE.kind: self._on_gpunode,
+            keys.GPU_CLASS.kind: self._on_class,
+            keys.GPU_CLAIM.kind: self._on_claim,
+            keys.NAMESPACE.kind: self._on_namespace,
+            keys.RESOURCE_QUOTA.kind: self._on_quota,
+            keys.POD.kind: self._on_pod,
+            keys.VMI.kind: self._on_vmi,
+            keys.VM.kind: self._on_vm,
+        }
+
+    # --- taking in events ------------------------------------------------------------
+
+    @property
+    def fully_listed(self) -> bool:
+        """Every kind has been listed once: before that, a claim may be seen without its
+        node and read as Lost."""
+        return self.listed >= set(self.kinds)
+
+    def relist(self, kind: str, objects: Iterable[Obj]) -> None:
+        """A complete listing of one kind: what it lacks was deleted meanwhile."""
+        self.listed.add(kind)
+        fresh = {object_key(o): o for o in objects}
+        for key in list(self.raw[kind]):
+            if key not in fresh:
+                self.apply(kind, self.raw[kind][key], deleted=True)
+        for obj in fresh.values():
+            self.apply(kind, obj, deleted=False)
+
+    def apply(self, kind: str, obj: Obj, *, deleted: bool) -> None:
+        key = object_key(obj)
+        store = self.raw[kind]
+        old = store.get(key)
+        if (
+            not deleted
+            and old is not None
+            and translate.resource_version(obj) < translate.resource_version(old)
+        ):
+            return  # an event older than what we already know (e.g. our own write)
+        if deleted:
+            store.pop(key, None)
+        else:
+            store[key] = obj
+        handler = self._handlers.get(kind)
+        if handler is not None:
+            handler(key, old, None if deleted else obj)
+
+    def forget_claim(self, key: ClaimKey) -> None:
+        """The API says the claim is gone (a write answered 404)."""
+        obj = {"metadata": {"namespace": key.namespace, "name": key.name}}
+        self.apply(keys.GPU_CLAIM.kind, obj, deleted=True)
+
+    def take_dirty(self) -> Dirty:
+        dirty, self.dirty = self.dirty, Dirty()
+        return dirty
+
+    def mark_all_dirty(self) -> None:
+        """Every model input is built again (after the first listing)."""
+        self.dirty = Dirty(
+            nodes={name for _ns, name in self.raw[keys.NODE.kind]},
+            classes={name for _ns, name in self.raw[keys.GPU_CLASS.kind]},
+            claims={ClaimKey(*k) for k in self.raw[keys.GPU_CLAIM.kind]},
+            namespaces={name for _ns, name in self.raw[keys.NAMESPACE.kind]},
+        )
+
+    # --- index upkeep, one handler per kind -----------------------------------------
+
+    def _on_node(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        self.dirty.nodes.add(key[1])
+        self._node_names(key[1])
+
+    def _on_gpunode(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        name = key[1]
+        self.dirty.nodes.add(name)
+        status = (new or {}).get("status") or {}
+        self._set_names((keys.GPU_NODE.kind, name), frozenset(status.get("resourceNames") or []))
+        if new is None:
+            self._reported_at.pop(name, None)
+            self._stale.discard(name)
+        else:
+            self._reported_at[name] = translate.inventory_reported_at(new)
+        self._node_names(name)
+
+    def _on_class(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        self.dirty.classes.add(key[1])
+        resource = translate.class_resource_name(new) if new is not None else ""
+        self._set_names((keys.GPU_CLASS.kind, key[1]), frozenset({resource} - {""}))
+
+    def _on_claim(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        claim_key = ClaimKey(*key)
+        for obj, add in ((old, False), (new, True)):
+            target = ((obj or {}).get("status") or {}).get("attachedTo")
+            if target:
+                index = self._attached.setdefault((key[0], target), set())
+                (index.add if add else index.discard)(claim_key)
+                if not index:
+                    del self._attached[(key[0], target)]
+        self.dirty.claims.add(claim_key)
+
+    def _on_namespace(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        self.dirty.namespaces.add(key[1])
+
+    def _on_quota(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        members = self._quotas_in_ns.setdefault(key[0], set())
+        (members.add if new is not None else members.discard)(key)
+        self.dirty.namespaces.add(key[0])
+
+    def _on_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        previous = self._pods.pop(key, None)
+        if previous is not None:
+            if previous.node:
+                self._pods_on_node.get(previous.node, set()).discard(key)
+                self.dirty.nodes.add(previous.node)
+            self._pods_in_ns.get(previous.namespace, set()).discard(key)
+            self.dirty.namespaces.add(previous.namespace)
+        usage = translate.pod_usage(new) if new is not None else None
+        if usage is None:
+            return
+        self._pods[key] = usage
+        if usage.node:
+            self._pods_on_node.setdefault(usage.node, set()).add(key)
+            self.dirty.nodes.add(usage.node)
+        self._pods_in_ns.setdefault(usage.namespace, set()).add(key)
+        self.dirty.namespaces.add(usage.namespace)
+
+    def _on_vmi(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        namespace = key[0]
+        before = self._vmis.pop(key, None)
+        touched: set[ClaimKey] = set(self._attached.get(key, set()))
+        if before is not None:
+            for claim in before.held_claims:
+                claim_key = ClaimKey(namespace, claim)
+                if self._claim_vmi.get(claim_key) == key[1]:
+                    del self._claim_vmi[claim_key]
+                touched.add(claim_key)
+        if new is not None:
+            state = translate.vmi_state(new)
+            self._vmis[key] = state
+            for claim in state.held_claims:
+                claim_key = ClaimKey(namespace, claim)
+                self._claim_vmi[claim_key] = key[1]
+                touched.add(claim_key)
+        # Template claims are owned by their VMI: their set id does not change, but their
+        # liveness does.
+        self.dirty.claims |= touched
+
+    def _on_vm(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        namespace = key[0]
+        touched: set[ClaimKey] = set()
+        for obj in (old, new):
+            if obj is None:
+                continue
+            for claim in translate.vm_held_claims(obj):
+                touched.add(ClaimKey(namespace, claim))
+        for claim_key in touched:
+            if self._claim_vm.get(claim_key) == key[1]:
+                del self._claim_vm[claim_key]
+        if new is not None:
+            for claim in translate.vm_held_claims(new):
+                self._claim_vm[ClaimKey(namespace, claim)] = key[1]
+        self.dirty.claims |= touched
+
+    def _node_names(self, name: str) -> None:
+        """A GPU node (one with a GPUNode) contributes every name it advertises under
+        nvidia.com/, GPU or not, so raw requests of them are seen under ``forbidden``."""
+        node = self.node(name)
+        names: frozenset[str] = frozenset()
+        if node is not None and self.gpunode(name) is not None:
+            allocatable = (node.get("status") or {}).get("allocatable") or {}
+            names = frozenset(n for n in allocatable if n.startswith(keys.NVIDIA_RESOURCE_PREFIX))
+        self._set_names((keys.NODE.kind, name), names)
+
+    def _set_names(self, source: tuple[str, str], names: frozenset[str]) -> None:
+        old = self._name_sources.get(source, frozenset())
+        if names == old:
+            return
+        if names:
+            self._name_sources[source] = names
+        else:
+            self._name_sources.pop(source, None)
+        changed = False
+        for name in old - names:
+            left = self._name_counts[name] - 1
+            if left:
+                self._name_counts[name] = left
+            else:
+                del self._name_counts[name]
+                changed = True
+        for name in names - old:
+            self._name_counts[name] = self._name_counts.get(name, 0) + 1
+            changed = changed or self._name_counts[name] == 1
+        if changed:
+            self._gpu_names = frozenset(self._name_counts)
+            # Raw-name usage is counted over GPU names only: re-read every user of it.
+            self.dirty.nodes |= set(self._pods_on_node)
+            self.dirty.namespaces |= set(self._pods_in_ns)
+
+    def refresh_staleness(self, now: float) -> None:
+        """Nodes whose agent report turned stale (or fresh again) since the last look must
+        be read into the model again: staleness changes with time, not with events."""
+        stale_after = self.config.inventory_stale_after
+        for name, reported in self._reported_at.items():
+            stale = translate.inventory_stale(reported, now, stale_after)
+            if stale != (name in self._stale):
+                (self._stale.add if stale else self._stale.discard)(name)
+                self.dirty.nodes.add(name)
+
+    # --- reading -----------------------------------------------------------------------
+
+    def node(self, name: str) -> Obj | None:
+        return self.raw[keys.NODE.kind].get(("", name))
+
+    def gpunode(self, name: str) -> Obj | None:
+        return self.raw[keys.GPU_NODE.kind].get(("", name))
+
+    def gpu_class(self, name: str) -> Obj | None:
+        return self.raw[keys.GPU_CLASS.kind].get(("", name))
+
+    def claim(self, key: ClaimKey) -> Obj | None:
+        return self.raw[keys.GPU_CLAIM.kind].get(key)
+
+    def claims(self) -> Iterator[tuple[ClaimKey, Obj]]:
+        for key, obj in self.raw[keys.GPU_CLAIM.kind].items():
+            yield ClaimKey(*key), obj
+
+    def classes(self) -> Iterable[Obj]:
+        return self.raw[keys.GPU_CLASS.kind].values()
+
+    def gpunodes(self) -> Iterable[Obj]:
+        return self.raw[keys.GPU_NODE.kind].values()
+
+    @property
+    def gpu_names(self) -> frozenset[str]:
+        """The effective GPU resource-name set: class names, what node agents report, what
+        GPU nodes advertise under nvidia.com/, and the hoster's extra names."""
+        return self._gpu_names
+
+    def inventory_stale(self, name: str) -> bool:
+        return name in self._stale
+
+    def vmi(self, key: Key) -> VMIState | None:
+        return self._vmis.get(key)
+
+    def attachments(self) -> list[tuple[Key, frozenset[ClaimKey]]]:
+        """Claims by the VMI their status names as attachedTo (namespace, VMI name)."""
+        return [(vmi, frozenset(members)) for vmi, members in self._attached.items()]
+
+    # --- model inputs ----------------------------------------------------------------
+
+    def node_info(self, name: str) -> NodeInfo | None:
+        node = self.node(name)
+        if node is None:
+            return None
+        usage = [self._pods[k] for k in self._pods_on_node.get(name, ())]
+        return translate.node_info(
+            node,
+            self.gpunode(name),
+            translate.sum_usage(usage, self._gpu_names),
+            stale=name in self._stale,
+        )
+
+    def namespace_info(self, name: str) -> NamespaceInfo | None:
+        namespace = self.raw[keys.NAMESPACE.kind].get(("", name))
+        if namespace is None:
+            return None
+        quotas = [self.raw[keys.RESOURCE_QUOTA.kind][k] for k in self._quotas_in_ns.get(name, ())]
+        usage = [self._pods[k] for k in self._pods_in_ns.get(name, ())]
+        return translate.namespace_info(
+            namespace, quotas, translate.sum_usage(usage, self._gpu_names)
+        )
+
+    def class_info(self, name: str) -> ClassInfo | None:
+        obj = self.gpu_class(name)
+        return None if obj is None else translate.class_info(obj)
+
+    def claim_info(self, key: ClaimKey, now: float) -> ClaimInfo | None:
+        obj = self.claim(key)
+        if obj is None:
+            return None
+        attached = (obj.get("status") or {}).get("attachedTo")
+        vmi = self._vmis.get((key.namespace, attached)) if attached else None
+        return translate.claim_info(
+            obj,
+            vmi_live_now=translate.vmi_live(obj, vmi, now, self.config.attachment_grace),
+            set_id=translate.set_id_for(obj, self._claim_vmi.get(key), self._claim_vm.get(key)),
+        )
