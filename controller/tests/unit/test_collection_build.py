@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -41,3 +42,35 @@ def test_collection_builds_without_tests_or_caches(tmp_path: Path) -> None:
         capture_output=True,
     )
     assert (install / "ansible_collections" / "cozystack" / "gpu" / "meta" / "runtime.yml").exists()
+
+
+def _links(top: Path) -> dict[Path, Path]:
+    """Every symbolic link below ``top`` (build and cache folders skipped) -> its target."""
+    found: dict[Path, Path] = {}
+    for base, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(".egg-info")]
+        for name in dirs + files:
+            path = Path(base) / name
+            if path.is_symlink():
+                found[path] = path.resolve()
+    return found
+
+
+SKIPPED_DIRS = {"build", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+
+
+def test_shared_code_is_owned_by_the_controller_and_linked_from_the_collection() -> None:
+    """The controller image is built from controller/ alone, so no link may leave it; the
+    collection's module_utils reach the shared files through links into it."""
+    controller = REPO / "controller"
+    leaving = {
+        str(p.relative_to(REPO)): str(t)
+        for p, t in _links(controller).items()
+        if not t.is_relative_to(controller)
+    }
+    assert leaving == {}, "links that leave controller/ (the image would miss their files)"
+    shared = _links(REPO / "plugins")
+    assert {p.name for p in shared} >= {"gpu_keys.py", "gpu_sysfs.py"}
+    for path, target in shared.items():
+        assert target.is_relative_to(controller / "cozystack_gpu"), (path, target)
+        assert target.is_file(), f"{path} points at {target}, which is missing"
