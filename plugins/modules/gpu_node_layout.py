@@ -81,7 +81,7 @@ notes:
   - In check mode on a host whose VFs do not exist yet, per-VF work shows as a C(pending)
     step and names that only the VFs can resolve appear in RV(plan.deferred).
   - The standalone form for boot is C(python3 gpu_layout.py apply LAYOUT --root /), see
-    the C(gpu_layout) module_utils docstring.
+    the C(gpu_layout) module_utils docstring and C(docs/node-layout.md).
 seealso:
   - module: cozystack.gpu.vgpu_profile
   - module: cozystack.gpu.gpu_facts
@@ -164,7 +164,11 @@ remaining:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_layout
+from ansible_collections.cozystack.gpu.plugins.module_utils import (
+    gpu_layout,
+    gpu_layout_apply,
+    gpu_layout_schema,
+)
 
 
 def argument_spec():
@@ -173,43 +177,25 @@ def argument_spec():
         src=dict(type="path"),
         force=dict(type="bool", default=False),
         root=dict(type="path", default="/"),
-        sriov_manage=dict(type="path", default=gpu_layout.DEFAULT_SRIOV_MANAGE),
+        sriov_manage=dict(type="path", default=gpu_layout_apply.DEFAULT_SRIOV_MANAGE),
         nvidia_smi=dict(type="str", default=gpu_layout.DEFAULT_NVIDIA_SMI),
         retries=dict(type="int", default=5),
         retry_delay=dict(type="float", default=3.0),
     )
 
 
-def _addresses(layout, inventory, nvidia):
-    """Canonical PCI addresses of the declared GPUs and their VFs."""
-    found = []
-    for gpu in layout.gpus:
-        address = (
-            nvidia.uuid_to_address(gpu.address) if gpu.address.startswith("GPU-") else gpu.address
-        )
-        if address:
-            found.append(address)
-    for function in inventory.functions:
-        if function.physfn in found:
-            found.append(function.address)
-    return found
-
-
 def run_module(module, writer=None, runner=None, nvidia=None, sleep=None):
     params = module.params
-    root = params["root"]
-    nvidia = nvidia or gpu_layout.NvidiaSmi(params["nvidia_smi"])
     try:
         if params["src"]:
-            document = gpu_layout.load_layout_file(params["src"])
+            document = gpu_layout_schema.load_layout_file(params["src"])
         else:
             document = params["layout"]
-        layout = gpu_layout.parse_layout(document)
-        before_inventory = gpu_layout.read_host(root)
+        layout = gpu_layout_schema.parse_layout(document)
         kwargs = dict(
             force=params["force"],
             check_mode=module.check_mode,
-            nvidia=nvidia,
+            nvidia=nvidia or gpu_layout.NvidiaSmi(params["nvidia_smi"]),
             sriov_manage=params["sriov_manage"],
             writer=writer,
             runner=runner,
@@ -218,28 +204,17 @@ def run_module(module, writer=None, runner=None, nvidia=None, sleep=None):
         )
         if sleep is not None:
             kwargs["sleep"] = sleep
-        result = gpu_layout.apply_layout(layout, root, **kwargs)
-    except gpu_layout.LayoutError as exc:
+        # The result carries the host before and after; the module reads sysfs no more.
+        result = gpu_layout.apply_layout(layout, params["root"], **kwargs)
+    except gpu_layout_schema.LayoutError as exc:
         module.fail_json(msg="; ".join(exc.problems), problems=exc.problems)
     except (OSError, ValueError) as exc:
         module.fail_json(msg=str(exc))
 
-    addresses = sorted(
-        set(_addresses(layout, before_inventory, nvidia)) | {s.gpu for s in result.plan.steps}
-    )
-    before = gpu_layout.host_summary(before_inventory, addresses)
-    if module.check_mode:
-        after = gpu_layout.predict_summary(before, result.plan)
-    else:
-        after_inventory = gpu_layout.read_host(root)
-        after = gpu_layout.host_summary(
-            after_inventory,
-            sorted(set(addresses) | set(_addresses(layout, after_inventory, nvidia))),
-        )
     data = result.to_dict()
     data.pop("ok")
     if module._diff:
-        data["diff"] = dict(before=before, after=after)
+        data["diff"] = result.diff
     if result.plan.refusals:
         module.fail_json(msg="; ".join(result.plan.refusals), **data)
     if result.error:

@@ -105,7 +105,12 @@ vfs:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_layout
+from ansible_collections.cozystack.gpu.plugins.module_utils import (
+    gpu_layout,
+    gpu_layout_apply,
+    gpu_layout_plan,
+    gpu_layout_schema,
+)
 
 
 def argument_spec():
@@ -133,19 +138,19 @@ def run_module(module, writer=None):
     root = params["root"]
     inventory = gpu_layout.read_host(root)
     try:
-        plan = gpu_layout.plan_vf_profiles(
+        plan = gpu_layout_plan.plan_vf_profiles(
             inventory,
             params["vfs"],
             params["profile"],
             force=params["force"],
             nvidia=gpu_layout.NvidiaSmi(params["nvidia_smi"]),
         )
-    except gpu_layout.LayoutError as exc:
+    except gpu_layout_schema.LayoutError as exc:
         module.fail_json(msg="; ".join(exc.problems), problems=exc.problems)
     if plan.refusals:
         module.fail_json(msg="; ".join(plan.refusals), refusals=plan.refusals)
 
-    addresses = [gpu_layout.canonical_pci(vf) for vf in params["vfs"]]
+    addresses = [gpu_layout_schema.canonical_pci(vf) for vf in params["vfs"]]
     before = _types(inventory, addresses)
     steps = [s.to_dict() for s in plan.steps]
     if module.check_mode:
@@ -154,8 +159,8 @@ def run_module(module, writer=None):
             after[step.target] = step.type_id
     else:
         try:
-            done, _skipped = gpu_layout.execute_steps(plan.steps, root, writer=writer)
-        except gpu_layout.ApplyFailed as exc:
+            done, _skipped = gpu_layout_apply.execute_steps(plan.steps, root, writer=writer)
+        except gpu_layout_apply.ApplyFailed as exc:
             module.fail_json(msg=str(exc), steps=steps)
         steps = done
         after = _types(gpu_layout.read_host(root), addresses)

@@ -22,13 +22,17 @@ except ImportError:  # the controller package is not installed: use it from the 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "controller"))
     from cozystack_gpu_testkit import sysfs_tree
 
-from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_layout
+from ansible_collections.cozystack.gpu.plugins.module_utils import (
+    gpu_layout,
+    gpu_layout_apply,
+    gpu_layout_schema,
+)
 
 PCI = "sys/bus/pci/devices/"
 MDEV = "sys/bus/mdev/devices/"
 
 
-class KernelWriter(gpu_layout.SysfsWriter):
+class KernelWriter(gpu_layout_apply.SysfsWriter):
     """Writes the applier makes, applied to a fixture tree the way the kernel reacts."""
 
     def __init__(self, tree):
@@ -93,8 +97,10 @@ class FakeNvidiaSmi:
         self.uuids = dict(uuids or {})
         self.supported = dict(supported or {})
         self.asked = []
+        self.looked_up = []
 
     def uuid_to_address(self, gpu_uuid):
+        self.looked_up.append(gpu_uuid)
         return self.uuids.get(gpu_uuid)
 
     def supported_vgpu_types(self, address):
@@ -144,6 +150,19 @@ def kernel():
 @pytest.fixture
 def sriov_manage():
     return SriovManage
+
+
+@pytest.fixture
+def apply(kernel):
+    """apply_layout on a fixture tree, the kernel played by KernelWriter, no real sleeping."""
+
+    def _apply(tree, document, **kwargs):
+        kwargs.setdefault("writer", kernel(tree))
+        kwargs.setdefault("sleep", lambda seconds: None)
+        layout = gpu_layout_schema.parse_layout(document)
+        return gpu_layout.apply_layout(layout, str(tree.root), **kwargs)
+
+    return _apply
 
 
 @pytest.fixture

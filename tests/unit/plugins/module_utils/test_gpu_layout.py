@@ -1,4 +1,4 @@
-"""The node layout: schema, validation against a host, plan, apply and the standalone CLI."""
+"""apply_layout (plan and apply in rounds, on a fixture tree) and the CLI the boot unit runs."""
 
 from __future__ import annotations
 
@@ -9,329 +9,21 @@ import subprocess
 import sys
 
 import pytest
-from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_layout
+from ansible_collections.cozystack.gpu.plugins.module_utils import (
+    gpu_layout,
+    gpu_layout_apply,
+    gpu_layout_plan,
+)
+from ansible_collections.cozystack.gpu.tests.unit.plugins.module_utils.layout_cases import (
+    L40S_12C,
+    L40S_24C,
+    L40S_BARE,
+    L40S_PF,
+    UUID,
+    vgpu_type,
+)
 
-L40S_PF = "0000:41:00.0"
-L40S_24C = 1151  # type IDs of the fixture's L40S catalogue
-L40S_12C = 1153
-UUID = "GPU-5e8b1c0a-1f2e-4d3c-9b8a-7f6e5d4c3b2a"
-
-
-def problems_of(document):
-    with pytest.raises(gpu_layout.LayoutError) as caught:
-        gpu_layout.parse_layout(document)
-    return caught.value.problems
-
-
-def resolve_problems(document, inventory, nvidia=None):
-    with pytest.raises(gpu_layout.LayoutError) as caught:
-        gpu_layout.resolve_layout(gpu_layout.parse_layout(document), inventory, nvidia)
-    return caught.value.problems
-
-
-def vgpu_type(root, address):
-    with open(
-        os.path.join(str(root), "sys/bus/pci/devices", address, "nvidia/current_vgpu_type")
-    ) as f:
-        return int(f.read())
-
-
-def layout(*gpus, **extra):
-    return gpu_layout.parse_layout(dict(gpus=list(gpus), **extra))
-
-
-# --- schema ------------------------------------------------------------------------------
-
-
-class TestSchema:
-    @pytest.mark.parametrize("index", [0, 3, "1", " 2 "])
-    def test_an_index_instead_of_an_address_is_refused(self, index):
-        problems = problems_of({"gpus": [{"address": index, "mode": "passthrough"}]})
-        assert len(problems) == 1
-        assert problems[0].startswith("gpus[0] (")
-        assert "looks like a GPU index" in problems[0]
-        assert "PCI address" in problems[0]
-
-    def test_a_duplicate_is_found_after_the_domain_is_canonicalised(self):
-        problems = problems_of(
-            {
-                "gpus": [
-                    {"address": "01:00.0", "mode": "passthrough"},
-                    {"address": "0000:01:00.0", "mode": "passthrough"},
-                ]
-            }
-        )
-        assert problems == [
-            "gpus[1] (0000:01:00.0): duplicate of gpus[0] (01:00.0) (both are 0000:01:00.0)"
-        ]
-
-    def test_nvidia_smis_eight_digit_domain_is_the_same_gpu(self):
-        problems = problems_of(
-            {
-                "gpus": [
-                    {"address": "00000000:41:00.0", "mode": "passthrough"},
-                    {"address": "41:00.0", "mode": "passthrough"},
-                ]
-            }
-        )
-        assert "duplicate of gpus[0] (00000000:41:00.0)" in problems[0]
-
-    def test_gpus_in_other_pci_domains_are_different_gpus(self):
-        parsed = layout(
-            {"address": "0000:41:00.0", "mode": "passthrough"},
-            {"address": "0001:41:00.0", "mode": "passthrough"},
-        )
-        assert [g.address for g in parsed.gpus] == ["0000:41:00.0", "0001:41:00.0"]
-
-    @pytest.mark.parametrize(
-        "key,value",
-        [("profile", "NVIDIA L40S-24C"), ("count", 2), ("vfs", {"41:00.4": "NVIDIA L40S-24C"})],
-    )
-    def test_a_profile_for_a_passthrough_gpu_is_refused(self, key, value):
-        problems = problems_of(
-            {"gpus": [{"address": "41:00.0", "mode": "passthrough", key: value}]}
-        )
-        assert problems == [
-            f"gpus[0] (41:00.0): {key} is set for a passthrough GPU; a passthrough GPU goes to a VM"
-            " whole and carries no vGPU profile"
-        ]
-
-    def test_a_gpu_uuid_is_accepted_and_lower_cased(self):
-        parsed = layout({"address": "GPU-" + UUID[4:].upper(), "mode": "passthrough"})
-        assert parsed.gpus[0].address == UUID
-
-    def test_a_type_id_instead_of_a_profile_name_is_refused(self):
-        problems = problems_of({"gpus": [{"address": "41:00.0", "mode": "vgpu", "profile": 1151}]})
-        assert "is a type ID; name the profile" in problems[0]
-        assert problems[0].startswith("gpus[0] (41:00.0)")
-
-    @pytest.mark.parametrize(
-        "entry,expected",
-        [
-            ({"address": "41:00.0", "mode": "vgpu"}, "exactly one of profile"),
-            (
-                {"address": "41:00.0", "mode": "vgpu", "profile": "A", "vfs": {"41:00.4": "A"}},
-                "exactly one of profile",
-            ),
-            ({"address": "41:00.0", "mode": "gpu"}, "mode must be passthrough or vgpu"),
-            ({"address": "41:00.0", "mode": "vgpu", "profile": "A", "count": 0}, "count must be"),
-            (
-                {"address": "41:00.0", "mode": "vgpu", "profile": "A", "count": True},
-                "count must be",
-            ),
-            ({"address": "41:00.0", "mode": "passthrough", "prof1le": "A"}, "unknown keys prof1le"),
-            ({"address": "slot-3", "mode": "passthrough"}, "neither a PCI address"),
-            ({"mode": "passthrough"}, "address is required"),
-            ({"address": "41:00.0", "mode": "vgpu", "vfs": {"7": "A"}}, "vfs[7]"),
-        ],
-    )
-    def test_malformed_entries_are_refused_by_name(self, entry, expected):
-        problems = problems_of({"gpus": [entry]})
-        assert any(expected in p for p in problems), problems
-        assert all(p.startswith("gpus[0]") for p in problems)
-
-    def test_every_bad_entry_is_reported_not_just_the_first(self):
-        problems = problems_of(
-            {
-                "gpus": [
-                    {"address": 0, "mode": "passthrough"},
-                    {"address": "18:00.0", "mode": "passthrough"},
-                    {"address": "2a:00.0", "mode": "passthrough", "profile": "X"},
-                ]
-            }
-        )
-        assert [p.split(" ", 1)[0] for p in problems] == ["gpus[0]", "gpus[2]"]
-
-    def test_a_vf_listed_twice_is_refused(self):
-        problems = problems_of(
-            {
-                "gpus": [
-                    {"address": "41:00.0", "mode": "vgpu", "vfs": {"41:00.4": "A"}},
-                    {"address": "81:00.0", "mode": "vgpu", "vfs": {"0000:41:00.4": "B"}},
-                ]
-            }
-        )
-        assert "duplicate of gpus[0] (41:00.0): vfs[41:00.4]" in problems[0]
-
-    def test_top_level_shape_and_unknown_keys(self):
-        assert problems_of([]) == ["layout: must be a mapping with a 'gpus' list"]
-        assert problems_of({"gpus": {}, "node": "x"}) == [
-            "layout: unknown keys node (known: name, gpus)",
-            "layout: gpus must be a list",
-        ]
-
-    def test_a_valid_layout_round_trips_canonical(self):
-        parsed = layout(
-            {"address": "18:00.0", "mode": "passthrough"},
-            {"address": "41:00.0", "mode": "vgpu", "profile": " NVIDIA L40S-24C ", "count": 2},
-            {"address": "81:00.0", "mode": "vgpu", "vfs": {"81:00.5": "B", "81:00.4": "A"}},
-            name="mixed",
-        )
-        assert parsed.to_dict() == {
-            "name": "mixed",
-            "gpus": [
-                {"address": "0000:18:00.0", "mode": "passthrough"},
-                {
-                    "address": "0000:41:00.0",
-                    "mode": "vgpu",
-                    "profile": "NVIDIA L40S-24C",
-                    "count": 2,
-                },
-                {
-                    "address": "0000:81:00.0",
-                    "mode": "vgpu",
-                    "vfs": {"0000:81:00.4": "A", "0000:81:00.5": "B"},
-                },
-            ],
-        }
-
-    def test_layout_files_are_json_or_yaml(self, tmp_path):
-        (tmp_path / "l.json").write_text(
-            json.dumps({"gpus": [{"address": "18:00.0", "mode": "passthrough"}]})
-        )
-        (tmp_path / "l.yaml").write_text("gpus:\n  - address: '18:00.0'\n    mode: passthrough\n")
-        for name in ("l.json", "l.yaml"):
-            parsed = gpu_layout.parse_layout(gpu_layout.load_layout_file(str(tmp_path / name)))
-            assert parsed.gpus[0].address == "0000:18:00.0"
-
-
-# --- against the host --------------------------------------------------------------------
-
-
-class TestResolve:
-    def test_an_unknown_profile_on_that_card_is_refused(self, build):
-        tree = build(scenario="mixed")
-        problems = resolve_problems(
-            {"gpus": [{"address": "41:00.0", "mode": "vgpu", "profile": "GRID T4-4Q"}]},
-            gpu_layout.read_host(str(tree.root)),
-        )
-        # GRID T4-4Q exists on this host, on the T4: names resolve per card.
-        assert len(problems) == 1
-        assert problems[0].startswith(
-            "gpus[0] (41:00.0): profile 'GRID T4-4Q' is not a vGPU type of this card"
-        )
-        assert "NVIDIA L40S-24C" in problems[0]
-
-    def test_profile_names_resolve_to_the_cards_own_type_ids(self, build):
-        tree = build(scenario="mixed")
-        resolved = gpu_layout.resolve_layout(
-            layout(
-                {"address": "41:00.0", "mode": "vgpu", "profile": "NVIDIA L40S-24C"},
-                {"address": "3b:00.0", "mode": "vgpu", "profile": "GRID T4-4Q"},
-            ),
-            gpu_layout.read_host(str(tree.root)),
-        )
-        assert [t.types for t in resolved.targets] == [
-            {"NVIDIA L40S-24C": L40S_24C},
-            {"GRID T4-4Q": "nvidia-225"},
-        ]
-
-    def test_a_vf_of_another_card_is_refused(self, build, testkit):
-        tree = build(
-            testkit.Gpu("0000:41:00.0", testkit.L40S, driver="nvidia", vfs=4),
-            testkit.Gpu("0000:81:00.0", testkit.L40S, driver="nvidia", vfs=4),
-        )
-        other_vf = testkit.vf_address("0000:81:00.0", 1)
-        problems = resolve_problems(
-            {
-                "gpus": [
-                    {"address": "41:00.0", "mode": "vgpu", "vfs": {other_vf: "NVIDIA L40S-24C"}}
-                ]
-            },
-            gpu_layout.read_host(str(tree.root)),
-        )
-        assert problems == [
-            f"gpus[0] (41:00.0): vfs[{other_vf}] is a VF of 0000:81:00.0, not of this GPU (0000:41:00.0)"
-        ]
-
-    def test_a_vf_declared_as_a_gpu_is_refused(self, build):
-        tree = build(scenario="l40s-sriov")
-        problems = resolve_problems(
-            {"gpus": [{"address": "41:00.5", "mode": "passthrough"}]},
-            gpu_layout.read_host(str(tree.root)),
-        )
-        assert problems == [
-            "gpus[0] (41:00.5): 0000:41:00.5 is a VF of 0000:41:00.0; declare the card by its"
-            " physical function and its VFs under vfs"
-        ]
-
-    def test_a_gpu_that_is_not_there_is_refused(self, build):
-        tree = build(scenario="l40s-sriov")
-        problems = resolve_problems(
-            {"gpus": [{"address": "c1:00.0", "mode": "passthrough"}]},
-            gpu_layout.read_host(str(tree.root)),
-        )
-        assert problems == ["gpus[0] (c1:00.0): no NVIDIA GPU at 0000:c1:00.0 on this host"]
-
-    def test_vgpu_on_a_card_without_sriov_or_mdev_is_refused(self, build):
-        tree = build(scenario="mixed")
-        problems = resolve_problems(
-            {"gpus": [{"address": "5d:00.0", "mode": "vgpu", "profile": "NVIDIA H100-80C"}]},
-            gpu_layout.read_host(str(tree.root)),
-        )
-        assert "offers neither SR-IOV VFs nor mdev types" in problems[0]
-
-    def test_a_gpu_uuid_resolves_through_nvidia_smi(self, build, nvidia_smi):
-        tree = build(scenario="l40s-sriov")
-        resolved = gpu_layout.resolve_layout(
-            layout({"address": UUID, "mode": "vgpu", "profile": "NVIDIA L40S-24C"}),
-            gpu_layout.read_host(str(tree.root)),
-            nvidia_smi(uuids={UUID: L40S_PF}),
-        )
-        assert resolved.targets[0].address == L40S_PF
-
-    def test_an_unknown_uuid_and_a_uuid_duplicating_an_address_are_refused(self, build, nvidia_smi):
-        tree = build(scenario="l40s-sriov")
-        other = "GPU-00000000-0000-0000-0000-000000000001"
-        problems = resolve_problems(
-            {
-                "gpus": [
-                    {"address": "41:00.0", "mode": "vgpu", "profile": "NVIDIA L40S-24C"},
-                    {"address": UUID, "mode": "vgpu", "profile": "NVIDIA L40S-24C"},
-                    {"address": other, "mode": "passthrough"},
-                ]
-            },
-            gpu_layout.read_host(str(tree.root)),
-            nvidia_smi(uuids={UUID: L40S_PF}),
-        )
-        assert problems == [
-            f"gpus[1] ({UUID}): duplicate of gpus[0] (41:00.0) (both are {L40S_PF})",
-            f"gpus[2] ({other}): no GPU with this UUID on this host (nvidia-smi)",
-        ]
-
-    def test_a_full_card_resolves_names_through_nvidia_smi(self, apply, build, nvidia_smi):
-        tree = build(scenario="l40s-full")
-        inventory = gpu_layout.read_host(str(tree.root))
-        document = {
-            "gpus": [{"address": "41:00.0", "mode": "vgpu", "vfs": {"41:00.5": "NVIDIA L40S-12C"}}]
-        }
-        assert (
-            "not a vGPU type of this card (offered: none)"
-            in resolve_problems(document, inventory)[0]
-        )
-        smi = nvidia_smi(supported={L40S_PF: {"NVIDIA L40S-12C": L40S_12C}})
-        resolved = gpu_layout.resolve_layout(gpu_layout.parse_layout(document), inventory, smi)
-        assert smi.asked == [L40S_PF]
-        # The VF already carries 12C: nothing to do, even though the card lists no types.
-        assert gpu_layout.plan_layout(resolved, inventory).steps == []
-
-
-# --- plan and apply ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def apply(kernel):
-    """apply_layout on a fixture tree, the kernel played by KernelWriter, no real sleeping."""
-
-    def _apply(tree, document, **kwargs):
-        kwargs.setdefault("writer", kernel(tree))
-        kwargs.setdefault("sleep", lambda seconds: None)
-        return gpu_layout.apply_layout(gpu_layout.parse_layout(document), str(tree.root), **kwargs)
-
-    return _apply
-
-
-L40S_BARE = {"address": L40S_PF, "mode": "vgpu", "profile": "NVIDIA L40S-24C", "count": 2}
+# --- plan and apply in rounds --------------------------------------------------------
 
 
 class TestApply:
@@ -344,7 +36,7 @@ class TestApply:
         assert first.error is None and first.ok
         assert [s.action for s in first.plan.steps] == ["enable_vfs", "pending"]
         assert [d["action"] for d in first.done] == ["enable_vfs", "set_vgpu_type", "set_vgpu_type"]
-        assert manage.calls == [[gpu_layout.DEFAULT_SRIOV_MANAGE, "-e", L40S_PF]]
+        assert manage.calls == [[gpu_layout_apply.DEFAULT_SRIOV_MANAGE, "-e", L40S_PF]]
         vfs = tree.vfs_of(L40S_PF)
         assert [vgpu_type(tree.root, vf) for vf in vfs[:3]] == [L40S_24C, L40S_24C, 0]
 
@@ -353,6 +45,33 @@ class TestApply:
         assert second.ok and not second.changed
         assert second.plan.steps == [] and second.done == [] and writer.writes == []
         assert len(manage.calls) == 1
+
+    def test_the_result_carries_the_host_before_and_after_with_the_vfs_the_run_created(
+        self, apply, build, testkit, kernel, sriov_manage, nvidia_smi
+    ):
+        tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia"))
+        smi = nvidia_smi(uuids={UUID: L40S_PF})
+        document = {"gpus": [dict(L40S_BARE, address=UUID)]}
+        result = apply(tree, document, runner=sriov_manage(tree), nvidia=smi)
+        assert result.ok and result.gpus == [L40S_PF]
+        assert result.before == {L40S_PF: {"driver": "nvidia", "num_vfs": 0, "vfs": {}}}
+        vfs = tree.vfs_of(L40S_PF)
+        assert set(result.after) == {L40S_PF, *vfs}
+        assert result.after == gpu_layout_plan.host_summary(
+            gpu_layout.read_host(str(tree.root)), [L40S_PF, *vfs]
+        )
+        assert result.diff == {"before": result.before, "after": result.after}
+
+    def test_check_mode_predicts_after_and_a_refusal_leaves_it_as_before(self, apply, build):
+        tree = build(scenario="l40s-sriov")
+        refused = apply(tree, {"gpus": [{"address": L40S_PF, "mode": "passthrough"}]})
+        assert refused.plan.refusals and refused.after == refused.before
+        checked = apply(
+            tree,
+            {"gpus": [{"address": L40S_PF, "mode": "vgpu", "profile": "NVIDIA L40S-24C"}]},
+            check_mode=True,
+        )
+        assert checked.after == gpu_layout_plan.predict_summary(checked.before, checked.plan)
 
     def test_sriov_manage_exiting_0_without_vfs_is_retried_and_judged_by_sriov_numvfs(
         self, apply, build, testkit, kernel, sriov_manage
@@ -506,7 +225,7 @@ class TestApply:
         result = apply(
             tree,
             {"gpus": [{"address": "5d:00.0", "mode": "passthrough"}]},
-            writer=gpu_layout.SysfsWriter(str(tree.root)),  # plain files: nothing binds
+            writer=gpu_layout_apply.SysfsWriter(str(tree.root)),  # plain files: nothing binds
         )
         assert (
             result.error
@@ -548,7 +267,7 @@ class TestApply:
         result = apply(tree, document)
         assert result.ok
         created = [d["mdev_uuid"] for d in result.done]
-        assert created == [gpu_layout.mdev_uuid("0000:3b:00.0", "nvidia-225", 0)]
+        assert created == [gpu_layout_plan.mdev_uuid("0000:3b:00.0", "nvidia-225", 0)]
         assert created[0] in tree.mdevs_of("0000:3b:00.0")
         assert not apply(tree, document).changed
 
@@ -581,67 +300,6 @@ class TestApply:
         assert [vgpu_type(tree.root, vf) for vf in vfs] == [L40S_24C, L40S_12C, 0, L40S_12C]
 
 
-class TestVfProfiles:
-    def test_read_compare_write_and_force(self, build):
-        tree = build(scenario="l40s-sriov")
-        inventory = gpu_layout.read_host(str(tree.root))
-        vf0, vf1, vf2 = tree.vfs_of(L40S_PF)[:3]
-        plan = gpu_layout.plan_vf_profiles(inventory, [vf0, vf2], "NVIDIA L40S-24C")
-        assert [(s.action, s.target, s.type_id) for s in plan.steps] == [
-            ("set_vgpu_type", vf2, L40S_24C)
-        ]
-        refused = gpu_layout.plan_vf_profiles(inventory, [vf1], "NVIDIA L40S-24C")
-        assert refused.steps == [] and "set force to replace it" in refused.refusals[0]
-        forced = gpu_layout.plan_vf_profiles(inventory, [vf1], "NVIDIA L40S-24C", force=True)
-        assert [(s.action, s.old_type_id) for s in forced.steps] == [("set_vgpu_type", L40S_12C)]
-
-    @pytest.mark.parametrize("profile", [None, "0", ""])
-    def test_zero_or_no_profile_clears_without_force(self, build, profile):
-        tree = build(scenario="l40s-sriov")
-        vf0, vf1, vf2 = tree.vfs_of(L40S_PF)[:3]
-        plan = gpu_layout.plan_vf_profiles(
-            gpu_layout.read_host(str(tree.root)), [vf0, vf1, vf2], profile
-        )
-        assert [(s.action, s.target) for s in plan.steps] == [
-            ("clear_vgpu_type", vf0),
-            ("clear_vgpu_type", vf1),
-        ]
-        assert plan.refusals == []
-
-    def test_bad_addresses_and_unknown_profiles_are_named(self, build):
-        tree = build(scenario="l40s-sriov")
-        with pytest.raises(gpu_layout.LayoutError) as caught:
-            gpu_layout.plan_vf_profiles(
-                gpu_layout.read_host(str(tree.root)),
-                [L40S_PF, "41:00.4", "0000:41:00.4", "c1:00.4", "2"],
-                "NVIDIA L40S-7C",
-            )
-        assert caught.value.problems == [
-            "vfs[0000:41:00.0]: 0000:41:00.0 is not an SR-IOV vGPU VF (no physfn or nvidia/)",
-            "vfs[41:00.4]: profile 'NVIDIA L40S-7C' is not a vGPU type of card 0000:41:00.0 (offered: "
-            "NVIDIA L40S-12C, NVIDIA L40S-1C, NVIDIA L40S-24C, NVIDIA L40S-2C, NVIDIA L40S-3C,"
-            " NVIDIA L40S-4C, NVIDIA L40S-6C, NVIDIA L40S-8C)",
-            "vfs[0000:41:00.4]: listed twice (both are 0000:41:00.4)",
-            "vfs[c1:00.4]: no NVIDIA GPU function at 0000:c1:00.4 on this host",
-            "vfs[2]: VF address '2' looks like a GPU index; indices change when devices are"
-            " re-enumerated, so name the GPU by PCI address (0000:41:00.0) or GPU-<uuid>",
-        ]
-
-
-class TestSummaries:
-    def test_predicted_summary_matches_what_apply_produces(self, apply, build, testkit):
-        tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia", vfs=4))
-        document = {"gpus": [dict(L40S_BARE)]}
-        inventory = gpu_layout.read_host(str(tree.root))
-        addresses = [L40S_PF]
-        plan = gpu_layout.plan_layout(
-            gpu_layout.resolve_layout(gpu_layout.parse_layout(document), inventory), inventory
-        )
-        predicted = gpu_layout.predict_summary(gpu_layout.host_summary(inventory, addresses), plan)
-        assert apply(tree, document).ok
-        assert predicted == gpu_layout.host_summary(gpu_layout.read_host(str(tree.root)), addresses)
-
-
 # --- the CLI the boot restore unit runs --------------------------------------------------
 
 
@@ -659,6 +317,16 @@ def _stand_in_sriov_manage(tmp_path):
     )
     script.chmod(0o755)
     return str(script)
+
+
+def test_the_role_installs_every_file_the_boot_unit_imports():
+    """The vgpu_layout role copies gpu_layout.CODE_FILES; a missing one breaks the boot."""
+    import yaml
+
+    utils = os.path.dirname(os.path.realpath(gpu_layout.__file__))
+    with open(os.path.join(utils, "..", "..", "roles", "vgpu_layout", "vars", "main.yml")) as f:
+        role_vars = yaml.safe_load(f)
+    assert role_vars["vgpu_layout__code_files"] == list(gpu_layout.CODE_FILES)
 
 
 class TestCli:
@@ -688,13 +356,13 @@ class TestCli:
         )
         assert "gpus[0] (1)" in captured.err
 
-    def test_the_file_runs_standalone_next_to_gpu_sysfs(self, build, testkit, tmp_path):
+    def test_the_files_run_standalone_side_by_side(self, build, testkit, tmp_path):
         """What the boot restore unit does: python3 gpu_layout.py apply, no ansible around."""
         tree = build(testkit.Gpu(L40S_PF, testkit.L40S, driver="nvidia"))
         libdir = tmp_path / "lib"
         libdir.mkdir()
         utils = os.path.dirname(gpu_layout.__file__)
-        for name in ("gpu_layout.py", "gpu_sysfs.py"):
+        for name in gpu_layout.CODE_FILES:
             shutil.copy(os.path.join(utils, name), str(libdir / name))
         path = tmp_path / "layout.json"
         path.write_text(json.dumps({"gpus": [L40S_BARE]}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_sysfs
 from ansible_collections.cozystack.gpu.plugins.modules import gpu_node_layout
 
 PF = "0000:41:00.0"
@@ -141,3 +142,43 @@ def test_a_missing_layout_file_fails_cleanly(build, run_module, tmp_path):
     tree = build(scenario="mixed")
     result = run_module(gpu_node_layout, args(tree, src=str(tmp_path / "missing.json")))
     assert result["failed"] is True and "missing.json" in result["msg"]
+
+
+def test_the_module_reports_what_apply_read_without_reading_or_resolving_again(
+    build, kernel, sriov_manage, nvidia_smi, run_module, monkeypatch
+):
+    tree = build(scenario="mixed")
+    reads = []
+    read_inventory = gpu_sysfs.read_inventory
+
+    def counted(*args, **kwargs):
+        reads.append(args)
+        return read_inventory(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_sysfs, "read_inventory", counted)
+    uuid = "GPU-5e8b1c0a-1f2e-4d3c-9b8a-7f6e5d4c3b2a"
+    smi = nvidia_smi(uuids={uuid: "0000:5d:00.0"})
+    layout = {"gpus": [{"address": uuid, "mode": "passthrough"}, *LAYOUT["gpus"][1:]]}
+    checked = run_module(
+        gpu_node_layout, args(tree, layout), check_mode=True, diff=True, nvidia=smi
+    )
+    assert checked["failed"] is False
+    assert checked["diff"]["after"]["0000:5d:00.0"]["driver"] == "vfio-pci"
+    # One read for the plan and the diff, one lookup per UUID.
+    assert len(reads) == 1 and smi.looked_up == [uuid]
+
+    reads.clear()
+    smi.looked_up.clear()
+    applied = run_module(
+        gpu_node_layout,
+        args(tree, layout),
+        diff=True,
+        writer=kernel(tree),
+        runner=sriov_manage(tree),
+        nvidia=smi,
+    )
+    assert applied["failed"] is False and applied["changed"] is True
+    assert applied["diff"]["before"]["0000:5d:00.0"]["driver"] == "nvidia"
+    assert applied["diff"]["after"]["0000:5d:00.0"]["driver"] == "vfio-pci"
+    # apply_layout reads the host to plan and once more to confirm; the module adds nothing.
+    assert len(reads) == 2 and smi.looked_up == [uuid, uuid]

@@ -110,9 +110,9 @@ def test_a_write_the_driver_refuses_fails_the_module(build, run_module, monkeypa
     tree = build(scenario="l40s-sriov")
     vf2 = tree.vfs_of(PF)[2]
     # Plain files and a driver that never takes the type: read-back catches it.
-    from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_layout
+    from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_layout_apply
 
-    class Deaf(gpu_layout.SysfsWriter):
+    class Deaf(gpu_layout_apply.SysfsWriter):
         def write(self, path, value):
             return None
 
