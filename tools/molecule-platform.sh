@@ -10,9 +10,24 @@
 # stale one.
 #
 # Prints the image reference on its last line (tools/molecule-test.sh reads it).
+#
+# Usage: tools/molecule-platform.sh [molecule|python-base]
+#   molecule     (default) the systemd image the molecule scenarios boot
+#   python-base  a plain Debian bookworm with python3 3.11 and its venv module: the local
+#                stand-in for the official python:3.11-slim base of controller/Containerfile
+#                (tools/build-image.sh), since no registry is reachable from this machine
 set -euo pipefail
 
 log() { echo "[molecule-platform] $*" >&2; }
+
+target=${1:-molecule}
+case "$target" in
+  molecule | python-base) ;;
+  *)
+    echo "[molecule-platform] unknown image '$target': molecule or python-base" >&2
+    exit 2
+    ;;
+esac
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "[molecule-platform] must run as root (apt-get, /etc/containers, rootful podman)" >&2
@@ -20,10 +35,17 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 suite=bookworm
-# initramfs-tools and grub-common let the vfio role's handlers and drop-ins be exercised;
-# systemd/dbus give a real PID 1 for the boot restore unit; kmod gives modprobe.
-image_packages=python3,systemd,systemd-sysv,dbus,kmod,grub-common,udev,initramfs-tools
-image_name=localhost/cozystack-gpu-molecule
+if [ "$target" = molecule ]; then
+  # initramfs-tools and grub-common let the vfio role's handlers and drop-ins be exercised;
+  # systemd/dbus give a real PID 1 for the boot restore unit; kmod gives modprobe.
+  image_packages=python3,systemd,systemd-sysv,dbus,kmod,grub-common,udev,initramfs-tools
+  image_name=localhost/cozystack-gpu-molecule
+else
+  # What the official python image offers a Containerfile: python3 with venv and ensurepip
+  # (Debian ships those apart from python3). bookworm's python3 is 3.11, as the package needs.
+  image_packages=python3,python3-venv
+  image_name=localhost/cozystack-gpu-python-base
+fi
 tag_source="$suite variant=minbase include=$image_packages format=1"
 image_tag="$suite-$(printf '%s' "$tag_source" | sha256sum | cut -c1-12)"
 image_ref="$image_name:$image_tag"
@@ -96,18 +118,21 @@ else
     exit 1
   }
   rm -f "$rootfs.log"
-  # A container has no consoles or udev-managed hardware; these units only slow boot and
-  # log failures. The machine id is generated at first boot of each container.
-  for unit in getty@tty1.service serial-getty@.service systemd-udev-trigger.service \
-    systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
-    apt-daily.timer apt-daily-upgrade.timer; do
-    chroot "$rootfs" systemctl mask "$unit" >/dev/null 2>&1 || true
-  done
-  : >"$rootfs/etc/machine-id"
+  if [ "$target" = molecule ]; then
+    # A container has no consoles or udev-managed hardware; these units only slow boot and
+    # log failures. The machine id is generated at first boot of each container.
+    for unit in getty@tty1.service serial-getty@.service systemd-udev-trigger.service \
+      systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
+      apt-daily.timer apt-daily-upgrade.timer; do
+      chroot "$rootfs" systemctl mask "$unit" >/dev/null 2>&1 || true
+    done
+    : >"$rootfs/etc/machine-id"
+    changes=(--change 'CMD ["/lib/systemd/systemd"]' --change 'ENV container=podman')
+  else
+    changes=(--change 'CMD ["python3"]')
+  fi
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-  tar -C "$rootfs" -c . | podman import \
-    --change 'CMD ["/lib/systemd/systemd"]' \
-    --change 'ENV container=podman' - "$image_ref" >/dev/null
+  tar -C "$rootfs" -c . | podman import "${changes[@]}" - "$image_ref" >/dev/null
   log "imported $image_ref in $((SECONDS - start)) s"
 fi
 
