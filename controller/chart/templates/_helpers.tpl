@@ -1,0 +1,96 @@
+{{/* Names fixed by the interface contract (CONTRACTS.md): other components and the
+     tenant charts refer to them, so they do not follow the release name. */}}
+{{- define "cozystack-gpu.controllerName" -}}cozystack-gpu-controller{{- end -}}
+{{- define "cozystack-gpu.agentName" -}}cozystack-gpu-agent{{- end -}}
+{{- define "cozystack-gpu.webhookService" -}}cozystack-gpu-webhook{{- end -}}
+{{- define "cozystack-gpu.webhookSecret" -}}cozystack-gpu-webhook-tls{{- end -}}
+{{- define "cozystack-gpu.webhookCertDir" -}}/var/run/cozystack-gpu/webhook-certs{{- end -}}
+
+{{- define "cozystack-gpu.labels" -}}
+app.kubernetes.io/part-of: cozystack-gpu
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "cozystack-gpu.controllerSelector" -}}
+app.kubernetes.io/name: cozystack-gpu
+app.kubernetes.io/component: controller
+{{- end -}}
+
+{{- define "cozystack-gpu.agentSelector" -}}
+app.kubernetes.io/name: cozystack-gpu
+app.kubernetes.io/component: agent
+{{- end -}}
+
+{{- define "cozystack-gpu.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* The restrictive container context both workloads share. */}}
+{{- define "cozystack-gpu.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{- define "cozystack-gpu.pullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The webhook configurations' caBundle annotation (cert-manager) or field (generated). */}}
+{{- define "cozystack-gpu.webhookCertificateName" -}}cozystack-gpu-webhook{{- end -}}
+
+{{- define "cozystack-gpu.webhookDNSNames" -}}
+{{- $svc := include "cozystack-gpu.webhookService" . -}}
+- {{ $svc }}
+- {{ $svc }}.{{ .Release.Namespace }}
+- {{ $svc }}.{{ .Release.Namespace }}.svc
+- {{ $svc }}.{{ .Release.Namespace }}.svc.cluster.local
+{{- end -}}
+
+{{/* The generated webhook certificate as Secret data (base64 values): the one in the
+     cluster when there is one, else a new CA and serving certificate. Made once per render
+     and remembered, so the Secret, the caBundles and the checksum agree. */}}
+{{- define "cozystack-gpu.generatedCertificate" -}}
+{{- if not (hasKey .Values "_generatedCertificate") -}}
+{{- $data := dict -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "cozystack-gpu.webhookSecret" .) -}}
+{{- if and $existing (hasKey ($existing.data | default dict) "ca.crt") (hasKey ($existing.data | default dict) "tls.crt") (hasKey ($existing.data | default dict) "tls.key") -}}
+{{- $data = pick $existing.data "ca.crt" "tls.crt" "tls.key" -}}
+{{- else -}}
+{{- $days := int .Values.webhook.certificates.generated.validityDays -}}
+{{- $ca := genCA "cozystack-gpu-webhook-ca" $days -}}
+{{- $names := include "cozystack-gpu.webhookDNSNames" . | fromYamlArray -}}
+{{- $cert := genSignedCert (index $names 2) nil $names $days $ca -}}
+{{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) -}}
+{{- end -}}
+{{- $_ := set .Values "_generatedCertificate" $data -}}
+{{- end -}}
+{{- toYaml (get .Values "_generatedCertificate") -}}
+{{- end -}}
+
+{{/* caBundle field (generated) or nothing (cert-manager injects it). */}}
+{{- define "cozystack-gpu.caBundle" -}}
+{{- if eq .Values.webhook.certificates.source "generated" -}}
+caBundle: {{ get (include "cozystack-gpu.generatedCertificate" . | fromYaml) "ca.crt" }}
+{{- end -}}
+{{- end -}}
+
+{{- define "cozystack-gpu.webhookAnnotations" -}}
+{{- if eq .Values.webhook.certificates.source "cert-manager" -}}
+cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include "cozystack-gpu.webhookCertificateName" . }}
+{{- end -}}
+{{- end -}}
