@@ -38,6 +38,15 @@ mkdir -p "$dest"
     tar --null --no-recursion -T - -cf - | tar -C "$dest" -xf -
 )
 
+# ansible-test finds the collections ours depends on (galaxy.yml) only in the same
+# collection root; Galaxy is unreachable, so link the copies the ansible package installed.
+site_collections=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ansible_collections
+for dependency in $("$venv/bin/python" -c 'import sys, yaml; print(*yaml.safe_load(open(sys.argv[1]))["dependencies"])' "$repo/galaxy.yml"); do
+  link=$root/ansible_collections/${dependency/.//}
+  mkdir -p "$(dirname "$link")"
+  ln -sfn "$site_collections/${dependency/.//}" "$link"
+done
+
 cd "$dest"
 # A git repository makes ansible-test list files the way CI sees them.
 git init -q . && git add -A >/dev/null && git -c user.name=ci -c user.email=ci@localhost commit -qm snapshot

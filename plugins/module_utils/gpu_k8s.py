@@ -2,11 +2,12 @@
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """Kubernetes access for the GPUClass modules, through the official ``kubernetes`` client.
 
-Connection options mirror kubernetes.core's (same names and ``K8S_AUTH_*`` environment
-fallbacks) so a play can pass the same values to both collections. The GPUClass work itself
-(create, replace, delete, each optionally as a server-side dry run) lives in
-:class:`GpuClassApi` and :func:`ensure_class`, apart from AnsibleModule, so the integration
-tests drive it against a real API server.
+The connection options are kubernetes.core's own (its ``AUTH_ARG_SPEC``, documented by its
+``k8s_auth_options`` fragment, the ``K8S_AUTH_*`` variables read by its client set-up), so a
+play passes the same values to both collections; the collection depends on kubernetes.core
+for its roles anyway. The GPUClass work itself (create, replace, delete, each optionally as
+a server-side dry run) lives in :class:`GpuClassApi` and :func:`ensure_class`, apart from
+AnsibleModule, so the integration tests drive it against a real API server.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ansible.module_utils.basic import env_fallback  # type: ignore[import-untyped]
+from ansible_collections.kubernetes.core.plugins.module_utils.args_common import (  # type: ignore[import-untyped]
+    AUTH_ARG_SPEC,
+)
+from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import (  # type: ignore[import-untyped]
+    get_api_client,
+)
 
 if TYPE_CHECKING:
     import gpu_keys
@@ -55,73 +61,17 @@ __all__ = [
 ]
 
 
-def _env(*names: str) -> tuple[Callable[..., Any], list[str]]:
-    return env_fallback, list(names)
-
-
-AUTH_ARG_SPEC: dict[str, dict[str, Any]] = {
-    "kubeconfig": {"type": "path", "fallback": _env("K8S_AUTH_KUBECONFIG")},
-    "context": {"type": "str", "fallback": _env("K8S_AUTH_CONTEXT")},
-    "host": {"type": "str", "fallback": _env("K8S_AUTH_HOST")},
-    "api_key": {"type": "str", "no_log": True, "fallback": _env("K8S_AUTH_API_KEY")},
-    "validate_certs": {
-        "type": "bool",
-        "aliases": ["verify_ssl"],
-        "fallback": _env("K8S_AUTH_VERIFY_SSL"),
-    },
-    "ca_cert": {
-        "type": "path",
-        "aliases": ["ssl_ca_cert"],
-        "fallback": _env("K8S_AUTH_SSL_CA_CERT"),
-    },
-    "client_cert": {
-        "type": "path",
-        "aliases": ["cert_file"],
-        "fallback": _env("K8S_AUTH_CERT_FILE"),
-    },
-    "client_key": {
-        "type": "path",
-        "aliases": ["key_file"],
-        "fallback": _env("K8S_AUTH_KEY_FILE"),
-    },
-}
-
-
 def make_api_client(params: Mapping[str, Any]) -> Any:
-    """An ``ApiClient`` from kubeconfig/context, overridden by host, key and certificates.
+    """The ``ApiClient`` kubernetes.core configures from its connection options.
 
-    Without a kubeconfig file, host or token the default kubeconfig is tried, then the
-    in-cluster service account.
+    ``params`` holds the options of ``AUTH_ARG_SPEC`` (unset ones fall back to their
+    ``K8S_AUTH_*`` variables, then to the kubeconfig or the in-cluster service account,
+    exactly as in kubernetes.core's modules). Its dynamic client is only the carrier: the
+    GPUClass calls go through ``CustomObjectsApi`` on the same ``ApiClient``, which holds the
+    configuration and the impersonation headers.
     """
-    config = kubernetes.client.Configuration()
-    loader: Any = kubernetes.config  # its loaders carry no type hints
-    explicit = params.get("kubeconfig") or params.get("context")
-    if explicit or not params.get("host"):
-        try:
-            loader.load_kube_config(
-                config_file=params.get("kubeconfig"),
-                context=params.get("context"),
-                client_configuration=config,
-            )
-        except (loader.ConfigException, OSError, TypeError):
-            if explicit:
-                raise
-            loader.load_incluster_config(client_configuration=config)
-    if params.get("host"):
-        config.host = params["host"]
-    if params.get("api_key"):
-        config.api_key = {"BearerToken": "Bearer " + params["api_key"]}
-        # The kubeconfig loader's refresh hook would put the kubeconfig's token back.
-        config.refresh_api_key_hook = None
-    if params.get("validate_certs") is not None:
-        config.verify_ssl = params["validate_certs"]
-    if params.get("ca_cert"):
-        config.ssl_ca_cert = params["ca_cert"]
-    if params.get("client_cert"):
-        config.cert_file = params["client_cert"]
-    if params.get("client_key"):
-        config.key_file = params["client_key"]
-    return kubernetes.client.ApiClient(configuration=config)
+    options = {name: params.get(name) for name in AUTH_ARG_SPEC}
+    return get_api_client(**options).client.client
 
 
 def api_error_message(exc: Exception) -> str:

@@ -45,7 +45,7 @@ options:
     description: Annotations to set on the class.
     type: dict
 extends_documentation_fragment:
-  - cozystack.gpu.k8s_auth
+  - kubernetes.core.k8s_auth_options
 attributes:
   check_mode:
     support: full
@@ -100,6 +100,8 @@ result:
   type: dict
 """
 
+import copy
+
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_class_rules, gpu_k8s
 
@@ -112,7 +114,7 @@ def argument_spec():
         labels=dict(type="dict"),
         annotations=dict(type="dict"),
     )
-    spec.update(gpu_k8s.AUTH_ARG_SPEC)
+    spec.update(copy.deepcopy(gpu_k8s.AUTH_ARG_SPEC))
     return spec
 
 

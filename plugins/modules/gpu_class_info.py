@@ -23,7 +23,7 @@ options:
     description: Only classes matching this label selector (ignored with O(name)).
     type: str
 extends_documentation_fragment:
-  - cozystack.gpu.k8s_auth
+  - kubernetes.core.k8s_auth_options
 attributes:
   check_mode:
     support: full
@@ -54,13 +54,15 @@ classes:
   elements: dict
 """
 
+import copy
+
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_k8s
 
 
 def argument_spec():
     spec = dict(name=dict(type="str"), label_selector=dict(type="str"))
-    spec.update(gpu_k8s.AUTH_ARG_SPEC)
+    spec.update(copy.deepcopy(gpu_k8s.AUTH_ARG_SPEC))
     return spec
 
 

@@ -1,28 +1,124 @@
-"""`ansible-galaxy collection build` yields an installable tarball without tests or caches."""
+"""The collection as users get it: a tarball built by ansible-galaxy, installed with the
+collections it declares into an empty path, every module documented and runnable from there.
+
+Galaxy is unreachable here, so the dependency tarballs are built, offline, from the copies
+the ``ansible`` package installed in the virtual environment.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cozystack_gpu_testkit import sysfs_tree
 
 REPO = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+SITE_COLLECTIONS = Path(sysconfig.get_paths()["purelib"]) / "ansible_collections"
+# Build and cache folders are never part of what ships.
+SKIPPED_DIRS = {"build", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
 
-def test_collection_builds_without_tests_or_caches(tmp_path: Path) -> None:
-    galaxy = Path(sys.executable).with_name("ansible-galaxy")
-    assert galaxy.exists() or shutil.which("ansible-galaxy"), "ansible-galaxy is not installed"
-    subprocess.run(
-        [str(galaxy), "collection", "build", "--force", "--output-path", str(tmp_path)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
+def _tool(name: str) -> str:
+    path = BIN / name
+    assert path.exists(), f"{name} is not installed next to {sys.executable}"
+    return str(path)
+
+
+def _run(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=300, check=False
     )
-    (tarball,) = tmp_path.glob("cozystack-gpu-*.tar.gz")
-    with tarfile.open(tarball) as tar:
+    assert done.returncode == 0, f"{argv[:3]} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def _galaxy() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((REPO / "galaxy.yml").read_text())
+    return data
+
+
+def _isolated(collections: Path) -> dict[str, str]:
+    """An environment where Ansible sees only ``collections`` (not the venv's copies)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "K8S_AUTH_"))}
+    env.update(
+        ANSIBLE_COLLECTIONS_PATH=str(collections),
+        ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
+        ANSIBLE_LOCAL_TEMP=str(collections / ".tmp"),
+        ANSIBLE_REMOTE_TEMP=str(collections / ".tmp"),
+        ANSIBLE_NOCOLOR="1",
+    )
+    return env
+
+
+def _dependency_tarball(fqcn: str, work: Path) -> Path:
+    """Build ``fqcn``'s tarball from the venv's installed copy (its MANIFEST as galaxy.yml)."""
+    installed = SITE_COLLECTIONS / fqcn.replace(".", "/")
+    info = json.loads((installed / "MANIFEST.json").read_text())["collection_info"]
+    source = work / "src" / fqcn
+    shutil.copytree(
+        installed,
+        source,
+        ignore=shutil.ignore_patterns("__pycache__", "MANIFEST.json", "FILES.json"),
+    )
+    (source / "galaxy.yml").write_text(yaml.safe_dump(info))
+    out = work / "dist"
+    _run(_tool("ansible-galaxy"), "collection", "build", "--output-path", str(out), str(source))
+    (tarball,) = out.glob(f"{fqcn.replace('.', '-')}-*.tar.gz")
+    return tarball
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Our tarball and one per declared dependency."""
+    work = tmp_path_factory.mktemp("galaxy")
+    _run(
+        _tool("ansible-galaxy"),
+        "collection",
+        "build",
+        "--force",
+        "--output-path",
+        str(work),
+        cwd=REPO,
+    )
+    (ours,) = work.glob("cozystack-gpu-*.tar.gz")
+    tarballs = {"cozystack.gpu": ours}
+    for fqcn in _galaxy()["dependencies"]:
+        tarballs[fqcn] = _dependency_tarball(fqcn, work)
+    return tarballs
+
+
+@pytest.fixture(scope="module")
+def installed(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty collections path, then ``ansible-galaxy collection install`` of the tarballs."""
+    collections = tmp_path_factory.mktemp("collections")
+    (collections / ".tmp").mkdir()
+    _run(
+        _tool("ansible-galaxy"),
+        "collection",
+        "install",
+        "--offline",
+        "-p",
+        str(collections),
+        *map(str, built.values()),
+        env=_isolated(collections),
+    )
+    return collections
+
+
+def test_the_tarball_leaves_out_tests_and_caches(built: dict[str, Path]) -> None:
+    with tarfile.open(built["cozystack.gpu"]) as tar:
         names = tar.getnames()
     top = {name.split("/", 1)[0] for name in names}
     assert {"MANIFEST.json", "FILES.json", "README.md", "meta", "plugins", "controller"} <= top
@@ -33,15 +129,113 @@ def test_collection_builds_without_tests_or_caches(tmp_path: Path) -> None:
     for name in names:
         assert "__pycache__" not in name and "_cache" not in name.split("/")[0], name
         assert not name.startswith("controller/tests"), name
-    # The collection installs from the tarball.
-    install = tmp_path / "installed"
-    install_args = ["--offline", "--force", "-p", str(install), str(tarball)]
-    subprocess.run(
-        [str(galaxy), "collection", "install", *install_args],
-        check=True,
-        capture_output=True,
+
+
+def test_every_collection_the_roles_use_is_declared_with_a_range() -> None:
+    """An FQCN in roles/ or playbooks/ (module, filter, lookup) names a declared collection."""
+    known = {
+        f"{ns.name}.{coll.name}"
+        for ns in SITE_COLLECTIONS.iterdir()
+        if ns.is_dir()
+        for coll in ns.iterdir()
+        if (coll / "MANIFEST.json").exists()
+    }
+    fqcn = re.compile(r"(?<![\w.])([a-z][a-z0-9_]*)\.([a-z][a-z0-9_]*)\.[a-z][a-z0-9_]*")
+    used: set[str] = set()
+    for top in ("roles", "playbooks"):
+        for path in (REPO / top).rglob("*"):
+            if path.suffix in (".yml", ".yaml", ".j2"):
+                used |= {f"{a}.{b}" for a, b in fqcn.findall(path.read_text())}
+    used = (used & known) - {"ansible.builtin"}
+    declared = _galaxy()["dependencies"]
+    assert used, "no collection found in roles/ or playbooks/: the scan is broken"
+    assert used <= set(declared), f"used but not declared in galaxy.yml: {used - set(declared)}"
+    for name, spec in declared.items():
+        assert re.fullmatch(r">=\d+\.\d+\.\d+,<\d+\.\d+\.\d+", spec), f"{name}: {spec!r}"
+
+
+def test_the_tarball_installs_with_its_dependencies_into_an_empty_path(
+    installed: Path,
+) -> None:
+    root = installed / "ansible_collections"
+    found = {f"{ns.name}.{c.name}" for ns in root.iterdir() if ns.is_dir() for c in ns.iterdir()}
+    assert found == {"cozystack.gpu", *_galaxy()["dependencies"]}
+    ours = root / "cozystack" / "gpu"
+    assert (ours / "meta" / "runtime.yml").exists()
+    # Shared code: module_utils links into the controller package, and the links survive.
+    for name, owner in (
+        ("gpu_sysfs.py", "cozystack_gpu/agent/sysfs.py"),
+        ("gpu_keys.py", "cozystack_gpu/keys.py"),
+    ):
+        linked = ours / "plugins" / "module_utils" / name
+        assert linked.read_bytes() == (REPO / "controller" / owner).read_bytes(), name
+
+
+def test_ansible_doc_documents_every_module_from_the_installed_path(installed: Path) -> None:
+    modules = sorted(f"cozystack.gpu.{p.stem}" for p in (REPO / "plugins" / "modules").glob("*.py"))
+    docs = json.loads(_run(_tool("ansible-doc"), "--json", *modules, env=_isolated(installed)))
+    assert sorted(docs) == modules
+    for name, entry in docs.items():
+        assert entry["doc"]["short_description"], name
+    # The connection options come from kubernetes.core's fragment, installed beside ours.
+    for name in ("cozystack.gpu.gpu_class", "cozystack.gpu.gpu_class_info"):
+        options = docs[name]["doc"]["options"]
+        assert {"kubeconfig", "impersonate_user", "proxy_headers"} <= set(options), name
+
+
+def test_without_kubernetes_core_the_class_modules_cannot_be_documented(
+    built: dict[str, Path], tmp_path: Path
+) -> None:
+    """The dependency is real: our tarball alone lacks the connection options' fragment."""
+    alone = tmp_path / "alone"
+    (alone / ".tmp").mkdir(parents=True)
+    env = _isolated(alone)
+    galaxy = _tool("ansible-galaxy")
+    tarball = str(built["cozystack.gpu"])
+    _run(
+        galaxy,
+        "collection",
+        "install",
+        "--offline",
+        "--no-deps",
+        "-p",
+        str(alone),
+        tarball,
+        env=env,
     )
-    assert (install / "ansible_collections" / "cozystack" / "gpu" / "meta" / "runtime.yml").exists()
+    done = subprocess.run(
+        [_tool("ansible-doc"), "--json", "cozystack.gpu.gpu_class"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert "kubernetes.core.k8s_auth_options" in done.stdout + done.stderr
+
+
+def test_a_module_runs_from_the_installed_path(installed: Path, tmp_path: Path) -> None:
+    """gpu_facts reads a fixture tree through the installed module_utils (links included)."""
+    tree = sysfs_tree.SCENARIOS["l40s-sriov"](tmp_path / "root")
+    out = _run(
+        _tool("ansible"),
+        "localhost",
+        "-c",
+        "local",
+        "-i",
+        "localhost,",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+        "-m",
+        "cozystack.gpu.gpu_facts",
+        "-a",
+        f"root={tree.root}",
+        "-o",
+        env=_isolated(installed),
+    )
+    result = json.loads(out.split(" => ", 1)[1])
+    facts = result["ansible_facts"]["cozystack_gpu"]
+    assert facts["resource_names"] and facts["functions"]
 
 
 def _links(top: Path) -> dict[Path, Path]:
@@ -54,9 +248,6 @@ def _links(top: Path) -> dict[Path, Path]:
             if path.is_symlink():
                 found[path] = path.resolve()
     return found
-
-
-SKIPPED_DIRS = {"build", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
 
 def test_shared_code_is_owned_by_the_controller_and_linked_from_the_collection() -> None:

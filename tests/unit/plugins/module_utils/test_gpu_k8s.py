@@ -1,4 +1,4 @@
-"""ensure_class against an in-memory API, error messages, and client configuration."""
+"""ensure_class against an in-memory API, and error messages (the client: kubernetes.core's)."""
 
 from __future__ import annotations
 
@@ -130,47 +130,3 @@ class TestMessages:
         assert gpu_k8s.api_error_message(exc) == "503 Service Unavailable"
         exc.body = "upstream connect error"
         assert gpu_k8s.api_error_message(exc) == "upstream connect error"
-
-
-class TestClient:
-    def test_kubeconfig_and_explicit_overrides(self, tmp_path):
-        kubeconfig = tmp_path / "config"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "c", "cluster": {"server": "https://10.0.0.1:6443"}}],
-                    "users": [{"name": "u", "user": {"token": "abc"}}],
-                    "contexts": [
-                        {"name": "one", "context": {"cluster": "c", "user": "u"}},
-                        {"name": "two", "context": {"cluster": "c", "user": "u"}},
-                    ],
-                    "current-context": "one",
-                }
-            )
-        )
-        client = gpu_k8s.make_api_client({"kubeconfig": str(kubeconfig), "context": "two"})
-        assert client.configuration.host == "https://10.0.0.1:6443"
-        assert client.configuration.auth_settings()["BearerToken"]["value"] == "Bearer abc"
-        client = gpu_k8s.make_api_client(
-            {
-                "kubeconfig": str(kubeconfig),
-                "host": "https://127.0.0.1:1",
-                "api_key": "xyz",
-                "validate_certs": False,
-            }
-        )
-        assert client.configuration.host == "https://127.0.0.1:1"
-        assert client.configuration.auth_settings()["BearerToken"]["value"] == "Bearer xyz"
-        assert client.configuration.verify_ssl is False
-
-    def test_host_and_token_alone_need_no_kubeconfig(self, tmp_path, monkeypatch):
-        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
-        monkeypatch.setenv("HOME", str(tmp_path))
-        client = gpu_k8s.make_api_client(
-            {"host": "https://k8s.example:6443", "api_key": "t", "ca_cert": "/ca.pem"}
-        )
-        assert client.configuration.host == "https://k8s.example:6443"
-        assert client.configuration.ssl_ca_cert == "/ca.pem"
-        assert client.configuration.auth_settings()["BearerToken"]["value"] == "Bearer t"

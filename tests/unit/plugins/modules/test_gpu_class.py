@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 from ansible_collections.cozystack.gpu.plugins.modules import gpu_class, gpu_class_info
+from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.cozystack.gpu.tests.unit.plugins.module_utils.fake_k8s import FakeClassApi
 
 SPEC = {
@@ -84,3 +87,21 @@ def test_info_lists_and_gets(run_module):
     one = run_module(gpu_class_info, {"name": "a"}, api=api)
     assert [c["spec"]["nodeSelector"] for c in one["classes"]] == [{"pool": "other"}]
     assert run_module(gpu_class_info, {"name": "missing"}, api=api)["classes"] == []
+
+
+def test_the_connection_options_are_kubernetes_cores():
+    """Same names, types and aliases as kubernetes.core's modules, from its own spec."""
+    for module in (gpu_class, gpu_class_info):
+        spec = module.argument_spec()
+        assert {name: spec[name] for name in AUTH_ARG_SPEC} == AUTH_ARG_SPEC
+        assert "impersonate_user" in spec and "proxy" in spec
+
+
+def test_a_kubeconfig_that_cannot_be_read_fails_before_any_request(run_module, tmp_path, monkeypatch):
+    for name in [n for n in os.environ if n.startswith("K8S_AUTH_")]:
+        monkeypatch.delenv(name)
+    missing = str(tmp_path / "missing-kubeconfig")
+    result = run_module(gpu_class_info, {"kubeconfig": missing}, use_main=True)
+    assert result["failed"] is True
+    assert result["msg"].startswith("cannot configure the Kubernetes client: ")
+    assert "kube-config" in result["msg"]
