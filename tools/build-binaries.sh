@@ -4,7 +4,9 @@
 # so a fresh clone (CI) on the same machine reuses them. A binary is rebuilt only when its
 # pinned version changes: the cache directory is named after the versions.
 #
-# Prints the directory holding kube-apiserver, kubectl, etcd and helm on its last line.
+# Prints the directory holding kube-apiserver, kube-scheduler, kube-controller-manager,
+# kubectl, etcd, helm and kubevirt-crds.yaml (KubeVirt's CRDs as its virt-operator generates
+# them) on its last line.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -16,6 +18,9 @@ grep -q "k8s.io/kubernetes ${KUBERNETES_VERSION}$" "$here/k8s/go.mod" ||
   { echo "tools/k8s/go.mod does not require k8s.io/kubernetes ${KUBERNETES_VERSION} (versions.env)" >&2; exit 1; }
 grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}$" "$here/etcd/go.mod" ||
   { echo "tools/etcd/go.mod does not require etcd ${ETCD_VERSION} (versions.env)" >&2; exit 1; }
+grep -q "kubevirt.io/kubevirt ${KUBEVIRT_VERSION}$" "$here/kubevirt/go.mod" &&
+  grep -q "kubevirt.io/api => kubevirt.io/api ${KUBEVIRT_VERSION}$" "$here/kubevirt/go.mod" ||
+  { echo "tools/kubevirt/go.mod does not pin kubevirt ${KUBEVIRT_VERSION} (versions.env)" >&2; exit 1; }
 
 cache_root=${COZYSTACK_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cozystack-gpu}
 bin_dir="$cache_root/bin/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
@@ -52,6 +57,9 @@ build() { # name, module dir, package, ldflags
 build etcd "$here/etcd" . "-s -w"
 build kube-apiserver "$here/k8s" k8s.io/kubernetes/cmd/kube-apiserver "$(k8s_ldflags)"
 build kubectl "$here/k8s" k8s.io/kubernetes/cmd/kubectl "$(k8s_ldflags)"
+# The real scheduler and controller-manager judge pins, gates and owner references in tests.
+build kube-scheduler "$here/k8s" k8s.io/kubernetes/cmd/kube-scheduler "$(k8s_ldflags)"
+build kube-controller-manager "$here/k8s" k8s.io/kubernetes/cmd/kube-controller-manager "$(k8s_ldflags)"
 if [ ! -x "$bin_dir/helm" ]; then
   log "helm: building helm.sh/helm/v3/cmd/helm@$HELM_VERSION..."
   start=$SECONDS
@@ -62,4 +70,43 @@ if [ ! -x "$bin_dir/helm" ]; then
 else
   log "helm: cached in $bin_dir"
 fi
+
+# KubeVirt's CRDs, printed by virt-operator's own generator at the pinned release, in a cache
+# directory of their own (named after that release) so a KubeVirt bump leaves the
+# Kubernetes binaries alone. Other files of the generator's package import modules the
+# proxy refuses (see tools/kubevirt/go.mod), so the build compiles a scratch module holding
+# just the generator's files, taken unchanged from the checksum-verified module download.
+kubevirt_crds() {
+  local dir="$cache_root/bin/kubevirt-${KUBEVIRT_VERSION}"
+  local components=pkg/virt-operator/resource/generate/components
+  if [ -s "$dir/crds.yaml" ]; then
+    log "kubevirt CRDs: cached in $dir"
+    return
+  fi
+  log "kubevirt CRDs: building virt-operator's generator at kubevirt.io/kubevirt@$KUBEVIRT_VERSION..."
+  local start=$SECONDS src stage
+  src=$(cd "$here/kubevirt" && go mod download -json "kubevirt.io/kubevirt@$KUBEVIRT_VERSION" |
+    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  [ -d "$src/$components" ] ||
+    { echo "kubevirt.io/kubevirt@$KUBEVIRT_VERSION: no $components in the download" >&2; exit 1; }
+  stage=$(mktemp -d)
+  mkdir -p "$stage/kubevirt/pkg/pointer" "$stage/kubevirt/$components" "$dir"
+  cp "$src/go.mod" "$stage/kubevirt/"
+  cp "$src/pkg/pointer/pointer.go" "$stage/kubevirt/pkg/pointer/"
+  cp "$src/$components/crds.go" "$src/$components/validations_generated.go" \
+    "$stage/kubevirt/$components/"
+  cp "$here/kubevirt/go.mod" "$here/kubevirt/go.sum" "$stage/"
+  chmod -R u+w "$stage"
+  echo "replace kubevirt.io/kubevirt => $stage/kubevirt" >>"$stage/go.mod"
+  (cd "$here/kubevirt" &&
+    go build -modfile="$stage/go.mod" -trimpath -ldflags "-s -w" -o "$dir/kubevirt-crds.tmp" .)
+  rm -rf "$stage"
+  "$dir/kubevirt-crds.tmp" >"$dir/crds.yaml.tmp"
+  mv "$dir/kubevirt-crds.tmp" "$dir/kubevirt-crds"
+  mv "$dir/crds.yaml.tmp" "$dir/crds.yaml"
+  log "kubevirt CRDs: built and generated in $((SECONDS - start)) s"
+}
+kubevirt_crds
+# The test kit finds everything in one directory.
+ln -sfn "$cache_root/bin/kubevirt-${KUBEVIRT_VERSION}/crds.yaml" "$bin_dir/kubevirt-crds.yaml"
 echo "$bin_dir"
