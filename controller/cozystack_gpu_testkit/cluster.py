@@ -1,10 +1,12 @@
-"""A real local Kubernetes control plane: etcd and kube-apiserver on loopback.
+"""A real local Kubernetes control plane: etcd and kube-apiserver on loopback, and on demand
+kube-scheduler and a kube-controller-manager.
 
 Every test of CRDs, the controller, webhooks and the chart runs against this server; there
 is no mocked Kubernetes API. The binaries come from ``tools/build-binaries.sh`` (built from
-source once per machine and cached). There is no scheduler, kubelet or controller-manager:
-tests patch Node and Pod status as those would, and check ownerReferences instead of
-waiting for garbage collection.
+source once per machine and cached). The scheduler binds pods as in a cluster; the
+controller-manager runs only the garbage collector and the namespace and service-account
+controllers. There is no kubelet and no node lifecycle controller: tests patch Node and Pod
+status as kubelets would (see ``objects.Kube.node_status``).
 
 By hand::
 
@@ -18,7 +20,9 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import copy
 import ctypes
+import functools
 import json
 import os
 import shutil
@@ -31,7 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +51,26 @@ DEFAULT_STATE_DIR = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cozystack-gpu" / "dev-cluster"
 )
 READY_TIMEOUT_S = 90.0
+KUBEVIRT_CRD_FILE = "kubevirt-crds.yaml"
 SERVICE_CIDR = "10.96.0.0/12"
+
+SCHEDULER = "kube-scheduler"
+CONTROLLER_MANAGER = "kube-controller-manager"
+# Only what makes owner references, namespaces and service accounts real. Not the node
+# lifecycle controller: the tests play the kubelets, and it would mark their nodes NotReady
+# and evict their pods.
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+)
+# Clients first, the API server before its storage.
+STOP_ORDER = (SCHEDULER, CONTROLLER_MANAGER, "kube-apiserver", "etcd")
+# High enough that neither component's client is ever the limit of a test or benchmark
+# (their defaults, 50/100 and 20/30 requests per second, would be).
+CLIENT_QPS = 5000
+CLIENT_BURST = 10000
 
 _PR_SET_PDEATHSIG = 1
 
@@ -57,7 +80,8 @@ class ControlPlaneError(RuntimeError):
 
 
 def binary_dir() -> Path:
-    """The directory with kube-apiserver, etcd, kubectl and helm, building them if needed."""
+    """The directory with the control plane's binaries and KubeVirt's CRDs, building them if
+    needed."""
     configured = os.environ.get("COZYSTACK_GPU_BIN_DIR")
     if configured:
         return Path(configured)
@@ -69,6 +93,18 @@ def binary_dir() -> Path:
         ["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True
     ).stdout
     return Path(out.strip().splitlines()[-1])
+
+
+def kubevirt_crds(bin_dir: Path | None = None) -> Path:
+    """KubeVirt's CRDs (VirtualMachineInstance, VirtualMachine, instance types) as its
+    virt-operator generates them at the pinned release; ``tools/build-binaries.sh`` writes
+    them next to the binaries."""
+    path = (bin_dir or binary_dir()) / KUBEVIRT_CRD_FILE
+    if not path.is_file():
+        raise ControlPlaneError(
+            f"{path} is missing: run `make binaries` ({BUILD_SCRIPT}) to generate KubeVirt's CRDs"
+        )
+    return path
 
 
 def _free_port() -> int:
@@ -99,6 +135,7 @@ class ControlPlane:
     client_cert: Path
     client_key: Path
     pids: dict[str, int] = field(default_factory=dict)
+    detach: bool = False
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
     _owns_workdir: bool = field(default=False, repr=False)
 
@@ -172,9 +209,122 @@ class ControlPlane:
             return "(no log)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
+    def _spawn(self, name: str, args: list[str]) -> None:
+        """Starts one component, logging to ``<workdir>/<name>.log``.
+
+        Attached, it dies with the calling process even on SIGKILL; detached (``cluster up``),
+        it runs in its own session.
+        """
+        with (self.workdir / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=self.detach,
+                preexec_fn=None if self.detach else _die_with_parent,
+            )
+        self.pids[name] = proc.pid
+        self._procs[name] = proc
+
+    def running(self, name: str) -> bool:
+        proc = self._procs.get(name)
+        if proc is not None:
+            return proc.poll() is None
+        pid = self.pids.get(name)
+        return pid is not None and _alive(pid)
+
+    def start_scheduler(self) -> None:
+        """Starts kube-scheduler against this API server (no-op when it runs).
+
+        No serving port and no leader election: one scheduler, reached by nobody.
+        """
+        if self.running(SCHEDULER):
+            return
+        config = self.workdir / "kube-scheduler.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {
+                        "kubeconfig": str(self.kubeconfig),
+                        "qps": CLIENT_QPS,
+                        "burst": CLIENT_BURST,
+                    },
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        self._spawn(
+            SCHEDULER,
+            [
+                str(self.bin_dir / SCHEDULER),
+                f"--config={config}",
+                "--secure-port=0",
+                "--v=1",
+            ],
+        )
+
+    def start_controller_manager(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Starts kube-controller-manager with ``CONTROLLERS`` (no-op when it runs), and waits
+        until its service-account controller has made ``default/default``: from then on, pods
+        pass the ServiceAccount admission plugin in namespaces it has seen."""
+        if not self.running(CONTROLLER_MANAGER):
+            pki = self.workdir / "pki"
+            self._spawn(
+                CONTROLLER_MANAGER,
+                [
+                    str(self.bin_dir / CONTROLLER_MANAGER),
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--controllers={','.join(CONTROLLERS)}",
+                    # The token controller signs with the key the API server verifies with.
+                    f"--service-account-private-key-file={pki / 'sa.key'}",
+                    f"--root-ca-file={self.ca_file}",
+                    "--leader-elect=false",
+                    "--secure-port=0",
+                    f"--kube-api-qps={CLIENT_QPS}",
+                    f"--kube-api-burst={CLIENT_BURST}",
+                    "--v=1",
+                ],
+            )
+        self._wait_component(
+            CONTROLLER_MANAGER,
+            lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
+            timeout,
+            "the default ServiceAccount",
+        )
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.get_json(path)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return False
+            raise
+        return True
+
+    def _wait_component(
+        self, name: str, predicate: Callable[[], bool], timeout: float, what: str
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            proc = self._procs.get(name)
+            if proc is not None and proc.poll() is not None:
+                raise ControlPlaneError(
+                    f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}"
+                )
+            time.sleep(0.1)
+        raise ControlPlaneError(
+            f"{name} did not make {what} within {timeout:.0f} s:\n{self.log_tail(name)}"
+        )
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Stops the API server before etcd, then removes a work directory it created."""
-        for name in ("kube-apiserver", "etcd"):
+        """Stops the clients, then the API server before etcd, then removes a work directory
+        it created."""
+        for name in STOP_ORDER:
             pid = self.pids.get(name)
             if pid is None:
                 continue
@@ -263,10 +413,21 @@ def start(
     bin_dir: Path | None = None,
     detach: bool = False,
     extra_apiserver_args: tuple[str, ...] = (),
+    scheduler: bool = False,
+    controller_manager: bool = False,
+    crds: Sequence[Path] = (),
 ) -> ControlPlane:
-    """Starts etcd and kube-apiserver and waits for /readyz.
+    """Starts etcd and kube-apiserver and waits for /readyz; installs ``crds``; then, when
+    asked, kube-scheduler and kube-controller-manager (see ``ControlPlane.start_scheduler``
+    and ``start_controller_manager``, which also start them later). CRDs installed before the
+    controller-manager starts are known to its garbage collector at once; later ones only
+    after its next discovery pass (every 30 s).
 
-    detach=False ties both processes to the calling process (they die with it, even on
+    With ``controller_manager`` the ServiceAccount admission plugin stays on, as in a cluster:
+    its controller makes each namespace's ``default`` account. Without it the plugin is off,
+    or it would refuse every pod.
+
+    detach=False ties every process to the calling process (they die with it, even on
     SIGKILL); detach=True starts them in their own session for `cluster up`.
     """
     bin_dir = bin_dir or binary_dir()
@@ -304,6 +465,7 @@ def start(
         ca_file=pki / "ca.crt",
         client_cert=pki / "admin.crt",
         client_key=pki / "admin.key",
+        detach=detach,
         _owns_workdir=owns,
     )
 
@@ -335,9 +497,9 @@ def start(
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--authorization-mode=Node,RBAC",
         "--allow-privileged=true",
-        # No controller-manager creates default service accounts or their tokens, so the
+        # Without the controller-manager nobody creates default service accounts, so the
         # ServiceAccount admission plugin would refuse every pod the tests create.
-        "--disable-admission-plugins=ServiceAccount",
+        *(() if controller_manager else ("--disable-admission-plugins=ServiceAccount",)),
         # The endpoint reconciler refuses a loopback advertise address; nothing here needs
         # the kubernetes Service's endpoints.
         "--endpoint-reconciler-type=none",
@@ -346,20 +508,15 @@ def start(
         *extra_apiserver_args,
     ]
     try:
-        for name, args in (("etcd", etcd_args), ("kube-apiserver", apiserver_args)):
-            log = (workdir / f"{name}.log").open("ab")
-            proc = subprocess.Popen(
-                args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=detach,
-                preexec_fn=None if detach else _die_with_parent,
-            )
-            log.close()
-            plane.pids[name] = proc.pid
-            plane._procs[name] = proc
+        plane._spawn("etcd", etcd_args)
+        plane._spawn("kube-apiserver", apiserver_args)
         plane.wait_ready()
+        if crds:
+            install_crds(plane.api_client(), list(crds))
+        if scheduler:
+            plane.start_scheduler()
+        if controller_manager:
+            plane.start_controller_manager()
     except BaseException:
         plane.stop()
         raise
@@ -370,29 +527,48 @@ def start(
 
 
 def load_manifests(*paths: Path) -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for path in paths:
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
-    return docs
+    """The documents of YAML files (copies: callers may change them)."""
+    return [copy.deepcopy(d) for path in paths for d in _parsed(path)]
+
+
+def _parsed(path: Path) -> tuple[dict[str, Any], ...]:
+    stat = path.stat()
+    return _parse(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(path: str, _mtime_ns: int, _size: int) -> tuple[dict[str, Any], ...]:
+    # KubeVirt's CRDs are 1.2 MB of YAML: libyaml reads them in under a second, the pure
+    # Python loader takes four, and test modules install them again and again.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return tuple(d for d in yaml.load_all(Path(path).read_text(), Loader=loader) if d)
 
 
 def install_crds(api_client: Any, paths: list[Path] | None = None, timeout: float = 30.0) -> None:
-    """Creates (or replaces) CRDs and waits until each is Established and served."""
+    """Creates (or replaces) CRDs and waits until each is Established and served.
+
+    A CRD already served with the same spec is left alone, so installing again is cheap.
+    Bodies go and come back as raw JSON: the client's models would take seconds to build
+    for KubeVirt's schemas.
+    """
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     ext = client.ApiextensionsV1Api(api_client)
-    crds = load_manifests(*(paths or sorted(CRD_DIR.glob("*.yaml"))))
+    crds = [d for path in paths or sorted(CRD_DIR.glob("*.yaml")) for d in _parsed(path)]
     for crd in crds:
         name = crd["metadata"]["name"]
         try:
-            ext.create_custom_resource_definition(crd)
+            ext.create_custom_resource_definition(crd, _preload_content=False)
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            current = ext.read_custom_resource_definition(name)
-            crd["metadata"]["resourceVersion"] = current.metadata.resource_version
-            ext.replace_custom_resource_definition(name, crd)
+            current = _read_crd(ext, name)
+            if all(current["spec"].get(k) == v for k, v in crd["spec"].items()):
+                continue
+            body = {**crd, "metadata": {**crd["metadata"]}}
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            ext.replace_custom_resource_definition(name, body, _preload_content=False)
     for crd in crds:
         name = str(crd["metadata"]["name"])
 
@@ -402,9 +578,15 @@ def install_crds(api_client: Any, paths: list[Path] | None = None, timeout: floa
         _wait(established, timeout, f"CRD {name} not Established")
 
 
+def _read_crd(ext: Any, name: str) -> dict[str, Any]:
+    resp = ext.read_custom_resource_definition(name, _preload_content=False)
+    crd: dict[str, Any] = json.loads(resp.data)
+    return crd
+
+
 def _established(ext: Any, name: str) -> bool:
-    conditions = ext.read_custom_resource_definition(name).status.conditions or []
-    return any(c.type == "Established" and c.status == "True" for c in conditions)
+    conditions = _read_crd(ext, name).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -444,10 +626,19 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if state_dir.exists():
         shutil.rmtree(state_dir)
     started = time.monotonic()
-    print("# starting etcd and kube-apiserver...", file=sys.stderr)
-    plane = start(state_dir, detach=True)
-    if not args.no_crds:
-        install_crds(plane.api_client())
+    full = not args.apiserver_only
+    what = "etcd, kube-apiserver, kube-scheduler and kube-controller-manager"
+    print(f"# starting {what if full else 'etcd and kube-apiserver'}...", file=sys.stderr)
+    bin_dir = binary_dir()
+    crds = [] if args.no_crds else [*sorted(CRD_DIR.glob("*.yaml")), kubevirt_crds(bin_dir)]
+    plane = start(
+        state_dir,
+        bin_dir=bin_dir,
+        detach=True,
+        scheduler=full,
+        controller_manager=full,
+        crds=crds,
+    )
     state = {
         "server": plane.server,
         "kubeconfig": str(plane.kubeconfig),
@@ -457,7 +648,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     _state_file(state_dir).write_text(json.dumps(state))
     print(
         f"# kube-apiserver {plane.version()} ready at {plane.server} "
-        f"in {time.monotonic() - started:.1f} s",
+        f"in {time.monotonic() - started:.1f} s"
+        + (" (with kube-scheduler and kube-controller-manager)" if full else ""),
         file=sys.stderr,
     )
     _print_env(state)
@@ -475,7 +667,7 @@ def _cmd_down(args: argparse.Namespace) -> int:
         print("# no local control plane is running", file=sys.stderr)
         return 0
     state = json.loads(path.read_text())
-    for name in ("kube-apiserver", "etcd"):
+    for name in STOP_ORDER:
         pid = state["pids"].get(name)
         if pid:
             _terminate(pid, None, 10.0)
@@ -501,8 +693,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR, help="state directory")
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start etcd + kube-apiserver and print export lines")
-    up.add_argument("--no-crds", action="store_true", help="do not install the gpu CRDs")
+    up = sub.add_parser(
+        "up",
+        help="start etcd, kube-apiserver, kube-scheduler and kube-controller-manager "
+        "and print export lines",
+    )
+    up.add_argument(
+        "--no-crds", action="store_true", help="do not install the gpu and KubeVirt CRDs"
+    )
+    up.add_argument(
+        "--apiserver-only",
+        action="store_true",
+        help="start only etcd and kube-apiserver (no scheduler, no controller-manager)",
+    )
     sub.add_parser("down", help="stop them and remove the state directory")
     sub.add_parser("status", help="say whether they run")
     args = parser.parse_args(argv)

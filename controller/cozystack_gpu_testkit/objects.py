@@ -1,7 +1,8 @@
 """Builders and writers of the API objects tests and benchmarks need, through the real API.
 
-There is no kubelet, scheduler or virt-controller: these helpers write Node, Pod and VMI
-status as those would.
+There is no kubelet, node lifecycle controller or virt-controller: these helpers write Node,
+Pod and VMI status as those would. Pods are bound by the real kube-scheduler when the plane
+runs one (``ControlPlane.start_scheduler``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -20,13 +20,18 @@ from cozystack_gpu.config import Config
 from cozystack_gpu.keys import RawNamesPolicy
 from cozystack_gpu_testkit import cluster
 
-KUBEVIRT_CRDS = sorted((Path(__file__).parent / "kubevirt-crds").glob("*.yaml"))
 WORKLOAD_CRD = cluster.CRD_DIR / "extra" / "workloads.yaml"
+# Put on every new Node by the TaintNodesByCondition admission plugin; the node lifecycle
+# controller (not run here) lifts it once the kubelet reports Ready.
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# What a kubelet reports besides the tests' extended resources: enough for any test pod.
+NODE_BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 
 
 def install_extra_crds(api: Any) -> None:
-    """Workload (usage records) and minimal KubeVirt VMI/VM CRDs."""
-    cluster.install_crds(api, [WORKLOAD_CRD, *KUBEVIRT_CRDS])
+    """Workload (usage records) and KubeVirt's real CRDs (VMI, VM, instance types), as its
+    virt-operator generates them at the pinned release."""
+    cluster.install_crds(api, [WORKLOAD_CRD, cluster.kubevirt_crds()])
 
 
 @dataclass
@@ -61,9 +66,12 @@ class Kube:
     def node_status(
         self, name: str, *, allocatable: Mapping[str, int] | None = None, ready: bool | None = None
     ) -> None:
+        """Writes what the kubelet reports; on a Ready change also lifts or restores the
+        not-ready NoSchedule taint, as the node lifecycle controller would, so a real
+        scheduler places pods on Ready nodes only."""
         status: dict[str, Any] = {}
         if allocatable is not None:
-            alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+            alloc = dict(NODE_BASE_RESOURCES)
             alloc.update({k: str(v) for k, v in allocatable.items()})
             status["allocatable"] = alloc
             status["capacity"] = alloc
@@ -79,6 +87,35 @@ class Kube:
                 }
             ]
         self.core.patch_node_status(name, {"status": status})
+        if ready is not None:
+            self._not_ready_taint(name, present=not ready)
+
+    def _not_ready_taint(self, name: str, *, present: bool) -> None:
+        """Adds or removes the not-ready NoSchedule taint, guarded by resourceVersion so a
+        concurrent taint change by a test is never lost."""
+        for _ in range(20):
+            node = self.core.read_node(name)
+            taints = [self.api.sanitize_for_serialization(t) for t in node.spec.taints or []]
+            others = [
+                t for t in taints if (t["key"], t["effect"]) != (NOT_READY_TAINT, "NoSchedule")
+            ]
+            if (len(others) < len(taints)) == present:
+                return
+            if present:
+                others.append({"key": NOT_READY_TAINT, "effect": "NoSchedule", "timeAdded": _now()})
+            try:
+                self.core.patch_node(
+                    name,
+                    {
+                        "metadata": {"resourceVersion": node.metadata.resource_version},
+                        "spec": {"taints": others},
+                    },
+                )
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        raise RuntimeError(f"node {name}: taints kept changing under the test kit")
 
     def cordon(self, name: str, cordoned: bool = True) -> None:
         self.core.patch_node(name, {"spec": {"unschedulable": cordoned}})
@@ -219,7 +256,84 @@ class Kube:
     # --- tenants -------------------------------------------------------------------------
 
     def namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        """Creates a namespace; where a controller-manager runs, also waits for its
+        ``default`` ServiceAccount, without which the ServiceAccount admission plugin
+        refuses pods (as a user would wait after ``kubectl create namespace``)."""
         self.core.create_namespace({"metadata": {"name": name, "labels": dict(labels or {})}})
+        if self._has_service_account("default"):
+            wait_for(
+                lambda: self._has_service_account(name),
+                what=f"the default ServiceAccount of namespace {name}",
+            )
+
+    def _has_service_account(self, namespace: str) -> bool:
+        try:
+            self.core.read_namespaced_service_account("default", namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    # --- pods ----------------------------------------------------------------------------
+
+    def pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        requests: Mapping[str, int] | None = None,
+        pinned_to: str | None = None,
+        gates: list[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        tolerations: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """A pod for the real scheduler: one container with ``requests`` as requests and
+        limits (extended resources need both), optionally pinned to one node by a required
+        ``metadata.name`` node-affinity field term, and held by scheduling gates."""
+        resources = {k: str(v) for k, v in (requests or {}).items()}
+        spec: dict[str, Any] = {
+            "containers": [
+                {
+                    "name": "compute",
+                    "image": "virt-launcher",
+                    "resources": {"requests": resources, "limits": resources},
+                }
+            ],
+            "schedulingGates": [{"name": g} for g in gates or []],
+            "tolerations": list(tolerations or []),
+        }
+        if pinned_to is not None:
+            spec["affinity"] = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchFields": [
+                                    {
+                                        "key": "metadata.name",
+                                        "operator": "In",
+                                        "values": [pinned_to],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+        body = {"metadata": {"name": name, "labels": dict(labels or {})}, "spec": spec}
+        created = self.core.create_namespaced_pod(namespace, body)
+        result: dict[str, Any] = self.api.sanitize_for_serialization(created)
+        return result
+
+    def pod_scheduled(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod's PodScheduled condition as the scheduler wrote it, or None."""
+        pod = self.core.read_namespaced_pod(name, namespace)
+        for cond in pod.status.conditions or []:
+            if cond.type == "PodScheduled":
+                result: dict[str, Any] = self.api.sanitize_for_serialization(cond)
+                return result
+        return None
 
     def quota(self, namespace: str, hard: Mapping[str, int]) -> None:
         self.core.create_namespaced_resource_quota(
@@ -258,10 +372,12 @@ class Kube:
         self.vmi_phase(namespace, name, phase, node)
 
     def vmi_phase(self, namespace: str, name: str, phase: str, node: str | None = None) -> None:
+        """Writes the phase (and node) as virt-controller and virt-handler would. KubeVirt's
+        VMI CRD has no status subresource: status is written with the object."""
         status: dict[str, Any] = {"phase": phase}
         if node:
             status["nodeName"] = node
-        self.custom.patch_namespaced_custom_object_status(
+        self.custom.patch_namespaced_custom_object(
             keys.KUBEVIRT_GROUP,
             keys.KUBEVIRT_VERSION,
             namespace,

@@ -1,7 +1,12 @@
-"""Shared fixtures. The control plane is real: etcd + kube-apiserver built from source.
+"""Shared fixtures. The control plane is real: etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager (garbage collector, namespace and service-account controllers),
+built from source.
 
 It starts lazily, once per session, the first time a test asks for `control_plane` (unit
-tests never pay for it), and it dies with the test process even on SIGKILL.
+tests never pay for it), and it dies with the test process even on SIGKILL. The scheduler
+and the controller-manager run for the whole session, as in a cluster: pods are admitted
+with the ServiceAccount plugin on, owned objects are garbage-collected, deleted namespaces
+go away. Tests that rely on them ask for `full_control_plane`, which says so.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import pytest
 
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet
+from cozystack_gpu_testkit.objects import WORKLOAD_CRD, Kube
 
 _STARTED: list[str] = []
 
@@ -27,13 +33,28 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[cluster.ControlPlane]:
-    plane = cluster.start()
+    bin_dir = cluster.binary_dir()
+    # Every CRD before the controller-manager, so its garbage collector knows every kind
+    # (VMIs owning claims, claims owning usage records) from its first moment.
+    crds = [*sorted(cluster.CRD_DIR.glob("*.yaml")), WORKLOAD_CRD, cluster.kubevirt_crds(bin_dir)]
+    plane = cluster.start(bin_dir=bin_dir, scheduler=True, controller_manager=True, crds=crds)
     try:
-        cluster.install_crds(plane.api_client())
-        _STARTED.append(f"real kube-apiserver {plane.version()} at {plane.server}")
+        _STARTED.append(
+            f"real kube-apiserver {plane.version()} at {plane.server}, with kube-scheduler "
+            f"and kube-controller-manager ({', '.join(cluster.CONTROLLERS)})"
+        )
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def full_control_plane(control_plane: cluster.ControlPlane) -> cluster.ControlPlane:
+    """The session's plane with its kube-scheduler and kube-controller-manager running
+    (started here should the session plane ever run without them)."""
+    control_plane.start_scheduler()
+    control_plane.start_controller_manager()
+    return control_plane
 
 
 @pytest.fixture(scope="session")
@@ -44,11 +65,10 @@ def api_client(control_plane: cluster.ControlPlane) -> Any:
 
 @pytest.fixture
 def namespace(api_client: Any) -> str:
-    """A fresh namespace per test (namespaces never finish deleting without a controller)."""
-    from kubernetes import client
-
+    """A fresh namespace per test, ready for pods (its default ServiceAccount exists). It is
+    left in place after the test, for a failing test's objects to be looked at."""
     name = f"t-{uuid.uuid4().hex[:10]}"
-    client.CoreV1Api(api_client).create_namespace({"metadata": {"name": name}})
+    Kube(api_client).namespace(name)
     return name
 
 

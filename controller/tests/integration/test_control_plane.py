@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -40,14 +41,17 @@ def test_start_serve_stop(tmp_path: Path) -> None:
 
 
 def test_a_killed_test_run_leaves_no_server_behind(tmp_path: Path) -> None:
-    """SIGKILL skips every cleanup handler; the kernel's parent-death signal still fires."""
+    """SIGKILL skips every cleanup handler; the kernel's parent-death signal still fires, for
+    the scheduler and the controller-manager as for etcd and the API server."""
     pid_file = tmp_path / "pids"
     script = textwrap.dedent(
         f"""
         import time
         from pathlib import Path
         from cozystack_gpu_testkit import cluster
-        plane = cluster.start({str(tmp_path / "cp")!r})
+        plane = cluster.start(
+            {str(tmp_path / "cp")!r}, scheduler=True, controller_manager=True
+        )
         Path({str(pid_file)!r}).write_text(" ".join(str(p) for p in plane.pids.values()))
         time.sleep(600)
         """
@@ -60,14 +64,14 @@ def test_a_killed_test_run_leaves_no_server_behind(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the control plane did not start"
             time.sleep(0.2)
         pids = [int(p) for p in pid_file.read_text().split()]
-        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        assert len(pids) == 4 and all(_alive(pid) for pid in pids)
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(pid) for pid in pids), "etcd or kube-apiserver outlived its owner"
+    assert not any(_alive(pid) for pid in pids), "a control plane process outlived its owner"
 
 
 def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> None:
@@ -89,6 +93,14 @@ def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> Non
             check=False,
         )
         assert status.returncode == 0, status.stdout
+        alive = json.loads(status.stdout)["alive"]
+        assert alive == {
+            "etcd": True,
+            "kube-apiserver": True,
+            "kube-scheduler": True,
+            "kube-controller-manager": True,
+        }
+        pids = json.loads((state / "state.json").read_text())["pids"]
         kubectl = Path(up.stdout.splitlines()[1].split("=", 1)[1].split(":")[0]) / "kubectl"
         crds = subprocess.run(
             [str(kubectl), "--kubeconfig", str(state / "kubeconfig"), "get", "crds", "-o", "name"],
@@ -97,6 +109,8 @@ def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> Non
             check=True,
         ).stdout.split()
         assert "customresourcedefinition.apiextensions.k8s.io/gpuclaims.gpu.cozystack.io" in crds
+        vmis = "customresourcedefinition.apiextensions.k8s.io/virtualmachineinstances.kubevirt.io"
+        assert vmis in crds
     finally:
         subprocess.run(
             [sys.executable, "-m", "cozystack_gpu_testkit.cluster", "--dir", str(state), "down"],
@@ -104,3 +118,4 @@ def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> Non
             timeout=60,
         )
     assert not state.exists()
+    assert not any(_alive(pid) for pid in pids.values())
