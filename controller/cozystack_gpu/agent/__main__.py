@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.shutdown()
         kubelet.close()
-    return 0
+    # A part of the agent ended on its own: exit non-zero so kubelet restarts the agent.
+    return 1 if agent.failure else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ sysfs, which has no reliable change notification for these attributes.
 
 While kubelet does not answer, nothing is written: a zero allocatable count would read as
 every GPU unhealthy, and a stale ``updatedAt`` says more honestly that nobody knows.
+
+No part of the agent stops silently: a refresh loop that died or hangs fails /healthz
+(503, with the reason in the body), and a health server that stopped ends the refresh loop
+too, so the process exits and kubelet restarts it.
 """
 
 from __future__ import annotations
@@ -146,6 +150,10 @@ class Agent:
         self._last_status: dict[str, Any] | None = None
         self._last_write: float | None = None
         self.last_tick: float | None = None
+        # Why the agent stopped working (None while it works), and the threads it needs.
+        self.failure: str | None = None
+        self._loop: threading.Thread | None = None
+        self._needed: list[threading.Thread] = []
 
     def _phase_of(self, snapshot: Snapshot) -> PhaseOf:
         if self.phases is None or not snapshot.pods:
@@ -203,18 +211,48 @@ class Agent:
         self.metrics.refreshes.labels(result="written").inc()
         return TickResult(True, report, "forced" if force else "changed" if changed else "period")
 
+    def needs(self, thread: threading.Thread) -> None:
+        """A thread the agent cannot work without: when it ends, the refresh loop ends."""
+        self._needed.append(thread)
+
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # one bad pass must not end the agent
-                log.exception("refresh failed")
-                self.metrics.refreshes.labels(result="error").inc()
-            stop.wait(self.poll)
+        """Refreshes until ``stop``; returns early, with ``failure`` set, when a needed thread
+        ended."""
+        self._loop = threading.current_thread()
+        try:
+            while not stop.is_set():
+                ended = [t.name for t in self._needed if not t.is_alive()]
+                if ended and not stop.is_set():
+                    self.failure = f"thread {', '.join(ended)} ended"
+                    log.critical("%s; the agent stops so that it is restarted", self.failure)
+                    return
+                try:
+                    self.tick()
+                except Exception:  # one bad pass must not end the agent
+                    log.exception("refresh failed")
+                    self.metrics.refreshes.labels(result="error").inc()
+                stop.wait(self.poll)
+        except BaseException as exc:
+            self.failure = f"refresh loop died: {type(exc).__name__}: {exc}"
+            log.critical("%s", self.failure, exc_info=True)
+            raise
+
+    def problem(self) -> str | None:
+        """Why the agent is not alive (None when it is): a dead or hung refresh loop."""
+        if self.failure is not None:
+            return self.failure
+        if self._loop is not None and not self._loop.is_alive():
+            return "the refresh loop is not running"
+        if self.last_tick is None:
+            return "no refresh has started yet"
+        idle = self.clock() - self.last_tick
+        if idle >= 3 * self.poll + 30:
+            return f"no refresh started for {idle:.0f} s"
+        return None
 
     def healthy(self) -> bool:
         """The loop is alive: it started a pass recently."""
-        return self.last_tick is not None and self.clock() - self.last_tick < 3 * self.poll + 30
+        return self.problem() is None
 
     def ready(self) -> bool:
         """The GPUNode was written recently."""
@@ -222,15 +260,21 @@ class Agent:
 
 
 def serve(agent: Agent, host: str, port: int) -> ThreadingHTTPServer:
-    """/healthz, /readyz and /metrics on a background thread."""
+    """/healthz, /readyz and /metrics on a background thread the agent needs."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 body = generate_latest(agent.metrics.registry)
                 self._reply(200, body, CONTENT_TYPE_LATEST)
-            elif self.path in ("/healthz", "/readyz"):
-                ok = agent.healthy() if self.path == "/healthz" else agent.ready()
+            elif self.path == "/healthz":
+                problem = agent.problem()
+                if problem is None:
+                    self._reply(200, b"ok\n", "text/plain")
+                else:
+                    self._reply(503, f"not ok: {problem}\n".encode(), "text/plain")
+            elif self.path == "/readyz":
+                ok = agent.ready()
                 self._reply(200 if ok else 503, b"ok\n" if ok else b"not ok\n", "text/plain")
             else:
                 self._reply(404, b"not found\n", "text/plain")
@@ -246,5 +290,7 @@ def serve(agent: Agent, host: str, port: int) -> ThreadingHTTPServer:
             log.debug("http: " + format, *args)
 
     server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="agent-http", daemon=True).start()
+    thread = threading.Thread(target=server.serve_forever, name="agent-http", daemon=True)
+    thread.start()
+    agent.needs(thread)
     return server
