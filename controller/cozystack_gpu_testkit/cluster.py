@@ -511,10 +511,11 @@ def start(
         plane._spawn("etcd", etcd_args)
         plane._spawn("kube-apiserver", apiserver_args)
         plane.wait_ready()
-        if crds:
-            install_crds(plane.api_client(), list(crds))
+        # The scheduler does not care about CRDs: it starts while they are installed.
         if scheduler:
             plane.start_scheduler()
+        if crds:
+            install_crds(plane.api_client(), list(crds))
         if controller_manager:
             plane.start_controller_manager()
     except BaseException:
