@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from cozystack_gpu.keys import RawNamesPolicy, parse_resource_names
 
 
+DEFAULT_WEBHOOK_CERT_DIR = "/var/run/cozystack-gpu/webhook-certs"
+
+
 @dataclass(frozen=True)
 class Setting:
     flag: str
@@ -94,6 +97,19 @@ SETTINGS: tuple[Setting, ...] = (
         "true",
         "write cozystack.io Workload usage records: true|false",
     ),
+    Setting(
+        "--webhook-port",
+        "GPU_WEBHOOK_PORT",
+        "9443",
+        "HTTPS port of the admission webhooks, served by every replica (0: off)",
+    ),
+    Setting(
+        "--webhook-cert-dir",
+        "GPU_WEBHOOK_CERT_DIR",
+        DEFAULT_WEBHOOK_CERT_DIR,
+        "directory of the webhook server's tls.crt, tls.key and ca.crt (a cert-manager "
+        "Secret's layout); they are read again when they change",
+    ),
 )
 
 
@@ -114,6 +130,8 @@ class Config:
     # Settings added later carry their defaults here too, so callers that build a Config
     # by hand (tests, benchmarks) need not name them.
     inventory_stale_after: float = 300.0
+    webhook_port: int = 9443
+    webhook_cert_dir: str = DEFAULT_WEBHOOK_CERT_DIR
 
 
 def _attr(setting: Setting) -> str:
@@ -136,6 +154,12 @@ def _bool(name: str, value: str) -> bool:
     if value.lower() in ("false", "0", "no"):
         return False
     raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def _port(name: str, value: float) -> int:
+    if value != int(value) or value > 65535:
+        raise ValueError(f"{name} must be a port number (0 to 65535), got {value:g}")
+    return int(value)
 
 
 def from_arguments(args: argparse.Namespace | None = None) -> Config:
@@ -178,6 +202,8 @@ def from_arguments(args: argparse.Namespace | None = None) -> Config:
         metrics_port=int(number("metrics_port")),
         workload_records=_bool("workload-records", raw["workload_records"]),
         inventory_stale_after=number("inventory_stale_after"),
+        webhook_port=_port("webhook-port", number("webhook_port")),
+        webhook_cert_dir=raw["webhook_cert_dir"],
     )
 
 

@@ -18,6 +18,11 @@ CLASS_CLAIMED = Gauge(
     "Units of the class held by claims, by claim phase",
     ["class", "phase"],
 )
+NODE_UNITS = Gauge(
+    "cozystack_gpu_node_units",
+    "Units of a GPU resource name on a node: capacity, held by claims, used by raw-name pods",
+    ["node", "resource", "state"],
+)
 BIND_LATENCY = Histogram(
     "cozystack_gpu_bind_latency_seconds",
     "Time from a claim's creation to its status write as Bound",

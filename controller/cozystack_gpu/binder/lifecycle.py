@@ -399,18 +399,11 @@ def owned_claim_name(workload: Obj) -> str | None:
 # --- Settings ----------------------------------------------------------------------------
 
 
-def settings_data(
-    class_names: Iterable[str],
-    node_names: Iterable[str],
-    extra: Iterable[str],
-    raw_policy: keys.RawNamesPolicy,
-) -> dict[str, str]:
+def settings_data(names: Iterable[str], raw_policy: keys.RawNamesPolicy) -> dict[str, str]:
     """The gpu-settings ConfigMap's data: the effective GPU resource-name set and the
     raw-name policy the ValidatingAdmissionPolicies take as a parameter."""
     return {
-        keys.SETTINGS_KEY_RESOURCE_NAMES: keys.format_resource_names(
-            [*class_names, *node_names, *extra]
-        ),
+        keys.SETTINGS_KEY_RESOURCE_NAMES: keys.format_resource_names(list(names)),
         keys.SETTINGS_KEY_RAW_RESOURCE_NAMES: raw_policy.value,
     }
 
@@ -450,8 +443,8 @@ def _ready_condition(
     if stale:
         return not_ready(
             "InventoryStale",
-            f"the node agent last reported at {rfc3339(reported)}, {now - reported:.0f} s ago "
-            f"(more than {stale_after:.0f} s): the node serves no class until it reports "
+            f"the node agent last reported at {rfc3339(reported)}, more than "
+            f"{stale_after:.0f} s ago: the node serves no class until it reports "
             "again; check the cozystack-gpu-agent pod on this node and its logs",
         )
     if not translate_node_ready(node):

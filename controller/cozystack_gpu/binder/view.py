@@ -8,21 +8,32 @@ inputs (``node_info``, ``claim_info``...) of what is dirty and feeds them to the
 
 Events older than what the view already holds of an object are dropped (etcd revisions are
 integers and grow), so the echo of an old watch event never undoes the binder's own write.
+Deletions leave a tombstone with the revision they happened at, so the answer to a write
+sent before the deletion (a finalizer removed, a status written) cannot bring the object
+back after its DELETED event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import translate
+from cozystack_gpu.binder import gate, translate
 from cozystack_gpu.binder.translate import VMIState, name_of, namespace_of
 from cozystack_gpu.config import Config
-from cozystack_gpu.model import ClaimInfo, ClaimKey, ClassInfo, NamespaceInfo, NodeInfo
+from cozystack_gpu.model import (
+    ClaimInfo,
+    ClaimKey,
+    ClassInfo,
+    NamespaceInfo,
+    NodeInfo,
+    Snapshot,
+)
 
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
+MAX_TOMBSTONES = 20_000  # per kind; the oldest half goes when a kind has more
 Obj = dict[str, Any]
 Handler = Callable[[Key, Obj | None, Obj | None], None]
 
@@ -51,6 +62,7 @@ class ClusterView:
         self.config = config
         self.kinds = tuple(k.kind for k in kinds)
         self.raw: dict[str, dict[Key, Obj]] = {kind: {} for kind in self.kinds}
+        self._tombstones: dict[str, dict[Key, int]] = {kind: {} for kind in self.kinds}
         self.listed: set[str] = set()
         self.dirty = Dirty()
         self._pods: dict[Key, translate.PodUsage] = {}
@@ -61,6 +73,10 @@ class ClusterView:
         self._claim_vmi: dict[ClaimKey, str] = {}
         self._claim_vm: dict[ClaimKey, str] = {}
         self._attached: dict[Key, set[ClaimKey]] = {}
+        # Launcher pods the gate controller looks after: waiting at the gate, and pinned
+        # but not yet bound by the scheduler (a refusal may come).
+        self._gated: set[Key] = set()
+        self._pinned: set[Key] = set()
         # GPU resource names and where each comes from (a class, a GPUNode report, a GPU
         # node's allocatable, the hoster's list), counted so one event updates them.
         self._name_sources: dict[tuple[str, str], frozenset[str]] = {}
@@ -105,19 +121,28 @@ class ClusterView:
         key = object_key(obj)
         store = self.raw[kind]
         old = store.get(key)
-        if (
-            not deleted
-            and old is not None
-            and translate.resource_version(obj) < translate.resource_version(old)
-        ):
-            return  # an event older than what we already know (e.g. our own write)
+        version = translate.resource_version(obj)
+        if not deleted:
+            if old is not None and version < translate.resource_version(old):
+                return  # an event older than what we already know (e.g. our own write)
+            if old is None and version <= self._tombstones[kind].get(key, -1):
+                return  # the answer to a write sent before the object was deleted
         if deleted:
             store.pop(key, None)
+            self._bury(kind, key, version)
         else:
+            self._tombstones[kind].pop(key, None)
             store[key] = obj
         handler = self._handlers.get(kind)
         if handler is not None:
             handler(key, old, None if deleted else obj)
+
+    def _bury(self, kind: str, key: Key, version: int) -> None:
+        graves = self._tombstones[kind]
+        graves[key] = max(version, graves.get(key, -1))
+        if len(graves) > MAX_TOMBSTONES:
+            for old in list(graves)[: MAX_TOMBSTONES // 2]:
+                del graves[old]
 
     def forget_claim(self, key: ClaimKey) -> None:
         """The API says the claim is gone (a write answered 404)."""
@@ -180,6 +205,13 @@ class ClusterView:
         self.dirty.namespaces.add(key[0])
 
     def _on_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        self._gated.discard(key)
+        self._pinned.discard(key)
+        if new is not None and gate.owning_vmi(new) is not None:
+            if gate.is_gated(new):
+                self._gated.add(key)
+            elif gate.pinned_node(new) is not None and not gate.scheduled(new):
+                self._pinned.add(key)
         previous = self._pods.pop(key, None)
         if previous is not None:
             if previous.node:
@@ -312,6 +344,18 @@ class ClusterView:
     def inventory_stale(self, name: str) -> bool:
         return name in self._stale
 
+    def pod(self, key: Key) -> Obj | None:
+        return self.raw[keys.POD.kind].get(key)
+
+    def vmi_object(self, key: Key) -> Obj | None:
+        return self.raw[keys.VMI.kind].get(key)
+
+    def gated_pods(self) -> list[Key]:
+        return sorted(self._gated)
+
+    def pinned_pods(self) -> list[Key]:
+        return sorted(self._pinned)
+
     def vmi(self, key: Key) -> VMIState | None:
         return self._vmis.get(key)
 
@@ -358,3 +402,67 @@ class ClusterView:
             vmi_live_now=translate.vmi_live(obj, vmi, now, self.config.attachment_grace),
             set_id=translate.set_id_for(obj, self._claim_vmi.get(key), self._claim_vm.get(key)),
         )
+
+    # --- the model -------------------------------------------------------------------
+
+    def build_snapshot(self, now: float) -> Snapshot:
+        """A snapshot of everything held, once every kind has been listed."""
+        self.mark_all_dirty()
+        dirty = self.take_dirty()
+        return Snapshot.build(
+            nodes=[node for name in dirty.nodes if (node := self.node_info(name))],
+            classes=[cls for name in dirty.classes if (cls := self.class_info(name))],
+            claims=[claim for key in dirty.claims if (claim := self.claim_info(key, now))],
+            namespaces=[ns for name in dirty.namespaces if (ns := self.namespace_info(name))],
+        )
+
+    def sync_into(
+        self, snap: Snapshot, now: float, *, held: Collection[ClaimKey] = ()
+    ) -> tuple[bool, Dirty]:
+        """Bring ``snap`` up to date with what changed since the last call; claims in
+        ``held`` keep their model state (and stay dirty for the next call). Returns whether
+        the model saw a change, and what was dirty."""
+        dirty = self.take_dirty()
+        changed = _sync(
+            dirty.classes, self.class_info, snap.gpu_class, snap.upsert_class, snap.remove_class
+        )
+        changed |= _sync(
+            dirty.namespaces,
+            self.namespace_info,
+            snap.namespace,
+            snap.upsert_namespace,
+            snap.remove_namespace,
+        )
+        changed |= _sync(dirty.nodes, self.node_info, snap.node, snap.upsert_node, snap.remove_node)
+        for key in dirty.claims:
+            if key in held:
+                self.dirty.claims.add(key)
+                continue
+            claim = self.claim_info(key, now)
+            if claim is None:
+                changed |= snap.claim(key) is not None
+                snap.remove_claim(key)
+            elif snap.claim(key) != claim:
+                snap.upsert_claim(claim)
+                changed = True
+        return changed, dirty
+
+
+def _sync(
+    names: Iterable[str],
+    build: Callable[[str], Any],
+    current: Callable[[str], Any],
+    upsert: Callable[[Any], None],
+    remove: Callable[[str], None],
+) -> bool:
+    """Bring one kind of model input up to date; True when the model saw a change."""
+    changed = False
+    for name in names:
+        fresh = build(name)
+        if fresh is None:
+            changed |= current(name) is not None
+            remove(name)
+        elif current(name) != fresh:
+            upsert(fresh)
+            changed = True
+    return changed

@@ -2,7 +2,13 @@
 
 Decisions stay serial in the binder loop; only the HTTP calls run here. Binds go before
 everything else (a status condition on a waiting claim, an Event, a class status), so a
-burst of refusals never delays a bind. Every job reports back to the loop through its queue.
+burst of refusals never delays a bind.
+
+Every job reports back to the loop through its queue, whatever happens to the request: the
+loop holds a claim "in flight" until its write reports, and a claim held for ever blocks
+every later plan that would touch it. So an API answer, a broken connection (urllib3's
+``MaxRetryError``, ``ProtocolError``), a timeout and a bug alike end in a result, and every
+request carries a timeout so one the server never answers ends too.
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ from cozystack_gpu import keys, metrics
 from cozystack_gpu.model import ClaimKey
 
 log = logging.getLogger(__name__)
+
+# (connect, read) seconds of every request. A server that is down refuses the connection at
+# once; a loaded one answers a write within a few seconds (BENCHMARKS.md: p99 of 2-4 s behind
+# 10,000 waiting orders on 2 cores), so 30 s only ends a request that will never answer.
+REQUEST_TIMEOUT_S = (5.0, 30.0)
+# After a request that did not reach the server (or a 429/5xx), a worker pauses before its
+# next job, doubling up to the maximum: while the server restarts, the loop's re-decided
+# writes are not fired at it in a tight loop. Any answer resets the pause.
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 2.0
 
 
 class Priority(IntEnum):
@@ -62,15 +78,43 @@ class WriteDone:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One write: ``run`` sends it and returns what to report; ``failed`` turns an exception
+    into what to report instead, and never raises."""
+
+    run: Callable[[], ClaimWriteDone | WriteDone]
+    failed: Callable[[Exception], ClaimWriteDone | WriteDone]
+
+
+class WriterStopped(Exception):
+    """A job still queued when the writer stopped: not sent (this replica no longer leads)."""
+
+
+def describe(exc: BaseException) -> str:
+    """A short, single-line account of a failed request for results and logs."""
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {exc.reason}"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _transient(exc: BaseException) -> bool:
+    """The server was not reached, or asked us to slow down."""
+    if isinstance(exc, ApiException):
+        status = int(exc.status or 0)
+        return status == 429 or status >= 500
+    return True
+
+
 class Writer:
     def __init__(self, api: client.ApiClient, results: queue.Queue[Any], workers: int) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self._results = results
-        self._jobs: queue.PriorityQueue[tuple[int, int, Callable[[], None] | None]] = (
-            queue.PriorityQueue()
-        )
+        self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
         self._seq = itertools.count()
+        self._stopped = threading.Event()
         self._threads = [
             threading.Thread(target=self._work, name=f"writer-{i}", daemon=True)
             for i in range(workers)
@@ -82,6 +126,12 @@ class Writer:
             thread.start()
 
     def stop(self) -> None:
+        """Ends the workers; jobs still queued report ``WriterStopped`` without being sent.
+
+        The binder stops when this replica stops leading, and a replica that does not lead
+        must not write: the next leader decides again from what the API server holds.
+        """
+        self._stopped.set()
         for _thread in self._threads:
             # None sorts after every job of the same priority; the highest number ends last.
             self._jobs.put((Priority.EVENT + 1, next(self._seq), None))
@@ -95,212 +145,271 @@ class Writer:
     def pending(self) -> int:
         return self._jobs.qsize()
 
-    def _submit(self, priority: Priority, job: Callable[[], None]) -> None:
-        self._jobs.put((priority, next(self._seq), job))
+    def _submit(
+        self,
+        priority: Priority,
+        run: Callable[[], ClaimWriteDone | WriteDone],
+        failed: Callable[[Exception], ClaimWriteDone | WriteDone],
+    ) -> None:
+        self._jobs.put((priority, next(self._seq), _Job(run, failed)))
 
     def _work(self) -> None:
+        pause = 0.0
         while True:
             _priority, _seq, job = self._jobs.get()
             if job is None:
                 return
+            if self._stopped.is_set():
+                self._results.put(job.failed(WriterStopped("the writer stopped")))
+                continue
             try:
-                job()
-            except Exception:  # one failed write must not kill a writer thread
-                log.exception("write failed")
+                result = job.run()
+                pause = 0.0
+            except Exception as exc:  # an answer, a broken connection, a timeout or a bug
+                result = job.failed(exc)
+                if _transient(exc):
+                    pause = min(max(pause * 2, BACKOFF_FIRST_S), BACKOFF_MAX_S)
+                else:
+                    pause = 0.0
+            self._results.put(result)
+            if pause:
+                self._stopped.wait(pause)
+
+    def call(self, what: str, name: str, request: Callable[[], Any], priority: Priority) -> None:
+        """Any other write: ``request`` sends it (with ``_request_timeout=REQUEST_TIMEOUT_S``)
+        and its answer, when a dict, comes back as the ``WriteDone``'s ``obj``."""
+
+        def run() -> WriteDone:
+            answer = request()
+            return WriteDone(what, name, True, answer if isinstance(answer, dict) else None)
+
+        def failed(exc: Exception) -> WriteDone:
+            return WriteDone(what, name, False, error=describe(exc))
+
+        self._submit(priority, run, failed)
 
     # --- claims ------------------------------------------------------------------------
 
     def claim_status(
         self, key: ClaimKey, body: dict[str, Any], purpose: str, priority: Priority
     ) -> None:
-        def job() -> None:
+        def run() -> ClaimWriteDone:
             self.status_writes += 1
             metrics.STATUS_WRITES.labels(purpose).inc()
+            response = self.custom.patch_namespaced_custom_object_status(
+                keys.GROUP,
+                keys.VERSION,
+                key.namespace,
+                keys.PLURAL_CLAIMS,
+                key.name,
+                body,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+            obj = json.loads(response.data)
+            return ClaimWriteDone(key, Outcome.WRITTEN, obj, purpose)
+
+        def failed(exc: Exception) -> ClaimWriteDone:
+            return self._claim_failure(key, exc, purpose)
+
+        self._submit(priority, run, failed)
+
+    def _claim_failure(self, key: ClaimKey, exc: Exception, purpose: str) -> ClaimWriteDone:
+        """What the loop hears of a claim write that did not succeed: conflict, gone or failed,
+        with the claim as the server has it now when it can still be read."""
+        outcome = Outcome.FAILED
+        if isinstance(exc, ApiException):
+            outcome = {409: Outcome.CONFLICT, 404: Outcome.GONE}.get(exc.status, Outcome.FAILED)
+        if outcome is Outcome.GONE:
+            return ClaimWriteDone(key, outcome, None, purpose)
+        error = describe(exc)
+        if outcome is Outcome.FAILED and not isinstance(exc, WriterStopped):
+            log.warning(
+                "status write of claim %s/%s (%s) failed: %s; it is judged again",
+                key.namespace,
+                key.name,
+                purpose,
+                error,
+            )
+        fresh: dict[str, Any] | None = None
+        if not isinstance(exc, WriterStopped):
             try:
-                response = self.custom.patch_namespaced_custom_object_status(
+                fresh = self.custom.get_namespaced_custom_object(
                     keys.GROUP,
                     keys.VERSION,
                     key.namespace,
                     keys.PLURAL_CLAIMS,
                     key.name,
-                    body,
-                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
                 )
-                obj = json.loads(response.data)
-                self._results.put(ClaimWriteDone(key, Outcome.WRITTEN, obj, purpose))
-            except ApiException as exc:
-                self._results.put(self._claim_failure(key, exc, purpose))
-
-        self._submit(priority, job)
-
-    def _claim_failure(self, key: ClaimKey, exc: ApiException, purpose: str) -> ClaimWriteDone:
-        outcome = {409: Outcome.CONFLICT, 404: Outcome.GONE}.get(exc.status, Outcome.FAILED)
-        if outcome is Outcome.GONE:
-            return ClaimWriteDone(key, outcome, None, purpose)
-        try:
-            fresh = self.custom.get_namespaced_custom_object(
-                keys.GROUP, keys.VERSION, key.namespace, keys.PLURAL_CLAIMS, key.name
-            )
-        except ApiException as again:
-            if again.status == 404:
-                return ClaimWriteDone(key, Outcome.GONE, None, purpose)
-            fresh = None
-        if outcome is Outcome.FAILED:
-            log.warning("status write of claim %s failed: %s", key, exc.reason)
-        return ClaimWriteDone(key, outcome, fresh, purpose, error=str(exc.reason))
+            except ApiException as again:
+                if again.status == 404:
+                    return ClaimWriteDone(key, Outcome.GONE, None, purpose)
+            except Exception as again:  # the server is away: the watch brings the claim later
+                log.debug("claim %s/%s not read again: %s", key.namespace, key.name, again)
+        return ClaimWriteDone(key, outcome, fresh, purpose, error=error)
 
     # --- classes, records, settings, events ---------------------------------------------
 
     def class_status(self, name: str, body: dict[str, Any]) -> None:
-        def job() -> None:
-            try:
-                obj = self.custom.patch_cluster_custom_object_status(
-                    keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name, body
-                )
-                self._results.put(WriteDone("class-status", name, True, obj))
-            except ApiException as exc:
-                self._results.put(WriteDone("class-status", name, False, error=str(exc.reason)))
+        def run() -> WriteDone:
+            obj = self.custom.patch_cluster_custom_object_status(
+                keys.GROUP,
+                keys.VERSION,
+                keys.PLURAL_CLASSES,
+                name,
+                body,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+            return WriteDone("class-status", name, True, obj)
 
-        self._submit(Priority.STATUS, job)
+        def failed(exc: Exception) -> WriteDone:
+            return WriteDone("class-status", name, False, error=describe(exc))
+
+        self._submit(Priority.STATUS, run, failed)
 
     def create_record(self, namespace: str, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
 
-        def job() -> None:
-            try:
-                obj = self.custom.create_namespaced_custom_object(
-                    keys.WORKLOAD_GROUP,
-                    keys.WORKLOAD_VERSION,
-                    namespace,
-                    keys.WORKLOAD_PLURAL,
-                    body,
-                )
-                if "status" not in obj and "status" in body:
-                    # Where Workload has a status subresource, create drops the status.
-                    obj = self.custom.patch_namespaced_custom_object_status(
-                        keys.WORKLOAD_GROUP,
-                        keys.WORKLOAD_VERSION,
-                        namespace,
-                        keys.WORKLOAD_PLURAL,
-                        name,
-                        {"status": body["status"]},
-                    )
-                self._results.put(WriteDone("record", f"{namespace}/{name}", True, obj))
-            except ApiException as exc:
-                ok = exc.status == 409  # already there: the watch brings it
-                self._results.put(
-                    WriteDone("record", f"{namespace}/{name}", ok, error=str(exc.reason))
-                )
-
-        self._submit(Priority.RECORD, job)
-
-    def delete_record(self, namespace: str, name: str) -> None:
-        def job() -> None:
-            try:
-                self.custom.delete_namespaced_custom_object(
+        def run() -> WriteDone:
+            obj = self.custom.create_namespaced_custom_object(
+                keys.WORKLOAD_GROUP,
+                keys.WORKLOAD_VERSION,
+                namespace,
+                keys.WORKLOAD_PLURAL,
+                body,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+            if "status" not in obj and "status" in body:
+                # Where Workload has a status subresource, create drops the status.
+                obj = self.custom.patch_namespaced_custom_object_status(
                     keys.WORKLOAD_GROUP,
                     keys.WORKLOAD_VERSION,
                     namespace,
                     keys.WORKLOAD_PLURAL,
                     name,
+                    {"status": body["status"]},
+                    _request_timeout=REQUEST_TIMEOUT_S,
                 )
-                self._results.put(WriteDone("record-delete", f"{namespace}/{name}", True))
-            except ApiException as exc:
-                ok = exc.status == 404
-                self._results.put(
-                    WriteDone("record-delete", f"{namespace}/{name}", ok, error=str(exc.reason))
-                )
+            return WriteDone("record", f"{namespace}/{name}", True, obj)
 
-        self._submit(Priority.RECORD, job)
+        def failed(exc: Exception) -> WriteDone:
+            # Already there: the watch brings it.
+            ok = isinstance(exc, ApiException) and exc.status == 409
+            return WriteDone("record", f"{namespace}/{name}", ok, error=describe(exc))
+
+        self._submit(Priority.RECORD, run, failed)
+
+    def delete_record(self, namespace: str, name: str) -> None:
+        def run() -> WriteDone:
+            self.custom.delete_namespaced_custom_object(
+                keys.WORKLOAD_GROUP,
+                keys.WORKLOAD_VERSION,
+                namespace,
+                keys.WORKLOAD_PLURAL,
+                name,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+            return WriteDone("record-delete", f"{namespace}/{name}", True)
+
+        def failed(exc: Exception) -> WriteDone:
+            ok = isinstance(exc, ApiException) and exc.status == 404
+            return WriteDone("record-delete", f"{namespace}/{name}", ok, error=describe(exc))
+
+        self._submit(Priority.RECORD, run, failed)
 
     def delete_vmi(self, namespace: str, name: str) -> None:
-        def job() -> None:
-            try:
-                self.custom.delete_namespaced_custom_object(
-                    keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name
-                )
-                log.info("deleted VMI %s/%s: its node is gone and it never ran", namespace, name)
-                self._results.put(WriteDone("vmi-delete", f"{namespace}/{name}", True))
-            except ApiException as exc:
-                ok = exc.status == 404
-                self._results.put(
-                    WriteDone("vmi-delete", f"{namespace}/{name}", ok, error=str(exc.reason))
-                )
+        def run() -> WriteDone:
+            self.custom.delete_namespaced_custom_object(
+                keys.VMI.group,
+                keys.VMI.version,
+                namespace,
+                keys.VMI.plural,
+                name,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+            log.info("deleted VMI %s/%s: its node is gone and it never ran", namespace, name)
+            return WriteDone("vmi-delete", f"{namespace}/{name}", True)
 
-        self._submit(Priority.BIND, job)
+        def failed(exc: Exception) -> WriteDone:
+            ok = isinstance(exc, ApiException) and exc.status == 404
+            return WriteDone("vmi-delete", f"{namespace}/{name}", ok, error=describe(exc))
 
-    def call(self, what: str, name: str, request: Callable[[], Any], priority: Priority) -> None:
-        """Any other write the loop composes (a finalizer, a GPUNode condition): ``request``
-        runs on a writer thread and its answer comes back as a WriteDone."""
-
-        def job() -> None:
-            try:
-                answer = request()
-                obj = answer if isinstance(answer, dict) else None
-                self._results.put(WriteDone(what, name, True, obj))
-            except ApiException as exc:
-                self._results.put(WriteDone(what, name, False, error=f"{exc.status} {exc.reason}"))
-
-        self._submit(priority, job)
+        self._submit(Priority.BIND, run, failed)
 
     def settings(self, namespace: str, data: dict[str, str]) -> None:
-        def job() -> None:
-            body = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": keys.SETTINGS_CONFIGMAP,
-                    "namespace": namespace,
-                    "labels": {"app.kubernetes.io/managed-by": "cozystack-gpu-controller"},
-                },
-                "data": data,
-            }
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": keys.SETTINGS_CONFIGMAP,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/managed-by": "cozystack-gpu-controller"},
+            },
+            "data": data,
+        }
+
+        def run() -> WriteDone:
             try:
-                try:
-                    self.core.replace_namespaced_config_map(
-                        keys.SETTINGS_CONFIGMAP, namespace, body
-                    )
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
-                    self.core.create_namespaced_config_map(namespace, body)
-                self._results.put(WriteDone("settings", keys.SETTINGS_CONFIGMAP, True))
-            except ApiException as exc:
-                self._results.put(
-                    WriteDone("settings", keys.SETTINGS_CONFIGMAP, False, error=str(exc.reason))
+                self.core.replace_namespaced_config_map(
+                    keys.SETTINGS_CONFIGMAP, namespace, body, _request_timeout=REQUEST_TIMEOUT_S
                 )
-
-        self._submit(Priority.STATUS, job)
-
-    def event(self, claim_obj: dict[str, Any], reason: str, message: str, warning: bool) -> None:
-        metadata = claim_obj.get("metadata") or {}
-
-        def job() -> None:
-            body = {
-                "metadata": {
-                    "generateName": f"{metadata.get('name')}.",
-                    "namespace": metadata.get("namespace"),
-                },
-                "involvedObject": {
-                    "apiVersion": keys.API_VERSION,
-                    "kind": keys.KIND_CLAIM,
-                    "name": metadata.get("name"),
-                    "namespace": metadata.get("namespace"),
-                    "uid": metadata.get("uid"),
-                },
-                "reason": reason,
-                "message": message[:1024],
-                "type": "Warning" if warning else "Normal",
-                "source": {"component": keys.FIELD_MANAGER_BINDER},
-                "reportingComponent": keys.FIELD_MANAGER_BINDER,
-                "count": 1,
-            }
-            try:
-                # The answer is not read: skip building the client's Event model from it.
-                self.core.create_namespaced_event(
-                    str(metadata.get("namespace")), body, _preload_content=False
-                ).release_conn()
             except ApiException as exc:
-                log.debug("event for %s not written: %s", metadata.get("name"), exc.reason)
+                if exc.status != 404:
+                    raise
+                self.core.create_namespaced_config_map(
+                    namespace, body, _request_timeout=REQUEST_TIMEOUT_S
+                )
+            return WriteDone("settings", keys.SETTINGS_CONFIGMAP, True)
 
-        self._submit(Priority.EVENT, job)
+        def failed(exc: Exception) -> WriteDone:
+            return WriteDone("settings", keys.SETTINGS_CONFIGMAP, False, error=describe(exc))
+
+        self._submit(Priority.STATUS, run, failed)
+
+    def event(
+        self,
+        obj: dict[str, Any],
+        reason: str,
+        message: str,
+        warning: bool,
+        kind: keys.ApiKind = keys.GPU_CLAIM,
+    ) -> None:
+        """An Event for people about ``obj`` (a claim unless ``kind`` says otherwise)."""
+        metadata = obj.get("metadata") or {}
+        name = f"{metadata.get('namespace')}/{metadata.get('name')}"
+        body = {
+            "metadata": {
+                "generateName": f"{metadata.get('name')}.",
+                "namespace": metadata.get("namespace"),
+            },
+            "involvedObject": {
+                "apiVersion": kind.api_version,
+                "kind": kind.kind,
+                "name": metadata.get("name"),
+                "namespace": metadata.get("namespace"),
+                "uid": metadata.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": keys.FIELD_MANAGER_BINDER},
+            "reportingComponent": keys.FIELD_MANAGER_BINDER,
+            "count": 1,
+        }
+
+        def run() -> WriteDone:
+            # The answer is not read: skip building the client's Event model from it.
+            self.core.create_namespaced_event(
+                str(metadata.get("namespace")),
+                body,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            ).release_conn()
+            return WriteDone("event", name, True)
+
+        def failed(exc: Exception) -> WriteDone:
+            log.debug("event for %s not written: %s", name, describe(exc))
+            return WriteDone("event", name, False, error=describe(exc))
+
+        self._submit(Priority.EVENT, run, failed)

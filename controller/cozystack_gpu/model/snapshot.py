@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from cozystack_gpu.keys import Mode, Phase, effective_max_count
+from cozystack_gpu.keys import Mode, OnCordon, Phase, effective_max_count
 from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.budgets import Charge, Ledger, bump
 from cozystack_gpu.model.eligibility import selector_matches, why_not_placeable
@@ -31,6 +31,7 @@ from cozystack_gpu.model.types import (
     Decision,
     NamespaceInfo,
     NodeInfo,
+    Placement,
     Reason,
     Refusal,
 )
@@ -339,6 +340,61 @@ class Snapshot:
         budget (and maxCount) checks, so moving or rebinding it never fails on them.
         """
         return self.place_set((claim,), now, nodes)
+
+    def place_for_start(
+        self, claims: Sequence[ClaimInfo], now: float, nodes: Collection[str] | None = None
+    ) -> Decision:
+        """Where a VM's launcher pod is pinned: the node its whole set goes to at start.
+
+        Usually ``place_set``: a set that holds units on a node that still serves it stays
+        there, anything else goes to the best fit. Seed 000 adds the cordon rule: a set held
+        whole on a cordoned node, whose only reason to leave is the cordon, is pinned where
+        it is when a class of the set says ``onCordon: Stay`` (a Stay pin, which also holds
+        through NotReady) or when no other node has room for it.
+        """
+        pinned = self._pinned_node(claims, now, nodes)
+        if pinned is None:
+            return self.place_set(claims, now, nodes)
+        if any(self._classes[c.class_name].on_cordon is OnCordon.STAY for c in claims):
+            return Placement(pinned)
+        elsewhere = self.place_set(claims, now, nodes, exclude=(pinned,))
+        return Placement(pinned) if isinstance(elsewhere, Refusal) else elsewhere
+
+    def _pinned_node(
+        self, claims: Sequence[ClaimInfo], now: float, nodes: Collection[str] | None
+    ) -> str | None:
+        """The cordoned node a set is held on whole, when nothing but the cordon (and, under
+        a Stay class, NotReady) says it should leave, and its other members fit there."""
+        held = {c.node for c in claims if c.holds_node and c.node is not None}
+        if len(held) != 1 or any(c.counts_budget and not c.holds_node for c in claims):
+            return None
+        name = next(iter(held))
+        node = self._nodes.get(name)
+        if node is None or not node.unschedulable:
+            return None
+        if nodes is not None and name not in nodes:
+            return None
+        if any(r.node == name and r.until > now for c in claims for r in c.rejected):
+            return None
+        classes = [self._classes.get(c.class_name) for c in claims]
+        if any(k is None or self.why_not_placeable(node, k) is not None for k in classes):
+            return None
+        stay = any(k is not None and k.on_cordon is OnCordon.STAY for k in classes)
+        if not node.ready and not stay:
+            return None
+        if self.over_capacity(name):
+            return None  # the node lost capacity: every pin gives way
+        need: dict[str, int] = {}
+        for claim in claims:
+            if not claim.holds_node:
+                res = self._classes[claim.class_name].resource_name
+                need[res] = need.get(res, 0) + claim.count
+        if any(self.free(name, res) < units for res, units in need.items()):
+            return None
+        waiting = [c for c in claims if not c.counts_budget]
+        if self._ledger.check_orders(waiting, self._classes) is not None:
+            return None
+        return name
 
     def place_set(
         self,

@@ -1,115 +1,24 @@
 """The binder against the real API server: lifecycle rules of SPEC.md §5 and §7.
 
-Each test gets its own binder (a fresh listing), and names its classes, nodes and
-namespaces uniquely, with class node selectors on a per-test label, so claims and nodes of
-other tests never meet.
+Each test gets its own binder and corner of the cluster (the ``env`` fixture, see
+binder_env.py).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from binder_env import GRACE_S, Env, condition
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.loop import Binder
-from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
+from cozystack_gpu_testkit.objects import Kube, binder_config, wait_for
 
 pytestmark = pytest.mark.apiserver
-
-GRACE_S = 2.0
-
-
-@pytest.fixture(scope="session")
-def kube(api_client: Any) -> Kube:
-    install_extra_crds(api_client)
-    return Kube(api_client)
-
-
-@dataclass
-class Env:
-    """One test's corner of the cluster."""
-
-    kube: Kube
-    binder: Binder
-    id: str
-    tenant: str
-    controller_ns: str
-
-    @property
-    def selector(self) -> dict[str, str]:
-        return {"test.cozystack.io/id": self.id}
-
-    def name(self, base: str) -> str:
-        return f"{base}-{self.id}"
-
-    def node(self, base: str, gpus: int, resource: str | None = None, **kwargs: Any) -> str:
-        name = self.name(base)
-        labels = {**self.selector, **kwargs.pop("labels", {})}
-        self.kube.gpu_node(name, resource or self.resource, gpus, labels=labels, **kwargs)
-        return name
-
-    @property
-    def resource(self) -> str:
-        return f"nvidia.com/GPU_{self.id}"
-
-    def gpu_class(self, base: str = "h100", **spec: Any) -> str:
-        name = self.name(base)
-        resource = spec.pop("resource", self.resource)
-        self.kube.gpu_class(name, resource, selector=self.selector, **spec)
-        return name
-
-    def phase(self, claim: str, namespace: str | None = None) -> str | None:
-        obj = self.kube.get_claim(namespace or self.tenant, claim)
-        return (obj.get("status") or {}).get("phase")
-
-    def attached(self, node: str, gpu_class: str, *, phase: str = "Running") -> dict[str, Any]:
-        """Claim "c" ordered, bound, and attached to VMI "vm" running on ``node``, as the
-        VMI webhook and KubeVirt would leave it."""
-        self.kube.claim(self.tenant, "c", gpu_class, 1)
-        self.wait_phase("c", "Bound")
-        self.kube.attach(self.tenant, "c", "vm")
-        vmi_node = node if phase == "Running" else None
-        self.kube.vmi(self.tenant, "vm", claims=["c"], phase=phase, node=vmi_node)
-        return self.wait_phase("c", "Attached")
-
-    def wait_phase(
-        self, claim: str, phase: str, namespace: str | None = None, timeout: float = 15.0
-    ) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            obj = self.kube.get_claim(namespace or self.tenant, claim)
-            return obj if (obj.get("status") or {}).get("phase") == phase else None
-
-        result: dict[str, Any] = wait_for(check, timeout, f"claim {claim} {phase}")
-        return result
-
-
-@pytest.fixture
-def env(api_client: Any, kube: Kube) -> Iterator[Env]:
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns = f"ctl-{test_id}"
-    tenant = f"tenant-{test_id}"
-    kube.namespace(controller_ns)
-    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
-    binder = Binder(api_client, binder_config(controller_ns, attachment_grace=GRACE_S))
-    binder.start()
-    assert binder.synced.wait(30), "the binder did not finish its first listing"
-    try:
-        yield Env(kube, binder, test_id, tenant, controller_ns)
-    finally:
-        binder.stop()
-
-
-def condition(obj: dict[str, Any], type_: str = keys.CONDITION_BOUND) -> dict[str, Any]:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond["type"] == type_:
-            return dict(cond)
-    return {}
 
 
 # --- binding -----------------------------------------------------------------------------
@@ -133,7 +42,7 @@ def _refusal(env: Env, claim: str, reason: str) -> dict[str, Any]:
 
     cond: dict[str, Any] = wait_for(refused, what=f"a {reason} condition on {claim}")
     assert cond["status"] == "False"
-    assert env.phase(claim) is None, "a refused order stays unbound"
+    assert env.phase(claim) == "Pending", "a refused order waits, unbound, as Pending"
     return cond
 
 
@@ -529,12 +438,19 @@ def test_a_bind_overtaken_by_another_write_is_judged_again_and_books_once(
             bound = [c for c in claims if (c.get("status") or {}).get("phase") == "Bound"]
             return claims if bound and binder.stats.conflicts >= 1 else None
 
-        claims = wait_for(settled, what="a conflict and a bind")
+        wait_for(settled, what="a conflict and a bind")
         loops = binder.stats.loops
         wait_for(lambda: binder.stats.loops > loops + 3, what="binder loops")
-        claims = kube.claims(tenant)
+        claims = wait_for(
+            lambda: (
+                (found := kube.claims(tenant))
+                and all((c.get("status") or {}).get("phase") for c in found)
+                and found
+            ),
+            what="both claims to show a phase",
+        )
     finally:
         binder.stop()
     phases = {c["metadata"]["name"]: (c.get("status") or {}).get("phase") for c in claims}
     assert binder.meddled == 1
-    assert sorted(phases.values(), key=str) == ["Bound", None], f"one unit, one bind: {phases}"
+    assert sorted(phases.values()) == ["Bound", "Pending"], f"one unit, one bind: {phases}"

@@ -142,9 +142,9 @@ def test_a_usage_record_is_owned_by_its_claim_and_counts_its_units() -> None:
 
 def test_settings_list_every_gpu_name_once_sorted() -> None:
     data = lifecycle.settings_data(
-        ["nvidia.com/B", "nvidia.com/A"], ["nvidia.com/A", "nvidia.com/C"], [" nvidia.com/D "],
+        ["nvidia.com/B", "nvidia.com/A", "nvidia.com/A", "nvidia.com/C", " nvidia.com/D "],
         RawNamesPolicy.FORBIDDEN,
-    )  # fmt: skip
+    )
     assert data == {
         "resourceNames": "nvidia.com/A,nvidia.com/B,nvidia.com/C,nvidia.com/D",
         "rawResourceNames": "forbidden",
@@ -179,3 +179,139 @@ def test_raw_name_pods_take_units_but_claim_pods_and_final_pods_do_not() -> None
 )
 def test_whole_quantities(value: Any, units: int | None) -> None:
     assert translate.whole_quantity(value) == units
+
+
+# --- Pending, finalizers and GPUNode conditions ------------------------------------------
+
+
+def test_a_waiting_order_shows_the_pending_phase_and_a_waiting_lost_claim_keeps_its_own() -> None:
+    cond = lifecycle.condition(keys.CONDITION_BOUND, False, "InsufficientCapacity", "no room", NOW)
+    order = claim(None)
+    assert lifecycle.waiting_note_due(order, cond)
+    assert lifecycle.waiting_patch(order, cond)["status"]["phase"] == "Pending"
+    lost = claim("Lost")
+    assert "phase" not in lifecycle.waiting_patch(lost, cond)["status"]
+    # Told once: the same reason on a claim that already shows Pending is not written again.
+    told = claim("Pending")
+    told["status"]["conditions"] = [cond]
+    assert not lifecycle.waiting_note_due(told, cond)
+    assert lifecycle.waiting_note_due(told, {**cond, "message": "another reason"})
+
+
+def test_a_live_class_keeps_its_finalizer_and_a_deleted_one_goes_once_nothing_holds_it() -> None:
+    live = {"metadata": {"name": "h100", "resourceVersion": "3"}}
+    body = lifecycle.class_protection(live, holding_claims=5)
+    assert body == {"metadata": {"resourceVersion": "3", "finalizers": [keys.FINALIZER_CLASS]}}
+    deleting = {
+        "metadata": {
+            "name": "h100",
+            "resourceVersion": "4",
+            "deletionTimestamp": "2026-11-30T10:00:00Z",
+            "finalizers": ["other.example.com/keep", keys.FINALIZER_CLASS],
+        }
+    }
+    assert lifecycle.class_protection(deleting, holding_claims=1) is None
+    released = lifecycle.class_protection(deleting, holding_claims=0)
+    assert released == {
+        "metadata": {"resourceVersion": "4", "finalizers": ["other.example.com/keep"]}
+    }
+
+
+def test_an_attached_claim_is_protected_until_its_vmi_is_final_or_gone() -> None:
+    attached = claim("Attached", "vm", NOW)
+    assert lifecycle.claim_protection(attached, vmi_live=True) == {
+        "metadata": {"resourceVersion": "7", "finalizers": [keys.FINALIZER_CLAIM]}
+    }
+    protected = claim("Attached", "vm", NOW, finalizers=[keys.FINALIZER_CLAIM])
+    assert lifecycle.claim_protection(protected, vmi_live=True) is None
+    deleted = claim(
+        "Attached", "vm", NOW, finalizers=[keys.FINALIZER_CLAIM],
+        deletionTimestamp="2026-11-30T10:00:00Z",
+    )  # fmt: skip
+    # Deleting an attached claim only marks it while its VMI runs, and says so.
+    assert lifecycle.claim_protection(deleted, vmi_live=True) is None
+    waits = lifecycle.deletion_waits_condition(deleted, NOW)
+    assert waits is not None and waits["reason"] == "WaitingForVMI" and "VMI vm" in waits["message"]
+    assert lifecycle.claim_protection(deleted, vmi_live=False) == {
+        "metadata": {"resourceVersion": "7", "finalizers": []}
+    }
+    detached = claim("Bound", finalizers=[keys.FINALIZER_CLAIM])
+    assert lifecycle.claim_protection(detached, vmi_live=False) == {
+        "metadata": {"resourceVersion": "7", "finalizers": []}
+    }
+    assert lifecycle.claim_protection(claim("Bound"), vmi_live=False) is None
+
+
+def _node(ready: bool = True, cordoned: bool = False, state: str | None = None,
+          allocatable: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    labels = {keys.LABEL_NODE_LAYOUT_STATE: state} if state else {}
+    return {
+        "metadata": {"name": "n1", "labels": labels},
+        "spec": {"unschedulable": cordoned},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "allocatable": allocatable if allocatable is not None else {"nvidia.com/A": "2"},
+        },
+    }
+
+
+def _gpunode(
+    updated: float | None = NOW, names: tuple[str, ...] = ("nvidia.com/A",)
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "devices": [
+            {"pciAddress": f"0000:{i + 16:02x}:00.0", "resourceName": n, "allocatable": 1}
+            for i, n in enumerate(names)
+        ]
+    }
+    if updated is not None:
+        status["updatedAt"] = translate.rfc3339(updated)
+    return {"metadata": {"name": "n1"}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("node", "gpunode", "stale", "ready", "reason"),
+    [
+        (_node(), _gpunode(), False, "True", "Serving"),
+        (None, _gpunode(), False, "False", "NodeGone"),
+        (_node(), _gpunode(updated=None), False, "False", "NoInventory"),
+        (_node(), _gpunode(updated=NOW - 900), True, "False", "InventoryStale"),
+        (_node(ready=False), _gpunode(), False, "False", "NodeNotReady"),
+        (_node(cordoned=True), _gpunode(), False, "False", "Cordoned"),
+        (_node(state="pending"), _gpunode(), False, "False", "LayoutPending"),
+        (_node(state="failed"), _gpunode(), False, "True", "LayoutFailed"),
+    ],
+)
+def test_gpunode_ready_says_whether_and_why_the_node_serves(
+    node: dict[str, Any] | None, gpunode: dict[str, Any], stale: bool, ready: str, reason: str
+) -> None:
+    conds = lifecycle.gpunode_conditions(node, gpunode, stale, 300.0, NOW)
+    found = {c["type"]: c for c in conds}[keys.CONDITION_READY]
+    assert (found["status"], found["reason"]) == (ready, reason)
+    assert found["message"]
+
+
+def test_a_name_kubelet_does_not_advertise_is_reported_not_silently_used() -> None:
+    gpunode = _gpunode(names=("nvidia.com/A", "nvidia.com/AD102GL_L40"))
+    conds = lifecycle.gpunode_conditions(_node(), gpunode, False, 300.0, NOW)
+    names = {c["type"]: c for c in conds}[keys.CONDITION_NAMES_ADVERTISED]
+    assert (names["status"], names["reason"]) == ("False", "NotAdvertised")
+    assert "nvidia.com/AD102GL_L40 (0000:11:00.0)" in names["message"]
+    assert "pci.ids" in names["message"]
+
+
+def test_gpunode_conditions_are_written_only_when_they_change_and_keep_transition_times() -> None:
+    gpunode = _gpunode()
+    conds = lifecycle.gpunode_conditions(_node(), gpunode, False, 300.0, NOW)
+    body = lifecycle.gpunode_status_patch(gpunode, conds)
+    assert body is not None and set(body["status"]) == {"conditions"}
+    gpunode["status"]["conditions"] = body["status"]["conditions"]
+    later = lifecycle.gpunode_conditions(_node(), gpunode, False, 300.0, NOW + 60)
+    assert lifecycle.gpunode_status_patch(gpunode, later) is None
+
+
+def test_staleness_needs_a_report_and_a_period() -> None:
+    assert translate.inventory_stale(NOW - 301, NOW, 300.0)
+    assert not translate.inventory_stale(NOW - 299, NOW, 300.0)
+    assert not translate.inventory_stale(None, NOW, 300.0)
+    assert not translate.inventory_stale(NOW - 10_000, NOW, 0.0)

@@ -46,6 +46,7 @@ from cozystack_gpu.model import (
     plan,
     serves,
 )
+from cozystack_gpu.model.eligibility import why_not_placeable
 
 RES_A = "nvidia.com/GA100"
 RES_B = "nvidia.com/AD102GL_L40S"
@@ -117,6 +118,7 @@ def make_node(i: int, r: random.Random) -> NodeInfo:
     if r.random() < 0.1:
         taints += (Taint("soft", "PreferNoSchedule"),)
     raw = {RES_A: 1} if RES_A in alloc and r.random() < 0.1 else {}
+    stale = r.random() < 0.05
     return NodeInfo(
         name=f"n{i}",
         labels=labels,
@@ -126,6 +128,7 @@ def make_node(i: int, r: random.Random) -> NodeInfo:
         allocatable=alloc,
         devices=tuple(devices),
         raw_used=raw,
+        inventory_stale=stale,
     )
 
 
@@ -177,6 +180,7 @@ class Checker:
     snap: Snapshot
     decisions: int = 0
     plans: int = 0
+    cordon_rules_judged: int = 0  # sets that left a node where only Ready or cordon could say
 
     @classmethod
     def of(cls, world: World, orders: int = 0, seed: int = 0) -> Checker:
@@ -397,6 +401,10 @@ class Checker:
             if action.step is Step.BIND:
                 assert not before.classes[members[0].class_name].deleting
                 check_budgets_after(self.world, members)
+        if action.step in (Step.MOVE, Step.LOSE) and check_leaving_respects_cordon_and_stay(
+            before, action
+        ):
+            self.cordon_rules_judged += 1
 
     def check_placed(self, keys: list[ClaimKey], node: str) -> None:
         """After a placement, the node holds no more than its capacity of those resources."""
@@ -511,6 +519,48 @@ def check_budgets_after(world: World, bound: Sequence[ClaimInfo]) -> None:
             for key in keys & set(quota):
                 used = oracle_budget(world, tenant, key)
                 assert used <= quota[key], f"{tenant} {key}: {used} > {quota[key]}"
+
+
+def over_capacity(view: View, node: NodeInfo) -> set[str]:
+    used = oracle_used(view)
+    cap = node.capacity()
+    return {
+        res
+        for (name, res), units in used.items()
+        if name == node.name and units + node.raw_used.get(res, 0) > cap.get(res, 0)
+    }
+
+
+def check_leaving_respects_cordon_and_stay(view: View, action: Action) -> bool:
+    """Seed 000's rules for an unattached set leaving its node (a Move, or a Lose for want of
+    room elsewhere), judged on the state the pass started from:
+
+    - cordon alone never loses a hold: on a Ready node that still serves the set and has
+      not lost capacity, a cordon can move the set (onCordon: Move, with room elsewhere) but
+      never make it Lost;
+    - a Stay pin holds through NotReady: on a cordoned node whose set has a Stay class, the
+      set leaves only when the node no longer serves it or has lost capacity.
+    """
+    if action.from_node is None:
+        return False
+    node = view.nodes.get(action.from_node)
+    members = [view.claims[k] for k in action.claims if k in view.claims]
+    if node is None or not members or any(m.phase is not Phase.BOUND for m in members):
+        return False  # the node is gone, or attached claims going Lost on a NotReady node
+    classes = [view.classes.get(m.class_name) for m in members]
+    if any(c is None for c in classes):
+        return False
+    known = [c for c in classes if c is not None]
+    if any(why_not_placeable(node, c, view.classes.values()) is not None for c in known):
+        return False  # a reason to leave besides Ready and cordon
+    if {c.resource_name for c in known} & over_capacity(view, node):
+        return False  # the node lost capacity: every pin gives way
+    stay = any(c.on_cordon is OnCordon.STAY for c in known)
+    assert not (node.unschedulable and stay), f"a Stay pin gave way: {action}"
+    if node.ready:
+        assert node.unschedulable, f"a set left a Ready node that serves it: {action}"
+        assert action.step is Step.MOVE, f"cordon alone lost a hold: {action}"
+    return True
 
 
 def check_holds(world: World) -> None:

@@ -17,8 +17,10 @@ from model_builders import (
     vgpu,
 )
 
-from cozystack_gpu.keys import QUOTA_KEY_TOTAL, Phase, quota_key
+from cozystack_gpu.keys import QUOTA_KEY_TOTAL, OnCordon, Phase, quota_key
 from cozystack_gpu.model import (
+    ClaimKey,
+    NodeInfo,
     Placement,
     Reason,
     Refusal,
@@ -305,3 +307,69 @@ def test_set_already_held_on_a_node_that_still_fits_stays_there() -> None:
     assert snap.place_set([held], NOW) == Placement("n2")
     # A template claim joining the held one goes where the set is.
     assert snap.place_set([held, claim("h100", 1, set_id="vm")], NOW) == Placement("n2")
+
+
+# --- where a starting VM's set is pinned (seed 000) ---------------------------------------
+
+
+def _cordoned(name: str, gpus: int = 4, *, ready: bool = True) -> NodeInfo:
+    return node(name, gpus, unschedulable=True, ready=ready)
+
+
+def test_start_pins_a_set_to_the_node_that_serves_it() -> None:
+    snap = Snapshot.build(
+        nodes=[node("n1", 4), node("n2", 8)],
+        classes=[passthrough()],
+        claims=[bound("h100", 2, "n1", name="held")],
+        namespaces=[tenant("tenant-a")],
+    )
+    held = snap.claim(ClaimKey("tenant-a", "held"))
+    assert held is not None
+    assert snap.place_for_start([held], NOW) == Placement("n1")
+
+
+def test_a_stay_pin_keeps_a_starting_set_on_its_cordoned_node_even_when_not_ready() -> None:
+    for ready in (True, False):
+        snap = Snapshot.build(
+            nodes=[_cordoned("n1", ready=ready), node("n2", 8)],
+            classes=[passthrough(on_cordon=OnCordon.STAY)],
+            claims=[bound("h100", 2, "n1", name="held")],
+            namespaces=[tenant("tenant-a")],
+        )
+        held = snap.claim(ClaimKey("tenant-a", "held"))
+        assert held is not None
+        template = claim("h100", 1, name="tpl", template=True)
+        assert snap.place_for_start([held, template], NOW) == Placement("n1"), ready
+
+
+def test_cordon_alone_pins_a_move_set_where_it_is_only_when_no_other_node_has_room() -> None:
+    snap = Snapshot.build(
+        nodes=[_cordoned("n1"), node("n2", 1)],
+        classes=[passthrough()],
+        claims=[bound("h100", 2, "n1", name="held")],
+        namespaces=[tenant("tenant-a")],
+    )
+    held = snap.claim(ClaimKey("tenant-a", "held"))
+    assert held is not None
+    assert snap.place_for_start([held], NOW) == Placement("n1"), "no room elsewhere"
+    snap.upsert_node(node("n2", 4))
+    assert snap.place_for_start([held], NOW) == Placement("n2"), "room elsewhere: Move"
+
+
+def test_a_pin_gives_way_when_the_cordoned_node_has_lost_capacity_or_is_not_ready() -> None:
+    snap = Snapshot.build(
+        nodes=[_cordoned("n1", ready=False), node("n2", 4)],
+        classes=[passthrough()],
+        claims=[bound("h100", 2, "n1", name="held")],
+        namespaces=[tenant("tenant-a")],
+    )
+    held = snap.claim(ClaimKey("tenant-a", "held"))
+    assert held is not None
+    assert snap.place_for_start([held], NOW) == Placement("n2"), "Move class, NotReady node"
+    stay = Snapshot.build(
+        nodes=[_cordoned("n1", gpus=1), node("n2", 4)],
+        classes=[passthrough(on_cordon=OnCordon.STAY)],
+        claims=[bound("h100", 2, "n1", name="held")],
+        namespaces=[tenant("tenant-a")],
+    )
+    assert stay.place_for_start([held], NOW) == Placement("n2"), "lost capacity breaks a Stay pin"

@@ -1,0 +1,321 @@
+"""The launcher-pod gate, as pure rules: which pods wait at the gate, which VMI and claims
+they start, the template claims to create, the one pod update that pins and ungates, and
+when a scheduler's refusal of a pinned pod counts as a rejection of its node.
+
+Seed 000 tells the path: the pod webhook puts ``keys.SCHEDULING_GATE_CLAIMS`` on a
+virt-launcher pod (and on KubeVirt's temporary pod for WaitForFirstConsumer volumes); the
+leader creates the VMI's template claims, places the whole set on one node, and then, in one
+pod update, adds a ``metadata.name`` requirement for that node to every required node
+selector term (or one term) and removes the gate. The API server lets a pod's node affinity
+gain requirements only while the pod is still gated, so the pin and the ungating cannot be
+split. The binder loop does the I/O; everything here is a function of API objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.translate import meta, name_of, namespace_of, node_ready
+
+Obj = Mapping[str, Any]
+
+# The node selector field KubeVirt's scheduler-facing pods can be pinned with (matchFields
+# supports only metadata.name).
+NODE_NAME_FIELD = "metadata.name"
+_INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9./_-]+)")
+
+
+# --- the claims annotation ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimTemplate:
+    """One ``claimTemplates`` entry: a claim the VMI orders at start, owned by the VMI."""
+
+    name: str
+    class_name: str
+    count: int
+
+
+@dataclass(frozen=True)
+class ClaimsRef:
+    """What a VMI's claims annotation asks for."""
+
+    claims: tuple[str, ...] = ()
+    templates: tuple[ClaimTemplate, ...] = ()
+
+
+ANNOTATION_FORMAT = (
+    '{"claims": ["<GPUClaim name>", ...], '
+    '"claimTemplates": [{"name": "<entry>", "class": "<GPUClass>", "count": <n>}, ...]}'
+)
+
+
+def parse_claims_ref(value: str) -> ClaimsRef:
+    """The claims annotation's value (see ``keys.ANNOTATION_CLAIMS``).
+
+    Raises ValueError naming what is wrong and showing the expected format.
+    """
+
+    def bad(what: str) -> ValueError:
+        return ValueError(
+            f"annotation {keys.ANNOTATION_CLAIMS} {what}; expected JSON like {ANNOTATION_FORMAT}"
+        )
+
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        raise bad("is not JSON") from None
+    if not isinstance(doc, dict):
+        raise bad("is not a JSON object")
+    unknown = sorted(set(doc) - {keys.ANNOTATION_MEMBER_CLAIMS, keys.ANNOTATION_MEMBER_TEMPLATES})
+    if unknown:
+        raise bad(f"has unknown member(s) {', '.join(unknown)}")
+    claims = doc.get(keys.ANNOTATION_MEMBER_CLAIMS) or []
+    if not isinstance(claims, list) or not all(isinstance(c, str) and c for c in claims):
+        raise bad(f'member "{keys.ANNOTATION_MEMBER_CLAIMS}" must be a list of claim names')
+    if len(set(claims)) != len(claims):
+        raise bad("names a claim twice")
+    templates: list[ClaimTemplate] = []
+    raw_templates = doc.get(keys.ANNOTATION_MEMBER_TEMPLATES) or []
+    if not isinstance(raw_templates, list):
+        raise bad(f'member "{keys.ANNOTATION_MEMBER_TEMPLATES}" must be a list')
+    for entry in raw_templates:
+        if not isinstance(entry, dict) or set(entry) - {"name", "class", "count"}:
+            raise bad("has a claim template that is not {name, class, count}")
+        name, class_name, count = entry.get("name"), entry.get("class"), entry.get("count", 1)
+        if not isinstance(name, str) or not keys.is_dns_label(name):
+            raise bad(f"has a claim template whose name {name!r} is not a DNS label")
+        if not isinstance(class_name, str) or not class_name:
+            raise bad(f"has claim template {name} without a class")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise bad(f"has claim template {name} whose count is not a whole number >= 1")
+        templates.append(ClaimTemplate(name, class_name, count))
+    if len({t.name for t in templates}) != len(templates):
+        raise bad("names a claim template twice")
+    return ClaimsRef(tuple(claims), tuple(templates))
+
+
+def claims_ref_of(vmi: Obj) -> ClaimsRef | None:
+    """A VMI's claims annotation, or None when it has none or it cannot be read (the VMI
+    webhook refuses a malformed one, so a stored VMI has a valid one)."""
+    raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
+    if not raw:
+        return None
+    try:
+        return parse_claims_ref(raw)
+    except ValueError:
+        return None
+
+
+def template_claim_names(vmi_name: str, ref: ClaimsRef) -> tuple[str, ...]:
+    return tuple(keys.template_claim_name(vmi_name, t.name) for t in ref.templates)
+
+
+def template_claim(vmi: Obj, template: ClaimTemplate) -> dict[str, Any]:
+    """The GPUClaim the controller creates from one claim template: labelled, owned by the
+    VMI (the garbage collector removes it with the VMI)."""
+    return {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND_CLAIM,
+        "metadata": {
+            "name": keys.template_claim_name(name_of(vmi), template.name),
+            "namespace": namespace_of(vmi),
+            "labels": {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE},
+            "ownerReferences": [
+                {
+                    "apiVersion": keys.VMI.api_version,
+                    "kind": keys.VMI.kind,
+                    "name": name_of(vmi),
+                    "uid": meta(vmi).get("uid"),
+                    "controller": True,
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "spec": {"class": template.class_name, "count": template.count},
+    }
+
+
+# --- launcher pods -----------------------------------------------------------------------
+
+
+def owning_vmi(pod: Obj) -> str | None:
+    """The VMI a launcher pod (or KubeVirt's temporary WFFC pod) belongs to."""
+    for ref in meta(pod).get("ownerReferences") or []:
+        if ref.get("kind") == keys.VMI.kind and str(ref.get("apiVersion", "")).startswith(
+            keys.KUBEVIRT_GROUP + "/"
+        ):
+            return str(ref.get("name"))
+    return None
+
+
+def is_gated(pod: Obj) -> bool:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == keys.SCHEDULING_GATE_CLAIMS for g in gates)
+
+
+def _required_terms(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    return list(required.get("nodeSelectorTerms") or [])
+
+
+def pinned_node(pod: Obj) -> str | None:
+    """The node a pod is pinned to by a ``metadata.name`` requirement, or None."""
+    for term in _required_terms(pod.get("spec") or {}):
+        for field in term.get("matchFields") or []:
+            values = field.get("values") or []
+            pins = field.get("key") == NODE_NAME_FIELD and field.get("operator") == "In"
+            if pins and len(values) == 1:
+                return str(values[0])
+    return None
+
+
+def pin_and_ungate(pod: Obj, node: str) -> dict[str, Any]:
+    """The one update that pins a gated pod to ``node`` and removes our gate: a merge patch
+    carrying the pod's resourceVersion (lists are replaced whole, so the patch holds every
+    term and every other gate as they are)."""
+    spec = pod.get("spec") or {}
+    requirement = {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
+    terms = copy.deepcopy(_required_terms(spec)) or [{}]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), requirement]
+    gates = [
+        g for g in spec.get("schedulingGates") or [] if g.get("name") != keys.SCHEDULING_GATE_CLAIMS
+    ]
+    return {
+        "metadata": {"resourceVersion": meta(pod).get("resourceVersion")},
+        "spec": {
+            "schedulingGates": gates or None,
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+                }
+            },
+        },
+    }
+
+
+def ungate(pod: Obj) -> dict[str, Any]:
+    """Only remove our gate (a pod of a VMI without claims to place)."""
+    gates = [
+        g
+        for g in (pod.get("spec") or {}).get("schedulingGates") or []
+        if g.get("name") != keys.SCHEDULING_GATE_CLAIMS
+    ]
+    return {
+        "metadata": {"resourceVersion": meta(pod).get("resourceVersion")},
+        "spec": {"schedulingGates": gates or None},
+    }
+
+
+def scheduled(pod: Obj) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+def refused_for_resources(pod: Obj, resources: Iterable[str]) -> str | None:
+    """The scheduler's message when it refused the pod for lack of one of ``resources``
+    (PodScheduled False, reason Unschedulable, "Insufficient <name>"), else None."""
+    wanted = set(resources)
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") != "PodScheduled" or cond.get("status") != "False":
+            continue
+        if cond.get("reason") != "Unschedulable":
+            continue
+        message = str(cond.get("message") or "")
+        if any(name in wanted for name in _INSUFFICIENT.findall(message)):
+            return message
+    return None
+
+
+def node_may_reject(node: Obj | None, stay_pinned: bool) -> bool:
+    """A refusal counts against a node only when the node is Ready and not cordoned and the
+    set is not under a Stay pin: a pod waiting on a cordoned or NotReady node, or under a
+    Stay pin, waits for the node rather than leaving it."""
+    if node is None or stay_pinned:
+        return False
+    return node_ready(node) and not (node.get("spec") or {}).get("unschedulable")
+
+
+def rejection_patch(claim: Obj, node: str, until: str, now_rfc3339: str) -> dict[str, Any]:
+    """Add (or renew) a rejectedNodes entry; expired entries are dropped on the way."""
+    status = claim.get("status") or {}
+    kept = [
+        dict(e)
+        for e in status.get("rejectedNodes") or []
+        if e.get("node") != node and str(e.get("until", "")) > now_rfc3339
+    ]
+    return {
+        "metadata": {"resourceVersion": meta(claim).get("resourceVersion")},
+        "status": {"rejectedNodes": [*kept, {"node": node, "until": until}]},
+    }
+
+
+def without_rejections(claim: Obj, nodes: Sequence[str]) -> dict[str, Any] | None:
+    """Drop the entries of ``nodes`` (their allocatable, taints or Ready changed)."""
+    entries = (claim.get("status") or {}).get("rejectedNodes") or []
+    kept = [dict(e) for e in entries if e.get("node") not in nodes]
+    if len(kept) == len(entries):
+        return None
+    return {
+        "metadata": {"resourceVersion": meta(claim).get("resourceVersion")},
+        "status": {"rejectedNodes": kept},
+    }
+
+
+# --- WaitForFirstConsumer volumes --------------------------------------------------------
+
+
+def _term_matches(term: Mapping[str, Any], node: Obj) -> bool:
+    labels = meta(node).get("labels") or {}
+    for expr in term.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        present = key in labels
+        value = labels.get(key)
+        ok = {
+            "In": present and value in values,
+            "NotIn": not present or value not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }.get(str(op))
+        if ok is None:
+            try:  # Gt / Lt compare integers
+                left, right = int(str(value)), int(str(values[0]))
+            except (TypeError, ValueError, IndexError):
+                return False
+            ok = present and (left > right if op == "Gt" else left < right)
+        if not ok:
+            return False
+    for field in term.get("matchFields") or []:
+        name = name_of(node)
+        values = field.get("values") or []
+        if field.get("key") != NODE_NAME_FIELD:
+            return False
+        op = field.get("operator")
+        if (op == "In" and name not in values) or (op == "NotIn" and name in values):
+            return False
+    return True
+
+
+def volume_nodes(volumes: Iterable[Obj], nodes: Iterable[Obj]) -> set[str] | None:
+    """Nodes every bound persistent volume of a pod can be used from (a PV's required node
+    affinity, as local and WaitForFirstConsumer volumes have), or None when no volume limits
+    the choice."""
+    allowed: set[str] | None = None
+    node_list = list(nodes)
+    for pv in volumes:
+        required = ((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {}
+        terms = required.get("nodeSelectorTerms") or []
+        if not terms:
+            continue
+        fits = {name_of(n) for n in node_list if any(_term_matches(t, n) for t in terms)}
+        allowed = fits if allowed is None else allowed & fits
+    return allowed

@@ -1,0 +1,87 @@
+"""One binder test's corner of the real cluster: a fresh binder, its own namespaces, nodes
+and classes named uniquely, with class node selectors on a per-test label, so claims and
+nodes of other tests never meet. The fixtures are in this directory's conftest.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu_testkit.objects import Kube, binder_config, wait_for
+
+GRACE_S = 2.0
+
+
+@dataclass
+class Env:
+    """One test's corner of the cluster."""
+
+    kube: Kube
+    binder: Binder
+    id: str
+    tenant: str
+    controller_ns: str
+
+    def restart_binder(self, **settings: Any) -> None:
+        """Run this test's binder again with other settings (a fresh listing)."""
+        self.binder.stop()
+        config = binder_config(self.controller_ns, attachment_grace=GRACE_S, **settings)
+        self.binder = Binder(self.kube.api, config)
+        self.binder.start()
+        assert self.binder.synced.wait(30), "the binder did not finish its first listing"
+
+    @property
+    def selector(self) -> dict[str, str]:
+        return {"test.cozystack.io/id": self.id}
+
+    def name(self, base: str) -> str:
+        return f"{base}-{self.id}"
+
+    def node(self, base: str, gpus: int, resource: str | None = None, **kwargs: Any) -> str:
+        name = self.name(base)
+        labels = {**self.selector, **kwargs.pop("labels", {})}
+        self.kube.gpu_node(name, resource or self.resource, gpus, labels=labels, **kwargs)
+        return name
+
+    @property
+    def resource(self) -> str:
+        return f"nvidia.com/GPU_{self.id}"
+
+    def gpu_class(self, base: str = "h100", **spec: Any) -> str:
+        name = self.name(base)
+        resource = spec.pop("resource", self.resource)
+        self.kube.gpu_class(name, resource, selector=self.selector, **spec)
+        return name
+
+    def phase(self, claim: str, namespace: str | None = None) -> str | None:
+        obj = self.kube.get_claim(namespace or self.tenant, claim)
+        return (obj.get("status") or {}).get("phase")
+
+    def attached(self, node: str, gpu_class: str, *, phase: str = "Running") -> dict[str, Any]:
+        """Claim "c" ordered, bound, and attached to VMI "vm" running on ``node``, as the
+        VMI webhook and KubeVirt would leave it."""
+        self.kube.claim(self.tenant, "c", gpu_class, 1)
+        self.wait_phase("c", "Bound")
+        self.kube.attach(self.tenant, "c", "vm")
+        vmi_node = node if phase == "Running" else None
+        self.kube.vmi(self.tenant, "vm", claims=["c"], phase=phase, node=vmi_node)
+        return self.wait_phase("c", "Attached")
+
+    def wait_phase(
+        self, claim: str, phase: str, namespace: str | None = None, timeout: float = 15.0
+    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            obj = self.kube.get_claim(namespace or self.tenant, claim)
+            return obj if (obj.get("status") or {}).get("phase") == phase else None
+
+        result: dict[str, Any] = wait_for(check, timeout, f"claim {claim} {phase}")
+        return result
+
+
+def condition(obj: dict[str, Any], type_: str = keys.CONDITION_BOUND) -> dict[str, Any]:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond["type"] == type_:
+            return dict(cond)
+    return {}

@@ -1,0 +1,266 @@
+"""The binder's contract beyond placement, against the real API server: the Pending phase,
+the class and claim finalizers, GPUNode conditions, stale inventories and the effective
+GPU resource-name set (SPEC.md §3-§5, issue 9)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from binder_env import Env, condition
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.objects import wait_for
+
+pytestmark = pytest.mark.apiserver
+
+
+def _class(env: Env, name: str) -> dict[str, Any] | None:
+    try:
+        obj: dict[str, Any] = env.kube.custom.get_cluster_custom_object(
+            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
+
+
+def _claim_or_none(env: Env, name: str) -> dict[str, Any] | None:
+    try:
+        return env.kube.get_claim(env.tenant, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _delete_claim(env: Env, name: str) -> None:
+    env.kube.custom.delete_namespaced_custom_object(
+        keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_CLAIMS, name
+    )
+
+
+def _records(env: Env) -> list[str]:
+    found = env.kube.custom.list_namespaced_custom_object(
+        keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, env.tenant, keys.WORKLOAD_PLURAL
+    )
+    return sorted(item["metadata"]["name"] for item in found["items"])
+
+
+def _gpunode_condition(env: Env, node: str, type_: str) -> dict[str, Any]:
+    obj = env.kube.custom.get_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_NODES, node
+    )
+    return condition(obj, type_)
+
+
+def _wait_gpunode_reason(env: Env, node: str, type_: str, reason: str) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        cond = _gpunode_condition(env, node, type_)
+        return cond if cond.get("reason") == reason else None
+
+    found: dict[str, Any] = wait_for(check, what=f"{type_}={reason} on GPUNode {node}")
+    return found
+
+
+# --- Pending -----------------------------------------------------------------------------
+
+
+def test_an_accepted_order_that_cannot_bind_yet_is_pending_with_its_reason(
+    env: Env, control_plane: ControlPlane
+) -> None:
+    env.node("n1", 1)
+    gpu_class = env.gpu_class(maxCount=4)
+    env.kube.claim(env.tenant, "big", gpu_class, 2)
+    waiting = env.wait_phase("big", "Pending")
+    cond = condition(waiting)
+    assert (cond["status"], cond["reason"]) == ("False", "InsufficientCapacity")
+    assert "has 2 free units" in cond["message"] and "the largest has 1" in cond["message"]
+    # kubectl shows the phase in the claim's printer column.
+    header, row = control_plane.kubectl("get", "gpuclaims", "big", "-n", env.tenant).stdout.split(
+        "\n"
+    )[:2]
+    assert dict(zip(header.split(), row.split(), strict=False))["PHASE"] == "Pending"
+    env.node("n2", 2)
+    bound = env.wait_phase("big", "Bound")
+    assert condition(bound)["status"] == "True"
+
+
+# --- class deletion ----------------------------------------------------------------------
+
+
+def test_a_deleted_class_keeps_its_holds_and_goes_once_they_are_released(env: Env) -> None:
+    node = env.node("n1", 4)
+    old = env.gpu_class("old")
+    env.kube.claim(env.tenant, "held", old, 2)
+    env.wait_phase("held", "Bound")
+    wait_for(
+        lambda: (
+            keys.FINALIZER_CLASS
+            in ((_class(env, old) or {}).get("metadata") or {}).get("finalizers", [])
+        ),
+        what="the class-protection finalizer",
+    )
+    env.kube.custom.delete_cluster_custom_object(keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, old)
+    # The class stays while it holds units, serves its hold and takes no new order.
+    env.kube.claim(env.tenant, "late", old, 1)
+    late = env.wait_phase("late", "Pending")
+    assert condition(late)["reason"] == "ClassDeleting"
+    assert _class(env, old) is not None
+    assert env.phase("held") == "Bound"
+    # A new class on the same resource name cannot take the held units meanwhile.
+    new = env.gpu_class("new")
+    env.kube.claim(env.tenant, "whole", new, 4)
+    env.wait_phase("whole", "Pending")
+    time.sleep(1.5)
+    assert env.phase("whole") == "Pending", "the deleted class's held units read as free"
+    _delete_claim(env, "held")
+    wait_for(lambda: _class(env, old) is None, what="the deleted class to go")
+    bound = env.wait_phase("whole", "Bound")
+    assert bound["status"]["nodeName"] == node
+
+
+# --- claim protection --------------------------------------------------------------------
+
+
+def test_deleting_an_attached_claim_waits_for_its_vmi_then_takes_its_record(env: Env) -> None:
+    node = env.node("n1", 2)
+    gpu_class = env.gpu_class()
+    env.attached(node, gpu_class)
+    wait_for(
+        lambda: (
+            keys.FINALIZER_CLAIM
+            in (env.kube.get_claim(env.tenant, "c")["metadata"].get("finalizers") or [])
+        ),
+        what="the claim-protection finalizer",
+    )
+    wait_for(lambda: _records(env) == ["gpuclaim-c"], what="the usage record")
+    _delete_claim(env, "c")
+
+    def deletion_told() -> dict[str, Any] | None:
+        obj = _claim_or_none(env, "c")
+        return obj if condition(obj or {}, keys.CONDITION_DELETING) else None
+
+    marked = wait_for(deletion_told, what="the Deleting condition")
+    assert marked["metadata"]["deletionTimestamp"]
+    assert marked["status"]["phase"] == "Attached"
+    told = condition(marked, keys.CONDITION_DELETING)
+    assert told["reason"] == "WaitingForVMI" and "VMI vm" in told["message"]
+    time.sleep(1.0)
+    assert _claim_or_none(env, "c") is not None, "an attached claim vanished under its VMI"
+    assert _records(env) == ["gpuclaim-c"], "still in use, still on the usage record"
+    env.kube.vmi_phase(env.tenant, "vm", "Succeeded", node)
+    wait_for(lambda: _claim_or_none(env, "c") is None, what="the claim to go")
+    wait_for(lambda: _records(env) == [], what="its usage record to go")
+
+
+def test_an_unattached_claim_carries_no_protection_and_deletes_at_once(env: Env) -> None:
+    env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "free", gpu_class, 1)
+    bound = env.wait_phase("free", "Bound")
+    assert keys.FINALIZER_CLAIM not in (bound["metadata"].get("finalizers") or [])
+    _delete_claim(env, "free")
+    wait_for(lambda: _claim_or_none(env, "free") is None, what="the claim to go")
+
+
+# --- GPUNode conditions and stale inventories -------------------------------------------
+
+
+def test_gpunode_ready_follows_node_readiness_cordon_and_layout(env: Env) -> None:
+    node = env.node("n1", 1)
+    env.gpu_class()
+    ready = _wait_gpunode_reason(env, node, keys.CONDITION_READY, "Serving")
+    assert ready["status"] == "True"
+    env.kube.cordon(node)
+    cordoned = _wait_gpunode_reason(env, node, keys.CONDITION_READY, "Cordoned")
+    assert cordoned["status"] == "False" and "onCordon" in cordoned["message"]
+    env.kube.cordon(node, False)
+    env.kube.core.patch_node(
+        node, {"metadata": {"labels": {keys.LABEL_NODE_LAYOUT_STATE: "pending"}}}
+    )
+    _wait_gpunode_reason(env, node, keys.CONDITION_READY, "LayoutPending")
+    env.kube.core.patch_node(node, {"metadata": {"labels": {keys.LABEL_NODE_LAYOUT_STATE: None}}})
+    env.kube.node_status(node, ready=False)
+    _wait_gpunode_reason(env, node, keys.CONDITION_READY, "NodeNotReady")
+    env.kube.node_status(node, ready=True)
+    _wait_gpunode_reason(env, node, keys.CONDITION_READY, "Serving")
+    names = _gpunode_condition(env, node, keys.CONDITION_NAMES_ADVERTISED)
+    assert (names["status"], names["reason"]) == ("True", "Advertised")
+
+
+def _reported(env: Env, node: str, seconds_ago: float) -> None:
+    """Set the GPUNode's updatedAt as if the node agent last wrote it that long ago."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds_ago))
+    env.kube.custom.patch_cluster_custom_object_status(
+        keys.GROUP, keys.VERSION, keys.PLURAL_NODES, node, {"status": {"updatedAt": when}}
+    )
+
+
+def test_a_stale_inventory_serves_no_class_and_its_holds_move(env: Env) -> None:
+    env.restart_binder(inventory_stale_after=60.0)
+    first = env.node("n1", 2)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "c1", gpu_class, 1)
+    assert env.wait_phase("c1", "Bound")["status"]["nodeName"] == first
+    second = env.node("n2", 2)
+    _reported(env, first, 3600)  # n1's agent fell silent an hour ago
+    stale = _wait_gpunode_reason(env, first, keys.CONDITION_READY, "InventoryStale")
+    assert stale["status"] == "False" and "cozystack-gpu-agent" in stale["message"]
+
+    def moved() -> dict[str, Any] | None:
+        obj = env.kube.get_claim(env.tenant, "c1")
+        return obj if obj["status"].get("nodeName") == second else None
+
+    assert "stale GPU inventory" in condition(wait_for(moved, what="the hold to move"))["message"]
+    env.kube.claim(env.tenant, "c2", gpu_class, 1)
+    assert env.wait_phase("c2", "Bound")["status"]["nodeName"] == second
+    # The agent reports again: the node serves again.
+    _reported(env, first, 0)
+    _wait_gpunode_reason(env, first, keys.CONDITION_READY, "Serving")
+
+
+def test_a_name_kubelet_does_not_advertise_is_reported_on_the_gpunode(env: Env) -> None:
+    node = env.node("n1", 1)
+    predicted = f"nvidia.com/AD102GL_L40_{env.id}"
+    env.kube.gpunode(node, [
+        {"pciAddress": "0000:10:00.0", "resourceName": env.resource, "allocatable": 1},
+        {"pciAddress": "0000:11:00.0", "resourceName": predicted, "allocatable": 0},
+    ])  # fmt: skip
+    found = _wait_gpunode_reason(env, node, keys.CONDITION_NAMES_ADVERTISED, "NotAdvertised")
+    assert found["status"] == "False"
+    assert f"{predicted} (0000:11:00.0)" in found["message"]
+
+
+# --- the effective GPU resource-name set -------------------------------------------------
+
+
+def test_every_nvidia_name_a_gpu_node_advertises_joins_resource_names(env: Env) -> None:
+    audio = f"nvidia.com/GA100_AUDIO_{env.id}"
+    gpu_node = env.name("n1")
+    env.kube.node(gpu_node, labels=env.selector, allocatable={env.resource: 1, audio: 1})
+    env.kube.gpunode(gpu_node, [
+        {"pciAddress": "0000:10:00.0", "resourceName": env.resource, "allocatable": 1},
+    ])  # fmt: skip
+    # A node without a GPUNode is no GPU node: its nvidia.com/ names are not ours to judge.
+    other = f"nvidia.com/OTHER_{env.id}"
+    env.kube.node(env.name("plain"), allocatable={other: 1})
+    core = client.CoreV1Api(env.kube.api)
+
+    def names() -> frozenset[str] | None:
+        try:
+            cm = core.read_namespaced_config_map(keys.SETTINGS_CONFIGMAP, env.controller_ns)
+        except ApiException:
+            return None
+        found = keys.parse_resource_names(cm.data.get(keys.SETTINGS_KEY_RESOURCE_NAMES, ""))
+        return found if audio in found else None
+
+    found = wait_for(names, what=f"{audio} in resourceNames")
+    assert env.resource in found
+    assert other not in found
