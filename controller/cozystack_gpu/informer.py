@@ -10,6 +10,7 @@ what to read from them.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -31,6 +32,12 @@ _CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
 WATCH_TIMEOUT_S = 300
 RETRY_DELAY_S = 1.0
+# (connect, read) seconds; read is the longest silence of one socket read. A listing streams
+# without pause once the server starts answering. A watch is silent between events, but the
+# server ends it after WATCH_TIMEOUT_S: a watch silent for longer has lost its connection
+# (e.g. the API server went away without closing it) and is listed again.
+LIST_TIMEOUT_S = (5.0, 60.0)
+WATCH_READ_TIMEOUT_S = (5.0, WATCH_TIMEOUT_S + 30.0)
 
 
 class EventType(enum.Enum):
@@ -105,6 +112,7 @@ class Informer:
             target=self._run, name=f"informer-{source.kind}", daemon=True
         )
         self._watch: watch.Watch | None = None
+        self._response: Any = None  # the open watch response, to cut it short on join
 
     def start(self) -> None:
         self._thread.start()
@@ -114,14 +122,30 @@ class Informer:
         return self._thread
 
     def join(self, timeout: float | None = None) -> None:
+        """Ends the feed (its ``stop`` event must be set) and waits for the thread.
+
+        A watch blocks in a socket read until the next event, which may be minutes away:
+        shutting the socket's read side ends that read now, so a replica that stops leading
+        lets go of its feeds at once.
+        """
         if self._watch is not None:
             self._watch.stop()
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):  # already closed or back in the pool
+                response.shutdown()
         self._thread.join(timeout)
+
+    def _open_watch(self, **kwargs: Any) -> Any:
+        self._response = self._source.list_fn(**kwargs)
+        return self._response
 
     def _list(self) -> str:
         # _preload_content=False keeps the JSON as dicts: the typed models of the client
         # are slow to build and drop fields of custom resources.
-        response = self._source.list_fn(_preload_content=False, **self._source.kwargs)
+        response = self._source.list_fn(
+            _preload_content=False, _request_timeout=LIST_TIMEOUT_S, **self._source.kwargs
+        )
         body = json.loads(response.data)
         items = body.get("items") or []
         kind = self._source.kind
@@ -137,11 +161,12 @@ class Informer:
                 resource_version = self._list()
                 self._watch = watch.Watch()
                 for raw in self._watch.stream(
-                    self._source.list_fn,
+                    self._open_watch,
                     resource_version=resource_version,
                     timeout_seconds=WATCH_TIMEOUT_S,
                     allow_watch_bookmarks=True,
                     deserialize=False,
+                    _request_timeout=WATCH_READ_TIMEOUT_S,
                     **self._source.kwargs,
                 ):
                     if self._stop.is_set():
