@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from cozystack_gpu.keys import RawNamesPolicy, parse_resource_names
 
-
 DEFAULT_WEBHOOK_CERT_DIR = "/var/run/cozystack-gpu/webhook-certs"
 
 
