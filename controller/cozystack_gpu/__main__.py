@@ -74,8 +74,21 @@ def _cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.probe(id="binder")
 def _binder_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """The liveness answer: 200 with the replica's state, or 500 when a part of it is dead.
+
+    kopf serves what probe handlers return as 200 whatever it says; only a handler that
+    fails permanently makes its endpoint answer 500 (any other exception is retried and
+    the probe hangs).
+    """
     controller = memo.get("controller")
-    return controller.health() if controller is not None else {"leader": False, "synced": False}
+    if controller is None:
+        return {"leader": False, "synced": False, "problems": []}
+    health: dict[str, Any] = controller.health()
+    if health["problems"]:
+        raise kopf.PermanentError(
+            "unhealthy: " + "; ".join(health["problems"]) + " (this replica no longer leads)"
+        )
+    return health
 
 
 def version() -> str:

@@ -3,12 +3,24 @@
 Every replica is cheap and stateless apart from the Lease; only the leader watches the
 cluster into a snapshot and binds. When the Lease is lost the binder is stopped at once, and
 a new leader starts from a fresh listing.
+
+A replica whose binder cannot work gives the Lease up. The elector asks ``binder_problem``
+every round while it leads: the binder loop raised, one of the binder's threads (loop,
+writers, informers) died, or the loop made no progress for ``STALL_S``. Then the binder is
+stopped, the Lease released at once (a standby takes over within one retry period, not a
+whole lease duration), and the replica campaigns no more. It stays up, reporting the reason
+on its health probe (HTTP 500 through kopf), rather than exiting: kubelet's liveness probe
+then restarts the container, which keeps the failure visible where a hoster looks (restart
+count, the probe's Event, ``kubectl logs --previous``), needs no exit from a background
+thread past kopf's clean-up, and leaves the admission webhooks of this replica to the
+readiness probe instead of cutting them off mid-request.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from kubernetes import client
@@ -21,6 +33,11 @@ from cozystack_gpu.leader import LeaderElector, LeaseTiming
 
 log = logging.getLogger(__name__)
 
+# A synced binder turns its loop at least every tick (half a second) and a plan pass takes
+# well under a second even behind 10,000 waiting orders (BENCHMARKS.md): a minute without a
+# turn is a loop that hangs, not one that is busy.
+STALL_S = 60.0
+
 
 class Controller:
     def __init__(self, api: client.ApiClient, config: Config) -> None:
@@ -28,6 +45,8 @@ class Controller:
         self.config = config
         self._lock = threading.Lock()
         self.binder: Binder | None = None
+        # The binder whose loop turns are being watched, its count and when it last changed.
+        self._watched: tuple[Binder | None, int, float] = (None, 0, 0.0)
         self.elector = LeaderElector(
             api,
             namespace=config.namespace,
@@ -36,6 +55,7 @@ class Controller:
             timing=LeaseTiming(config.lease_duration, config.renew_deadline, config.retry_period),
             on_started=self._start_binding,
             on_stopped=self._stop_binding,
+            check=self.binder_problem,
         )
 
     def start(self) -> None:
@@ -62,9 +82,54 @@ class Controller:
             binder.stop()
             log.info("%s stopped binding", self.config.identity)
 
+    # --- health ------------------------------------------------------------------------
+
+    def binder_problem(self) -> str | None:
+        """Why this replica must not lead on (None while its binder works).
+
+        The elector asks every round while it leads; an answer makes it resign.
+        """
+        binder = self.binder
+        if binder is None:
+            return "the binder is not running"
+        found = _broken(binder)
+        if found is not None:
+            return found
+        now = time.monotonic()
+        watched, loops, since = self._watched
+        if watched is not binder or loops != binder.stats.loops or not binder.synced.is_set():
+            # The clock runs from the first listing: before it the loop does not turn.
+            self._watched = (binder, binder.stats.loops, now)
+        elif now - since > STALL_S:
+            return f"the binder loop made no progress for {now - since:.0f} s"
+        return None
+
+    def problems(self) -> list[str]:
+        """Everything that makes this replica unhealthy (empty when it is healthy)."""
+        found: list[str] = []
+        elector = self.elector.problem()
+        if elector is not None:
+            found.append(elector)
+        binder = self.binder
+        if binder is not None:
+            broken = _broken(binder)
+            if broken is not None and broken not in found:
+                found.append(broken)
+        return found
+
     def health(self) -> dict[str, Any]:
         binder = self.binder
         return {
             "leader": self.elector.is_leader(),
             "synced": bool(binder and binder.synced.is_set()),
+            "problems": self.problems(),
         }
+
+
+def _broken(binder: Binder) -> str | None:
+    if binder.failure is not None:
+        return f"binder loop failed: {binder.failure}"
+    dead = binder.dead_threads()
+    if dead:
+        return f"binder threads died: {', '.join(dead)}"
+    return None

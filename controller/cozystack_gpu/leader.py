@@ -6,6 +6,12 @@ candidate takes it over only when it has seen no change of the record for a whol
 ``lease_duration`` (measured on its own monotonic clock, so clocks need not agree). The
 holder counts itself leader only until ``renew_deadline`` after its last successful renew,
 which is shorter than ``lease_duration``: it stops binding before anyone else may start.
+
+A leader that cannot do its work must not keep the Lease: while it leads, the elector asks
+``check`` every round, and an answer (a reason) makes it stop leading, hand the Lease back at
+once and campaign no more; the reason stays in ``failure`` for the health probe. The same
+happens when the election's own thread ends by an exception: a replica whose renewals
+stopped must not go on binding until its deadline, nor leave the Lease to expire.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class LeaderElector:
         timing: LeaseTiming = LeaseTiming(),
         on_started: Callable[[], None] = lambda: None,
         on_stopped: Callable[[], None] = lambda: None,
+        check: Callable[[], str | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._coordination = client.CoordinationV1Api(api)
@@ -64,7 +71,13 @@ class LeaderElector:
         self.timing = timing
         self._on_started = on_started
         self._on_stopped = on_stopped
+        self._check = check
         self._clock = clock
+        # A renewal that outlives the renew deadline is worthless: it ends there.
+        self._timeout = timing.renew_deadline
+        # Why this elector gave up leading for good (None while it works).
+        self.failure: str | None = None
+        self._start_failure: str | None = None
         self._valid_until = 0.0
         self._leading = False
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
@@ -76,6 +89,15 @@ class LeaderElector:
 
     def is_leader(self) -> bool:
         return self._leading and self._clock() < self._valid_until
+
+    def problem(self) -> str | None:
+        """Why this elector no longer works although nobody stopped it (None while it does)."""
+        if self.failure is not None:
+            return self.failure
+        started = self._thread.ident is not None
+        if started and not self._thread.is_alive() and not self._stop.is_set():
+            return "the leader election thread is not running"
+        return None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -91,7 +113,27 @@ class LeaderElector:
                 self._release()
 
     def _run(self) -> None:
+        try:
+            self._campaign()
+        except BaseException as exc:  # the thread ends here: never while still leading
+            self.failure = f"leader election thread died: {type(exc).__name__}: {exc}"
+            log.critical("lease %s/%s: %s", self.namespace, self.name, self.failure, exc_info=True)
+            self._resign()
+
+    def _campaign(self) -> None:
         while not self._stop.is_set():
+            if self._leading:
+                reason = self._start_failure or self._checked()
+                if reason is not None:
+                    self.failure = reason
+                    log.error(
+                        "lease %s/%s: %s; stop leading, release the lease and campaign no more",
+                        self.namespace,
+                        self.name,
+                        reason,
+                    )
+                    self._resign()
+                    return
             try:
                 self._try_acquire_or_renew()
             except Exception:  # the election must survive API hiccups
@@ -103,6 +145,18 @@ class LeaderElector:
                 self._set_leading(False)
             self._stop.wait(self.timing.retry_period)
 
+    def _checked(self) -> str | None:
+        try:
+            return self._check()
+        except Exception as exc:  # a check that cannot tell counts as a failed one
+            return f"health check raised {type(exc).__name__}: {exc}"
+
+    def _resign(self) -> None:
+        """Stop leading (the work stops first) and hand the lease back for a standby."""
+        if self._leading:
+            self._set_leading(False)
+            self._release()
+
     def _set_leading(self, leading: bool) -> None:
         if leading == self._leading:
             return
@@ -110,7 +164,14 @@ class LeaderElector:
         log.info(
             "lease %s/%s: %s", self.namespace, self.name, "leading" if leading else "not leading"
         )
-        (self._on_started if leading else self._on_stopped)()
+        try:
+            (self._on_started if leading else self._on_stopped)()
+        except Exception as exc:
+            log.exception(
+                "lease %s/%s: %s failed", self.namespace, self.name, "start" if leading else "stop"
+            )
+            if leading:  # the next round resigns: a leader that could not start does no work
+                self._start_failure = f"could not start leading: {type(exc).__name__}: {exc}"
 
     # --- the protocol ----------------------------------------------------------------
 
@@ -118,7 +179,9 @@ class LeaderElector:
         started = self._clock()
         now = datetime.datetime.now(datetime.UTC)
         try:
-            lease = self._coordination.read_namespaced_lease(self.name, self.namespace)
+            lease = self._coordination.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -148,7 +211,9 @@ class LeaderElector:
         try:
             # A merge patch carrying resourceVersion is a compare-and-swap: of two
             # candidates taking over one expired lease, one gets 409.
-            self._coordination.patch_namespaced_lease(self.name, self.namespace, body)
+            self._coordination.patch_namespaced_lease(
+                self.name, self.namespace, body, _request_timeout=self._timeout
+            )
         except ApiException as exc:
             if exc.status == 409:
                 return
@@ -167,7 +232,9 @@ class LeaderElector:
             },
         }
         try:
-            self._coordination.create_namespaced_lease(self.namespace, body)
+            self._coordination.create_namespaced_lease(
+                self.namespace, body, _request_timeout=self._timeout
+            )
         except ApiException as exc:
             if exc.status == 409:
                 return
@@ -180,9 +247,11 @@ class LeaderElector:
         self._set_leading(True)
 
     def _release(self) -> None:
-        """Hands the lease back on a clean stop so a standby takes over within one retry."""
+        """Hands the lease back so a standby takes over within one retry."""
         try:
-            lease = self._coordination.read_namespaced_lease(self.name, self.namespace)
+            lease = self._coordination.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout
+            )
             if lease.spec.holder_identity != self.identity:
                 return
             self._coordination.patch_namespaced_lease(
@@ -192,6 +261,10 @@ class LeaderElector:
                     "metadata": {"resourceVersion": lease.metadata.resource_version},
                     "spec": {"holderIdentity": "", "leaseDurationSeconds": 1},
                 },
+                _request_timeout=self._timeout,
             )
+            log.info("lease %s/%s: released", self.namespace, self.name)
         except ApiException as exc:
             log.warning("lease %s/%s: release failed: %s", self.namespace, self.name, exc.reason)
+        except Exception as exc:  # unreachable server: the lease expires on its own
+            log.warning("lease %s/%s: release failed: %s", self.namespace, self.name, exc)

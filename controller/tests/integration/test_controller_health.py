@@ -1,0 +1,304 @@
+"""A controller cannot die silently: a replica whose binder or any of its threads died gives
+the Lease up at once, its health probe answers 500, and the other replica binds.
+
+Two Controller replicas run in this process against the real API server, each with its own
+client, with a short Lease. Failures are injected into the leader: an exception in a plan
+pass, a writer thread that dies, the election thread that dies, a loop that hangs.
+kopf's own health endpoint (its ``health_reporter`` with the probe ``__main__`` registers)
+serves the replicas' health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+import pytest
+from kopf._core.engines import indexing, probing
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+import cozystack_gpu.__main__  # noqa: F401  (registers the binder probe with kopf)
+from cozystack_gpu import controller as controller_module
+from cozystack_gpu import keys
+from cozystack_gpu.controller import Controller
+from cozystack_gpu.model import plan as real_plan
+from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+LEASE_S, RENEW_S, RETRY_S = 3.0, 2.0, 0.5
+
+
+class Fatal(BaseException):
+    """Escapes every ``except Exception``: what ends a thread."""
+
+
+@pytest.fixture(scope="module")
+def kube(api_client: Any) -> Kube:
+    install_extra_crds(api_client)
+    return Kube(api_client)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class KopfHealth:
+    """kopf's liveness endpoint for one replica, served on its own event loop thread."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.url = f"http://127.0.0.1:{_free_port()}/healthz"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        memo: Any = kopf.Memo(controller=controller)
+
+        async def serve() -> asyncio.Task[None]:
+            ready = asyncio.Event()
+            task = asyncio.create_task(
+                probing.health_reporter(
+                    self.url,
+                    memo=memo,
+                    indices=indexing.OperatorIndexers().indices,
+                    registry=kopf.get_default_registry(),
+                    settings=kopf.OperatorSettings(),
+                    ready_flag=ready,
+                )
+            )
+            await ready.wait()
+            return task
+
+        self._task = asyncio.run_coroutine_threadsafe(serve(), self._loop).result(10)
+
+    def get(self) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def close(self) -> None:
+        async def cancel() -> None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+        asyncio.run_coroutine_threadsafe(cancel(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+
+@dataclass
+class Pair:
+    kube: Kube
+    id: str
+    controller_ns: str
+    tenant: str
+    gpu_class: str
+    replicas: dict[str, Controller]
+
+    def holder(self) -> str | None:
+        try:
+            lease = client.CoordinationV1Api(self.kube.api).read_namespaced_lease(
+                keys.LEASE_NAME_BINDER, self.controller_ns
+            )
+        except ApiException:
+            return None
+        return lease.spec.holder_identity or None
+
+    def leader(self) -> tuple[Controller, str, Controller]:
+        """The leader once its binder synced, the other replica's name, and that replica."""
+        name = wait_for(self.holder, 30, "a leader")
+        other = next(n for n in self.replicas if n != name)
+        leader = self.replicas[name]
+        wait_for(lambda: leader.binder is not None and leader.binder.synced.is_set(), 30, "sync")
+        return leader, other, self.replicas[other]
+
+    def order(self, name: str) -> None:
+        self.kube.claim(self.tenant, name, self.gpu_class, 1)
+
+    def bound(self, name: str, timeout: float = 30.0) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            obj = self.kube.get_claim(self.tenant, name)
+            return obj if (obj.get("status") or {}).get("phase") == "Bound" else None
+
+        result: dict[str, Any] = wait_for(check, timeout, f"claim {name} Bound")
+        return result
+
+
+@pytest.fixture
+def pair(control_plane: ControlPlane, kube: Kube) -> Iterator[Pair]:
+    test_id = uuid.uuid4().hex[:8]
+    controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
+    kube.namespace(controller_ns)
+    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
+    resource = f"nvidia.com/GPU_{test_id}"
+    selector = {"test.cozystack.io/id": test_id}
+    for i in range(3):
+        kube.gpu_node(f"n{i}-{test_id}", resource, 4, labels=selector)
+    gpu_class = f"h100-{test_id}"
+    kube.gpu_class(gpu_class, resource, selector=selector)
+    replicas = {
+        name: Controller(
+            control_plane.api_client(),
+            binder_config(
+                controller_ns,
+                identity=name,
+                lease_duration=LEASE_S,
+                renew_deadline=RENEW_S,
+                retry_period=RETRY_S,
+            ),
+        )
+        for name in ("r1", "r2")
+    }
+    for replica in replicas.values():
+        replica.start()
+    try:
+        yield Pair(kube, test_id, controller_ns, tenant, gpu_class, replicas)
+    finally:
+        for replica in replicas.values():
+            replica.stop()
+
+
+def assert_handed_over(
+    pair: Pair, failed: Controller, other: str, since: float, within: float = LEASE_S
+) -> float:
+    """The failed replica let go (the other holds the Lease ``within`` seconds) and the other
+    binds a new order; returns the seconds from ``since`` until that order was Bound."""
+    wait_for(lambda: pair.holder() == other, within, f"{other} holding the lease")
+    assert not failed.elector.is_leader()
+    wait_for(lambda: failed.binder is None, 15, "the failed binder stopped")
+    pair.order("after")
+    bound = pair.bound("after")
+    took = time.monotonic() - since
+    assert bound["status"]["nodeName"].endswith(pair.id)
+    # It gave up for good: it does not take the Lease again.
+    time.sleep(4 * RETRY_S)
+    assert pair.holder() == other
+    assert not failed.elector.is_leader()
+    return took
+
+
+def test_a_binder_that_raises_hands_the_lease_over_and_fails_kopfs_probe(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leader, other, standby = pair.leader()
+    pair.order("before")
+    pair.bound("before")
+
+    raised: list[float] = []
+
+    def plan_that_raises_once(*args: Any, **kwargs: Any) -> Any:
+        if not raised:
+            raised.append(time.monotonic())
+            raise RuntimeError("injected into a pass")
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr("cozystack_gpu.binder.loop.plan", plan_that_raises_once)
+    pair.order("trigger")  # a change: the next pass plans, and raises
+    wait_for(lambda: raised, 10, "the injected failure")
+    took = assert_handed_over(pair, leader, other, raised[0])
+    print(f"\n[binder raised] a new order was Bound by {other} {took:.1f} s after the failure")
+    pair.bound("trigger")  # the order the failed pass held is bound by the new leader
+
+    assert leader.problems() == ["binder loop failed: RuntimeError: injected into a pass"]
+    assert leader.elector.failure == leader.problems()[0]
+    assert standby.problems() == []
+
+    failed_probe, healthy_probe = KopfHealth(leader), KopfHealth(standby)
+    try:
+        status, body = failed_probe.get()
+        assert status == 500, body
+        status, body = healthy_probe.get()
+        assert status == 200, body
+        assert json.loads(body) == {"binder": {"leader": True, "synced": True, "problems": []}}
+    finally:
+        failed_probe.close()
+        healthy_probe.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_writer_thread_that_dies_hands_the_lease_over(pair: Pair) -> None:
+    leader, other, _standby = pair.leader()
+    binder = leader.binder
+    assert binder is not None
+    writer = binder._writer
+    real_patch = writer.custom.patch_namespaced_custom_object_status
+    died: list[float] = []
+
+    def patch_that_kills_its_thread(*args: Any, **kwargs: Any) -> Any:
+        if not died:
+            died.append(time.monotonic())
+            raise Fatal("a writer thread ends")
+        return real_patch(*args, **kwargs)
+
+    writer.custom.patch_namespaced_custom_object_status = patch_that_kills_its_thread
+    pair.order("trigger")
+    wait_for(lambda: died, 10, "the writer's death")
+    took = assert_handed_over(pair, leader, other, died[0])
+    print(f"\n[writer died] a new order was Bound by {other} {took:.1f} s after the death")
+    pair.bound("trigger")
+    [problem] = leader.problems()
+    assert problem.startswith("binder threads died: writer-"), problem
+
+
+def test_an_election_thread_that_dies_stops_binding_and_releases_the_lease(pair: Pair) -> None:
+    leader, other, _standby = pair.leader()
+    died: list[float] = []
+
+    def renew_that_kills_the_thread() -> None:
+        died.append(time.monotonic())
+        raise Fatal("the election thread ends")
+
+    leader.elector._try_acquire_or_renew = renew_that_kills_the_thread  # type: ignore[method-assign]
+    wait_for(lambda: died, 10, "the election thread's death")
+    # Released, not expired: the other replica holds the Lease well within a lease duration.
+    wait_for(lambda: pair.holder() == other, LEASE_S, f"{other} holding the lease")
+    took = assert_handed_over(pair, leader, other, died[0])
+    print(f"\n[election died] a new order was Bound by {other} {took:.1f} s after the death")
+    assert leader.problems() == ["leader election thread died: Fatal: the election thread ends"]
+
+
+def test_a_binder_loop_that_hangs_hands_the_lease_over(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(controller_module, "STALL_S", 2.0)
+    leader, other, _standby = pair.leader()
+    hung: list[float] = []
+    release = threading.Event()
+
+    def plan_that_hangs_once(*args: Any, **kwargs: Any) -> Any:
+        if not hung:
+            hung.append(time.monotonic())
+            release.wait(60)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr("cozystack_gpu.binder.loop.plan", plan_that_hangs_once)
+    try:
+        pair.order("trigger")
+        wait_for(lambda: hung, 10, "the hang")
+        wait_for(lambda: leader.elector.failure, 10, "the stall noticed")
+        assert leader.elector.failure is not None
+        assert leader.elector.failure.startswith("the binder loop made no progress for ")
+        # Stopping the binder waits a while for its hung thread before the release: the
+        # Lease may expire first, which takes a lease duration and a retry period at most.
+        assert_handed_over(pair, leader, other, hung[0], within=LEASE_S + 2 * RETRY_S)
+        pair.bound("trigger")
+    finally:
+        release.set()
