@@ -33,6 +33,7 @@ import cozystack_gpu.__main__  # noqa: F401  (registers the binder probe with ko
 from cozystack_gpu import controller as controller_module
 from cozystack_gpu import keys
 from cozystack_gpu.controller import Controller
+from cozystack_gpu.informer import Source
 from cozystack_gpu.model import plan as real_plan
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
@@ -256,6 +257,27 @@ def test_a_writer_thread_that_dies_hands_the_lease_over(pair: Pair) -> None:
     pair.bound("trigger")
     [problem] = leader.problems()
     assert problem.startswith("binder threads died: writer-"), problem
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_an_informer_thread_that_dies_hands_the_lease_over(pair: Pair) -> None:
+    leader, other, _standby = pair.leader()
+    binder = leader.binder
+    assert binder is not None
+    [informer] = [i for i in binder._informers if i.thread.name == "informer-GPUClass"]
+    died: list[float] = []
+
+    def list_that_kills_its_thread(**kwargs: Any) -> Any:
+        died.append(time.monotonic())
+        raise Fatal("an informer thread ends")
+
+    informer._source = Source(keys.GPU_CLASS.kind, list_that_kills_its_thread)
+    # Cut its watch: the informer lists again, and dies there.
+    informer._response.shutdown()
+    wait_for(lambda: died, 10, "the informer's death")
+    took = assert_handed_over(pair, leader, other, died[0])
+    print(f"\n[informer died] a new order was Bound by {other} {took:.1f} s after the death")
+    assert leader.problems() == ["binder threads died: informer-GPUClass"]
 
 
 def test_an_election_thread_that_dies_stops_binding_and_releases_the_lease(pair: Pair) -> None:
