@@ -1,0 +1,166 @@
+"""The gate's pure rules: the claims annotation, the one pin-and-ungate update, the
+scheduler's refusals, and the node limits of bound volumes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder import gate
+
+
+def test_the_claims_annotation_names_held_claims_and_templates() -> None:
+    ref = gate.parse_claims_ref(
+        json.dumps(
+            {"claims": ["a", "b"], "claimTemplates": [{"name": "x", "class": "h100", "count": 2}]}
+        )
+    )
+    assert ref.claims == ("a", "b")
+    assert ref.templates == (gate.ClaimTemplate("x", "h100", 2),)
+    assert (
+        gate.parse_claims_ref('{"claimTemplates": [{"name": "x", "class": "h"}]}')
+        .templates[0]
+        .count
+        == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("not json", "is not JSON"),
+        ("[]", "is not a JSON object"),
+        ('{"claim": ["a"]}', "unknown member(s) claim"),
+        ('{"claims": "a"}', "must be a list of claim names"),
+        ('{"claims": ["a", "a"]}', "names a claim twice"),
+        ('{"claimTemplates": [{"name": "X_", "class": "h"}]}', "is not a DNS label"),
+        ('{"claimTemplates": [{"name": "x"}]}', "without a class"),
+        ('{"claimTemplates": [{"name": "x", "class": "h", "count": 0}]}', "count is not"),
+        ('{"claimTemplates": [{"name": "x", "class": "h", "extra": 1}]}', "not {name, class"),
+    ],
+)
+def test_a_malformed_annotation_is_refused_with_the_expected_format(value: str, says: str) -> None:
+    with pytest.raises(ValueError, match="expected JSON like") as err:
+        gate.parse_claims_ref(value)
+    assert says in str(err.value)
+
+
+def _pod(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "p", "resourceVersion": "5"}, "spec": spec}
+
+
+def test_pinning_adds_the_node_to_every_required_term_and_removes_only_our_gate() -> None:
+    pod = _pod(
+        schedulingGates=[{"name": keys.SCHEDULING_GATE_CLAIMS}, {"name": "other.io/gate"}],
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+                    ]
+                }
+            }
+        },
+    )
+    body = gate.pin_and_ungate(pod, "n1")
+    assert body["metadata"]["resourceVersion"] == "5"
+    assert body["spec"]["schedulingGates"] == [{"name": "other.io/gate"}]
+    terms = body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert len(terms) == 2
+    for term in terms:
+        assert term["matchExpressions"]  # kept
+        assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]
+    assert gate.pinned_node({"spec": body["spec"]}) == "n1"
+
+
+def test_a_pod_without_terms_gets_one_and_loses_its_last_gate() -> None:
+    body = gate.pin_and_ungate(_pod(schedulingGates=[{"name": keys.SCHEDULING_GATE_CLAIMS}]), "n2")
+    assert body["spec"]["schedulingGates"] is None
+    assert gate.pinned_node({"spec": body["spec"]}) == "n2"
+
+
+def test_only_a_refusal_for_the_sets_resource_counts() -> None:
+    def refused(message: str, reason: str = "Unschedulable") -> dict[str, Any]:
+        cond = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+        return {"status": {"conditions": [cond]}}
+
+    insufficient = (
+        "0/3 nodes are available: 1 Insufficient nvidia.com/GH100, 2 node(s) didn't match"
+    )
+    assert gate.refused_for_resources(refused(insufficient), {"nvidia.com/GH100"}) == insufficient
+    assert gate.refused_for_resources(refused("1 Insufficient cpu"), {"nvidia.com/GH100"}) is None
+    assert (
+        gate.refused_for_resources(refused(insufficient, "SchedulerError"), {"nvidia.com/GH100"})
+        is None
+    )
+
+
+def test_a_cordoned_or_not_ready_node_or_a_stay_pin_is_waited_for_not_rejected() -> None:
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}, "spec": {}}
+    assert gate.node_may_reject(ready, stay_pinned=False)
+    assert not gate.node_may_reject(ready, stay_pinned=True)
+    assert not gate.node_may_reject({**ready, "spec": {"unschedulable": True}}, stay_pinned=False)
+    assert not gate.node_may_reject({"status": {}, "spec": {}}, stay_pinned=False)
+    assert not gate.node_may_reject(None, stay_pinned=False)
+
+
+def test_a_rejection_is_recorded_renewed_and_dropped_when_the_node_changes() -> None:
+    claim = {
+        "metadata": {"resourceVersion": "9"},
+        "status": {
+            "rejectedNodes": [
+                {"node": "n1", "until": "2026-11-30T12:00:00Z"},
+                {"node": "old", "until": "2026-11-30T09:00:00Z"},
+            ]
+        },
+    }
+    body = gate.rejection_patch(claim, "n1", "2026-11-30T13:00:00Z", "2026-11-30T10:00:00Z")
+    assert body["status"]["rejectedNodes"] == [{"node": "n1", "until": "2026-11-30T13:00:00Z"}]
+    dropped = gate.without_rejections(claim, ["n1"])
+    assert dropped is not None
+    assert [e["node"] for e in dropped["status"]["rejectedNodes"]] == ["old"]
+    assert gate.without_rejections(claim, ["n9"]) is None
+
+
+def test_bound_volumes_limit_the_nodes_a_set_may_start_on() -> None:
+    nodes = [
+        {"metadata": {"name": "n1", "labels": {"zone": "a"}}},
+        {"metadata": {"name": "n2", "labels": {"zone": "b"}}},
+        {"metadata": {"name": "n3", "labels": {}}},
+    ]
+    local = {
+        "spec": {
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["n2"]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    }
+    zonal = {
+        "spec": {
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}
+                    ]
+                }
+            }
+        }
+    }
+    assert gate.volume_nodes([], nodes) is None
+    assert gate.volume_nodes([{"spec": {}}], nodes) is None
+    assert gate.volume_nodes([zonal], nodes) == {"n1", "n2"}
+    assert gate.volume_nodes([zonal, local], nodes) == {"n2"}
