@@ -20,7 +20,6 @@ import pytest
 
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet
-from cozystack_gpu_testkit.objects import WORKLOAD_CRD, Kube
 
 _STARTED: list[str] = []
 
@@ -33,6 +32,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[cluster.ControlPlane]:
+    # Imported here: objects imports the product's modules, which unit tests import alone.
+    from cozystack_gpu_testkit.objects import WORKLOAD_CRD
+
     bin_dir = cluster.binary_dir()
     # Every CRD before the controller-manager, so its garbage collector knows every kind
     # (VMIs owning claims, claims owning usage records) from its first moment.
@@ -67,6 +69,8 @@ def api_client(control_plane: cluster.ControlPlane) -> Any:
 def namespace(api_client: Any) -> str:
     """A fresh namespace per test, ready for pods (its default ServiceAccount exists). It is
     left in place after the test, for a failing test's objects to be looked at."""
+    from cozystack_gpu_testkit.objects import Kube
+
     name = f"t-{uuid.uuid4().hex[:10]}"
     Kube(api_client).namespace(name)
     return name
