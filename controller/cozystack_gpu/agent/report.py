@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import DeviceSet, PodDevices
 
@@ -190,6 +191,9 @@ def build_report(
     unresolved: dict[str, set[str]] = {}
 
     for device_set in allocatable:
+        if device_set.resource_name.startswith(keys.NVIDIA_RESOURCE_PREFIX):
+            # Advertised by kubelet, even with no healthy device: a GPU name all the same.
+            names.add(device_set.resource_name)
         for device_id in set(device_set.device_ids):
             res = resolver.resolve(device_id)
             if res.counts_on is not None:
@@ -222,10 +226,12 @@ def build_report(
         seen = kubelet_names.get(f.address, set())
         # What kubelet shows is what the plugin did; sysfs alone cannot name a vGPU type on
         # a fully used card (the plugin asks NVML then), so kubelet's name wins when single.
+        # A name only predicted from sysfs (the host's pci.ids; the plugin reads its own)
+        # stays on the device for people to compare, but joins resourceNames only once
+        # kubelet advertises it: the binder reports the difference on the GPUNode.
         name = next(iter(seen)) if len(seen) == 1 else f.resource_name
         if name:
             entry["resourceName"] = name
-            names.add(name)
         entry["allocatable"] = counts.get(f.address, 0)
         entry["pods"] = [
             {"namespace": ns, "name": n} for ns, n in sorted(holders.get(f.address, set()))

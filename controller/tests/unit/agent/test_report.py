@@ -127,7 +127,8 @@ def test_plain_indexes_are_not_groups_unless_a_vfio_function_is_in_that_group(
     inv = sysfs.read_inventory(str(tmp_path))
     report = build_report(inv, [DeviceSet("nvidia.com/gpu", ("10", "0"))], [], running)
     assert report.devices[0]["allocatable"] == 0
-    assert report.resource_names == []
+    # Not placeable, but advertised under nvidia.com/: a GPU name pods may request (seed 004).
+    assert report.resource_names == ["nvidia.com/gpu"]
     assert report.unresolved == {"nvidia.com/gpu": ["0", "10"]}
 
 
@@ -209,8 +210,13 @@ def test_sriov_and_vgpu_fields_of_a_card(tmp_path: Path) -> None:
     assert devices[vf0]["physfn"] == st.L40S_PF
     assert devices[vf0]["vgpuType"] == {"id": 1151, "name": "NVIDIA L40S-24C"}
     assert devices[vf0]["allocatable"] == 1
-    # The 12C VF is named from sysfs even though kubelet does not list it (unhealthy).
-    assert report.resource_names == ["nvidia.com/NVIDIA_L40S-12C", "nvidia.com/NVIDIA_L40S-24C"]
+    # The 12C VF is named from sysfs on its device, but kubelet does not advertise the name:
+    # it stays out of resourceNames (the binder reports the difference on the GPUNode).
+    vf1 = next(
+        a for a, d in devices.items() if (d.get("vgpuType") or {}).get("name") == "NVIDIA L40S-12C"
+    )
+    assert devices[vf1]["resourceName"] == "nvidia.com/NVIDIA_L40S-12C"
+    assert report.resource_names == ["nvidia.com/NVIDIA_L40S-24C"]
 
 
 def test_broken_functions_carry_their_error_and_the_rest_stays_valid(tmp_path: Path) -> None:
