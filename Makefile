@@ -13,9 +13,9 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: test setup binaries lint pytest sanity units ansible-lint molecule cluster cluster-down build
+.PHONY: test setup binaries image lint pytest sanity units ansible-lint molecule cluster cluster-down build
 
-test: setup binaries lint pytest sanity units ansible-lint molecule
+test: setup binaries image lint pytest sanity units ansible-lint molecule
 
 PROTO := controller/cozystack_gpu/agent/podresources/api.proto
 PROTO_OUT := $(PROTO:.proto=_pb2.py)
@@ -41,6 +41,13 @@ binaries:
 	mkdir -p $(CACHE)
 	tools/build-binaries.sh > $(BIN_DIR_FILE).tmp && mv $(BIN_DIR_FILE).tmp $(BIN_DIR_FILE)
 	@echo "using $$(cat $(BIN_DIR_FILE))" >&2
+
+# The controller image (controller/Containerfile) built with podman from a local Debian base
+# and host-built wheels, once per machine for a given tree (tools/build-image.sh); the
+# image tests in pytest run it. Needs root; a first build takes about 3.5 minutes.
+image: setup
+	@echo "== controller image ==" >&2
+	tools/build-image.sh >/dev/null
 
 lint: setup
 	@echo "== ruff + mypy ==" >&2
