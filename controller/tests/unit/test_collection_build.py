@@ -166,6 +166,7 @@ def test_the_tarball_installs_with_its_dependencies_into_an_empty_path(
     for name, owner in (
         ("gpu_sysfs.py", "cozystack_gpu/agent/sysfs.py"),
         ("gpu_keys.py", "cozystack_gpu/keys.py"),
+        ("gpu_class_rules.py", "cozystack_gpu/class_rules.py"),
     ):
         linked = ours / "plugins" / "module_utils" / name
         assert linked.read_bytes() == (REPO / "controller" / owner).read_bytes(), name
@@ -261,7 +262,7 @@ def test_shared_code_is_owned_by_the_controller_and_linked_from_the_collection()
     }
     assert leaving == {}, "links that leave controller/ (the image would miss their files)"
     shared = _links(REPO / "plugins")
-    assert {p.name for p in shared} >= {"gpu_keys.py", "gpu_sysfs.py"}
+    assert {p.name for p in shared} >= {"gpu_keys.py", "gpu_sysfs.py", "gpu_class_rules.py"}
     for path, target in shared.items():
         assert target.is_relative_to(controller / "cozystack_gpu"), (path, target)
         assert target.is_file(), f"{path} points at {target}, which is missing"
