@@ -1,8 +1,8 @@
 """Entry point: ``python -m cozystack_gpu`` (or ``cozystack-gpu-controller``).
 
-kopf runs the operator: start-up and clean-up, the liveness probe, and (in the webhook
-issue) the admission webhooks of every replica. The binder starts only in the replica that
-holds the Lease.
+kopf runs the operator: start-up and clean-up, the liveness probe, and the admission
+webhooks of every replica (``cozystack_gpu.admission``). The binder starts only in the
+replica that holds the Lease.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from kubernetes import config as kube_config
 from prometheus_client import start_http_server
 
 from cozystack_gpu import config as settings
+from cozystack_gpu.admission import handlers as admission  # registers the webhook handlers
 from cozystack_gpu.controller import Controller
 
 log = logging.getLogger("cozystack_gpu")
@@ -63,6 +64,9 @@ def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None
     controller = Controller(api_client(memo.kubeconfig), memo.config)
     memo.controller = controller
     controller.start()
+    # Every replica serves the webhooks, with its own client: the binder's writes never
+    # hold up an admission answer.
+    admission.start(api_client(memo.kubeconfig), memo.config, settings, memo)
 
 
 @kopf.on.cleanup()
@@ -70,6 +74,9 @@ def _cleanup(memo: kopf.Memo, **_: Any) -> None:
     controller = memo.get("controller")
     if controller is not None:
         controller.stop()
+    webhooks = memo.get("admission")
+    if webhooks is not None:
+        webhooks.stop()
 
 
 @kopf.on.probe(id="binder")

@@ -67,6 +67,18 @@ VMI = ApiKind(
 )
 VM = ApiKind("VirtualMachine", KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachines", True)
 WORKLOAD = ApiKind(WORKLOAD_KIND, WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, True)
+# KubeVirt instance types: a VMI made from one carries its GPU entries too.
+INSTANCETYPE_GROUP = "instancetype.kubevirt.io"
+INSTANCETYPE = ApiKind(
+    "VirtualMachineInstancetype", INSTANCETYPE_GROUP, "v1beta1", "virtualmachineinstancetypes", True
+)
+CLUSTER_INSTANCETYPE = ApiKind(
+    "VirtualMachineClusterInstancetype",
+    INSTANCETYPE_GROUP,
+    "v1beta1",
+    "virtualmachineclusterinstancetypes",
+    False,
+)
 
 # Everything the binder watches, in one place: its informers and its cluster view are built
 # from this table. Usage records (WORKLOAD) are watched too unless they are switched off.
@@ -158,6 +170,9 @@ VMI_GPU_NAME_PREFIX = "gpu-cozystack-"
 # KubeVirt marks: the temporary pod for WaitForFirstConsumer volumes, and migration targets.
 ANNOTATION_EPHEMERAL_PROVISIONING = "kubevirt.io/ephemeral-provisioning"
 LABEL_MIGRATION_JOB_UID = "kubevirt.io/migrationJobUID"
+# KubeVirt names the instance type a VMI was made from in these VMI annotations.
+ANNOTATION_INSTANCETYPE = "kubevirt.io/instancetype-name"
+ANNOTATION_CLUSTER_INSTANCETYPE = "kubevirt.io/cluster-instancetype-name"
 
 # Finalizer the binder keeps on a claim while it is attached to a VMI: deleting the claim
 # then only marks it, and it goes (with its usage record) once the VMI is final or gone.

@@ -1,0 +1,182 @@
+"""The webhooks' reads and writes against the API server itself, never a cache.
+
+A VMI start decides who holds a GPU: it must see the claim as it is now, and write its
+attachment with the resourceVersion it read, so two VMIs racing for one claim cannot both
+win. Objects stay plain dicts (the API's JSON, ``_preload_content=False``): the client's
+typed models are slow to build and drop the fields of custom resources.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+
+Obj = dict[str, Any]
+
+# (connect, read) seconds of one request; the API server gives a webhook 10 s in all.
+REQUEST_TIMEOUT_S = (2.0, 4.0)
+
+
+def _json(response: Any) -> Obj:
+    body: Obj = json.loads(response.data)
+    return body
+
+
+def _missing(exc: ApiException) -> bool:
+    return bool(exc.status == 404)
+
+
+class ApiAccess:
+    """Reads and writes of the admission webhooks."""
+
+    def __init__(self, api: client.ApiClient, settings_namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.settings_namespace = settings_namespace
+
+    # --- reads -----------------------------------------------------------------------
+
+    def claim(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return _json(
+                self.custom.get_namespaced_custom_object(
+                    keys.GROUP,
+                    keys.VERSION,
+                    namespace,
+                    keys.PLURAL_CLAIMS,
+                    name,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            )
+        except ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
+
+    def classes(self) -> dict[str, Obj]:
+        """Every GPUClass by name (a hoster offers a handful; one list is one request)."""
+        listing = _json(
+            self.custom.list_cluster_custom_object(
+                keys.GROUP,
+                keys.VERSION,
+                keys.PLURAL_CLASSES,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        )
+        return {str(obj["metadata"]["name"]): obj for obj in listing.get("items") or []}
+
+    def settings_names(self) -> frozenset[str]:
+        """``resourceNames`` of the settings ConfigMap; empty until the binder writes it."""
+        try:
+            cm = _json(
+                self.core.read_namespaced_config_map(
+                    keys.SETTINGS_CONFIGMAP,
+                    self.settings_namespace,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            )
+        except ApiException as exc:
+            if _missing(exc):
+                return frozenset()
+            raise
+        data = cm.get("data") or {}
+        return keys.parse_resource_names(str(data.get(keys.SETTINGS_KEY_RESOURCE_NAMES, "")))
+
+    def namespace_labels(self, name: str) -> dict[str, str]:
+        try:
+            ns = _json(
+                self.core.read_namespace(
+                    name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+                )
+            )
+        except ApiException as exc:
+            if _missing(exc):
+                return {}
+            raise
+        return dict((ns.get("metadata") or {}).get("labels") or {})
+
+    def instancetype(self, kind: keys.ApiKind, namespace: str, name: str) -> Obj | None:
+        try:
+            if kind.namespaced:
+                response = self.custom.get_namespaced_custom_object(
+                    kind.group,
+                    kind.version,
+                    namespace,
+                    kind.plural,
+                    name,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            else:
+                response = self.custom.get_cluster_custom_object(
+                    kind.group,
+                    kind.version,
+                    kind.plural,
+                    name,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+        except ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
+        return _json(response)
+
+    def vmi(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return _json(
+                self.custom.get_namespaced_custom_object(
+                    keys.VMI.group,
+                    keys.VMI.version,
+                    namespace,
+                    keys.VMI.plural,
+                    name,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            )
+        except ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
+
+    # --- writes ----------------------------------------------------------------------
+
+    def claim_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        """A merge patch of the status subresource; ``body`` carries the resourceVersion
+        it was built from, so a claim changed meanwhile answers 409."""
+        return _json(
+            self.custom.patch_namespaced_custom_object_status(
+                keys.GROUP,
+                keys.VERSION,
+                namespace,
+                keys.PLURAL_CLAIMS,
+                name,
+                body,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        )
+
+    def claim_meta(self, namespace: str, name: str, body: Obj) -> Obj:
+        """A merge patch of the main resource (finalizers), with its resourceVersion."""
+        return _json(
+            self.custom.patch_namespaced_custom_object(
+                keys.GROUP,
+                keys.VERSION,
+                namespace,
+                keys.PLURAL_CLAIMS,
+                name,
+                body,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        )

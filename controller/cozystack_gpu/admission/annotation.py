@@ -1,0 +1,146 @@
+"""The claims annotation of a VMI (``keys.ANNOTATION_CLAIMS``), read strictly.
+
+The binder reads the annotation leniently (``translate.claims_annotation``: a malformed one
+names nothing), because the VMI webhook has already refused every malformed one at
+admission: a typo such as ``"claim"`` must stop the start with a message, never start the VM
+without its GPUs. Pure: no kopf, no client.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from cozystack_gpu import keys
+
+# What a refusal shows, so the fix is in the message.
+EXPECTED_FORMAT = (
+    '{"claims": ["<GPUClaim name>", ...], '
+    '"claimTemplates": [{"name": "<entry>", "class": "<GPUClass>", "count": <units>}, ...]}'
+)
+
+_MEMBERS = frozenset({keys.ANNOTATION_MEMBER_CLAIMS, keys.ANNOTATION_MEMBER_TEMPLATES})
+_TEMPLATE_MEMBERS = frozenset({"name", "class", "count"})
+# Object names (DNS subdomains) for claims; DNS labels for classes and template entries,
+# since a template entry becomes part of a claim name and a class part of a quota key.
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class AnnotationError(ValueError):
+    """The annotation cannot be read; the message names the problem and the format."""
+
+
+@dataclass(frozen=True)
+class TemplateEntry:
+    """One claim template: the claim the controller creates for the VMI at start."""
+
+    name: str
+    gpu_class: str
+    count: int
+
+
+@dataclass(frozen=True)
+class ClaimsRequest:
+    """What a VMI asks for: claims it holds (in the annotation's order) and templates."""
+
+    claims: tuple[str, ...] = ()
+    templates: tuple[TemplateEntry, ...] = ()
+
+
+def _refuse(problem: str) -> AnnotationError:
+    return AnnotationError(
+        f"annotation {keys.ANNOTATION_CLAIMS} is malformed: {problem}; "
+        f"expected JSON like {EXPECTED_FORMAT}"
+    )
+
+
+def _is_subdomain(name: str) -> bool:
+    return len(name) <= 253 and bool(_SUBDOMAIN.match(name))
+
+
+def _is_label(name: str) -> bool:
+    return len(name) <= 63 and bool(_LABEL.match(name))
+
+
+def parse(raw: str) -> ClaimsRequest:
+    """The request an annotation value makes; ``AnnotationError`` when it is malformed.
+
+    Both members are optional, but together they must name at least one unit: a VMI that
+    asks for nothing should not carry the annotation (its launcher pod would be held at the
+    scheduling gate for nothing).
+    """
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise _refuse(f"not JSON ({exc.msg} at position {exc.pos})") from None
+    if not isinstance(value, dict):
+        kind = "null" if value is None else type(value).__name__
+        raise _refuse(f"it is a JSON {kind}, not an object")
+    unknown = sorted(set(value) - _MEMBERS)
+    if unknown:
+        raise _refuse(f"unknown member(s) {', '.join(map(repr, unknown))}")
+    claims = _claims(value.get(keys.ANNOTATION_MEMBER_CLAIMS, []))
+    templates = _templates(value.get(keys.ANNOTATION_MEMBER_TEMPLATES, []))
+    if not claims and not templates:
+        raise _refuse("it names no claim and no claim template")
+    return ClaimsRequest(claims, templates)
+
+
+def _claims(value: object) -> tuple[str, ...]:
+    member = keys.ANNOTATION_MEMBER_CLAIMS
+    if not isinstance(value, list):
+        raise _refuse(f"{member!r} must be a list of GPUClaim names")
+    seen: set[str] = set()
+    for index, name in enumerate(value):
+        if not isinstance(name, str) or not _is_subdomain(name):
+            raise _refuse(f"{member}[{index}] = {json.dumps(name)} is not a GPUClaim name")
+        if name in seen:
+            raise _refuse(f"{member}[{index}] names GPUClaim {name} twice")
+        seen.add(name)
+    return tuple(value)
+
+
+def _templates(value: object) -> tuple[TemplateEntry, ...]:
+    member = keys.ANNOTATION_MEMBER_TEMPLATES
+    if not isinstance(value, list):
+        raise _refuse(f"{member!r} must be a list of objects")
+    entries: list[TemplateEntry] = []
+    seen: set[str] = set()
+    for index, item in enumerate(value):
+        where = f"{member}[{index}]"
+        if not isinstance(item, dict):
+            raise _refuse(f"{where} must be an object with name, class and count")
+        unknown = sorted(set(item) - _TEMPLATE_MEMBERS)
+        if unknown:
+            raise _refuse(f"{where} has unknown member(s) {', '.join(map(repr, unknown))}")
+        missing = sorted({"name", "class"} - set(item))
+        if missing:
+            raise _refuse(f"{where} lacks {', '.join(missing)}")
+        # count may be left out for one unit, as the gate controller reads it too.
+        name, gpu_class, count = item["name"], item["class"], item.get("count", 1)
+        if not isinstance(name, str) or not _is_label(name):
+            raise _refuse(f"{where}.name = {json.dumps(name)} is not a DNS label")
+        if name in seen:
+            raise _refuse(f"{where}.name {name} is used twice")
+        if not isinstance(gpu_class, str) or not keys.is_dns_label(gpu_class):
+            raise _refuse(f"{where}.class = {json.dumps(gpu_class)} is not a GPUClass name")
+        # bool is an int in Python; true is not a count.
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise _refuse(f"{where}.count = {json.dumps(count)} is not a whole number >= 1")
+        seen.add(name)
+        entries.append(TemplateEntry(name, gpu_class, count))
+    return tuple(entries)
+
+
+def encode(request: ClaimsRequest) -> str:
+    """The annotation value of a request (the inverse of ``parse``), for tests and tools."""
+    value: dict[str, object] = {}
+    if request.claims:
+        value[keys.ANNOTATION_MEMBER_CLAIMS] = list(request.claims)
+    if request.templates:
+        value[keys.ANNOTATION_MEMBER_TEMPLATES] = [
+            {"name": t.name, "class": t.gpu_class, "count": t.count} for t in request.templates
+        ]
+    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,72 @@
+"""The GPUClaim webhook's rules: an order is judged at create time, the spec never changes.
+
+An order is judged by the model's ``Snapshot.check_order`` against this replica's
+read-only snapshot (budgets and capacity), so the tenant reads the binder's own sentence
+("tenant-a has 2 of 2 gpu.cozystack.io/l40s-24c in use; the order needs 1 more") at
+``kubectl apply`` time instead of a claim waiting Pending. The binder judges again in its
+single loop, so a replica whose watches lag can at worst admit an order that then waits.
+
+Template claims (label ``gpu.cozystack.io/template-claim``) are the controller's own,
+created for a VMI at start and judged with the VMI's whole set when its launcher pod is
+placed; they are admitted without the check, but only as what they claim to be: owned by a
+VMI.
+
+Pure: no kopf, no client; the snapshot is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder import translate
+from cozystack_gpu.binder.translate import meta
+from cozystack_gpu.model import Refusal, Snapshot
+
+Obj = Mapping[str, Any]
+
+SPEC_IMMUTABLE = "spec is immutable; delete the claim and order a new one"
+
+
+def is_template(claim: Obj) -> bool:
+    labels = meta(claim).get("labels") or {}
+    return labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE
+
+
+def template_refusal(claim: Obj) -> str | None:
+    """A claim labelled as a template must be owned by a VMI, as the controller makes them:
+    the label alone would let an order skip the create-time check."""
+    for ref in meta(claim).get("ownerReferences") or []:
+        if ref.get("kind") == keys.VMI.kind:
+            return None
+    return (
+        f"GPUClaim {meta(claim).get('name', '')} is labelled {keys.LABEL_TEMPLATE_CLAIM}, "
+        "which marks the claims the controller creates from a VMI's claimTemplates; such "
+        "a claim is owned by its VirtualMachineInstance. Remove the label to order a claim"
+    )
+
+
+def order_refusal(snapshot: Snapshot, claim: Obj, now: float) -> Refusal | None:
+    """The model's refusal of a new order, or None when it fits now.
+
+    The claim is judged as an order (Pending), whatever status the request carries.
+    """
+    info = translate.claim_info(claim, vmi_live_now=False, set_id=None)
+    info = replace(info, phase=keys.Phase.PENDING, node=None, attached_to=None, rejected=())
+    decision = snapshot.check_order(info, now)
+    return decision if isinstance(decision, Refusal) else None
+
+
+def update_refusal(old: Obj, new: Obj) -> str | None:
+    """What an update may not change: the spec (the CRD's CEL rule says the same, in the
+    same words), and whether the claim is a template claim."""
+    if (old.get("spec") or {}) != (new.get("spec") or {}):
+        return SPEC_IMMUTABLE
+    if is_template(old) != is_template(new):
+        return (
+            f"label {keys.LABEL_TEMPLATE_CLAIM} cannot be added to or removed from an "
+            "existing claim"
+        )
+    return None

@@ -1,0 +1,174 @@
+"""Every replica's read-only model snapshot, fed by its own watches, for the claim webhook.
+
+The binder keeps its snapshot in the leader only, and a webhook must answer in every
+replica, so each replica keeps one of its own, built the binder's way: the same watched
+kinds (``keys.BINDER_WATCHES``), the same ``ClusterView`` turning objects into model
+inputs, the same ``Snapshot``. It never decides a bind, so it needs no writer and takes
+none of the binder's own writes into account: a lagging view admits at worst an order the
+binder then keeps Pending with its reason.
+
+One thread applies the watch events to the view and the view's changes to the snapshot;
+the webhook reads the snapshot from kopf's worker threads. ``check_order`` is a read, but
+the snapshot refreshes lazy indexes while it answers, so both sides hold one lock. Each
+hold is short: events are applied to the view outside it, and one sync covers at most
+``MAX_BATCH`` events.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.view import ClusterView
+from cozystack_gpu.config import Config
+from cozystack_gpu.informer import Event, EventType, Informer, source
+from cozystack_gpu.model import ClaimInfo, Decision, Snapshot
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 2000
+STALENESS_EVERY_S = 1.0  # node agent reports age with time, not with events
+
+
+def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """Drop managedFields: the model never reads them, and they are often the larger half
+    of an object kept in memory for every claim, pod and node of the cluster."""
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
+    return obj
+
+
+class SnapshotFeed:
+    """Watches → ``ClusterView`` → ``Snapshot``, in one thread; reads under a lock."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        config: Config,
+        *,
+        clock: Callable[[], float] = time.time,
+        watches: tuple[keys.ApiKind, ...] = keys.BINDER_WATCHES,
+    ) -> None:
+        self.clock = clock
+        self.view = ClusterView(config, watches)
+        self.synced = threading.Event()
+        self.failure: str | None = None
+        self._snapshot: Snapshot | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # Events, and None to wake the thread when it must stop.
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._informers = [
+            Informer(api, source(api, kind), self._queue, self._stop) for kind in watches
+        ]
+        self._thread = threading.Thread(target=self._run, name="admission-feed", daemon=True)
+        self._last_staleness = 0.0
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        for informer in self._informers:
+            informer.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+        for informer in self._informers:
+            informer.join(timeout=1)
+
+    def dead_threads(self) -> list[str]:
+        """Threads that should run but do not (empty when healthy or stopped on purpose)."""
+        if self._stop.is_set() and self.failure is None:
+            return []
+        threads = [self._thread, *(i.thread for i in self._informers)]
+        return [t.name for t in threads if t.ident is not None and not t.is_alive()]
+
+    # --- reading ---------------------------------------------------------------------
+
+    def check_order(self, claim: ClaimInfo, now: float) -> Decision | None:
+        """The model's judgement of one order, or None before the first full listing."""
+        with self._lock:
+            if self._snapshot is None:
+                return None
+            return self._snapshot.check_order(claim, now)
+
+    def largest_node(self, class_name: str) -> int | None:
+        """Units of the class on the largest node serving it (maxCount of a passthrough
+        class without one), or None when this replica does not know the class yet."""
+        with self._lock:
+            snap = self._snapshot
+            if snap is None or snap.gpu_class(class_name) is None:
+                return None
+            return snap.max_count(class_name)
+
+    def read(self, fn: Callable[[Snapshot], Any]) -> Any:
+        """Run ``fn`` on the snapshot under the lock (None before the first listing)."""
+        with self._lock:
+            return None if self._snapshot is None else fn(self._snapshot)
+
+    # --- the feed --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                batch = self._drain()
+                for event in batch:
+                    self._apply(event)
+                now = self.clock()
+                if self._snapshot is None:
+                    if self.view.fully_listed:
+                        self._build(now)
+                    continue
+                if now - self._last_staleness >= STALENESS_EVERY_S:
+                    self._last_staleness = now
+                    self.view.refresh_staleness(now)
+                if self.view.dirty:
+                    with self._lock:
+                        self.view.sync_into(self._snapshot, now)
+        except Exception as exc:
+            log.exception("the admission snapshot feed failed")
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self._stop.set()
+
+    def _drain(self) -> list[Event]:
+        try:
+            first = self._queue.get(timeout=STALENESS_EVERY_S)
+        except queue.Empty:
+            return []
+        batch = [first]
+        while len(batch) < MAX_BATCH:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return [event for event in batch if isinstance(event, Event)]
+
+    def _apply(self, event: Event) -> None:
+        if event.type is EventType.LISTED:
+            self.view.relist(event.kind, [_slim(o) for o in event.objects])
+        elif event.obj is not None:
+            self.view.apply(event.kind, _slim(event.obj), deleted=event.type is EventType.DELETED)
+
+    def _build(self, now: float) -> None:
+        started = time.perf_counter()
+        snapshot = self.view.build_snapshot(now)
+        with self._lock:
+            self._snapshot = snapshot
+        self.synced.set()
+        log.info(
+            "admission snapshot ready: %d nodes, %d classes, %d claims in %.3f s",
+            len(self.view.raw[keys.NODE.kind]),
+            len(self.view.raw[keys.GPU_CLASS.kind]),
+            len(self.view.raw[keys.GPU_CLAIM.kind]),
+            time.perf_counter() - started,
+        )

@@ -1,0 +1,64 @@
+"""The pod webhook's work: find the pod's VMI, its claims' classes, and what to add.
+
+Only pods with the reference label reach it (the object selector); KubeVirt copies it from
+the VMI onto the virt-launcher pod and the WaitForFirstConsumer temporary pod. The VMI and
+its held claims are read from the API server: the VMI was created a moment ago, and a
+watch-fed cache may not have it yet.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.admission import annotation, pod_rules
+from cozystack_gpu.admission.access import ApiAccess
+from cozystack_gpu.admission.errors import Refused
+from cozystack_gpu.admission.handle_vmi import label_without_annotation
+from cozystack_gpu.binder.translate import meta
+
+Obj = dict[str, Any]
+
+NO_CHANGE = pod_rules.PodChanges(gate=False, tolerations=())
+
+
+class PodWebhook:
+    def __init__(self, access: ApiAccess, pool: ThreadPoolExecutor) -> None:
+        self.access = access
+        self.pool = pool
+
+    def admit(self, pod: Obj) -> pod_rules.PodChanges:
+        if pod_rules.is_migration_target(pod):
+            return NO_CHANGE
+        namespace = str(meta(pod).get("namespace", ""))
+        name = str(meta(pod).get("name") or meta(pod).get("generateName") or "")
+        vmi_name = pod_rules.owner_vmi(pod)
+        if vmi_name is None:
+            raise Refused(
+                f"pod {name} carries the label {keys.LABEL_CLAIMS_REF}="
+                f"{keys.LABEL_CLAIMS_REF_VALUE}, which only KubeVirt's virt-launcher pods of "
+                "VMIs with GPU claims may carry (the controller does not count their GPU "
+                "requests as raw usage); remove the label"
+            )
+        vmi = self.access.vmi(namespace, vmi_name)
+        if vmi is None:
+            raise Refused(
+                f"VirtualMachineInstance {vmi_name}, the owner of pod {name}, does not exist", 404
+            )
+        raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
+        if raw is None:
+            raise Refused(label_without_annotation("VirtualMachineInstance", vmi_name), 400)
+        try:
+            request = annotation.parse(str(raw))
+        except annotation.AnnotationError as exc:
+            raise Refused(str(exc), 400) from None
+        claims = [self.pool.submit(self.access.claim, namespace, c) for c in request.claims]
+        classes = self.access.classes()
+        names = {t.gpu_class for t in request.templates}
+        for future in claims:
+            claim = future.result()
+            if claim is not None:
+                names.add(str((claim.get("spec") or {}).get("class", "")))
+        tolerations = pod_rules.class_tolerations(classes[n] for n in names if n in classes)
+        return pod_rules.changes(pod, tolerations)

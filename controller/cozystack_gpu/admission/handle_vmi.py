@@ -1,0 +1,218 @@
+"""The VMI webhook's work: read, judge (``vmi_rules``), write the attachments.
+
+For a VMI naming claims, every read goes to the API server in parallel (the claims, the
+classes, the settings, the namespace for the vGPU entitlement, the instance type), the
+rules judge, and unless it is a dry run each held claim not yet attached to this VMI gets
+``status.attachedTo``/``attachedAt`` (with the resourceVersion read, so a concurrent start
+of another VMI gets 409 and this one is judged again) and the claim-protection finalizer.
+The finalizer is the binder's too; written here it closes the window before the binder
+sees the attachment, in which a deleted claim would vanish from under a starting VM.
+
+When one claim cannot be held, the attachments written in this call are taken back before
+the refusal, so a refused start does not block the claims for the attachment grace.
+Nothing here creates a claim or waits for one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.admission import annotation, vmi_rules
+from cozystack_gpu.admission.access import ApiAccess
+from cozystack_gpu.admission.errors import Refused
+from cozystack_gpu.binder.lifecycle import finalizer_patch
+from cozystack_gpu.binder.translate import meta
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+Claim = Mapping[str, Any]
+ATTEMPTS = 3  # writes that lose a race are judged again this often
+
+
+def now_rfc3339(clock: Callable[[], float]) -> str:
+    return datetime.datetime.fromtimestamp(clock(), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def label_without_annotation(kind: str, name: str) -> str:
+    return (
+        f"{kind} {name} carries the label {keys.LABEL_CLAIMS_REF}="
+        f"{keys.LABEL_CLAIMS_REF_VALUE} but no {keys.ANNOTATION_CLAIMS} annotation naming its "
+        "GPU claims; add the annotation, or remove the label"
+    )
+
+
+def instancetype_ref(vmi: Obj) -> tuple[keys.ApiKind, str] | None:
+    """The instance type KubeVirt says the VMI was made from, if any."""
+    annotations = meta(vmi).get("annotations") or {}
+    if annotations.get(keys.ANNOTATION_INSTANCETYPE):
+        return keys.INSTANCETYPE, str(annotations[keys.ANNOTATION_INSTANCETYPE])
+    if annotations.get(keys.ANNOTATION_CLUSTER_INSTANCETYPE):
+        return keys.CLUSTER_INSTANCETYPE, str(annotations[keys.ANNOTATION_CLUSTER_INSTANCETYPE])
+    return None
+
+
+class VMIWebhook:
+    """Judges and records the start of one VMI per call."""
+
+    def __init__(
+        self,
+        access: ApiAccess,
+        pool: ThreadPoolExecutor,
+        largest_node: Callable[[str], int | None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.access = access
+        self.pool = pool
+        self.largest_node = largest_node
+        self.clock = clock
+
+    def admit(self, vmi: Obj, *, dry_run: bool) -> list[dict[str, str]]:
+        """The gpus entries the VMI must carry; ``Refused`` when it may not start."""
+        name = str(meta(vmi).get("name", ""))
+        namespace = str(meta(vmi).get("namespace", ""))
+        raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
+        if raw is None:
+            raise Refused(label_without_annotation("VirtualMachineInstance", name), 400)
+        try:
+            request = annotation.parse(str(raw))
+        except annotation.AnnotationError as exc:
+            raise Refused(str(exc), 400) from None
+        facts = self._read(vmi, namespace, request)
+        decision = vmi_rules.judge(vmi, request, facts)
+        if isinstance(decision, vmi_rules.Refusal):
+            raise Refused(decision.message)
+        if not dry_run:
+            held = {c: facts.claims[c] for c in request.claims}
+            self._hold(namespace, name, held, decision.attach)
+        return list(decision.gpus)
+
+    # --- reads -----------------------------------------------------------------------
+
+    def _read(
+        self, vmi: Obj, namespace: str, request: annotation.ClaimsRequest
+    ) -> vmi_rules.VMIFacts:
+        access, submit = self.access, self.pool.submit
+        claims = {c: submit(access.claim, namespace, c) for c in request.claims}
+        classes = submit(access.classes)
+        settings = submit(access.settings_names)
+        labels: Future[dict[str, str]] | None = None
+        if request.templates:
+            labels = submit(access.namespace_labels, namespace)
+        ref = instancetype_ref(vmi)
+        itype: Future[Obj | None] | None = None
+        if ref is not None:
+            itype = submit(access.instancetype, ref[0], namespace, ref[1])
+        instancetype = None
+        if ref is not None and itype is not None:
+            spec = itype.result()
+            if spec is None:
+                which = (
+                    keys.ANNOTATION_INSTANCETYPE
+                    if ref[0].namespaced
+                    else keys.ANNOTATION_CLUSTER_INSTANCETYPE
+                )
+                raise Refused(
+                    f"{ref[0].kind} {ref[1]}, named by the VMI's {which} annotation, does not "
+                    "exist, so its GPU entries cannot be checked"
+                )
+            instancetype = vmi_rules.InstanceType(ref[0].kind, ref[1], spec.get("spec") or {})
+        return vmi_rules.VMIFacts(
+            claims={c: f.result() for c, f in claims.items()},
+            classes=classes.result(),
+            settings_names=settings.result(),
+            namespace_labels=labels.result() if labels is not None else {},
+            instancetype=instancetype,
+            largest_node=self.largest_node,
+        )
+
+    # --- writes ----------------------------------------------------------------------
+
+    def _hold(
+        self,
+        namespace: str,
+        vmi_name: str,
+        held: Mapping[str, Claim | None],
+        attach: tuple[str, ...],
+    ) -> None:
+        """Attach every claim in ``attach`` and put the finalizer on every held claim, in
+        parallel; on any failure take back the attachments this call wrote."""
+        futures = {
+            c: self.pool.submit(self._hold_one, namespace, vmi_name, c, obj, c in attach)
+            for c, obj in held.items()
+            if obj is not None
+        }
+        written: dict[str, Claim] = {}
+        failure: BaseException | None = None
+        for claim_name, future in futures.items():
+            try:
+                attached_here, obj = future.result()
+            except BaseException as exc:  # every future must be collected before rollback
+                failure = failure or exc
+                continue
+            if attached_here:
+                written[claim_name] = obj
+        if failure is None:
+            return
+        for claim_name, obj in written.items():
+            self._release(namespace, claim_name, obj)
+        raise failure
+
+    def _hold_one(
+        self, namespace: str, vmi_name: str, claim_name: str, obj: Claim, attach: bool
+    ) -> tuple[bool, Claim]:
+        attached_here = False
+        for attempt in range(ATTEMPTS):
+            if not attach or (obj.get("status") or {}).get("attachedTo") == vmi_name:
+                break
+            body = {
+                "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
+                "status": {"attachedTo": vmi_name, "attachedAt": now_rfc3339(self.clock)},
+            }
+            try:
+                obj = self.access.claim_status(namespace, claim_name, body)
+                attached_here = True
+            except ApiException as exc:
+                if exc.status != 409 or attempt == ATTEMPTS - 1:
+                    raise
+                obj = self._reread(namespace, vmi_name, claim_name)
+        for attempt in range(ATTEMPTS):
+            patch = finalizer_patch(obj, keys.FINALIZER_CLAIM, True)
+            if patch is None:
+                break
+            try:
+                obj = self.access.claim_meta(namespace, claim_name, patch)
+            except ApiException as exc:
+                if exc.status != 409 or attempt == ATTEMPTS - 1:
+                    raise
+                obj = self._reread(namespace, vmi_name, claim_name)
+        return attached_here, obj
+
+    def _reread(self, namespace: str, vmi_name: str, claim_name: str) -> Claim:
+        """The claim after a lost race, if it may still be held by this VMI."""
+        obj = self.access.claim(namespace, claim_name)
+        refusal = vmi_rules.held_claim_refusal(claim_name, obj, namespace, vmi_name)
+        if refusal is not None:
+            raise Refused(refusal.message, 409)
+        assert obj is not None
+        return obj
+
+    def _release(self, namespace: str, claim_name: str, obj: Claim) -> None:
+        body = {
+            "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
+            "status": {"attachedTo": None, "attachedAt": None},
+        }
+        try:
+            self.access.claim_status(namespace, claim_name, body)
+        except ApiException as exc:
+            # The binder clears an attachment whose VMI never appears, after the grace.
+            log.warning(
+                "could not take back the attachment of %s/%s: %s", namespace, claim_name, exc
+            )

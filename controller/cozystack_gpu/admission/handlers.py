@@ -1,0 +1,189 @@
+"""Every admission webhook of the controller, as kopf handlers; the work is elsewhere.
+
+kopf serves handler ``id`` at URL path ``/<id>`` (CONTRACTS.md):
+
+| path | object | operations |
+|---|---|---|
+| ``/validate-gpuclaim`` | GPUClaim | CREATE, UPDATE |
+| ``/validate-gpuclass`` | GPUClass | CREATE, UPDATE |
+| ``/mutate-vmi`` | VirtualMachineInstance | CREATE |
+| ``/mutate-pod`` | Pod | CREATE |
+
+The webhook configurations (fail closed; the VMI and pod webhooks only for objects with the
+reference label) are rendered by the chart, not managed by kopf. Importing this module
+registers the handlers; ``start`` builds what they use and sets kopf's server.
+
+Handlers are plain functions taking keyword arguments, so tests may call them directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+
+import kopf
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.admission import pod_rules, vmi_rules
+from cozystack_gpu.admission.access import ApiAccess
+from cozystack_gpu.admission.errors import Refused
+from cozystack_gpu.admission.feed import SnapshotFeed
+from cozystack_gpu.admission.handle_catalog import ClaimWebhook, ClassWebhook
+from cozystack_gpu.admission.handle_pod import PodWebhook
+from cozystack_gpu.admission.handle_vmi import VMIWebhook
+from cozystack_gpu.admission.server import CertDirWebhookServer, NoWebhookServer
+from cozystack_gpu.config import Config
+
+log = logging.getLogger(__name__)
+
+# Parallel API reads and writes of the webhooks (a VMI with four claims reads seven objects).
+IO_WORKERS = 32
+
+
+@dataclass
+class Admission:
+    """What the handlers use, kept in kopf's memo as ``memo.admission``."""
+
+    feed: SnapshotFeed
+    claims: ClaimWebhook
+    classes: ClassWebhook
+    vmis: VMIWebhook
+    pods: PodWebhook
+    pool: ThreadPoolExecutor
+
+    def stop(self) -> None:
+        self.feed.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def build(
+    api: client.ApiClient, config: Config, clock: Callable[[], float] = time.time
+) -> Admission:
+    feed = SnapshotFeed(api, config, clock=clock)
+    access = ApiAccess(api, config.namespace)
+    pool = ThreadPoolExecutor(IO_WORKERS, thread_name_prefix="admission-io")
+    return Admission(
+        feed=feed,
+        claims=ClaimWebhook(feed, access, clock),
+        classes=ClassWebhook(access),
+        vmis=VMIWebhook(access, pool, feed.largest_node, clock),
+        pods=PodWebhook(access, pool),
+        pool=pool,
+    )
+
+
+def start(
+    api: client.ApiClient, config: Config, settings: kopf.OperatorSettings, memo: kopf.Memo
+) -> Admission:
+    """Start this replica's snapshot feed and give kopf its webhook server."""
+    admission = build(api, config)
+    admission.feed.start()
+    memo.admission = admission
+    if config.webhook_port:
+        settings.admission.server = CertDirWebhookServer(
+            config.webhook_cert_dir, config.webhook_port
+        )
+    else:
+        settings.admission.server = NoWebhookServer()
+    # The chart renders the configurations: kopf must not create or patch them.
+    settings.admission.managed = None
+    return admission
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """``Refused`` and API failures become the admission answer; the webhooks fail closed,
+    so an answer that could not be computed refuses, saying why."""
+    try:
+        yield
+    except Refused as exc:
+        raise kopf.AdmissionError(exc.message, code=exc.code) from None
+    except ApiException as exc:
+        raise kopf.AdmissionError(
+            f"GPU admission could not complete: the API server answered {exc.status} "
+            f"{exc.reason}; try again",
+            code=500,
+        ) from None
+
+
+def _admission(memo: kopf.Memo) -> Admission:
+    admission: Admission | None = memo.get("admission")
+    if admission is None:
+        raise kopf.AdmissionError("GPU admission is starting; try again", code=503)
+    return admission
+
+
+@kopf.on.validate(
+    keys.GROUP, keys.VERSION, keys.PLURAL_CLAIMS, id="validate-gpuclaim",
+    operations=["CREATE", "UPDATE"],
+)  # fmt: skip
+def validate_gpuclaim(
+    body: kopf.Body,
+    warnings: list[str],
+    memo: kopf.Memo,
+    operation: str | None = None,
+    old: kopf.Body | None = None,
+    **_: Any,
+) -> None:
+    """Budget and capacity at create time (dry runs alike: nothing is written); the spec
+    never changes afterwards."""
+    admission = _admission(memo)
+    with _refusals():
+        if operation == "CREATE":
+            warnings.extend(admission.claims.admit_create(body))
+        elif operation == "UPDATE" and old is not None:
+            admission.claims.admit_update(old, body)
+
+
+@kopf.on.validate(
+    keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, id="validate-gpuclass",
+    operations=["CREATE", "UPDATE"],
+)  # fmt: skip
+def validate_gpuclass(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Two classes share a resource name only with node selectors that do not overlap."""
+    admission = _admission(memo)
+    with _refusals():
+        admission.classes.admit(body)
+
+
+@kopf.on.mutate(
+    keys.VMI.group, keys.VMI.version, keys.VMI.plural, id="mutate-vmi",
+    operations=["CREATE"], side_effects=True,
+)  # fmt: skip
+def mutate_vmi(body: kopf.Body, dryrun: bool, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Resolve the VMI's claims, record the attachments (not on a dry run) and add one
+    gpus entry per unit."""
+    admission = _admission(memo)
+    with _refusals():
+        gpus = admission.vmis.admit(dict(body), dry_run=dryrun)
+    patch.fns.append(lambda raw: vmi_rules.set_gpus(cast(dict[str, Any], raw), gpus))
+
+
+@kopf.on.mutate("", "v1", "pods", id="mutate-pod", operations=["CREATE"])
+def mutate_pod(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """The scheduling gate and the classes' tolerations on a VMI's launcher pod."""
+    admission = _admission(memo)
+    with _refusals():
+        change = admission.pods.admit(dict(body))
+    if change:
+        patch.fns.append(lambda raw: pod_rules.apply(cast(dict[str, Any], raw), change))
+
+
+@kopf.on.probe(id="admission")
+def admission_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """Fails /healthz when this replica's snapshot feed died: its claim webhook would
+    refuse every order."""
+    admission: Admission | None = memo.get("admission")
+    if admission is None:
+        return {"synced": False}
+    dead = admission.feed.dead_threads()
+    if dead:
+        raise kopf.PermanentError(f"admission snapshot feed stopped: {', '.join(dead)}")
+    return {"synced": admission.feed.synced.is_set()}

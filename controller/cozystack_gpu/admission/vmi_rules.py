@@ -1,0 +1,285 @@
+"""The VMI webhook's rules: from what was read about a VMI's claims, refuse or plan the start.
+
+Pure: the caller reads the claims, the classes, the settings and the instance type from the
+API server, and this module judges them and builds the ``gpus`` entries. The checks run in
+a fixed order and the first failure is the answer, so one VMI always gets one message:
+
+1. every held claim exists, is not being deleted, is attached to no other VMI, and is Bound
+   (or already Attached to this VMI: a reinvocation, or the binder was quicker);
+2. the class of every held claim and every claim template exists, and no template orders
+   from a class being deleted;
+3. the held claims share one node;
+4. at most one vGPU class in the set;
+5. no class above its maxCount for the set (held and template units together);
+6. vGPU templates need the namespace's vGPU entitlement;
+7. the VMI carries no GPU entry of its own (``gpus``, ``hostDevices``, resource requests or
+   limits, or its instance type's ``gpus``/``hostDevices``) whose name is a GPU resource name.
+
+Budgets and capacity of the templates are not judged here: the controller creates and
+places them when the launcher pod is gated, so a template that does not fit leaves the VM
+starting with a reason instead of refused into KubeVirt's start backoff.
+
+Wording follows the model's refusals where the rule is the same (maxCount, mixed vGPU
+classes, entitlement), so a tenant reads one sentence for one rule wherever it is judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.admission.annotation import ClaimsRequest
+from cozystack_gpu.binder.translate import class_resource_name, meta
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    message: str
+
+
+@dataclass(frozen=True)
+class Start:
+    """An accepted start: the held claims whose attachment must be written (those not yet
+    attached to this VMI), and the ``gpus`` entries the VMI must carry, one per unit."""
+
+    attach: tuple[str, ...]
+    gpus: tuple[dict[str, str], ...]
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """The instance type a VMI was made from: its kind and name, and its spec."""
+
+    kind: str
+    name: str
+    spec: Obj
+
+
+@dataclass(frozen=True)
+class VMIFacts:
+    """What the webhook read about one VMI.
+
+    - ``claims``: every held claim named by the annotation, as read (None: not found).
+    - ``classes``: every GPUClass, by name.
+    - ``settings_names``: ``resourceNames`` of the settings ConfigMap (the effective GPU
+      resource-name set the binder publishes: class names, what GPU nodes advertise and
+      the hoster's extra names).
+    - ``namespace_labels``: the VMI's namespace labels (the vGPU entitlement).
+    - ``instancetype``: the instance type the VMI names, when it names one.
+    - ``largest_node``: units of the largest node serving a class, for a passthrough class
+      without maxCount; None when unknown (this replica has not read the cluster yet).
+    """
+
+    claims: Mapping[str, Obj | None]
+    classes: Mapping[str, Obj]
+    settings_names: frozenset[str] = frozenset()
+    namespace_labels: Mapping[str, str] = field(default_factory=dict)
+    instancetype: InstanceType | None = None
+    largest_node: Callable[[str], int | None] = lambda _name: None
+
+
+def units(n: int) -> str:
+    return f"{n} unit" if n == 1 else f"{n} units"
+
+
+def gpu_entry_name(index: int) -> str:
+    """The name of the ``index``-th unit's gpus entry: deterministic, so a reinvocation
+    writes the same entries, and a valid KubeVirt device name."""
+    return f"{keys.VMI_GPU_NAME_PREFIX}{index}"
+
+
+def is_ours(entry: Obj) -> bool:
+    """A gpus entry this webhook added (the prefix is reserved for it)."""
+    return str(entry.get("name", "")).startswith(keys.VMI_GPU_NAME_PREFIX)
+
+
+def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
+    """Refuse the VMI's start with one message, or say what to write."""
+    namespace = str(meta(vmi).get("namespace", ""))
+    name = str(meta(vmi).get("name", ""))
+    held: list[tuple[str, Obj]] = []
+    for claim_name in request.claims:
+        claim = facts.claims.get(claim_name)
+        refusal = held_claim_refusal(claim_name, claim, namespace, name)
+        if refusal is not None:
+            return refusal
+        assert claim is not None
+        held.append((claim_name, claim))
+
+    demand: dict[str, int] = {}
+    for claim_name, claim in held:
+        spec = claim.get("spec") or {}
+        class_name = str(spec.get("class", ""))
+        if class_name not in facts.classes:
+            return Refusal(f"class {class_name} of GPUClaim {claim_name} does not exist")
+        demand[class_name] = demand.get(class_name, 0) + int(spec.get("count") or 1)
+    for entry in request.templates:
+        klass = facts.classes.get(entry.gpu_class)
+        if klass is None:
+            return Refusal(f"class {entry.gpu_class} of claim template {entry.name} does not exist")
+        if meta(klass).get("deletionTimestamp"):
+            return Refusal(
+                f"class {entry.gpu_class} is being deleted and takes no new orders "
+                f"(claim template {entry.name})"
+            )
+        demand[entry.gpu_class] = demand.get(entry.gpu_class, 0) + entry.count
+
+    nodes = {claim_name: _node_of(claim) for claim_name, claim in held}
+    if len(set(nodes.values())) > 1:
+        where = ", ".join(f"{c} on {n}" for c, n in nodes.items())
+        return Refusal(
+            f"the GPUClaims of one VM must be bound to one node, and these are not: {where}; "
+            "order claims a VM uses together as one set (a VirtualMachine that names them "
+            "keeps them together) or use claimTemplates"
+        )
+
+    modes = {n: str((facts.classes[n].get("spec") or {}).get("mode", "")) for n in demand}
+    vgpu = sorted(n for n in demand if modes[n] == keys.Mode.VGPU.value)
+    if len(vgpu) > 1:
+        return Refusal(f"a VM takes one vGPU class; the set asks for {', '.join(vgpu)}")
+
+    for class_name in sorted(demand):
+        limit = _max_count(class_name, modes[class_name], facts)
+        if limit is not None and limit > 0 and demand[class_name] > limit:
+            return Refusal(
+                f"class {class_name} allows at most {units(limit)} per VM; "
+                f"the set asks for {demand[class_name]}"
+            )
+
+    entitled = facts.namespace_labels.get(keys.LABEL_VGPU_ENTITLEMENT) == (
+        keys.VGPU_ENTITLEMENT_VALUE
+    )
+    for entry in request.templates:
+        if modes[entry.gpu_class] == keys.Mode.VGPU.value and not entitled:
+            return Refusal(
+                f"namespace {namespace} lacks the label {keys.LABEL_VGPU_ENTITLEMENT}: "
+                f'"{keys.VGPU_ENTITLEMENT_VALUE}" that vGPU class {entry.gpu_class} needs'
+            )
+
+    gpu_names = facts.settings_names | {
+        res for klass in facts.classes.values() if (res := class_resource_name(klass))
+    }
+    own = own_gpu_entries(vmi, facts.instancetype, gpu_names)
+    if own:
+        return Refusal(
+            f"VirtualMachineInstance {name} holds GPUs through its claims "
+            f"({keys.ANNOTATION_CLAIMS}) and also requests GPU resource names of its own: "
+            f"{'; '.join(own)}; a VM with claims gets its GPUs from its claims only: remove "
+            "those entries"
+        )
+
+    resources: list[str] = []
+    for _claim_name, claim in held:
+        spec = claim.get("spec") or {}
+        klass = facts.classes[str(spec.get("class"))]
+        resources += [class_resource_name(klass)] * int(spec.get("count") or 1)
+    for entry in request.templates:
+        resources += [class_resource_name(facts.classes[entry.gpu_class])] * entry.count
+    gpus = tuple({"name": gpu_entry_name(i), "deviceName": res} for i, res in enumerate(resources))
+    attach = tuple(
+        claim_name
+        for claim_name, claim in held
+        if (claim.get("status") or {}).get("attachedTo") != name
+    )
+    return Start(attach=attach, gpus=gpus)
+
+
+def held_claim_refusal(
+    claim_name: str, claim: Obj | None, namespace: str, vmi_name: str
+) -> Refusal | None:
+    if claim is None:
+        return Refusal(
+            f"GPUClaim {claim_name} named in {keys.ANNOTATION_CLAIMS} does not exist in "
+            f"namespace {namespace}; order it first, or remove it from the annotation"
+        )
+    if meta(claim).get("deletionTimestamp"):
+        return Refusal(f"GPUClaim {claim_name} is being deleted")
+    status = claim.get("status") or {}
+    attached_to = status.get("attachedTo")
+    if attached_to and attached_to != vmi_name:
+        return Refusal(
+            f"GPUClaim {claim_name} is attached to VirtualMachineInstance {attached_to}; a "
+            "claim serves one VM at a time: stop that VM, or order another claim"
+        )
+    phase = status.get("phase") or keys.Phase.PENDING.value
+    if phase == keys.Phase.BOUND.value or (
+        phase == keys.Phase.ATTACHED.value and attached_to == vmi_name
+    ):
+        return None
+    why = _condition_message(status, keys.CONDITION_BOUND)
+    return Refusal(f"GPUClaim {claim_name} is {phase}, not Bound" + (f": {why}" if why else ""))
+
+
+def _condition_message(status: Obj, kind: str) -> str:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("message") or "")
+    return ""
+
+
+def _node_of(claim: Obj) -> str:
+    return str((claim.get("status") or {}).get("nodeName") or "")
+
+
+def _max_count(class_name: str, mode: str, facts: VMIFacts) -> int | None:
+    """maxCount resolved as the model resolves it (``keys.effective_max_count``); None when
+    a passthrough class without maxCount meets a replica that does not know its nodes yet
+    (the controller judges the set again when it places it)."""
+    spec = facts.classes[class_name].get("spec") or {}
+    written = spec.get("maxCount")
+    if written is None and mode == keys.Mode.PASSTHROUGH.value:
+        largest = facts.largest_node(class_name)
+        if largest is None:
+            return None
+        return keys.effective_max_count(mode, None, largest)
+    return keys.effective_max_count(mode, written, 0)
+
+
+def own_gpu_entries(
+    vmi: Obj, instancetype: InstanceType | None, gpu_names: frozenset[str] | set[str]
+) -> list[str]:
+    """Where a VMI asks for a GPU resource name itself, as "<path> <name>" descriptions.
+
+    The webhook's own gpus entries (the reserved name prefix) are not the VMI's: on a
+    reinvocation they are already there.
+    """
+    found: list[str] = []
+    domain = (vmi.get("spec") or {}).get("domain") or {}
+    devices = domain.get("devices") or {}
+    for index, entry in enumerate(devices.get("gpus") or []):
+        if not is_ours(entry) and entry.get("deviceName") in gpu_names:
+            found.append(f"spec.domain.devices.gpus[{index}] {entry['deviceName']}")
+    for index, entry in enumerate(devices.get("hostDevices") or []):
+        if entry.get("deviceName") in gpu_names:
+            found.append(f"spec.domain.devices.hostDevices[{index}] {entry['deviceName']}")
+    resources = domain.get("resources") or {}
+    for part in ("requests", "limits"):
+        for res in sorted(resources.get(part) or {}):
+            if res in gpu_names:
+                found.append(f"spec.domain.resources.{part} {res}")
+    if instancetype is not None:
+        where = f"{instancetype.kind} {instancetype.name}"
+        for member in ("gpus", "hostDevices"):
+            for index, entry in enumerate(instancetype.spec.get(member) or []):
+                if entry.get("deviceName") in gpu_names:
+                    found.append(f"{where} spec.{member}[{index}] {entry['deviceName']}")
+    return found
+
+
+def gpus_with(existing: Iterable[Obj], ours: Iterable[Mapping[str, str]]) -> list[dict[str, Any]]:
+    """The VMI's gpus list: its own entries as they are, then this webhook's, replacing
+    any entry with the reserved prefix (so calling it again changes nothing)."""
+    return [dict(e) for e in existing if not is_ours(e)] + [dict(e) for e in ours]
+
+
+def set_gpus(body: dict[str, Any], ours: Iterable[Mapping[str, str]]) -> None:
+    """Write the gpus entries into a VMI body in place (kopf turns the change into the
+    webhook's JSON patch)."""
+    spec = body.setdefault("spec", {})
+    domain = spec.setdefault("domain", {})
+    devices = domain.setdefault("devices", {})
+    devices["gpus"] = gpus_with(devices.get("gpus") or [], ours)

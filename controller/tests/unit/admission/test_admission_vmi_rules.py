@@ -1,0 +1,286 @@
+"""The VMI webhook's rules: each refusal with its message, and what an accepted start writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cozystack_gpu import keys
+from cozystack_gpu.admission.annotation import ClaimsRequest, TemplateEntry
+from cozystack_gpu.admission.vmi_rules import (
+    InstanceType,
+    Refusal,
+    Start,
+    VMIFacts,
+    gpus_with,
+    judge,
+    own_gpu_entries,
+    set_gpus,
+)
+
+H100 = "nvidia.com/GH100_H100"
+L40S_24C = "nvidia.com/NVIDIA_L40S-24C"
+L40S_48C = "nvidia.com/NVIDIA_L40S-48C"
+
+
+def vmi(name: str = "vm", spec: dict[str, Any] | None = None, **annotations: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "tenant-a", "annotations": annotations},
+        "spec": spec or {"domain": {"devices": {}}},
+    }
+
+
+def claim(
+    name: str,
+    gpu_class: str = "h100",
+    count: int = 1,
+    *,
+    phase: str | None = "Bound",
+    node: str | None = "node-1",
+    attached_to: str | None = None,
+    deleting: bool = False,
+    conditions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    if phase:
+        status["phase"] = phase
+    if node:
+        status["nodeName"] = node
+    if attached_to:
+        status["attachedTo"] = attached_to
+    if conditions:
+        status["conditions"] = conditions
+    metadata: dict[str, Any] = {"name": name, "namespace": "tenant-a", "resourceVersion": "5"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-30T10:00:00Z"
+    return {"metadata": metadata, "spec": {"class": gpu_class, "count": count}, "status": status}
+
+
+def gpu_class(
+    name: str,
+    res: str = H100,
+    mode: str = "passthrough",
+    max_count: int | None = None,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"mode": mode, "source": {"devicePlugin": {"resourceName": res}}}
+    if max_count is not None:
+        spec["maxCount"] = max_count
+    metadata: dict[str, Any] = {"name": name}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-30T10:00:00Z"
+    return {"metadata": metadata, "spec": spec}
+
+
+CLASSES = {
+    "h100": gpu_class("h100"),
+    "l40s-24c": gpu_class("l40s-24c", L40S_24C, "vgpu"),
+    "l40s-48c": gpu_class("l40s-48c", L40S_48C, "vgpu"),
+    "h100-2": gpu_class("h100-2", H100, max_count=2),
+}
+ENTITLED = {keys.LABEL_VGPU_ENTITLEMENT: "true"}
+
+
+def facts(*claims: dict[str, Any], **overrides: Any) -> VMIFacts:
+    values: dict[str, Any] = {
+        "claims": {c["metadata"]["name"]: c for c in claims},
+        "classes": CLASSES,
+        "namespace_labels": ENTITLED,
+        "largest_node": lambda _name: 8,
+    }
+    values.update(overrides)
+    return VMIFacts(**values)
+
+
+def refusal(result: Refusal | Start) -> str:
+    assert isinstance(result, Refusal), result
+    return result.message
+
+
+def test_held_and_template_units_each_get_one_gpus_entry_in_annotation_order() -> None:
+    request = ClaimsRequest(("b", "a"), (TemplateEntry("extra", "h100", 2),))
+    result = judge(vmi(), request, facts(claim("a"), claim("b", count=2)))
+    assert result == Start(
+        attach=("b", "a"),
+        gpus=tuple({"name": f"gpu-cozystack-{i}", "deviceName": H100} for i in range(5)),
+    )
+
+
+def test_a_claim_already_attached_to_this_vmi_is_not_written_again() -> None:
+    request = ClaimsRequest(("a", "b"))
+    result = judge(
+        vmi("vm"),
+        request,
+        facts(claim("a", phase="Attached", attached_to="vm"), claim("b", attached_to="vm")),
+    )
+    assert isinstance(result, Start)
+    assert result.attach == ()
+
+
+def test_a_missing_claim_is_refused_with_where_it_was_looked_for() -> None:
+    result = judge(vmi(), ClaimsRequest(("gone",)), facts(claims={"gone": None}))
+    assert refusal(result) == (
+        "GPUClaim gone named in gpu.cozystack.io/claims does not exist in namespace "
+        "tenant-a; order it first, or remove it from the annotation"
+    )
+
+
+def test_a_claim_attached_to_another_vmi_is_refused() -> None:
+    result = judge(vmi("vm"), ClaimsRequest(("a",)), facts(claim("a", attached_to="other")))
+    assert refusal(result) == (
+        "GPUClaim a is attached to VirtualMachineInstance other; a claim serves one VM at a "
+        "time: stop that VM, or order another claim"
+    )
+
+
+@pytest.mark.parametrize("phase", ["Pending", "Lost", None])
+def test_a_claim_that_is_not_bound_is_refused_with_why_it_waits(phase: str | None) -> None:
+    waits = [{"type": "Bound", "status": "False", "message": "no node serves class h100"}]
+    result = judge(
+        vmi(), ClaimsRequest(("a",)), facts(claim("a", phase=phase, node=None, conditions=waits))
+    )
+    assert refusal(result) == (
+        f"GPUClaim a is {phase or 'Pending'}, not Bound: no node serves class h100"
+    )
+
+
+def test_a_claim_attached_to_another_vmi_is_refused_even_when_attached() -> None:
+    result = judge(
+        vmi("vm"), ClaimsRequest(("a",)), facts(claim("a", phase="Attached", attached_to="x"))
+    )
+    assert "attached to VirtualMachineInstance x" in refusal(result)
+
+
+def test_a_claim_being_deleted_is_refused() -> None:
+    result = judge(vmi(), ClaimsRequest(("a",)), facts(claim("a", deleting=True)))
+    assert refusal(result) == "GPUClaim a is being deleted"
+
+
+def test_claims_on_different_nodes_are_refused_naming_each_node() -> None:
+    result = judge(vmi(), ClaimsRequest(("a", "b")), facts(claim("a"), claim("b", node="node-2")))
+    assert refusal(result) == (
+        "the GPUClaims of one VM must be bound to one node, and these are not: a on node-1, "
+        "b on node-2; order claims a VM uses together as one set (a VirtualMachine that "
+        "names them keeps them together) or use claimTemplates"
+    )
+
+
+def test_a_template_of_a_missing_class_is_refused() -> None:
+    request = ClaimsRequest((), (TemplateEntry("x", "a100", 1),))
+    assert refusal(judge(vmi(), request, facts())) == (
+        "class a100 of claim template x does not exist"
+    )
+
+
+def test_a_template_of_a_class_being_deleted_is_refused() -> None:
+    classes = {**CLASSES, "old": gpu_class("old", deleting=True)}
+    request = ClaimsRequest((), (TemplateEntry("x", "old", 1),))
+    assert refusal(judge(vmi(), request, facts(classes=classes))) == (
+        "class old is being deleted and takes no new orders (claim template x)"
+    )
+
+
+def test_two_vgpu_classes_in_one_set_are_refused() -> None:
+    request = ClaimsRequest(("a",), (TemplateEntry("x", "l40s-48c", 1),))
+    result = judge(vmi(), request, facts(claim("a", "l40s-24c")))
+    assert refusal(result) == "a VM takes one vGPU class; the set asks for l40s-24c, l40s-48c"
+
+
+def test_held_and_template_units_above_max_count_are_refused() -> None:
+    request = ClaimsRequest(("a",), (TemplateEntry("x", "h100-2", 2),))
+    result = judge(vmi(), request, facts(claim("a", "h100-2")))
+    assert refusal(result) == "class h100-2 allows at most 2 units per VM; the set asks for 3"
+
+
+def test_a_vgpu_class_without_max_count_allows_one_unit() -> None:
+    request = ClaimsRequest((), (TemplateEntry("x", "l40s-24c", 2),))
+    assert refusal(judge(vmi(), request, facts())) == (
+        "class l40s-24c allows at most 1 unit per VM; the set asks for 2"
+    )
+
+
+def test_a_passthrough_class_without_max_count_allows_the_largest_node() -> None:
+    request = ClaimsRequest((), (TemplateEntry("x", "h100", 5),))
+    result = judge(vmi(), request, facts(largest_node=lambda _name: 4))
+    assert refusal(result) == "class h100 allows at most 4 units per VM; the set asks for 5"
+    # Unknown (a replica that has not read the cluster yet): the controller judges it later.
+    assert isinstance(judge(vmi(), request, facts(largest_node=lambda _name: None)), Start)
+
+
+def test_a_vgpu_template_needs_the_namespace_entitlement() -> None:
+    request = ClaimsRequest((), (TemplateEntry("x", "l40s-24c", 1),))
+    assert refusal(judge(vmi(), request, facts(namespace_labels={}))) == (
+        'namespace tenant-a lacks the label gpu.cozystack.io/vgpu: "true" that vGPU class '
+        "l40s-24c needs"
+    )
+
+
+def test_a_vmi_with_claims_and_gpu_entries_of_its_own_is_refused_naming_each() -> None:
+    spec = {
+        "domain": {
+            "devices": {
+                "gpus": [
+                    {"name": "mine", "deviceName": H100},
+                    {"name": "gpu-cozystack-0", "deviceName": H100},  # ours, from before
+                    {"name": "other", "deviceName": "example.com/not-a-gpu"},
+                ],
+                "hostDevices": [{"name": "hd", "deviceName": "nvidia.com/GA100_AUDIO"}],
+            },
+            "resources": {"requests": {L40S_24C: "1"}, "limits": {L40S_24C: "1"}},
+        }
+    }
+    itype = InstanceType("VirtualMachineClusterInstancetype", "gpu-large", {"gpus": [
+        {"name": "g", "deviceName": L40S_48C}
+    ]})  # fmt: skip
+    result = judge(
+        vmi("vm", spec),
+        ClaimsRequest(("a",)),
+        facts(
+            claim("a"),
+            settings_names=frozenset({"nvidia.com/GA100_AUDIO"}),
+            instancetype=itype,
+        ),
+    )
+    assert refusal(result) == (
+        "VirtualMachineInstance vm holds GPUs through its claims (gpu.cozystack.io/claims) "
+        "and also requests GPU resource names of its own: spec.domain.devices.gpus[0] "
+        f"{H100}; spec.domain.devices.hostDevices[0] nvidia.com/GA100_AUDIO; "
+        f"spec.domain.resources.requests {L40S_24C}; spec.domain.resources.limits {L40S_24C}; "
+        f"VirtualMachineClusterInstancetype gpu-large spec.gpus[0] {L40S_48C}; a VM with "
+        "claims gets its GPUs from its claims only: remove those entries"
+    )
+
+
+def test_entries_of_names_no_class_or_setting_knows_are_not_gpu_entries() -> None:
+    spec = {"domain": {"devices": {"gpus": [{"name": "x", "deviceName": "example.com/fpga"}]}}}
+    assert own_gpu_entries(vmi("vm", spec), None, frozenset({H100})) == []
+
+
+def test_setting_gpus_twice_gives_the_same_list_and_keeps_foreign_entries() -> None:
+    body = vmi(spec={"domain": {"devices": {"gpus": [{"name": "x", "deviceName": "e.com/f"}]}}})
+    ours = [{"name": "gpu-cozystack-0", "deviceName": H100}]
+    set_gpus(body, ours)
+    once = [dict(g) for g in body["spec"]["domain"]["devices"]["gpus"]]
+    set_gpus(body, ours)
+    assert (
+        body["spec"]["domain"]["devices"]["gpus"]
+        == once
+        == [
+            {"name": "x", "deviceName": "e.com/f"},
+            {"name": "gpu-cozystack-0", "deviceName": H100},
+        ]
+    )
+
+
+def test_entries_with_the_reserved_prefix_are_replaced_not_kept() -> None:
+    forged = [{"name": "gpu-cozystack-7", "deviceName": H100}]
+    assert gpus_with(forged, []) == []
+
+
+def test_set_gpus_creates_the_devices_path_on_a_bare_vmi() -> None:
+    body: dict[str, Any] = {"metadata": {"name": "vm"}}
+    set_gpus(body, [{"name": "gpu-cozystack-0", "deviceName": H100}])
+    assert body["spec"]["domain"]["devices"]["gpus"] == [
+        {"name": "gpu-cozystack-0", "deviceName": H100}
+    ]
