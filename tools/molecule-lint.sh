@@ -14,9 +14,11 @@ work=$(mktemp -d /tmp/cozystack-gpu-lint.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 collection="$work/ansible_collections/cozystack/gpu"
 mkdir -p "$collection"
-# Only what ansible-lint reads, plus the plugins the tasks name.
+# Only what ansible-lint reads, plus the plugins the tasks name, the controller files their
+# module_utils link to, and the fixture library (with the pci.ids excerpt it reads).
 tar -C "$repo" --warning=no-file-changed -cf - galaxy.yml meta plugins roles playbooks molecule \
-  controller/cozystack_gpu/keys.py controller/cozystack_gpu_testkit/sysfs_tree.py |
+  controller/cozystack_gpu/keys.py controller/cozystack_gpu/agent/sysfs.py \
+  controller/cozystack_gpu_testkit/sysfs_tree.py controller/cozystack_gpu_testkit/pci.ids |
   tar -C "$collection" -xf -
 cd "$collection"
 export ANSIBLE_COLLECTIONS_PATH="$work"

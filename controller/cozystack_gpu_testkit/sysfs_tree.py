@@ -45,7 +45,9 @@ Tree conventions (paths relative to the root; ``BDF`` is ``0000:41:00.0`` style)
   ``mdev_type`` link (``../mdev_supported_types/<type>``) and ``remove``, linked from the
   type's ``devices/`` and from ``sys/bus/mdev/devices/<uuid>``. One GPU runs one mdev type
   at a time: the other types show ``available_instances`` 0 while it has mdevs.
-* ``usr/share/misc/pci.ids`` holds :data:`PCI_IDS_FIXTURE` (unless built without it).
+* ``usr/share/misc/pci.ids`` holds :data:`PCI_IDS_FIXTURE`, the excerpt of a real pci.ids
+  release shipped beside this file (unless built without it). Every model's vendor and
+  device ID is the one that release gives it.
 * ``.sysfs-fixture.json`` at the root keeps the models of the cards, so another process
   (a stand-in) can reopen the tree with :meth:`SysfsTree.open` and act on it.
 
@@ -72,34 +74,10 @@ DEVICES_DIR = "sys/devices/pci0000:00"
 VF_OFFSET = 4
 VF_STRIDE = 1
 
-# A small pci.ids: vendors around NVIDIA so the reader must find the right section, device
-# names with brackets, dots and slashes, a subsystem line, and no line for 2bff.
-PCI_IDS_FIXTURE = """\
-#
-#\tList of PCI ID's (fixture for cozystack.gpu tests)
-#
-#\tSyntax:
-#\tvendor  vendor_name
-#\t\tdevice  device_name\t\t\t\t<-- single tab
-#\t\t\tsubvendor subdevice  subsystem_name\t<-- two tabs
-8086  Intel Corporation
-\t1572  Ethernet Controller X710 for 10GbE SFP+
-\t2330  Not an NVIDIA device
-10de  NVIDIA Corporation
-\t1bb3  GP104GL [Tesla P4]
-\t1e07  TU102 [GeForce RTX 2080 Ti Rev. A]
-\t1eb8  TU104GL [Tesla T4]
-\t\t10de 12a2  T4 16GB
-\t20b0  GA100 [A100 SXM4 40GB]
-\t2230  GA102GL [RTX A6000]
-\t2330  GH100 [H100 SXM5 80GB]
-\t2331  GH100 [H100 PCIe]
-\t22ba  AD102 High Definition Audio Controller
-\t26b5  AD102GL [L40S]
-\t26b9  AD102GL [L40S / L40 / L20 ES/QS]
-10df  Emulex Corporation
-\t2330  Not an NVIDIA device either
-"""
+# The pci.ids every tree carries: real lines of one pci.ids release (its source and version
+# are in the file's header), so fixture models are named as that release names them.
+PCI_IDS_EXCERPT = Path(__file__).with_name("pci.ids")
+PCI_IDS_FIXTURE = PCI_IDS_EXCERPT.read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -150,7 +128,7 @@ def _l40s_types() -> tuple[VgpuTypeSpec, ...]:
 H100_SXM = CardModel("h100-sxm", "2330", 80)
 A100_SXM = CardModel("a100-sxm", "20b0", 40)
 RTX_A6000 = CardModel("rtx-a6000", "2230", 48, class_code="0x030000")  # a VGA-class GPU
-L40S = CardModel("l40s", "26b5", 48, total_vfs=32, vgpu_types=_l40s_types())
+L40S = CardModel("l40s", "26b9", 48, total_vfs=32, vgpu_types=_l40s_types())
 T4 = CardModel(
     "t4",
     "1eb8",

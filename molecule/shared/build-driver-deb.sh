@@ -15,6 +15,7 @@ install -m 0755 "$here/stand-ins/sriov-manage" "$pkg/usr/lib/nvidia/sriov-manage
 install -m 0644 "$here/stand-ins/units/nvidia-vgpud.service" "$here/stand-ins/units/nvidia-vgpu-mgr.service" \
   "$pkg/lib/systemd/system/"
 install -m 0644 "$collection/controller/cozystack_gpu_testkit/sysfs_tree.py" \
+  "$collection/controller/cozystack_gpu_testkit/pci.ids" \
   "$here/stand-ins/nvidia_smi.py" "$here/stand-ins/sriov_manage.py" \
   "$pkg/usr/lib/cozystack-gpu-stand-in/"
 cat >"$pkg/DEBIAN/control" <<CONTROL

@@ -25,13 +25,15 @@ from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import 
 )
 
 if TYPE_CHECKING:
+    import gpu_class_rules
     import gpu_keys
 else:
-    from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_keys
+    from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_class_rules, gpu_keys
 
 try:
     import kubernetes
     from kubernetes.client.exceptions import ApiException
+    from kubernetes.utils import parse_quantity
 
     HAS_KUBERNETES = True
     KUBERNETES_IMPORT_ERROR: str | None = None
@@ -54,6 +56,8 @@ __all__ = [
     "ApiException",
     "ClassRuleError",
     "GpuClassApi",
+    "advertisement_warnings",
+    "advertising_nodes",
     "api_error_message",
     "ensure_class",
     "make_api_client",
@@ -94,7 +98,13 @@ class GpuClassApi:
 
     def __init__(self, api_client: Any) -> None:
         self.api: Any = kubernetes.client.CustomObjectsApi(api_client)
+        self.core: Any = kubernetes.client.CoreV1Api(api_client)
         self.where = (gpu_keys.GROUP, gpu_keys.VERSION, gpu_keys.PLURAL_CLASSES)
+
+    def node_allocatable(self) -> dict[str, dict[str, str]]:
+        """Each Node's ``status.allocatable``, by Node name."""
+        nodes = self.core.list_node().items
+        return {n.metadata.name: dict((n.status and n.status.allocatable) or {}) for n in nodes}
 
     @staticmethod
     def _dry(dry_run: bool) -> str | None:
@@ -127,6 +137,43 @@ class GpuClassApi:
 
     def delete(self, name: str, dry_run: bool) -> None:
         self.api.delete_cluster_custom_object(*self.where, name, dry_run=self._dry(dry_run))
+
+
+def advertising_nodes(
+    allocatable: Mapping[str, Mapping[str, str]], resource_name: str
+) -> list[str]:
+    """Nodes whose ``status.allocatable`` offers at least one ``resource_name``, sorted."""
+    return sorted(
+        node
+        for node, offered in allocatable.items()
+        if parse_quantity(offered.get(resource_name) or "0") > 0
+    )
+
+
+def advertisement_warnings(api: GpuClassApi, spec: Mapping[str, Any] | None) -> list[str]:
+    """A warning when no Node advertises the class's resource name, or when that is unknown.
+
+    A resource name written into a class is a prediction (from ``gpu_facts``, the node
+    labels or a README); what kubelet advertises is what claims can be placed on. The
+    classic mismatch: the device plugin names passthrough GPUs from the pci.ids in its own
+    image, which may name a device differently from the pci.ids the prediction used.
+    """
+    name = gpu_class_rules.resource_name_of(spec)
+    if name is None:
+        return []
+    try:
+        allocatable = api.node_allocatable()
+    except ApiException as exc:
+        return [f"could not check whether a Node advertises {name}: {api_error_message(exc)}"]
+    if advertising_nodes(allocatable, name):
+        return []
+    return [
+        f"no Node advertises {name} in status.allocatable ({len(allocatable)} Nodes read), so"
+        " no claim of this class can be placed yet. Passthrough names come from the pci.ids"
+        " in the device plugin's image, which may name the GPU otherwise than the pci.ids"
+        " a prediction used (gpu_facts reports its pci_ids_version); compare with"
+        " kubectl get node <node> -o jsonpath='{.status.allocatable}'"
+    ]
 
 
 def spec_diff_view(obj: Mapping[str, Any] | None) -> dict[str, Any]:

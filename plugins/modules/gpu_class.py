@@ -18,6 +18,12 @@ description:
   - Before writing, the module checks the rule CEL cannot, since it spans objects. Two
     classes may share C(source.devicePlugin.resourceName) only when their C(nodeSelector)s
     do not overlap.
+  - "With O(state=present) it warns when no Node advertises the class's resource name in
+    C(status.allocatable) (the class can place nothing yet). A resource name written before
+    the device plugin runs is a prediction: the plugin names passthrough GPUs from the
+    C(pci.ids) in its own image, which may name a GPU otherwise than the C(pci.ids) that
+    M(cozystack.gpu.gpu_facts) read (it reports C(pci_ids_version)). Check with
+    C(kubectl get node <node> -o jsonpath='{.status.allocatable}')."
 author:
   - Cozystack GPU team (@cozystack)
 requirements:
@@ -146,6 +152,9 @@ def run_module(module, api=None):
         module.fail_json(msg=str(exc))
     except gpu_k8s.ApiException as exc:
         module.fail_json(msg=gpu_k8s.api_error_message(exc), status=exc.status)
+    if params["state"] == "present":
+        for warning in gpu_k8s.advertisement_warnings(api, params["spec"]):
+            module.warn(warning)
     if not module._diff:
         result.pop("diff")
     module.exit_json(**result)

@@ -15,6 +15,13 @@ description:
   - Uses the same sysfs reader as the node agent of the cozystack.gpu controller, so the
     host layer and the cluster agree on what a GPU is and what it is called.
   - Sets the fact C(cozystack_gpu). Reads only; never changes the host.
+  - "Resource names are B(predictions). The device plugin names passthrough GPUs from the
+    C(pci.ids) bundled in its own image (C(/usr/pci.ids)), never from the host's, so a name
+    read here is the plugin's name only when both files name the device alike. The facts
+    say which file and release the prediction used (C(pci_ids_path), C(pci_ids_version));
+    point O(pci_ids) at a copy of the plugin's file to predict its names, and check them
+    against the deployed plugin with
+    C(kubectl get node <node> -o jsonpath='{.status.allocatable}')."
 author:
   - Cozystack GPU team (@cozystack)
 options:
@@ -24,6 +31,15 @@ options:
       - V(/) on a host; a fixture tree in tests, or the host root mounted in a container.
     type: path
     default: /
+  pci_ids:
+    description:
+      - C(pci.ids) files to name devices from, tried in order before the distribution's
+        (C(/usr/share/misc/pci.ids), C(/usr/share/hwdata/pci.ids), C(/usr/pci.ids)), each
+        below O(root) first and then as given.
+      - For example a copy of the device plugin image's C(/usr/pci.ids), so passthrough
+        names are predicted from the file the plugin reads.
+    type: list
+    elements: path
 attributes:
   check_mode:
     support: full
@@ -53,6 +69,10 @@ EXAMPLES = r"""
 - name: Read a fixture tree instead of the host
   cozystack.gpu.gpu_facts:
     root: /srv/fixtures/l40s
+
+- name: Predict names from the device plugin's own pci.ids (copied out of its image)
+  cozystack.gpu.gpu_facts:
+    pci_ids: [/srv/kubevirt-gpu-device-plugin/pci.ids]
 """
 
 RETURN = r"""
@@ -87,7 +107,9 @@ ansible_facts:
           elements: dict
           returned: always
         resource_names:
-          description: Every device-plugin resource name the functions serve.
+          description:
+            - Every device-plugin resource name the functions serve, as predicted from sysfs
+              and the pci.ids in C(pci_ids_path) (see the notes above).
           type: list
           elements: str
           returned: always
@@ -96,6 +118,11 @@ ansible_facts:
           description: The pci.ids file the model names come from, if one was found.
           type: str
           returned: always
+        pci_ids_version:
+          description: The release that pci.ids names in its C(Version) header line, if any.
+          type: str
+          returned: always
+          sample: "2025.06.09"
         errors:
           description: Problems that belong to no single function.
           type: list
@@ -108,11 +135,18 @@ from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_sysfs
 
 
 def argument_spec():
-    return dict(root=dict(type="path", default="/"))
+    return dict(
+        root=dict(type="path", default="/"),
+        pci_ids=dict(type="list", elements="path"),
+    )
 
 
 def run_module(module):
-    inventory = gpu_sysfs.read_inventory(module.params["root"])
+    params = module.params
+    paths = None
+    if params["pci_ids"]:
+        paths = [*params["pci_ids"], *gpu_sysfs.DEFAULT_PCI_IDS_PATHS]
+    inventory = gpu_sysfs.read_inventory(params["root"], pci_ids_paths=paths)
     module.exit_json(changed=False, ansible_facts={"cozystack_gpu": inventory.to_dict()})
 
 

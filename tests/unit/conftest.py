@@ -187,7 +187,8 @@ class ModuleExit(Exception):
 def run_module(monkeypatch):
     """Run a module's run_module() (or main()) with args; return its result dict.
 
-    ``failed`` is True in the result when the module called fail_json.
+    ``failed`` is True in the result when the module called fail_json; ``warnings`` holds
+    what it passed to ``module.warn``, when anything.
     """
     from ansible.module_utils import basic
     from ansible.module_utils.testing import patch_module_args
@@ -200,8 +201,14 @@ def run_module(monkeypatch):
         kwargs.update(msg=msg, failed=True)
         raise ModuleExit(kwargs)
 
+    warnings = []
+
+    def warn(self, warning):
+        warnings.append(warning)
+
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    monkeypatch.setattr(basic.AnsibleModule, "warn", warn)
 
     def _run(module, args, check_mode=False, diff=False, use_main=False, **hooks):
         args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
@@ -212,7 +219,11 @@ def run_module(monkeypatch):
                 else:
                     module.run_module(module.build_module(), **hooks)
             except ModuleExit as done:
-                return done.result
+                result = dict(done.result)
+                if warnings:
+                    result["warnings"] = list(warnings)
+                    warnings.clear()
+                return result
         raise AssertionError("the module returned without exit_json or fail_json")
 
     return _run

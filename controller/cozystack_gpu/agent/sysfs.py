@@ -20,7 +20,7 @@ Resource names follow NVIDIA's kubevirt-gpu-device-plugin, since pods request GP
 * passthrough: functions bound to ``vfio-pci`` or ``nvgrace_gpu_vfio_pci`` are advertised as
   ``nvidia.com/<pci.ids device name>``, upper-cased, ``/``, ``.`` and whitespace runs turned
   into ``_``, everything but ``[A-Za-z0-9_]`` dropped; a device ID missing from pci.ids is
-  advertised under the raw ID (``nvidia.com/26b5``);
+  advertised under the raw ID (``nvidia.com/2bff``);
 * vGPU on SR-IOV VFs (the plugin's vendor-VFIO support): a VF on the ``nvidia`` driver whose
   ``nvidia/current_vgpu_type`` is not ``0`` is advertised under the name its type ID has in
   the ``creatable_vgpu_types`` lists of its own card (the PF and every VF on ``nvidia``,
@@ -29,6 +29,12 @@ Resource names follow NVIDIA's kubevirt-gpu-device-plugin, since pods request GP
   type (a fully used card lists only the header) the name is unknown here;
 * mdev: ``nvidia.com/<mdev type name>``, whitespace runs turned into ``_``; the device
   plugin reports each mdev by its UUID.
+
+These names are predictions. The device plugin names passthrough functions from the pci.ids
+bundled in its own image (``/usr/pci.ids``), never from the host's, so a passthrough name
+read here agrees with the plugin's only when both files name the device alike; the
+inventory says which file and release it used (``pci_ids_path``, ``pci_ids_version``). What
+kubelet advertises (the Node's ``status.allocatable``, the pod-resources API) is the truth.
 """
 
 from __future__ import annotations
@@ -63,6 +69,8 @@ _GO_SPACE = re.compile(r"[\t\n\f\r ]+")
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_.]+")
 _CREATABLE_LINE = re.compile(r"^[\t\n\f\r ]*([0-9]+)[\t\n\f\r ]*:[\t\n\f\r ]*(.+?)[\t\n\f\r ]*$")
 _VIRTFN = re.compile(r"^virtfn([0-9]+)$")
+# pci.ids names its release in a header comment: "#\tVersion: 2025.06.09".
+_PCI_IDS_VERSION = re.compile(r"^#[\t ]*Version:[\t ]*(\S+)")
 _ASCII_UPPER = {c: c - 32 for c in range(ord("a"), ord("z") + 1)}
 
 # A file this large in a sysfs attribute directory is not what it claims to be.
@@ -120,11 +128,21 @@ def parse_creatable_vgpu_types(text: str) -> list[VgpuType]:
 
 
 class PciIds:
-    """NVIDIA's device names from one pci.ids file (device ID, lower-case hex -> name)."""
+    """NVIDIA's device names from one pci.ids file (device ID, lower-case hex -> name).
 
-    def __init__(self, path: str | None = None, names: dict[str, str] | None = None) -> None:
+    ``version`` is the file's own ``Version:`` header line (``2025.06.09``), None without one:
+    names are a prediction from this release, and the device plugin reads its own copy.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        names: dict[str, str] | None = None,
+        version: str | None = None,
+    ) -> None:
         self.path = path
         self.names = dict(names or {})
+        self.version = version
 
     def name(self, device_id: str) -> str | None:
         return self.names.get(device_id)
@@ -136,9 +154,13 @@ _PCI_IDS_CACHE: dict[str, tuple[tuple[float, int], PciIds]] = {}
 def parse_pci_ids(text: str, path: str | None = None) -> PciIds:
     """NVIDIA's device lines from pci.ids text, read the way the device plugin reads them."""
     names: dict[str, str] = {}
+    version: str | None = None
     in_vendor = False
     for line in text.splitlines():
         if line.startswith("#"):
+            found = _PCI_IDS_VERSION.match(line) if version is None else None
+            if found:
+                version = found.group(1)
             continue
         if not in_vendor:
             in_vendor = line.startswith(NVIDIA_VENDOR_ID)
@@ -150,7 +172,7 @@ def parse_pci_ids(text: str, path: str | None = None) -> PciIds:
         parts = line[1:].split(None, 1)
         if len(parts) == 2:
             names.setdefault(parts[0].lower(), parts[1].strip())
-    return PciIds(path, names)
+    return PciIds(path, names, version)
 
 
 def load_pci_ids(root: str = "/", paths: list[str] | tuple[str, ...] | None = None) -> PciIds:
@@ -296,6 +318,7 @@ class Inventory:
     functions: list[GpuFunction] = field(default_factory=list)
     mdevs: list[MdevDevice] = field(default_factory=list)  # every mdev, GPU parent or not
     pci_ids_path: str | None = None
+    pci_ids_version: str | None = None
     errors: list[str] = field(default_factory=list)
 
     def by_address(self) -> dict[str, GpuFunction]:
@@ -313,6 +336,7 @@ class Inventory:
             "functions": [f.to_dict() for f in self.functions],
             "mdevs": [asdict(m) for m in self.mdevs],
             "pci_ids_path": self.pci_ids_path,
+            "pci_ids_version": self.pci_ids_version,
             "resource_names": self.resource_names(),
             "errors": list(self.errors),
         }
@@ -646,6 +670,7 @@ def read_inventory(
     try:
         names = pci_ids if pci_ids is not None else load_pci_ids(root, pci_ids_paths)
         inventory.pci_ids_path = names.path
+        inventory.pci_ids_version = names.version
         if names.path is None:
             inventory.errors.append("no pci.ids found; models are raw device IDs")
         base = os.path.join(root, PCI_DEVICES_DIR)

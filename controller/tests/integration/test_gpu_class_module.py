@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.objects import Kube
 
 pytestmark = pytest.mark.apiserver
 
@@ -42,15 +43,19 @@ def collections_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def run_module(control_plane: ControlPlane, collections_path: Path) -> RunModule:
     def _run(
-        module: str, check_mode: bool = False, diff: bool = False, **args: Any
+        module: str,
+        check_mode: bool = False,
+        diff: bool = False,
+        environment: dict[str, str] | None = None,
+        **args: Any,
     ) -> dict[str, Any]:
-        module_args = dict(
-            args,
-            kubeconfig=str(control_plane.kubeconfig),
-            _ansible_check_mode=check_mode,
-            _ansible_diff=diff,
-        )
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(collections_path), *sys.path]))
+        """Run ``module``; the admin kubeconfig is passed unless ``environment`` is given."""
+        module_args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
+        if environment is None:
+            module_args.setdefault("kubeconfig", str(control_plane.kubeconfig))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("K8S_AUTH_")}
+        env.update(environment or {})
+        env["PYTHONPATH"] = os.pathsep.join([str(collections_path), *sys.path])
         done = subprocess.run(
             [sys.executable, "-m", f"ansible_collections.cozystack.gpu.plugins.modules.{module}"],
             input=json.dumps({"ANSIBLE_MODULE_ARGS": module_args}),
@@ -225,3 +230,44 @@ def test_info_reads_what_the_module_wrote(run_module: RunModule, unique: str) ->
     labelled = run_module("gpu_class_info", label_selector=f"offer={unique}")
     assert [c["spec"]["profile"] for c in labelled["classes"]] == ["L40S-24C"]
     assert run_module("gpu_class_info", name=f"missing-{unique}")["classes"] == []
+
+
+# --- kubernetes.core's connection options, and names no Node advertises ---------------------
+
+
+def test_kubernetes_cores_connection_options_reach_the_server(
+    run_module: RunModule, control_plane: ControlPlane, unique: str
+) -> None:
+    """impersonate_user (kubernetes.core's option) is sent: the server judges that user."""
+    name = f"imp-{unique}"
+    run_module("gpu_class", name=name, spec=_spec(unique))
+    refused = run_module("gpu_class_info", name=name, impersonate_user=f"jane-{unique}")
+    assert refused["failed"] is True and refused["status"] == 403
+    assert f'User "jane-{unique}" cannot get resource "gpuclasses"' in refused["msg"]
+    # K8S_AUTH_KUBECONFIG stands in for the kubeconfig option, as in kubernetes.core.
+    by_env = run_module(
+        "gpu_class_info",
+        name=name,
+        environment={"K8S_AUTH_KUBECONFIG": str(control_plane.kubeconfig)},
+    )
+    assert [c["metadata"]["name"] for c in by_env["classes"]] == [name]
+
+
+def test_a_resource_name_no_node_advertises_is_written_with_a_warning(
+    run_module: RunModule, api_client: Any, classes: Any, unique: str
+) -> None:
+    name = f"pred-{unique}"
+    resource = f"nvidia.com/AD102GL_L40S-{unique}"
+    spec = _spec(unique, mode="passthrough", profile=None)
+    spec["source"] = {"devicePlugin": {"resourceName": resource}}
+    predicted = run_module("gpu_class", name=name, spec=spec)
+    assert predicted.get("failed") is not True, predicted
+    assert _get(classes, name) is not None
+    # ansible-core 2.19 reports each warning as a summary of an event holding the message.
+    (warning,) = [w["event"]["msg"] for w in predicted["warnings"]]
+    assert warning.startswith(f"no Node advertises {resource} in status.allocatable")
+    assert "kubectl get node <node> -o jsonpath='{.status.allocatable}'" in warning
+
+    Kube(api_client).node(f"gpu-{unique}", allocatable={resource: 2})
+    advertised = run_module("gpu_class", name=name, spec=spec, check_mode=True)
+    assert advertised["changed"] is False and not advertised.get("warnings"), advertised

@@ -94,9 +94,23 @@ def test_without_pci_ids_models_and_names_fall_back_to_the_raw_id(tmp_path: Path
 
 def test_pci_ids_reader_takes_only_nvidias_section() -> None:
     ids = sysfs.parse_pci_ids(st.PCI_IDS_FIXTURE)
-    assert ids.name("2330") == "GH100 [H100 SXM5 80GB]"  # not Intel's or Emulex's 2330
-    assert ids.name("1572") is None
-    assert ids.name("1eb8") == "TU104GL [Tesla T4]"  # the subsystem line is not a device
+    assert ids.name("2330") == "GH100 [H100 SXM5 80GB]"  # not Intel's 2330
+    assert ids.name("1572") is None and ids.name("0100") is None  # Intel's, Evans & Sutherland's
+    assert ids.name("1f02") == "TU106 [GeForce RTX 2070]"
+    assert ids.name("1043") is None  # the subsystem line under 1f02 is not a device
+    assert ids.version == "2025.06.09"  # the release's own header line, below ours
+
+
+def test_the_inventory_names_the_pci_ids_release_it_used(tmp_path: Path) -> None:
+    st.h100_x8(tmp_path)
+    inv = sysfs.read_inventory(str(tmp_path))
+    assert (inv.pci_ids_path, inv.pci_ids_version) == (
+        str(tmp_path / st.PCI_IDS_PATH),
+        "2025.06.09",
+    )
+    assert inv.to_dict()["pci_ids_version"] == "2025.06.09"
+    unversioned = sysfs.parse_pci_ids("10de  NVIDIA Corporation\n\t2330  GH100 [H100 SXM5 80GB]\n")
+    assert unversioned.version is None and unversioned.name("2330") == "GH100 [H100 SXM5 80GB]"
 
 
 def test_l40s_vfs_are_named_from_their_cards_creatable_types(tmp_path: Path) -> None:
@@ -144,7 +158,7 @@ def test_type_ids_are_resolved_per_card_never_from_another_card(tmp_path: Path) 
     # Card B calls type 1151 something else, and is full: it must not borrow A's name.
     other = st.CardModel(
         "l40s-b",
-        "26b5",
+        "26b9",
         48,
         total_vfs=4,
         vgpu_types=(st.VgpuTypeSpec(1151, "NVIDIA L40S-48C", 48),),

@@ -20,7 +20,10 @@ def status_error(code, message):
 
 
 class FakeClassApi:
-    def __init__(self, *objects):
+    def __init__(self, *objects, nodes=None, nodes_error=None):
+        # Node name -> status.allocatable; nodes_error is raised instead of listing them.
+        self.nodes = dict(nodes or {})
+        self.nodes_error = nodes_error
         self.objects = {}
         self.writes = []
         self.version = 100
@@ -82,3 +85,8 @@ class FakeClassApi:
         if not dry_run:
             self.writes.append(("delete", name))
             del self.objects[name]
+
+    def node_allocatable(self):
+        if self.nodes_error is not None:
+            raise self.nodes_error
+        return copy.deepcopy(self.nodes)

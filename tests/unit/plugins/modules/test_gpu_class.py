@@ -6,7 +6,10 @@ import os
 
 from ansible_collections.cozystack.gpu.plugins.modules import gpu_class, gpu_class_info
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.cozystack.gpu.tests.unit.plugins.module_utils.fake_k8s import FakeClassApi
+from ansible_collections.cozystack.gpu.tests.unit.plugins.module_utils.fake_k8s import (
+    FakeClassApi,
+    status_error,
+)
 
 SPEC = {
     "vendor": "NVIDIA",
@@ -105,3 +108,36 @@ def test_a_kubeconfig_that_cannot_be_read_fails_before_any_request(run_module, t
     assert result["failed"] is True
     assert result["msg"].startswith("cannot configure the Kubernetes client: ")
     assert "kube-config" in result["msg"]
+
+
+def test_a_class_no_node_advertises_is_written_with_a_warning(run_module):
+    nodes = {"gpu-1": {"cpu": "64", "nvidia.com/AD102GL_L40S": "2"}, "cpu-1": {"cpu": "32"}}
+    api = FakeClassApi(nodes=nodes)
+    spec = dict(SPEC, source={"devicePlugin": {"resourceName": "nvidia.com/AD102GL_L40"}})
+    result = run_module(gpu_class, {"name": "l40", "spec": spec}, check_mode=True, api=api)
+    assert result["failed"] is False and result["changed"] is True
+    (warning,) = result["warnings"]
+    assert warning.startswith(
+        "no Node advertises nvidia.com/AD102GL_L40 in status.allocatable (2 Nodes read)"
+    )
+    assert "pci.ids" in warning and "kubectl get node <node> -o jsonpath=" in warning
+
+
+def test_an_advertised_name_gives_no_warning_and_zero_is_not_advertised(run_module):
+    api = FakeClassApi(nodes={"a": {"nvidia.com/NVIDIA_L40S-24C": "0"}, "b": {}})
+    assert "warnings" in run_module(gpu_class, {"name": "c", "spec": SPEC}, api=api)
+    api.nodes["b"] = {"nvidia.com/NVIDIA_L40S-24C": "4"}
+    result = run_module(gpu_class, {"name": "c", "spec": SPEC}, api=api)
+    assert result["failed"] is False and "warnings" not in result
+    assert "warnings" not in run_module(gpu_class, {"name": "c", "state": "absent"}, api=api)
+
+
+def test_nodes_it_may_not_list_make_a_warning_not_a_failure(run_module):
+    forbidden = status_error(403, 'nodes is forbidden: User "ci" cannot list resource "nodes"')
+    api = FakeClassApi(nodes_error=forbidden)
+    result = run_module(gpu_class, {"name": "c", "spec": SPEC}, api=api)
+    assert result["failed"] is False and result["changed"] is True
+    assert result["warnings"] == [
+        "could not check whether a Node advertises nvidia.com/NVIDIA_L40S-24C: nodes is"
+        ' forbidden: User "ci" cannot list resource "nodes"'
+    ]

@@ -34,3 +34,18 @@ def test_an_empty_root_is_an_empty_inventory_not_a_failure(tmp_path, run_module)
     result = run_module(gpu_facts, {"root": str(tmp_path)})
     assert result["failed"] is False
     assert result["ansible_facts"]["cozystack_gpu"]["functions"] == []
+
+
+def test_the_facts_say_which_pci_ids_named_the_devices(build, run_module, tmp_path):
+    tree = build(scenario="h100-x8")
+    facts = run_module(gpu_facts, {"root": str(tree.root)})["ansible_facts"]["cozystack_gpu"]
+    assert facts["pci_ids_path"] == str(tree.pci_ids)
+    assert facts["pci_ids_version"] == "2025.06.09"
+    assert facts["resource_names"] == ["nvidia.com/GH100_H100_SXM5_80GB"]
+    # The device plugin's own pci.ids may name the device otherwise: predict from that file.
+    plugins = tmp_path / "plugin-pci.ids"
+    plugins.write_text("#\tVersion: 2023.04.10\n10de  NVIDIA Corporation\n\t2330  GH100[H100 SXM5 80GB]\n")
+    predicted = run_module(gpu_facts, {"root": str(tree.root), "pci_ids": [str(plugins)]})
+    facts = predicted["ansible_facts"]["cozystack_gpu"]
+    assert (facts["pci_ids_path"], facts["pci_ids_version"]) == (str(plugins), "2023.04.10")
+    assert facts["resource_names"] == ["nvidia.com/GH100H100_SXM5_80GB"]
