@@ -228,7 +228,9 @@ def test_a_binder_that_raises_hands_the_lease_over_and_fails_kopfs_probe(
         assert status == 500, body
         status, body = healthy_probe.get()
         assert status == 200, body
-        assert json.loads(body) == {"binder": {"leader": True, "synced": True, "problems": []}}
+        # Other probes (the webhooks') may answer beside the binder's.
+        answer = json.loads(body)["binder"]
+        assert answer == {"leader": True, "synced": True, "problems": []}
     finally:
         failed_probe.close()
         healthy_probe.close()
