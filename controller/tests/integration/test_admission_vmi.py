@@ -1,0 +1,500 @@
+"""The VMI webhook, called by the real kube-apiserver over HTTPS: a start records the
+attachments and adds one gpus entry per unit; every refusal carries its message; a dry run
+writes nothing; a reinvocation changes nothing. The stored VMIs pass KubeVirt's real CRD
+schema, including VMIs written after KubeVirt's own documentation."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import jsonpatch
+import pytest
+from admission_env import (
+    Corner,
+    Replica,
+    configurations,
+    create_vmi,
+    install,
+    refusal,
+    remove,
+    vmi_body,
+    wait_effective,
+)
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.admission.annotation import EXPECTED_FORMAT
+from cozystack_gpu_testkit.objects import Kube, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+# Names from KubeVirt's user guide (docs/compute/host-devices.md): a passthrough T4 and a
+# T4 vGPU profile as the NVIDIA device plugin advertises them.
+T4 = "nvidia.com/TU104GL_Tesla_T4"
+T4_1Q = "nvidia.com/GRID_T4-1Q"
+
+
+@pytest.fixture(scope="module")
+def replica(
+    control_plane: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replica]:
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"ctl-adm-{suffix}"
+    kube.namespace(namespace)
+    running = Replica(
+        control_plane,
+        namespace,
+        tmp_path_factory.mktemp("admission"),
+    )
+    running.start()
+    objects = configurations(running, suffix)
+    install(kube.api, objects)
+    try:
+        wait_effective(kube, namespace)
+        yield running
+    finally:
+        remove(kube.api, objects)
+        running.stop()
+
+
+@pytest.fixture
+def corner(kube: Kube, replica: Replica) -> Corner:
+    return Corner(kube)
+
+
+def claim(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    return kube.get_claim(namespace, name)
+
+
+def status(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj.get("status") or {}
+
+
+def refused(kube: Kube, namespace: str, body: dict[str, Any], **kw: Any) -> str:
+    with pytest.raises(ApiException) as caught:
+        create_vmi(kube, namespace, body, **kw)
+    return refusal(caught.value)
+
+
+def entitle(kube: Kube, namespace: str) -> None:
+    kube.core.patch_namespace(
+        namespace, {"metadata": {"labels": {keys.LABEL_VGPU_ENTITLEMENT: "true"}}}
+    )
+
+
+def gpus(resource: str, count: int) -> list[dict[str, str]]:
+    return [{"name": f"gpu-cozystack-{i}", "deviceName": resource} for i in range(count)]
+
+
+# --- a start -----------------------------------------------------------------------------
+
+
+def test_a_start_attaches_the_held_claims_and_adds_one_gpus_entry_per_unit(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    node = corner.node("n1", 4)
+    gpu_class = corner.gpu_class("h100")
+    corner.bound(namespace, "a", gpu_class, 2, node=node)
+    corner.bound(namespace, "b", gpu_class, 1, node=node)
+    request = {
+        "claims": ["a", "b"],
+        "claimTemplates": [{"name": "extra", "class": gpu_class, "count": 1}],
+    }
+    created = create_vmi(kube, namespace, vmi_body("vm", request))
+
+    assert created["spec"]["domain"]["devices"]["gpus"] == gpus(corner.resource(), 4)
+    for name in ("a", "b"):
+        obj = claim(kube, namespace, name)
+        assert status(obj)["attachedTo"] == "vm"
+        assert status(obj)["attachedAt"]
+        assert keys.FINALIZER_CLAIM in obj["metadata"]["finalizers"]
+        # Bound → Attached is the binder's to write, once it sees the VMI.
+        assert status(obj)["phase"] == "Bound"
+    # The webhook creates no claim: the template's claim is the gate controller's to make.
+    assert {c["metadata"]["name"] for c in kube.claims(namespace)} == {"a", "b"}
+
+
+def test_a_dry_run_answers_with_the_gpus_and_writes_nothing(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    node = corner.node("n1", 2)
+    before = corner.bound(namespace, "a", corner.gpu_class("h100"), node=node)
+    answer = create_vmi(kube, namespace, vmi_body("vm", {"claims": ["a"]}), dry_run="All")
+    assert answer["spec"]["domain"]["devices"]["gpus"] == gpus(corner.resource(), 1)
+    after = claim(kube, namespace, "a")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert "attachedTo" not in status(after)
+    with pytest.raises(ApiException) as missing:
+        kube.custom.get_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, "vm"
+        )
+    assert missing.value.status == 404
+
+
+def test_a_reinvocation_changes_nothing(
+    kube: Kube, corner: Corner, namespace: str, replica: Replica
+) -> None:
+    node = corner.node("n1", 2)
+    corner.bound(namespace, "a", corner.gpu_class("h100"), node=node)
+    body = vmi_body("vm", {"claims": ["a"]})
+    body["metadata"]["namespace"] = namespace
+    request = {
+        "kind": {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"},
+        "resource": {
+            "group": "kubevirt.io",
+            "version": "v1",
+            "resource": "virtualmachineinstances",
+        },
+        "namespace": namespace,
+        "name": "vm",
+        "operation": "CREATE",
+        "userInfo": {"username": "tenant"},
+        "dryRun": False,
+    }
+    first = replica.review("/mutate-vmi", {**request, "object": body})
+    assert first["allowed"], first
+    ops = json.loads(base64.b64decode(first["patch"]))
+    mutated = jsonpatch.apply_patch(body, ops)
+    held = claim(kube, namespace, "a")
+    assert status(held)["attachedTo"] == "vm"
+
+    # The API server calls the webhook again after a later webhook changed the VMI.
+    second = replica.review("/mutate-vmi", {**request, "object": mutated})
+    assert second["allowed"], second
+    assert "patch" not in second
+    again = claim(kube, namespace, "a")
+    assert again["metadata"]["resourceVersion"] == held["metadata"]["resourceVersion"]
+
+
+def test_a_start_keeps_entries_that_are_not_gpus(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    node = corner.node("n1", 1)
+    corner.bound(namespace, "a", corner.gpu_class("h100"), node=node)
+    spec = {
+        "domain": {
+            "devices": {"hostDevices": [{"name": "quickaccess1", "deviceName": "intel.com/qat"}]},
+            "memory": {"guest": "1Gi"},
+        }
+    }
+    created = create_vmi(kube, namespace, vmi_body("vm", {"claims": ["a"]}, spec=spec))
+    devices = created["spec"]["domain"]["devices"]
+    assert devices["hostDevices"] == [{"name": "quickaccess1", "deviceName": "intel.com/qat"}]
+    assert devices["gpus"] == gpus(corner.resource(), 1)
+
+
+# --- refusals ----------------------------------------------------------------------------
+
+
+def test_a_malformed_annotation_is_refused_with_the_expected_format(
+    kube: Kube, replica: Replica, namespace: str
+) -> None:
+    body = vmi_body("vm", annotations={keys.ANNOTATION_CLAIMS: '{"claim": ["a"]}'})
+    assert refused(kube, namespace, body) == (
+        'admission webhook "vmi.gpu.cozystack.io" denied the request: annotation '
+        "gpu.cozystack.io/claims is malformed: unknown member(s) 'claim'; expected JSON like "
+        + EXPECTED_FORMAT
+    )
+
+
+def test_the_reference_label_without_the_annotation_is_refused(
+    kube: Kube, replica: Replica, namespace: str
+) -> None:
+    assert refused(kube, namespace, vmi_body("vm")) == (
+        'admission webhook "vmi.gpu.cozystack.io" denied the request: VirtualMachineInstance '
+        "vm carries the label gpu.cozystack.io/claims=true but no gpu.cozystack.io/claims "
+        "annotation naming its GPU claims; add the annotation, or remove the label"
+    )
+
+
+def test_a_missing_claim_is_refused(kube: Kube, replica: Replica, namespace: str) -> None:
+    assert refused(kube, namespace, vmi_body("vm", {"claims": ["nope"]})).endswith(
+        f"GPUClaim nope named in gpu.cozystack.io/claims does not exist in namespace "
+        f"{namespace}; order it first, or remove it from the annotation"
+    )
+
+
+def test_a_claim_attached_to_another_vmi_is_refused(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    node = corner.node("n1", 1)
+    corner.bound(namespace, "a", corner.gpu_class("h100"), node=node)
+    create_vmi(kube, namespace, vmi_body("first", {"claims": ["a"]}))
+    assert refused(kube, namespace, vmi_body("second", {"claims": ["a"]})).endswith(
+        "GPUClaim a is attached to VirtualMachineInstance first; a claim serves one VM at a "
+        "time: stop that VM, or order another claim"
+    )
+
+
+def test_a_claim_that_is_not_bound_is_refused(kube: Kube, corner: Corner, namespace: str) -> None:
+    gpu_class = corner.gpu_class("h100")  # no node serves it
+    owner = create_vmi(kube, namespace, vmi_body("owner", labelled=False))
+    # A template claim: admitted without the capacity check, and left Pending by the binder.
+    kube.custom.create_namespaced_custom_object(
+        keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS,
+        {
+            "apiVersion": keys.API_VERSION, "kind": keys.KIND_CLAIM,
+            "metadata": {
+                "name": "waiting",
+                "labels": {keys.LABEL_TEMPLATE_CLAIM: "true"},
+                "ownerReferences": [{
+                    "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                    "name": "owner", "uid": owner["metadata"]["uid"],
+                }],
+            },
+            "spec": {"class": gpu_class, "count": 1},
+        },
+    )  # fmt: skip
+    message = refused(kube, namespace, vmi_body("vm", {"claims": ["waiting"]}))
+    assert message.startswith(
+        'admission webhook "vmi.gpu.cozystack.io" denied the request: GPUClaim waiting is '
+        "Pending, not Bound"
+    ), message
+
+
+def test_claims_on_different_nodes_are_refused(kube: Kube, corner: Corner, namespace: str) -> None:
+    first = corner.node("n1", 1)
+    second = corner.node("n2", 1)
+    gpu_class = corner.gpu_class("h100")
+    corner.bound(namespace, "a", gpu_class, node=first)
+    corner.bound(namespace, "b", gpu_class, node=second)
+    assert refused(kube, namespace, vmi_body("vm", {"claims": ["a", "b"]})).endswith(
+        f"the GPUClaims of one VM must be bound to one node, and these are not: a on {first}, "
+        f"b on {second}; order claims a VM uses together as one set (a VirtualMachine that "
+        "names them keeps them together) or use claimTemplates"
+    )
+    assert "attachedTo" not in status(claim(kube, namespace, "a"))
+
+
+def test_two_vgpu_classes_in_one_set_are_refused(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    entitle(kube, namespace)
+    first = corner.gpu_class("l40s-24c", corner.resource("L40S_24C"), mode="vgpu")
+    second = corner.gpu_class("l40s-48c", corner.resource("L40S_48C"), mode="vgpu")
+    request = {
+        "claimTemplates": [
+            {"name": "x", "class": first, "count": 1},
+            {"name": "y", "class": second, "count": 1},
+        ]
+    }
+    assert refused(kube, namespace, vmi_body("vm", request)).endswith(
+        f"a VM takes one vGPU class; the set asks for {first}, {second}"
+    )
+
+
+def test_units_above_max_count_are_refused(kube: Kube, corner: Corner, namespace: str) -> None:
+    node = corner.node("n1", 4)
+    gpu_class = corner.gpu_class("h100", maxCount=2)
+    corner.bound(namespace, "a", gpu_class, 2, node=node)
+    request = {"claims": ["a"], "claimTemplates": [{"name": "x", "class": gpu_class}]}
+    assert refused(kube, namespace, vmi_body("vm", request)).endswith(
+        f"class {gpu_class} allows at most 2 units per VM; the set asks for 3"
+    )
+
+
+def test_a_passthrough_class_without_max_count_allows_the_largest_node(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    corner.node("n1", 2)
+    corner.node("n2", 3)
+    gpu_class = corner.gpu_class("h100")
+    request = {"claimTemplates": [{"name": "x", "class": gpu_class, "count": 4}]}
+    # The replica's snapshot learns the nodes from its watches.
+    wait_for(
+        lambda: "allows at most 3 units" in refused(kube, namespace, vmi_body("vm", request)),
+        what="the largest node of the class in the replica's snapshot",
+    )
+
+
+def test_a_vgpu_template_needs_the_entitlement(kube: Kube, corner: Corner, namespace: str) -> None:
+    gpu_class = corner.gpu_class("l40s-24c", corner.resource("L40S_24C"), mode="vgpu")
+    request = {"claimTemplates": [{"name": "x", "class": gpu_class, "count": 1}]}
+    assert refused(kube, namespace, vmi_body("vm", request)).endswith(
+        f'namespace {namespace} lacks the label gpu.cozystack.io/vgpu: "true" that vGPU '
+        f"class {gpu_class} needs"
+    )
+
+
+def test_a_template_of_a_missing_class_is_refused(
+    kube: Kube, replica: Replica, namespace: str
+) -> None:
+    request = {"claimTemplates": [{"name": "x", "class": "no-such-class", "count": 1}]}
+    assert refused(kube, namespace, vmi_body("vm", request)).endswith(
+        "class no-such-class of claim template x does not exist"
+    )
+
+
+def test_a_refused_start_takes_back_the_attachments_it_wrote(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    node = corner.node("n1", 2)
+    gpu_class = corner.gpu_class("h100")
+    corner.bound(namespace, "a", gpu_class, node=node)
+    corner.bound(namespace, "b", gpu_class, node=node)
+    create_vmi(kube, namespace, vmi_body("first", {"claims": ["b"]}))
+    # Judged before any write: b is attached elsewhere, so a is never touched.
+    refused(kube, namespace, vmi_body("second", {"claims": ["a", "b"]}))
+    assert "attachedTo" not in status(claim(kube, namespace, "a"))
+
+
+# --- real-world VMIs, after KubeVirt's user guide ---------------------------------------
+
+
+def doc_gpus_spec() -> dict[str, Any]:
+    """docs/compute/host-devices.md: a VMI with two GPUs and a QAT host device."""
+    return {
+        "domain": {
+            "devices": {
+                "gpus": [
+                    {"deviceName": T4, "name": "gpu1"},
+                    {"deviceName": T4_1Q, "name": "gpu2"},
+                ],
+                "hostDevices": [{"deviceName": "intel.com/qat", "name": "quickaccess1"}],
+            },
+            "memory": {"guest": "1Gi"},
+        }
+    }
+
+
+def doc_host_devices_spec(device: str) -> dict[str, Any]:
+    """docs/compute/host-devices.md, the PCI passthrough VMI, with a GPU as the device."""
+    return {
+        "domain": {
+            "devices": {
+                "disks": [
+                    {"disk": {"bus": "virtio"}, "name": "containerdisk"},
+                    {"disk": {"bus": "virtio"}, "name": "cloudinitdisk"},
+                ],
+                "hostDevices": [{"name": "gpu", "deviceName": device}],
+            },
+            "resources": {"requests": {"memory": "1024M"}},
+        },
+        "terminationGracePeriodSeconds": 0,
+        "volumes": [
+            {
+                "containerDisk": {"image": "quay.io/containerdisks/fedora:latest"},
+                "name": "containerdisk",
+            },
+            {
+                "cloudInitNoCloud": {"userData": "#cloud-config\npassword: fedora\n"},
+                "name": "cloudinitdisk",
+            },
+        ],
+    }
+
+
+@pytest.fixture
+def t4_class(corner: Corner) -> str:
+    return corner.gpu_class("t4", T4, model="T4")
+
+
+def test_the_documented_gpus_vmi_with_claims_is_refused_for_its_own_gpus(
+    kube: Kube, corner: Corner, namespace: str, t4_class: str, replica: Replica
+) -> None:
+    node = corner.node("n1", 1, T4)
+    corner.bound(namespace, "a", t4_class, node=node)
+    body = vmi_body("vm", {"claims": ["a"]}, spec=doc_gpus_spec())
+    # The controller publishes every GPU name, the hoster's extra ones included.
+    replica.settings([T4, T4_1Q])
+    assert refused(kube, namespace, body).endswith(
+        "VirtualMachineInstance vm holds GPUs through its claims (gpu.cozystack.io/claims) "
+        f"and also requests GPU resource names of its own: spec.domain.devices.gpus[0] {T4}; "
+        f"spec.domain.devices.gpus[1] {T4_1Q}; a VM with claims gets its GPUs from its "
+        "claims only: remove those entries"
+    )
+
+
+def test_the_documented_gpus_vmi_starts_from_claims_instead(
+    kube: Kube, corner: Corner, namespace: str, t4_class: str
+) -> None:
+    node = corner.node("n1", 1, T4)
+    corner.bound(namespace, "a", t4_class, node=node)
+    spec = doc_gpus_spec()
+    del spec["domain"]["devices"]["gpus"]
+    created = create_vmi(kube, namespace, vmi_body("vm", {"claims": ["a"]}, spec=spec))
+    devices = created["spec"]["domain"]["devices"]
+    assert devices["gpus"] == gpus(T4, 1)
+    assert devices["hostDevices"] == [{"deviceName": "intel.com/qat", "name": "quickaccess1"}]
+
+
+def test_the_documented_host_devices_vmi_is_refused_for_a_gpu_host_device(
+    kube: Kube, corner: Corner, namespace: str, t4_class: str
+) -> None:
+    node = corner.node("n1", 1, T4)
+    corner.bound(namespace, "a", t4_class, node=node)
+    body = vmi_body("vmi-nvme", {"claims": ["a"]}, spec=doc_host_devices_spec(T4))
+    assert f"spec.domain.devices.hostDevices[0] {T4}" in refused(kube, namespace, body)
+    # Its NVMe device, as documented, is no GPU: the same VMI with it starts.
+    body = vmi_body(
+        "vmi-nvme", {"claims": ["a"]}, spec=doc_host_devices_spec("devices.kubevirt.io/nvme")
+    )
+    created = create_vmi(kube, namespace, body)
+    assert created["spec"]["domain"]["devices"]["gpus"] == gpus(T4, 1)
+
+
+def test_a_vmi_from_an_instance_type_with_gpus_is_refused(
+    kube: Kube, corner: Corner, namespace: str, t4_class: str
+) -> None:
+    node = corner.node("n1", 1, T4)
+    corner.bound(namespace, "a", t4_class, node=node)
+    itype = corner.name("gpu-medium")
+    # docs/user_workloads/instancetypes.md: cpu and memory, and the optional gpus.
+    kube.custom.create_cluster_custom_object(
+        keys.CLUSTER_INSTANCETYPE.group, keys.CLUSTER_INSTANCETYPE.version,
+        keys.CLUSTER_INSTANCETYPE.plural,
+        {
+            "apiVersion": "instancetype.kubevirt.io/v1beta1",
+            "kind": "VirtualMachineClusterInstancetype",
+            "metadata": {"name": itype},
+            "spec": {"cpu": {"guest": 1}, "memory": {"guest": "128Mi"},
+                     "gpus": [{"name": "gpu1", "deviceName": T4}]},
+        },
+    )  # fmt: skip
+    # KubeVirt names the instance type on the VMI it makes from a VM.
+    body = vmi_body(
+        "vm", {"claims": ["a"]}, annotations={keys.ANNOTATION_CLUSTER_INSTANCETYPE: itype}
+    )
+    assert refused(kube, namespace, body).endswith(
+        f"own: VirtualMachineClusterInstancetype {itype} spec.gpus[0] {T4}; a VM with claims "
+        "gets its GPUs from its claims only: remove those entries"
+    )
+
+
+def test_a_vmi_from_an_instance_type_without_gpus_starts(
+    kube: Kube, corner: Corner, namespace: str, t4_class: str
+) -> None:
+    node = corner.node("n1", 1, T4)
+    corner.bound(namespace, "a", t4_class, node=node)
+    kube.custom.create_namespaced_custom_object(
+        keys.INSTANCETYPE.group, keys.INSTANCETYPE.version, namespace, keys.INSTANCETYPE.plural,
+        {
+            "apiVersion": "instancetype.kubevirt.io/v1beta1",
+            "kind": "VirtualMachineInstancetype",
+            "metadata": {"name": "example-instancetype"},
+            "spec": {"cpu": {"guest": 1}, "memory": {"guest": "128Mi"}},
+        },
+    )  # fmt: skip
+    body = vmi_body(
+        "vm",
+        {"claims": ["a"]},
+        annotations={keys.ANNOTATION_INSTANCETYPE: "example-instancetype"},
+    )
+    created = create_vmi(kube, namespace, body)
+    assert created["spec"]["domain"]["devices"]["gpus"] == gpus(T4, 1)
+
+
+def test_a_vmi_naming_a_missing_instance_type_is_refused(
+    kube: Kube, corner: Corner, namespace: str, t4_class: str
+) -> None:
+    node = corner.node("n1", 1, T4)
+    corner.bound(namespace, "a", t4_class, node=node)
+    body = vmi_body("vm", {"claims": ["a"]}, annotations={keys.ANNOTATION_INSTANCETYPE: "nope"})
+    assert refused(kube, namespace, body).endswith(
+        "VirtualMachineInstancetype nope, named by the VMI's kubevirt.io/instancetype-name "
+        "annotation, does not exist, so its GPU entries cannot be checked"
+    )
