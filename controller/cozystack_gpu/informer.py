@@ -10,7 +10,6 @@ what to read from them.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
@@ -112,7 +111,6 @@ class Informer:
             target=self._run, name=f"informer-{source.kind}", daemon=True
         )
         self._watch: watch.Watch | None = None
-        self._response: Any = None  # the open watch response, to cut it short on join
 
     def start(self) -> None:
         self._thread.start()
@@ -122,23 +120,11 @@ class Informer:
         return self._thread
 
     def join(self, timeout: float | None = None) -> None:
-        """Ends the feed (its ``stop`` event must be set) and waits for the thread.
-
-        A watch blocks in a socket read until the next event, which may be minutes away:
-        shutting the socket's read side ends that read now, so a replica that stops leading
-        lets go of its feeds at once.
-        """
+        # The client's Watch.stop() also shuts the stream's socket: a read blocked until the
+        # next event (minutes away, perhaps) ends now.
         if self._watch is not None:
             self._watch.stop()
-        response = self._response
-        if response is not None:
-            with contextlib.suppress(Exception):  # already closed or back in the pool
-                response.shutdown()
         self._thread.join(timeout)
-
-    def _open_watch(self, **kwargs: Any) -> Any:
-        self._response = self._source.list_fn(**kwargs)
-        return self._response
 
     def _list(self) -> str:
         # _preload_content=False keeps the JSON as dicts: the typed models of the client
@@ -161,7 +147,7 @@ class Informer:
                 resource_version = self._list()
                 self._watch = watch.Watch()
                 for raw in self._watch.stream(
-                    self._open_watch,
+                    self._source.list_fn,
                     resource_version=resource_version,
                     timeout_seconds=WATCH_TIMEOUT_S,
                     allow_watch_bookmarks=True,

@@ -274,8 +274,9 @@ def test_an_informer_thread_that_dies_hands_the_lease_over(pair: Pair) -> None:
         raise Fatal("an informer thread ends")
 
     informer._source = Source(keys.GPU_CLASS.kind, list_that_kills_its_thread)
-    # Cut its watch: the informer lists again, and dies there.
-    informer._response.shutdown()
+    # End its watch: the informer lists again, and dies there.
+    assert informer._watch is not None
+    informer._watch.stop()
     wait_for(lambda: died, 10, "the informer's death")
     took = assert_handed_over(pair, leader, other, died[0])
     print(f"\n[informer died] a new order was Bound by {other} {took:.1f} s after the death")
