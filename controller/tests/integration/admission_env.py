@@ -16,6 +16,7 @@ object names get a suffix so they never meet a chart installed by another test.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import json
 import socket
@@ -24,7 +25,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,3 +367,29 @@ def wait_effective(kube: Kube, namespace: str, timeout: float = 30.0) -> None:
         return False
 
     wait_for(refused, timeout, "the API server to call the webhooks")
+
+
+@contextlib.contextmanager
+def serving(
+    plane: cluster.ControlPlane,
+    kube: Kube,
+    log_dir: Path,
+    only: Iterable[str] | None = None,
+    args: tuple[str, ...] = (),
+) -> Iterator[Replica]:
+    """A replica in its own namespace, the chart's configurations pointing at it (``only``
+    some of them), until the block ends; then neither is left behind."""
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"ctl-adm-{suffix}"
+    kube.namespace(namespace)
+    replica = Replica(plane, namespace, log_dir, args=args)
+    replica.start()
+    objects = configurations(replica, suffix, only)
+    install(kube.api, objects)
+    try:
+        if only is None or "vmi.gpu.cozystack.io" in set(only):
+            wait_effective(kube, namespace)
+        yield replica
+    finally:
+        remove(kube.api, objects)
+        replica.stop()

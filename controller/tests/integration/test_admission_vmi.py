@@ -7,23 +7,12 @@ from __future__ import annotations
 
 import base64
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import jsonpatch
 import pytest
-from admission_env import (
-    Corner,
-    Replica,
-    configurations,
-    create_vmi,
-    install,
-    refusal,
-    remove,
-    vmi_body,
-    wait_effective,
-)
+from admission_env import Corner, Replica, create_vmi, refusal, serving, vmi_body
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
@@ -42,23 +31,8 @@ T4_1Q = "nvidia.com/GRID_T4-1Q"
 def replica(
     control_plane: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Replica]:
-    suffix = uuid.uuid4().hex[:6]
-    namespace = f"ctl-adm-{suffix}"
-    kube.namespace(namespace)
-    running = Replica(
-        control_plane,
-        namespace,
-        tmp_path_factory.mktemp("admission"),
-    )
-    running.start()
-    objects = configurations(running, suffix)
-    install(kube.api, objects)
-    try:
-        wait_effective(kube, namespace)
+    with serving(control_plane, kube, tmp_path_factory.mktemp("admission")) as running:
         yield running
-    finally:
-        remove(kube.api, objects)
-        running.stop()
 
 
 @pytest.fixture
