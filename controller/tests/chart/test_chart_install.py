@@ -100,7 +100,8 @@ def plane() -> Iterator[cluster.ControlPlane]:
 
 def _aggregation_controller(plane: cluster.ControlPlane) -> subprocess.Popen[bytes]:
     """kube-controller-manager with only the ClusterRole aggregation controller: it fills the
-    built-in admin/edit/view roles from the labelled roles, as in every cluster."""
+    built-in admin/edit/view roles from the labelled roles, as in every cluster. (The test
+    kit's own controller-manager runs a fixed list without it.)"""
     log = (plane.workdir / "kube-controller-manager-aggregation.log").open("ab")
     return subprocess.Popen(
         [
@@ -185,13 +186,14 @@ def test_helm_install_creates_every_object(release: Release) -> None:
         stored = release.plane.get_json(_path(obj))
         assert stored["metadata"]["name"] == obj["metadata"]["name"]
         assert stored["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+    ext = client.ApiextensionsV1Api(release.api)
     for crd in (o for o in manifest if o["kind"] == "CustomResourceDefinition"):
-        wait_for(
-            lambda name=crd["metadata"]["name"]: cluster._established(
-                client.ApiextensionsV1Api(release.api), name
-            ),
-            what=f"CRD {crd['metadata']['name']} Established",
-        )
+
+        def established(name: str = crd["metadata"]["name"]) -> bool:
+            conditions = ext.read_custom_resource_definition(name).status.conditions or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+        wait_for(established, what=f"CRD {crd['metadata']['name']} Established")
 
 
 # --- webhooks ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ these tests fail with its message; they never skip.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import tomllib
 import urllib.request
@@ -24,7 +25,7 @@ from kubernetes import client
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu_testkit import sysfs_tree
-from cozystack_gpu_testkit.cluster import ControlPlane, _free_port
+from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 from cozystack_gpu_testkit.objects import Kube, install_extra_crds, wait_for
 
@@ -35,6 +36,12 @@ BUILD = REPO / "tools" / "build-image.sh"
 KUBECONFIG_IN_CONTAINER = "/etc/cozystack-gpu/kubeconfig"
 # What the chart's securityContext gives both workloads.
 RESTRICTED = ("--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
