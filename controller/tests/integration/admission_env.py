@@ -392,4 +392,33 @@ def serving(
         yield replica
     finally:
         remove(kube.api, objects)
+        # The API server forgets deleted configurations a moment later: stopping the
+        # replica before would refuse the next module's claims (the webhooks fail closed).
+        wait_forgotten(kube, namespace)
         replica.stop()
+
+
+def wait_forgotten(kube: Kube, namespace: str, timeout: float = 30.0) -> None:
+    """Until no configuration of this module is called: a dry-run VMI with a malformed
+    annotation and a dry-run claim of a missing class both pass the API server."""
+
+    def passes() -> bool:
+        body = vmi_body(f"probe-{uuid.uuid4().hex[:6]}", annotations={})
+        body["metadata"]["annotations"][keys.ANNOTATION_CLAIMS] = "probe"
+        claim = {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_CLAIM,
+            "metadata": {"name": "probe"},
+            "spec": {"class": "no-such-class", "count": 1},
+        }
+        try:
+            create_vmi(kube, namespace, body, dry_run="All")
+            kube.custom.create_namespaced_custom_object(
+                keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS, claim, dry_run="All"
+            )
+        except ApiException:
+            time.sleep(0.2)
+            return False
+        return True
+
+    wait_for(passes, timeout, "the API server to forget the webhook configurations")

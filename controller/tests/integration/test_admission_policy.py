@@ -1,0 +1,397 @@
+"""The chart's ValidatingAdmissionPolicies on the real kube-apiserver (rendered with
+``helm template``): the raw-name policy under ``allowed`` and ``forbidden``, with
+virt-controller's exception and impersonated tenants; and the claims-label policy, which
+keeps the claims annotation and the webhooks' reference label together."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from admission_env import create_vmi, helm_template, refusal, vmi_body
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.objects import Kube, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+TENANT = "tenant-user"
+VIRT_CONTROLLER = "system:serviceaccount:kubevirt-{id}:kubevirt-controller"
+
+
+def suffixed(objects: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
+    """Cluster-scoped policy names get a suffix, so a chart another test installs never
+    meets them; each binding follows its policy."""
+    for obj in objects:
+        obj["metadata"]["name"] += f"-{suffix}"
+        if obj["kind"] == "ValidatingAdmissionPolicyBinding":
+            obj["spec"]["policyName"] += f"-{suffix}"
+    return objects
+
+
+def install(api: Any, objects: list[dict[str, Any]]) -> None:
+    admission = client.AdmissionregistrationV1Api(api)
+    for obj in objects:
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            admission.create_validating_admission_policy(obj)
+        else:
+            admission.create_validating_admission_policy_binding(obj)
+
+
+def uninstall(api: Any, objects: list[dict[str, Any]]) -> None:
+    admission = client.AdmissionregistrationV1Api(api)
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            admission.delete_validating_admission_policy(name)
+        else:
+            admission.delete_validating_admission_policy_binding(name)
+
+
+def as_user(plane: ControlPlane, user: str) -> Kube:
+    api = plane.api_client()
+    api.set_default_header("Impersonate-User", user)
+    return Kube(api)
+
+
+def grant(kube: Kube, namespace: str, *users: str) -> None:
+    """What a tenant admin and virt-controller may do in the namespace, for these users."""
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "workloads"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]},
+                {
+                    "apiGroups": ["kubevirt.io"],
+                    "resources": ["virtualmachineinstances"],
+                    "verbs": ["create", "get"],
+                },
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "workloads"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "workloads",
+            },
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u} for u in users
+            ],
+        },
+    )
+
+
+# --- the raw-name policy -----------------------------------------------------------------
+
+
+class RawNames:
+    """The chart's raw-name policy bound to a settings ConfigMap the test writes, as the
+    controller would, in the release namespace."""
+
+    def __init__(self, kube: Kube, plane: ControlPlane) -> None:
+        self.kube = kube
+        self.id = uuid.uuid4().hex[:8]
+        self.release = f"ctl-raw-{self.id}"
+        self.virt_controller = VIRT_CONTROLLER.format(id=self.id)
+        self.resource = f"nvidia.com/RAW_{self.id}"
+        kube.namespace(self.release)
+        self.objects = suffixed(
+            helm_template(
+                "raw-names-policy.yaml",
+                self.release,
+                {"rawNamePolicy": {"virtControllerUser": self.virt_controller}},
+            ),
+            self.id,
+        )
+        self.settings("allowed")
+        install(kube.api, self.objects)
+
+    def settings(self, policy: str) -> None:
+        body = {
+            "metadata": {"name": keys.SETTINGS_CONFIGMAP},
+            "data": {
+                keys.SETTINGS_KEY_RESOURCE_NAMES: keys.format_resource_names(
+                    [self.resource, "nvidia.com/OTHER_" + self.id]
+                ),
+                keys.SETTINGS_KEY_RAW_RESOURCE_NAMES: policy,
+            },
+        }
+        try:
+            self.kube.core.create_namespaced_config_map(self.release, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.kube.core.replace_namespaced_config_map(
+                keys.SETTINGS_CONFIGMAP, self.release, body
+            )
+
+    def close(self) -> None:
+        uninstall(self.kube.api, self.objects)
+
+
+@pytest.fixture
+def raw(kube: Kube, control_plane: ControlPlane) -> Iterator[RawNames]:
+    policy = RawNames(kube, control_plane)
+    try:
+        yield policy
+    finally:
+        policy.close()
+
+
+@pytest.fixture
+def tenant_ns(kube: Kube, raw: RawNames) -> str:
+    name = f"tenant-{raw.id}"
+    kube.namespace(name, {f"tenant.cozystack.io/{name}": ""})
+    grant(kube, name, TENANT, raw.virt_controller)
+    return name
+
+
+def raw_vmi(name: str, resource: str, where: str = "gpus") -> dict[str, Any]:
+    devices: dict[str, Any] = {}
+    domain: dict[str, Any] = {"devices": devices, "memory": {"guest": "1Gi"}}
+    if where in ("gpus", "hostDevices"):
+        devices[where] = [{"name": "gpu1", "deviceName": resource}]
+    else:
+        domain["resources"] = {"requests": {resource: "1"}, "limits": {resource: "1"}}
+    return vmi_body(name, labelled=False, spec={"domain": domain})
+
+
+def launcher(name: str, resource: str, vmi: dict[str, Any] | None) -> dict[str, Any]:
+    """A pod asking for a GPU name: a virt-launcher pod when ``vmi`` owns it."""
+    metadata: dict[str, Any] = {"name": name, "labels": {}}
+    if vmi is not None:
+        metadata["labels"] = {"kubevirt.io": "virt-launcher"}
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "name": vmi["metadata"]["name"],
+                "uid": vmi["metadata"]["uid"],
+                "controller": True,
+            }
+        ]
+    return {
+        "metadata": metadata,
+        "spec": {
+            "containers": [
+                {
+                    "name": "compute",
+                    "image": "quay.io/kubevirt/virt-launcher:v1.9.0",
+                    "resources": {"requests": {resource: "1"}, "limits": {resource: "1"}},
+                }
+            ]
+        },
+    }
+
+
+def forbidden(raw: RawNames, kube: Kube, namespace: str) -> None:
+    """Switch to forbidden and wait until the API server enforces it."""
+    raw.settings("forbidden")
+
+    def enforced() -> bool:
+        try:
+            create_vmi(kube, namespace, raw_vmi("probe", raw.resource), dry_run="All")
+        except ApiException as exc:
+            return "forbidden without claims" in refusal(exc)
+        return False
+
+    wait_for(enforced, 30, "the raw-name policy to read rawResourceNames: forbidden")
+
+
+RAW_VMI = (
+    "GPU resource names are forbidden without claims (rawResourceNames: forbidden): {names} "
+    "on VirtualMachineInstance {vmi}; order a GPUClaim and name it in the "
+    "gpu.cozystack.io/claims annotation instead"
+)
+RAW_POD = (
+    "GPU resource names are forbidden without claims (rawResourceNames: forbidden): "
+    "container(s) compute of a pod in tenant namespace {ns} request one; GPUs reach tenant "
+    "workloads only through GPUClaims on VMs, in virt-launcher pods that KubeVirt creates"
+)
+
+
+def test_under_allowed_raw_gpu_names_are_admitted(
+    kube: Kube, control_plane: ControlPlane, raw: RawNames, tenant_ns: str
+) -> None:
+    tenant = as_user(control_plane, TENANT)
+    create_vmi(tenant, tenant_ns, raw_vmi("vm", raw.resource))
+    tenant.core.create_namespaced_pod(tenant_ns, launcher("raw", raw.resource, None))
+
+
+@pytest.mark.parametrize("where", ["gpus", "hostDevices", "resources"])
+def test_under_forbidden_a_vmi_without_claims_may_not_name_a_gpu(
+    kube: Kube, control_plane: ControlPlane, raw: RawNames, tenant_ns: str, where: str
+) -> None:
+    forbidden(raw, kube, tenant_ns)
+    tenant = as_user(control_plane, TENANT)
+    with pytest.raises(ApiException) as caught:
+        create_vmi(tenant, tenant_ns, raw_vmi("vm", raw.resource, where))
+    names = raw.resource if where != "resources" else f"{raw.resource}, {raw.resource}"
+    assert refusal(caught.value).endswith(RAW_VMI.format(names=names, vmi="vm"))
+    # A name that is no GPU's stays allowed.
+    create_vmi(tenant, tenant_ns, raw_vmi("fpga", "example.com/fpga", where))
+
+
+def test_under_forbidden_a_vmi_with_claims_passes_the_raw_name_policy(
+    kube: Kube, control_plane: ControlPlane, raw: RawNames, tenant_ns: str
+) -> None:
+    forbidden(raw, kube, tenant_ns)
+    body = raw_vmi("vm", raw.resource)
+    body["metadata"]["annotations"][keys.ANNOTATION_CLAIMS] = '{"claims": ["a"]}'
+    body["metadata"]["labels"][keys.LABEL_CLAIMS_REF] = "true"
+    # (No VMI webhook is configured here: the policy alone is under test.)
+    create_vmi(as_user(control_plane, TENANT), tenant_ns, body, dry_run="All")
+
+
+def test_under_forbidden_a_tenant_pod_may_not_request_a_gpu(
+    kube: Kube, control_plane: ControlPlane, raw: RawNames, tenant_ns: str
+) -> None:
+    forbidden(raw, kube, tenant_ns)
+    vmi = create_vmi(kube, tenant_ns, vmi_body("vm", labelled=False))
+    tenant = as_user(control_plane, TENANT)
+    for name, owner in (("plain", None), ("forged-launcher", vmi)):
+        with pytest.raises(ApiException) as caught:
+            tenant.core.create_namespaced_pod(tenant_ns, launcher(name, raw.resource, owner))
+        assert refusal(caught.value).endswith(RAW_POD.format(ns=tenant_ns)), name
+
+
+def test_under_forbidden_virt_controller_starts_the_launcher_pod_of_a_vmi(
+    kube: Kube, control_plane: ControlPlane, raw: RawNames, tenant_ns: str
+) -> None:
+    forbidden(raw, kube, tenant_ns)
+    vmi = create_vmi(kube, tenant_ns, vmi_body("vm", labelled=False))
+    controller = as_user(control_plane, raw.virt_controller)
+    controller.core.create_namespaced_pod(
+        tenant_ns, launcher("virt-launcher-vm", raw.resource, vmi)
+    )
+    # Not owned by a VMI, not even virt-controller may.
+    with pytest.raises(ApiException) as caught:
+        controller.core.create_namespaced_pod(tenant_ns, launcher("loose", raw.resource, None))
+    assert refusal(caught.value).endswith(RAW_POD.format(ns=tenant_ns))
+
+
+def test_under_forbidden_pods_outside_tenant_namespaces_are_not_judged(
+    kube: Kube, raw: RawNames, namespace: str, tenant_ns: str
+) -> None:
+    forbidden(raw, kube, tenant_ns)
+    kube.core.create_namespaced_pod(namespace, launcher("system", raw.resource, None))
+
+
+# --- the claims-label policy -------------------------------------------------------------
+
+
+@pytest.fixture
+def label_policy(kube: Kube, namespace: str) -> Iterator[str]:
+    suffix = uuid.uuid4().hex[:8]
+    objects = suffixed(helm_template("claims-label-policy.yaml", "cozy-gpu"), suffix)
+    install(kube.api, objects)
+    try:
+        body = vmi_body("probe", {"claims": ["a"]}, labelled=False)
+
+        def enforced() -> bool:
+            try:
+                create_vmi(kube, namespace, body, dry_run="All")
+            except ApiException as exc:
+                return "lacks the label" in refusal(exc)
+            return False
+
+        wait_for(enforced, 30, "the claims-label policy to be enforced")
+        yield namespace
+    finally:
+        uninstall(kube.api, objects)
+        forgotten(kube, namespace)
+
+
+def forgotten(kube: Kube, namespace: str) -> None:
+    """Until the API server stops enforcing a deleted claims-label policy (other tests'
+    VMIs name claims without the label)."""
+    body = vmi_body("probe", {"claims": ["a"]}, labelled=False)
+    wait_for(lambda: admitted(kube, namespace, body), 30, "the policy to be forgotten")
+
+
+def test_a_vmi_naming_claims_without_the_reference_label_is_refused(
+    kube: Kube, label_policy: str
+) -> None:
+    with pytest.raises(ApiException) as caught:
+        create_vmi(kube, label_policy, vmi_body("vm", {"claims": ["a"]}, labelled=False))
+    assert refusal(caught.value).endswith(
+        "VirtualMachineInstance vm names GPU claims in the gpu.cozystack.io/claims annotation "
+        'but lacks the label gpu.cozystack.io/claims: "true" that sends it to the GPU '
+        "admission webhook; add the label"
+    )
+
+
+def test_a_vm_template_naming_claims_without_the_label_is_refused(
+    kube: Kube, label_policy: str
+) -> None:
+    template = vmi_body("vm", {"claims": ["a"]}, labelled=False)
+    vm = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": "vm"},
+        "spec": {
+            "runStrategy": "Halted",
+            "template": {"metadata": template["metadata"], "spec": template["spec"]},
+        },
+    }
+    with pytest.raises(ApiException) as caught:
+        kube.custom.create_namespaced_custom_object(
+            keys.VM.group, keys.VM.version, label_policy, keys.VM.plural, vm
+        )
+    assert refusal(caught.value).endswith(
+        "VirtualMachine vm (spec.template) names GPU claims in the gpu.cozystack.io/claims "
+        'annotation but lacks the label gpu.cozystack.io/claims: "true" that sends it to the '
+        "GPU admission webhook; add the label"
+    )
+
+
+def test_the_claims_of_a_created_vmi_cannot_change(kube: Kube, label_policy: str) -> None:
+    # (No webhook here: the VMI is stored as sent; the policy alone is under test.)
+    create_vmi(kube, label_policy, vmi_body("vm", {"claims": ["a"]}))
+    with pytest.raises(ApiException) as caught:
+        kube.custom.patch_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, label_policy, keys.VMI.plural, "vm",
+            {"metadata": {"annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["b"]}'}}},
+        )  # fmt: skip
+    assert refusal(caught.value).endswith(
+        "the gpu.cozystack.io/claims annotation and label of VirtualMachineInstance vm are "
+        "fixed when it is created; change them on its VirtualMachine and restart it"
+    )
+    # What KubeVirt writes on a running VMI passes.
+    kube.vmi_phase(label_policy, "vm", "Scheduling")
+
+
+def admitted(kube: Kube, namespace: str, body: dict[str, Any]) -> bool:
+    try:
+        create_vmi(kube, namespace, body, dry_run="All")
+    except ApiException:
+        return False
+    return True
+
+
+def test_a_vmi_stored_before_the_policy_can_still_be_updated(kube: Kube, namespace: str) -> None:
+    legacy = vmi_body("legacy", {"claims": ["a"]}, labelled=False)
+    # Policies of earlier tests may still be enforced a moment after their deletion.
+    wait_for(lambda: admitted(kube, namespace, legacy), 30, "no claims-label policy")
+    create_vmi(kube, namespace, legacy)
+    suffix = uuid.uuid4().hex[:8]
+    objects = suffixed(helm_template("claims-label-policy.yaml", "cozy-gpu"), suffix)
+    install(kube.api, objects)
+    try:
+        probe = vmi_body("probe", {"claims": ["a"]}, labelled=False)
+        wait_for(lambda: not admitted(kube, namespace, probe), 30, "the claims-label policy")
+        kube.vmi_phase(namespace, "legacy", "Running", "node-1")
+    finally:
+        uninstall(kube.api, objects)
+        forgotten(kube, namespace)
