@@ -118,23 +118,27 @@ class SnapshotFeed:
 
     # --- the feed --------------------------------------------------------------------
 
+    def take(self, batch: list[Event]) -> None:
+        """Apply a batch of watch events and bring the snapshot up to date (the feed
+        thread's step; tests call it with events of their own)."""
+        for event in batch:
+            self._apply(event)
+        now = self.clock()
+        if self._snapshot is None:
+            if self.view.fully_listed:
+                self._build(now)
+            return
+        if now - self._last_staleness >= STALENESS_EVERY_S:
+            self._last_staleness = now
+            self.view.refresh_staleness(now)
+        if self.view.dirty:
+            with self._lock:
+                self.view.sync_into(self._snapshot, now)
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                batch = self._drain()
-                for event in batch:
-                    self._apply(event)
-                now = self.clock()
-                if self._snapshot is None:
-                    if self.view.fully_listed:
-                        self._build(now)
-                    continue
-                if now - self._last_staleness >= STALENESS_EVERY_S:
-                    self._last_staleness = now
-                    self.view.refresh_staleness(now)
-                if self.view.dirty:
-                    with self._lock:
-                        self.view.sync_into(self._snapshot, now)
+                self.take(self._drain())
         except Exception as exc:
             log.exception("the admission snapshot feed failed")
             self.failure = f"{type(exc).__name__}: {exc}"
