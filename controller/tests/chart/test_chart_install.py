@@ -31,6 +31,7 @@ from webhook_endpoint import AdmissionRecorder, host_address, route_service, wri
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.controller_process import ControllerProcess, free_port
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -55,6 +56,7 @@ class Release:
     kube: Kube
     webhooks: AdmissionRecorder
     tenant: str
+    cert_dir: Path
 
     def run(self, *args: str, values: dict[str, Any] | None = None) -> str:
         command = [
@@ -126,11 +128,11 @@ def release(
     kube = Kube(api)
     tenant = f"tenant-{uuid.uuid4().hex[:6]}"
     kube.namespace(tenant, {f"{keys.TENANT_LABEL_PREFIX}{tenant}": ""})
-    rel = Release(plane, helm, api, kube, AdmissionRecorder(Path()), tenant)
+    rel = Release(plane, helm, api, kube, AdmissionRecorder(Path()), tenant, Path())
     rel.run("install", RELEASE, str(CHART), "--create-namespace", values=VALUES)
     # The webhook Service answers with the chart's own certificate.
-    cert_dir = write_cert_dir(api, NAMESPACE, SECRET, tmp_path_factory.mktemp("webhook-certs"))
-    rel.webhooks = AdmissionRecorder(cert_dir).start()
+    rel.cert_dir = write_cert_dir(api, NAMESPACE, SECRET, tmp_path_factory.mktemp("webhook-certs"))
+    rel.webhooks = AdmissionRecorder(rel.cert_dir).start()
     route_service(api, NAMESPACE, SERVICE, host_address(), rel.webhooks.port)
     try:
         yield rel
@@ -280,6 +282,46 @@ def test_the_webhooks_fail_closed_when_nothing_serves_them(release: Release) -> 
         route_service(release.api, NAMESPACE, SERVICE, host_address(), release.webhooks.port)
 
 
+def test_the_controller_serves_the_chart_webhooks_behind_the_service(
+    release: Release, tmp_path: Path
+) -> None:
+    """A controller replica, run as its pod would with the chart's certificate files, as the
+    Service's endpoint: the API server reaches its webhooks and carries their refusals."""
+    kube, ns = release.kube, release.tenant
+    port = free_port()
+    replica = ControllerProcess(
+        release.plane,
+        NAMESPACE,
+        "chart-replica",
+        tmp_path,
+        f"--webhook-port={port}",
+        f"--webhook-cert-dir={release.cert_dir}",
+    )
+    try:
+        route_service(release.api, NAMESPACE, SERVICE, host_address(), port)
+
+        def refusal() -> str | None:
+            # A template-claim label without the owning VMI: refused on every replica at
+            # once, before its snapshot of the cluster is read.
+            try:
+                kube.claim(ns, "forged", "h100", labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
+            except ApiException as exc:
+                message = str(json.loads(exc.body)["message"])
+                # Until the replica listens, the API server cannot call it at all.
+                return None if "failed calling webhook" in message else message
+            raise AssertionError("a forged template claim was admitted")
+
+        message = wait_for(refusal, timeout=60, what="the replica's claim webhook")
+        assert "gpuclaim.gpu.cozystack.io" in message, message
+        assert "owned by its VirtualMachineInstance" in message, message
+    except BaseException:
+        print(replica.log_tail())
+        raise
+    finally:
+        replica.stop()
+        route_service(release.api, NAMESPACE, SERVICE, host_address(), release.webhooks.port)
+
+
 # --- raw-name policy -----------------------------------------------------------------------
 
 
@@ -332,7 +374,9 @@ def test_forbidden_raw_names_refuse_gpu_vmis_without_claims_and_tenant_gpu_pods(
         "nic",
         domain={"devices": {"hostDevices": [{"name": "n", "deviceName": "mellanox.com/cx7"}]}},
     )
-    claimed = _vmi("claimed", domain={"devices": {"gpus": [{"name": "g", "deviceName": GPU}]}})
+    claimed = _vmi(
+        "claimed", REFERENCE, domain={"devices": {"gpus": [{"name": "g", "deviceName": GPU}]}}
+    )
     claimed["metadata"]["annotations"] = {keys.ANNOTATION_CLAIMS: json.dumps({"claims": ["held"]})}
     gpu_pod = _pod("gpu-pod", gpus=1)
 
@@ -559,11 +603,12 @@ def test_the_rbac_matrix_holds_for_every_identity(release: Release) -> None:
         (controller, "GET", claims, allowed),
         (controller, "PATCH", f"{claim}/status", allowed),
         (controller, "PATCH", claim, allowed),
-        (controller, "DELETE", claim, allowed),
+        (controller, "DELETE", claim, denied),
         (controller, "PATCH", f"{GPU_API}/gpuclasses/h100/status", allowed),
         (controller, "PATCH", f"{GPU_API}/gpunodes/gpu-node-1/status", allowed),
         (controller, "DELETE", f"{GPU_API}/gpuclasses/h100", denied),
-        (controller, "PATCH", f"/api/v1/namespaces/{ns}/pods/launcher", denied),
+        (controller, "PATCH", f"/api/v1/namespaces/{ns}/pods/launcher", allowed),
+        (controller, "PUT", f"/api/v1/namespaces/{ns}/pods/launcher", denied),
         (controller, "DELETE", f"/api/v1/namespaces/{ns}/pods/launcher", allowed),
         (controller, "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", denied),
         (controller, "GET", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", denied),

@@ -58,7 +58,11 @@ def test_the_chart_crds_are_the_package_crds_and_are_kept_on_uninstall(helm: Pat
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep", name
 
 
-def test_the_chart_carries_exact_copies_of_the_package_crds() -> None:
+def test_the_chart_carries_exact_copies_of_the_package_crds_and_rbac() -> None:
+    copy = CHART / "files" / "controller-rbac.yaml"
+    assert copy.read_bytes() == DEPLOY_RBAC.read_bytes(), (
+        f"{copy} is stale: run tools/sync-chart-files.sh"
+    )
     pairs = [
         (CHART / "files" / "crds", CRD_DIR),
         (CHART / "files" / "crds-extra", CRD_DIR / "extra"),
@@ -66,10 +70,10 @@ def test_the_chart_carries_exact_copies_of_the_package_crds() -> None:
     for copies, originals in pairs:
         assert sorted(p.name for p in copies.glob("*.yaml")) == sorted(
             p.name for p in originals.glob("*.yaml")
-        ), f"{copies} and {originals} differ: run tools/sync-chart-crds.sh"
+        ), f"{copies} and {originals} differ: run tools/sync-chart-files.sh"
         for original in originals.glob("*.yaml"):
             assert (copies / original.name).read_bytes() == original.read_bytes(), (
-                f"{copies / original.name} is stale: run tools/sync-chart-crds.sh"
+                f"{copies / original.name} is stale: run tools/sync-chart-files.sh"
             )
 
 
@@ -391,36 +395,28 @@ def _expand(group: str, resources: list[str], verbs: list[str]) -> set[tuple[str
     return {(group, r, v) for r in resources for v in verbs}
 
 
-# What the webhooks and the launcher-pod gate need beyond the binder's rules.
-CONTROLLER_ADDITIONS = (
-    _expand("", ["pods"], ["update", "delete"])
-    | _expand(keys.GROUP, ["gpuclaims"], ["create", "delete", "patch", "update"])
-    | _expand(keys.GROUP, ["gpuclasses"], ["patch", "update"])
-    | _expand(keys.GROUP, ["gpuclasses/finalizers", "gpuclaims/finalizers"], ["update"])
-    | _expand("kubevirt.io", ["virtualmachineinstances/finalizers"], ["update"])
-)
-
-
-def test_the_controller_has_the_binder_rules_and_what_the_webhooks_and_gate_add(
-    helm: Path,
-) -> None:
+def test_the_controller_has_exactly_the_rules_it_is_tested_with(helm: Path) -> None:
     objects = render(helm)
     shipped = yaml.safe_load(DEPLOY_RBAC.read_text())["items"]
-    binder_cluster = _rules(next(i for i in shipped if i["kind"] == "ClusterRole"))
-    binder_ns = _rules(next(i for i in shipped if i["kind"] == "Role"))
+    tested_cluster = _rules(next(i for i in shipped if i["kind"] == "ClusterRole"))
+    tested_ns = _rules(next(i for i in shipped if i["kind"] == "Role"))
     chart_cluster = _rules(find(objects, "ClusterRole", "cozystack-gpu-controller"))
-    assert chart_cluster == binder_cluster | CONTROLLER_ADDITIONS
+    assert chart_cluster == tested_cluster
     role = find(objects, "Role", "cozystack-gpu-controller")
     assert role["metadata"]["namespace"] == NAMESPACE
-    assert _rules(role) == binder_ns
+    assert _rules(role) == tested_ns
     binding = find(objects, "ClusterRoleBinding", "cozystack-gpu-controller")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "cozystack-gpu-controller", "namespace": NAMESPACE}
     ]
-    # Never: secrets, pod creation, RBAC, writes to the catalog's spec by create/delete.
+    # Least privilege, whatever the controller grows into: no secrets, no RBAC, no pods of
+    # its own, no catalog entries of its own, and its Lease and settings only at home.
     assert not {r for r in chart_cluster if r[1] in ("secrets", "roles", "clusterroles")}
     assert ("", "pods", "create") not in chart_cluster
     assert not {r for r in chart_cluster if r[1] == "gpuclasses" and r[2] in ("create", "delete")}
+    assert not {r for r in chart_cluster if r[1] in ("leases", "configmaps")}
+    # The webhooks record attachments on claims; the gate pins launcher pods.
+    assert {(keys.GROUP, "gpuclaims/status", "patch"), ("", "pods", "patch")} <= chart_cluster
 
 
 def test_the_agent_writes_only_gpunodes(helm: Path) -> None:
