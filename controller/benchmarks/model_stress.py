@@ -4,7 +4,9 @@ Drives many small random clusters through random operations (node, class, claim 
 namespace events, orders judged by check_order and bound, template sets placed together,
 binder passes) and checks every decision against the brute-force oracle of the property
 tests: no node over capacity, no budget key over its limit on any ancestor, a set on one node
-serving all its classes, best fit, plan idempotent; every ``--rebuild-every`` operations
+serving all its classes, best fit, plan idempotent, capacity and budgets at every step of
+a pass, packing moves only unattached holds and finds room whenever the brute-force
+packing oracle does; every ``--rebuild-every`` operations
 the incremental snapshot is compared with a full rebuild.
 
     cd controller && ../.venv/bin/python benchmarks/model_stress.py --ops 1000000
@@ -37,7 +39,7 @@ def main() -> int:
     args = parser.parse_args()
 
     start = time.perf_counter()
-    done = decisions = plans = rebuilds = 0
+    done = decisions = plans = rebuilds = moves = judged = 0
     seed = args.seed
     while done < args.ops:
         r = random.Random(seed)
@@ -60,6 +62,8 @@ def main() -> int:
         checker.plan_and_commit()
         decisions += checker.decisions
         plans += checker.plans
+        moves += checker.packing_moves
+        judged += checker.packing_judged
         seed += 1
         if seed % 50 == 0:
             rate = done / (time.perf_counter() - start)
@@ -68,7 +72,9 @@ def main() -> int:
     print(
         f"stress: {done:,} random operations on {seed - args.seed} clusters in {elapsed:.0f} s; "
         f"{decisions:,} placements checked against the oracle, {plans:,} passes checked "
-        f"for idempotence, {rebuilds:,} rebuild comparisons; no violation"
+        f"for idempotence, {rebuilds:,} rebuild comparisons; {moves:,} packing moves checked, "
+        f"{judged:,} orders left waiting for capacity checked against the packing oracle; "
+        "no violation"
     )
     return 0
 

@@ -17,6 +17,7 @@ Typical use by a controller::
 """
 
 from cozystack_gpu.model.eligibility import selector_matches, serves, untolerated_taint
+from cozystack_gpu.model.packing import MAX_MOVES, Move, Room, make_room
 from cozystack_gpu.model.planner import Action, Plan, Step, plan
 from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import (
@@ -38,6 +39,7 @@ from cozystack_gpu.model.types import (
 )
 
 __all__ = [
+    "MAX_MOVES",
     "Action",
     "ClaimInfo",
     "ClaimKey",
@@ -45,6 +47,7 @@ __all__ = [
     "ClassStatus",
     "Decision",
     "Device",
+    "Move",
     "NamespaceInfo",
     "NodeInfo",
     "Placement",
@@ -52,10 +55,12 @@ __all__ = [
     "Reason",
     "Refusal",
     "RejectedNode",
+    "Room",
     "Snapshot",
     "Step",
     "Taint",
     "Toleration",
+    "make_room",
     "merge_quotas",
     "plan",
     "selector_matches",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class _Bucket:
@@ -130,6 +130,19 @@ class ClassIndex:
             if self._buckets[keys[i]].first(accept) is not None:
                 return keys[i]
         return None
+
+    def by_free_desc(self) -> Iterator[tuple[str, int]]:
+        """Serving nodes from the most free units down, smallest name first among equals.
+
+        Each bucket is sorted only when reached, so a caller that stops after a few nodes
+        pays for the buckets it walked, not for every node.
+        """
+        for value in reversed(list(self._keys)):
+            bucket = self._buckets.get(value)
+            if bucket is None:
+                continue
+            for name in sorted(bucket.members):
+                yield name, value
 
     def max_free(self) -> int:
         return self._keys[-1] if self._keys else 0

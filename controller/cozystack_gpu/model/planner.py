@@ -12,7 +12,10 @@ Order of the pass, each step seeing the ones before it:
 5. unattached sets on a cordoned node move when every class of the set says
    ``onCordon: Move`` and another node has room; otherwise they stay;
 6. Pending orders bind, oldest first. One that does not fit waits and the next is tried,
-   so a large order never holds up a smaller one behind it.
+   so a large order never holds up a smaller one behind it. One that does not fit only
+   because free units are scattered gets room made first: at most ``max_moves``
+   unattached holds move off one node (``packing``), each a Move whose ``why`` names the
+   order, then the order binds there in the same pass.
 
 Holds come before new orders (steps 3-5 before 6) because a tenant already has them.
 Planning the result of a plan changes nothing more.
@@ -25,6 +28,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from cozystack_gpu.keys import OnCordon, Phase
+from cozystack_gpu.model.packing import MAX_MOVES, Room, make_room
 from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import (
     ClaimInfo,
@@ -70,13 +74,14 @@ class Plan:
         return tuple(a for a in self.actions if a.step is not Step.WAIT)
 
 
-def plan(snapshot: Snapshot, now: float) -> Plan:
+def plan(snapshot: Snapshot, now: float, *, max_moves: int = MAX_MOVES) -> Plan:
     """The binder's pass over ``snapshot`` at time ``now``; the snapshot is left unchanged.
 
     After writing the statuses, feed ``result.updates`` back with ``upsert_claim`` (or let
-    the watch events do it) so the next pass starts from them.
+    the watch events do it) so the next pass starts from them. ``max_moves`` bounds the
+    holds packing may move for one order; 0 turns packing off.
     """
-    planner = _Planner(snapshot, now)
+    planner = _Planner(snapshot, now, max_moves)
     try:
         planner.run()
     finally:
@@ -90,9 +95,10 @@ def _arrival(claims: list[ClaimInfo]) -> tuple[float, str, str]:
 
 
 class _Planner:
-    def __init__(self, snapshot: Snapshot, now: float) -> None:
+    def __init__(self, snapshot: Snapshot, now: float, max_moves: int) -> None:
         self.snap = snapshot
         self.now = now
+        self.max_moves = max_moves
         self.actions: list[Action] = []
         self.updates: dict[ClaimKey, ClaimInfo] = {}
         self._undo: list[tuple[ClaimKey, ClaimInfo]] = []
@@ -323,24 +329,51 @@ class _Planner:
 
     # 6
     def bind_pending(self) -> None:
+        # Packing moves holds, which can make room for an order judged earlier in the
+        # round: judge the waiting orders again until a round moves nothing, so the pass
+        # ends where planning its result changes nothing more. Each further round binds.
+        while True:
+            waits, packed = self.bind_round()
+            if not packed:
+                self.actions.extend(waits)
+                return
+
+    def bind_round(self) -> tuple[list[Action], bool]:
         pending: list[tuple[float, ClaimKey, ClaimInfo]] = []
         for key in self.snap.pending_keys():
             claim = self.snap.claim(key)
             if claim is not None and not claim.template:
                 pending.append((claim.created, key, claim))
         pending.sort(key=lambda item: (item[0], item[1]))
-        # Within one pass binds only take capacity and budget, so an order refused here
+        # Within a round binds only take capacity and budget, so an order refused here
         # refuses every later order of the same class, tenant and count alike, with the
-        # same words. Judging them once, and reporting them as one Wait, keeps a pass short
-        # when thousands wait, so new orders that fit are not slowed by old ones that do not.
+        # same words (a round that moves holds is followed by another). Judging them once,
+        # and reporting them as one Wait, keeps a pass short when thousands wait, so new
+        # orders that fit are not slowed by old ones that do not.
         refused: dict[tuple[str, str, int], Refusal] = {}
         alike: dict[tuple[str, str, int], list[ClaimKey]] = {}
+        waits: list[Action] = []
+        packed = False
         for _created, key, claim in pending:
             shape = None if claim.rejected else (claim.class_name, claim.namespace, claim.count)
             if shape is not None and shape in refused:
                 alike[shape].append(key)
                 continue
             decision = self.snap.check_order(claim, self.now)
+            if isinstance(decision, Refusal):
+                room = make_room(
+                    self.snap,
+                    claim,
+                    self.now,
+                    decision,
+                    max_moves=self.max_moves,
+                    frozen=self.updates.keys(),
+                )
+                if isinstance(room, Room):
+                    decision = self.make_room(claim, room)
+                    packed = True
+                elif room is not None:
+                    decision = room
             if isinstance(decision, Placement):
                 self.put(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
                 self.actions.append(Action(Step.BIND, (key,), node=decision.node))
@@ -348,6 +381,30 @@ class _Planner:
                 refused[shape] = decision
                 alike[shape] = [key]
             else:
-                self.actions.append(Action(Step.WAIT, (key,), refusal=decision))
+                waits.append(Action(Step.WAIT, (key,), refusal=decision))
         for shape, keys in alike.items():
-            self.actions.append(Action(Step.WAIT, tuple(keys), refusal=refused[shape]))
+            waits.append(Action(Step.WAIT, tuple(keys), refusal=refused[shape]))
+        return waits, packed
+
+    def make_room(self, order: ClaimInfo, room: Room) -> Placement:
+        """Carry out packing's moves, then place the order on the node they freed."""
+        why = f"makes room on node {room.node} for order {order.key}"
+        for move in room.moves:
+            for key in move.claims:
+                held = self.snap.claim(key)
+                assert held is not None and held.node == move.from_node
+                moved = replace(held, node=move.to_node, bound_at=self.now)
+                # A move keeps what a claim is charged by, so no budget key can change.
+                assert moved.counts_budget and (
+                    moved.namespace,
+                    moved.class_name,
+                    moved.count,
+                    moved.phase,
+                ) == (held.namespace, held.class_name, held.count, held.phase)
+                self.put(moved)
+            self.actions.append(
+                Action(Step.MOVE, move.claims, node=move.to_node, from_node=move.from_node, why=why)
+            )
+        decision = self.snap.check_order(order, self.now, nodes=(room.node,))
+        assert isinstance(decision, Placement), decision
+        return decision

@@ -200,6 +200,17 @@ class Snapshot:
             return ClassStatus(free=0, max_free_per_node=0)
         return ClassStatus(free=idx.total_free, max_free_per_node=idx.max_free())
 
+    def serving_by_free(self, class_name: str) -> Iterator[tuple[str, int]]:
+        """(node, free units) of the nodes serving the class, most free first, then by name.
+        Read it to the end, or stop, before changing the snapshot."""
+        idx = self._idx.get(class_name)
+        return idx.by_free_desc() if idx is not None else iter(())
+
+    def largest_capacity(self, class_name: str) -> int:
+        """The most units of the class one serving node has, free or held (0 when none)."""
+        idx = self._idx.get(class_name)
+        return idx.max_cap() if idx is not None else 0
+
     def unsettled_nodes(self) -> frozenset[str]:
         """Nodes where a claim may have to change: an attached claim on a node gone or not
         Ready, or an unattached one on a node that no longer serves its class (cordon

@@ -276,6 +276,9 @@ class Reason(StrEnum):
     RAW_KEY_UNCOVERED = "RawQuotaKeyWithoutClassKey"
     NO_NODE_SERVES = "NoNodeServesClass"
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+    # The class has the free units, scattered, and no plan of a few moves of unattached
+    # holds frees one node for the order (see ``packing``).
+    CAPACITY_FRAGMENTED = "CapacityFragmented"
     VMI_STILL_RUNNING = "VMIStillRunning"
 
 

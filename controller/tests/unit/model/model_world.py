@@ -7,6 +7,7 @@ the stress command can draw millions of them from a seeded ``random.Random``.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +28,7 @@ from cozystack_gpu.keys import (
     raw_quota_keys,
 )
 from cozystack_gpu.model import (
+    MAX_MOVES,
     Action,
     ClaimInfo,
     ClaimKey,
@@ -37,6 +39,7 @@ from cozystack_gpu.model import (
     NodeInfo,
     Placement,
     Plan,
+    Reason,
     Refusal,
     RejectedNode,
     Snapshot,
@@ -47,6 +50,7 @@ from cozystack_gpu.model import (
     serves,
 )
 from cozystack_gpu.model.eligibility import why_not_placeable
+from cozystack_gpu.model.packing import may_move
 
 RES_A = "nvidia.com/GA100"
 RES_B = "nvidia.com/AD102GL_L40S"
@@ -181,6 +185,8 @@ class Checker:
     decisions: int = 0
     plans: int = 0
     cordon_rules_judged: int = 0  # sets that left a node where only Ready or cordon could say
+    packing_judged: int = 0  # orders left waiting for capacity, judged by the packing oracle
+    packing_moves: int = 0  # moves made to free a node for an order
 
     @classmethod
     def of(cls, world: World, orders: int = 0, seed: int = 0) -> Checker:
@@ -353,6 +359,7 @@ class Checker:
         self.plans += 1
         for action in result.actions:
             self.check_action(before, action)
+        check_every_step(before, result)
         again = plan(self.snap, self.world.now)
         assert again.changes == (), f"plan is not idempotent: {again.changes}"
         check_holds(self.world)
@@ -362,6 +369,14 @@ class Checker:
             waiting = claim.phase is Phase.LOST and not claim.vmi_live and claim.set_id is None
             if waiting and claim.class_name in self.world.classes:
                 assert oracle_best_fit(after, claim) is None, f"{claim.key} could rebind"
+        # Liveness of packing: an order left waiting for capacity has no plan of moves.
+        for claim in self.world.claims.values():
+            if claim.phase is not Phase.PENDING or claim.template:
+                continue
+            decision = self.snap.check_order(claim, self.world.now)
+            if isinstance(decision, Refusal) and decision.reason is Reason.INSUFFICIENT_CAPACITY:
+                self.packing_judged += 1
+                assert not oracle_room(after, claim, MAX_MOVES), f"{claim.key} could have room"
         return result
 
     # oracle checks
@@ -401,7 +416,11 @@ class Checker:
             if action.step is Step.BIND:
                 assert not before.classes[members[0].class_name].deleting
                 check_budgets_after(self.world, members)
-        if action.step in (Step.MOVE, Step.LOSE) and check_leaving_respects_cordon_and_stay(
+        if action.step is Step.MOVE and action.why.startswith("makes room"):
+            # Not a set that must leave: the node still serves it, and packing frees it.
+            self.packing_moves += 1
+            check_packing_move(before, action)
+        elif action.step in (Step.MOVE, Step.LOSE) and check_leaving_respects_cordon_and_stay(
             before, action
         ):
             self.cordon_rules_judged += 1
@@ -577,6 +596,184 @@ def check_holds(world: World) -> None:
         assert held <= node.capacity().get(res, 0), f"{node.name} over capacity for {res}"
 
 
+# --- packing ---------------------------------------------------------------------------
+
+
+def movable_sets(view: View, node: str) -> list[list[ClaimInfo]]:
+    """Sets every member of which is Bound on ``node``, unattached, no template: the holds
+    packing may move off it."""
+    sets: dict[tuple[str, str], list[ClaimInfo]] = {}
+    for claim in view.claims.values():
+        sets.setdefault(claim.set_key, []).append(claim)
+    out = []
+    for members in sets.values():
+        if all(
+            m.phase is Phase.BOUND
+            and m.node == node
+            and m.attached_to is None
+            and not m.template
+            and m.class_name in view.classes
+            for m in members
+        ):
+            out.append(sorted(members, key=lambda c: c.key))
+    return sorted(out, key=lambda ms: ms[0].key)
+
+
+def oracle_room(view: View, order: ClaimInfo, max_moves: int) -> bool:
+    """Brute force: the order fits some node serving its class (not one it rejected), now or
+    after moving some of the movable sets off that node (every subset of at most
+    ``max_moves`` claims), each set to another node that serves every class of the set, is
+    not rejected by it and has room with the sets placed before it (every destination)."""
+    klass = view.classes[order.class_name]
+    classes = view.classes.values()
+    used = oracle_used(view)
+    skip = {r.node for r in order.rejected if r.until > view.now}
+    for node in sorted(view.nodes.values(), key=lambda n: n.name):
+        if node.name in skip or not serves(node, klass, classes):
+            continue
+        free = oracle_free(view, node, klass.resource_name, used)
+        if free >= order.count:
+            return True
+        sets = movable_sets(view, node.name)
+        for size in range(1, len(sets) + 1):
+            for subset in itertools.combinations(sets, size):
+                if sum(len(s) for s in subset) > max_moves:
+                    continue
+                freed = sum(
+                    m.count
+                    for s in subset
+                    for m in s
+                    if view.classes[m.class_name].resource_name == klass.resource_name
+                )
+                if free + freed >= order.count and _assignable(view, list(subset), node.name):
+                    return True
+    return False
+
+
+def _assignable(view: View, sets: list[list[ClaimInfo]], leaving: str) -> bool:
+    """Every set on some node other than ``leaving``, with room for all placed on it."""
+    used = oracle_used(view)
+    classes = view.classes.values()
+    failed: set[tuple[int, tuple[tuple[tuple[str, str], int], ...]]] = set()
+    extra: dict[tuple[str, str], int] = {}
+
+    def place(i: int) -> bool:
+        if i == len(sets):
+            return True
+        state = (i, tuple(sorted(extra.items())))
+        if state in failed:
+            return False
+        members = sets[i]
+        need: dict[str, int] = {}
+        for m in members:
+            res = view.classes[m.class_name].resource_name
+            need[res] = need.get(res, 0) + m.count
+        skip = {r.node for m in members for r in m.rejected if r.until > view.now}
+        for node in sorted(view.nodes.values(), key=lambda n: n.name):
+            if node.name == leaving or node.name in skip:
+                continue
+            if not all(serves(node, view.classes[m.class_name], classes) for m in members):
+                continue
+            room = all(
+                oracle_free(view, node, res, used) - extra.get((node.name, res), 0) >= units
+                for res, units in need.items()
+            )
+            if not room:
+                continue
+            for res, units in need.items():
+                extra[(node.name, res)] = extra.get((node.name, res), 0) + units
+            if place(i + 1):
+                return True
+            for res, units in need.items():
+                extra[(node.name, res)] -= units
+                if not extra[(node.name, res)]:
+                    del extra[(node.name, res)]
+        failed.add(state)
+        return False
+
+    return place(0)
+
+
+def check_packing_move(view: View, action: Action) -> None:
+    """A move that makes room: unattached holds, the set whole, off the node it frees."""
+    members = [view.claims[k] for k in action.claims]
+    assert action.from_node is not None
+    for m in members:
+        assert may_move(m, action.from_node, ()), f"packing moved {m}"
+    whole = {k for k, c in view.claims.items() if c.set_key == members[0].set_key}
+    assert whole == set(action.claims), f"packing split a set: {action}"
+
+
+def budget_usage(view: View) -> dict[tuple[str, str], int]:
+    """Units per (tenant, budget key) over every tenant's subtree, from the claims alone
+    (raw-name pods aside: no pass changes them)."""
+    usage: dict[tuple[str, str], int] = {}
+    for claim in view.claims.values():
+        if not claim.counts_budget:
+            continue
+        ns = view.namespaces.get(claim.namespace)
+        ancestors = ns.ancestors if ns is not None else {claim.namespace}
+        klass = view.classes.get(claim.class_name)
+        keys = {QUOTA_KEY_TOTAL, quota_key(claim.class_name)}
+        if klass is not None:
+            keys.update(raw_quota_keys(klass.resource_name))
+        for tenant in ancestors:
+            for key in keys:
+                usage[(tenant, key)] = usage.get((tenant, key), 0) + claim.count
+    return usage
+
+
+def check_every_step(before: View, result: Plan) -> None:
+    """Replay a pass's actions one at a time from the state it started from: after each,
+    the node it placed claims on holds no more than its capacity, a move changed no budget
+    key, and no budget key is over its limit unless it already was before the pass (a quota
+    lowered under holds). The replay must end where the pass's updates say."""
+    last: dict[ClaimKey, int] = {}
+    for i, action in enumerate(result.actions):
+        for key in action.claims:
+            last[key] = i
+    state = replace(before, claims=dict(before.claims))
+    start_usage = budget_usage(state)
+    for i, action in enumerate(result.actions):
+        if action.step is Step.WAIT:
+            continue
+        usage_before = budget_usage(state)
+        for key in action.claims:
+            if last[key] == i:
+                state.claims[key] = result.updates[key]
+                continue
+            claim = state.claims[key]
+            if action.step is Step.LOSE:
+                node = None if action.refusal is not None else claim.node
+                state.claims[key] = replace(claim, phase=Phase.LOST, node=node)
+            else:
+                assert action.step in (Step.BIND, Step.MOVE, Step.REBIND), action
+                state.claims[key] = replace(claim, phase=Phase.BOUND, node=action.node)
+        usage = budget_usage(state)
+        if action.step is Step.MOVE:
+            assert usage == usage_before, f"a move changed a budget: {action}"
+        for (tenant, key), units in usage.items():
+            ns = state.namespaces.get(tenant)
+            limit = ns.quota.get(key) if ns is not None else None
+            if limit is not None and units > limit:
+                assert units <= start_usage.get((tenant, key), 0), (
+                    f"step {i} ({action.step}) puts {tenant} {key} at {units} of {limit}"
+                )
+        if action.node is not None and action.step is not Step.REATTACH:
+            used = oracle_used(state)
+            info = state.nodes[action.node]
+            cap = info.capacity()
+            for key in action.claims:
+                klass = state.classes.get(state.claims[key].class_name)
+                if klass is None:
+                    continue
+                res = klass.resource_name
+                held = used.get((info.name, res), 0) + info.raw_used.get(res, 0)
+                assert held <= cap.get(res, 0), f"step {i} ({action.step}) overfills {info.name}"
+    for key, updated in result.updates.items():
+        assert state.claims[key] == updated, f"the replay of {key} ends elsewhere"
+
+
 def random_op(r: random.Random) -> Op:
     return (r.randrange(N_OPS), r.randrange(1000), r.randrange(1000), r.randrange(1000))
 
@@ -586,6 +783,8 @@ __all__ = [
     "Op",
     "Refusal",
     "World",
+    "check_every_step",
+    "oracle_room",
     "random_op",
     "random_world",
 ]

@@ -1,0 +1,347 @@
+"""Making room for a large order: move unattached holds off one node so that the order fits.
+
+Best fit keeps whole nodes free for as long as it can, but releases scatter free units: a
+class can have 40 free units and no node with 8. When an order is refused only for that
+reason, ``make_room`` looks for one node to free. It moves sets of holds off that node, each
+move a normal placement of the set (``Snapshot.place_set``: another node, serving every
+class of the set, with the units, not among the set's rejected nodes), at most
+``max_moves`` claims in all. The binder writes each move as it writes any bind, checked by
+resourceVersion, so a hold that changed meanwhile is not moved.
+
+What may move: a set whose every member is Bound on the node being freed, has no
+attachment recorded (a VMI may be starting with it), is no template claim (its launcher pod
+is pinned to that node) and was not changed earlier in the same pass. Attached claims never
+move.
+
+Budgets: a move keeps every claim's namespace, class and count, and a Bound claim counts
+against its budgets wherever it is, so a move changes no budget key (the planner asserts
+it for every move it records). Moves only leave the node being freed and only arrive on
+nodes with room, so capacity holds after each one, in any order.
+
+Search: the ``MAX_TARGETS`` serving nodes with the most free units are the candidates
+(large enough and not rejected by the order). Each gets a lower bound on the claims that
+must move to free it, ignoring where they would go, and they are tried in order of that
+bound; on each, the choices of sets with the fewest moves come first, and each choice is
+checked by placing its sets one by one, largest first, backtracking over destinations. At
+most ``MAX_TRIES`` steps per order: on small clusters the search is exhaustive (the model
+tests compare it with a brute-force oracle), on large ones it stops early rather than slow
+the pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from cozystack_gpu.keys import Phase
+from cozystack_gpu.model.snapshot import Snapshot
+from cozystack_gpu.model.types import ClaimInfo, ClaimKey, Placement, Reason, Refusal
+
+MAX_MOVES = 8  # claims moved per order: each is one status write before the order binds
+MAX_TARGETS = 64  # nodes looked at per order, those with the most free units
+MAX_TRIES = 2_000  # search steps per order (choices built and placements tried)
+
+Shape = tuple[tuple[tuple[str, int], ...], tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One set of holds leaving the node being freed."""
+
+    claims: tuple[ClaimKey, ...]
+    from_node: str
+    to_node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """A node freed for an order, and the moves that free it, in the order made."""
+
+    node: str
+    moves: tuple[Move, ...]
+
+    @property
+    def claims_moved(self) -> int:
+        return sum(len(m.claims) for m in self.moves)
+
+
+class _Set(NamedTuple):
+    members: tuple[ClaimInfo, ...]
+    units: int  # of the order's resource name, freed on the node when the set leaves
+    shape: Shape  # sets of one shape are interchangeable wherever they go
+    latest: float  # the last bind of a member: the most recent give way first
+
+
+def make_room(
+    snap: Snapshot,
+    order: ClaimInfo,
+    now: float,
+    refusal: Refusal,
+    *,
+    max_moves: int = MAX_MOVES,
+    frozen: Collection[ClaimKey] = (),
+) -> Room | Refusal | None:
+    """Moves that free one node for ``order``, refused by ``check_order`` with ``refusal``.
+
+    None when moves cannot help: the refusal is not for capacity, no node is large enough,
+    or the class lacks the free units in all (the plain refusal then stands). A refusal
+    (``CapacityFragmented``) when the units are there, scattered, and no plan of at most
+    ``max_moves`` moves frees a node. ``frozen`` claims do not move (changed earlier in the
+    pass). The snapshot is left unchanged.
+    """
+    if max_moves <= 0 or refusal.reason is not Reason.INSUFFICIENT_CAPACITY:
+        return None
+    klass = snap.gpu_class(order.class_name)
+    if klass is None:
+        return None
+    need = order.count
+    total = snap.class_status(klass.name).free
+    if total < need or snap.largest_capacity(klass.name) < need:
+        return None
+    res = klass.resource_name
+    skip = {r.node for r in order.rejected if r.until > now}
+    candidates: list[tuple[str, int]] = []
+    for name, free in snap.serving_by_free(klass.name):
+        if len(candidates) >= MAX_TARGETS:
+            break
+        if name not in skip and _room_at_most(snap, name, res) >= need:
+            candidates.append((name, free))
+    if not candidates:
+        return None
+    frozen_keys = frozenset(frozen)
+    held = 0  # nodes whose movable holds cannot free enough: attached, starting, templates
+    costly = 0  # nodes that would take more than max_moves moves
+    ranked: list[tuple[int, int, str, list[_Set], int]] = []
+    for name, free in candidates:
+        sets = _movable_sets(snap, name, res, now, frozen_keys)
+        short = need - free
+        if sum(s.units for s in sets) < short:
+            held += 1
+            continue
+        bound = _fewest_moves(sets, short, max_moves)
+        if bound is None:
+            costly += 1
+            continue
+        ranked.append((bound, -free, name, sets, short))
+    ranked.sort(key=lambda r: r[:3])
+    search = _Search(snap, now)
+    best: Room | None = None
+    nowhere = 0
+    try:
+        for bound, _free, name, sets, short in ranked:
+            if best is not None and best.claims_moved <= bound:
+                break
+            limit = max_moves if best is None else best.claims_moved - 1
+            moves = search.free_node(name, sets, short, bound, limit)
+            if moves is not None:
+                best = Room(name, moves)
+            elif best is None:
+                nowhere += 1
+            if search.cut:
+                break
+    finally:
+        search.rollback(0)
+    if best is not None:
+        return best
+    return Refusal(
+        Reason.CAPACITY_FRAGMENTED,
+        f"{refusal.message}; class {klass.name} has {total} free units in all, but no plan "
+        f"of at most {max_moves} moves of unattached holds frees a node for it: "
+        + _why_not(held, costly, nowhere, len(candidates), search.cut),
+    )
+
+
+def _why_not(held: int, costly: int, nowhere: int, looked: int, cut: bool) -> str:
+    parts = []
+    if held:
+        parts.append(f"on {_nodes(held)} attached claims or those of starting VMs hold the units")
+    if costly:
+        parts.append(f"on {_nodes(costly)} it takes more than that many moves")
+    if nowhere:
+        parts.append(f"on {_nodes(nowhere)} the holds to move have nowhere else to go")
+    if cut:
+        parts.append(f"the search stopped after {MAX_TRIES} steps")
+    if looked >= MAX_TARGETS:
+        parts.append(f"the {looked} nodes with the most free units were looked at")
+    return "; ".join(parts)
+
+
+def _nodes(n: int) -> str:
+    return "1 node" if n == 1 else f"{n} nodes"
+
+
+def _room_at_most(snap: Snapshot, node: str, res: str) -> int:
+    """The most free units the node could have with every claim gone."""
+    info = snap.node(node)
+    raw = info.raw_used.get(res, 0) if info is not None else 0
+    return snap.capacity(node, res) - raw
+
+
+def may_move(claim: ClaimInfo, node: str, frozen: Collection[ClaimKey]) -> bool:
+    """An unattached hold on ``node`` that packing may move (see the module's rules)."""
+    return (
+        claim.phase is Phase.BOUND
+        and claim.node == node
+        and claim.attached_to is None
+        and not claim.template
+        and claim.key not in frozen
+    )
+
+
+def _movable_sets(
+    snap: Snapshot, node: str, res: str, now: float, frozen: frozenset[ClaimKey]
+) -> list[_Set]:
+    """The sets on the node that may move and free units of ``res`` there."""
+    out: list[_Set] = []
+    seen: set[tuple[str, str]] = set()
+    for key in sorted(snap.claims_on(node)):
+        claim = snap.claim(key)
+        if claim is None or claim.set_key in seen:
+            continue
+        seen.add(claim.set_key)
+        members = [snap.claim(k) for k in sorted(snap.set_members(claim.set_key))]
+        units = 0
+        movable = True
+        for member in members:
+            klass = snap.gpu_class(member.class_name) if member is not None else None
+            if member is None or klass is None or not may_move(member, node, frozen):
+                movable = False
+                break
+            if klass.resource_name == res:
+                units += member.count
+        if not movable or units == 0:
+            continue
+        held = tuple(m for m in members if m is not None)
+        shape = (
+            tuple(sorted((m.class_name, m.count) for m in held)),
+            tuple(sorted({r.node for m in held for r in m.rejected if r.until > now})),
+        )
+        latest = max(m.bound_at or m.created for m in held)
+        out.append(_Set(held, units, shape, latest))
+    # Within a shape the most recently bound give way first, so older holds keep their node.
+    out.sort(key=lambda s: (s.shape, -s.latest, s.members[0].key))
+    return out
+
+
+def _fewest_moves(sets: list[_Set], short: int, max_moves: int) -> int | None:
+    """The fewest claims that, moved, free ``short`` units (where they go aside), or None
+    beyond ``max_moves``: a 0/1 knapsack over moves."""
+    most = [0] * (max_moves + 1)  # most units freed by at most k claims moved
+    for s in sets:
+        weight = len(s.members)
+        for k in range(max_moves, weight - 1, -1):
+            most[k] = max(most[k], most[k - weight] + s.units)
+    for k, units in enumerate(most):
+        if units >= short:
+            return k
+    return None
+
+
+class _Search:
+    """Tries choices of sets to move and places them, changing the snapshot as it goes and
+    undoing every change (``rollback``) before ``make_room`` returns."""
+
+    def __init__(self, snap: Snapshot, now: float) -> None:
+        self.snap = snap
+        self.now = now
+        self.tries = MAX_TRIES
+        self.cut = False
+        self.undo: list[ClaimInfo] = []
+
+    def spend(self) -> bool:
+        if self.tries <= 0:
+            self.cut = True
+            return False
+        self.tries -= 1
+        return True
+
+    def rollback(self, mark: int) -> None:
+        while len(self.undo) > mark:
+            self.snap.upsert_claim(self.undo.pop())
+
+    def free_node(
+        self, node: str, sets: list[_Set], short: int, first: int, limit: int
+    ) -> tuple[Move, ...] | None:
+        """The first choice of sets, fewest moves first, that frees ``short`` units on the
+        node and finds each set a place elsewhere."""
+        groups: dict[Shape, list[_Set]] = {}
+        for s in sets:
+            groups.setdefault(s.shape, []).append(s)
+        ordered = sorted(groups.values(), key=lambda g: (-g[0].units, g[0].shape))
+        for moves in range(first, limit + 1):
+            for choice in self._choices(ordered, short, moves):
+                placed = self._place(node, choice)
+                if placed is not None:
+                    return placed
+                if self.cut:
+                    return None
+        return None
+
+    def _choices(self, groups: list[list[_Set]], short: int, moves: int) -> Iterator[list[_Set]]:
+        """Choices of sets with exactly ``moves`` claims that free at least ``short`` units
+        and none of whose sets could be left out; groups of big sets first."""
+        reach = [0] * (len(groups) + 1)  # units every group from i on could free
+        for i in range(len(groups) - 1, -1, -1):
+            reach[i] = reach[i + 1] + sum(s.units for s in groups[i])
+        picked: list[tuple[int, int]] = []  # (group, how many of it)
+
+        def walk(i: int, left: int, units: int) -> Iterator[list[_Set]]:
+            if not self.spend():
+                return
+            if left == 0:
+                if units >= short and all(units - groups[g][0].units < short for g, _ in picked):
+                    yield [s for g, n in picked for s in groups[g][:n]]
+                return
+            if i == len(groups) or units + reach[i] < short:
+                return
+            weight = len(groups[i][0].members)
+            for n in range(min(len(groups[i]), left // weight), -1, -1):
+                if n:
+                    picked.append((i, n))
+                yield from walk(i + 1, left - n * weight, units + n * groups[i][0].units)
+                if n:
+                    picked.pop()
+
+        yield from walk(0, moves, 0)
+
+    def _place(self, node: str, choice: list[_Set]) -> tuple[Move, ...] | None:
+        """Each set of the choice on another node, backtracking over destinations; None
+        when some set has nowhere to go whatever the others do."""
+        todo = sorted(choice, key=lambda s: (-s.units, s.shape))
+        failed: set[tuple[int, tuple[tuple[Shape, str], ...]]] = set()
+        placed: list[tuple[Shape, str]] = []
+        moves: list[Move] = []
+        start = len(self.undo)
+
+        def place(i: int) -> bool:
+            if i == len(todo):
+                return True
+            state = (i, tuple(sorted(placed)))
+            if state in failed:
+                return False
+            current = todo[i]
+            tried = {node}
+            while self.spend():
+                decision = self.snap.place_set(current.members, self.now, exclude=tried)
+                if not isinstance(decision, Placement):
+                    break
+                mark = len(self.undo)
+                for claim in current.members:
+                    self.undo.append(claim)
+                    self.snap.upsert_claim(replace(claim, node=decision.node, bound_at=self.now))
+                placed.append((current.shape, decision.node))
+                moves.append(Move(tuple(c.key for c in current.members), node, decision.node))
+                if place(i + 1):
+                    return True
+                placed.pop()
+                moves.pop()
+                self.rollback(mark)
+                tried.add(decision.node)
+            if not self.cut:
+                failed.add(state)
+            return False
+
+        found = place(0)
+        self.rollback(start)
+        return tuple(moves) if found else None
