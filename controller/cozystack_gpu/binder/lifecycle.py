@@ -27,6 +27,14 @@ from cozystack_gpu.model import Action, ClaimInfo, ClassStatus, Refusal, Step
 
 Obj = Mapping[str, Any]
 
+# Status writes that only tell (why a claim waits, why its deletion waits, where its set
+# starts): they are not placements, so they are queued behind every bind and never held in
+# flight.
+NOTE_WAIT = "Wait"
+NOTE_DELETING = "Deleting"
+NOTE_PLACED = "Placed"
+NOTES = frozenset({NOTE_WAIT, NOTE_DELETING, NOTE_PLACED})
+
 
 # --- Attachment --------------------------------------------------------------------------
 

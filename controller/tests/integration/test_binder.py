@@ -401,11 +401,11 @@ class _Meddling(Binder):
         self._meddle = meddle
         self.meddled = 0
 
-    def _send(self, key: Any, body: dict[str, Any], purpose: str) -> None:
+    def send(self, key: Any, body: dict[str, Any], purpose: str) -> None:
         if purpose == "Bind" and not self.meddled:
             self.meddled += 1
             self._meddle(key)
-        super()._send(key, body, purpose)
+        super().send(key, body, purpose)
 
 
 def test_a_bind_overtaken_by_another_write_is_judged_again_and_books_once(

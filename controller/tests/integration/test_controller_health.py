@@ -241,7 +241,7 @@ def test_a_writer_thread_that_dies_hands_the_lease_over(pair: Pair) -> None:
     leader, other, _standby = pair.leader()
     binder = leader.binder
     assert binder is not None
-    writer = binder._writer
+    writer = binder.writer
     real_patch = writer.custom.patch_namespaced_custom_object_status
     died: list[float] = []
 

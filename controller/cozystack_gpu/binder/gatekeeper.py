@@ -1,0 +1,376 @@
+"""The launcher-pod gate, as the leader runs it: template claims created, the whole set
+placed on one node, the pod pinned and ungated in one update, and a pinned pod the scheduler
+refuses turned into a rejected node (seed 000). The rules are in ``gate``; this is their I/O,
+run from the binder's loop on the binder's snapshot and writer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder import gate, lifecycle, translate
+from cozystack_gpu.binder.view import ClusterView, Key
+from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, Writer
+from cozystack_gpu.config import Config
+from cozystack_gpu.keys import OnCordon, Phase
+from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Snapshot, Step
+
+if TYPE_CHECKING:
+    from cozystack_gpu.binder.loop import Binder
+
+log = logging.getLogger(__name__)
+
+
+class Gatekeeper:
+    """The gate's state: pod updates and template-claim creations in flight, what each
+    gated pod was last told (a refusal is said once), the nodes that refused a pinned pod
+    with the node state they refused in, and the volumes' node limits per pod."""
+
+    def __init__(self, binder: Binder) -> None:
+        self.binder = binder
+        self._pod_writes: set[Key] = set()
+        self._creating: set[ClaimKey] = set()
+        self._gate_told: dict[Key, str] = {}
+        self._rejected_health: dict[str, tuple[Any, ...]] = {}
+        self._volume_nodes: dict[str, set[str] | None] = {}
+
+    @property
+    def view(self) -> ClusterView:
+        return self.binder.view
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.binder.snapshot
+
+    @property
+    def writer(self) -> Writer:
+        return self.binder.writer
+
+    @property
+    def config(self) -> Config:
+        return self.binder.config
+
+    def clock(self) -> float:
+        return self.binder.clock()
+
+    def nodes_changed(self, nodes: set[str]) -> None:
+        if self._rejected_health and nodes:
+            self.forget_rejections(nodes)
+
+    def written(self, done: WriteDone) -> None:
+        namespace, name = done.name.split("/", 1)
+        if done.what == "template-claim":
+            self._creating.discard(ClaimKey(namespace, name))
+            if done.ok and done.obj is not None:
+                self.view.apply(keys.GPU_CLAIM.kind, done.obj, deleted=False)
+            elif not done.ok:
+                log.warning("template claim %s not created: %s", done.name, done.error)
+            return
+        self._pod_writes.discard((namespace, name))
+        if done.ok and done.obj is not None:
+            self.view.apply(keys.POD.kind, done.obj, deleted=False)
+        elif not done.ok:
+            log.warning("launcher pod %s not updated: %s", done.name, done.error)
+
+    def run(self, now: float) -> None:
+        """Gated launcher pods: create the template claims, place the whole set on one
+        node, and pin and ungate the pod in one update once every claim is bound there."""
+        for pod_key in self.view.gated_pods():
+            pod = self.view.pod(pod_key)
+            if pod is None or pod_key in self._pod_writes:
+                continue
+            found = self._start_set(pod)
+            if found is None:
+                continue  # its VMI is not known yet
+            vmi_key, vmi, members = found
+            if not members:
+                self._pin(pod_key, pod, None, [])  # no claims to place: only ungate
+                continue
+            if self._create_templates(vmi, members):
+                continue
+            infos = [self.snapshot.claim(k) for k in members]
+            if any(c is None for c in infos) or any(k in self.binder.inflight for k in members):
+                continue  # a claim not seen yet, or a write about one still out
+            claims = [c for c in infos if c is not None]
+            decision = self.snapshot.place_for_start(claims, now, self._allowed_nodes(pod))
+            if isinstance(decision, Refusal):
+                self._not_placed(pod_key, vmi, members, decision, now)
+                continue
+            target = decision.node
+            moving = [c for c in claims if not (c.holds_node and c.node == target)]
+            for claim in moving:
+                obj = self.view.claim(claim.key)
+                if obj is None:
+                    continue
+                updated = replace(claim, phase=Phase.BOUND, node=target, bound_at=now)
+                step = Step.BIND if claim.phase is Phase.PENDING else Step.MOVE
+                cond = lifecycle.condition(
+                    keys.CONDITION_BOUND,
+                    True,
+                    "Bound" if step is Step.BIND else "Moved",
+                    f"holds {claim.count} unit(s) of class {claim.class_name} on node {target} "
+                    f"for the start of VMI {vmi_key[1]}",
+                    now,
+                )
+                self.snapshot.upsert_claim(updated)
+                self.binder.send(
+                    claim.key, lifecycle.claim_status_patch(obj, updated, cond), str(step)
+                )
+            if moving:
+                continue  # pin once the API confirms every claim on the node
+            if all(_bound_on(self.view.claim(k), target) for k in members):
+                self._pin(pod_key, pod, target, members)
+
+    def _start_set(self, pod: dict[str, Any]) -> tuple[Key, dict[str, Any], list[ClaimKey]] | None:
+        """The VMI a launcher pod starts and the keys of its claims (held ones and those of
+        its claim templates), or None when the pod is not one of ours."""
+        vmi_name = gate.owning_vmi(pod)
+        if vmi_name is None:
+            return None
+        vmi_key = (translate.namespace_of(pod), vmi_name)
+        vmi = self.view.vmi_object(vmi_key)
+        if vmi is None:
+            return None
+        ref = gate.claims_ref_of(vmi) or gate.ClaimsRef()
+        names = [*ref.claims, *gate.template_claim_names(vmi_name, ref)]
+        return vmi_key, vmi, [ClaimKey(vmi_key[0], n) for n in names]
+
+    def _create_templates(self, vmi: dict[str, Any], members: list[ClaimKey]) -> bool:
+        """Create the VMI's template claims that do not exist yet; True while any is
+        missing. Their budget and capacity are judged with the set, at placement."""
+        ref = gate.claims_ref_of(vmi) or gate.ClaimsRef()
+        missing = False
+        custom = self.writer.custom
+        for template in ref.templates:
+            body = gate.template_claim(vmi, template)
+            key = ClaimKey(translate.namespace_of(vmi), body["metadata"]["name"])
+            if self.view.claim(key) is not None:
+                continue
+            missing = True
+            if key in self._creating:
+                continue
+
+            def request(key: ClaimKey = key, body: dict[str, Any] = body) -> Any:
+                try:
+                    return custom.create_namespaced_custom_object(
+                        keys.GPU_CLAIM.group,
+                        keys.GPU_CLAIM.version,
+                        key.namespace,
+                        keys.GPU_CLAIM.plural,
+                        body,
+                        _request_timeout=REQUEST_TIMEOUT_S,
+                    )
+                except ApiException as exc:
+                    if exc.status == 409:
+                        return None  # created before: the watch brings it
+                    raise
+
+            self._creating.add(key)
+            self.writer.call(
+                "template-claim", f"{key.namespace}/{key.name}", request, Priority.BIND
+            )
+        return missing
+
+    def _allowed_nodes(self, pod: dict[str, Any]) -> set[str] | None:
+        """Nodes the pod's bound persistent volumes can be used from (a WaitForFirstConsumer
+        volume bound by KubeVirt's temporary pod limits where the VM may start)."""
+        uid = str(translate.meta(pod).get("uid"))
+        if uid in self._volume_nodes:
+            return self._volume_nodes[uid]
+        claims = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in (pod.get("spec") or {}).get("volumes") or []
+            if (v.get("persistentVolumeClaim") or {}).get("claimName")
+        ]
+        volumes = []
+        core = self.writer.core
+        for name in claims:
+            try:
+                pvc = core.read_namespaced_persistent_volume_claim(
+                    name, translate.namespace_of(pod), _request_timeout=REQUEST_TIMEOUT_S
+                )
+                if pvc.spec and pvc.spec.volume_name:
+                    pv = core.read_persistent_volume(
+                        pvc.spec.volume_name, _request_timeout=REQUEST_TIMEOUT_S
+                    )
+                    volumes.append(self.binder.api.sanitize_for_serialization(pv))
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("volume %s of pod %s not read: %s", name, uid, exc.reason)
+                    return None  # try again on a later pass, without caching
+        allowed = gate.volume_nodes(volumes, self.view.raw[keys.NODE.kind].values())
+        self._volume_nodes[uid] = allowed
+        return allowed
+
+    def _not_placed(
+        self,
+        pod_key: Key,
+        vmi: dict[str, Any],
+        members: list[ClaimKey],
+        refusal: Refusal,
+        now: float,
+    ) -> None:
+        """A set with nowhere to go keeps its pod gated; say so once per reason, on the
+        claims (condition Placed) and on the VMI (a Warning event)."""
+        said = f"{refusal.reason}: {refusal.message}"
+        if self._gate_told.get(pod_key) == said:
+            return
+        self._gate_told[pod_key] = said
+        message = f"the VM's GPU set cannot start anywhere yet: {refusal.message}"
+        self.writer.event(vmi, "GPUSetNotPlaced", message, True, kind=keys.VMI)
+        cond = lifecycle.condition(keys.CONDITION_PLACED, False, str(refusal.reason), message, now)
+        for key in members:
+            obj = self.view.claim(key)
+            if obj is not None:
+                self.writer.claim_status(
+                    key,
+                    lifecycle.condition_patch(obj, cond),
+                    lifecycle.NOTE_PLACED,
+                    Priority.STATUS,
+                )
+
+    def _pin(
+        self, pod_key: Key, pod: dict[str, Any], node: str | None, members: list[ClaimKey]
+    ) -> None:
+        """The one pod update: pin to ``node`` (every required term gains the requirement)
+        and remove the gate; without a node, only remove the gate."""
+        body = gate.pin_and_ungate(pod, node) if node else gate.ungate(pod)
+        core = self.writer.core
+
+        def request() -> Any:
+            return core.patch_namespaced_pod(
+                pod_key[1],
+                pod_key[0],
+                body,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            ).json()
+
+        self._pod_writes.add(pod_key)
+        self._gate_told.pop(pod_key, None)
+        self.writer.call("pod-pin", f"{pod_key[0]}/{pod_key[1]}", request, Priority.BIND)
+        if node is None:
+            return
+        now = self.clock()
+        message = f"launcher pod {pod_key[1]} pinned to node {node}"
+        cond = lifecycle.condition(keys.CONDITION_PLACED, True, "Pinned", message, now)
+        for key in members:
+            obj = self.view.claim(key)
+            if obj is not None and not lifecycle.same_condition(
+                (obj.get("status") or {}).get("conditions") or [], cond
+            ):
+                self.writer.claim_status(
+                    key,
+                    lifecycle.condition_patch(obj, cond),
+                    lifecycle.NOTE_PLACED,
+                    Priority.STATUS,
+                )
+
+    def refusals(self, now: float) -> None:
+        """A pinned pod the scheduler refuses for lack of resources on a node that is Ready,
+        uncordoned and still serves the set: delete the pod and record the node in every
+        claim's rejectedNodes, so the next launcher pod goes elsewhere."""
+        for pod_key in self.view.pinned_pods():
+            pod = self.view.pod(pod_key)
+            if pod is None or pod_key in self._pod_writes:
+                continue
+            found = self._start_set(pod)
+            node = gate.pinned_node(pod)
+            if found is None or node is None or not found[2]:
+                continue
+            _vmi_key, vmi, members = found
+            claims = [c for k in members if (c := self.snapshot.claim(k)) is not None]
+            if len(claims) != len(members) or any(k in self.binder.inflight for k in members):
+                continue
+            classes = [self.snapshot.gpu_class(c.class_name) for c in claims]
+            resources = {k.resource_name for k in classes if k is not None}
+            message = gate.refused_for_resources(pod, resources)
+            if message is None:
+                continue
+            stay = any(k is not None and k.on_cordon is OnCordon.STAY for k in classes)
+            node_obj = self.view.node(node)
+            if not gate.node_may_reject(node_obj, stay) or not all(
+                self.snapshot.serves(node, c.class_name) for c in claims
+            ):
+                continue  # waiting for the node, not refused by it
+            assert node_obj is not None
+            self._rejected_health[node] = translate.node_health(node_obj)
+            until = translate.rfc3339(now + self.config.rejection_ttl)
+            for claim in claims:
+                obj = self.view.claim(claim.key)
+                if obj is None:
+                    continue
+                rejected = (*claim.rejected, RejectedNode(node, now + self.config.rejection_ttl))
+                self.snapshot.upsert_claim(replace(claim, rejected=rejected))
+                body = gate.rejection_patch(obj, node, until, translate.rfc3339(now))
+                self.binder.send(claim.key, body, "Reject")
+            self.writer.event(
+                vmi,
+                "GPUNodeRejected",
+                f"the scheduler refused launcher pod {pod_key[1]} on node {node} ({message}); "
+                f"the pod is deleted and the VM's GPU set skips {node} until {until} or "
+                "until the node's allocatable, taints or readiness change",
+                True,
+                kind=keys.VMI,
+            )
+            self._delete_pod(pod_key, pod)
+
+    def _delete_pod(self, pod_key: Key, pod: dict[str, Any]) -> None:
+        core = self.writer.core
+        uid = translate.meta(pod).get("uid")
+
+        def request() -> Any:
+            try:
+                core.delete_namespaced_pod(
+                    pod_key[1],
+                    pod_key[0],
+                    body={"preconditions": {"uid": uid}},
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                ).release_conn()
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
+            return None
+
+        self._pod_writes.add(pod_key)
+        self.writer.call("pod-delete", f"{pod_key[0]}/{pod_key[1]}", request, Priority.BIND)
+
+    def forget_rejections(self, nodes: set[str]) -> None:
+        """Nodes that refused a pinned pod and whose allocatable, taints or readiness changed
+        since: their rejectedNodes entries go."""
+        changed = []
+        for node in nodes & set(self._rejected_health):
+            node_obj = self.view.node(node)
+            if node_obj is None or translate.node_health(node_obj) != self._rejected_health[node]:
+                changed.append(node)
+                del self._rejected_health[node]
+        if not changed:
+            return
+        for claim in list(self.snapshot.claims()):
+            if (
+                not any(r.node in changed for r in claim.rejected)
+                or claim.key in self.binder.inflight
+            ):
+                continue
+            obj = self.view.claim(claim.key)
+            body = gate.without_rejections(obj, changed) if obj is not None else None
+            if body is not None:
+                kept = tuple(r for r in claim.rejected if r.node not in changed)
+                self.snapshot.upsert_claim(replace(claim, rejected=kept))
+                self.binder.send(claim.key, body, "Unreject")
+
+
+def _bound_on(claim: dict[str, Any] | None, node: str) -> bool:
+    """The API has the claim bound (or attached) on ``node``."""
+    status = (claim or {}).get("status") or {}
+    return status.get("nodeName") == node and status.get("phase") in (
+        Phase.BOUND.value,
+        Phase.ATTACHED.value,
+    )

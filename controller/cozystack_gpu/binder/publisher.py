@@ -1,0 +1,298 @@
+"""What the binder keeps true beside placement, and what it reports: finalizers on
+classes and attached claims, GPUClass status, GPUNode conditions, the settings ConfigMap,
+usage records and metrics. The bodies are built by ``lifecycle``; this is their I/O, run
+from the binder's loop at most every ``PUBLISH_EVERY_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from cozystack_gpu import keys, metrics
+from cozystack_gpu.binder import lifecycle, translate
+from cozystack_gpu.binder.view import ClusterView, Key
+from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, Writer
+from cozystack_gpu.config import Config
+from cozystack_gpu.keys import Phase
+from cozystack_gpu.model import ClaimKey, Snapshot
+
+if TYPE_CHECKING:
+    from cozystack_gpu.binder.loop import Binder
+
+log = logging.getLogger(__name__)
+
+PUBLISH_EVERY_S = 0.25  # class status and usage records at most this often
+METRICS_EVERY_S = 5.0
+WORKLOAD_KIND = keys.WORKLOAD.kind
+
+
+class Publisher:
+    """Finalizers, statuses, records, settings and metrics, with the writes in flight."""
+
+    def __init__(self, binder: Binder) -> None:
+        self.binder = binder
+        self._class_writes: set[str] = set()
+        self._record_writes: set[Key] = set()
+        self._meta_writes: set[tuple[str, Key]] = set()  # finalizer patches in flight
+        self._protect_due: set[ClaimKey] = set()  # claims whose finalizer may have to change
+        self._deleting_noted: set[ClaimKey] = set()
+        self._gpunodes_due: set[str] = set()  # GPUNodes whose conditions may have to change
+        self._gpunode_writes: set[str] = set()
+        self._published_nodes: set[tuple[str, str]] = set()  # (node, resource) in metrics
+        self._settings_written: dict[str, str] | None = None
+        self._settings_inflight = False
+        self._last_publish = 0.0
+        self._last_metrics = 0.0
+
+    @property
+    def view(self) -> ClusterView:
+        return self.binder.view
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.binder.snapshot
+
+    @property
+    def writer(self) -> Writer:
+        return self.binder.writer
+
+    @property
+    def config(self) -> Config:
+        return self.binder.config
+
+    def changed(self, claims: set[ClaimKey], nodes: set[str]) -> None:
+        """Claims and nodes read into the model again: their finalizers and GPUNode
+        conditions may have to change."""
+        self._protect_due |= claims
+        self._gpunodes_due |= nodes
+
+    def written(self, done: WriteDone) -> None:
+        what = done.what
+        if what == "class-status":
+            self._class_writes.discard(done.name)
+            if done.ok and done.obj is not None:
+                self.view.apply(keys.GPU_CLASS.kind, done.obj, deleted=False)
+        elif what in ("record", "record-delete"):
+            namespace, name = done.name.split("/", 1)
+            self._record_writes.discard((namespace, name))
+            if done.ok and done.obj is not None:
+                self.view.apply(WORKLOAD_KIND, done.obj, deleted=False)
+            elif done.ok and what == "record-delete":
+                self.view.raw[WORKLOAD_KIND].pop((namespace, name), None)
+        elif what.startswith("meta/"):
+            kind = what.removeprefix("meta/")
+            namespace, name = done.name.split("/", 1)
+            self._meta_writes.discard((kind, (namespace, name)))
+            if done.ok and done.obj is not None:
+                self.view.apply(kind, done.obj, deleted=False)
+            elif not done.ok:
+                log.info("finalizer of %s %s not written: %s", kind, done.name, done.error)
+                if kind == keys.GPU_CLAIM.kind:
+                    self._protect_due.add(ClaimKey(namespace, name))
+        elif what == "gpunode-status":
+            self._gpunode_writes.discard(done.name)
+            if done.ok and done.obj is not None:
+                self.view.apply(keys.GPU_NODE.kind, done.obj, deleted=False)
+            elif not done.ok:
+                self._gpunodes_due.add(done.name)
+        elif what == "settings":
+            self._settings_inflight = False
+            if not done.ok:
+                self._settings_written = None
+                log.warning("settings ConfigMap not written: %s", done.error)
+
+    def note_failed(self, key: ClaimKey) -> None:
+        """A Deleting note did not reach the claim: judge its protection again."""
+        self._protect_due.add(key)
+
+    def protect(self, now: float) -> None:
+        """Finalizers: the claim-protection finalizer on claims attached to a live VMI, the
+        class-protection finalizer on classes, and the note on a claim whose deletion
+        waits for its VMI."""
+        due, self._protect_due = self._protect_due, set()
+        for key in due:
+            obj = self.view.claim(key)
+            if obj is None or (keys.GPU_CLAIM.kind, key) in self._meta_writes:
+                continue
+            attached = (obj.get("status") or {}).get("attachedTo")
+            vmi = self.view.vmi((key.namespace, attached)) if attached else None
+            live = translate.vmi_live(obj, vmi, now, self.config.attachment_grace)
+            body = lifecycle.claim_protection(obj, live)
+            if body is not None:
+                self._patch_meta(keys.GPU_CLAIM, key, body)
+                continue
+            cond = lifecycle.deletion_waits_condition(obj, now) if live else None
+            if cond is not None and key not in self._deleting_noted:
+                self._deleting_noted.add(key)
+                current = (obj.get("status") or {}).get("conditions") or []
+                if not lifecycle.same_condition(current, cond):
+                    self.writer.claim_status(
+                        key,
+                        lifecycle.condition_patch(obj, cond),
+                        lifecycle.NOTE_DELETING,
+                        Priority.STATUS,
+                    )
+                    self.writer.event(obj, "DeletionWaitsForVMI", str(cond["message"]), False)
+        if now - self._last_publish < PUBLISH_EVERY_S:
+            return
+        for obj in self.view.classes():
+            class_key = ("", translate.name_of(obj))
+            if (keys.GPU_CLASS.kind, class_key) in self._meta_writes:
+                continue
+            body = lifecycle.class_protection(obj, self.snapshot.holds_of_class(class_key[1]))
+            if body is not None:
+                self._patch_meta(keys.GPU_CLASS, class_key, body)
+
+    def _patch_meta(self, kind: keys.ApiKind, key: Key, body: dict[str, Any]) -> None:
+        """A metadata merge patch (finalizers) on the main resource of a claim or class."""
+        namespace, name = key
+        custom = self.writer.custom
+        if kind.namespaced:
+
+            def request() -> Any:
+                return custom.patch_namespaced_custom_object(
+                    kind.group,
+                    kind.version,
+                    namespace,
+                    kind.plural,
+                    name,
+                    body,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+        else:
+
+            def request() -> Any:
+                return custom.patch_cluster_custom_object(
+                    kind.group,
+                    kind.version,
+                    kind.plural,
+                    name,
+                    body,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+
+        self._meta_writes.add((kind.kind, key))
+        self.writer.call(f"meta/{kind.kind}", f"{namespace}/{name}", request, Priority.BIND)
+
+    def publish(self, now: float) -> None:
+        if now - self._last_publish < PUBLISH_EVERY_S:
+            return
+        self._last_publish = now
+        self._publish_class_status(now)
+        self._publish_gpunode_conditions(now)
+        self._publish_settings()
+        if self.config.workload_records:
+            self._publish_records()
+        if now - self._last_metrics >= METRICS_EVERY_S:
+            self._last_metrics = now
+            self._publish_metrics()
+
+    def _publish_class_status(self, now: float) -> None:
+        for (_cluster_scope, name), obj in self.view.raw[keys.GPU_CLASS.kind].items():
+            if name in self._class_writes:
+                continue
+            body = lifecycle.class_status_body(obj, self.snapshot.class_status(name), now)
+            if body is not None:
+                self._class_writes.add(name)
+                self.writer.class_status(name, body)
+
+    def _publish_gpunode_conditions(self, now: float) -> None:
+        due, self._gpunodes_due = self._gpunodes_due, set()
+        custom = self.writer.custom
+        for name in due:
+            gpunode = self.view.gpunode(name)
+            if gpunode is None or name in self._gpunode_writes:
+                if name in self._gpunode_writes:
+                    self._gpunodes_due.add(name)  # look again once the write is back
+                continue
+            conditions = lifecycle.gpunode_conditions(
+                self.view.node(name),
+                gpunode,
+                self.view.inventory_stale(name),
+                self.config.inventory_stale_after,
+                now,
+            )
+            body = lifecycle.gpunode_status_patch(gpunode, conditions)
+            if body is None:
+                continue
+
+            def request(name: str = name, body: dict[str, Any] = body) -> Any:
+                return custom.patch_cluster_custom_object_status(
+                    keys.GPU_NODE.group,
+                    keys.GPU_NODE.version,
+                    keys.GPU_NODE.plural,
+                    name,
+                    body,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+
+            self._gpunode_writes.add(name)
+            self.writer.call("gpunode-status", name, request, Priority.STATUS)
+
+    def _publish_settings(self) -> None:
+        if self._settings_inflight:
+            return
+        data = lifecycle.settings_data(self.view.gpu_names, self.config.raw_resource_names)
+        if data == self._settings_written:
+            return
+        self._settings_written = data
+        self._settings_inflight = True
+        self.writer.settings(self.config.namespace, data)
+
+    def _publish_records(self) -> None:
+        """One usage record per ordered Bound or Attached claim, as the API confirmed it."""
+        wanted: dict[Key, dict[str, Any]] = {}
+        for key, claim in self.view.claims():
+            if lifecycle.wants_usage_record(claim):
+                wanted[(key[0], lifecycle.workload_name(key[1]))] = claim
+        existing = self.view.raw[WORKLOAD_KIND]
+        for record_key, claim in wanted.items():
+            if record_key in self._record_writes:
+                continue
+            have = existing.get(record_key)
+            if have is None:
+                self._record_writes.add(record_key)
+                self.writer.create_record(record_key[0], lifecycle.usage_record(claim))
+        for record_key, record in list(existing.items()):
+            if record_key in wanted or record_key in self._record_writes:
+                continue
+            if lifecycle.owned_claim_name(record) is None:
+                continue  # not ours
+            self._record_writes.add(record_key)
+            self.writer.delete_record(*record_key)
+
+    def _publish_metrics(self) -> None:
+        snap = self.snapshot
+        published: set[tuple[str, str]] = set()
+        for node in snap.nodes():
+            for resource, capacity in node.capacity().items():
+                published.add((node.name, resource))
+                metrics.NODE_UNITS.labels(node.name, resource, "capacity").set(capacity)
+                metrics.NODE_UNITS.labels(node.name, resource, "claimed").set(
+                    snap.used(node.name, resource)
+                )
+                metrics.NODE_UNITS.labels(node.name, resource, "raw").set(
+                    node.raw_used.get(resource, 0)
+                )
+        for gone in self._published_nodes - published:
+            for state in ("capacity", "claimed", "raw"):
+                metrics.NODE_UNITS.remove(*gone, state)
+        self._published_nodes = published
+        claimed: dict[tuple[str, str], int] = {}
+        for claim in snap.claims():
+            if claim.phase is not Phase.PENDING:
+                k = (claim.class_name, claim.phase.value)
+                claimed[k] = claimed.get(k, 0) + claim.count
+        for gpu_class in snap.classes():
+            capacity = sum(
+                snap.capacity(node.name, gpu_class.resource_name)
+                for node in snap.nodes()
+                if snap.serves(node.name, gpu_class.name)
+            )
+            metrics.CLASS_CAPACITY.labels(gpu_class.name).set(capacity)
+            metrics.CLASS_FREE.labels(gpu_class.name).set(snap.class_status(gpu_class.name).free)
+            for phase in (Phase.BOUND, Phase.ATTACHED, Phase.LOST):
+                metrics.CLASS_CLAIMED.labels(gpu_class.name, phase.value).set(
+                    claimed.get((gpu_class.name, phase.value), 0)
+                )
