@@ -18,14 +18,15 @@ against its budgets wherever it is, so a move changes no budget key (the planner
 it for every move it records). Moves only leave the node being freed and only arrive on
 nodes with room, so capacity holds after each one, in any order.
 
-Search: the ``MAX_TARGETS`` serving nodes with the most free units are the candidates
-(large enough and not rejected by the order). Each gets a lower bound on the claims that
-must move to free it, ignoring where they would go, and they are tried in order of that
-bound; on each, the choices of sets with the fewest moves come first, and each choice is
-checked by placing its sets one by one, largest first, backtracking over destinations. At
-most ``MAX_TRIES`` steps per order: on small clusters the search is exhaustive (the model
-tests compare it with a brute-force oracle), on large ones it stops early rather than slow
-the pass.
+Search: the serving nodes large enough and not rejected by the order are tried from the
+most free units down, skipping at once those where units no move may take are too many
+(``Snapshot.pinned``). On each, a lower bound on the claims that must move ignores where
+they would go; then the choices of sets with the fewest moves come first, each checked by
+placing its sets one by one, largest first, backtracking over destinations. After the first
+plan, ``WINDOW`` more nodes are tried for one with fewer moves. At most ``MAX_LOOKED``
+claims looked at and ``MAX_TRIES`` steps per order: on small clusters the search is
+exhaustive (the model tests compare it with a brute-force oracle), on large ones it stops
+early rather than slow the pass.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import ClaimInfo, ClaimKey, Placement, Reason, Refusal
 
 MAX_MOVES = 8  # claims moved per order: each is one status write before the order binds
-MAX_TARGETS = 64  # nodes looked at per order, those with the most free units
+MAX_LOOKED = 4_096  # claims on the nodes looked at per order, most free units first
 MAX_TRIES = 2_000  # search steps per order (choices built and placements tried)
+WINDOW = 8  # nodes looked at after the first plan, for one with fewer moves
 
 Shape = tuple[tuple[tuple[str, int], ...], tuple[str, ...]]
 
@@ -101,42 +103,42 @@ def make_room(
         return None
     res = klass.resource_name
     skip = {r.node for r in order.rejected if r.until > now}
-    candidates: list[tuple[str, int]] = []
-    for name, free in snap.serving_by_free(klass.name):
-        if len(candidates) >= MAX_TARGETS:
-            break
-        if name not in skip and _room_at_most(snap, name, res) >= need:
-            candidates.append((name, free))
-    if not candidates:
-        return None
     frozen_keys = frozenset(frozen)
-    held = 0  # nodes whose movable holds cannot free enough: attached, starting, templates
+    held = 0  # nodes whose units no move may take keep them from being freed
     costly = 0  # nodes that would take more than max_moves moves
-    ranked: list[tuple[int, int, str, list[_Set], int]] = []
-    for name, free in candidates:
-        sets = _movable_sets(snap, name, res, now, frozen_keys)
-        short = need - free
-        if sum(s.units for s in sets) < short:
-            held += 1
-            continue
-        bound = _fewest_moves(sets, short, max_moves)
-        if bound is None:
-            costly += 1
-            continue
-        ranked.append((bound, -free, name, sets, short))
-    ranked.sort(key=lambda r: r[:3])
+    nowhere = 0  # nodes whose holds to move find no other node with room
     search = _Search(snap, now)
     best: Room | None = None
-    nowhere = 0
+    since_best = 0
     try:
-        for bound, _free, name, sets, short in ranked:
-            if best is not None and best.claims_moved <= bound:
+        # The search changes the snapshot and undoes it before the next node is read.
+        for name, free in snap.serving_by_free(klass.name):
+            room = _room(snap, name, res)
+            if name in skip or room < need:
+                continue
+            if room - snap.pinned(name, res) < need:
+                held += 1
+                continue
+            if best is not None:
+                if best.claims_moved <= 1 or since_best >= WINDOW:
+                    break
+                since_best += 1
+            if not search.look(len(snap.claims_on(name))):
                 break
             limit = max_moves if best is None else best.claims_moved - 1
+            sets = _movable_sets(snap, name, res, now, frozen_keys)
+            short = need - free
+            if sum(s.units for s in sets) < short:
+                held += 1  # some of its holds changed earlier in this pass
+                continue
+            bound = _fewest_moves(sets, short, limit)
+            if bound is None:
+                costly += 1
+                continue
             moves = search.free_node(name, sets, short, bound, limit)
             if moves is not None:
                 best = Room(name, moves)
-            elif best is None:
+            else:
                 nowhere += 1
             if search.cut:
                 break
@@ -144,15 +146,17 @@ def make_room(
         search.rollback(0)
     if best is not None:
         return best
+    if not (held or costly or nowhere or search.cut):
+        return None  # no node large enough apart from those the order rejected
     return Refusal(
         Reason.CAPACITY_FRAGMENTED,
         f"{refusal.message}; class {klass.name} has {total} free units in all, but no plan "
         f"of at most {max_moves} moves of unattached holds frees a node for it: "
-        + _why_not(held, costly, nowhere, len(candidates), search.cut),
+        + _why_not(held, costly, nowhere, search.cut),
     )
 
 
-def _why_not(held: int, costly: int, nowhere: int, looked: int, cut: bool) -> str:
+def _why_not(held: int, costly: int, nowhere: int, cut: bool) -> str:
     parts = []
     if held:
         parts.append(f"on {_nodes(held)} attached claims or those of starting VMs hold the units")
@@ -161,9 +165,10 @@ def _why_not(held: int, costly: int, nowhere: int, looked: int, cut: bool) -> st
     if nowhere:
         parts.append(f"on {_nodes(nowhere)} the holds to move have nowhere else to go")
     if cut:
-        parts.append(f"the search stopped after {MAX_TRIES} steps")
-    if looked >= MAX_TARGETS:
-        parts.append(f"the {looked} nodes with the most free units were looked at")
+        parts.append(
+            f"the search stopped there (at most {MAX_LOOKED} claims looked at and "
+            f"{MAX_TRIES} placements tried per order), from the nodes with the most free units"
+        )
     return "; ".join(parts)
 
 
@@ -171,7 +176,7 @@ def _nodes(n: int) -> str:
     return "1 node" if n == 1 else f"{n} nodes"
 
 
-def _room_at_most(snap: Snapshot, node: str, res: str) -> int:
+def _room(snap: Snapshot, node: str, res: str) -> int:
     """The most free units the node could have with every claim gone."""
     info = snap.node(node)
     raw = info.raw_used.get(res, 0) if info is not None else 0
@@ -195,30 +200,31 @@ def _movable_sets(
     """The sets on the node that may move and free units of ``res`` there."""
     out: list[_Set] = []
     seen: set[tuple[str, str]] = set()
-    for key in sorted(snap.claims_on(node)):
+    for key in snap.claims_on(node):
         claim = snap.claim(key)
-        if claim is None or claim.set_key in seen:
+        if claim is None or not may_move(claim, node, frozen) or claim.set_key in seen:
             continue
-        seen.add(claim.set_key)
-        members = [snap.claim(k) for k in sorted(snap.set_members(claim.set_key))]
+        members: tuple[ClaimInfo, ...] = (claim,)
+        if claim.set_id is not None:
+            seen.add(claim.set_key)
+            found = [snap.claim(k) for k in sorted(snap.set_members(claim.set_key))]
+            if any(m is None or not may_move(m, node, frozen) for m in found):
+                continue
+            members = tuple(m for m in found if m is not None)
         units = 0
-        movable = True
         for member in members:
-            klass = snap.gpu_class(member.class_name) if member is not None else None
-            if member is None or klass is None or not may_move(member, node, frozen):
-                movable = False
+            klass = snap.gpu_class(member.class_name)
+            if klass is None:
                 break
             if klass.resource_name == res:
                 units += member.count
-        if not movable or units == 0:
-            continue
-        held = tuple(m for m in members if m is not None)
-        shape = (
-            tuple(sorted((m.class_name, m.count) for m in held)),
-            tuple(sorted({r.node for m in held for r in m.rejected if r.until > now})),
-        )
-        latest = max(m.bound_at or m.created for m in held)
-        out.append(_Set(held, units, shape, latest))
+        else:
+            if units:
+                rejected = {r.node for m in members for r in m.rejected if r.until > now}
+                shape = (tuple(sorted((m.class_name, m.count) for m in members)),
+                         tuple(sorted(rejected)))  # fmt: skip
+                latest = max(m.bound_at or m.created for m in members)
+                out.append(_Set(members, units, shape, latest))
     # Within a shape the most recently bound give way first, so older holds keep their node.
     out.sort(key=lambda s: (s.shape, -s.latest, s.members[0].key))
     return out
@@ -246,8 +252,17 @@ class _Search:
         self.snap = snap
         self.now = now
         self.tries = MAX_TRIES
+        self.looked = MAX_LOOKED
         self.cut = False
         self.undo: list[ClaimInfo] = []
+
+    def look(self, claims: int) -> bool:
+        """Count the claims of one more node against the budget."""
+        if self.looked < claims:
+            self.cut = True
+            return False
+        self.looked -= claims
+        return True
 
     def spend(self) -> bool:
         if self.tries <= 0:

@@ -44,6 +44,7 @@ class _Acct(NamedTuple):
     resource: str | None
     node: str | None  # set when the claim takes capacity there
     units: int
+    pinned: bool  # packing may not move it (attached, starting, template, Lost)
 
 
 class Snapshot:
@@ -67,6 +68,7 @@ class Snapshot:
         self._idx: dict[str, ClassIndex] = {}
         self._served: dict[str, set[str]] = {}
         self._used: dict[str, dict[str, int]] = {}
+        self._pinned: dict[str, dict[str, int]] = {}
         self._node_claims: dict[str, set[ClaimKey]] = {}
         self._class_claims: dict[str, set[ClaimKey]] = {}
         self._ns_claims: dict[str, set[ClaimKey]] = {}
@@ -161,6 +163,12 @@ class Snapshot:
         """Units claims hold on the node, raw-name pods excluded."""
         return self._used.get(node, {}).get(resource, 0)
 
+    def pinned(self, node: str, resource: str) -> int:
+        """Units held on the node by claims no packing move may take away: attached ones,
+        those of a starting VM (attachment recorded), template claims, Lost ones whose VMI
+        still runs there."""
+        return self._pinned.get(node, {}).get(resource, 0)
+
     def free(self, node: str, resource: str) -> int:
         info = self._nodes.get(node)
         if info is None:
@@ -202,7 +210,7 @@ class Snapshot:
 
     def serving_by_free(self, class_name: str) -> Iterator[tuple[str, int]]:
         """(node, free units) of the nodes serving the class, most free first, then by name.
-        Read it to the end, or stop, before changing the snapshot."""
+        A change to the snapshot must be undone before the next node is read."""
         idx = self._idx.get(class_name)
         return idx.by_free_desc() if idx is not None else iter(())
 
@@ -469,13 +477,16 @@ class Snapshot:
         if claim.counts_budget:
             ancestors = self._ledger.ancestors(claim.namespace)
             charge = Charge(ancestors, claim.class_name, res, claim.count)
-        return _Acct(charge, res, node, claim.count)
+        pinned = not (claim.phase is Phase.BOUND and claim.attached_to is None) or claim.template
+        return _Acct(charge, res, node, claim.count, pinned)
 
     def _apply(self, acct: _Acct, sign: int) -> None:
         if acct.charge is not None:
             self._ledger.charge(acct.charge, sign)
         if acct.node is not None and acct.resource is not None:
             bump(self._used, acct.node, acct.resource, sign * acct.units)
+            if acct.pinned:
+                bump(self._pinned, acct.node, acct.resource, sign * acct.units)
             self._refresh_free(acct.node, acct.resource)
             self._dirty.add(acct.node)
 

@@ -43,6 +43,9 @@ def digest(snap: Snapshot) -> dict[str, Any]:
         "status": {c.name: snap.class_status(c.name) for c in classes},
         "max_count": {c.name: snap.max_count(c.name) for c in classes},
         "used": {n: [(r, snap.used(n, r)) for r in resources if snap.used(n, r)] for n in named},
+        "pinned": {
+            n: [(r, snap.pinned(n, r)) for r in resources if snap.pinned(n, r)] for n in named
+        },
         "budgets": {
             t: [(k, snap.budget_used(t, k)) for k in budget_keys if snap.budget_used(t, k)]
             for t in sorted(tenants)
