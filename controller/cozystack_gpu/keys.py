@@ -312,3 +312,55 @@ CONDITION_READY = "Ready"  # on GPUNode: written by the binder: does the node se
 # on GPUNode: does kubelet advertise every resource name the agent reports for a device
 CONDITION_NAMES_ADVERTISED = "ResourceNamesAdvertised"
 CONDITION_DELETING = "Deleting"  # on GPUClaim: deletion waits for the VMI to stop
+
+
+# Condition and Event reasons the controller writes, besides the model's refusal reasons
+# (cozystack_gpu.model.Reason, which a waiting claim's Bound condition carries). Every one
+# has a row in docs/troubleshooting.md; a test keeps the two in step.
+
+
+class ClaimReason(str, Enum):
+    """Reasons of a GPUClaim's Bound, Placed and Deleting conditions when it does not wait."""
+
+    BOUND = "Bound"  # bound to a node when ordered (or at its VM's start)
+    MOVED = "Moved"  # moved with its set to another node
+    LOST = "Lost"  # its node went away, or nowhere had room for its set
+    REBOUND = "Rebound"  # a Lost claim bound again
+    REATTACHED = "Reattached"  # a Lost claim back on its node, which is Ready again
+    ATTACHED = "Attached"  # its VMI runs
+    VMI_FINISHED = "VMIFinished"  # its VMI is Succeeded or Failed
+    VMI_GONE = "VMIGone"  # its VMI was deleted
+    ATTACHMENT_EXPIRED = "AttachmentExpired"  # its VMI never appeared within the grace
+    PINNED = "Pinned"  # its VM's launcher pod was pinned to the set's node
+    WAITING_FOR_VMI = "WaitingForVMI"  # deleted while attached: goes when the VMI stops
+
+
+class NodeReason(str, Enum):
+    """Reasons of a GPUNode's Ready and ResourceNamesAdvertised conditions."""
+
+    SERVING = "Serving"
+    NODE_GONE = "NodeGone"
+    NO_INVENTORY = "NoInventory"
+    INVENTORY_STALE = "InventoryStale"
+    NODE_NOT_READY = "NodeNotReady"
+    CORDONED = "Cordoned"
+    LAYOUT_PENDING = "LayoutPending"
+    LAYOUT_FAILED = "LayoutFailed"
+    ADVERTISED = "Advertised"
+    NOT_ADVERTISED = "NotAdvertised"
+
+
+class ClassReason(str, Enum):
+    """Reasons of a GPUClass's Available condition."""
+
+    FREE = "Free"
+    NO_FREE_UNITS = "NoFreeUnits"
+    DELETING = "Deleting"
+
+
+class EventReason(str, Enum):
+    """Reasons of Events the controller writes that no condition carries."""
+
+    SET_NOT_PLACED = "GPUSetNotPlaced"  # on a VMI whose set fits nowhere yet
+    NODE_REJECTED = "GPUNodeRejected"  # on a VMI whose pinned pod the scheduler refused
+    DELETION_WAITS = "DeletionWaitsForVMI"  # on a claim deleted while attached

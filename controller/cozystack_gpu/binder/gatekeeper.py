@@ -17,7 +17,7 @@ from cozystack_gpu.binder import gate, lifecycle, translate
 from cozystack_gpu.binder.view import ClusterView, Key
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, Writer
 from cozystack_gpu.config import Config
-from cozystack_gpu.keys import OnCordon, Phase
+from cozystack_gpu.keys import ClaimReason, EventReason, OnCordon, Phase
 from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Snapshot, Step
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class Gatekeeper:
                 cond = lifecycle.condition(
                     keys.CONDITION_BOUND,
                     True,
-                    "Bound" if step is Step.BIND else "Moved",
+                    ClaimReason.BOUND if step is Step.BIND else ClaimReason.MOVED,
                     f"holds {claim.count} unit(s) of class {claim.class_name} on node {target} "
                     f"for the start of VMI {vmi_key[1]}",
                     now,
@@ -222,7 +222,7 @@ class Gatekeeper:
             return
         self._gate_told[pod_key] = said
         message = f"the VM's GPU set cannot start anywhere yet: {refusal.message}"
-        self.writer.event(vmi, "GPUSetNotPlaced", message, True, kind=keys.VMI)
+        self.writer.event(vmi, EventReason.SET_NOT_PLACED.value, message, True, kind=keys.VMI)
         cond = lifecycle.condition(keys.CONDITION_PLACED, False, str(refusal.reason), message, now)
         for key in members:
             obj = self.view.claim(key)
@@ -259,7 +259,7 @@ class Gatekeeper:
             return
         now = self.clock()
         message = f"launcher pod {pod_key[1]} pinned to node {node}"
-        cond = lifecycle.condition(keys.CONDITION_PLACED, True, "Pinned", message, now)
+        cond = lifecycle.condition(keys.CONDITION_PLACED, True, ClaimReason.PINNED, message, now)
         for key in members:
             obj = self.view.claim(key)
             if obj is not None and not lifecycle.same_condition(
@@ -312,7 +312,7 @@ class Gatekeeper:
                 self.binder.send(claim.key, body, "Reject")
             self.writer.event(
                 vmi,
-                "GPUNodeRejected",
+                EventReason.NODE_REJECTED.value,
                 f"the scheduler refused launcher pod {pod_key[1]} on node {node} ({message}); "
                 f"the pod is deleted and the VM's GPU set skips {node} until {until} or "
                 "until the node's allocatable, taints or readiness change",

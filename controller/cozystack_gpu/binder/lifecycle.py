@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from cozystack_gpu import keys
@@ -22,7 +23,7 @@ from cozystack_gpu.binder.translate import (
     timestamp,
 )
 from cozystack_gpu.binder.translate import node_ready as translate_node_ready
-from cozystack_gpu.keys import Phase
+from cozystack_gpu.keys import ClaimReason, ClassReason, NodeReason, Phase
 from cozystack_gpu.model import Action, ClaimInfo, ClassStatus, Refusal, Step
 
 Obj = Mapping[str, Any]
@@ -62,27 +63,29 @@ def attachment_change(
     if phase == Phase.BOUND.value:
         if vmi is not None and not vmi.final:
             return AttachmentChange(
-                Phase.ATTACHED, False, "Attached", f"attached to VMI {attached_to}"
+                Phase.ATTACHED, False, ClaimReason.ATTACHED, f"attached to VMI {attached_to}"
             )
         if vmi is not None and vmi.final:
             return AttachmentChange(
-                Phase.BOUND, True, "VMIFinished", f"VMI {attached_to} is {vmi.phase}"
+                Phase.BOUND, True, ClaimReason.VMI_FINISHED, f"VMI {attached_to} is {vmi.phase}"
             )
         attached_at = timestamp(status.get("attachedAt"))
         if attached_at is None or now >= attached_at + grace:
             return AttachmentChange(
                 Phase.BOUND,
                 True,
-                "AttachmentExpired",
+                ClaimReason.ATTACHMENT_EXPIRED,
                 f"VMI {attached_to} did not appear within {grace:.0f} s of its attachment",
             )
         return None
     if phase == Phase.ATTACHED.value:
         if vmi is None:
-            return AttachmentChange(Phase.BOUND, True, "VMIGone", f"VMI {attached_to} is gone")
+            return AttachmentChange(
+                Phase.BOUND, True, ClaimReason.VMI_GONE, f"VMI {attached_to} is gone"
+            )
         if vmi.final:
             return AttachmentChange(
-                Phase.BOUND, True, "VMIFinished", f"VMI {attached_to} is {vmi.phase}"
+                Phase.BOUND, True, ClaimReason.VMI_FINISHED, f"VMI {attached_to} is {vmi.phase}"
             )
     return None
 
@@ -108,7 +111,8 @@ def condition(type_: str, status: bool, reason: str, message: str, now: float) -
     return {
         "type": type_,
         "status": "True" if status else "False",
-        "reason": reason,
+        # Plain text on the wire: str() of a (str, Enum) member is "Class.MEMBER".
+        "reason": reason.value if isinstance(reason, Enum) else reason,
         "message": message[:32768],
         "lastTransitionTime": rfc3339(now),
     }
@@ -146,11 +150,11 @@ def same_condition(current: Iterable[Mapping[str, Any]], new: Mapping[str, Any])
 
 
 _ACTION_REASON = {
-    Step.BIND: "Bound",
-    Step.MOVE: "Moved",
-    Step.LOSE: "Lost",
-    Step.REBIND: "Rebound",
-    Step.REATTACH: "Reattached",
+    Step.BIND: ClaimReason.BOUND,
+    Step.MOVE: ClaimReason.MOVED,
+    Step.LOSE: ClaimReason.LOST,
+    Step.REBIND: ClaimReason.REBOUND,
+    Step.REATTACH: ClaimReason.REATTACHED,
 }
 
 
@@ -297,7 +301,7 @@ def deletion_waits_condition(claim_obj: Obj, now: float) -> dict[str, Any] | Non
     return condition(
         keys.CONDITION_DELETING,
         True,
-        "WaitingForVMI",
+        ClaimReason.WAITING_FOR_VMI,
         f"deletion waits for VMI {vmi} to stop: its GPU stays attached until the VMI is "
         "Succeeded, Failed or deleted; then the claim and its usage record go",
         now,
@@ -316,17 +320,25 @@ def class_status_body(class_obj: Obj, numbers: ClassStatus, now: float) -> dict[
     current = class_obj.get("status") or {}
     if meta(class_obj).get("deletionTimestamp"):
         cond = condition(
-            keys.CONDITION_AVAILABLE, False, "Deleting", "the class takes no new orders", now
+            keys.CONDITION_AVAILABLE,
+            False,
+            ClassReason.DELETING,
+            "the class takes no new orders",
+            now,
         )
     elif numbers.free > 0:
         cond = condition(
-            keys.CONDITION_AVAILABLE, True, "Free", "units are free on nodes serving the class", now
+            keys.CONDITION_AVAILABLE,
+            True,
+            ClassReason.FREE,
+            "units are free on nodes serving the class",
+            now,
         )
     else:
         cond = condition(
             keys.CONDITION_AVAILABLE,
             False,
-            "NoFreeUnits",
+            ClassReason.NO_FREE_UNITS,
             "no node serving the class has a free unit",
             now,
         )
@@ -440,33 +452,35 @@ def _ready_condition(
         return condition(keys.CONDITION_READY, False, reason, message, now)
 
     if node is None:
-        return not_ready("NodeGone", f"Node {name} does not exist; the GPUNode goes with it")
+        return not_ready(
+            NodeReason.NODE_GONE, f"Node {name} does not exist; the GPUNode goes with it"
+        )
     reported = timestamp((gpunode.get("status") or {}).get("updatedAt"))
     if reported is None:
         return not_ready(
-            "NoInventory",
+            NodeReason.NO_INVENTORY,
             "the node agent has not reported this node yet; check that the "
             "cozystack-gpu-agent DaemonSet runs a pod on it",
         )
     if stale:
         return not_ready(
-            "InventoryStale",
+            NodeReason.INVENTORY_STALE,
             f"the node agent last reported at {rfc3339(reported)}, more than "
             f"{stale_after:.0f} s ago: the node serves no class until it reports "
             "again; check the cozystack-gpu-agent pod on this node and its logs",
         )
     if not translate_node_ready(node):
-        return not_ready("NodeNotReady", f"Node {name} is not Ready")
+        return not_ready(NodeReason.NODE_NOT_READY, f"Node {name} is not Ready")
     if (node.get("spec") or {}).get("unschedulable"):
         return not_ready(
-            "Cordoned",
+            NodeReason.CORDONED,
             f"Node {name} is cordoned: no new order binds here; unattached holds move where "
             "their class says onCordon: Move and stay where it says Stay",
         )
     state = (meta(node).get("labels") or {}).get(keys.LABEL_NODE_LAYOUT_STATE)
     if state == keys.LayoutState.PENDING.value:
         return not_ready(
-            "LayoutPending",
+            NodeReason.LAYOUT_PENDING,
             f"the GPU layout of Node {name} is being changed "
             f"({keys.LABEL_NODE_LAYOUT_STATE}=pending): it serves no class until it is applied",
         )
@@ -474,13 +488,15 @@ def _ready_condition(
         return condition(
             keys.CONDITION_READY,
             True,
-            "LayoutFailed",
+            NodeReason.LAYOUT_FAILED,
             f"the last GPU layout change of Node {name} failed "
             f"({keys.LABEL_NODE_LAYOUT_STATE}=failed); the node serves what its devices "
             "advertise; rerun the host playbook to finish the layout",
             now,
         )
-    return condition(keys.CONDITION_READY, True, "Serving", "the node serves GPU classes", now)
+    return condition(
+        keys.CONDITION_READY, True, NodeReason.SERVING, "the node serves GPU classes", now
+    )
 
 
 def _names_condition(name: str, node: Obj | None, gpunode: Obj, now: float) -> dict[str, Any]:
@@ -494,7 +510,7 @@ def _names_condition(name: str, node: Obj | None, gpunode: Obj, now: float) -> d
         return condition(
             keys.CONDITION_NAMES_ADVERTISED,
             True,
-            "Advertised",
+            NodeReason.ADVERTISED,
             "kubelet advertises every resource name reported for the node's devices",
             now,
         )
@@ -502,7 +518,7 @@ def _names_condition(name: str, node: Obj | None, gpunode: Obj, now: float) -> d
     return condition(
         keys.CONDITION_NAMES_ADVERTISED,
         False,
-        "NotAdvertised",
+        NodeReason.NOT_ADVERTISED,
         f"kubelet does not advertise {'; '.join(parts)}: these names were predicted from "
         "sysfs and the host's pci.ids, but the device plugin names devices from the pci.ids "
         "in its own image, or it does not run yet. These devices count as 0 units. Compare "

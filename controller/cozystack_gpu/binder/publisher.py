@@ -14,7 +14,7 @@ from cozystack_gpu.binder import lifecycle, translate
 from cozystack_gpu.binder.view import ClusterView, Key
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, Writer
 from cozystack_gpu.config import Config
-from cozystack_gpu.keys import Phase
+from cozystack_gpu.keys import EventReason, Phase
 from cozystack_gpu.model import ClaimKey, Snapshot
 
 if TYPE_CHECKING:
@@ -133,7 +133,9 @@ class Publisher:
                         lifecycle.NOTE_DELETING,
                         Priority.STATUS,
                     )
-                    self.writer.event(obj, "DeletionWaitsForVMI", str(cond["message"]), False)
+                    self.writer.event(
+                        obj, EventReason.DELETION_WAITS.value, str(cond["message"]), False
+                    )
         if now - self._last_publish < PUBLISH_EVERY_S:
             return
         for obj in self.view.classes():
