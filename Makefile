@@ -13,7 +13,7 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: test setup binaries image lint pytest sanity units ansible-lint molecule cluster cluster-down build
+.PHONY: test setup binaries image lint pytest sanity units ansible-lint molecule cluster cluster-down build docs
 
 test: setup binaries image lint pytest sanity units ansible-lint molecule
 
@@ -78,6 +78,10 @@ ansible-lint: setup
 molecule: setup binaries
 	@echo "== molecule scenarios ==" >&2
 	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/molecule-test.sh
+
+# docs/api.md is generated from the CRDs (a unit test fails while it is stale).
+docs: setup
+	$(BIN)/python tools/gen_api_docs.py
 
 build: setup
 	$(BIN)/ansible-galaxy collection build --force --output-path $(CACHE)/dist
