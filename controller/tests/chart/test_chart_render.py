@@ -496,10 +496,6 @@ def test_the_raw_name_policy_takes_the_settings_configmap_as_parameters(helm: Pa
 
 # --- metrics and dashboard -----------------------------------------------------------------
 
-# Per-node occupancy: gauges the binder does not export yet (see the report of issue 11).
-AWAITED_METRICS = {"cozystack_gpu_node_claimed_units", "cozystack_gpu_node_capacity_units"}
-
-
 def _known_metrics() -> set[str]:
     names: set[str] = set()
     collectors = [v for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)]
@@ -518,7 +514,7 @@ def test_the_dashboard_shows_what_the_issue_asks_from_metrics_that_exist(helm: P
     dashboard = json.loads(configmap["data"]["cozystack-gpu.json"])
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\bcozystack_gpu_[a-z_]+\b", e)}
-    assert used <= _known_metrics() | AWAITED_METRICS, used - _known_metrics()
+    assert used <= _known_metrics(), used - _known_metrics()
     titles = " | ".join(p["title"].lower() for p in dashboard["panels"])
     for topic in ("capacity", "free", "bound", "attached", "lost", "latency", "refusals", "node"):
         assert topic in titles, topic
