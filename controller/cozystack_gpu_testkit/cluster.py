@@ -64,6 +64,9 @@ CONTROLLERS = (
     "namespace-controller",
     "serviceaccount-controller",
     "serviceaccount-token-controller",
+    # Fills the built-in admin/edit/view roles from labelled roles, as in every cluster: the
+    # chart's tenant roles aggregate into them.
+    "clusterrole-aggregation-controller",
 )
 # Clients first, the API server before its storage.
 STOP_ORDER = (SCHEDULER, CONTROLLER_MANAGER, "kube-apiserver", "etcd")

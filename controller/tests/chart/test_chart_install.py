@@ -90,34 +90,12 @@ def plane() -> Iterator[cluster.ControlPlane]:
     started = cluster.start(
         extra_apiserver_args=("--enable-aggregator-routing=true",),
         crds=[cluster.kubevirt_crds()],
+        controller_manager=True,
     )
-    controller_manager = _aggregation_controller(started)
     try:
         yield started
     finally:
-        controller_manager.terminate()
-        controller_manager.wait(timeout=10)
         started.stop()
-
-
-def _aggregation_controller(plane: cluster.ControlPlane) -> subprocess.Popen[bytes]:
-    """kube-controller-manager with only the ClusterRole aggregation controller: it fills the
-    built-in admin/edit/view roles from the labelled roles, as in every cluster. (The test
-    kit's own controller-manager runs a fixed list without it.)"""
-    log = (plane.workdir / "kube-controller-manager-aggregation.log").open("ab")
-    return subprocess.Popen(
-        [
-            str(plane.bin_dir / "kube-controller-manager"),
-            f"--kubeconfig={plane.kubeconfig}",
-            "--controllers=clusterrole-aggregation-controller",
-            "--leader-elect=false",
-            "--secure-port=0",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=cluster._die_with_parent,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -455,11 +433,21 @@ def _grant(release: Release, user: str, group: str, resource: str, verbs: list[s
     )
 
 
+def _identity(user: str, node: str) -> dict[str, str]:
+    """Impersonation headers of ``user``; the agent's pod-bound token also names its node
+    (the chart's own-node policy reads it; tests/chart/test_agent_rights.py tests that)."""
+    headers = {"Impersonate-User": user}
+    if user.endswith(":cozystack-gpu-agent"):
+        headers["Impersonate-Extra-authentication.kubernetes.io%2fnode-name"] = node
+    return headers
+
+
 def _status(plane: cluster.ControlPlane, user: str, method: str, path: str) -> int:
     """The answer to one request as ``user``; writes are dry runs (authorized like real ones,
     stored nowhere)."""
     body: bytes | None = None
-    headers = {"Impersonate-User": user, "Accept": "application/json"}
+    node = path.split("/gpunodes/", 1)[1].split("/")[0] if "/gpunodes/" in path else "gpu-node-1"
+    headers = {**_identity(user, node), "Accept": "application/json"}
     if method in ("POST", "PATCH", "PUT", "DELETE"):
         path += ("&" if "?" in path else "?") + "dryRun=All"
     if method == "PATCH":
@@ -479,7 +467,10 @@ def _post(plane: cluster.ControlPlane, user: str, path: str, obj: dict[str, Any]
         plane.server + path + "?dryRun=All",
         data=json.dumps(obj).encode(),
         method="POST",
-        headers={"Impersonate-User": user, "Content-Type": "application/json"},
+        headers={
+            **_identity(user, obj["metadata"]["name"]),
+            "Content-Type": "application/json",
+        },
     )
     try:
         with urllib.request.urlopen(request, context=plane.ssl_context(), timeout=10) as answer:
