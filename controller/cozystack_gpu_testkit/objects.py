@@ -277,52 +277,10 @@ class Kube:
 
     # --- pods ----------------------------------------------------------------------------
 
-    def pod(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        requests: Mapping[str, int] | None = None,
-        pinned_to: str | None = None,
-        gates: list[str] | None = None,
-        labels: Mapping[str, str] | None = None,
-        tolerations: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
-        """A pod for the real scheduler: one container with ``requests`` as requests and
-        limits (extended resources need both), optionally pinned to one node by a required
-        ``metadata.name`` node-affinity field term, and held by scheduling gates."""
-        resources = {k: str(v) for k, v in (requests or {}).items()}
-        spec: dict[str, Any] = {
-            "containers": [
-                {
-                    "name": "compute",
-                    "image": "virt-launcher",
-                    "resources": {"requests": resources, "limits": resources},
-                }
-            ],
-            "schedulingGates": [{"name": g} for g in gates or []],
-            "tolerations": list(tolerations or []),
-        }
-        if pinned_to is not None:
-            spec["affinity"] = {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchFields": [
-                                    {
-                                        "key": "metadata.name",
-                                        "operator": "In",
-                                        "values": [pinned_to],
-                                    }
-                                ]
-                            }
-                        ]
-                    }
-                }
-            }
-        body = {"metadata": {"name": name, "labels": dict(labels or {})}, "spec": spec}
-        created = self.core.create_namespaced_pod(namespace, body)
+    def pod(self, namespace: str, name: str, **options: Any) -> dict[str, Any]:
+        """A pod for the real scheduler (``options`` as ``pod_body`` takes them), as the API
+        server stored it."""
+        created = self.core.create_namespaced_pod(namespace, pod_body(name, **options))
         result: dict[str, Any] = self.api.sanitize_for_serialization(created)
         return result
 
@@ -390,6 +348,42 @@ class Kube:
         self.custom.delete_namespaced_custom_object(
             keys.KUBEVIRT_GROUP, keys.KUBEVIRT_VERSION, namespace, "virtualmachineinstances", name
         )
+
+
+def pod_body(
+    name: str,
+    *,
+    requests: Mapping[str, int] | None = None,
+    pinned_to: str | None = None,
+    gates: list[str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A pod with one container with ``requests`` as requests and limits (extended
+    resources need both), optionally pinned to one node by a required ``metadata.name``
+    node-affinity field term, and held by scheduling gates."""
+    resources = {k: str(v) for k, v in (requests or {}).items()}
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "compute",
+                "image": "virt-launcher",
+                "resources": {"requests": resources, "limits": resources},
+            }
+        ],
+        "schedulingGates": [{"name": g} for g in gates or []],
+        "tolerations": list(tolerations or []),
+    }
+    if pinned_to is not None:
+        term = {"key": "metadata.name", "operator": "In", "values": [pinned_to]}
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchFields": [term]}]
+                }
+            }
+        }
+    return {"metadata": {"name": name, "labels": dict(labels or {})}, "spec": spec}
 
 
 def binder_config(namespace: str, **overrides: Any) -> Config:

@@ -59,6 +59,9 @@ class Action:
     from_node: str | None = None
     why: str = ""
     refusal: Refusal | None = None
+    # A bind that packing made room for: the moved claims, whose writes must succeed before
+    # this one is sent (a move that fails leaves its hold where the order would go).
+    after: tuple[ClaimKey, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -360,6 +363,7 @@ class _Planner:
                 alike[shape].append(key)
                 continue
             decision = self.snap.check_order(claim, self.now)
+            after: tuple[ClaimKey, ...] = ()
             if isinstance(decision, Refusal):
                 room = make_room(
                     self.snap,
@@ -371,12 +375,13 @@ class _Planner:
                 )
                 if isinstance(room, Room):
                     decision = self.make_room(claim, room)
+                    after = tuple(k for move in room.moves for k in move.claims)
                     packed = True
                 elif room is not None:
                     decision = room
             if isinstance(decision, Placement):
                 self.put(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
-                self.actions.append(Action(Step.BIND, (key,), node=decision.node))
+                self.actions.append(Action(Step.BIND, (key,), node=decision.node, after=after))
             elif shape is not None:
                 refused[shape] = decision
                 alike[shape] = [key]

@@ -76,6 +76,8 @@ def test_scattered_holds_move_so_a_large_order_binds_in_the_same_pass() -> None:
     assert len(made) == 3 and {m[1] for m in made} == {"n0"}
     assert [a.step for a in result.changes] == [Step.MOVE] * 3 + [Step.BIND]
     assert result.changes[-1].node == "n0"
+    # The bind names the moves that must be written first.
+    assert set(result.changes[-1].after) == {k for a in result.changes[:3] for k in a.claims}
     assert all(a.why == "makes room on node n0 for order tenant-a/big" for a in result.changes[:3])
     # The most recently bound holds give way first.
     assert sorted(m[0][0] for m in made) == ["h0-0", "h0-1", "h0-2"]
@@ -327,7 +329,12 @@ def test_the_order_binds_exactly_when_the_brute_force_oracle_finds_room(
             assert "the search stopped" not in wait.refusal.message
     else:
         assert not bound_now
-    assert sum(len(a.claims) for a in result.actions if a.step is Step.MOVE) <= max_moves
+    moved = [k for a in result.actions if a.step is Step.MOVE for k in a.claims]
+    assert len(moved) <= max_moves
+    for action in result.actions:
+        if action.step is Step.BIND:
+            # A bind that needed moves names exactly them, and they come before it.
+            assert sorted(action.after) == sorted(moved), action
 
 
 @packing_settings

@@ -1,0 +1,206 @@
+"""What the benchmarks against a real local API server share: a fresh control plane with the
+GPU nodes they bind on, the load generator (creates from client threads, at the client's
+top speed), a watch that times when each object is seen bound, and CPU time from /proc.
+
+Claims and pods are created and watched alike (no client-side models: bodies go out as
+dicts and answers are not deserialized), so the client costs the same for both.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+from cozystack_gpu import keys
+from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.objects import Kube, install_extra_crds, pod_body
+
+RESOURCE = "nvidia.com/NVIDIA_L40S-6C"
+POOL = {"bench.cozystack.io/pool": "l40s"}
+GPU_CLASS = "l40s-6c"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark phase did not finish")
+        time.sleep(0.05)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used, from /proc/<pid>/stat."""
+    # The command name (field 2) may hold spaces; the fields after its ")" are fixed.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+@dataclass
+class Bench:
+    """A fresh control plane with ``nodes`` GPU nodes of ``units`` each, one vGPU class
+    serving them, a controller namespace and a tenant entitled to vGPU."""
+
+    plane: Any
+    kube: Kube
+    controller_ns: str
+    tenant: str
+    gpu_class: str
+
+    @classmethod
+    def start(cls, nodes: int, units: int, bin_dir: Path, max_count: int = 8) -> Bench:
+        plane = cluster.start(bin_dir=bin_dir)
+        try:
+            api = plane.api_client()
+            cluster.install_crds(api)
+            install_extra_crds(api)
+            kube = Kube(api)
+            test_id = uuid.uuid4().hex[:6]
+            controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
+            kube.namespace(controller_ns)
+            kube.namespace(
+                tenant, {f"tenant.cozystack.io/{tenant}": "", keys.LABEL_VGPU_ENTITLEMENT: "true"}
+            )
+            with ThreadPoolExecutor(8) as pool:
+                list(
+                    pool.map(
+                        lambda i: kube.gpu_node(f"gpu-{i:04d}", RESOURCE, units, labels=POOL),
+                        range(nodes),
+                    )
+                )
+            kube.gpu_class(
+                GPU_CLASS, RESOURCE, mode="vgpu", profile="L40S-6C", selector=POOL,
+                maxCount=max_count,
+            )  # fmt: skip
+        except BaseException:
+            plane.stop()
+            raise
+        return cls(plane, kube, controller_ns, tenant, GPU_CLASS)
+
+    def stop(self) -> None:
+        self.plane.stop()
+
+    def pid(self, component: str) -> int:
+        return int(self.plane.pids[component])
+
+    def claim_creator(self, count: int = 1, gpu_class: str | None = None) -> Callable[[str], None]:
+        custom = self.kube.custom
+        namespace, klass = self.tenant, gpu_class or self.gpu_class
+
+        def create(name: str) -> None:
+            body = {
+                "apiVersion": keys.API_VERSION,
+                "kind": keys.KIND_CLAIM,
+                "metadata": {"name": name},
+                "spec": {"class": klass, "count": count},
+            }
+            custom.create_namespaced_custom_object(
+                keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS, body,
+                _preload_content=False,
+            )  # fmt: skip
+
+        return create
+
+    def pod_creator(self, units: int = 1) -> Callable[[str], None]:
+        core = self.kube.core
+        namespace = self.tenant
+
+        def create(name: str) -> None:
+            body = pod_body(name, requests={RESOURCE: units})
+            core.create_namespaced_pod(namespace, body, _preload_content=False)
+
+        return create
+
+
+def create_many(
+    create: Callable[[str], None], names: Iterable[str], threads: int = 8
+) -> dict[str, float]:
+    """Create every name from ``threads`` client threads; when each create returned."""
+    created: dict[str, float] = {}
+
+    def one(name: str) -> None:
+        create(name)
+        created[name] = time.perf_counter()
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, names))
+    return created
+
+
+class BoundWatcher:
+    """Records when each claim (``Bound`` with a node) or pod (``spec.nodeName`` set) of a
+    namespace is first seen bound, or bound to another node, by a watch as any client
+    would see it. Resumes from the last resourceVersion when the server ends the watch."""
+
+    def __init__(self, api: Any, namespace: str, kind: str = "claims") -> None:
+        self.bound_at: dict[str, float] = {}
+        self.nodes: dict[str, str] = {}
+        self.seen = 0  # events read, the first listing's included
+        self._stop = False
+        if kind == "claims":
+            custom = client.CustomObjectsApi(api)
+            self._list: Callable[..., Any] = custom.list_namespaced_custom_object
+            self._args: tuple[str, ...] = (keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS)
+            self._node_of: Callable[[dict[str, Any]], str | None] = _claim_node
+        else:
+            self._list = client.CoreV1Api(api).list_namespaced_pod
+            self._args = (namespace,)
+            self._node_of = _pod_node
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception:
+            if not self._stop:
+                raise  # a broken watch while measuring is a failed benchmark
+
+    def _watch(self) -> None:
+        version: str | None = None
+        while not self._stop:
+            kwargs: dict[str, Any] = {"timeout_seconds": 60, "deserialize": False}
+            if version:
+                kwargs["resource_version"] = version
+            for event in watch.Watch().stream(self._list, *self._args, **kwargs):
+                self.seen += 1
+                obj = event["object"]
+                version = obj["metadata"].get("resourceVersion") or version
+                name = obj["metadata"]["name"]
+                node = self._node_of(obj)
+                if node and self.nodes.get(name) != node:
+                    self.bound_at[name] = time.perf_counter()
+                    self.nodes[name] = node
+                if self._stop:
+                    return
+
+    def count(self, prefix: str = "") -> int:
+        return sum(1 for name in self.bound_at if name.startswith(prefix))
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+def _claim_node(obj: dict[str, Any]) -> str | None:
+    status = obj.get("status") or {}
+    node = status.get("nodeName")
+    return str(node) if status.get("phase") == "Bound" and node else None
+
+
+def _pod_node(obj: dict[str, Any]) -> str | None:
+    node = (obj.get("spec") or {}).get("nodeName")
+    return str(node) if node else None
