@@ -27,6 +27,12 @@ def _json(response: Any) -> Obj:
     return body
 
 
+def _patch_type(body: Obj | list[Obj]) -> str:
+    return (
+        "application/json-patch+json" if isinstance(body, list) else "application/merge-patch+json"
+    )
+
+
 def _missing(exc: ApiException) -> bool:
     return bool(exc.status == 404)
 
@@ -59,13 +65,22 @@ class ApiAccess:
                 return None
             raise
 
-    def classes(self) -> dict[str, Obj]:
-        """Every GPUClass by name (a hoster offers a handful; one list is one request)."""
+    def classes(self, *, latest: bool = False) -> dict[str, Obj]:
+        """Every GPUClass by name (a hoster offers a handful; one list is one request).
+
+        By default the API server answers from its watch cache (resourceVersion "0"): a
+        list "as of now" makes it wait until that cache has seen the latest write to any
+        object, which with claims being written costs tens of milliseconds a call (measured:
+        84 ms median beside VMI starts, against 2 ms from the cache). Classes change
+        rarely, and the cache trails etcd by milliseconds. ``latest`` asks for the list as
+        of now (the class webhook, which judges a class against one applied just before).
+        """
         listing = _json(
             self.custom.list_cluster_custom_object(
                 keys.GROUP,
                 keys.VERSION,
                 keys.PLURAL_CLASSES,
+                resource_version=None if latest else "0",
                 _preload_content=False,
                 _request_timeout=REQUEST_TIMEOUT_S,
             )
@@ -150,9 +165,10 @@ class ApiAccess:
 
     # --- writes ----------------------------------------------------------------------
 
-    def claim_status(self, namespace: str, name: str, body: Obj) -> Obj:
-        """A merge patch of the status subresource; ``body`` carries the resourceVersion
-        it was built from, so a claim changed meanwhile answers 409."""
+    def claim_status(self, namespace: str, name: str, body: Obj | list[Obj]) -> Obj:
+        """A patch of the status subresource: a merge patch (a dict carrying the
+        resourceVersion it was built from: a claim changed meanwhile answers 409) or a JSON
+        patch (a list whose ``test`` operations guard it: a failed test answers 422)."""
         return _json(
             self.custom.patch_namespaced_custom_object_status(
                 keys.GROUP,
@@ -161,13 +177,14 @@ class ApiAccess:
                 keys.PLURAL_CLAIMS,
                 name,
                 body,
+                _content_type=_patch_type(body),
                 _preload_content=False,
                 _request_timeout=REQUEST_TIMEOUT_S,
             )
         )
 
-    def claim_meta(self, namespace: str, name: str, body: Obj) -> Obj:
-        """A merge patch of the main resource (finalizers), with its resourceVersion."""
+    def claim_meta(self, namespace: str, name: str, body: Obj | list[Obj]) -> Obj:
+        """A patch of the main resource (finalizers), guarded as ``claim_status``'s."""
         return _json(
             self.custom.patch_namespaced_custom_object(
                 keys.GROUP,
@@ -176,6 +193,7 @@ class ApiAccess:
                 keys.PLURAL_CLAIMS,
                 name,
                 body,
+                _content_type=_patch_type(body),
                 _preload_content=False,
                 _request_timeout=REQUEST_TIMEOUT_S,
             )

@@ -37,12 +37,46 @@ MAX_BATCH = 2000
 STALENESS_EVERY_S = 1.0  # node agent reports age with time, not with events
 
 
-def _slim(obj: dict[str, Any]) -> dict[str, Any]:
-    """Drop managedFields: the model never reads them, and they are often the larger half
-    of an object kept in memory for every claim, pod and node of the cluster."""
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _slim(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """Keep of an object only what the view reads: every replica holds every claim, pod
+    and node of the cluster, so what it does not need is dropped as it arrives.
+
+    - every kind: ``managedFields`` and kubectl's last-applied copy, often the larger half;
+    - claims: their conditions (the binder's notes to people);
+    - pods: all but their labels, node, phase and container resources (the raw-name usage
+      the view counts), since a pod spec is many times a claim's size.
+    """
     metadata = obj.get("metadata")
     if isinstance(metadata, dict):
         metadata.pop("managedFields", None)
+        annotations = metadata.get("annotations")
+        if isinstance(annotations, dict):
+            annotations.pop(LAST_APPLIED, None)
+    if kind == keys.GPU_CLAIM.kind:
+        status = obj.get("status")
+        if isinstance(status, dict):
+            status.pop("conditions", None)
+    elif kind == keys.POD.kind and isinstance(metadata, dict):
+        spec = obj.get("spec") or {}
+        return {
+            "kind": obj.get("kind"),
+            "metadata": {
+                k: metadata[k]
+                for k in ("name", "namespace", "uid", "resourceVersion", "labels")
+                if k in metadata
+            },
+            "spec": {
+                "nodeName": spec.get("nodeName"),
+                "containers": [
+                    {"name": c.get("name"), "resources": c.get("resources") or {}}
+                    for c in spec.get("containers") or []
+                ],
+            },
+            "status": {"phase": (obj.get("status") or {}).get("phase")},
+        }
     return obj
 
 
@@ -111,6 +145,11 @@ class SnapshotFeed:
                 return None
             return snap.max_count(class_name)
 
+    def gpu_names(self) -> frozenset[str] | None:
+        """The effective GPU resource-name set, as the leader publishes it in the settings
+        ConfigMap (the same view computes both); None before the first listing."""
+        return self.view.gpu_names if self.synced.is_set() else None
+
     def read(self, fn: Callable[[Snapshot], Any]) -> Any:
         """Run ``fn`` on the snapshot under the lock (None before the first listing)."""
         with self._lock:
@@ -159,9 +198,11 @@ class SnapshotFeed:
 
     def _apply(self, event: Event) -> None:
         if event.type is EventType.LISTED:
-            self.view.relist(event.kind, [_slim(o) for o in event.objects])
+            self.view.relist(event.kind, [_slim(event.kind, o) for o in event.objects])
         elif event.obj is not None:
-            self.view.apply(event.kind, _slim(event.obj), deleted=event.type is EventType.DELETED)
+            self.view.apply(
+                event.kind, _slim(event.kind, event.obj), deleted=event.type is EventType.DELETED
+            )
 
     def _build(self, now: float) -> None:
         started = time.perf_counter()

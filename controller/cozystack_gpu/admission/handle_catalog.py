@@ -63,7 +63,7 @@ class ClaimWebhook:
             return []
         if refusal.reason is Reason.CLASS_MISSING:
             class_name = str((claim.get("spec") or {}).get("class", ""))
-            if class_name in self.access.classes():
+            if class_name in self.access.classes(latest=True):
                 return [unchecked(f"this controller replica has not seen class {class_name} yet")]
         raise Refused(refusal.message)
 
@@ -79,7 +79,8 @@ class ClassWebhook:
 
     def admit(self, gpu_class: Obj) -> None:
         name = str(meta(gpu_class).get("name", ""))
-        others = [(n, obj.get("spec") or {}) for n, obj in self.access.classes().items()]
+        classes = self.access.classes(latest=True)
+        others = [(n, obj.get("spec") or {}) for n, obj in classes.items()]
         conflicts = resource_name_conflicts(name, gpu_class.get("spec") or {}, others)
         if conflicts:
             raise Refused("; ".join(c.message(name) for c in conflicts))

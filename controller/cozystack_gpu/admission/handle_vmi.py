@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 Claim = Mapping[str, Any]
 ATTEMPTS = 3  # writes that lose a race are judged again this often
+# A write that lost a race: 409 (resourceVersion) or 422 (a JSON patch test failed).
+LOST_RACE = frozenset({409, 422})
 
 
 def now_rfc3339(clock: Callable[[], float]) -> str:
@@ -68,11 +70,13 @@ class VMIWebhook:
         pool: ThreadPoolExecutor,
         largest_node: Callable[[str], int | None],
         clock: Callable[[], float],
+        gpu_names: Callable[[], frozenset[str] | None] = lambda: None,
     ) -> None:
         self.access = access
         self.pool = pool
         self.largest_node = largest_node
         self.clock = clock
+        self.gpu_names = gpu_names
 
     def admit(self, vmi: Obj, *, dry_run: bool) -> list[dict[str, str]]:
         """The gpus entries the VMI must carry; ``Refused`` when it may not start."""
@@ -102,7 +106,11 @@ class VMIWebhook:
         access, submit = self.access, self.pool.submit
         claims = {c: submit(access.claim, namespace, c) for c in request.claims}
         classes = submit(access.classes)
-        settings = submit(access.settings_names)
+        # The GPU name set changes with classes and inventories, not with claims: this
+        # replica's own view has it (the leader publishes the same set in the settings
+        # ConfigMap), which saves a request; the ConfigMap until the view is ready.
+        names = self.gpu_names()
+        settings = submit(access.settings_names) if names is None else None
         labels: Future[dict[str, str]] | None = None
         if request.templates:
             labels = submit(access.namespace_labels, namespace)
@@ -127,7 +135,7 @@ class VMIWebhook:
         return vmi_rules.VMIFacts(
             claims={c: f.result() for c, f in claims.items()},
             classes=classes.result(),
-            settings_names=settings.result(),
+            settings_names=settings.result() if settings is not None else names or frozenset(),
             namespace_labels=labels.result() if labels is not None else {},
             instancetype=instancetype,
             largest_node=self.largest_node,
@@ -142,58 +150,106 @@ class VMIWebhook:
         held: Mapping[str, Claim | None],
         attach: tuple[str, ...],
     ) -> None:
-        """Attach every claim in ``attach`` and put the finalizer on every held claim, in
-        parallel; on any failure take back the attachments this call wrote."""
-        futures = {
-            c: self.pool.submit(self._hold_one, namespace, vmi_name, c, obj, c in attach)
+        """Attach every claim in ``attach`` and put the finalizer on every held claim, all
+        writes at once; on any failure take back the attachments this call wrote."""
+        attaching = {
+            c: self.pool.submit(self._attach, namespace, vmi_name, c, obj)
+            for c, obj in held.items()
+            if obj is not None and c in attach
+        }
+        protecting = [
+            self.pool.submit(self._protect, namespace, vmi_name, c, obj)
             for c, obj in held.items()
             if obj is not None
-        }
+        ]
         written: dict[str, Claim] = {}
         failure: BaseException | None = None
-        for claim_name, future in futures.items():
+        for claim_name, future in attaching.items():
             try:
-                attached_here, obj = future.result()
-            except BaseException as exc:  # every future must be collected before rollback
+                written[claim_name] = future.result()
+            except BaseException as exc:  # every future is collected before the rollback
                 failure = failure or exc
-                continue
-            if attached_here:
-                written[claim_name] = obj
+        for protected in protecting:
+            try:
+                protected.result()
+            except BaseException as exc:
+                failure = failure or exc
         if failure is None:
             return
-        for claim_name, obj in written.items():
-            self._release(namespace, claim_name, obj)
+        for claim_name in written:
+            self._release(namespace, vmi_name, claim_name)
         raise failure
 
-    def _hold_one(
-        self, namespace: str, vmi_name: str, claim_name: str, obj: Claim, attach: bool
-    ) -> tuple[bool, Claim]:
-        attached_here = False
+    def _attach(self, namespace: str, vmi_name: str, claim_name: str, obj: Claim) -> Claim:
+        """Write the attachment if the claim's status is still what was judged.
+
+        The first try compares the whole status (a JSON patch ``test``) rather than the
+        resourceVersion, so the finalizer can be written beside it at the same time; a
+        claim changed meanwhile is read and judged again.
+        """
+        status = dict(obj.get("status") or {})
+        ops: list[Obj] = [
+            {"op": "test", "path": "/status", "value": status},
+            {"op": "add", "path": "/status/attachedTo", "value": vmi_name},
+            {"op": "add", "path": "/status/attachedAt", "value": now_rfc3339(self.clock)},
+        ]
+        try:
+            return self.access.claim_status(namespace, claim_name, ops)
+        except ApiException as exc:
+            if exc.status not in LOST_RACE:
+                raise
         for attempt in range(ATTEMPTS):
-            if not attach or (obj.get("status") or {}).get("attachedTo") == vmi_name:
-                break
+            obj = self._reread(namespace, vmi_name, claim_name)
+            if (obj.get("status") or {}).get("attachedTo") == vmi_name:
+                return obj
             body = {
                 "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
                 "status": {"attachedTo": vmi_name, "attachedAt": now_rfc3339(self.clock)},
             }
             try:
-                obj = self.access.claim_status(namespace, claim_name, body)
-                attached_here = True
+                return self.access.claim_status(namespace, claim_name, body)
             except ApiException as exc:
-                if exc.status != 409 or attempt == ATTEMPTS - 1:
+                if exc.status not in LOST_RACE or attempt == ATTEMPTS - 1:
                     raise
-                obj = self._reread(namespace, vmi_name, claim_name)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _protect(self, namespace: str, vmi_name: str, claim_name: str, obj: Claim) -> None:
+        """Add the claim-protection finalizer unless the claim has it.
+
+        The first try tests the finalizer list as read (or the uid, when there is none)
+        instead of the resourceVersion, for the same reason as ``_attach``.
+        """
+        current = list(meta(obj).get("finalizers") or [])
+        if keys.FINALIZER_CLAIM in current:
+            return
+        ops: list[Obj]
+        if current:
+            ops = [
+                {"op": "test", "path": "/metadata/finalizers", "value": current},
+                {"op": "add", "path": "/metadata/finalizers/-", "value": keys.FINALIZER_CLAIM},
+            ]
+        else:
+            ops = [
+                {"op": "test", "path": "/metadata/uid", "value": meta(obj).get("uid")},
+                {"op": "add", "path": "/metadata/finalizers", "value": [keys.FINALIZER_CLAIM]},
+            ]
+        try:
+            self.access.claim_meta(namespace, claim_name, ops)
+            return
+        except ApiException as exc:
+            if exc.status not in LOST_RACE:
+                raise
         for attempt in range(ATTEMPTS):
+            obj = self._reread(namespace, vmi_name, claim_name)
             patch = finalizer_patch(obj, keys.FINALIZER_CLAIM, True)
             if patch is None:
-                break
+                return
             try:
-                obj = self.access.claim_meta(namespace, claim_name, patch)
+                self.access.claim_meta(namespace, claim_name, patch)
+                return
             except ApiException as exc:
-                if exc.status != 409 or attempt == ATTEMPTS - 1:
+                if exc.status not in LOST_RACE or attempt == ATTEMPTS - 1:
                     raise
-                obj = self._reread(namespace, vmi_name, claim_name)
-        return attached_here, obj
 
     def _reread(self, namespace: str, vmi_name: str, claim_name: str) -> Claim:
         """The claim after a lost race, if it may still be held by this VMI."""
@@ -204,13 +260,23 @@ class VMIWebhook:
         assert obj is not None
         return obj
 
-    def _release(self, namespace: str, claim_name: str, obj: Claim) -> None:
-        body = {
-            "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
-            "status": {"attachedTo": None, "attachedAt": None},
-        }
+    def _release(self, namespace: str, vmi_name: str, claim_name: str) -> None:
+        """Take back an attachment this call wrote, if it is still this VMI's."""
         try:
-            self.access.claim_status(namespace, claim_name, body)
+            for _attempt in range(ATTEMPTS):
+                obj = self.access.claim(namespace, claim_name)
+                if obj is None or (obj.get("status") or {}).get("attachedTo") != vmi_name:
+                    return
+                body = {
+                    "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
+                    "status": {"attachedTo": None, "attachedAt": None},
+                }
+                try:
+                    self.access.claim_status(namespace, claim_name, body)
+                    return
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
         except ApiException as exc:
             # The binder clears an attachment whose VMI never appears, after the grace.
             log.warning(

@@ -73,7 +73,7 @@ def build(
         feed=feed,
         claims=ClaimWebhook(feed, access, clock),
         classes=ClassWebhook(access),
-        vmis=VMIWebhook(access, pool, feed.largest_node, clock),
+        vmis=VMIWebhook(access, pool, feed.largest_node, clock, feed.gpu_names),
         pods=PodWebhook(access, pool),
         pool=pool,
     )

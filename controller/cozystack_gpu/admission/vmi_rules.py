@@ -65,9 +65,9 @@ class VMIFacts:
 
     - ``claims``: every held claim named by the annotation, as read (None: not found).
     - ``classes``: every GPUClass, by name.
-    - ``settings_names``: ``resourceNames`` of the settings ConfigMap (the effective GPU
-      resource-name set the binder publishes: class names, what GPU nodes advertise and
-      the hoster's extra names).
+    - ``settings_names``: the effective GPU resource-name set the leader publishes as
+      ``resourceNames`` in the settings ConfigMap (class names, what GPU nodes advertise,
+      the hoster's extra names), from this replica's own view of the same objects.
     - ``namespace_labels``: the VMI's namespace labels (the vGPU entitlement).
     - ``instancetype``: the instance type the VMI names, when it names one.
     - ``largest_node``: units of the largest node serving a class, for a passthrough class

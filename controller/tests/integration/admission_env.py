@@ -128,23 +128,6 @@ class Replica:
             },
         )
 
-    def settings(self, names: Iterable[str], raw: str = "allowed") -> None:
-        """Write the settings ConfigMap as the binder would."""
-        body = {
-            "metadata": {"name": keys.SETTINGS_CONFIGMAP},
-            "data": {
-                keys.SETTINGS_KEY_RESOURCE_NAMES: keys.format_resource_names(list(names)),
-                keys.SETTINGS_KEY_RAW_RESOURCE_NAMES: raw,
-            },
-        }
-        core = client.CoreV1Api(self.plane.api_client())
-        try:
-            core.create_namespaced_config_map(self.namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            core.replace_namespaced_config_map(keys.SETTINGS_CONFIGMAP, self.namespace, body)
-
     def _serving(self) -> bool:
         assert self.process is not None
         if self.process.proc.poll() is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jsonpatch
@@ -31,7 +32,9 @@ T4_1Q = "nvidia.com/GRID_T4-1Q"
 def replica(
     control_plane: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Replica]:
-    with serving(control_plane, kube, tmp_path_factory.mktemp("admission")) as running:
+    # The hoster's extra GPU names: a name no class offers is still no VM's own to use.
+    extra = ("--extra-resource-names", T4_1Q)
+    with serving(control_plane, kube, tmp_path_factory.mktemp("admission"), args=extra) as running:
         yield running
 
 
@@ -368,13 +371,11 @@ def t4_class(corner: Corner) -> str:
 
 
 def test_the_documented_gpus_vmi_with_claims_is_refused_for_its_own_gpus(
-    kube: Kube, corner: Corner, namespace: str, t4_class: str, replica: Replica
+    kube: Kube, corner: Corner, namespace: str, t4_class: str
 ) -> None:
     node = corner.node("n1", 1, T4)
     corner.bound(namespace, "a", t4_class, node=node)
     body = vmi_body("vm", {"claims": ["a"]}, spec=doc_gpus_spec())
-    # The controller publishes every GPU name, the hoster's extra ones included.
-    replica.settings([T4, T4_1Q])
     assert refused(kube, namespace, body).endswith(
         "VirtualMachineInstance vm holds GPUs through its claims (gpu.cozystack.io/claims) "
         f"and also requests GPU resource names of its own: spec.domain.devices.gpus[0] {T4}; "
@@ -472,3 +473,31 @@ def test_a_vmi_naming_a_missing_instance_type_is_refused(
         "VirtualMachineInstancetype nope, named by the VMI's kubevirt.io/instancetype-name "
         "annotation, does not exist, so its GPU entries cannot be checked"
     )
+
+
+def test_two_vmis_racing_for_one_claim_cannot_both_win(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    node = corner.node("n1", 8)
+    gpu_class = corner.gpu_class("h100")
+    for round_ in range(6):
+        claim_name = f"c{round_}"
+        corner.bound(namespace, claim_name, gpu_class, node=node)
+        bodies = [vmi_body(f"vm{round_}-{side}", {"claims": [claim_name]}) for side in "ab"]
+        with ThreadPoolExecutor(2) as pool:
+            outcomes = list(pool.map(lambda b: started_or_refused(kube, namespace, b), bodies))
+        winners = [name for name, message in outcomes if message is None]
+        assert len(winners) == 1, outcomes
+        loser_message = next(message for _name, message in outcomes if message is not None)
+        assert f"GPUClaim {claim_name} is attached to VirtualMachineInstance {winners[0]}" in (
+            loser_message
+        )
+        assert status(claim(kube, namespace, claim_name))["attachedTo"] == winners[0]
+
+
+def started_or_refused(kube: Kube, namespace: str, body: dict[str, Any]) -> tuple[str, str | None]:
+    try:
+        create_vmi(kube, namespace, body)
+    except ApiException as exc:
+        return body["metadata"]["name"], refusal(exc)
+    return body["metadata"]["name"], None

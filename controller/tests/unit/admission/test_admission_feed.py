@@ -13,7 +13,7 @@ from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.feed import SnapshotFeed
 from cozystack_gpu.admission.handle_catalog import NOT_SYNCED, ClaimWebhook
 from cozystack_gpu.informer import Event, EventType
-from cozystack_gpu.model import ClaimInfo, Placement, Refusal
+from cozystack_gpu.model import ClaimInfo, ClaimKey, Placement, Refusal
 from cozystack_gpu_testkit.objects import binder_config
 
 H100 = "nvidia.com/GH100_H100"
@@ -103,9 +103,46 @@ def test_orders_are_judged_against_what_the_watches_delivered(feed: SnapshotFeed
     assert feed.largest_node("h100") == 2
 
 
-def test_kept_objects_carry_no_managed_fields(feed: SnapshotFeed) -> None:
-    feed.take(full_listing())
+def raw_pod(node_name: str) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": "raw", "namespace": "tenant-a", "resourceVersion": "4",
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+            "managedFields": [{"manager": "kubectl"}],
+        },
+        "spec": {
+            "nodeName": node_name,
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{
+                "name": "cuda", "image": "cuda:12", "env": [{"name": "A", "value": "1"}],
+                "resources": {"limits": {H100: "1"}},
+            }],
+        },
+        "status": {"phase": "Running", "podIP": "10.0.0.7"},
+    }  # fmt: skip
+
+
+def test_kept_objects_keep_only_what_the_model_reads(feed: SnapshotFeed) -> None:
+    claim = bound("a", "n1")
+    claim["status"]["conditions"] = [{"type": "Bound", "message": "bound to node n1"}]
+    feed.take(full_listing(claim))
+    feed.take([Event(keys.POD.kind, EventType.ADDED, obj=raw_pod("n1"))])
     assert "managedFields" not in feed.view.node("n1")["metadata"]  # type: ignore[index]
+    assert "conditions" not in feed.view.claim(ClaimKey("tenant-a", "a"))["status"]  # type: ignore[index]
+    assert feed.view.raw[keys.POD.kind][("tenant-a", "raw")] == {
+        "kind": "Pod",
+        "metadata": {"name": "raw", "namespace": "tenant-a", "resourceVersion": "4"},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "cuda", "resources": {"limits": {H100: "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    # What the model needs of the pod is still there: its unit is taken.
+    decision = feed.check_order(order(), NOW)
+    assert isinstance(decision, Refusal)
+    assert decision.message == "no node serving class h100 has 1 free unit; the largest has 0"
 
 
 def test_an_order_is_admitted_with_a_warning_before_the_replica_has_read_the_cluster(

@@ -1,0 +1,180 @@
+"""The VMI webhook's writes against an API stand-in that enforces resourceVersions and JSON
+patch tests as the API server does: races lost to another VMI refuse and take back what was
+written, races lost to a harmless change are won on the next try, dry runs write nothing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jsonpatch
+import pytest
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.admission.errors import Refused
+from cozystack_gpu.admission.handle_vmi import VMIWebhook
+
+NOW = 1_800_000_000.0
+H100 = "nvidia.com/GH100_H100"
+
+
+class FakeApi:
+    """Claims in memory, written as the API server writes them."""
+
+    def __init__(self, *claims: dict[str, Any]) -> None:
+        self.claims = {c["metadata"]["name"]: c for c in claims}
+        self.rv = 10
+        self.writes: list[tuple[str, str]] = []
+        # Called before a write reaches the store: another writer acting in between.
+        self.before_write: Callable[[str, str], None] = lambda _what, _name: None
+
+    def bump(self, name: str) -> None:
+        self.rv += 1
+        self.claims[name]["metadata"]["resourceVersion"] = str(self.rv)
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.claims.get(name)
+        return copy.deepcopy(found) if found is not None else None
+
+    def classes(self, *, latest: bool = False) -> dict[str, Any]:
+        spec = {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": H100}}}
+        return {"h100": {"metadata": {"name": "h100"}, "spec": spec}}
+
+    def settings_names(self) -> frozenset[str]:
+        return frozenset({H100})
+
+    def namespace_labels(self, name: str) -> dict[str, str]:
+        return {}
+
+    def _write(self, what: str, name: str, body: Any, part: str) -> dict[str, Any]:
+        self.before_write(what, name)
+        current = self.claims[name]
+        if isinstance(body, list):
+            try:
+                changed = jsonpatch.apply_patch(current, body)
+            except jsonpatch.JsonPatchTestFailed:
+                raise ApiException(status=422, reason="Unprocessable Entity") from None
+        else:
+            wanted = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+                raise ApiException(status=409, reason="Conflict")
+            changed = copy.deepcopy(current)
+            for key, value in (body.get(part) or {}).items():
+                if value is None:
+                    changed.setdefault(part, {}).pop(key, None)
+                else:
+                    changed.setdefault(part, {})[key] = value
+        # The status subresource changes status only, the main resource all but status.
+        if part == "status":
+            current["status"] = changed.get("status") or {}
+        else:
+            current["metadata"] = {**changed["metadata"], "resourceVersion": current[
+                "metadata"]["resourceVersion"]}  # fmt: skip
+        self.bump(name)
+        self.writes.append((what, name))
+        return copy.deepcopy(current)
+
+    def claim_status(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
+        return self._write("status", name, body, "status")
+
+    def claim_meta(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
+        return self._write("meta", name, body, "metadata")
+
+
+def bound(name: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "t", "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"class": "h100", "count": 1},
+        "status": {"phase": "Bound", "nodeName": "n1", **status},
+    }
+
+
+def vmi(name: str, *claims: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "t",
+            "annotations": {keys.ANNOTATION_CLAIMS: json.dumps({"claims": list(claims)})},
+        },
+        "spec": {"domain": {"devices": {}}},
+    }
+
+
+@pytest.fixture
+def pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(4)
+
+
+def webhook(api: FakeApi, pool: ThreadPoolExecutor) -> VMIWebhook:
+    return VMIWebhook(api, pool, lambda _name: 8, lambda: NOW)  # type: ignore[arg-type]
+
+
+def test_a_start_attaches_and_protects_every_held_claim(pool: ThreadPoolExecutor) -> None:
+    api = FakeApi(bound("a"), bound("b"))
+    api.claims["b"]["metadata"]["finalizers"] = ["example.com/keep"]
+    gpus = webhook(api, pool).admit(vmi("vm", "a", "b"), dry_run=False)
+    assert gpus == [{"name": f"gpu-cozystack-{i}", "deviceName": H100} for i in range(2)]
+    for name in ("a", "b"):
+        assert api.claims[name]["status"]["attachedTo"] == "vm"
+        assert api.claims[name]["status"]["attachedAt"] == "2027-01-15T08:00:00Z"
+    assert api.claims["a"]["metadata"]["finalizers"] == [keys.FINALIZER_CLAIM]
+    assert api.claims["b"]["metadata"]["finalizers"] == ["example.com/keep", keys.FINALIZER_CLAIM]
+
+
+def test_a_dry_run_writes_nothing(pool: ThreadPoolExecutor) -> None:
+    api = FakeApi(bound("a"))
+    assert webhook(api, pool).admit(vmi("vm", "a"), dry_run=True)
+    assert api.writes == []
+
+
+def test_a_race_lost_to_another_vmi_refuses_and_takes_back_what_was_written(
+    pool: ThreadPoolExecutor,
+) -> None:
+    api = FakeApi(bound("a"), bound("b"))
+
+    def other_vmi_first(what: str, name: str) -> None:
+        if what == "status" and name == "b" and "attachedTo" not in api.claims["b"]["status"]:
+            api.claims["b"]["status"]["attachedTo"] = "other"
+            api.bump("b")
+
+    api.before_write = other_vmi_first
+    with pytest.raises(Refused) as refused:
+        webhook(api, pool).admit(vmi("vm", "a", "b"), dry_run=False)
+    assert refused.value.code == 409
+    assert refused.value.message.startswith(
+        "GPUClaim b is attached to VirtualMachineInstance other"
+    )
+    assert api.claims["b"]["status"]["attachedTo"] == "other"
+    assert "attachedTo" not in api.claims["a"]["status"]
+
+
+def test_a_race_lost_to_a_harmless_change_is_won_on_the_next_try(
+    pool: ThreadPoolExecutor,
+) -> None:
+    api = FakeApi(bound("a"))
+    told = []
+
+    def binder_notes_first(what: str, name: str) -> None:
+        if not told:
+            told.append(what)
+            api.claims[name]["status"]["conditions"] = [{"type": "Bound", "status": "True"}]
+            api.bump(name)
+
+    api.before_write = binder_notes_first
+    webhook(api, pool).admit(vmi("vm", "a"), dry_run=False)
+    assert api.claims["a"]["status"]["attachedTo"] == "vm"
+    assert api.claims["a"]["status"]["conditions"] == [{"type": "Bound", "status": "True"}]
+    assert keys.FINALIZER_CLAIM in api.claims["a"]["metadata"]["finalizers"]
+
+
+def test_a_claim_already_attached_to_this_vmi_gets_no_new_attachment(
+    pool: ThreadPoolExecutor,
+) -> None:
+    api = FakeApi(bound("a", attachedTo="vm"))
+    api.claims["a"]["metadata"]["finalizers"] = [keys.FINALIZER_CLAIM]
+    webhook(api, pool).admit(vmi("vm", "a"), dry_run=False)
+    assert api.writes == []
