@@ -14,11 +14,11 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate, lifecycle, translate
-from cozystack_gpu.binder.view import ClusterView, Key
-from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, Writer
-from cozystack_gpu.config import Config
+from cozystack_gpu.binder.part import BinderPart
+from cozystack_gpu.binder.view import Key
+from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone
 from cozystack_gpu.keys import ClaimReason, EventReason, OnCordon, Phase
-from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Snapshot, Step
+from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step
 
 if TYPE_CHECKING:
     from cozystack_gpu.binder.loop import Binder
@@ -26,34 +26,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Gatekeeper:
+class Gatekeeper(BinderPart):
     """The gate's state: pod updates and template-claim creations in flight, what each
     gated pod was last told (a refusal is said once), the nodes that refused a pinned pod
     with the node state they refused in, and the volumes' node limits per pod."""
 
     def __init__(self, binder: Binder) -> None:
-        self.binder = binder
+        super().__init__(binder)
         self._pod_writes: set[Key] = set()
         self._creating: set[ClaimKey] = set()
         self._gate_told: dict[Key, str] = {}
         self._rejected_health: dict[str, tuple[Any, ...]] = {}
         self._volume_nodes: dict[str, set[str] | None] = {}
-
-    @property
-    def view(self) -> ClusterView:
-        return self.binder.view
-
-    @property
-    def snapshot(self) -> Snapshot:
-        return self.binder.snapshot
-
-    @property
-    def writer(self) -> Writer:
-        return self.binder.writer
-
-    @property
-    def config(self) -> Config:
-        return self.binder.config
 
     def clock(self) -> float:
         return self.binder.clock()

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import lifecycle, translate
-from cozystack_gpu.binder.view import ClusterView, Key
-from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, Writer
-from cozystack_gpu.config import Config
+from cozystack_gpu.binder.part import BinderPart
+from cozystack_gpu.binder.view import Key
+from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone
 from cozystack_gpu.keys import EventReason, Phase
-from cozystack_gpu.model import ClaimKey, Snapshot
+from cozystack_gpu.model import ClaimKey
 
 if TYPE_CHECKING:
     from cozystack_gpu.binder.loop import Binder
@@ -27,11 +27,11 @@ METRICS_EVERY_S = 5.0
 WORKLOAD_KIND = keys.WORKLOAD.kind
 
 
-class Publisher:
+class Publisher(BinderPart):
     """Finalizers, statuses, records, settings and metrics, with the writes in flight."""
 
     def __init__(self, binder: Binder) -> None:
-        self.binder = binder
+        super().__init__(binder)
         self._class_writes: set[str] = set()
         self._record_writes: set[Key] = set()
         self._meta_writes: set[tuple[str, Key]] = set()  # finalizer patches in flight
@@ -44,22 +44,6 @@ class Publisher:
         self._settings_inflight = False
         self._last_publish = 0.0
         self._last_metrics = 0.0
-
-    @property
-    def view(self) -> ClusterView:
-        return self.binder.view
-
-    @property
-    def snapshot(self) -> Snapshot:
-        return self.binder.snapshot
-
-    @property
-    def writer(self) -> Writer:
-        return self.binder.writer
-
-    @property
-    def config(self) -> Config:
-        return self.binder.config
 
     def changed(self, claims: set[ClaimKey], nodes: set[str]) -> None:
         """Claims and nodes read into the model again: their finalizers and GPUNode
