@@ -93,6 +93,16 @@ def source(api: client.ApiClient, kind: ApiKind) -> Source:
     return Source(kind.kind, list_function(api, kind))
 
 
+class RawWatch(watch.Watch):  # type: ignore[misc]  # the client is untyped
+    """The client's watch with events left as the API's JSON: no return type, so no model
+    is built. Its default path is kept on purpose: it reads an ERROR event (410 Gone when
+    the resourceVersion was compacted) and raises it as an ApiException, where
+    ``deserialize=False`` fails on that event with a KeyError ('raw_object')."""
+
+    def get_return_type(self, func: Callable[..., Any]) -> None:
+        return None
+
+
 class Informer:
     """Feeds one kind into ``sink`` until stopped."""
 
@@ -145,13 +155,14 @@ class Informer:
         while not self._stop.is_set():
             try:
                 resource_version = self._list()
-                self._watch = watch.Watch()
+                self._watch = RawWatch()
+                # timeout_seconds also keeps the client from retrying a 410 itself: the
+                # ApiException below lists again, which heals any gap.
                 for raw in self._watch.stream(
                     self._source.list_fn,
                     resource_version=resource_version,
                     timeout_seconds=WATCH_TIMEOUT_S,
                     allow_watch_bookmarks=True,
-                    deserialize=False,
                     _request_timeout=WATCH_READ_TIMEOUT_S,
                     **self._source.kwargs,
                 ):

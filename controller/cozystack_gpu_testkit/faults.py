@@ -9,14 +9,19 @@ these; nothing here mocks the API.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cozystack_gpu_testkit import cluster
 
@@ -107,3 +112,46 @@ def restart(
     with stopped(plane, name, sig, outages):
         time.sleep(down_s)
     return outages[0]
+
+
+# --- etcd: revisions and compaction ----------------------------------------------------
+
+
+def etcd_url(plane: cluster.ControlPlane) -> str:
+    """The client URL etcd listens on (from its command line)."""
+    for arg in command_line(plane.pids[ETCD]):
+        if arg.startswith("--listen-client-urls="):
+            return arg.split("=", 1)[1].split(",")[0]
+    raise cluster.ControlPlaneError("etcd runs without --listen-client-urls")
+
+
+def _etcd(plane: cluster.ControlPlane, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One call of etcd's v3 JSON gateway."""
+    request = urllib.request.Request(
+        etcd_url(plane) + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+def etcd_revision(plane: cluster.ControlPlane) -> int:
+    """etcd's current revision: every write to any key raises it."""
+    answer = _etcd(plane, "/v3/kv/range", {"key": base64.b64encode(b"/").decode()})
+    return int(answer["header"]["revision"])
+
+
+def compact(plane: cluster.ControlPlane, revision: int | None = None) -> int:
+    """Compacts etcd's history up to ``revision`` (default: the current one) and returns
+    it: a watch from an older resourceVersion then fails with 410 Gone, as after the API
+    server's own periodic compaction."""
+    revision = etcd_revision(plane) if revision is None else revision
+    try:
+        _etcd(plane, "/v3/kv/compaction", {"revision": str(revision), "physical": True})
+    except urllib.error.HTTPError as exc:
+        # Compacted already (by the API server, or a look before this one): that is fine.
+        if b"compacted" not in exc.read():
+            raise
+    return revision
