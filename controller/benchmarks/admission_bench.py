@@ -30,6 +30,7 @@ import copy
 import gc
 import http.client
 import json
+import os
 import ssl
 import statistics
 import tempfile
@@ -80,6 +81,12 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def claim_body(name: str) -> dict[str, Any]:
@@ -155,9 +162,15 @@ def webhooks(vmis: int, nodes: int, threads: int) -> None:
             print(f"  (bound {len(claims)} claims as the binder would in "
                   f"{time.perf_counter() - started:.1f} s)")  # fmt: skip
 
+            cpu_before = cpu_seconds(replica.process.proc.pid)
+            api_before = cpu_seconds(plane.pids["kube-apiserver"])
             reviews = review_latencies(replica, tenant, sets, vmi_body)
+            cpu = cpu_seconds(replica.process.proc.pid) - cpu_before
+            api_cpu = cpu_seconds(plane.pids["kube-apiserver"]) - api_before
             print(f"  VMI webhook, AdmissionReview round trip ({vmis} VMIs, 1-4 claims): "
                   f"{percentiles(reviews)}")  # fmt: skip
+            print(f"    CPU per review: replica {cpu / vmis * 1000:.1f} ms, "
+                  f"kube-apiserver {api_cpu / vmis * 1000:.1f} ms")  # fmt: skip
             by_size: dict[int, list[float]] = {}
             for i, latency in enumerate(reviews):
                 by_size.setdefault(1 + i % 4, []).append(latency)
