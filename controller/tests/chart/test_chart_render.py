@@ -496,6 +496,7 @@ def test_the_raw_name_policy_takes_the_settings_configmap_as_parameters(helm: Pa
 
 # --- metrics and dashboard -----------------------------------------------------------------
 
+
 def _known_metrics() -> set[str]:
     names: set[str] = set()
     collectors = [v for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)]
