@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from admission_env import create_vmi, refusal, serving, vmi_body
+from admission_env import Corner, create_vmi, refusal, serving, vmi_body
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
@@ -28,6 +28,10 @@ def test_with_the_server_down_only_objects_that_use_claims_are_refused(
     control_plane: Any, kube: Kube, tmp_path: Path, namespace: str
 ) -> None:
     with serving(control_plane, kube, tmp_path) as replica:
+        corner = Corner(kube)
+        corner.node("n1", 1)
+        gpu_class = corner.gpu_class("h100")
+        corner.order(namespace, "held", gpu_class)
         replica.stop()
         labelled = vmi_body("with-claims", {"claims": ["a"]})
         with pytest.raises(ApiException) as caught:
@@ -47,3 +51,12 @@ def test_with_the_server_down_only_objects_that_use_claims_are_refused(
         with pytest.raises(ApiException) as caught:
             kube.claim(namespace, "a", "any-class")
         assert 'failed calling webhook "gpuclaim.gpu.cozystack.io"' in refusal(caught.value)
+        # The controller's own finalizer writes on claims and classes go on.
+        kube.custom.patch_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS, "held",
+            {"metadata": {"finalizers": [keys.FINALIZER_CLAIM]}},
+        )  # fmt: skip
+        kube.custom.patch_cluster_custom_object(
+            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class,
+            {"metadata": {"finalizers": [keys.FINALIZER_CLASS]}},
+        )  # fmt: skip
