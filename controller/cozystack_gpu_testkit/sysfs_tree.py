@@ -503,6 +503,58 @@ class SysfsTree:
         shutil.rmtree(self.device_dir(parent) / uuid)
         self._refresh_mdev(parent)
 
+    # --- running VMs: what QEMU holding VFIO devices open looks like from the host -----
+
+    def start_vm(self, name: str, devices: Iterable[str], pid: int = 4242) -> int:
+        """A QEMU process of VM ``name`` holding ``devices`` (PCI addresses, mdev UUIDs) open.
+
+        ``proc/<pid>/cmdline`` carries ``-name guest=<name>`` (KubeVirt names the domain
+        ``<namespace>_<vmi>``) and ``proc/<pid>/fd/`` one link per device to
+        ``/dev/vfio/<its IOMMU group>`` (an mdev gets the group of its own the kernel gives
+        it). A function on a vfio driver reads ``enable`` 1 while open, as vfio-pci enables
+        the device at open. ``proc`` lives beside ``sys`` below the root.
+        """
+        proc = self.root / "proc" / str(pid)
+        (proc / "fd").mkdir(parents=True, exist_ok=True)
+        (proc / "cmdline").write_bytes(
+            b"\0".join(
+                [
+                    b"/usr/bin/qemu-system-x86_64",
+                    b"-name",
+                    f"guest={name},debug-threads=on".encode(),
+                ]
+            )
+            + b"\0"
+        )
+        for fd, device in enumerate(devices, start=20):
+            if device.count(":") == 2:
+                group = os.path.basename(os.readlink(self.device_dir(device) / "iommu_group"))
+                if self.driver_of(device) in ("vfio-pci", "nvgrace_gpu_vfio_pci"):
+                    self.write(device, "enable", "1\n")
+            else:
+                mdev = self.root / "sys/bus/mdev/devices" / device
+                link = mdev / "iommu_group"
+                if not link.is_symlink():
+                    group_dir = self.root / "sys/kernel/iommu_groups" / str(self.next_group)
+                    group_dir.mkdir(parents=True, exist_ok=True)
+                    self._symlink(link, os.path.relpath(group_dir, mdev.resolve()))
+                    self.next_group += 1
+                    self._save()
+                group = os.path.basename(os.readlink(link))
+            self._symlink(proc / "fd" / str(fd), f"/dev/vfio/{group}")
+        return pid
+
+    def stop_vm(self, pid: int = 4242) -> None:
+        """The QEMU process ends: its ``proc`` entry goes and its functions read ``enable`` 0."""
+        proc = self.root / "proc" / str(pid)
+        for fd in (proc / "fd").iterdir() if proc.exists() else ():
+            group = os.path.basename(os.readlink(fd))
+            members = self.root / "sys/kernel/iommu_groups" / group / "devices"
+            for member in members.iterdir() if members.is_dir() else ():
+                if (self.device_dir(member.name) / "enable").exists():
+                    self.write(member.name, "enable", "0\n")
+        shutil.rmtree(proc, ignore_errors=True)
+
     def _refresh_mdev(self, parent: str) -> None:
         model = self.cards[parent]
         in_use = self.mdevs_of(parent)

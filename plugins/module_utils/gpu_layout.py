@@ -87,6 +87,7 @@ __all__ = [
     "apply_layout",
     "main",
     "read_host",
+    "read_users",
 ]
 
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
@@ -106,6 +107,90 @@ CODE_FILES = (
 def read_host(root: str) -> gpu_sysfs.Inventory:
     """The GPU inventory below ``root``, through the shared sysfs reader."""
     return gpu_sysfs.read_inventory(root)
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _vm_name(root: str, pid: str) -> str:
+    """The VM a QEMU process runs, from its ``-name`` argument (KubeVirt: ``<ns>_<vmi>``)."""
+    try:
+        with open(os.path.join(root, "proc", pid, "cmdline"), "rb") as handle:
+            argv = handle.read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return f"pid {pid}"
+    for index, arg in enumerate(argv[:-1]):
+        if arg == "-name":
+            value = argv[index + 1]
+            for part in value.split(","):
+                if part.startswith("guest="):
+                    return f"VM {part[len('guest=') :]} (pid {pid})"
+            return f"VM {value.split(',')[0]} (pid {pid})"
+    return f"{os.path.basename(argv[0]) or 'process'} (pid {pid})"
+
+
+def read_users(root: str, inventory: gpu_sysfs.Inventory) -> dict[str, list[str]]:
+    """Functions and mdevs a running VM uses: PCI address or mdev UUID -> who uses it.
+
+    sysfs shows which VFIO device node each one is reached through: ``/dev/vfio/<group>`` of
+    its ``iommu_group`` link (an mdev has a group of its own), and ``/dev/vfio/devices/<name>``
+    for each entry of its ``vfio-dev/`` directory (the iommufd character device). A process
+    holding one of those open (``/proc/<pid>/fd``) is the VM's QEMU, named by its ``-name``.
+    sysfs alone also shows a function on ``vfio-pci`` that userspace opened: vfio-pci enables
+    the device at open and disables it at the last close, so its ``enable`` attribute reads 1
+    only while a VM holds it. Unreadable entries are skipped: this is a guard, not an audit.
+    """
+    nodes: dict[str, list[str]] = {}
+    enabled: list[str] = []
+    devices_dir = os.path.join(root, gpu_sysfs.PCI_DEVICES_DIR)
+    for function in inventory.functions:
+        base = os.path.join(devices_dir, function.address)
+        if function.iommu_group is not None and (
+            function.driver in gpu_sysfs.VFIO_DRIVERS or function.physfn is not None
+        ):
+            nodes.setdefault(f"/dev/vfio/{function.iommu_group}", []).append(function.address)
+        try:
+            cdevs = os.listdir(os.path.join(base, "vfio-dev"))
+        except OSError:
+            cdevs = []
+        for name in cdevs:
+            nodes.setdefault(f"/dev/vfio/devices/{name}", []).append(function.address)
+        if function.driver in gpu_sysfs.VFIO_DRIVERS:
+            try:
+                with open(os.path.join(base, "enable"), encoding="ascii") as handle:
+                    if handle.read().strip() not in ("", "0"):
+                        enabled.append(function.address)
+            except OSError:
+                pass
+    for mdev in inventory.mdevs:
+        group = _readlink(os.path.join(root, gpu_sysfs.MDEV_DEVICES_DIR, mdev.uuid, "iommu_group"))
+        if group is not None:
+            nodes.setdefault(f"/dev/vfio/{os.path.basename(group)}", []).append(mdev.uuid)
+    users: dict[str, list[str]] = {}
+    proc = os.path.join(root, "proc")
+    try:
+        pids = sorted((p for p in os.listdir(proc) if p.isdigit()), key=int)
+    except OSError:
+        pids = []
+    for pid in pids:
+        fd_dir = os.path.join(proc, pid, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        held = {_readlink(os.path.join(fd_dir, fd)) for fd in fds}
+        for node in sorted(n for n in held if n in nodes):
+            name = _vm_name(root, pid)
+            for device in nodes[node]:
+                if name not in users.setdefault(device, []):
+                    users[device].append(name)
+    for address in enabled:
+        users.setdefault(address, ["a process holding its vfio device open (enable is 1)"])
+    return users
 
 
 class NvidiaSmi:
@@ -183,7 +268,9 @@ class ApplyResult:
     ``before`` and ``after`` summarise the declared GPUs and their VFs (``host_summary``):
     ``before`` from the read the plan came from; ``after`` from the last read of the host,
     or predicted from the plan in check mode. A caller reports its diff from them without
-    reading sysfs or resolving GPU UUIDs again.
+    reading sysfs or resolving GPU UUIDs again. ``inventory_before`` is that first read and
+    ``inventory_after`` the last one (in check mode: predicted, with the GPUs it cannot
+    foresee in ``unforeseen``); ``users`` names what running VMs use (``read_users``).
     """
 
     layout: layout_schema.Layout
@@ -197,6 +284,10 @@ class ApplyResult:
     gpus: list[str] = field(default_factory=list)
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
+    inventory_before: gpu_sysfs.Inventory | None = None
+    inventory_after: gpu_sysfs.Inventory | None = None
+    unforeseen: list[str] = field(default_factory=list)
+    users: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -227,6 +318,7 @@ def _finish(result: ApplyResult, inventory: gpu_sysfs.Inventory) -> ApplyResult:
     """``result`` with ``after`` read from ``inventory``, VFs the run created included."""
     addresses = set(result.before) | _with_vfs(result.gpus, inventory)
     result.after = layout_plan.host_summary(inventory, sorted(addresses))
+    result.inventory_after = inventory
     return result
 
 
@@ -236,6 +328,7 @@ def apply_layout(
     *,
     force: bool = False,
     check_mode: bool = False,
+    drained: bool = False,
     nvidia: layout_plan.NvidiaSmiLike | None = None,
     sriov_manage: str = layout_apply.DEFAULT_SRIOV_MANAGE,
     writer: layout_apply.SysfsWriter | None = None,
@@ -248,23 +341,35 @@ def apply_layout(
     """Validate ``layout`` against the host below ``root``, plan, and (unless check mode) apply.
 
     Raises :class:`~gpu_layout_schema.LayoutError` when the layout does not fit the host.
-    Refusals (changes that need ``force``) are reported in ``plan.refusals`` and stop the run
-    before any write. Runs in rounds, since VF and mdev steps can only be planned once the
-    card is bound and its VFs exist: at most three rounds, then one last read tells what is
-    still missing (and what ``after`` shows).
+    Refusals (changes that need ``force``, and changes to what a running VM uses, named with
+    the VM) are reported in ``plan.refusals`` and stop the run before any write. ``drained``:
+    every hold on the node has been moved off it, so vGPUs no VM uses may be replaced
+    without ``force`` (see ``plan_layout``). Runs in rounds, since VF and mdev steps can
+    only be planned once the card is bound and its VFs exist: at most three rounds, then one
+    last read tells what is still missing (and what ``after`` shows).
     """
     inventory = read_host(root)
+    users = read_users(root, inventory)
     resolved = layout_plan.resolve_layout(layout, inventory, nvidia)
-    plan = layout_plan.plan_layout(resolved, inventory, force)
+    plan = layout_plan.plan_layout(resolved, inventory, force, in_use=users, drained=drained)
     gpus = sorted({t.address for t in resolved.targets} | {s.gpu for s in plan.steps})
-    result = ApplyResult(layout=layout, plan=plan, check_mode=check_mode, gpus=gpus)
+    result = ApplyResult(
+        layout=layout,
+        plan=plan,
+        check_mode=check_mode,
+        gpus=gpus,
+        inventory_before=inventory,
+        users=users,
+    )
     result.before = layout_plan.host_summary(inventory, sorted(_with_vfs(gpus, inventory)))
     if check_mode:
         result.after = layout_plan.predict_summary(result.before, plan)
+        result.inventory_after, result.unforeseen = layout_plan.predict_inventory(inventory, plan)
         return result
     if plan.refusals:
         # Nothing was written: the host still reads as it did.
         result.after = json.loads(json.dumps(result.before))
+        result.inventory_after = inventory
         return result
     current = plan
     for _round in range(3):
@@ -293,14 +398,18 @@ def apply_layout(
         except layout_schema.LayoutError as exc:
             result.error = str(exc)
             return _finish(result, inventory)
-        current = layout_plan.plan_layout(resolved, inventory, force)
+        current = layout_plan.plan_layout(resolved, inventory, force, in_use=users, drained=drained)
         if current.refusals:
             result.error = "; ".join(current.refusals)
             return _finish(result, inventory)
     inventory = read_host(root)
     try:
         final = layout_plan.plan_layout(
-            layout_plan.resolve_layout(layout, inventory, nvidia), inventory, force
+            layout_plan.resolve_layout(layout, inventory, nvidia),
+            inventory,
+            force,
+            in_use=users,
+            drained=drained,
         )
     except layout_schema.LayoutError as exc:
         result.error = str(exc)

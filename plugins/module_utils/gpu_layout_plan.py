@@ -13,6 +13,7 @@ host (profiles on VFs that do not exist yet) are ``pending``.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -59,6 +60,7 @@ __all__ = [
     "mdev_uuid",
     "plan_layout",
     "plan_vf_profiles",
+    "predict_inventory",
     "predict_summary",
     "resolve_layout",
 ]
@@ -349,10 +351,37 @@ def creatable_ids(vf: gpu_sysfs.GpuFunction) -> set[int]:
 
 
 class _Planner:
-    def __init__(self, inventory: gpu_sysfs.Inventory, force: bool) -> None:
+    def __init__(
+        self,
+        inventory: gpu_sysfs.Inventory,
+        force: bool,
+        in_use: Mapping[str, Sequence[str]] | None = None,
+        drained: bool = False,
+    ) -> None:
         self.functions = inventory.by_address()
         self.force = force
+        self.in_use = dict(in_use or {})
+        self.drained = drained
         self.plan = Plan()
+
+    @property
+    def may_replace(self) -> bool:
+        """A vGPU, or a GPU on vfio-pci, may be replaced: with force, or once a drain has moved
+        every hold off the node (then only a running VM can still use it, see ``busy``)."""
+        return self.force or self.drained
+
+    def busy(self, label: str, what: str, devices: Sequence[str]) -> bool:
+        """Refuse, and answer True, when a running VM uses one of ``devices`` (PCI addresses
+        or mdev UUIDs) and force is off: nothing is reconfigured under a running VM."""
+        used = [f"{d} (used by {', '.join(self.in_use[d])})" for d in devices if self.in_use.get(d)]
+        if not used or self.force:
+            return False
+        self.refuse(
+            f"{label}: {what} {'; '.join(used)}: a GPU or vGPU a running VM uses is never"
+            " reset or reconfigured; stop the VM (or let the drain move its claim) first, or"
+            " set force to break it"
+        )
+        return True
 
     def step(self, action: str, target: str, gpu: str, reason: str, **extra: Any) -> None:
         self.plan.steps.append(Step(action=action, target=target, gpu=gpu, reason=reason, **extra))
@@ -378,7 +407,9 @@ class _Planner:
     def vgpu(self, target: Target) -> None:
         gpu, spec = target.gpu, target.spec
         if gpu.driver in gpu_sysfs.VFIO_DRIVERS:
-            if not self.force:
+            if self.busy(spec.label, f"declared vgpu, but on {gpu.driver}:", [gpu.address]):
+                return
+            if not self.may_replace:
                 self.refuse(
                     f"{spec.label}: declared vgpu but bound to {gpu.driver}, where a VM may"
                     " hold it; set force to rebind it to nvidia"
@@ -429,7 +460,9 @@ class _Planner:
         current = self._vf_current(target, vf)
         if current == wanted:
             return
-        if current and not self.force:
+        if current and self.busy(target.spec.label, f"replacing type {current}:", [vf.address]):
+            return
+        if current and not self.may_replace:
             self.refuse(
                 f"{target.spec.label}: VF {vf.address} carries type {current}, not {profile!r}"
                 f" ({wanted}); set force to replace it"
@@ -497,7 +530,9 @@ class _Planner:
         empty = [vf for vf in vfs if not self._vf_current(target, vf)]
         other = [vf for vf in vfs if vf not in keep and vf not in empty]
         if count is None:
-            if other and not self.force:
+            if other and self.busy(label, "replacing", [v.address for v in other]):
+                return
+            if other and not self.may_replace:
                 self.refuse(
                     f"{label}: VFs {', '.join(v.address for v in other)} carry another type"
                     f" than {profile!r}; set force to replace them"
@@ -518,7 +553,9 @@ class _Planner:
             return
         if len(keep) > count:
             extra = keep[count:]
-            if not self.force:
+            if self.busy(label, "removing the vGPU of", [v.address for v in extra]):
+                return
+            if not self.may_replace:
                 self.refuse(
                     f"{label}: {len(keep)} VFs carry {profile!r}, count is {count}; set force"
                     f" to remove the vGPUs of {', '.join(v.address for v in extra)}"
@@ -530,14 +567,17 @@ class _Planner:
         need = count - len(keep)
         chosen = empty[:need]
         if len(chosen) < need:
-            if not self.force:
+            replaced = other[: need - len(chosen)]
+            if self.busy(label, "replacing", [v.address for v in replaced]):
+                return
+            if not self.may_replace:
                 self.refuse(
                     f"{label}: count {count} needs {need} more VFs, {len(chosen)} are free and"
                     f" {', '.join(v.address for v in other)} carry another type; set force to"
                     " replace them"
                 )
                 return
-            chosen += other[: need - len(chosen)]
+            chosen += replaced
         for vf in chosen:
             self._write_vf(target, vf, profile, wanted, self._vf_current(target, vf), False)
 
@@ -566,7 +606,9 @@ class _Planner:
         keep = [m for m in gpu.mdevs if m.type_id == wanted]
         other = [m for m in gpu.mdevs if m.type_id != wanted]
         if other:
-            if not self.force:
+            if self.busy(label, "removing mdev", [m.uuid for m in other]):
+                return
+            if not self.may_replace:
                 self.refuse(
                     f"{label}: mdevs {', '.join(m.uuid for m in other)} are of another type"
                     f" than {spec.profile!r}; set force to remove them"
@@ -590,7 +632,9 @@ class _Planner:
         else:
             if len(keep) > spec.count:
                 extra = keep[spec.count :]
-                if not self.force:
+                if self.busy(label, "removing mdev", [m.uuid for m in extra]):
+                    return
+                if not self.may_replace:
                     self.refuse(
                         f"{label}: {len(keep)} mdevs of {spec.profile!r}, count is"
                         f" {spec.count}; set force to remove {', '.join(m.uuid for m in extra)}"
@@ -623,9 +667,22 @@ class _Planner:
             ordinal += 1
 
 
-def plan_layout(resolved: Resolved, inventory: gpu_sysfs.Inventory, force: bool = False) -> Plan:
-    """The steps from the host's current state to the layout (pure: reads and writes nothing)."""
-    planner = _Planner(inventory, force)
+def plan_layout(
+    resolved: Resolved,
+    inventory: gpu_sysfs.Inventory,
+    force: bool = False,
+    *,
+    in_use: Mapping[str, Sequence[str]] | None = None,
+    drained: bool = False,
+) -> Plan:
+    """The steps from the host's current state to the layout (pure: reads and writes nothing).
+
+    ``in_use`` maps PCI addresses and mdev UUIDs a running VM uses to who uses it (see
+    ``gpu_layout.read_users``): changing one needs ``force``, and the refusal names them.
+    ``drained`` says every hold on the node's units has been moved off it (the cluster-aware
+    drain): vGPUs no VM uses may then be replaced without ``force``.
+    """
+    planner = _Planner(inventory, force, in_use, drained)
     for target in resolved.targets:
         if target.spec.mode == layout_schema.MODE_PASSTHROUGH:
             planner.passthrough(target)
@@ -643,11 +700,13 @@ def plan_vf_profiles(
     profile: str | None,
     force: bool = False,
     nvidia: NvidiaSmiLike | None = None,
+    in_use: Mapping[str, Sequence[str]] | None = None,
 ) -> Plan:
     """Steps that give each VF in ``vfs`` the vGPU type named ``profile`` (None or "0": none).
 
     The name is resolved per VF against its own card's types. A VF carrying another type is
-    refused unless ``force``; clearing a VF is what was asked for and needs no force. Raises
+    refused unless ``force``; clearing a VF is what was asked for and needs no force, unless
+    a running VM uses it (``in_use``, as for ``plan_layout``). Raises
     :class:`~gpu_layout_schema.LayoutError` for an address that is no SR-IOV vGPU VF or a name
     its card lacks.
     """
@@ -655,7 +714,7 @@ def plan_vf_profiles(
     name = "" if profile is None else str(profile).strip()
     clear = name in ("", "0")
     problems: list[str] = []
-    planner = _Planner(inventory, force)
+    planner = _Planner(inventory, force, in_use)
     seen: set[str] = set()
     for written in vfs:
         address = layout_schema.canonical_pci(written)
@@ -691,7 +750,7 @@ def plan_vf_profiles(
             kind=KIND_SRIOV,
         )
         if clear:
-            if current:
+            if current and not planner.busy(label, "clearing", [address]):
                 planner.step(
                     CLEAR_VGPU_TYPE, address, vf.physfn, "cleared", type_id=0, old_type_id=current
                 )
@@ -765,3 +824,70 @@ def predict_summary(summary: Mapping[str, Mapping[str, Any]], plan: Plan) -> dic
         elif step.action == PENDING:
             entry["pending"] = step.reason
     return after
+
+
+def _passthrough_resource(function: gpu_sysfs.GpuFunction) -> str | None:
+    """What the device plugin would advertise ``function`` as on vfio-pci (see gpu_sysfs)."""
+    if function.device_id is None:
+        return None
+    listed = function.model if function.model != function.device_id else None
+    name = gpu_sysfs.passthrough_name(listed) if listed else ""
+    return gpu_sysfs.resource_name(name or function.device_id)
+
+
+def predict_inventory(
+    inventory: gpu_sysfs.Inventory, plan: Plan
+) -> tuple[gpu_sysfs.Inventory, list[str]]:
+    """``inventory`` as it will read once ``plan`` has run, and the GPUs it cannot foresee.
+
+    Drivers, vGPU types (named from the steps' profiles), mdevs and the resource names the
+    device plugin derives from them follow the executable steps. A GPU with a ``pending``
+    step (VFs still to enable, a card to refill once replaced) is listed as unforeseen: how
+    many vGPUs it ends with depends on what the card offers then.
+    """
+    after = copy.deepcopy(inventory)
+    functions = after.by_address()
+    unsure: list[str] = []
+    for step in plan.steps:
+        function = functions.get(step.target)
+        if step.action == PENDING:
+            if step.gpu not in unsure:
+                unsure.append(step.gpu)
+            continue
+        if function is None:
+            continue
+        if step.action == BIND_VFIO:
+            function.driver = VFIO_DRIVER
+            function.resource_name = _passthrough_resource(function)
+        elif step.action == BIND_NVIDIA:
+            function.driver = NVIDIA_DRIVER
+            function.resource_name = None
+        elif step.action in (SET_VGPU_TYPE, CLEAR_VGPU_TYPE):
+            if function.vgpu is None:
+                function.vgpu = gpu_sysfs.VendorVgpu()
+            function.vgpu.current_type_id = step.type_id or 0
+            name = step.profile if step.type_id else None
+            function.vgpu_type_name = name
+            function.resource_name = (
+                gpu_sysfs.resource_name(gpu_sysfs.vgpu_type_name(name)) if name else None
+            )
+        elif step.action == REMOVE_MDEV:
+            function.mdevs = [m for m in function.mdevs if m.uuid != step.mdev_uuid]
+            after.mdevs = [m for m in after.mdevs if m.uuid != step.mdev_uuid]
+        elif step.action == CREATE_MDEV and step.mdev_uuid:
+            name = step.profile or ""
+            mdev = gpu_sysfs.MdevDevice(
+                uuid=step.mdev_uuid,
+                parent=function.address,
+                type_id=step.mdev_type,
+                type_name=name or None,
+                resource_name=(
+                    gpu_sysfs.resource_name(gpu_sysfs.vgpu_type_name(name)) if name else None
+                ),
+            )
+            function.mdevs.append(mdev)
+            after.mdevs.append(mdev)
+        if step.action in (REMOVE_MDEV, CREATE_MDEV) and function.driver != VFIO_DRIVER:
+            served = {m.resource_name for m in function.mdevs if m.resource_name}
+            function.resource_name = served.pop() if len(served) == 1 else None
+    return after, unsure

@@ -114,6 +114,15 @@ ansible_facts:
           elements: str
           returned: always
           sample: [nvidia.com/NVIDIA_L40S-24C, nvidia.com/GH100_H100_SXM5_80GB]
+        node_labels:
+          description:
+            - The Node labels this host earns (what GPUClass nodeSelectors select on), as the
+              C(cozystack.gpu.node_labels) role writes them
+              (C(model.gpu.cozystack.io/<model>), C(profile.gpu.cozystack.io/<profile>),
+              C(mode.gpu.cozystack.io/<mode>), each a count).
+          type: dict
+          returned: always
+          sample: {"model.gpu.cozystack.io/AD102GL_L40S": "1", "mode.gpu.cozystack.io/vgpu": "1"}
         pci_ids_path:
           description: The pci.ids file the model names come from, if one was found.
           type: str
@@ -131,7 +140,7 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_sysfs
+from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_node_labels, gpu_sysfs
 
 
 def argument_spec():
@@ -147,7 +156,9 @@ def run_module(module):
     if params["pci_ids"]:
         paths = [*params["pci_ids"], *gpu_sysfs.DEFAULT_PCI_IDS_PATHS]
     inventory = gpu_sysfs.read_inventory(params["root"], pci_ids_paths=paths)
-    module.exit_json(changed=False, ansible_facts={"cozystack_gpu": inventory.to_dict()})
+    facts = inventory.to_dict()
+    facts["node_labels"] = gpu_node_labels.gpu_labels(inventory)
+    module.exit_json(changed=False, ansible_facts={"cozystack_gpu": facts})
 
 
 def build_module():
