@@ -95,7 +95,7 @@ class Binder:
         self.failure: str | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue[Any] = queue.Queue()
-        self.writer = Writer(api, self._queue, config.write_workers)
+        self.writer = Writer(api, self._queue, config.write_workers, may_send=is_leader)
         watched = keys.BINDER_WATCHES + ((keys.WORKLOAD,) if config.workload_records else ())
         self.view = ClusterView(config, watched)
         self._informers = [

@@ -108,10 +108,19 @@ def _transient(exc: BaseException) -> bool:
 
 
 class Writer:
-    def __init__(self, api: client.ApiClient, results: queue.Queue[Any], workers: int) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        results: queue.Queue[Any],
+        workers: int,
+        may_send: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self._results = results
+        # Asked before every request: a replica whose leadership ended sends nothing it had
+        # queued, even before the binder is stopped (that waits for the elector's thread).
+        self._may_send = may_send
         self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
         self._seq = itertools.count()
         self._stopped = threading.Event()
@@ -161,6 +170,9 @@ class Writer:
                 return
             if self._stopped.is_set():
                 self._results.put(job.failed(WriterStopped("the writer stopped")))
+                continue
+            if not self._may_send():
+                self._results.put(job.failed(WriterStopped("this replica no longer leads")))
                 continue
             try:
                 result = job.run()

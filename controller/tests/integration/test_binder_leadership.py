@@ -1,0 +1,90 @@
+"""A binder whose replica stops leading sends nothing more, not even what it had queued.
+
+Found by the fault suite (partition scenario): the loop stops deciding at the renew
+deadline, but the writer went on sending the decisions already queued until the elector
+got round to stopping the binder, which behind a slow or cut connection came seconds after
+another replica had taken the Lease. A write decided on the old leader's view and sent
+while the new leader binds can double-book a node: resourceVersions only guard the claim
+written, not the units of the node.
+
+Here the binder reaches the real API server through a proxy that makes every write slow,
+so decisions queue up in its writer; then leadership ends.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
+from cozystack_gpu_testkit.proxy import Proxy
+
+pytestmark = pytest.mark.apiserver
+
+WORKERS = 2
+ORDERS = 40
+
+
+@pytest.fixture(scope="module")
+def kube(api_client: Any) -> Kube:
+    install_extra_crds(api_client)
+    return Kube(api_client)
+
+
+@pytest.fixture
+def slow_api(control_plane: ControlPlane) -> Iterator[Any]:
+    port = int(control_plane.server.rsplit(":", 1)[1])
+    with Proxy(("127.0.0.1", port)) as proxy:
+        api = control_plane.api_client()
+        api.configuration.host = f"https://{proxy.address}"
+        yield api, proxy
+
+
+def bound(kube: Kube, tenant: str) -> int:
+    return sum(1 for c in kube.claims(tenant) if (c.get("status") or {}).get("phase") == "Bound")
+
+
+def test_a_binder_that_stops_leading_sends_none_of_its_queued_writes(
+    kube: Kube, slow_api: tuple[Any, Proxy]
+) -> None:
+    api, proxy = slow_api
+    test_id = uuid.uuid4().hex[:8]
+    controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
+    kube.namespace(controller_ns)
+    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
+    resource = f"nvidia.com/GPU_{test_id}"
+    selector = {"test.cozystack.io/id": test_id}
+    for i in range(4):
+        kube.gpu_node(f"n{i}-{test_id}", resource, ORDERS // 4, labels=selector)
+    gpu_class = f"h100-{test_id}"
+    kube.gpu_class(gpu_class, resource, selector=selector)
+
+    leading = [True]
+    binder = Binder(
+        api,
+        binder_config(controller_ns, write_workers=WORKERS),
+        is_leader=lambda: leading[0],
+    )
+    binder.start()
+    try:
+        assert binder.synced.wait(30), "the binder did not finish its first listing"
+        with proxy.slowed(0.3):
+            for i in range(ORDERS):
+                kube.claim(tenant, f"vm-{i:02d}", gpu_class, 1)
+            wait_for(lambda: binder.writer.pending() >= 10, 30, "writes queued behind a slow link")
+            leading[0] = False
+            sent_before = binder.status_writes
+            bound_before = bound(kube, tenant)
+            time.sleep(4.0)  # many round trips: a writer still draining would send on
+        sent_after = binder.status_writes - sent_before
+        # Workers that had taken a job just before the end may still send it: no more.
+        assert sent_after <= WORKERS, f"{sent_after} claim writes sent after leadership ended"
+        assert bound(kube, tenant) - bound_before <= WORKERS
+    finally:
+        binder.stop()
