@@ -261,11 +261,14 @@ def _key(claim: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def _leaving(ctl: SimpleNamespace, world: _World, node: str, now: float) -> list[Any]:
-    """The binder's next pass over ``world``: its moves and losses of claims on ``node``."""
+def _leaving(
+    ctl: SimpleNamespace, world: _World, node: str, now: float, result: Any = None
+) -> list[Any]:
+    """The binder's next pass over ``world`` (or its ``result``): its moves and losses of
+    claims on ``node``."""
     steps = (ctl.model.Step.MOVE, ctl.model.Step.LOSE)
     found = []
-    for action in ctl.model.plan(world.snapshot, now).actions:
+    for action in (result or ctl.model.plan(world.snapshot, now)).actions:
         if action.step not in steps:
             continue
         on_node = [
@@ -431,13 +434,17 @@ def consequences(
             now,
             {"Node": _with_state(node, ctl, ctl.keys.LayoutState.PENDING.value)},
         )
-        for action in _leaving(ctl, pending, node_name, now):
+        drain = ctl.model.plan(pending.snapshot, now)
+        # The node once applied, after the drain: can it take a Lost set back?
+        for updated in drain.updates.values():
+            after.snapshot.upsert_claim(updated)
+        for action in _leaving(ctl, pending, node_name, now, drain):
             entry = _set_entry(pending, action)
             if action.step == ctl.model.Step.MOVE:
                 holds["moves"].append(entry)
                 continue
-            sets = [c for k in action.claims if (c := after.snapshot.claim(k)) is not None]
-            back = after.snapshot.place_set(sets, now, nodes=(node_name,)) if sets else None
+            lost = [c for k in action.claims if (c := after.snapshot.claim(k)) is not None]
+            back = after.snapshot.place_set(lost, now, nodes=(node_name,)) if lost else None
             entry["fits_after"] = isinstance(back, ctl.model.Placement)
             holds["lost"].append(entry)
     return holds
