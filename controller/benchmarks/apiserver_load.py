@@ -189,7 +189,8 @@ class BoundWatcher:
                     return
 
     def count(self, prefix: str = "") -> int:
-        return sum(1 for name in self.bound_at if name.startswith(prefix))
+        # tuple() copies the keys in one step the watch thread cannot interleave with.
+        return sum(1 for name in tuple(self.bound_at) if name.startswith(prefix))
 
     def stop(self) -> None:
         self._stop = True

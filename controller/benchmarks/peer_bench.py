@@ -176,7 +176,7 @@ def burst(peer: Peer, count: int) -> Figures:
     _first, last = follow(peer, watcher, count, "b", 900)
     watcher.stop()
     figures.put("creates/s", count / create_s)
-    last_bind = max(watcher.bound_at.values())
+    last_bind = max(watcher.bound_at[n] for n in created)
     figures.put("binds/s, first create -> last bind", count / (last_bind - started))
     latency(figures, created, watcher)
     cpu_per_bind(figures, start, last, count)

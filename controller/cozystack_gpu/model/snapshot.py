@@ -71,6 +71,8 @@ class Snapshot:
         self._pinned: dict[str, dict[str, int]] = {}
         self._node_claims: dict[str, set[ClaimKey]] = {}
         self._class_claims: dict[str, set[ClaimKey]] = {}
+        # Kept per event: the binder asks several times a second, over every class.
+        self._class_holds: dict[str, int] = {}
         self._ns_claims: dict[str, set[ClaimKey]] = {}
         self._set_claims: dict[tuple[str, str], set[ClaimKey]] = {}
         self._pending: set[ClaimKey] = set()
@@ -134,8 +136,7 @@ class Snapshot:
 
     def holds_of_class(self, class_name: str) -> int:
         """Claims of the class that hold units (Bound, Attached or Lost)."""
-        keys = self._class_claims.get(class_name, ())
-        return sum(1 for key in keys if self._claims[key].phase is not Phase.PENDING)
+        return self._class_holds.get(class_name, 0)
 
     def set_members(self, set_key: tuple[str, str]) -> frozenset[ClaimKey]:
         return frozenset(self._set_claims.get(set_key, ()))
@@ -321,6 +322,8 @@ class Snapshot:
         self._acct[key] = acct
         self._apply(acct, 1)
         self._class_claims.setdefault(claim.class_name, set()).add(key)
+        if claim.phase is not Phase.PENDING:
+            self._class_holds[claim.class_name] = self._class_holds.get(claim.class_name, 0) + 1
         self._ns_claims.setdefault(claim.namespace, set()).add(key)
         self._set_claims.setdefault(claim.set_key, set()).add(key)
         if claim.node is not None:
@@ -339,6 +342,12 @@ class Snapshot:
         claim = self._claims.pop(key)
         self._apply(self._acct.pop(key), -1)
         _discard(self._class_claims, claim.class_name, key)
+        if claim.phase is not Phase.PENDING:
+            left = self._class_holds[claim.class_name] - 1
+            if left:
+                self._class_holds[claim.class_name] = left
+            else:
+                del self._class_holds[claim.class_name]
         _discard(self._ns_claims, claim.namespace, key)
         _discard(self._set_claims, claim.set_key, key)
         if claim.node is not None:

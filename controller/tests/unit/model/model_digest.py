@@ -41,6 +41,7 @@ def digest(snap: Snapshot) -> dict[str, Any]:
             for c in classes
         },
         "status": {c.name: snap.class_status(c.name) for c in classes},
+        "holds": {c.name: snap.holds_of_class(c.name) for c in classes},
         "max_count": {c.name: snap.max_count(c.name) for c in classes},
         "used": {n: [(r, snap.used(n, r)) for r in resources if snap.used(n, r)] for n in named},
         "pinned": {
