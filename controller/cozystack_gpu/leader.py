@@ -16,6 +16,7 @@ stopped must not go on binding until its deadline, nor leave the Lease to expire
 
 from __future__ import annotations
 
+import copy
 import datetime
 import logging
 import threading
@@ -44,6 +45,15 @@ class LeaseTiming:
             )
 
 
+def _without_retries(api: client.ApiClient) -> client.ApiClient:
+    """A client like ``api`` whose connection pool repeats no request: by default it
+    repeats a GET whose read timed out three times, which would stretch a renewal to four
+    times its timeout. A failed round is simply the next round's to try again."""
+    configuration = copy.copy(api.configuration)
+    configuration.retries = 0
+    return client.ApiClient(configuration)
+
+
 def _micro_time(now: datetime.datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -64,7 +74,7 @@ class LeaderElector:
         check: Callable[[], str | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._coordination = client.CoordinationV1Api(api)
+        self._coordination = client.CoordinationV1Api(_without_retries(api))
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -73,8 +83,6 @@ class LeaderElector:
         self._on_stopped = on_stopped
         self._check = check
         self._clock = clock
-        # A renewal that outlives the renew deadline is worthless: it ends there.
-        self._timeout = timing.renew_deadline
         # Why this elector gave up leading for good (None while it works).
         self.failure: str | None = None
         self._start_failure: str | None = None
@@ -175,12 +183,20 @@ class LeaderElector:
 
     # --- the protocol ----------------------------------------------------------------
 
+    def _request_timeout(self) -> float:
+        """A renewal that outlives the renew deadline is worthless: while leading, each
+        request of a round gets only the time left until the deadline. A candidate's get
+        the whole renew deadline."""
+        if self._leading:
+            return max(0.05, self._valid_until - self._clock())
+        return self.timing.renew_deadline
+
     def _try_acquire_or_renew(self) -> None:
         started = self._clock()
         now = datetime.datetime.now(datetime.UTC)
         try:
             lease = self._coordination.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self._timeout
+                self.name, self.namespace, _request_timeout=self._request_timeout()
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -212,7 +228,7 @@ class LeaderElector:
             # A merge patch carrying resourceVersion is a compare-and-swap: of two
             # candidates taking over one expired lease, one gets 409.
             self._coordination.patch_namespaced_lease(
-                self.name, self.namespace, body, _request_timeout=self._timeout
+                self.name, self.namespace, body, _request_timeout=self._request_timeout()
             )
         except ApiException as exc:
             if exc.status == 409:
@@ -233,7 +249,7 @@ class LeaderElector:
         }
         try:
             self._coordination.create_namespaced_lease(
-                self.namespace, body, _request_timeout=self._timeout
+                self.namespace, body, _request_timeout=self._request_timeout()
             )
         except ApiException as exc:
             if exc.status == 409:
@@ -250,7 +266,7 @@ class LeaderElector:
         """Hands the lease back so a standby takes over within one retry."""
         try:
             lease = self._coordination.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self._timeout
+                self.name, self.namespace, _request_timeout=self._request_timeout()
             )
             if lease.spec.holder_identity != self.identity:
                 return
@@ -261,7 +277,7 @@ class LeaderElector:
                     "metadata": {"resourceVersion": lease.metadata.resource_version},
                     "spec": {"holderIdentity": "", "leaseDurationSeconds": 1},
                 },
-                _request_timeout=self._timeout,
+                _request_timeout=self._request_timeout(),
             )
             log.info("lease %s/%s: released", self.namespace, self.name)
         except ApiException as exc:
