@@ -46,7 +46,7 @@ def owner_vmi(pod: Obj) -> str | None:
         ref
         for ref in meta(pod).get("ownerReferences") or []
         if ref.get("kind") == keys.VMI.kind
-        and str(ref.get("apiVersion", "")).split("/")[0] == keys.KUBEVIRT_GROUP
+        and str(ref.get("apiVersion", "")).split("/", maxsplit=1)[0] == keys.KUBEVIRT_GROUP
     ]
     refs.sort(key=lambda ref: not ref.get("controller"))
     return str(refs[0]["name"]) if refs else None

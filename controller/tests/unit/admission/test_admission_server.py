@@ -121,5 +121,5 @@ async def test_the_server_waits_for_its_key_pair(tmp_path: Path, ca: Certificate
 
 
 async def _drain(events: AsyncIterator[None]) -> None:
-    async for _ in events:
+    async for _config in events:
         pass
