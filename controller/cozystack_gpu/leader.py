@@ -83,6 +83,11 @@ class LeaderElector:
         self._on_stopped = on_stopped
         self._check = check
         self._clock = clock
+        # A renewal that outlives the renew deadline is worthless: each request ends there.
+        # It is not cut to the time left: a leader whose start took part of its validity
+        # would fail every renewal. What it sends after the deadline is the binder's to
+        # hold back (it asks is_leader() before every write).
+        self._timeout = timing.renew_deadline
         # Why this elector gave up leading for good (None while it works).
         self.failure: str | None = None
         self._start_failure: str | None = None
@@ -183,20 +188,12 @@ class LeaderElector:
 
     # --- the protocol ----------------------------------------------------------------
 
-    def _request_timeout(self) -> float:
-        """A renewal that outlives the renew deadline is worthless: while leading, each
-        request of a round gets only the time left until the deadline. A candidate's get
-        the whole renew deadline."""
-        if self._leading:
-            return max(0.05, self._valid_until - self._clock())
-        return self.timing.renew_deadline
-
     def _try_acquire_or_renew(self) -> None:
         started = self._clock()
         now = datetime.datetime.now(datetime.UTC)
         try:
             lease = self._coordination.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self._request_timeout()
+                self.name, self.namespace, _request_timeout=self._timeout
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -228,7 +225,7 @@ class LeaderElector:
             # A merge patch carrying resourceVersion is a compare-and-swap: of two
             # candidates taking over one expired lease, one gets 409.
             self._coordination.patch_namespaced_lease(
-                self.name, self.namespace, body, _request_timeout=self._request_timeout()
+                self.name, self.namespace, body, _request_timeout=self._timeout
             )
         except ApiException as exc:
             if exc.status == 409:
@@ -249,7 +246,7 @@ class LeaderElector:
         }
         try:
             self._coordination.create_namespaced_lease(
-                self.namespace, body, _request_timeout=self._request_timeout()
+                self.namespace, body, _request_timeout=self._timeout
             )
         except ApiException as exc:
             if exc.status == 409:
@@ -266,7 +263,7 @@ class LeaderElector:
         """Hands the lease back so a standby takes over within one retry."""
         try:
             lease = self._coordination.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self._request_timeout()
+                self.name, self.namespace, _request_timeout=self._timeout
             )
             if lease.spec.holder_identity != self.identity:
                 return
@@ -277,7 +274,7 @@ class LeaderElector:
                     "metadata": {"resourceVersion": lease.metadata.resource_version},
                     "spec": {"holderIdentity": "", "leaseDurationSeconds": 1},
                 },
-                _request_timeout=self._request_timeout(),
+                _request_timeout=self._timeout,
             )
             log.info("lease %s/%s: released", self.namespace, self.name)
         except ApiException as exc:

@@ -4,8 +4,8 @@ Found by the fault suite (leader partitioned mid-burst): each renewal request ha
 deadline as its timeout, but the client's connection pool repeats a GET whose read timed
 out (three more times by default), so a cut-off leader noticed the loss of its Lease four
 deadlines after its last renewal, long after another replica had taken over, and only then
-stopped its binder. The elector now gives each request of a round only the time left until
-the deadline, and repeats nothing itself within a round.
+stopped its binder. The elector's client now repeats nothing: a failed round is the next
+round's to retry.
 
 The elector reaches the real API server through a proxy; the test cuts it (bytes held, the
 connection left open, as behind a partition).
@@ -59,8 +59,9 @@ def test_a_cut_off_leader_stops_leading_by_its_renew_deadline(
             assert stopped.wait(20), "the cut-off leader never stopped leading"
             took = time.monotonic() - cut_at
             # The last renewal began at most a retry period before the cut; the round that
-            # notices ends at the deadline, plus the thread's turn.
-            assert took <= TIMING.renew_deadline + TIMING.retry_period + 0.5, took
+            # notices times out one renew deadline after it began (a second of slack for
+            # a busy machine). Repeated reads took four deadlines.
+            assert took <= TIMING.renew_deadline + TIMING.retry_period + 1.0, took
             assert not elector.is_leader()
         finally:
             proxy.heal()
