@@ -147,16 +147,22 @@ class LeaderElector:
                     )
                     self._resign()
                     return
+            valid_until = self._valid_until
             try:
                 self._try_acquire_or_renew()
             except Exception:  # the election must survive API hiccups
                 log.exception("lease %s/%s: acquire or renew failed", self.namespace, self.name)
-            if self._leading and self._clock() >= self._valid_until:
+            renewed = self._valid_until != valid_until
+            expired = self._leading and self._clock() >= self._valid_until
+            if expired and not renewed:
                 log.warning(
                     "lease %s/%s: renew deadline passed; stop leading", self.namespace, self.name
                 )
                 self._set_leading(False)
-            self._stop.wait(self.timing.retry_period)
+            # A round that renewed but ended past the deadline (starting to lead took that
+            # long: it runs in this thread) is followed by another at once; is_leader() says
+            # no until then, so nothing is decided on the lapsed validity.
+            self._stop.wait(0.0 if expired and renewed else self.timing.retry_period)
 
     def _checked(self) -> str | None:
         try:

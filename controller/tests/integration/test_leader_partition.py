@@ -66,3 +66,41 @@ def test_a_cut_off_leader_stops_leading_by_its_renew_deadline(
         finally:
             proxy.heal()
             elector.stop(release=True)
+
+
+def test_a_leader_behind_a_slow_link_whose_start_takes_long_keeps_leading(
+    control_plane: ControlPlane, api_client: Any
+) -> None:
+    """Starting the binder runs in the elector's thread and may take most of the first
+    validity; the next renewal, a slow round trip, must still succeed (a renewal cut to
+    the time left made such a leader lose the Lease every two seconds)."""
+    namespace = f"ctl-{uuid.uuid4().hex[:8]}"
+    Kube(api_client).namespace(namespace)
+    port = int(control_plane.server.rsplit(":", 1)[1])
+    stops: list[float] = []
+    started = threading.Event()
+
+    def slow_start() -> None:
+        time.sleep(1.5)
+        started.set()
+
+    with Proxy(("127.0.0.1", port)) as proxy, proxy.slowed(0.15):
+        api = control_plane.api_client()
+        api.configuration.host = f"https://{proxy.address}"
+        elector = LeaderElector(
+            api,
+            namespace=namespace,
+            name="slow-test",
+            identity="slow",
+            timing=TIMING,
+            on_started=slow_start,
+            on_stopped=lambda: stops.append(time.monotonic()),
+        )
+        elector.start()
+        try:
+            assert started.wait(20), "the elector never led"
+            time.sleep(3 * TIMING.lease_duration)
+            assert not stops, "the leader lost its Lease behind a slow link"
+            assert elector.is_leader()
+        finally:
+            elector.stop(release=True)
