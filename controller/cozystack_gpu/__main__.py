@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -129,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     if config.metrics_port:
         start_http_server(config.metrics_port)
+    if args.kubeconfig:
+        # kopf logs in on its own (its watches, the webhook server's self-check) from the
+        # standard sources: KUBECONFIG makes it use the same file as our own client.
+        os.environ["KUBECONFIG"] = args.kubeconfig
     kopf.run(
         clusterwide=True,
         standalone=True,
