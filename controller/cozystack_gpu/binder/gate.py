@@ -14,13 +14,13 @@ split. The binder loop does the I/O; everything here is a function of API object
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
+from cozystack_gpu.admission import annotation
+from cozystack_gpu.admission.annotation import ClaimsRequest, TemplateEntry
 from cozystack_gpu.binder.translate import meta, name_of, namespace_of, node_ready
 
 Obj = Mapping[str, Any]
@@ -34,91 +34,23 @@ _INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9./_-]+)")
 # --- the claims annotation ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ClaimTemplate:
-    """One ``claimTemplates`` entry: a claim the VMI orders at start, owned by the VMI."""
-
-    name: str
-    class_name: str
-    count: int
-
-
-@dataclass(frozen=True)
-class ClaimsRef:
-    """What a VMI's claims annotation asks for."""
-
-    claims: tuple[str, ...] = ()
-    templates: tuple[ClaimTemplate, ...] = ()
-
-
-ANNOTATION_FORMAT = (
-    '{"claims": ["<GPUClaim name>", ...], '
-    '"claimTemplates": [{"name": "<entry>", "class": "<GPUClass>", "count": <n>}, ...]}'
-)
-
-
-def parse_claims_ref(value: str) -> ClaimsRef:
-    """The claims annotation's value (see ``keys.ANNOTATION_CLAIMS``).
-
-    Raises ValueError naming what is wrong and showing the expected format.
-    """
-
-    def bad(what: str) -> ValueError:
-        return ValueError(
-            f"annotation {keys.ANNOTATION_CLAIMS} {what}; expected JSON like {ANNOTATION_FORMAT}"
-        )
-
-    try:
-        doc = json.loads(value)
-    except ValueError:
-        raise bad("is not JSON") from None
-    if not isinstance(doc, dict):
-        raise bad("is not a JSON object")
-    unknown = sorted(set(doc) - {keys.ANNOTATION_MEMBER_CLAIMS, keys.ANNOTATION_MEMBER_TEMPLATES})
-    if unknown:
-        raise bad(f"has unknown member(s) {', '.join(unknown)}")
-    claims = doc.get(keys.ANNOTATION_MEMBER_CLAIMS) or []
-    if not isinstance(claims, list) or not all(isinstance(c, str) and c for c in claims):
-        raise bad(f'member "{keys.ANNOTATION_MEMBER_CLAIMS}" must be a list of claim names')
-    if len(set(claims)) != len(claims):
-        raise bad("names a claim twice")
-    templates: list[ClaimTemplate] = []
-    raw_templates = doc.get(keys.ANNOTATION_MEMBER_TEMPLATES) or []
-    if not isinstance(raw_templates, list):
-        raise bad(f'member "{keys.ANNOTATION_MEMBER_TEMPLATES}" must be a list')
-    for entry in raw_templates:
-        if not isinstance(entry, dict) or set(entry) - {"name", "class", "count"}:
-            raise bad("has a claim template that is not {name, class, count}")
-        name, class_name, count = entry.get("name"), entry.get("class"), entry.get("count", 1)
-        if not isinstance(name, str) or not keys.is_dns_label(name):
-            raise bad(f"has a claim template whose name {name!r} is not a DNS label")
-        if not isinstance(class_name, str) or not class_name:
-            raise bad(f"has claim template {name} without a class")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise bad(f"has claim template {name} whose count is not a whole number >= 1")
-        templates.append(ClaimTemplate(name, class_name, count))
-    if len({t.name for t in templates}) != len(templates):
-        raise bad("names a claim template twice")
-    return ClaimsRef(tuple(claims), tuple(templates))
-
-
-def claims_ref_of(vmi: Obj) -> ClaimsRef | None:
+def claims_ref_of(vmi: Obj) -> ClaimsRequest | None:
     """A VMI's claims annotation, or None when it has none or it cannot be read (the VMI
     webhook refuses a malformed one, so a stored VMI has a valid one)."""
     raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
     if not raw:
         return None
     try:
-        return parse_claims_ref(raw)
-    except ValueError:
+        return annotation.parse(raw)
+    except annotation.AnnotationError:
         return None
 
 
-def template_claim_names(vmi_name: str, ref: ClaimsRef) -> tuple[str, ...]:
+def template_claim_names(vmi_name: str, ref: ClaimsRequest) -> tuple[str, ...]:
     return tuple(keys.template_claim_name(vmi_name, t.name) for t in ref.templates)
 
 
-def template_claim(vmi: Obj, template: ClaimTemplate) -> dict[str, Any]:
+def template_claim(vmi: Obj, template: TemplateEntry) -> dict[str, Any]:
     """The GPUClaim the controller creates from one claim template: labelled, owned by the
     VMI (the garbage collector removes it with the VMI)."""
     return {
@@ -139,7 +71,7 @@ def template_claim(vmi: Obj, template: ClaimTemplate) -> dict[str, Any]:
                 }
             ],
         },
-        "spec": {"class": template.class_name, "count": template.count},
+        "spec": {"class": template.gpu_class, "count": template.count},
     }
 
 

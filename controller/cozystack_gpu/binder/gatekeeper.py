@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.admission.annotation import ClaimsRequest
 from cozystack_gpu.binder import gate, lifecycle, translate
 from cozystack_gpu.binder.part import BinderPart
 from cozystack_gpu.binder.view import Key
@@ -120,14 +121,14 @@ class Gatekeeper(BinderPart):
         vmi = self.view.vmi_object(vmi_key)
         if vmi is None:
             return None
-        ref = gate.claims_ref_of(vmi) or gate.ClaimsRef()
+        ref = gate.claims_ref_of(vmi) or ClaimsRequest()
         names = [*ref.claims, *gate.template_claim_names(vmi_name, ref)]
         return vmi_key, vmi, [ClaimKey(vmi_key[0], n) for n in names]
 
     def _create_templates(self, vmi: dict[str, Any], members: list[ClaimKey]) -> bool:
         """Create the VMI's template claims that do not exist yet; True while any is
         missing. Their budget and capacity are judged with the set, at placement."""
-        ref = gate.claims_ref_of(vmi) or gate.ClaimsRef()
+        ref = gate.claims_ref_of(vmi) or ClaimsRequest()
         missing = False
         custom = self.writer.custom
         for template in ref.templates:
