@@ -22,7 +22,12 @@ def free_port() -> int:
 
 
 class ControllerProcess:
-    """One replica; ``metrics`` and ``health`` fetch its HTTP endpoints."""
+    """One replica; ``metrics`` and ``health`` fetch its HTTP endpoints.
+
+    ``kubeconfig`` replaces the plane's (e.g. one whose server is a ``proxy.Proxy``).
+    ``restart`` starts the same replica again, on the same ports, logging after its
+    earlier runs.
+    """
 
     def __init__(
         self,
@@ -32,14 +37,16 @@ class ControllerProcess:
         log_dir: Path,
         *extra: str,
         metrics: bool = False,
+        kubeconfig: Path | None = None,
     ) -> None:
         self.identity = identity
         self.log = log_dir / f"{identity}.log"
         self.health_port = free_port()
         self.metrics_port = free_port() if metrics else 0
-        args = [
+        config = str(kubeconfig or plane.kubeconfig)
+        self._args = [
             sys.executable, "-m", "cozystack_gpu",
-            "--kubeconfig", str(plane.kubeconfig),
+            "--kubeconfig", config,
             "--namespace", namespace,
             "--identity", identity,
             "--metrics-port", str(self.metrics_port),
@@ -47,9 +54,36 @@ class ControllerProcess:
             "--log-format", "text",
             *extra,
         ]  # fmt: skip
-        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self._env = {**os.environ, "KUBECONFIG": config}
+        self.proc = self._spawn("wb")
+
+    def _spawn(self, mode: str) -> subprocess.Popen[bytes]:
+        with self.log.open(mode) as out:
+            return subprocess.Popen(self._args, stdout=out, stderr=subprocess.STDOUT, env=self._env)
+
+    def restart(self) -> None:
+        """Start again after ``kill`` or ``stop`` (no-op while it runs)."""
+        if self.proc.poll() is None:
+            return
+        self.proc = self._spawn("ab")
+
+    def health(self, timeout: float = 5.0) -> tuple[int, str]:
+        """(HTTP status, body) of /healthz; (0, reason) when nothing answers."""
+        try:
+            return self.get(self.health_port, "/healthz", timeout)
+        except OSError as exc:
+            return 0, str(exc)
+
+    def rss_bytes(self) -> int:
+        """The process's resident memory now (0 once it has ended)."""
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return 0
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
 
     def get(self, port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
         """(HTTP status, body) of a GET on one of the replica's ports."""

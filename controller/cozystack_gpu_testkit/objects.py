@@ -410,13 +410,19 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Polls until ``predicate`` returns something truthy, and returns it."""
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 15.0,
+    what: str = "condition",
+    interval: float = 0.05,
+) -> Any:
+    """Polls every ``interval`` seconds until ``predicate`` returns something truthy, and
+    returns it."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
         last = predicate()
         if last:
             return last
-        time.sleep(0.05)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")

@@ -154,10 +154,10 @@ class Proxy:
                 n = self.connections
                 up = _Pipe(self, downstream, upstream, f"{self.name}-{n}-up")
                 down = _Pipe(self, upstream, downstream, f"{self.name}-{n}-down")
-                self._pipes.append((downstream, upstream, up, down))
+                up.start()
+                down.start()
                 self._pipes = [p for p in self._pipes if not (p[2].done() and p[3].done())]
-            up.start()
-            down.start()
+                self._pipes.append((downstream, upstream, up, down))
 
     # --- faults ------------------------------------------------------------------------
 
@@ -207,7 +207,12 @@ class Proxy:
             pipe.wake()
 
     def stop(self) -> None:
+        """Refuse new connections (the port is closed) and close every open one."""
         self._stopped = True
+        # close() alone does not wake an accept() blocked in another thread, and the socket
+        # would go on accepting; shutdown() does.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         self.reset()

@@ -6,11 +6,6 @@ API server, with a short Lease so take-overs happen within seconds.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -24,6 +19,9 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.controller_process import ControllerProcess
+from cozystack_gpu_testkit.fault_suite import LEASE_ARGS
+from cozystack_gpu_testkit.invariants import Invariants, Scope
 from cozystack_gpu_testkit.objects import Kube, install_extra_crds, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -38,47 +36,14 @@ def kube(api_client: Any) -> Kube:
     return Kube(api_client)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Replica:
-    def __init__(self, plane: ControlPlane, namespace: str, identity: str, log_dir: Path) -> None:
-        self.identity = identity
-        self.log = log_dir / f"{identity}.log"
-        args = [
-            sys.executable, "-m", "cozystack_gpu",
-            "--kubeconfig", str(plane.kubeconfig),
-            "--namespace", namespace,
-            "--identity", identity,
-            "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5",
-            "--metrics-port", "0", "--health-port", str(_free_port()),
-            "--log-format", "text",
-        ]  # fmt: skip
-        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 @contextmanager
 def replicas(
     plane: ControlPlane, namespace: str, names: list[str], log_dir: Path
-) -> Iterator[dict[str, Replica]]:
-    running = {name: Replica(plane, namespace, name, log_dir) for name in names}
+) -> Iterator[dict[str, ControllerProcess]]:
+    # A short Lease, so take-overs happen within seconds.
+    running = {
+        name: ControllerProcess(plane, namespace, name, log_dir, *LEASE_ARGS) for name in names
+    }
     try:
         yield running
     finally:
@@ -129,16 +94,18 @@ def order_concurrently(kube: Kube, tenant: str, gpu_class: str, count: int) -> N
     assert not errors, errors
 
 
-def assert_invariants(kube: Kube, tenant: str, capacity_per_node: int) -> list[dict[str, Any]]:
-    claims = kube.claims(tenant)
-    held: dict[str, int] = {}
-    for claim in claims:
-        status = claim.get("status") or {}
-        if status.get("phase") in ("Bound", "Attached"):
-            held[status["nodeName"]] = held.get(status["nodeName"], 0) + claim["spec"]["count"]
-    over = {node: units for node, units in held.items() if units > capacity_per_node}
-    assert not over, f"nodes over capacity: {over}"
-    return claims
+def checker(kube: Kube, tenant: str, test_id: str) -> Invariants:
+    """The fault suite's invariants, on this test's tenant and nodes."""
+    scope = Scope(frozenset({tenant}), {"test.cozystack.io/id": test_id})
+    return Invariants(kube.api, scope)
+
+
+def assert_invariants(invariants: Invariants, kube: Kube, tenant: str) -> list[dict[str, Any]]:
+    """Every rule that holds at every moment (capacity, budgets, no claim bound twice...),
+    then the tenant's claims."""
+    found = invariants.check()
+    assert not found, "\n".join(str(v) for v in found)
+    return kube.claims(tenant)
 
 
 def bound(claims: list[dict[str, Any]]) -> int:
@@ -150,12 +117,13 @@ def test_racing_orders_for_the_last_units_bind_exactly_that_many(
 ) -> None:
     test_id = uuid.uuid4().hex[:8]
     controller_ns, tenant, gpu_class = setup_cluster(kube, test_id, nodes=5, gpus=2)
+    invariants = checker(kube, tenant, test_id)
     with replicas(control_plane, controller_ns, ["r1", "r2"], tmp_path):
         wait_for(lambda: holder(kube, controller_ns), timeout=30, what="a leader")
         order_concurrently(kube, tenant, gpu_class, CREATORS)
 
         def settled() -> list[dict[str, Any]] | None:
-            claims = assert_invariants(kube, tenant, 2)
+            claims = assert_invariants(invariants, kube, tenant)
             waiting = [c for c in claims if (c.get("status") or {}).get("conditions")]
             return claims if bound(claims) == UNITS and len(waiting) == CREATORS else None
 
@@ -170,6 +138,7 @@ def test_killing_the_leader_mid_burst_hands_over_and_keeps_the_invariant(
 ) -> None:
     test_id = uuid.uuid4().hex[:8]
     controller_ns, tenant, gpu_class = setup_cluster(kube, test_id, nodes=5, gpus=2)
+    invariants = checker(kube, tenant, test_id)
     with replicas(control_plane, controller_ns, ["r1", "r2"], tmp_path) as running:
         leader = wait_for(lambda: holder(kube, controller_ns), timeout=30, what="a leader")
         creators = threading.Thread(
@@ -183,7 +152,7 @@ def test_killing_the_leader_mid_burst_hands_over_and_keeps_the_invariant(
         wait_for(lambda: holder(kube, controller_ns) == other, timeout=30, what="the take-over")
 
         def settled() -> list[dict[str, Any]] | None:
-            claims = assert_invariants(kube, tenant, 2)
+            claims = assert_invariants(invariants, kube, tenant)
             return claims if bound(claims) == UNITS else None
 
         wait_for(settled, timeout=60, what=f"{UNITS} bound after the take-over")
@@ -195,6 +164,7 @@ def test_a_restart_between_decisions_converges_with_nothing_lost(
 ) -> None:
     test_id = uuid.uuid4().hex[:8]
     controller_ns, tenant, gpu_class = setup_cluster(kube, test_id, nodes=10, gpus=4)
+    invariants = checker(kube, tenant, test_id)
     with replicas(control_plane, controller_ns, ["solo"], tmp_path) as running:
         wait_for(lambda: holder(kube, controller_ns), timeout=30, what="a leader")
         for i in range(30):
@@ -211,7 +181,7 @@ def test_a_restart_between_decisions_converges_with_nothing_lost(
     with replicas(control_plane, controller_ns, ["solo"], again):
 
         def settled() -> list[dict[str, Any]] | None:
-            claims = assert_invariants(kube, tenant, 4)
+            claims = assert_invariants(invariants, kube, tenant)
             return claims if bound(claims) == 30 else None
 
         claims = wait_for(settled, timeout=60, what="every claim bound after the restart")

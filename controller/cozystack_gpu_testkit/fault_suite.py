@@ -1,0 +1,905 @@
+"""The fault suite's scenarios, shared by its short form (``tests/integration/test_faults*.py``
+in ``make test``) and its long form (``benchmarks/fault_bench.py``); only the sizes differ.
+
+Each scenario runs on a control plane of its own (etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager, with an audit log of claim status writes), so its faults never
+reach another test. Two replicas (``python -m cozystack_gpu``, a short Lease) run under
+load (``load.Load``: orders arriving, VMs starting and stopping), the fault is injected,
+and ``invariants.Invariants`` judges what the API server holds: in a background thread
+during the run, and once more when the cluster has settled. After every fault the run
+measures how long until the controller is healthy again: the Lease holder's /healthz
+answers 200 as a synced leader, and a canary order on a node kept free for it is Bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import random
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu_testkit import cluster, faults
+from cozystack_gpu_testkit.controller_process import ControllerProcess, free_port
+from cozystack_gpu_testkit.invariants import Invariants, Violation
+from cozystack_gpu_testkit.load import Load, LoadSettings, World, build_world
+from cozystack_gpu_testkit.objects import WORKLOAD_CRD, Kube, wait_for
+from cozystack_gpu_testkit.pki import CertificateAuthority
+from cozystack_gpu_testkit.proxy import Proxy
+
+log = logging.getLogger(__name__)
+
+LEASE_S, RENEW_S, RETRY_S = 3.0, 2.0, 0.5
+LEASE_ARGS = (
+    "--lease-duration", str(LEASE_S),
+    "--renew-deadline", str(RENEW_S),
+    "--retry-period", str(RETRY_S),
+)  # fmt: skip
+# Claim status writes only: what the partition and slow-server scenarios read back.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "verbs": ["patch", "update"],
+            "resources": [{"group": keys.GROUP, "resources": [f"{keys.PLURAL_CLAIMS}/status"]}],
+        },
+        {"level": "None"},
+    ],
+}
+SETTLE_S = 120.0
+
+
+@dataclass
+class Result:
+    """One scenario's figures; ``violations`` must be empty."""
+
+    scenario: str
+    healthy_s: list[float]  # per fault: seconds until healthy again
+    healthy_bound_s: float  # the time the scenario states
+    decided: int  # orders the binder decided during the run
+    violations: list[str]
+    faults: int
+    kills: int = 0
+    checks: int = 0  # invariant rule evaluations
+    operations: int = 0  # load operations whose outcome was checked
+    wall_s: float = 0.0
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worst_healthy_s(self) -> float:
+        return max(self.healthy_s, default=0.0)
+
+    def summary(self) -> str:
+        extra = ", ".join(f"{k} {v}" for k, v in self.figures.items())
+        return (
+            f"{self.scenario}: healthy again within {self.worst_healthy_s:.1f} s "
+            f"(bound {self.healthy_bound_s:.0f} s, {len(self.healthy_s)} faults), "
+            f"{self.decided} orders decided, {len(self.violations)} violations, "
+            f"{self.kills} kills, {self.checks} checks, {self.operations} operations, "
+            f"{self.wall_s:.0f} s" + (f"; {extra}" if extra else "")
+        )
+
+
+class Run:
+    """One scenario's cluster: a control plane, a world, replicas, load and a checker."""
+
+    def __init__(
+        self,
+        name: str,
+        workdir: Path,
+        *,
+        replicas: int = 2,
+        proxied: bool = False,
+        apiserver_args: Sequence[str] = (),
+        nodes: int = 6,
+        gpus: int = 8,
+        load: LoadSettings | None = None,
+        replica_args: Sequence[str] = (),
+        webhooks: bool = False,
+    ) -> None:
+        self.name = name
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self.audit_log = workdir / "audit.log"
+        policy = workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        bin_dir = cluster.binary_dir()
+        crds = [
+            *sorted(cluster.CRD_DIR.glob("*.yaml")),
+            WORKLOAD_CRD,
+            cluster.kubevirt_crds(bin_dir),
+        ]
+        self.plane = cluster.start(
+            bin_dir=bin_dir,
+            scheduler=True,
+            controller_manager=True,
+            crds=crds,
+            extra_apiserver_args=(
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}",
+                *apiserver_args,
+            ),
+        )
+        self.proxies: dict[str, Proxy] = {}
+        self.replicas: dict[str, ControllerProcess] = {}
+        # Every replica serves the admission webhooks when asked, with one CA's pair.
+        self.webhook_ca = CertificateAuthority()
+        self.webhook_ports: dict[str, int] = {}
+        self.load: Load | None = None
+        try:
+            self.api = self.plane.api_client()
+            self.kube = Kube(self.api)
+            self.world: World = build_world(self.kube, name, nodes=nodes, gpus=gpus)
+            self.namespace = f"ctl-{name}"
+            self.kube.namespace(self.namespace)
+            port = int(self.plane.server.rsplit(":", 1)[1])
+            for i in range(replicas):
+                identity = f"r{i + 1}"
+                kubeconfig = None
+                if proxied:
+                    source = self.source_ip(identity)
+                    proxy = Proxy(("127.0.0.1", port), source=source, name=identity)
+                    self.proxies[identity] = proxy
+                    kubeconfig = self._kubeconfig_via(proxy)
+                serving: tuple[str, ...] = ()
+                if webhooks:
+                    self.webhook_ports[identity] = free_port()
+                    serving = (
+                        "--webhook-port", str(self.webhook_ports[identity]),
+                        "--webhook-cert-dir", str(self._webhook_certs()),
+                    )  # fmt: skip
+                self.replicas[identity] = ControllerProcess(
+                    self.plane,
+                    self.namespace,
+                    identity,
+                    workdir,
+                    *LEASE_ARGS,
+                    *serving,
+                    *replica_args,
+                    kubeconfig=kubeconfig,
+                )
+            self.checker = Invariants(self.api)
+            self._canaries = 0
+            self.wait_healthy(time.monotonic(), 90.0)
+            self.load = Load(self.plane.api_client(), self.world, load)
+        except BaseException:
+            self.close()
+            raise
+
+    def _webhook_certs(self) -> Path:
+        """tls.crt, tls.key and ca.crt for 127.0.0.1, as a cert-manager Secret holds them."""
+        certs = self.workdir / "webhook-certs"
+        if not certs.is_dir():
+            certs.mkdir()
+            pair = self.webhook_ca.issue(
+                "cozystack-gpu-webhook", ip_addresses=("127.0.0.1",), server=True
+            )
+            pair.write(certs / "tls.crt", certs / "tls.key")
+            (certs / "ca.crt").write_bytes(self.webhook_ca.cert_pem)
+        return certs
+
+    def webhook_serving(self, identity: str) -> bool:
+        """The replica's webhook server completes a TLS handshake."""
+        context = ssl.create_default_context(cadata=self.webhook_ca.cert_pem.decode())
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", self.webhook_ports[identity]), 1) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1"),
+            ):
+                return True
+        except OSError:
+            return False
+
+    @staticmethod
+    def source_ip(identity: str) -> str:
+        """The loopback address a proxied replica's requests come from (audit log)."""
+        return f"127.0.0.{10 + int(identity.removeprefix('r'))}"
+
+    def _kubeconfig_via(self, proxy: Proxy) -> Path:
+        config = yaml.safe_load(self.plane.kubeconfig.read_text())
+        config["clusters"][0]["cluster"]["server"] = f"https://{proxy.address}"
+        path = self.workdir / f"kubeconfig-{proxy.name}"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    # --- the controller's state ----------------------------------------------------------
+
+    def holder(self) -> str | None:
+        try:
+            lease = client.CoordinationV1Api(self.api).read_namespaced_lease(
+                keys.LEASE_NAME_BINDER, self.namespace, _request_timeout=(5, 10)
+            )
+        except Exception:  # no Lease yet, or the server is away
+            return None
+        return lease.spec.holder_identity or None
+
+    def leader_healthy(self) -> bool:
+        """The Lease holder runs and answers /healthz 200 as a synced leader."""
+        holder = self.holder()
+        replica = self.replicas.get(holder or "")
+        if replica is None or replica.proc.poll() is not None:
+            return False
+        status, body = replica.health()
+        if status != 200:
+            return False
+        try:
+            binder = json.loads(body).get("binder") or {}
+        except ValueError:
+            return False
+        return bool(binder.get("leader") and binder.get("synced"))
+
+    def wait_healthy(self, since: float, timeout: float) -> float:
+        """Seconds from ``since`` until the leader is healthy and a new canary order is
+        Bound (then released); raises when that takes more than ``timeout``."""
+        wait_for(self.leader_healthy, timeout, "a healthy, synced leader", interval=0.25)
+        self._canaries += 1
+        name = f"canary-{self._canaries}"
+        deadline = since + timeout
+        custom = client.CustomObjectsApi(self.api)
+        body = {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_CLAIM,
+            "metadata": {"name": name},
+            "spec": {"class": self.world.canary_class, "count": 1},
+        }
+        tenant = self.world.canary_tenant
+
+        def ordered() -> bool:
+            try:
+                custom.create_namespaced_custom_object(
+                    keys.GROUP, keys.VERSION, tenant, keys.PLURAL_CLAIMS, body,
+                    _request_timeout=(5, 10),
+                )  # fmt: skip
+            except ApiException as exc:
+                return bool(exc.status == 409)
+            except Exception:  # the server is still coming back
+                return False
+            return True
+
+        def bound() -> bool:
+            try:
+                claim = custom.get_namespaced_custom_object(
+                    keys.GROUP, keys.VERSION, tenant, keys.PLURAL_CLAIMS, name,
+                    _request_timeout=(5, 10),
+                )  # fmt: skip
+            except Exception:
+                return False
+            return bool((claim.get("status") or {}).get("phase") == "Bound")
+
+        for step, what in ((ordered, "ordered"), (bound, "Bound")):
+            left = max(1.0, deadline - time.monotonic())
+            wait_for(step, left, f"canary {name} {what}", interval=0.1)
+        took = time.monotonic() - since
+        try:
+            custom.delete_namespaced_custom_object(
+                keys.GROUP, keys.VERSION, tenant, keys.PLURAL_CLAIMS, name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        return took
+
+    @property
+    def running_load(self) -> Load:
+        assert self.load is not None
+        return self.load
+
+    def log_lines(self, needle: str) -> int:
+        """How many lines of every replica's log contain ``needle``."""
+        return sum(
+            sum(needle in line for line in replica.log.read_text(errors="replace").splitlines())
+            for replica in self.replicas.values()
+            if replica.log.exists()
+        )
+
+    # --- ending ----------------------------------------------------------------------------
+
+    def finish(
+        self,
+        scenario: str,
+        healthy: list[float],
+        bound_s: float,
+        *,
+        faults_injected: int,
+        kills: int = 0,
+        figures: dict[str, Any] | None = None,
+    ) -> Result:
+        """Stops the load, waits for the cluster to settle and judges the whole run."""
+        load = self.running_load
+        load.stop()
+        found: list[Violation] = list(self.checker.seen)
+        final = self.checker.wait_settled(SETTLE_S)
+        violations = [str(v) for v in found] + [str(v) for v in final if v not in found]
+        violations += [f"order lost: {name}" for name in load.lost_orders()]
+        if load.failure is not None:
+            violations.append(f"the load failed: {load.failure}")
+        for identity, replica in self.replicas.items():
+            status, body = replica.health()
+            if status != 200:
+                violations.append(f"replica {identity} unhealthy at the end: {status} {body}")
+        violations += [
+            f"not healthy again within {bound_s:.0f} s: took {took:.1f} s"
+            for took in healthy
+            if took > bound_s
+        ]
+        return Result(
+            scenario=scenario,
+            healthy_s=[round(t, 2) for t in healthy],
+            healthy_bound_s=bound_s,
+            decided=load.decided(),
+            violations=violations,
+            faults=faults_injected,
+            kills=kills,
+            checks=self.checker.checks,
+            operations=load.counts.operations,
+            wall_s=time.monotonic() - self.started,
+            figures={**(figures or {}), "moves": self.checker.moves},
+        )
+
+    def close(self) -> None:
+        if self.load is not None:
+            self.load.stop()
+        for replica in self.replicas.values():
+            replica.stop()
+        for proxy in self.proxies.values():
+            proxy.stop()
+        self.plane.stop()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+@contextmanager
+def bursting(load: Load, orders: int) -> Iterator[threading.Thread]:
+    """Sends a burst of orders in the background for the body of the ``with``."""
+    thread = threading.Thread(target=load.burst, args=(orders,), name="burst", daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.join(300)
+
+
+def mid_burst(load: Load, accepted_before: int, orders: int, timeout: float = 120.0) -> None:
+    """Until a third of a burst has been accepted."""
+    wait_for(
+        lambda: load.counts.orders_accepted >= accepted_before + orders // 3,
+        timeout,
+        "a third of the burst accepted",
+    )
+
+
+def restarts_mid_burst(
+    run: Run, component: str, restarts: int, down_s: float, burst: int, bound_s: float
+) -> tuple[list[float], list[faults.Outage]]:
+    """``component`` killed a third into each of ``restarts`` bursts and started again
+    ``down_s`` later: the seconds until healthy after each, and each outage."""
+    load = run.running_load
+    healthy: list[float] = []
+    outages: list[faults.Outage] = []
+    for _ in range(restarts):
+        before = load.counts.orders_accepted
+        with bursting(load, burst):
+            mid_burst(load, before, burst)
+            outages.append(faults.restart(run.plane, component, down_s=down_s))
+            healthy.append(run.wait_healthy(time.monotonic(), 2 * bound_s))
+    return healthy, outages
+
+
+# --- 1. kube-apiserver restarted --------------------------------------------------------
+
+
+def apiserver_restarts(
+    workdir: Path, *, restarts: int = 1, down_s: float = 3.0, burst: int = 200
+) -> Result:
+    """kube-apiserver killed and started again (same etcd) in the middle of bursts."""
+    bound_s = 45.0
+    with Run("apiserver", workdir) as run:
+        run.running_load.start()
+        with run.checker.watching():
+            healthy, outages = restarts_mid_burst(
+                run, faults.APISERVER, restarts, down_s, burst, bound_s
+            )
+        down = max(o.down_s + o.ready_s for o in outages)
+        return run.finish(
+            "kube-apiserver restarted mid-burst",
+            healthy,
+            bound_s,
+            faults_injected=restarts,
+            figures={"API down s": round(down, 1)},
+        )
+
+
+# --- 2. etcd restarted; watches expire ----------------------------------------------------
+
+
+@contextmanager
+def compacting(run: Run, every: float = 0.2) -> Iterator[None]:
+    """A write and a compaction of etcd every ``every`` seconds while the block runs: a
+    watch that starts from a listing older than the last compaction gets 410 Gone."""
+    done = threading.Event()
+    namespace = f"compactor-{run.name}"
+    core = client.CoreV1Api(run.api)
+    try:
+        core.create_namespace({"metadata": {"name": namespace}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+    def churn() -> None:
+        n = 0
+        while not done.wait(every):
+            n += 1
+            try:
+                core.create_namespaced_config_map(
+                    namespace, {"metadata": {"name": f"tick-{n}"}}, _request_timeout=(5, 10)
+                )
+                faults.compact(run.plane)
+            except Exception as exc:  # the plane is busy or away: next round
+                log.debug("compaction round skipped: %s", exc)
+
+    thread = threading.Thread(target=churn, name="compactor", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(30)
+
+
+@contextmanager
+def all_slowed(run: Run, delay: float) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for proxy in run.proxies.values():
+            stack.enter_context(proxy.slowed(delay))
+        yield
+
+
+EXPIRED = "expired; listing again"
+BROKEN = "broke; retrying"
+
+
+def etcd_restarts(
+    workdir: Path,
+    *,
+    restarts: int = 1,
+    down_s: float = 3.0,
+    burst: int = 200,
+    expiries: int = 1,
+) -> Result:
+    """etcd killed and started again mid-burst; then the replicas' connections reset while
+    etcd is compacted under them, so their watches start too old (410 Gone). The plane
+    runs without a watch cache, so every watch is etcd's."""
+    bound_s = 45.0
+    with Run("etcd", workdir, proxied=True, apiserver_args=("--watch-cache=false",)) as run:
+        load = run.running_load.start()
+        with run.checker.watching():
+            healthy, _outages = restarts_mid_burst(
+                run, faults.ETCD, restarts, down_s, burst, bound_s
+            )
+            for _ in range(expiries):
+                seen = run.log_lines(EXPIRED)
+                # A watch starts a listing's round trip after it; compacting more often
+                # than that makes it start too old.
+                with bursting(load, burst // 2), compacting(run), all_slowed(run, 0.3):
+                    for proxy in run.proxies.values():
+                        proxy.reset()
+
+                    def expired(seen: int = seen) -> bool:
+                        return run.log_lines(EXPIRED) > seen
+
+                    wait_for(expired, 30, "a watch expired")
+                    reset_at = time.monotonic()
+                healthy.append(run.wait_healthy(reset_at, 2 * bound_s))
+        return run.finish(
+            "etcd restarted mid-burst; watches expired (410)",
+            healthy,
+            bound_s,
+            faults_injected=restarts + expiries,
+            figures={"410s": run.log_lines(EXPIRED), "broken streams": run.log_lines(BROKEN)},
+        )
+
+
+# --- the audit log -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimWrite:
+    """One claim status write as the API server's audit log has it."""
+
+    source: str
+    claim: str  # namespace/name
+    code: int
+    received: float  # epoch seconds
+    done: float
+
+
+def claim_writes(audit_log: Path) -> list[ClaimWrite]:
+    writes = []
+    for line in audit_log.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        ref = event.get("objectRef") or {}
+        if event.get("stage") != "ResponseComplete" or ref.get("resource") != keys.PLURAL_CLAIMS:
+            continue
+        writes.append(
+            ClaimWrite(
+                source=(event.get("sourceIPs") or [""])[0],
+                claim=f"{ref.get('namespace')}/{ref.get('name')}",
+                code=int((event.get("responseStatus") or {}).get("code") or 0),
+                received=_epoch(event["requestReceivedTimestamp"]),
+                done=_epoch(event["stageTimestamp"]),
+            )
+        )
+    return writes
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def most_at_once(writes: Sequence[ClaimWrite]) -> int:
+    """The most writes the API server was handling at the same moment."""
+    edges = sorted([(w.received, 1) for w in writes] + [(w.done, -1) for w in writes])
+    peak = current = 0
+    for _stamp, step in edges:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+# --- 3. the leader partitioned -------------------------------------------------------------
+
+
+def partition(workdir: Path, *, cuts: int = 1, hold_s: float = 8.0, burst: int = 200) -> Result:
+    """The leader's connection to the API server blocked (held, not closed) mid-burst: it
+    stops binding before its Lease can move, the other replica takes over and binds, and
+    when the partition heals the old leader's held writes arrive late: each on a claim the
+    new leader had written since must be refused by its resourceVersion (409)."""
+    bound_s = LEASE_S + 17.0
+    with Run("partition", workdir, proxied=True) as run:
+        load = run.running_load.start()
+        healthy: list[float] = []
+        cuts_at: list[tuple[str, str, float, float]] = []  # old, new, cut, heal (epoch)
+        takeovers: list[float] = []
+        with run.checker.watching():
+            for _ in range(cuts):
+                old = wait_for(run.holder, 30, "a leader")
+                new = next(name for name in run.replicas if name != old)
+                proxy = run.proxies[old]
+                before = load.counts.orders_accepted
+                with bursting(load, burst):
+                    # A little latency keeps the leader's writes on the wire when it is cut.
+                    with proxy.slowed(0.05):
+                        mid_burst(load, before, burst)
+                        cut_at, cut_wall = time.monotonic(), time.time()
+                        proxy.cut()
+
+                    def leads(new: str = new) -> bool:
+                        return run.holder() == new
+
+                    wait_for(leads, LEASE_S + 15, f"{new} leading")
+                    takeovers.append(time.monotonic() - cut_at)
+                    healthy.append(run.wait_healthy(cut_at, 2 * bound_s))
+                    time.sleep(max(0.0, cut_at + hold_s - time.monotonic()))
+                    heal_wall = time.time()
+                    proxy.heal()
+                    cuts_at.append((old, new, cut_wall, heal_wall))
+                time.sleep(3.0)  # the late writes land
+        writes = claim_writes(run.audit_log)
+        late, refused, stale = late_writes(run, writes, cuts_at)
+        result = run.finish(
+            "leader partitioned mid-burst",
+            healthy,
+            bound_s,
+            faults_injected=cuts,
+            figures={
+                "take-over s": round(max(takeovers), 1),
+                "late writes": late,
+                "refused 409": refused,
+            },
+        )
+        result.violations += stale
+        return result
+
+
+def late_writes(
+    run: Run, writes: Sequence[ClaimWrite], cuts: Sequence[tuple[str, str, float, float]]
+) -> tuple[int, int, list[str]]:
+    """The old leaders' claim writes the API server received after their partition began
+    (they were held until it healed): how many, how many were refused with 409, and each
+    accepted on a claim the new leader had written before it (must be none)."""
+    late = refused = 0
+    stale: list[str] = []
+    for old, new, cut_wall, _heal_wall in cuts:
+        old_ip, new_ip = run.source_ip(old), run.source_ip(new)
+        # The audit log stamps requests when the server has read them; a held request is
+        # read at the heal, seconds after the cut.
+        for write in writes:
+            if write.source != old_ip or write.received < cut_wall + 0.5:
+                continue
+            late += 1
+            refused += write.code == 409
+            overtaken = any(
+                w.source == new_ip
+                and w.claim == write.claim
+                and 200 <= w.code < 300
+                and w.done < write.received
+                for w in writes
+            )
+            if overtaken and 200 <= write.code < 300:
+                stale.append(
+                    f"late write of {old} to claim {write.claim} accepted ({write.code}) after "
+                    f"{new} had written it"
+                )
+    return late, refused, stale
+
+
+# --- 4. SIGKILL at random moments --------------------------------------------------------
+
+
+def kills(
+    workdir: Path,
+    *,
+    count: int = 4,
+    gap_s: tuple[float, float] = (1.0, 4.0),
+    burst: int = 80,
+    seed: int = 14,
+) -> Result:
+    """SIGKILL of a replica (the leader seven times in ten) at random moments of a long
+    burst, each restarted after a random pause; the rules are checked right after every
+    kill, and after every leader kill the time until a healthy leader binds is measured."""
+    bound_s = LEASE_S + 22.0
+    rng = random.Random(seed)
+    with Run("kills", workdir) as run:
+        load = run.running_load.start()
+        healthy: list[float] = []
+        killed_leaders = 0
+        burster: threading.Thread | None = None
+        with run.checker.watching():
+            for _ in range(count):
+                if burster is None or not burster.is_alive():
+                    burster = threading.Thread(target=load.burst, args=(burst,), daemon=True)
+                    burster.start()
+                time.sleep(rng.uniform(*gap_s))
+                holder = run.holder()
+                others = [name for name in run.replicas if name != holder]
+                victim = holder if holder and rng.random() < 0.7 else rng.choice(others)
+                run.replicas[victim].kill()
+                killed_at = time.monotonic()
+                try:
+                    run.checker.check()  # every rule, right after the kill
+                except Exception as exc:  # the background looks go on
+                    log.warning("look after a kill failed: %s", exc)
+                time.sleep(rng.uniform(0.0, 1.0))
+                run.replicas[victim].restart()
+                if victim == holder:
+                    killed_leaders += 1
+                    healthy.append(run.wait_healthy(killed_at, 2 * bound_s))
+            if burster is not None:
+                burster.join(300)
+        return run.finish(
+            "SIGKILL at random moments",
+            healthy,
+            bound_s,
+            faults_injected=count,
+            kills=count,
+            figures={"leaders killed": killed_leaders},
+        )
+
+
+# --- 5. a slow API server ----------------------------------------------------------------
+
+
+def slow_api(
+    workdir: Path, *, delay: float = 0.15, span_s: float = 20.0, burst: int = 300
+) -> Result:
+    """Every chunk between the replicas and the API server delayed by ``delay`` seconds
+    (each way) through a burst: the binder keeps deciding, with no more claim writes in
+    flight than its write workers, and its memory stays flat."""
+    bound_s = 30.0
+    workers = 8
+    with Run("slow", workdir, proxied=True, replica_args=("--write-workers", str(workers))) as run:
+        load = run.running_load.start()
+        leader = wait_for(run.holder, 30, "a leader")
+        replica = run.replicas[leader]
+        rss: list[int] = []
+        healthy: list[float] = []
+        with run.checker.watching(), all_slowed(run, delay):
+            since_wall, since = time.time(), time.monotonic()
+            before = load.counts.orders_accepted
+            with bursting(load, burst):
+                while time.monotonic() - since < span_s:
+                    rss.append(replica.rss_bytes())
+                    time.sleep(0.5)
+                healthy.append(run.wait_healthy(time.monotonic(), 2 * bound_s))
+            until_wall = time.time()
+        slow_writes = [
+            w
+            for w in claim_writes(run.audit_log)
+            if w.source == run.source_ip(leader) and since_wall <= w.received <= until_wall
+        ]
+        at_once = most_at_once(slow_writes)
+        result = run.finish(
+            "slow API server",
+            healthy,
+            bound_s,
+            faults_injected=1,
+            figures={
+                "delay s": delay,
+                "claim writes": len(slow_writes),
+                "most in flight": at_once,
+                "RSS MiB first/peak": f"{rss[0] / 2**20:.0f}/{max(rss) / 2**20:.0f}",
+                "orders sent": load.counts.orders_accepted - before,
+            },
+        )
+        if at_once > workers:
+            result.violations.append(f"{at_once} claim writes in flight, above {workers} workers")
+        if not slow_writes:
+            result.violations.append("no claim write reached the server while it was slow")
+        result.figures["RSS growth MiB"] = round((max(rss) - rss[0]) / 2**20, 1)
+        return result
+
+
+# --- 6. the admission webhooks down ------------------------------------------------------
+
+
+class Service:
+    """The webhooks' Service on loopback: a port the API server calls, forwarding to one
+    replica's webhook server. ``down`` leaves it without an endpoint (connections are
+    refused, as for a Service whose pods are not ready); ``up`` brings the endpoint back.
+    It carries what the chart's configurations name: ``namespace``, ``port``, ``ca_pem``."""
+
+    def __init__(self, run: Run, identity: str) -> None:
+        self.namespace = run.namespace
+        self.ca_pem = run.webhook_ca.cert_pem
+        self._target = ("127.0.0.1", run.webhook_ports[identity])
+        self._proxy = Proxy(self._target, name="service")
+        self.port = self._proxy.port
+
+    def down(self) -> None:
+        self._proxy.stop()
+
+    def up(self) -> None:
+        self._proxy = Proxy(self._target, port=self.port, name="service")
+
+
+@dataclass(frozen=True)
+class WebhookSetup:
+    """The chart's webhook configurations for a Service, and how to put them in place and
+    take them away (the admission tests render them: ``admission_env``)."""
+
+    configurations: Callable[[Service], list[dict[str, Any]]]
+    install: Callable[[Any, list[dict[str, Any]]], None]
+    remove: Callable[[Any, list[dict[str, Any]]], None]
+
+
+def _vmi(name: str, claims: list[str] | None) -> dict[str, Any]:
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE} if claims is not None else {}
+    notes = {keys.ANNOTATION_CLAIMS: json.dumps({"claims": claims})} if claims is not None else {}
+    return {
+        "apiVersion": keys.VMI.api_version,
+        "kind": keys.VMI.kind,
+        "metadata": {"name": name, "labels": labels, "annotations": notes},
+        "spec": {"domain": {"devices": {}, "memory": {"guest": "1Gi"}}},
+    }
+
+
+def _pod(name: str, labelled: bool) -> dict[str, Any]:
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE} if labelled else {}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]},
+    }
+
+
+def outage_answers(run: Run, n: int) -> list[str]:
+    """With no webhook endpoint: VMIs and pods that use claims are refused, and plain ones
+    admitted (then removed). Returns what broke that rule (empty when it held)."""
+    custom, core = client.CustomObjectsApi(run.api), client.CoreV1Api(run.api)
+    tenant = run.world.tenants[-1]
+    wrong: list[str] = []
+
+    def vmi(body: dict[str, Any]) -> Any:
+        return custom.create_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, tenant, keys.VMI.plural, body
+        )
+
+    def pod(body: dict[str, Any]) -> Any:
+        return core.create_namespaced_pod(tenant, body)
+
+    for what, create, body, admitted in (
+        ("VMI with claims", vmi, _vmi(f"down-{n}", ["o00001"]), False),
+        ("pod with claims", pod, _pod(f"down-{n}", True), False),
+        ("plain VMI", vmi, _vmi(f"plain-{n}", None), True),
+        ("plain pod", pod, _pod(f"plain-{n}", False), True),
+    ):
+        try:
+            create(body)
+        except ApiException as exc:
+            message = str(json.loads(exc.body or "{}").get("message", ""))
+            if admitted or "failed calling webhook" not in message:
+                wrong.append(f"{what}: {exc.status} {message}")
+            continue
+        if not admitted:
+            wrong.append(f"{what} admitted with no webhook endpoint")
+    core.delete_namespaced_pod(f"plain-{n}", tenant, grace_period_seconds=0)
+    custom.delete_namespaced_custom_object(
+        keys.VMI.group, keys.VMI.version, tenant, keys.VMI.plural, f"plain-{n}"
+    )
+    return wrong
+
+
+def webhooks_down(
+    workdir: Path, setup: WebhookSetup, *, outages: int = 1, down_s: float = 8.0
+) -> Result:
+    """The webhooks' endpoint gone (its Service has no endpoint: connections refused) under
+    load: VMIs, launcher pods and orders that use claims are refused (fail closed), plain
+    VMIs and pods admitted; once the endpoint returns, VM starts resume by themselves
+    (the load retries as KubeVirt would, nobody steps in). Time to healthy: from the return
+    until a VM started after it runs and a canary order is Bound."""
+    bound_s = 30.0
+    settings = LoadSettings(webhooks=True)
+    with Run("webhooks", workdir, load=settings, webhooks=True) as run:
+        wait_for(lambda: run.webhook_serving("r1"), 60, "r1's webhook server")
+        service = Service(run, "r1")
+        objects = setup.configurations(service)
+        setup.install(run.api, objects)
+        try:
+            load = run.running_load.start()
+            load.wait_running(2, 90)
+            healthy: list[float] = []
+            wrong: list[str] = []
+            with run.checker.watching():
+                for n in range(outages):
+                    service.down()
+                    time.sleep(down_s / 2)
+                    wrong += outage_answers(run, n)
+                    time.sleep(down_s / 2)
+                    started = load.counts.vms_started
+                    service.up()
+                    back = time.monotonic()
+                    load.wait_running(started + 1, 2 * bound_s)
+                    healthy.append(max(time.monotonic() - back, run.wait_healthy(back, bound_s)))
+            result = run.finish(
+                "admission webhooks down",
+                healthy,
+                bound_s,
+                faults_injected=outages,
+                figures={
+                    "VM starts": load.counts.vms_started,
+                    "orders refused at create": load.counts.orders_refused,
+                },
+            )
+            result.violations += wrong
+            result.violations += [
+                f"a refusal without a message: {m!r}" for m in load.refusal_messages if not m
+            ]
+            return result
+        finally:
+            setup.remove(run.api, objects)
+            service.down()

@@ -1,0 +1,529 @@
+"""The product's invariants, checked on what the real API server holds.
+
+One checker for every test that races, restarts or breaks the binder (the fault suite, its
+long form ``benchmarks/fault_bench.py``, the replica tests). It reads every object it needs
+from the API server, never from a controller's memory, and judges two kinds of rule:
+
+At every look (``check``), whatever is going on:
+- no node holds more units of a resource name than it has (claims Bound or Attached there,
+  Lost claims whose VMI still runs there, and raw-name pods, against the smaller of the
+  node's allocatable and its GPUNode devices);
+- no budget key of a tenant or any of its ancestors counts more units than its limit;
+- no claim is bound twice: once it holds a node, it keeps that node and its ``boundAt``
+  unless a decision moved it (its Bound condition says Moved, Rebound or Reattached: the
+  planner's packing moves unattached holds); a new node shown as a fresh "Bound" is a
+  second bind;
+- no attached claim moves: while attached to one VMI it stays on one node;
+- no started launcher pod runs elsewhere than its claims.
+
+Once the cluster has settled (``settled``), also:
+- every order is judged: Bound or Attached on a node, or Pending (Lost) with a Bound
+  condition that gives a reason and a message;
+- usage records exist exactly for the ordered Bound and Attached claims, owned by the claim
+  (its uid) and counting its class and units.
+
+The history rules compare each claim version with every earlier one, so a checker lives as
+long as the run it watches; ``watching`` looks in a background thread and follows every
+version of every claim through a watch, so a short-lived violation during a fault is seen,
+not only the state after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.lifecycle import workload_name
+from cozystack_gpu.binder.translate import pod_usage, whole_quantity
+from cozystack_gpu.informer import Event, EventType, Informer, list_function, source
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+CAPACITY = "node over capacity"
+BUDGET = "budget over its limit"
+BOUND_TWICE = "claim bound twice"
+ATTACHED_MOVED = "attached claim moved"
+POD_ELSEWHERE = "launcher pod on another node than its claims"
+NOT_JUDGED = "order not judged"
+RECORDS = "usage records"
+
+HOLDING = ("Bound", "Attached")
+# Bound-condition reasons of a decision that gives a claim another node (or boundAt).
+MOVED_BY_DECISION = frozenset(
+    r.value for r in (keys.ClaimReason.MOVED, keys.ClaimReason.REBOUND, keys.ClaimReason.REATTACHED)
+)
+FINAL_VMI = ("Succeeded", "Failed")
+READ_TIMEOUT_S = (5.0, 30.0)
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    subject: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.subject}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one test owns on a shared control plane: claims, quotas and records in
+    ``namespaces``, and the nodes matching ``node_labels``. None means everything."""
+
+    namespaces: frozenset[str] | None = None
+    node_labels: Mapping[str, str] | None = None
+
+    def has_namespace(self, name: str) -> bool:
+        return self.namespaces is None or name in self.namespaces
+
+    def has_node(self, node: Obj) -> bool:
+        if self.node_labels is None:
+            return True
+        labels = _meta(node).get("labels") or {}
+        return all(labels.get(k) == v for k, v in self.node_labels.items())
+
+
+@dataclass
+class State:
+    """Everything the rules read, as the API server held it at ``read_at``."""
+
+    nodes: list[Obj]
+    gpunodes: list[Obj]
+    classes: list[Obj]
+    claims: list[Obj]
+    namespaces: list[Obj]
+    quotas: list[Obj]
+    pods: list[Obj]
+    workloads: list[Obj]
+    vmis: list[Obj]
+    read_at: float = field(default_factory=time.time)
+
+
+_LISTS: dict[str, keys.ApiKind] = {
+    "nodes": keys.NODE,
+    "gpunodes": keys.GPU_NODE,
+    "classes": keys.GPU_CLASS,
+    "claims": keys.GPU_CLAIM,
+    "namespaces": keys.NAMESPACE,
+    "quotas": keys.RESOURCE_QUOTA,
+    "pods": keys.POD,
+    "workloads": keys.WORKLOAD,
+    "vmis": keys.VMI,
+}
+
+
+def read_state(api: client.ApiClient) -> State:
+    """Lists every kind the rules read, as raw JSON (the client's models are slow); a kind
+    the server does not serve (no KubeVirt, no Workload CRD) reads as empty."""
+    items: dict[str, list[Obj]] = {}
+    for name, kind in _LISTS.items():
+        try:
+            response = list_function(api, kind)(
+                _preload_content=False, _request_timeout=READ_TIMEOUT_S
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            items[name] = []
+            continue
+        items[name] = list(json.loads(response.data).get("items") or [])
+    return State(
+        nodes=items["nodes"],
+        gpunodes=items["gpunodes"],
+        classes=items["classes"],
+        claims=items["claims"],
+        namespaces=items["namespaces"],
+        quotas=items["quotas"],
+        pods=items["pods"],
+        workloads=items["workloads"],
+        vmis=items["vmis"],
+    )
+
+
+@dataclass
+class _Seen:
+    """What the history rules remember of one claim (by uid)."""
+
+    name: str
+    node: str | None = None
+    bound_at: str | None = None
+    attached: tuple[str, str] | None = None  # (VMI, node) while attached
+
+
+class Invariants:
+    """Looks at the cluster and says what breaks a rule; remembers claims between looks."""
+
+    def __init__(self, api: client.ApiClient, scope: Scope | None = None) -> None:
+        self.api = api
+        self.scope = scope or Scope()
+        self.looks = 0
+        self.checks = 0  # rule evaluations, summed over every look
+        self.seen: list[Violation] = []  # every distinct violation of any look
+        self.moves = 0  # claims seen on another node by a decision (packing, rebinds)
+        self._history: dict[str, _Seen] = {}
+        self._lock = threading.Lock()
+
+    # --- looking -------------------------------------------------------------------------
+
+    def check(self, state: State | None = None) -> list[Violation]:
+        """The rules that hold at every moment, on ``state`` or a fresh read."""
+        state = state or read_state(self.api)
+        with self._lock:
+            found = [
+                *self._capacity(state),
+                *self._budgets(state),
+                *self._history_rules(state),
+                *self._pods(state),
+            ]
+            self._remember(found)
+            self.looks += 1
+        return found
+
+    def settled(self, state: State | None = None) -> list[Violation]:
+        """Every rule, the eventual ones included: for a cluster with nothing in flight."""
+        state = state or read_state(self.api)
+        found = self.check(state)
+        with self._lock:
+            eventual = [*self._judged(state), *self._records(state)]
+            found += eventual
+        return found
+
+    def wait_settled(self, timeout: float, interval: float = 1.0) -> list[Violation]:
+        """Looks until every rule holds or ``timeout`` passes; the last look's violations
+        (empty when it settled). A look the API server does not answer is tried again."""
+        deadline = time.monotonic() + timeout
+        last: list[Violation] = [Violation("look", "cluster", "no look answered yet")]
+        while True:
+            try:
+                last = self.settled()
+            except Exception as exc:  # the server may still be coming back
+                last = [Violation("look", "cluster", f"{type(exc).__name__}: {exc}")]
+            if not last or time.monotonic() >= deadline:
+                return last
+            time.sleep(interval)
+
+    @contextmanager
+    def watching(self, interval: float = 1.0) -> Iterator[Invariants]:
+        """Looks every ``interval`` seconds in a thread while the block runs; violations
+        collect in ``seen``. Looks the API server does not answer (a fault) are skipped."""
+        stop = threading.Event()
+        versions: queue.Queue[Event] = queue.Queue()
+        # Every version of every claim, so a move is seen as the decision that made it even
+        # when the claim is attached before the next look.
+        claims = Informer(self.api, source(self.api, keys.GPU_CLAIM), versions, stop)
+
+        def run() -> None:
+            next_look = time.monotonic() + interval
+            while not stop.is_set():
+                try:
+                    event = versions.get(timeout=max(0.0, next_look - time.monotonic()))
+                except queue.Empty:
+                    next_look = time.monotonic() + interval
+                    try:
+                        self.check()
+                    except Exception as exc:  # the server is away: look again later
+                        log.debug("invariant look skipped: %s", exc)
+                    continue
+                with self._lock:
+                    changed = event.objects if event.type is EventType.LISTED else (event.obj,)
+                    self._remember(v for obj in changed if obj for v in self._version(obj))
+
+        thread = threading.Thread(target=run, name="invariants", daemon=True)
+        claims.start()
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            claims.join(10)
+            thread.join(30)
+
+    def _remember(self, found: Iterable[Violation]) -> None:
+        known = {(v.rule, v.subject) for v in self.seen}
+        for violation in found:
+            if (violation.rule, violation.subject) not in known:
+                known.add((violation.rule, violation.subject))
+                self.seen.append(violation)
+                log.error("invariant broken: %s", violation)
+
+    # --- rules at every look -------------------------------------------------------------
+
+    def _capacity(self, state: State) -> Iterator[Violation]:
+        resource_of = {_name(c): _class_resource(c) for c in state.classes}
+        held: dict[tuple[str, str], int] = {}
+
+        def add(node: str, resource: str, units: int) -> None:
+            held[(node, resource)] = held.get((node, resource), 0) + units
+
+        running = {
+            (_namespace(v), _name(v)): (v.get("status") or {}).get("nodeName")
+            for v in state.vmis
+            if (v.get("status") or {}).get("phase") not in FINAL_VMI
+        }
+        for claim in state.claims:
+            status = claim.get("status") or {}
+            node, phase = status.get("nodeName"), status.get("phase")
+            resource = resource_of.get(str((claim.get("spec") or {}).get("class")))
+            if not node or not resource:
+                continue
+            vmi_there = running.get((_namespace(claim), str(status.get("attachedTo")))) == node
+            if phase in HOLDING or (phase == "Lost" and vmi_there):
+                add(str(node), resource, _count(claim))
+        gpu_names = set(resource_of.values())
+        for pod in state.pods:
+            usage = pod_usage(pod)
+            if usage is None or usage.node is None:
+                continue
+            for resource, units in usage.requests.items():
+                if resource in gpu_names:
+                    add(usage.node, resource, units)
+        devices = {_name(g): (g.get("status") or {}).get("devices") or [] for g in state.gpunodes}
+        for node in state.nodes:
+            if not self.scope.has_node(node):
+                continue
+            allocatable = (node.get("status") or {}).get("allocatable") or {}
+            for resource in sorted(gpu_names):
+                self.checks += 1
+                units = held.get((_name(node), resource), 0)
+                if not units:
+                    continue
+                reported = sum(
+                    int(d.get("allocatable") or 0)
+                    for d in devices.get(_name(node), [])
+                    if d.get("resourceName") == resource
+                )
+                capacity = min(reported, whole_quantity(allocatable.get(resource, 0)) or 0)
+                if units > capacity:
+                    detail = f"{units} units held on a node that has {capacity}"
+                    yield Violation(CAPACITY, f"{_name(node)}/{resource}", detail)
+
+    def _budgets(self, state: State) -> Iterator[Violation]:
+        ancestors = {_name(ns): _ancestors(ns) for ns in state.namespaces}
+        resource_of = {_name(c): _class_resource(c) for c in state.classes}
+        gpu_names = set(resource_of.values())
+        used: dict[tuple[str, str], int] = {}
+
+        def charge(namespace: str, budget_keys: Iterable[str], units: int) -> None:
+            for tenant in ancestors.get(namespace, frozenset({namespace})):
+                for key in budget_keys:
+                    used[(tenant, key)] = used.get((tenant, key), 0) + units
+
+        for claim in state.claims:
+            phase = (claim.get("status") or {}).get("phase")
+            if phase not in (*HOLDING, "Lost"):
+                continue
+            class_name = str((claim.get("spec") or {}).get("class"))
+            charged = [keys.QUOTA_KEY_TOTAL, keys.quota_key(class_name)]
+            resource = resource_of.get(class_name)
+            if resource:
+                charged += keys.raw_quota_keys(resource)
+            charge(_namespace(claim), charged, _count(claim))
+        for pod in state.pods:
+            usage = pod_usage(pod)
+            if usage is None:
+                continue
+            for resource, units in usage.requests.items():
+                if resource in gpu_names:
+                    charge(usage.namespace, keys.raw_quota_keys(resource), units)
+        for quota in state.quotas:
+            tenant = _namespace(quota)
+            if not self.scope.has_namespace(tenant):
+                continue
+            for key, value in ((quota.get("spec") or {}).get("hard") or {}).items():
+                limit = whole_quantity(value)
+                if limit is None or not _budget_key(key, gpu_names):
+                    continue
+                self.checks += 1
+                if used.get((tenant, key), 0) > limit:
+                    detail = f"{used[(tenant, key)]} units counted against a limit of {limit}"
+                    yield Violation(BUDGET, f"{tenant}/{key}", detail)
+
+    def _history_rules(self, state: State) -> Iterator[Violation]:
+        for claim in state.claims:
+            yield from self._version(claim)
+
+    def _version(self, claim: Obj) -> Iterator[Violation]:
+        """One version of a claim, against what earlier versions showed (call under the
+        lock). A claim that holds a node keeps it and its ``boundAt`` unless a decision
+        says it moved (Moved, Rebound, Reattached); one that shows a new node as a fresh
+        "Bound" was bound twice. An attached claim keeps its node whatever it says."""
+        if not self.scope.has_namespace(_namespace(claim)):
+            return
+        self.checks += 1
+        status = claim.get("status") or {}
+        node, phase = status.get("nodeName") or None, status.get("phase")
+        uid = str(_meta(claim).get("uid"))
+        seen = self._history.setdefault(uid, _Seen(f"{_namespace(claim)}/{_name(claim)}"))
+        if phase in HOLDING and node:
+            bound_at = status.get("boundAt")
+            if seen.node is not None and (node, bound_at) != (seen.node, seen.bound_at):
+                reason = _bound_reason(status)
+                if reason in MOVED_BY_DECISION:
+                    self.moves += 1
+                elif reason == keys.ClaimReason.BOUND.value:
+                    detail = (
+                        f"bound to {seen.node} at {seen.bound_at}, "
+                        f"then bound again to {node} at {bound_at}"
+                    )
+                    yield Violation(BOUND_TWICE, seen.name, detail)
+                else:  # moved, then told something else before this look: a move
+                    self.moves += 1
+            seen.node, seen.bound_at = node, bound_at
+        vmi = status.get("attachedTo")
+        if phase == "Attached" and vmi and node:
+            if seen.attached is None or seen.attached[0] != vmi:
+                seen.attached = (str(vmi), str(node))
+            elif seen.attached[1] != node:
+                detail = f"attached to VMI {vmi} on {seen.attached[1]}, now on {node}"
+                yield Violation(ATTACHED_MOVED, seen.name, detail)
+        elif not vmi:
+            seen.attached = None
+
+    def _pods(self, state: State) -> Iterator[Violation]:
+        """A launcher pod the scheduler placed sits where its VMI's claims are."""
+        nodes_of: dict[tuple[str, str], set[str]] = {}
+        for claim in state.claims:
+            status = claim.get("status") or {}
+            if status.get("attachedTo") and status.get("phase") in HOLDING:
+                vmi_key = (_namespace(claim), str(status["attachedTo"]))
+                nodes_of.setdefault(vmi_key, set()).add(str(status.get("nodeName")))
+        for pod in state.pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            owner = _owning_vmi(pod)
+            if not node or owner is None or not self.scope.has_namespace(_namespace(pod)):
+                continue
+            claim_nodes = nodes_of.get((_namespace(pod), owner))
+            if not claim_nodes:
+                continue
+            self.checks += 1
+            if claim_nodes != {node}:
+                detail = f"on {node}, its claims on {', '.join(sorted(claim_nodes))}"
+                yield Violation(POD_ELSEWHERE, f"{_namespace(pod)}/{_name(pod)}", detail)
+
+    # --- rules of a settled cluster ------------------------------------------------------
+
+    def _judged(self, state: State) -> Iterator[Violation]:
+        for claim in state.claims:
+            if not self.scope.has_namespace(_namespace(claim)) or _meta(claim).get(
+                "deletionTimestamp"
+            ):
+                continue
+            self.checks += 1
+            status = claim.get("status") or {}
+            phase = status.get("phase")
+            subject = f"{_namespace(claim)}/{_name(claim)}"
+            if phase in HOLDING:
+                if not status.get("nodeName"):
+                    yield Violation(NOT_JUDGED, subject, f"{phase} without a node")
+                continue
+            bound: Obj = next(
+                (c for c in status.get("conditions") or [] if c.get("type") == "Bound"), {}
+            )
+            if phase not in ("Pending", "Lost") or not (
+                bound.get("status") == "False" and bound.get("reason") and bound.get("message")
+            ):
+                detail = f"phase {phase!r} with Bound condition {bound or 'missing'}"
+                yield Violation(NOT_JUDGED, subject, detail)
+
+    def _records(self, state: State) -> Iterator[Violation]:
+        wanted: dict[tuple[str, str], Obj] = {}
+        for claim in state.claims:
+            labels = _meta(claim).get("labels") or {}
+            template = labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE
+            phase = (claim.get("status") or {}).get("phase")
+            if phase in HOLDING and not template:
+                wanted[(_namespace(claim), workload_name(_name(claim)))] = claim
+        have: set[tuple[str, str]] = set()
+        for record in state.workloads:
+            owner = next(
+                (
+                    ref
+                    for ref in _meta(record).get("ownerReferences") or []
+                    if ref.get("kind") == keys.KIND_CLAIM
+                ),
+                None,
+            )
+            key = (_namespace(record), _name(record))
+            if owner is None or not self.scope.has_namespace(key[0]):
+                continue
+            have.add(key)
+            self.checks += 1
+            wanted_claim = wanted.get(key)
+            subject = f"{key[0]}/{key[1]}"
+            if wanted_claim is None:
+                yield Violation(RECORDS, subject, "a record of no Bound or Attached order")
+                continue
+            units = _count(wanted_claim)
+            class_key = keys.quota_key(str((wanted_claim.get("spec") or {}).get("class")))
+            resources = ((record.get("status") or {}).get("resources")) or {}
+            if owner.get("uid") != _meta(wanted_claim).get("uid"):
+                yield Violation(RECORDS, subject, "owned by another claim of that name")
+            elif resources != {class_key: str(units)}:
+                yield Violation(RECORDS, subject, f"counts {resources}, the claim {units}")
+        for key in sorted(set(wanted) - have):
+            if self.scope.has_namespace(key[0]):
+                self.checks += 1
+                yield Violation(RECORDS, f"{key[0]}/{key[1]}", "missing")
+
+
+# --- reading objects ---------------------------------------------------------------------
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(_meta(obj).get("name", ""))
+
+
+def _namespace(obj: Mapping[str, Any]) -> str:
+    return str(_meta(obj).get("namespace", ""))
+
+
+def _count(claim: Mapping[str, Any]) -> int:
+    return int((claim.get("spec") or {}).get("count") or 1)
+
+
+def _class_resource(gpu_class: Mapping[str, Any]) -> str:
+    source = (gpu_class.get("spec") or {}).get("source") or {}
+    return str((source.get("devicePlugin") or {}).get("resourceName") or "")
+
+
+def _ancestors(namespace: Mapping[str, Any]) -> frozenset[str]:
+    labels = _meta(namespace).get("labels") or {}
+    return keys.tenant_ancestors(dict(labels)) | {_name(namespace)}
+
+
+def _bound_reason(status: Mapping[str, Any]) -> str:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == keys.CONDITION_BOUND:
+            return str(cond.get("reason") or "")
+    return ""
+
+
+def _budget_key(key: str, gpu_names: set[str]) -> bool:
+    return key.startswith(keys.QUOTA_KEY_PREFIX) or (
+        key.removeprefix(keys.QUOTA_RAW_REQUESTS_PREFIX) in gpu_names
+    )
+
+
+def _owning_vmi(pod: Mapping[str, Any]) -> str | None:
+    for ref in _meta(pod).get("ownerReferences") or []:
+        if ref.get("kind") == "VirtualMachineInstance":
+            return str(ref.get("name"))
+    return None
