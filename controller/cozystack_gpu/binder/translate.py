@@ -178,14 +178,19 @@ class PodUsage:
     requests: Mapping[str, int]
 
 
-def pod_usage(pod: Obj) -> PodUsage | None:
+def pod_usage(pod: Obj, *, covered_by_claims: bool | None = None) -> PodUsage | None:
     """The extended-resource requests of a pod that holds no claim, or None.
 
     Launcher pods of VMIs with claims carry the claims reference label: their units are
-    already counted through the claims. Pods in a final phase hold nothing.
+    already counted through the claims. The label alone is not enough, or any labelled pod
+    would take GPUs uncounted: ``covered_by_claims`` says whether the pod's VMI uses claims
+    (None: its VMI is not known yet, and the label is believed for now; a launcher pod is
+    created after its VMI, so this only lasts until the VMI's event). Pods in a final phase
+    hold nothing.
     """
     labels = meta(pod).get("labels") or {}
-    if labels.get(keys.LABEL_CLAIMS_REF) == keys.LABEL_CLAIMS_REF_VALUE:
+    labelled = labels.get(keys.LABEL_CLAIMS_REF) == keys.LABEL_CLAIMS_REF_VALUE
+    if labelled and covered_by_claims is not False:
         return None
     if (pod.get("status") or {}).get("phase") in FINAL_POD_PHASES:
         return None
@@ -257,6 +262,7 @@ class VMIState:
     phase: str
     node: str | None
     held_claims: tuple[str, ...]
+    uses_claims: bool = False  # it carries the claims annotation
 
     @property
     def final(self) -> bool:
@@ -289,6 +295,7 @@ def vmi_state(vmi: Obj) -> VMIState:
         phase=str(status.get("phase") or "Pending"),
         node=status.get("nodeName") or None,
         held_claims=claims_annotation(meta(vmi).get("annotations") or {}),
+        uses_claims=bool((meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)),
     )
 
 

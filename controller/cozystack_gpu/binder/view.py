@@ -77,6 +77,9 @@ class ClusterView:
         # but not yet bound by the scheduler (a refusal may come).
         self._gated: set[Key] = set()
         self._pinned: set[Key] = set()
+        # Pods owned by each VMI: whether a labelled pod's units are its claims' depends on
+        # its VMI, so a VMI's change judges its pods again.
+        self._pods_of_vmi: dict[Key, set[Key]] = {}
         # GPU resource names and where each comes from (a class, a GPUNode report, a GPU
         # node's allocatable, the hoster's list), counted so one event updates them.
         self._name_sources: dict[tuple[str, str], frozenset[str]] = {}
@@ -207,11 +210,24 @@ class ClusterView:
     def _on_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         self._gated.discard(key)
         self._pinned.discard(key)
-        if new is not None and gate.owning_vmi(new) is not None:
+        for obj in (old, new):
+            owner = gate.owning_vmi(obj) if obj is not None else None
+            if owner is not None:
+                members = self._pods_of_vmi.setdefault((key[0], owner), set())
+                (members.add if obj is new else members.discard)(key)
+                if not members:
+                    del self._pods_of_vmi[(key[0], owner)]
+        vmi: VMIState | None = None
+        if new is not None and (owner := gate.owning_vmi(new)) is not None:
+            vmi = self._vmis.get((key[0], owner))
             if gate.is_gated(new):
                 self._gated.add(key)
             elif gate.pinned_node(new) is not None and not gate.scheduled(new):
                 self._pinned.add(key)
+        self._count_pod(key, new, vmi)
+
+    def _count_pod(self, key: Key, new: Obj | None, vmi: VMIState | None) -> None:
+        """Take back what the pod counted as raw-name usage, and count it again."""
         previous = self._pods.pop(key, None)
         if previous is not None:
             if previous.node:
@@ -219,7 +235,8 @@ class ClusterView:
                 self.dirty.nodes.add(previous.node)
             self._pods_in_ns.get(previous.namespace, set()).discard(key)
             self.dirty.namespaces.add(previous.namespace)
-        usage = translate.pod_usage(new) if new is not None else None
+        covered = None if vmi is None else vmi.uses_claims
+        usage = translate.pod_usage(new, covered_by_claims=covered) if new is not None else None
         if usage is None:
             return
         self._pods[key] = usage
@@ -249,6 +266,11 @@ class ClusterView:
         # Template claims are owned by their VMI: their set id does not change, but their
         # liveness does.
         self.dirty.claims |= touched
+        current = self._vmis.get(key)
+        for pod_key in list(self._pods_of_vmi.get(key, ())):
+            pod = self.pod(pod_key)
+            if pod is not None:
+                self._count_pod(pod_key, pod, current)
 
     def _on_vm(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         namespace = key[0]

@@ -170,6 +170,11 @@ def test_raw_name_pods_take_units_but_claim_pods_and_final_pods_do_not() -> None
     assert usage is not None and usage.requests == {"nvidia.com/GH100": 3} and usage.node == "n1"
     assert translate.pod_usage(_pod({keys.LABEL_CLAIMS_REF: "true"})) is None
     assert translate.pod_usage(_pod(phase="Succeeded")) is None
+    # The label is believed only for a pod whose VMI uses claims (or is not seen yet).
+    labelled = _pod({keys.LABEL_CLAIMS_REF: "true"})
+    assert translate.pod_usage(labelled, covered_by_claims=True) is None
+    counted = translate.pod_usage(labelled, covered_by_claims=False)
+    assert counted is not None and counted.requests == {"nvidia.com/GH100": 3}
     assert translate.sum_usage([usage], frozenset({"nvidia.com/OTHER"})) == {}
 
 

@@ -44,3 +44,44 @@ def test_a_write_answered_before_the_deletion_cannot_bring_the_object_back() -> 
     # A class created again under the same name is a new object, with a newer revision.
     view.apply(keys.GPU_CLASS.kind, _class(12), deleted=False)
     assert view.gpu_class("h100") == _class(12)
+
+
+def _node_with_pod_usage(view: ClusterView) -> dict[str, int]:
+    info = view.node_info("n1")
+    assert info is not None
+    return dict(info.raw_used)
+
+
+def test_a_labelled_pod_counts_as_raw_usage_unless_its_vmi_uses_claims() -> None:
+    view = _view()
+    view.apply(keys.GPU_CLASS.kind, _class(1), deleted=False)  # nvidia.com/X is a GPU name
+    view.apply(keys.NODE.kind, {"metadata": {"name": "n1", "resourceVersion": "1"}}, deleted=False)
+    pod = {
+        "metadata": {
+            "name": "p",
+            "namespace": "t",
+            "resourceVersion": "2",
+            "labels": {keys.LABEL_CLAIMS_REF: "true"},
+            "ownerReferences": [
+                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm"}
+            ],
+        },
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/X": "2"}}}],
+        },
+    }
+    view.apply(keys.POD.kind, pod, deleted=False)
+    assert _node_with_pod_usage(view) == {}, "its VMI is not seen yet: the label is believed"
+    vmi = {"metadata": {"name": "vm", "namespace": "t", "resourceVersion": "3"}}
+    view.apply(keys.VMI.kind, vmi, deleted=False)
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 2}, "a VMI without claims"
+    with_claims = {
+        "metadata": {
+            **vmi["metadata"],
+            "resourceVersion": "4",
+            "annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'},
+        }
+    }
+    view.apply(keys.VMI.kind, with_claims, deleted=False)
+    assert _node_with_pod_usage(view) == {}, "its units are its claims'"
