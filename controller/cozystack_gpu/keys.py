@@ -358,6 +358,28 @@ class ClassReason(str, Enum):
     DELETING = "Deleting"
 
 
+class AdmissionReason(str, Enum):
+    """Reasons of the admission webhooks' refusals beyond the model's (an order refused for
+    budget or capacity, a set of mixed vGPU classes... carries the model's Reason)."""
+
+    MALFORMED_ANNOTATION = "MalformedClaimsAnnotation"
+    LABEL_WITHOUT_ANNOTATION = "ClaimsLabelWithoutAnnotation"
+    CLAIM_NOT_FOUND = "ClaimNotFound"
+    CLAIM_BEING_DELETED = "ClaimBeingDeleted"
+    CLAIM_ATTACHED_ELSEWHERE = "ClaimAttachedElsewhere"
+    CLAIM_NOT_BOUND = "ClaimNotBound"
+    CLAIMS_ON_SEVERAL_NODES = "ClaimsOnSeveralNodes"
+    OWN_GPU_ENTRIES = "OwnGPUEntries"
+    INSTANCETYPE_MISSING = "InstanceTypeMissing"
+    LABEL_ON_FOREIGN_POD = "ClaimsLabelOnForeignPod"
+    OWNER_VMI_MISSING = "OwnerVMIMissing"
+    SPEC_IMMUTABLE = "SpecImmutable"
+    TEMPLATE_LABEL_MISUSED = "TemplateLabelMisused"
+    RESOURCE_NAME_SHARED = "ResourceNameShared"
+    REPLICA_CANNOT_CHECK = "ReplicaCannotCheck"
+    ATTACHMENT_RACE_LOST = "AttachmentRaceLost"
+
+
 class EventReason(str, Enum):
     """Reasons of Events the controller writes that no condition carries."""
 

@@ -38,6 +38,11 @@ REFUSALS = Counter(
     "Orders and sets that did not fit when first judged, by machine reason",
     ["reason"],
 )
+ADMISSION_REFUSALS = Counter(
+    "cozystack_gpu_admission_refusals_total",
+    "Requests the admission webhooks refused, by webhook and machine reason",
+    ["webhook", "reason"],
+)
 WRITE_CONFLICTS = Counter(
     "cozystack_gpu_binder_write_conflicts_total",
     "Claim status writes refused because the claim changed after the decision",

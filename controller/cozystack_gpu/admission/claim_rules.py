@@ -59,14 +59,15 @@ def order_refusal(snapshot: Snapshot, claim: Obj, now: float) -> Refusal | None:
     return decision if isinstance(decision, Refusal) else None
 
 
-def update_refusal(old: Obj, new: Obj) -> str | None:
-    """What an update may not change: the spec (the CRD's CEL rule says the same, in the
-    same words), and whether the claim is a template claim."""
+def update_refusal(old: Obj, new: Obj) -> tuple[str, keys.AdmissionReason] | None:
+    """What an update may not change, with its reason: the spec (the CRD's CEL rule says
+    the same, in the same words), and whether the claim is a template claim."""
     if (old.get("spec") or {}) != (new.get("spec") or {}):
-        return SPEC_IMMUTABLE
+        return SPEC_IMMUTABLE, keys.AdmissionReason.SPEC_IMMUTABLE
     if is_template(old) != is_template(new):
         return (
             f"label {keys.LABEL_TEMPLATE_CLAIM} cannot be added to or removed from an "
-            "existing claim"
+            "existing claim",
+            keys.AdmissionReason.TEMPLATE_LABEL_MISUSED,
         )
     return None

@@ -18,6 +18,7 @@ from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.feed import SnapshotFeed
 from cozystack_gpu.binder.translate import meta
 from cozystack_gpu.class_rules import resource_name_conflicts
+from cozystack_gpu.keys import AdmissionReason
 from cozystack_gpu.model import Reason, Refusal
 
 Obj = Mapping[str, Any]
@@ -45,12 +46,13 @@ class ClaimWebhook:
         if claim_rules.is_template(claim):
             problem = claim_rules.template_refusal(claim)
             if problem is not None:
-                raise Refused(problem)
+                raise Refused(problem, AdmissionReason.TEMPLATE_LABEL_MISUSED)
             return []
         if self.feed.failure is not None:
             raise Refused(
                 "GPUClaim orders cannot be checked on this controller replica: its watch "
                 f"feed stopped ({self.feed.failure})",
+                AdmissionReason.REPLICA_CANNOT_CHECK,
                 500,
             )
         now = self.clock()
@@ -65,12 +67,12 @@ class ClaimWebhook:
             class_name = str((claim.get("spec") or {}).get("class", ""))
             if class_name in self.access.classes(latest=True):
                 return [unchecked(f"this controller replica has not seen class {class_name} yet")]
-        raise Refused(refusal.message)
+        raise Refused(refusal.message, refusal.reason)
 
     def admit_update(self, old: Obj, new: Obj) -> None:
         problem = claim_rules.update_refusal(old, new)
         if problem is not None:
-            raise Refused(problem)
+            raise Refused(*problem)
 
 
 class ClassWebhook:
@@ -83,4 +85,6 @@ class ClassWebhook:
         others = [(n, obj.get("spec") or {}) for n, obj in classes.items()]
         conflicts = resource_name_conflicts(name, gpu_class.get("spec") or {}, others)
         if conflicts:
-            raise Refused("; ".join(c.message(name) for c in conflicts))
+            raise Refused(
+                "; ".join(c.message(name) for c in conflicts), AdmissionReason.RESOURCE_NAME_SHARED
+            )

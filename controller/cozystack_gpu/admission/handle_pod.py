@@ -17,6 +17,7 @@ from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.handle_vmi import label_without_annotation
 from cozystack_gpu.binder.translate import meta
+from cozystack_gpu.keys import AdmissionReason
 
 Obj = dict[str, Any]
 
@@ -39,20 +40,27 @@ class PodWebhook:
                 f"pod {name} carries the label {keys.LABEL_CLAIMS_REF}="
                 f"{keys.LABEL_CLAIMS_REF_VALUE}, which only KubeVirt's virt-launcher pods of "
                 "VMIs with GPU claims may carry (the controller does not count their GPU "
-                "requests as raw usage); remove the label"
+                "requests as raw usage); remove the label",
+                AdmissionReason.LABEL_ON_FOREIGN_POD,
             )
         vmi = self.access.vmi(namespace, vmi_name)
         if vmi is None:
             raise Refused(
-                f"VirtualMachineInstance {vmi_name}, the owner of pod {name}, does not exist", 404
+                f"VirtualMachineInstance {vmi_name}, the owner of pod {name}, does not exist",
+                AdmissionReason.OWNER_VMI_MISSING,
+                404,
             )
         raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
         if raw is None:
-            raise Refused(label_without_annotation("VirtualMachineInstance", vmi_name), 400)
+            raise Refused(
+                label_without_annotation("VirtualMachineInstance", vmi_name),
+                AdmissionReason.LABEL_WITHOUT_ANNOTATION,
+                400,
+            )
         try:
             request = annotation.parse(str(raw))
         except annotation.AnnotationError as exc:
-            raise Refused(str(exc), 400) from None
+            raise Refused(str(exc), AdmissionReason.MALFORMED_ANNOTATION, 400) from None
         claims = [self.pool.submit(self.access.claim, namespace, c) for c in request.claims]
         classes = self.access.classes()
         names = {t.gpu_class for t in request.templates}

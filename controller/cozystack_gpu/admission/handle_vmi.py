@@ -29,6 +29,7 @@ from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.binder.lifecycle import finalizer_patch
 from cozystack_gpu.binder.translate import meta
+from cozystack_gpu.keys import AdmissionReason
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +85,19 @@ class VMIWebhook:
         namespace = str(meta(vmi).get("namespace", ""))
         raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
         if raw is None:
-            raise Refused(label_without_annotation("VirtualMachineInstance", name), 400)
+            raise Refused(
+                label_without_annotation("VirtualMachineInstance", name),
+                AdmissionReason.LABEL_WITHOUT_ANNOTATION,
+                400,
+            )
         try:
             request = annotation.parse(str(raw))
         except annotation.AnnotationError as exc:
-            raise Refused(str(exc), 400) from None
+            raise Refused(str(exc), AdmissionReason.MALFORMED_ANNOTATION, 400) from None
         facts = self._read(vmi, namespace, request)
         decision = vmi_rules.judge(vmi, request, facts)
         if isinstance(decision, vmi_rules.Refusal):
-            raise Refused(decision.message)
+            raise Refused(decision.message, decision.reason)
         if not dry_run:
             held = {c: facts.claims[c] for c in request.claims}
             self._hold(namespace, name, held, decision.attach)
@@ -129,7 +134,8 @@ class VMIWebhook:
                 )
                 raise Refused(
                     f"{ref[0].kind} {ref[1]}, named by the VMI's {which} annotation, does not "
-                    "exist, so its GPU entries cannot be checked"
+                    "exist, so its GPU entries cannot be checked",
+                    AdmissionReason.INSTANCETYPE_MISSING,
                 )
             instancetype = vmi_rules.InstanceType(ref[0].kind, ref[1], spec.get("spec") or {})
         return vmi_rules.VMIFacts(
@@ -256,7 +262,7 @@ class VMIWebhook:
         obj = self.access.claim(namespace, claim_name)
         refusal = vmi_rules.held_claim_refusal(claim_name, obj, namespace, vmi_name)
         if refusal is not None:
-            raise Refused(refusal.message, 409)
+            raise Refused(refusal.message, AdmissionReason.ATTACHMENT_RACE_LOST, 409)
         assert obj is not None
         return obj
 

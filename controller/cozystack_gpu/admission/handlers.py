@@ -30,7 +30,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from cozystack_gpu import keys
+from cozystack_gpu import keys, metrics
 from cozystack_gpu.admission import pod_rules, vmi_rules
 from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
@@ -102,12 +102,14 @@ def start(
 
 
 @contextmanager
-def _refusals() -> Iterator[None]:
+def _refusals(webhook: str) -> Iterator[None]:
     """``Refused`` and API failures become the admission answer; the webhooks fail closed,
-    so an answer that could not be computed refuses, saying why."""
+    so an answer that could not be computed refuses, saying why. Each refusal is counted by
+    its machine reason."""
     try:
         yield
     except Refused as exc:
+        metrics.ADMISSION_REFUSALS.labels(webhook, exc.reason).inc()
         raise kopf.AdmissionError(exc.message, code=exc.code) from None
     except ApiException as exc:
         raise kopf.AdmissionError(
@@ -139,7 +141,7 @@ def validate_gpuclaim(
     """Budget and capacity at create time (dry runs alike: nothing is written); the spec
     never changes afterwards."""
     admission = _admission(memo)
-    with _refusals():
+    with _refusals("validate-gpuclaim"):
         if operation == "CREATE":
             warnings.extend(admission.claims.admit_create(body))
         elif operation == "UPDATE" and old is not None:
@@ -153,7 +155,7 @@ def validate_gpuclaim(
 def validate_gpuclass(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Two classes share a resource name only with node selectors that do not overlap."""
     admission = _admission(memo)
-    with _refusals():
+    with _refusals("validate-gpuclass"):
         admission.classes.admit(body)
 
 
@@ -165,7 +167,7 @@ def mutate_vmi(body: kopf.Body, dryrun: bool, patch: kopf.Patch, memo: kopf.Memo
     """Resolve the VMI's claims, record the attachments (not on a dry run) and add one
     gpus entry per unit."""
     admission = _admission(memo)
-    with _refusals():
+    with _refusals("mutate-vmi"):
         gpus = admission.vmis.admit(dict(body), dry_run=dryrun)
     patch.fns.append(lambda raw: vmi_rules.set_gpus(cast(dict[str, Any], raw), gpus))
 
@@ -174,7 +176,7 @@ def mutate_vmi(body: kopf.Body, dryrun: bool, patch: kopf.Patch, memo: kopf.Memo
 def mutate_pod(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """The scheduling gate and the classes' tolerations on a VMI's launcher pod."""
     admission = _admission(memo)
-    with _refusals():
+    with _refusals("mutate-pod"):
         change = admission.pods.admit(dict(body))
     if change:
         patch.fns.append(lambda raw: pod_rules.apply(cast(dict[str, Any], raw), change))

@@ -32,12 +32,17 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.admission.annotation import ClaimsRequest
 from cozystack_gpu.binder.translate import class_resource_name, meta
+from cozystack_gpu.keys import AdmissionReason
+from cozystack_gpu.model import Reason
 
 Obj = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class Refusal:
+    """A start refused: ``reason`` for machines and metrics, ``message`` for the tenant."""
+
+    reason: str
     message: str
 
 
@@ -115,16 +120,22 @@ def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
         spec = claim.get("spec") or {}
         class_name = str(spec.get("class", ""))
         if class_name not in facts.classes:
-            return Refusal(f"class {class_name} of GPUClaim {claim_name} does not exist")
+            return Refusal(
+                Reason.CLASS_MISSING, f"class {class_name} of GPUClaim {claim_name} does not exist"
+            )
         demand[class_name] = demand.get(class_name, 0) + int(spec.get("count") or 1)
     for entry in request.templates:
         klass = facts.classes.get(entry.gpu_class)
         if klass is None:
-            return Refusal(f"class {entry.gpu_class} of claim template {entry.name} does not exist")
+            return Refusal(
+                Reason.CLASS_MISSING,
+                f"class {entry.gpu_class} of claim template {entry.name} does not exist",
+            )
         if meta(klass).get("deletionTimestamp"):
             return Refusal(
+                Reason.CLASS_DELETING,
                 f"class {entry.gpu_class} is being deleted and takes no new orders "
-                f"(claim template {entry.name})"
+                f"(claim template {entry.name})",
             )
         demand[entry.gpu_class] = demand.get(entry.gpu_class, 0) + entry.count
 
@@ -132,22 +143,27 @@ def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
     if len(set(nodes.values())) > 1:
         where = ", ".join(f"{c} on {n}" for c, n in nodes.items())
         return Refusal(
+            AdmissionReason.CLAIMS_ON_SEVERAL_NODES,
             f"the GPUClaims of one VM must be bound to one node, and these are not: {where}; "
             "order claims a VM uses together as one set (a VirtualMachine that names them "
-            "keeps them together) or use claimTemplates"
+            "keeps them together) or use claimTemplates",
         )
 
     modes = {n: str((facts.classes[n].get("spec") or {}).get("mode", "")) for n in demand}
     vgpu = sorted(n for n in demand if modes[n] == keys.Mode.VGPU.value)
     if len(vgpu) > 1:
-        return Refusal(f"a VM takes one vGPU class; the set asks for {', '.join(vgpu)}")
+        return Refusal(
+            Reason.VGPU_CLASSES_MIXED,
+            f"a VM takes one vGPU class; the set asks for {', '.join(vgpu)}",
+        )
 
     for class_name in sorted(demand):
         limit = _max_count(class_name, modes[class_name], facts)
         if limit is not None and limit > 0 and demand[class_name] > limit:
             return Refusal(
+                Reason.MAX_COUNT_EXCEEDED,
                 f"class {class_name} allows at most {units(limit)} per VM; "
-                f"the set asks for {demand[class_name]}"
+                f"the set asks for {demand[class_name]}",
             )
 
     entitled = facts.namespace_labels.get(keys.LABEL_VGPU_ENTITLEMENT) == (
@@ -156,8 +172,9 @@ def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
     for entry in request.templates:
         if modes[entry.gpu_class] == keys.Mode.VGPU.value and not entitled:
             return Refusal(
+                Reason.VGPU_NOT_ENTITLED,
                 f"namespace {namespace} lacks the label {keys.LABEL_VGPU_ENTITLEMENT}: "
-                f'"{keys.VGPU_ENTITLEMENT_VALUE}" that vGPU class {entry.gpu_class} needs'
+                f'"{keys.VGPU_ENTITLEMENT_VALUE}" that vGPU class {entry.gpu_class} needs',
             )
 
     gpu_names = facts.settings_names | {
@@ -166,10 +183,11 @@ def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
     own = own_gpu_entries(vmi, facts.instancetype, gpu_names)
     if own:
         return Refusal(
+            AdmissionReason.OWN_GPU_ENTRIES,
             f"VirtualMachineInstance {name} holds GPUs through its claims "
             f"({keys.ANNOTATION_CLAIMS}) and also requests GPU resource names of its own: "
             f"{'; '.join(own)}; a VM with claims gets its GPUs from its claims only: remove "
-            "those entries"
+            "those entries",
         )
 
     resources: list[str] = []
@@ -193,17 +211,21 @@ def held_claim_refusal(
 ) -> Refusal | None:
     if claim is None:
         return Refusal(
+            AdmissionReason.CLAIM_NOT_FOUND,
             f"GPUClaim {claim_name} named in {keys.ANNOTATION_CLAIMS} does not exist in "
-            f"namespace {namespace}; order it first, or remove it from the annotation"
+            f"namespace {namespace}; order it first, or remove it from the annotation",
         )
     if meta(claim).get("deletionTimestamp"):
-        return Refusal(f"GPUClaim {claim_name} is being deleted")
+        return Refusal(
+            AdmissionReason.CLAIM_BEING_DELETED, f"GPUClaim {claim_name} is being deleted"
+        )
     status = claim.get("status") or {}
     attached_to = status.get("attachedTo")
     if attached_to and attached_to != vmi_name:
         return Refusal(
+            AdmissionReason.CLAIM_ATTACHED_ELSEWHERE,
             f"GPUClaim {claim_name} is attached to VirtualMachineInstance {attached_to}; a "
-            "claim serves one VM at a time: stop that VM, or order another claim"
+            "claim serves one VM at a time: stop that VM, or order another claim",
         )
     phase = status.get("phase") or keys.Phase.PENDING.value
     if phase == keys.Phase.BOUND.value or (
@@ -211,7 +233,10 @@ def held_claim_refusal(
     ):
         return None
     why = _condition_message(status, keys.CONDITION_BOUND)
-    return Refusal(f"GPUClaim {claim_name} is {phase}, not Bound" + (f": {why}" if why else ""))
+    return Refusal(
+        AdmissionReason.CLAIM_NOT_BOUND,
+        f"GPUClaim {claim_name} is {phase}, not Bound" + (f": {why}" if why else ""),
+    )
 
 
 def _condition_message(status: Obj, kind: str) -> str:

@@ -1,5 +1,6 @@
 """docs/troubleshooting.md explains every reason the controller can write: the model's
-refusal reasons and the condition and Event reasons in keys.py."""
+refusal reasons, the condition and Event reasons in keys.py, and the admission webhooks'
+refusal reasons."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ REASON_ENUMS: tuple[type[Enum], ...] = (
     keys.NodeReason,
     keys.ClassReason,
     keys.EventReason,
+    keys.AdmissionReason,
 )
 
 

@@ -105,7 +105,10 @@ def test_a_template_claim_must_be_owned_by_a_vmi() -> None:
 
 
 def test_the_spec_never_changes_and_says_so_as_the_crd_does() -> None:
-    assert update_refusal(claim_obj(), claim_obj(count=2)) == SPEC_IMMUTABLE
+    assert update_refusal(claim_obj(), claim_obj(count=2)) == (
+        SPEC_IMMUTABLE,
+        keys.AdmissionReason.SPEC_IMMUTABLE,
+    )
     crd = yaml.safe_load((CRD_DIR / "gpuclaims.yaml").read_text())
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert [r["message"] for r in spec["x-kubernetes-validations"]] == [SPEC_IMMUTABLE]
@@ -115,6 +118,8 @@ def test_the_spec_never_changes_and_says_so_as_the_crd_does() -> None:
 def test_the_template_mark_is_fixed_at_create() -> None:
     labelled = claim_obj(labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
     assert update_refusal(claim_obj(), labelled) == (
-        "label gpu.cozystack.io/template-claim cannot be added to or removed from an existing claim"
+        "label gpu.cozystack.io/template-claim cannot be added to or removed from an "
+        "existing claim",
+        keys.AdmissionReason.TEMPLATE_LABEL_MISUSED,
     )
     assert update_refusal(labelled, claim_obj()) is not None

@@ -1,0 +1,28 @@
+"""A refusal reaches the client as kopf's admission error, with its HTTP code, and is
+counted by webhook and machine reason."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+from prometheus_client import REGISTRY
+
+from cozystack_gpu.admission.errors import Refused
+from cozystack_gpu.admission.handlers import _refusals
+from cozystack_gpu.keys import AdmissionReason
+
+
+def _count(webhook: str, reason: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "cozystack_gpu_admission_refusals_total", {"webhook": webhook, "reason": reason}
+    )
+    return value or 0.0
+
+
+def test_a_refusal_is_answered_with_its_code_and_counted_by_reason() -> None:
+    before = _count("mutate-vmi", "ClaimNotBound")
+    with pytest.raises(kopf.AdmissionError) as answer, _refusals("mutate-vmi"):
+        raise Refused("GPUClaim c is Pending, not Bound", AdmissionReason.CLAIM_NOT_BOUND, 403)
+    assert answer.value.code == 403
+    assert str(answer.value) == "GPUClaim c is Pending, not Bound"
+    assert _count("mutate-vmi", "ClaimNotBound") == before + 1
