@@ -46,6 +46,19 @@ def claims_ref_of(vmi: Obj) -> ClaimsRequest | None:
         return None
 
 
+def claims_ref_problem(vmi: Obj) -> str | None:
+    """Why a VMI's claims annotation cannot be read, or None (it can, or there is none).
+    The VMI webhook refuses such a VMI; one stored without it must not start unchecked."""
+    raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
+    if not raw:
+        return None
+    try:
+        annotation.parse(raw)
+    except annotation.AnnotationError as exc:
+        return str(exc)
+    return None
+
+
 def template_claim_names(vmi_name: str, ref: ClaimsRequest) -> tuple[str, ...]:
     return tuple(keys.template_claim_name(vmi_name, t.name) for t in ref.templates)
 

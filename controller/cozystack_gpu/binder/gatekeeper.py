@@ -18,7 +18,7 @@ from cozystack_gpu.binder import gate, lifecycle, translate
 from cozystack_gpu.binder.part import BinderPart
 from cozystack_gpu.binder.view import Key
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone
-from cozystack_gpu.keys import ClaimReason, EventReason, OnCordon, Phase
+from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
 from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step
 
 if TYPE_CHECKING:
@@ -73,18 +73,38 @@ class Gatekeeper(BinderPart):
             if found is None:
                 continue  # its VMI is not known yet
             vmi_key, vmi, members = found
+            problem = gate.claims_ref_problem(vmi)
+            if problem is not None:
+                # Ungated, its GPU requests would reach the scheduler uncounted: it waits.
+                reason = AdmissionReason.MALFORMED_ANNOTATION.value
+                self._not_placed(pod_key, vmi, [], reason, problem, now)
+                continue
             if not members:
                 self._pin(pod_key, pod, None, [])  # no claims to place: only ungate
                 continue
             if self._create_templates(vmi, members):
                 continue
             infos = [self.snapshot.claim(k) for k in members]
-            if any(c is None for c in infos) or any(k in self.binder.inflight for k in members):
-                continue  # a claim not seen yet, or a write about one still out
+            if any(k in self.binder.inflight for k in members):
+                continue  # a write about one of its claims is still out
+            # Claims it holds that do not exist (its templates do by now) are told, not
+            # waited for in silence.
+            absent = [k.name for k in members if self.view.claim(k) is None]
+            if absent:
+                message = (
+                    f"GPUClaim {', '.join(absent)} named in {keys.ANNOTATION_CLAIMS} does not "
+                    f"exist in namespace {vmi_key[0]}; order it, or remove it from the annotation"
+                )
+                reason = AdmissionReason.CLAIM_NOT_FOUND.value
+                self._not_placed(pod_key, vmi, members, reason, message, now)
+                continue
+            if any(c is None for c in infos):
+                continue  # seen, but not in the model yet
             claims = [c for c in infos if c is not None]
             decision = self.snapshot.place_for_start(claims, now, self._allowed_nodes(pod))
             if isinstance(decision, Refusal):
-                self._not_placed(pod_key, vmi, members, decision, now)
+                reason = str(decision.reason)
+                self._not_placed(pod_key, vmi, members, reason, decision.message, now)
                 continue
             target = decision.node
             moving = [c for c in claims if not (c.holds_node and c.node == target)]
@@ -197,18 +217,19 @@ class Gatekeeper(BinderPart):
         pod_key: Key,
         vmi: dict[str, Any],
         members: list[ClaimKey],
-        refusal: Refusal,
+        reason: str,
+        why: str,
         now: float,
     ) -> None:
         """A set with nowhere to go keeps its pod gated; say so once per reason, on the
         claims (condition Placed) and on the VMI (a Warning event)."""
-        said = f"{refusal.reason}: {refusal.message}"
+        said = f"{reason}: {why}"
         if self._gate_told.get(pod_key) == said:
             return
         self._gate_told[pod_key] = said
-        message = f"the VM's GPU set cannot start anywhere yet: {refusal.message}"
+        message = f"the VM's GPU set cannot start anywhere yet: {why}"
         self.writer.event(vmi, EventReason.SET_NOT_PLACED.value, message, True, kind=keys.VMI)
-        cond = lifecycle.condition(keys.CONDITION_PLACED, False, str(refusal.reason), message, now)
+        cond = lifecycle.condition(keys.CONDITION_PLACED, False, reason, message, now)
         for key in members:
             obj = self.view.claim(key)
             if obj is not None:
