@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 PUBLISH_EVERY_S = 0.25  # class status and usage records at most this often
 METRICS_EVERY_S = 5.0
+# The settings ConfigMap is written again this often even when its data did not change:
+# the raw-name policy reads it, and a hand edit or a deletion must not last. Unchanged,
+# the write is one request the API server answers without storing anything.
+SETTINGS_REFRESH_S = 30.0
 WORKLOAD_KIND = keys.WORKLOAD.kind
 
 
@@ -41,6 +45,7 @@ class Publisher(BinderPart):
         self._gpunode_writes: set[str] = set()
         self._published_nodes: set[tuple[str, str]] = set()  # (node, resource) in metrics
         self._settings_written: dict[str, str] | None = None
+        self._settings_at = 0.0
         self._settings_inflight = False
         self._last_publish = 0.0
         self._last_metrics = 0.0
@@ -167,7 +172,7 @@ class Publisher(BinderPart):
         self._last_publish = now
         self._publish_class_status(now)
         self._publish_gpunode_conditions(now)
-        self._publish_settings()
+        self._publish_settings(now)
         if self.config.workload_records:
             self._publish_records()
         if now - self._last_metrics >= METRICS_EVERY_S:
@@ -216,13 +221,13 @@ class Publisher(BinderPart):
             self._gpunode_writes.add(name)
             self.writer.call("gpunode-status", name, request, Priority.STATUS)
 
-    def _publish_settings(self) -> None:
+    def _publish_settings(self, now: float) -> None:
         if self._settings_inflight:
             return
         data = lifecycle.settings_data(self.view.gpu_names, self.config.raw_resource_names)
-        if data == self._settings_written:
+        if data == self._settings_written and now - self._settings_at < SETTINGS_REFRESH_S:
             return
-        self._settings_written = data
+        self._settings_written, self._settings_at = data, now
         self._settings_inflight = True
         self.writer.settings(self.config.namespace, data)
 

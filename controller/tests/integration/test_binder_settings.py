@@ -1,0 +1,60 @@
+"""The settings ConfigMap is the controller's: a hand edit or a deletion does not last.
+
+Found by the fault suite's fuzzing of the settings ConfigMap: the binder wrote gpu-settings
+only when its own data changed, so an edit by hand (or ``kubectl delete``) stayed until
+the controller restarted. The raw-name policy takes the ConfigMap as its parameter, and
+finds ``rawResourceNames: forbidden`` there: deleting it, or writing ``allowed``, turned the
+policy off for good. The binder now writes it again every ``SETTINGS_REFRESH_S`` seconds
+(shortened here).
+"""
+
+from __future__ import annotations
+
+import pytest
+from binder_env import Env
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder import publisher
+from cozystack_gpu_testkit.objects import wait_for
+
+pytestmark = pytest.mark.apiserver
+
+
+@pytest.fixture
+def quick_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publisher, "SETTINGS_REFRESH_S", 1.0)
+
+
+def settings_data(env: Env) -> dict[str, str] | None:
+    try:
+        found = env.kube.core.read_namespaced_config_map(keys.SETTINGS_CONFIGMAP, env.controller_ns)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return dict(found.data or {})
+
+
+def test_a_settings_configmap_edited_or_deleted_by_hand_is_written_back(
+    quick_refresh: None, env: Env
+) -> None:
+    env.node("n1", 2)
+
+    def current() -> dict[str, str] | None:
+        data = settings_data(env)
+        names = (data or {}).get(keys.SETTINGS_KEY_RESOURCE_NAMES, "")
+        return data if env.resource in keys.parse_resource_names(names) else None
+
+    wanted = wait_for(current, 30, "the settings ConfigMap naming the node's GPUs")
+    assert wanted[keys.SETTINGS_KEY_RAW_RESOURCE_NAMES] == keys.RawNamesPolicy.ALLOWED.value
+
+    env.kube.core.replace_namespaced_config_map(
+        keys.SETTINGS_CONFIGMAP,
+        env.controller_ns,
+        {"metadata": {"name": keys.SETTINGS_CONFIGMAP}, "data": {"resourceNames": "x,,"}},
+    )
+    wait_for(lambda: settings_data(env) == wanted, 15, "the edited ConfigMap written back")
+
+    env.kube.core.delete_namespaced_config_map(keys.SETTINGS_CONFIGMAP, env.controller_ns)
+    wait_for(lambda: settings_data(env) == wanted, 15, "the deleted ConfigMap written back")
