@@ -167,8 +167,11 @@ class ActionModule(ActionBase):
                 display.display(f"{self._task.get_name()}: {line}")
 
             try:
+                # Read before the label goes on: the binder moves the first ones at once.
+                present = cluster.unattached_on(api, node)
                 cluster.set_layout_state(api, node, "pending")
-                holds["drained"] = cluster.wait_for_drain(api, node, timeout, poll, progress)
+                left = cluster.wait_for_drain(api, node, timeout, poll, progress)
+                holds["drained"] = sorted(set(present) | set(left))
             except cluster.DrainTimeout as exc:
                 return finish(planned, failed=True, changed=True, msg=str(exc), drain_log=log)
             losing = [c["class"] for c in holds["classes"] if c["after"] < c["before"]]

@@ -204,8 +204,12 @@ done:
   returned: always
   type: list
   elements: dict
-skipped:
-  description: Steps that had nothing to do when their turn came, with the reason (for example a full card).
+skipped_steps:
+  description:
+    - Steps that had nothing to do when their turn came, with the reason (for example a full
+      card).
+    - Not C(skipped), which Ansible reads as "the task was skipped" and then evaluates
+      neither C(changed_when) nor C(failed_when).
   returned: always
   type: list
   elements: dict
@@ -353,6 +357,9 @@ def run_module(module, writer=None, runner=None, nvidia=None, sleep=None):
 
     data = result.to_dict()
     data.pop("ok")
+    # "skipped" is Ansible's own result key: with it, failed_when and changed_when are not
+    # evaluated at all.
+    data["skipped_steps"] = data.pop("skipped")
     data["functions"] = function_report(result)
     data["node_labels"] = (
         gpu_node_labels.gpu_labels(result.inventory_after) if result.inventory_after else {}

@@ -239,6 +239,24 @@ def test_a_module_runs_from_the_installed_path(installed: Path, tmp_path: Path) 
     assert facts["resource_names"] and facts["functions"]
 
 
+def test_the_layout_checks_model_ships_in_the_collection_and_needs_only_the_stdlib(
+    installed: Path,
+) -> None:
+    """gpu_node_layout's action plugin judges claims with the controller's own cluster view
+    and model, imported from the collection's controller/ directory on the Ansible
+    controller: they must be there and import with the standard library alone."""
+    ours = installed / "ansible_collections" / "cozystack" / "gpu"
+    assert (ours / "plugins" / "action" / "gpu_node_layout.py").is_file()
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        " import cozystack_gpu.binder.view, cozystack_gpu.config, cozystack_gpu.model;"
+        " print(cozystack_gpu.model.__file__)"
+    )
+    # -S: no site-packages, so nothing but the standard library and that directory.
+    out = _run(sys.executable, "-S", "-c", code, str(ours / "controller"))
+    assert out.strip().startswith(str(ours / "controller" / "cozystack_gpu" / "model"))
+
+
 def _links(top: Path) -> dict[Path, Path]:
     """Every symbolic link below ``top`` (build and cache folders skipped) -> its target."""
     found: dict[Path, Path] = {}
