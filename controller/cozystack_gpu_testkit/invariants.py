@@ -18,7 +18,8 @@ At every look (``check``), whatever is going on:
 
 Once the cluster has settled (``settled``), also:
 - every order is judged: Bound or Attached on a node, or Pending (Lost) with a Bound
-  condition that gives a reason and a message;
+  condition that gives a reason and a message (a template claim may wait at the gate
+  with a Placed condition instead);
 - usage records exist exactly for the ordered Bound and Attached claims, owned by the claim
   (its uid) and counting its class and units.
 
@@ -417,10 +418,12 @@ class Invariants:
     # --- rules of a settled cluster ------------------------------------------------------
 
     def _judged(self, state: State) -> Iterator[Violation]:
+        """Every order Bound or Attached on a node, or waiting with a reason: Pending (or
+        Lost) with a False Bound condition; a VM's template claim may instead wait at the
+        gate with a False Placed condition."""
         for claim in state.claims:
-            if not self.scope.has_namespace(_namespace(claim)) or _meta(claim).get(
-                "deletionTimestamp"
-            ):
+            deleting = _meta(claim).get("deletionTimestamp")
+            if deleting or not self.scope.has_namespace(_namespace(claim)):
                 continue
             self.checks += 1
             status = claim.get("status") or {}
@@ -430,22 +433,22 @@ class Invariants:
                 if not status.get("nodeName"):
                     yield Violation(NOT_JUDGED, subject, f"{phase} without a node")
                 continue
-            bound: Obj = next(
-                (c for c in status.get("conditions") or [] if c.get("type") == "Bound"), {}
-            )
-            if phase not in ("Pending", "Lost") or not (
-                bound.get("status") == "False" and bound.get("reason") and bound.get("message")
-            ):
-                detail = f"phase {phase!r} with Bound condition {bound or 'missing'}"
+            told = {
+                str(c.get("type"))
+                for c in status.get("conditions") or []
+                if c.get("status") == "False" and c.get("reason") and c.get("message")
+            }
+            waits = phase in ("Pending", "Lost") and keys.CONDITION_BOUND in told
+            at_gate = _template(claim) and keys.CONDITION_PLACED in told
+            if not (waits or at_gate):
+                detail = f"phase {phase!r}, status {json.dumps(status, sort_keys=True)}"
                 yield Violation(NOT_JUDGED, subject, detail)
 
     def _records(self, state: State) -> Iterator[Violation]:
         wanted: dict[tuple[str, str], Obj] = {}
         for claim in state.claims:
-            labels = _meta(claim).get("labels") or {}
-            template = labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE
             phase = (claim.get("status") or {}).get("phase")
-            if phase in HOLDING and not template:
+            if phase in HOLDING and not _template(claim):
                 wanted[(_namespace(claim), workload_name(_name(claim)))] = claim
         have: set[tuple[str, str]] = set()
         for record in state.workloads:
@@ -507,6 +510,11 @@ def _class_resource(gpu_class: Mapping[str, Any]) -> str:
 def _ancestors(namespace: Mapping[str, Any]) -> frozenset[str]:
     labels = _meta(namespace).get("labels") or {}
     return keys.tenant_ancestors(dict(labels)) | {_name(namespace)}
+
+
+def _template(claim: Mapping[str, Any]) -> bool:
+    labels = _meta(claim).get("labels") or {}
+    return bool(labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE)
 
 
 def _bound_reason(status: Mapping[str, Any]) -> str:

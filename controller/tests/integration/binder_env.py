@@ -69,6 +69,49 @@ class Env:
         self.kube.vmi(self.tenant, "vm", claims=["c"], phase=phase, node=vmi_node)
         return self.wait_phase("c", "Attached")
 
+    def gated_vmi(
+        self, name: str, annotation: str, *, labelled: bool = True, units: int = 0
+    ) -> dict[str, Any]:
+        """A VMI stored as written, with no VMI webhook (``annotation`` as it is, the
+        reference label when ``labelled``), and its launcher pod held at the gate, asking
+        for ``units`` of this test's resource."""
+        labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE} if labelled else {}
+        notes = {keys.ANNOTATION_CLAIMS: annotation}
+        vmi: dict[str, Any] = self.kube.custom.create_namespaced_custom_object(
+            keys.VMI.group,
+            keys.VMI.version,
+            self.tenant,
+            keys.VMI.plural,
+            {
+                "apiVersion": keys.VMI.api_version,
+                "kind": keys.VMI.kind,
+                "metadata": {"name": name, "labels": labels, "annotations": notes},
+                "spec": {"domain": {"devices": {}}},
+            },
+        )
+        owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": name}
+        requests = {self.resource: str(units)} if units else {}
+        compute = {"name": "compute", "image": "virt-launcher"}
+        self.kube.core.create_namespaced_pod(
+            self.tenant,
+            {
+                "metadata": {
+                    "name": f"virt-launcher-{name}",
+                    "labels": {"kubevirt.io": "virt-launcher", **labels},
+                    "ownerReferences": [
+                        {**owner, "uid": vmi["metadata"]["uid"], "controller": True}
+                    ],
+                },
+                "spec": {
+                    "containers": [
+                        {**compute, "resources": {"requests": requests, "limits": requests}}
+                    ],
+                    "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
+                },
+            },
+        )
+        return vmi
+
     def wait_phase(
         self, claim: str, phase: str, namespace: str | None = None, timeout: float = 15.0
     ) -> dict[str, Any]:

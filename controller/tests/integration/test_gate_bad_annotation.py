@@ -24,49 +24,6 @@ from cozystack_gpu_testkit.objects import wait_for
 pytestmark = pytest.mark.apiserver
 
 
-def vmi_with_pod(env: Env, name: str, annotation: str) -> dict[str, Any]:
-    """A labelled VMI with ``annotation`` and its gated launcher pod requesting one unit."""
-    vmi: dict[str, Any] = env.kube.custom.create_namespaced_custom_object(
-        keys.VMI.group,
-        keys.VMI.version,
-        env.tenant,
-        keys.VMI.plural,
-        {
-            "apiVersion": keys.VMI.api_version,
-            "kind": keys.VMI.kind,
-            "metadata": {
-                "name": name,
-                "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
-                "annotations": {keys.ANNOTATION_CLAIMS: annotation},
-            },
-            "spec": {"domain": {"devices": {}}},
-        },
-    )
-    owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": name}
-    requests = {env.resource: "1"}
-    env.kube.core.create_namespaced_pod(
-        env.tenant,
-        {
-            "metadata": {
-                "name": f"virt-launcher-{name}",
-                "labels": {"kubevirt.io": "virt-launcher", keys.LABEL_CLAIMS_REF: "true"},
-                "ownerReferences": [{**owner, "uid": vmi["metadata"]["uid"], "controller": True}],
-            },
-            "spec": {
-                "containers": [
-                    {
-                        "name": "compute",
-                        "image": "virt-launcher",
-                        "resources": {"requests": requests, "limits": requests},
-                    }
-                ],
-                "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
-            },
-        },
-    )
-    return vmi
-
-
 def warning(env: Env, vmi: str) -> str | None:
     events = env.kube.core.list_namespaced_event(
         env.tenant, field_selector=f"involvedObject.name={vmi}"
@@ -88,7 +45,7 @@ def test_a_set_naming_a_claim_that_does_not_exist_waits_gated_and_says_which(env
     env.node("n1", 2)
     gpu_class = env.gpu_class()
     annotation = {"claims": ["nope"], "claimTemplates": [{"name": "t", "class": gpu_class}]}
-    vmi_with_pod(env, "vm", json.dumps(annotation))
+    env.gated_vmi("vm", json.dumps(annotation), units=1)
 
     told = wait_for(lambda: warning(env, "vm"), 20, "a Warning event on the VMI")
     assert "nope" in told and "does not exist" in told, told
@@ -106,7 +63,7 @@ def test_a_set_naming_a_claim_that_does_not_exist_waits_gated_and_says_which(env
 def test_a_malformed_annotation_keeps_the_pod_gated_and_says_why(env: Env) -> None:
     env.node("n1", 2)
     env.gpu_class()
-    vmi_with_pod(env, "vm", '{"claims": ["a"')
+    env.gated_vmi("vm", '{"claims": ["a"', units=1)
 
     told = wait_for(lambda: warning(env, "vm"), 20, "a Warning event on the VMI")
     assert "malformed" in told and keys.ANNOTATION_CLAIMS in told, told
