@@ -5,12 +5,15 @@ the agent's client, channel handling and message decoding are exercised for real
     python -m cozystack_gpu_testkit.fake_kubelet --socket /tmp/k/kubelet.sock --sysfs-root ROOT
 
 serves what kubevirt-gpu-device-plugin would advertise for the tree below ROOT
-(:func:`plugin_devices`) until interrupted.
+(:func:`plugin_devices`) until interrupted. With ``--pods-file FILE`` it also lists the pods
+that JSON file names (``[{"namespace", "name", "devices": {resource: [IDs]}}]``), read again
+whenever it changes: how ``make demo`` tells a kubelet in another process which pods it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -132,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cozystack_gpu_testkit.fake_kubelet")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--sysfs-root", required=True)
+    parser.add_argument("--pods-file", help="JSON list of the pods to report, re-read on change")
     args = parser.parse_args(argv)
     kubelet = FakeKubelet(args.socket)
     kubelet.set(allocatable=plugin_devices(sysfs.read_inventory(args.sysfs_root)))
@@ -140,9 +144,26 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
+    seen: float | None = None
+    while not stop.wait(0.2):
+        if args.pods_file:
+            seen = _reload_pods(kubelet, args.pods_file, seen)
     kubelet.stop()
     return 0
+
+
+def _reload_pods(kubelet: FakeKubelet, path: str, seen: float | None) -> float | None:
+    """Sets the pods of ``path`` when its modification time is not ``seen``; returns it."""
+    try:
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return seen
+    if mtime == seen:
+        return seen
+    with open(path, encoding="utf-8") as f:
+        entries = json.load(f)
+    kubelet.set(pods=[(e["namespace"], e["name"], e["devices"]) for e in entries])
+    return mtime
 
 
 if __name__ == "__main__":
