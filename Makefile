@@ -1,6 +1,7 @@
 # cozystack.gpu: one entry point for setting up, testing and running the local platform.
 #   make test      set everything up on a fresh machine and run the whole suite (CI runs this)
 #   make cluster   start a real local control plane and print `export KUBECONFIG=...`
+#   make demo      the whole story on a local control plane, act by act; leaves it up
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := test
@@ -13,7 +14,7 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: test setup binaries image lint pytest sanity units ansible-lint molecule cluster cluster-down build docs
+.PHONY: test setup binaries image lint pytest sanity units ansible-lint molecule cluster cluster-down demo demo-down build docs
 
 test: setup binaries image lint pytest sanity units ansible-lint molecule
 
@@ -91,3 +92,12 @@ cluster: setup binaries
 
 cluster-down: setup
 	@$(BIN)/python -m cozystack_gpu_testkit.cluster down
+
+# The chart's controller and agents as local processes, three simulated GPU hosts laid out by
+# the host playbook, tenants' orders, a VM's start, a node failure (controller/
+# cozystack_gpu_testkit/demo). The cluster stays up; demo-down stops all of it.
+demo: setup binaries
+	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.demo up
+
+demo-down: setup
+	@$(BIN)/python -m cozystack_gpu_testkit.demo down

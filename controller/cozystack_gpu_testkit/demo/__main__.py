@@ -1,0 +1,78 @@
+"""``python -m cozystack_gpu_testkit.demo up|down``: the entry points of ``make demo`` and
+``make demo-down``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.demo import platform, story
+from cozystack_gpu_testkit.demo.console import DemoFailure
+
+DEFAULT_DIR = cluster.DEFAULT_STATE_DIR.parent / "demo"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cozystack_gpu_testkit.demo")
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="the demo's directory")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="run the demo and leave its cluster up")
+    up.add_argument(
+        "--quiet", action="store_true", help="check every act without showing kubectl tables"
+    )
+    sub.add_parser("down", help="stop what the demo started and remove its directory")
+    args = parser.parse_args(argv)
+    directory: Path = args.dir.absolute()
+    if args.command == "down":
+        return platform.down(directory)
+
+    if platform.State.load(directory) is not None:
+        print(f"# an earlier demo in {directory}: stopping it first", flush=True)
+        platform.down(directory)
+    kubeconfig = os.environ.get("KUBECONFIG") or None
+    if kubeconfig:
+        print(
+            "\n".join(
+                [
+                    "!" * 78,
+                    f"! $KUBECONFIG is set: the demo runs against {kubeconfig}",
+                    "! It registers Nodes gpu-h100-01, gpu-l40s-01, gpu-l40s-02, worker-01,",
+                    "! creates namespaces tenant-*, and installs the chart as cozystack-gpu.",
+                    "! Its API server must reach this machine for the webhooks. Unset",
+                    "! KUBECONFIG to run on a local control plane of its own instead.",
+                    "!" * 78,
+                ]
+            ),
+            flush=True,
+        )
+    try:
+        down = (
+            "make demo-down"
+            if directory == DEFAULT_DIR.absolute()
+            else f"python -m cozystack_gpu_testkit.demo --dir {directory} down"
+        )
+        demo = story.prepare(
+            story.Options(
+                dir=directory, kubeconfig=kubeconfig, show=not args.quiet, down_command=down
+            )
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        story.play(demo)
+    except DemoFailure as failure:
+        story.fail(demo, failure)
+        return 1
+    except KeyboardInterrupt:
+        print("\n# interrupted: `make demo-down` stops what the demo started", flush=True)
+        return 130
+    story.finish(demo)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,546 @@
+"""The demo's platform: the control plane, the chart, and the chart's pods as local processes.
+
+The control plane is the test kit's (etcd, kube-apiserver with aggregator routing, so a
+webhook Service can be pointed at a local process, kube-scheduler, kube-controller-manager),
+or the cluster ``$KUBECONFIG`` names. The chart goes in with ``helm install``: CRDs, RBAC,
+webhook configurations, policies, the controller Deployment and the agent DaemonSet.
+
+No kubelet runs here, so the demo plays the controllers and kubelets that would turn the
+installed Deployment and DaemonSet into running pods (:class:`LocalPods`): it writes each Pod
+(from the installed object's pod template, bound to its node), asks for a service-account token
+bound to that Pod (what the projected token volume holds; for the agent it carries the node
+name the chart's own-node policy reads), and runs the container's command and arguments as a
+local process, exactly as rendered: only what a container would see differently is mapped,
+
+* the image's ``python`` is this environment's interpreter;
+* every absolute path is below the pod's own root directory, where each volume mount is a link
+  to its source (a hostPath below the host's root, a Secret's files, an emptyDir);
+* each container port gets a free local port (pods have their own network namespaces, local
+  processes share one), in the arguments and environment that name it;
+* the API server is reached through ``$KUBECONFIG``, a kubeconfig with the pod's token.
+
+Processes, the plane and the state that ``make demo-down`` needs are recorded in ``demo.json``
+in the demo directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.controller_process import free_port
+from cozystack_gpu_testkit.demo.hosts import running_status
+from cozystack_gpu_testkit.webhook_route import host_address
+
+CHART = cluster.REPO_ROOT / "controller" / "chart"
+RELEASE = "cozystack-gpu"
+NAMESPACE = "cozy-gpu"
+STATE_FILE = "demo.json"
+# Tokens outlive the demo's cluster by far; the cluster stays up after `make demo`.
+TOKEN_SECONDS = 7 * 24 * 3600
+
+
+@dataclass
+class State:
+    """What `make demo-down` needs: the processes started, and whose plane it is."""
+
+    dir: str
+    kubeconfig: str
+    bin_dir: str
+    own_plane: bool
+    processes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir) / STATE_FILE
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        os.replace(tmp, self.path)
+
+    @classmethod
+    def load(cls, directory: Path) -> State | None:
+        path = directory / STATE_FILE
+        if not path.exists():
+            return None
+        return cls(**json.loads(path.read_text()))
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def spawn(
+    state: State,
+    name: str,
+    argv: list[str],
+    *,
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    detach: bool,
+) -> subprocess.Popen[bytes]:
+    """Starts a process, logging to ``log``, and records it in the state. Detached, it runs
+    in its own session and outlives the demo; attached, it dies with the demo's process."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=detach,
+            preexec_fn=None if detach else cluster._die_with_parent,
+        )
+    state.processes[name] = proc.pid
+    state.save()
+    return proc
+
+
+def stop_process(state: State, name: str, timeout: float = 10.0) -> None:
+    pid = state.processes.pop(name, None)
+    if pid is not None:
+        cluster._terminate(pid, None, timeout)
+        # A child of this process (attached mode) is reaped here, not left a zombie.
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    state.save()
+
+
+def down(directory: Path, say: Any = print) -> int:
+    """Stops what a demo in ``directory`` started: its processes, then its own control plane;
+    removes the directory. A cluster named by ``$KUBECONFIG`` keeps the demo's objects."""
+    state = State.load(directory)
+    if state is None:
+        say(f"# no demo in {directory}")
+        return 0
+    for name in sorted(state.processes, key=lambda n: (not n.startswith("pod/"), n)):
+        stop_process(state, name)
+    if state.own_plane:
+        cluster.main(["--dir", str(directory / "cluster"), "down"])
+        shutil.rmtree(directory, ignore_errors=True)
+        say("# demo stopped: its processes and its control plane")
+    else:
+        say(
+            "# demo processes stopped. The cluster at $KUBECONFIG keeps what the demo made: "
+            f"helm uninstall {RELEASE} -n {NAMESPACE}; kubectl delete namespace "
+            "tenant-root tenant-acme tenant-acme-research; kubectl delete node "
+            "gpu-h100-01 gpu-l40s-01 gpu-l40s-02 worker-01"
+        )
+        state.path.unlink()
+    return 0
+
+
+# --- the control plane -----------------------------------------------------------------------
+
+
+def start_plane(directory: Path, bin_dir: Path, *, detach: bool) -> cluster.ControlPlane:
+    """The test kit's control plane in ``directory/cluster``, with KubeVirt's CRDs (the
+    chart brings its own), recorded so the test kit's ``cluster down`` stops it too."""
+    workdir = directory / "cluster"
+    plane = cluster.start(
+        workdir,
+        bin_dir=bin_dir,
+        detach=detach,
+        # The webhook Service is called at its EndpointSlice address: a local process.
+        extra_apiserver_args=("--enable-aggregator-routing=true",),
+        scheduler=True,
+        controller_manager=True,
+        crds=[cluster.kubevirt_crds(bin_dir)],
+    )
+    (workdir / "state.json").write_text(
+        json.dumps(
+            {
+                "server": plane.server,
+                "kubeconfig": str(plane.kubeconfig),
+                "bin_dir": str(bin_dir),
+                "pids": plane.pids,
+            }
+        )
+    )
+    return plane
+
+
+def admin_client(kubeconfig: str) -> Any:
+    from kubernetes import config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = 16
+    return client.ApiClient(configuration)
+
+
+# --- the chart -------------------------------------------------------------------------------
+
+
+def helm_install(state: State, values: dict[str, Any], log: Path) -> str:
+    """``helm install`` of the chart (``upgrade --install``: a rerun converges); returns
+    helm's output."""
+    command = [
+        str(Path(state.bin_dir) / "helm"),
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--kubeconfig",
+        state.kubeconfig,
+        "--values",
+        "-",
+    ]
+    result = subprocess.run(
+        command,
+        input=yaml.safe_dump(values),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(command)}\n{result.stdout}{result.stderr}\n")
+    if result.returncode != 0:
+        raise RuntimeError(f"helm install failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def installed(api: Any, kind: str, name: str) -> dict[str, Any]:
+    """The chart's Deployment or DaemonSet as the API server stores it."""
+    apps = client.AppsV1Api(api)
+    read = (
+        apps.read_namespaced_deployment if kind == "Deployment" else apps.read_namespaced_daemon_set
+    )
+    found: dict[str, Any] = api.sanitize_for_serialization(read(name, NAMESPACE))
+    return found
+
+
+def webhook_service(api: Any) -> str:
+    """The Service the chart's webhook configurations call."""
+    hooks = client.AdmissionregistrationV1Api(api).list_mutating_webhook_configuration(
+        label_selector="app.kubernetes.io/part-of=cozystack-gpu"
+    )
+    names = {h.client_config.service.name for c in hooks.items for h in c.webhooks or []}
+    if len(names) != 1:
+        raise RuntimeError(f"expected one webhook Service in the chart's configurations: {names}")
+    return str(names.pop())
+
+
+def node_matches(template_spec: dict[str, Any], labels: Mapping[str, str]) -> bool:
+    """Does a Node with ``labels`` fit the pod template's nodeSelector and required node
+    affinity (what a DaemonSet controller decides)? Supports In, NotIn, Exists,
+    DoesNotExist."""
+    for key, value in (template_spec.get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return False
+    required = (
+        ((template_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if not required:
+        return True
+    return any(_term_matches(term, labels) for term in required)
+
+
+def _term_matches(term: dict[str, Any], labels: Mapping[str, str]) -> bool:
+    for expr in term.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        ok = {
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+            "In": labels.get(key) in values,
+            "NotIn": labels.get(key) not in values,
+        }.get(op)
+        if not ok:
+            return False
+    return True
+
+
+# --- the chart's pods, as local processes ------------------------------------------------------
+
+
+def pod_root(directory: Path, node: str, container: str) -> Path:
+    """A pod's root directory: short, for the unix socket paths below it."""
+    return directory / "pods" / node / container
+
+
+@dataclass
+class LocalPod:
+    name: str
+    node: str
+    ports: dict[str, int]  # container port name (or number) -> local port
+    log: Path
+    proc: subprocess.Popen[bytes]
+    readiness: tuple[str, int] | None  # (path, local port) of the readiness probe
+    obj: dict[str, Any]  # the Pod as created
+
+    def log_tail(self, lines: int = 15) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class LocalPods:
+    """Plays the Deployment and DaemonSet controllers and the kubelets of the chart's pods."""
+
+    state: State
+    api: Any
+    detach: bool
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.state.dir)
+
+    def start(self, owner: dict[str, Any], pod_name: str, node: str, host_root: Path) -> LocalPod:
+        template = owner["spec"]["template"]
+        spec = template["spec"]
+        (container,) = spec["containers"]
+        pod = self._create_pod(owner, pod_name, node)
+        kubeconfig = self._token_kubeconfig(pod, spec["serviceAccountName"])
+        root = pod_root(self.directory, node, container["name"])
+        self._mounts(root, spec, container, host_root)
+        ports = {
+            str(p.get("name") or p["containerPort"]): free_port()
+            for p in container.get("ports") or []
+        }
+        by_number = {
+            int(p["containerPort"]): ports[str(p.get("name") or p["containerPort"])]
+            for p in container.get("ports") or []
+        }
+        fields = {
+            "metadata.name": pod_name,
+            "metadata.namespace": NAMESPACE,
+            "spec.nodeName": node,
+            "spec.serviceAccountName": spec["serviceAccountName"],
+            "status.podIP": host_address(),
+        }
+        env: dict[str, str] = {}
+        for entry in container.get("env") or []:
+            if "valueFrom" in entry:
+                value = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+            else:  # the API server leaves an empty value out
+                value = expand_vars(str(entry.get("value", "")), env)
+            env[entry["name"]] = localize(value, root, by_number)
+        argv = [
+            localize(expand_vars(arg, env), root, by_number)
+            for arg in [*(container.get("command") or []), *(container.get("args") or [])]
+        ]
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable  # the image's interpreter: this environment's
+        process_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(root),
+            "LANG": "C.UTF-8",
+            **env,
+            "KUBECONFIG": str(kubeconfig),
+        }
+        log = self.directory / "logs" / f"{pod_name}.log"
+        proc = spawn(
+            self.state, f"pod/{pod_name}", argv, log=log, env=process_env, cwd=root,
+            detach=self.detach,
+        )  # fmt: skip
+        probe = (container.get("readinessProbe") or {}).get("httpGet")
+        readiness = None
+        if probe:
+            port = probe["port"]
+            local = ports[str(port)] if str(port) in ports else by_number[int(port)]
+            readiness = (str(probe["path"]), local)
+        return LocalPod(pod_name, node, ports, log, proc, readiness, pod)
+
+    def wait_ready(self, pod: LocalPod, timeout: float = 90.0) -> None:
+        """Waits for the readiness probe to answer 200, then writes the pod Ready as its
+        kubelet would."""
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while pod.readiness is not None:
+            if pod.proc.poll() is not None:
+                raise RuntimeError(
+                    f"pod {pod.name} exited with {pod.proc.returncode}:\n{pod.log_tail()}"
+                )
+            path, port = pod.readiness
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
+                    if r.status == 200:
+                        break
+            except urllib.error.HTTPError as exc:
+                last = f"{path} answered {exc.code}"
+            except OSError as exc:
+                last = str(exc)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pod {pod.name} not ready after {timeout:.0f} s: {last}")
+            time.sleep(0.3)
+        self._status(pod.obj, ready=True)
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _create_pod(self, owner: dict[str, Any], pod_name: str, node: str) -> dict[str, Any]:
+        core = client.CoreV1Api(self.api)
+        template = owner["spec"]["template"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": NAMESPACE,
+                "labels": dict(template["metadata"].get("labels") or {}),
+                "annotations": dict(template["metadata"].get("annotations") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": owner["apiVersion"],
+                        "kind": owner["kind"],
+                        "name": owner["metadata"]["name"],
+                        "uid": owner["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            # Bound to its node as the scheduler (or the DaemonSet controller) would.
+            "spec": {**template["spec"], "nodeName": node},
+        }
+        with contextlib.suppress(ApiException):
+            core.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
+        for _ in range(50):
+            try:
+                created: dict[str, Any] = self.api.sanitize_for_serialization(
+                    core.create_namespaced_pod(NAMESPACE, body)
+                )
+                break
+            except ApiException as exc:  # the earlier one is still going
+                if exc.status != 409:
+                    raise
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"pod {pod_name} from an earlier run does not go away")
+        self._status(created, ready=False)
+        return created
+
+    def _status(self, pod: dict[str, Any], *, ready: bool) -> None:
+        address = host_address()
+        status = running_status(pod["spec"]["containers"], ready=ready)
+        status.update({"podIP": address, "podIPs": [{"ip": address}], "hostIP": address})
+        client.CoreV1Api(self.api).patch_namespaced_pod_status(
+            pod["metadata"]["name"], NAMESPACE, {"status": status}
+        )
+
+    def _token_kubeconfig(self, pod: dict[str, Any], service_account: str) -> Path:
+        """A kubeconfig with a token of ``service_account`` bound to ``pod``: the identity
+        the pod's projected token volume would give it."""
+        request = client.CoreV1Api(self.api).create_namespaced_service_account_token(
+            service_account,
+            NAMESPACE,
+            {
+                "spec": {
+                    "expirationSeconds": TOKEN_SECONDS,
+                    "boundObjectRef": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": pod["metadata"]["name"],
+                        "uid": pod["metadata"]["uid"],
+                    },
+                }
+            },
+        )
+        admin = yaml.safe_load(Path(self.state.kubeconfig).read_text())
+        context = next(
+            c["context"]
+            for c in admin["contexts"]
+            if c["name"] == admin.get("current-context", admin["contexts"][0]["name"])
+        )
+        server = next(c["cluster"] for c in admin["clusters"] if c["name"] == context["cluster"])
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "cluster", "cluster": server}],
+            "users": [{"name": service_account, "user": {"token": request.status.token}}],
+            "contexts": [
+                {
+                    "name": "pod",
+                    "context": {
+                        "cluster": "cluster",
+                        "user": service_account,
+                        "namespace": NAMESPACE,
+                    },
+                }
+            ],
+            "current-context": "pod",
+        }
+        node = str(pod["spec"]["nodeName"])
+        path = self.directory / "pods" / node / f"{service_account}.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def _mounts(
+        self, root: Path, spec: dict[str, Any], container: dict[str, Any], host_root: Path
+    ) -> None:
+        """The pod's root directory: each volume mount a link to the volume's source."""
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        core = client.CoreV1Api(self.api)
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes[mount["name"]]
+            if "hostPath" in volume:
+                source = host_root / volume["hostPath"]["path"].lstrip("/")
+                if volume["hostPath"].get("type") == "Directory" and not source.is_dir():
+                    raise RuntimeError(f"hostPath {source} of {mount['name']} is not a directory")
+            elif "secret" in volume:
+                source = root.parent / f"{root.name}.volumes" / mount["name"]
+                shutil.rmtree(source, ignore_errors=True)
+                source.mkdir(parents=True)
+                secret = core.read_namespaced_secret(volume["secret"]["secretName"], NAMESPACE)
+                for key, data in (secret.data or {}).items():
+                    (source / key).write_bytes(base64.b64decode(data))
+            elif "emptyDir" in volume:
+                source = root.parent / f"{root.name}.volumes" / mount["name"]
+                shutil.rmtree(source, ignore_errors=True)
+                source.mkdir(parents=True)
+            else:
+                raise RuntimeError(f"volume {mount['name']}: only hostPath, secret, emptyDir")
+            target = root / mount["mountPath"].lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(source)
+
+
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand_vars(value: str, env: Mapping[str, str]) -> str:
+    """kubelet's $(VAR) expansion of the container's own variables."""
+    return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def localize(value: str, root: Path, ports: Mapping[int, int]) -> str:
+    """A container's path or port in an argument or variable, as the local process sees it."""
+    flag, eq, rest = value.partition("=")
+    if eq and flag.startswith("-") and rest.startswith("/"):
+        return f"{flag}={root}{rest}"
+    if value.startswith("/"):
+        return f"{root}{value}"
+    for container_port, local in ports.items():
+        value = re.sub(rf"(?<![\d.]){container_port}(?!\d)", str(local), value)
+    return value

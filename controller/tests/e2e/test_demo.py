@@ -1,0 +1,49 @@
+"""`make demo`, shortened, as an end-to-end test: its own control plane, the chart's controller
+and agents as local processes, the host playbook on fixture trees, and every act checked.
+
+Shortened: kubectl's tables are not shown, nothing is left running (the processes die with
+the test and are stopped after it), and nothing waits for a person. Every act still runs and
+checks its outcome as `make demo` does: a step that does not turn out as expected raises
+DemoFailure with the step, what it expected and what it saw.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cozystack_gpu_testkit.demo import platform, story
+from cozystack_gpu_testkit.demo.console import DemoFailure
+
+pytestmark = pytest.mark.apiserver
+
+ACTS = ("Hosts", "Catalog", "Orders", "A VM starts", "Life goes on", "The end")
+
+
+def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
+    # Short: kubelet's pod-resources sockets live below it (unix socket paths are short).
+    directory = Path(tempfile.mkdtemp(prefix="cgd-"))
+    out = io.StringIO()
+    demo = story.prepare(story.Options(dir=directory, detach=False, show=False, out=out))
+    try:
+        story.play(demo)
+    except DemoFailure as failure:
+        kept = tmp_path / "demo-logs"
+        shutil.copytree(directory / "logs", kept)
+        for log in (directory / "cluster").glob("*.log"):
+            shutil.copy(log, kept / log.name)
+        pytest.fail(f"{out.getvalue()}{failure.explain()}\n  (logs kept in {kept})", pytrace=False)
+    finally:
+        platform.down(directory, say=lambda _line: None)
+
+    text = out.getvalue()
+    for number, title in enumerate(ACTS, 1):
+        assert f" Act {number}. {title}\n" in text, text
+    assert "✗" not in text
+    # The story's own claims about the end, as the last act found them.
+    assert f"free per class {story.FREE_AT_END}" in text, text
+    assert not directory.exists(), "demo down leaves nothing behind"

@@ -1,0 +1,93 @@
+"""The demo's pure parts: how a pod's container is mapped to a local process, which nodes a
+DaemonSet selects, and how a step that does not turn out as expected stops the demo."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from cozystack_gpu_testkit.demo.console import Console, DemoFailure, Mismatch, check, wait_until
+from cozystack_gpu_testkit.demo.hosts import check_socket_paths
+from cozystack_gpu_testkit.demo.platform import expand_vars, localize, node_matches
+
+ROOT = Path("/demo/pods/gpu-1/agent")
+
+
+def test_container_variables_expand_as_kubelet_expands_them() -> None:
+    env = {"NODE_NAME": "gpu-1"}
+    assert expand_vars("--node=$(NODE_NAME)", env) == "--node=gpu-1"
+    # An unknown variable stays as written, as kubelet leaves it.
+    assert expand_vars("$(OTHER)/x", env) == "$(OTHER)/x"
+
+
+def test_container_paths_lie_below_the_pod_root_and_ports_are_mapped() -> None:
+    ports = {8080: 41000, 9443: 41001}
+    assert localize("--sysfs-root=/host", ROOT, ports) == f"--sysfs-root={ROOT}/host"
+    assert localize("/var/run/certs", ROOT, ports) == f"{ROOT}/var/run/certs"
+    assert localize("--listen=0.0.0.0:8080", ROOT, ports) == "--listen=0.0.0.0:41000"
+    assert localize("--health-port=8080", ROOT, ports) == "--health-port=41000"
+    assert localize("9443", ROOT, ports) == "41001"
+    # Numbers that only contain a port are not ports.
+    assert localize("18080", ROOT, ports) == "18080"
+    assert localize("--period=60", ROOT, ports) == "--period=60"
+
+
+def test_a_daemonset_selects_nodes_by_its_selector_and_required_affinity() -> None:
+    spec = {
+        "nodeSelector": {"pool": "gpu"},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "layout-state", "operator": "Exists"}]}
+                    ]
+                }
+            }
+        },
+    }
+    assert node_matches(spec, {"pool": "gpu", "layout-state": "applied"})
+    assert not node_matches(spec, {"pool": "gpu"})
+    assert not node_matches(spec, {"layout-state": "applied"})
+    assert node_matches({}, {})
+
+
+def test_a_step_that_sees_something_else_stops_the_demo_naming_it(tmp_path: Path) -> None:
+    out = io.StringIO()
+    console = Console(tmp_path, out=out)
+    console.act(3, "Orders", "what happens")
+    with console.step("an order binds") as found:
+        found.append("bound on gpu-1")
+    assert "  ✓ an order binds (" in out.getvalue()
+    assert "      bound on gpu-1\n" in out.getvalue()
+    with pytest.raises(DemoFailure) as failure, console.step("an order is refused"):
+        check(False, "a refusal", "it was admitted")
+    assert failure.value.step == "act 3 (Orders): an order is refused"
+    assert (failure.value.expected, failure.value.saw) == ("a refusal", "it was admitted")
+    assert failure.value.logs == tmp_path
+    explained = failure.value.explain()
+    assert "expected: a refusal" in explained and "saw:      it was admitted" in explained
+    assert str(tmp_path) in explained
+
+
+def test_an_error_in_a_step_stops_the_demo_with_the_error(tmp_path: Path) -> None:
+    console = Console(tmp_path, out=io.StringIO())
+    with pytest.raises(DemoFailure) as failure, console.step("helm install"):
+        raise RuntimeError("helm install failed: no chart")
+    assert failure.value.saw == "RuntimeError: helm install failed: no chart"
+
+
+def test_waiting_gives_up_saying_what_it_saw_last() -> None:
+    assert wait_until(lambda: "ok", expected="x", saw=lambda: "never") == "ok"
+    with pytest.raises(Mismatch) as mismatch:
+        wait_until(lambda: None, expected="a Bound claim", saw=lambda: "Pending", timeout=0.05)
+    assert mismatch.value.expected == "a Bound claim (within 0 s)"
+    assert mismatch.value.saw == "Pending"
+
+
+def test_a_directory_too_deep_for_unix_sockets_is_refused_before_anything_starts() -> None:
+    deep = Path("/" + "d" * 80)
+    with pytest.raises(ValueError, match="choose a shorter --dir"):
+        check_socket_paths(deep, lambda node: deep / "pods" / node / "agent")
+    check_socket_paths(Path("/tmp/cgd-x"), lambda node: Path("/tmp/cgd-x/pods") / node / "agent")
