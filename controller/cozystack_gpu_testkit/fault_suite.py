@@ -593,9 +593,15 @@ def partition(workdir: Path, *, cuts: int = 1, hold_s: float = 8.0, burst: int =
                 proxy = run.proxies[old]
                 before = load.counts.orders_accepted
                 with bursting(load, burst):
-                    # A little latency keeps the leader's writes on the wire when it is cut.
-                    with proxy.slowed(0.05):
+                    # Latency keeps the leader's writes on the wire: it is cut while some
+                    # (several KiB of requests) are on their way.
+                    with proxy.slowed(0.2):
                         mid_burst(load, before, burst)
+
+                        def on_the_way(proxy: Proxy = proxy) -> bool:
+                            return proxy.requests_waiting() > 4096
+
+                        wait_for(on_the_way, 60, "writes on the way")
                         cut_at, cut_wall = time.monotonic(), time.time()
                         proxy.cut()
 
@@ -871,7 +877,7 @@ def webhooks_down(
         setup.install(run.api, objects)
         try:
             load = run.running_load.start()
-            load.wait_running(2, 90)
+            load.wait_running(4, 90)
             healthy: list[float] = []
             wrong: list[str] = []
             with run.checker.watching():
@@ -885,6 +891,7 @@ def webhooks_down(
                     back = time.monotonic()
                     load.wait_running(started + 1, 2 * bound_s)
                     healthy.append(max(time.monotonic() - back, run.wait_healthy(back, bound_s)))
+                    load.wait_running(started + 2, 2 * bound_s)
             result = run.finish(
                 "admission webhooks down",
                 healthy,

@@ -174,8 +174,16 @@ class Proxy:
         return held
 
     def held(self) -> int:
+        """Bytes waiting in the proxy, both directions (cut, or not yet due)."""
         with self._lock:
             pipes = [pipe for entry in self._pipes for pipe in entry[2:]]
+        return sum(pipe.held() for pipe in pipes)
+
+    def requests_waiting(self) -> int:
+        """Bytes from the client not yet delivered to the server: under a ``delay``,
+        requests on their way; after ``cut()``, requests that will arrive late."""
+        with self._lock:
+            pipes = [entry[2] for entry in self._pipes]
         return sum(pipe.held() for pipe in pipes)
 
     def reset(self) -> int:
