@@ -188,7 +188,7 @@ class Demo:
 
     def ansible(self, playbook: str, log_name: str) -> list[str]:
         """Runs one of the demo's playbooks against the demo inventory with the collection
-        from this repository; returns the PLAY RECAP lines."""
+        from this repository; returns the PLAY RECAP lines and any warnings."""
         collections = self.dir / "collections"
         link = collections / "ansible_collections" / "cozystack" / "gpu"
         if not link.is_symlink():
@@ -229,7 +229,8 @@ class Demo:
                 + "\n".join(text.splitlines()[-15:])
             ),
         )
-        return [" ".join(line.split()) for line in recap if line.strip()]
+        warnings = [ln for ln in text.splitlines() if ln.startswith("[WARNING]")]
+        return [" ".join(line.split()) for line in recap if line.strip()] + warnings
 
 
 # --- the platform ------------------------------------------------------------------------------
@@ -382,7 +383,7 @@ def act_hosts(demo: Demo) -> None:
             found.append(
                 f"{host.name}: " + ", ".join(f"{n} x {r}" for r, n in sorted(counts.items()))
             )
-        found.extend(f"recap: {line}" for line in recap)
+        found.extend(recap)
         found.append(f"log: {demo.logs / 'ansible-hosts.log'}")
 
     with console.step("device plugins advertise; kubelets serve pod-resources") as found:
@@ -496,7 +497,7 @@ def act_catalog(demo: Demo) -> None:
     console.act(2, "Catalog", "The hoster's offers, created with the gpu_class module.")
     with console.step("ansible-playbook catalog.yml: gpu_class, one per offer") as found:
         recap = demo.ansible("catalog.yml", "ansible-catalog.log")
-        found.extend(f"recap: {line}" for line in recap)
+        found.extend(recap)
 
     with console.step("capacity and free units per class") as found:
         wait_until(
@@ -775,10 +776,22 @@ def act_vm(demo: Demo) -> None:
             "desk's usage record while Attached",
             "none",
         )
+        wait_until(
+            lambda: keys.FINALIZER_CLAIM in _finalizers(demo, RESEARCH, "desk"),
+            expected=f"desk protected by {keys.FINALIZER_CLAIM} while its VM runs",
+            saw=lambda: f"finalizers {_finalizers(demo, RESEARCH, 'desk')}",
+            timeout=30,
+        )
         found.append(f"device plugin allocated {address}; VMI Running on {node}")
         message = _condition(attached, keys.CONDITION_BOUND).get("message")
         found.append(f"desk: {attached['status']['phase']} ({message})")
         found.append(f"GPUNode {node}: {address} used by pod {RESEARCH}/{demo.launcher}")
+        found.append(f"desk carries {keys.FINALIZER_CLAIM}; its usage record stays")
+
+
+def _finalizers(demo: Demo, namespace: str, name: str) -> list[str]:
+    claim = demo.claim(namespace, name) or {}
+    return list((claim.get("metadata") or {}).get("finalizers") or [])
 
 
 def _bound_pod(demo: Demo) -> dict[str, Any] | None:
