@@ -90,7 +90,7 @@ class Result:
         extra = ", ".join(f"{k} {v}" for k, v in self.figures.items())
         return (
             f"{self.scenario}: healthy again within {self.worst_healthy_s:.1f} s "
-            f"(bound {self.healthy_bound_s:.0f} s, {len(self.healthy_s)} faults), "
+            f"(bound {self.healthy_bound_s:.0f} s, measured {len(self.healthy_s)} times), "
             f"{self.decided} orders decided, {len(self.violations)} violations, "
             f"{self.kills} kills, {self.checks} checks, {self.operations} operations, "
             f"{self.wall_s:.0f} s" + (f"; {extra}" if extra else "")
@@ -333,8 +333,15 @@ class Run:
         if load.failure is not None:
             violations.append(f"the load failed: {load.failure}")
         for identity, replica in self.replicas.items():
-            status, body = replica.health()
-            if status != 200:
+            # A replica restarted a moment ago may still be starting: it gets a while.
+
+            def answers(replica: ControllerProcess = replica) -> bool:
+                return replica.health()[0] == 200
+
+            try:
+                wait_for(answers, 60, "a healthy replica", 0.5)
+            except AssertionError:
+                status, body = replica.health()
                 violations.append(f"replica {identity} unhealthy at the end: {status} {body}")
         violations += [
             f"not healthy again within {bound_s:.0f} s: took {took:.1f} s"
