@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from cozystack_gpu_testkit import cluster
@@ -48,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
             ),
             flush=True,
         )
+        if sys.stdout.isatty():
+            print("Starting in 10 s; Ctrl-C stops it.", flush=True)
+            try:
+                time.sleep(10)
+            except KeyboardInterrupt:
+                print("\n# not started", flush=True)
+                return 130
     try:
         down = (
             "make demo-down"

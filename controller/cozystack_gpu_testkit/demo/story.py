@@ -259,10 +259,13 @@ def platform_act(demo: Demo) -> None:
         found.append(f"KubeVirt's CRDs (virt-operator {_kubevirt_version()}), no kubelets")
 
     with console.step("helm install cozystack-gpu controller/chart -n cozy-gpu") as found:
-        output = platform.helm_install(state, CHART_VALUES, demo.logs / "helm.log")
+        values = json.loads(json.dumps(CHART_VALUES))
+        if demo.options.kubeconfig and _foreign_workload_crd(demo):
+            values["crds"]["workloads"] = False  # Cozystack's own, left alone
+        output = platform.helm_install(state, values, demo.logs / "helm.log")
         status = next((ln for ln in output.splitlines() if ln.startswith("STATUS:")), "")
         check(status == "STATUS: deployed", "the release deployed", output)
-        found.append(f"{status}; values: {json.dumps(CHART_VALUES)}")
+        found.append(f"{status}; values: {json.dumps(values)}")
 
     with console.step(f"the controller Deployment's pod, as a local process on {WORKER}") as found:
         demo.kubelets.register(WORKER, gpu=False)
@@ -293,6 +296,20 @@ def platform_act(demo: Demo) -> None:
         )
         found.append(f"webhook Service {service} → {host_address()}:{pod.ports['webhook']}")
         found.append(f"Lease cozy-gpu/{keys.LEASE_NAME_BINDER} held by {lease}")
+
+
+def _foreign_workload_crd(demo: Demo) -> bool:
+    """Does the cluster have a Workload CRD the chart did not install (Cozystack's)?"""
+    try:
+        crd = client.ApiextensionsV1Api(demo.api).read_custom_resource_definition(
+            f"{keys.WORKLOAD_PLURAL}.{keys.WORKLOAD_GROUP}"
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    owner = (crd.metadata.annotations or {}).get("meta.helm.sh/release-name")
+    return owner != platform.RELEASE
 
 
 def _kubevirt_version() -> str:
