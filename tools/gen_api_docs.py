@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Writes docs/api.md from the CRDs, so the API reference cannot drift from the schema.
 
     python tools/gen_api_docs.py          # rewrite docs/api.md
@@ -74,10 +73,10 @@ def _rules(schema: dict[str, Any]) -> list[str]:
         rules.append(f"list keyed by {keys}")
     for validation in schema.get("x-kubernetes-validations") or []:
         message = validation.get("message") or validation.get("messageExpression") or ""
-        rules.append(f"“{_one_line(message)}”")
+        rules.append(f'"{_one_line(message)}"')
     items = schema.get("items") or {}
     if schema.get("type") == "array" and items.get("x-kubernetes-validations"):
-        rules += [f"each item: {rule}" for rule in _rules(items) if rule.startswith("“")]
+        rules += [f"each item: {rule}" for rule in _rules(items) if rule.startswith('"')]
     return rules
 
 

@@ -78,7 +78,7 @@ def table(results: list[Result]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--scenarios", default="apiserver,etcd,partition,kills,slow,webhooks")
     parser.add_argument("--kills", type=int, default=50)
     args = parser.parse_args()

@@ -246,7 +246,7 @@ class Load:
 
     def burst(self, orders: int, threads: int = 4) -> None:
         """``orders`` orders as fast as ``threads`` creators send them (returns when sent)."""
-        names = [self._next_order() for _ in range(orders)]
+        names = [self._next_order() for _order in range(orders)]
         chunks = [names[i::threads] for i in range(threads)]
         workers = [
             threading.Thread(target=lambda c=chunk: [self.order(*o) for o in c], daemon=True)

@@ -93,7 +93,7 @@ class Kube:
     def _not_ready_taint(self, name: str, *, present: bool) -> None:
         """Adds or removes the not-ready NoSchedule taint, guarded by resourceVersion so a
         concurrent taint change by a test is never lost."""
-        for _ in range(20):
+        for _attempt in range(20):
             node = self.core.read_node(name)
             taints = [self.api.sanitize_for_serialization(t) for t in node.spec.taints or []]
             others = [

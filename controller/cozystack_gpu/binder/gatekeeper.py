@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
@@ -160,24 +161,12 @@ class Gatekeeper(BinderPart):
             if key in self._creating:
                 continue
 
-            def request(key: ClaimKey = key, body: dict[str, Any] = body) -> Any:
-                try:
-                    return custom.create_namespaced_custom_object(
-                        keys.GPU_CLAIM.group,
-                        keys.GPU_CLAIM.version,
-                        key.namespace,
-                        keys.GPU_CLAIM.plural,
-                        body,
-                        _request_timeout=REQUEST_TIMEOUT_S,
-                    )
-                except ApiException as exc:
-                    if exc.status == 409:
-                        return None  # created before: the watch brings it
-                    raise
-
             self._creating.add(key)
             self.writer.call(
-                "template-claim", f"{key.namespace}/{key.name}", request, Priority.BIND
+                "template-claim",
+                f"{key.namespace}/{key.name}",
+                partial(_create_claim, custom, key.namespace, body),
+                Priority.BIND,
             )
         return missing
 
@@ -371,6 +360,23 @@ class Gatekeeper(BinderPart):
                 kept = tuple(r for r in claim.rejected if r.node not in changed)
                 self.snapshot.upsert_claim(replace(claim, rejected=kept))
                 self.binder.send(claim.key, body, "Unreject")
+
+
+def _create_claim(custom: Any, namespace: str, body: dict[str, Any]) -> Any:
+    """Create a template claim; one created before (409) is brought by the watch."""
+    try:
+        return custom.create_namespaced_custom_object(
+            keys.GPU_CLAIM.group,
+            keys.GPU_CLAIM.version,
+            namespace,
+            keys.GPU_CLAIM.plural,
+            body,
+            _request_timeout=REQUEST_TIMEOUT_S,
+        )
+    except ApiException as exc:
+        if exc.status == 409:
+            return None
+        raise
 
 
 def _bound_on(claim: dict[str, Any] | None, node: str) -> bool:

@@ -7,6 +7,7 @@ from the binder's loop at most every ``PUBLISH_EVERY_S``.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from cozystack_gpu import keys, metrics
@@ -208,16 +209,15 @@ class Publisher(BinderPart):
             if body is None:
                 continue
 
-            def request(name: str = name, body: dict[str, Any] = body) -> Any:
-                return custom.patch_cluster_custom_object_status(
-                    keys.GPU_NODE.group,
-                    keys.GPU_NODE.version,
-                    keys.GPU_NODE.plural,
-                    name,
-                    body,
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                )
-
+            request = partial(
+                custom.patch_cluster_custom_object_status,
+                keys.GPU_NODE.group,
+                keys.GPU_NODE.version,
+                keys.GPU_NODE.plural,
+                name,
+                body,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
             self._gpunode_writes.add(name)
             self.writer.call("gpunode-status", name, request, Priority.STATUS)
 

@@ -305,7 +305,9 @@ class _Search:
             if not self.spend():
                 return
             if left == 0:
-                if units >= short and all(units - groups[g][0].units < short for g, _ in picked):
+                if units >= short and all(
+                    units - groups[g][0].units < short for g, _size in picked
+                ):
                     yield [s for g, n in picked for s in groups[g][:n]]
                 return
             if i == len(groups) or units + reach[i] < short:

@@ -422,7 +422,7 @@ class LocalPods:
         }
         with contextlib.suppress(ApiException):
             core.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
-        for _ in range(50):
+        for _attempt in range(50):
             try:
                 created: dict[str, Any] = self.api.sanitize_for_serialization(
                     core.create_namespaced_pod(NAMESPACE, body)

@@ -217,7 +217,12 @@ class Demo:
             out.write("$ " + " ".join(command) + "\n")
             out.flush()
             result = subprocess.run(
-                command, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=ANSIBLE_TIMEOUT
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=ANSIBLE_TIMEOUT,
+                check=False,
             )
         text = log.read_text()
         recap = text.split("PLAY RECAP", 1)[1].splitlines()[1:] if "PLAY RECAP" in text else []

@@ -143,7 +143,7 @@ def test_the_agent_may_do_nothing_else(
         "claim_status": lambda: custom.patch_namespaced_custom_object_status(
             keys.GROUP, keys.VERSION, "default", keys.PLURAL_CLAIMS, "x", {"status": {}}
         ),
-        "secrets": lambda: core.list_secret_for_all_namespaces(),
+        "secrets": core.list_secret_for_all_namespaces,
         "pods": lambda: core.create_namespaced_pod(
             "default",
             {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},

@@ -29,7 +29,8 @@ from kopf._core.engines import indexing, probing
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-import cozystack_gpu.__main__  # noqa: F401  (registers the binder probe with kopf)
+# Imported for its side effect: it registers the binder's probe with kopf.
+import cozystack_gpu.__main__  # noqa: F401  # pylint: disable=unused-import
 from cozystack_gpu import controller as controller_module
 from cozystack_gpu import keys
 from cozystack_gpu.controller import Controller

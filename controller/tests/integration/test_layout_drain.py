@@ -148,7 +148,9 @@ def layout(control_plane: ControlPlane, collections_path: Path, tmp_path: Path) 
         ]
         argv += ["--check"] if check else []
         argv += ["--diff"] if diff else []
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=env, timeout=300, check=False
+        )
         shown, brace, document = done.stdout.partition("\n{\n")
         if not brace and done.stdout.startswith("{\n"):
             shown, brace, document = "", "{", done.stdout[1:]

@@ -86,7 +86,7 @@ def send_one_of_each(writer: Writer) -> int:
     writer.delete_vmi("t", "vm")
     writer.settings("cozy-gpu", {"resourceNames": ""})
     writer.event(claim, "Bound", "bound", False)
-    writer.call("meta/GPUClaim", "t/c", lambda: writer.custom.get_api_resources(), Priority.BIND)
+    writer.call("meta/GPUClaim", "t/c", writer.custom.get_api_resources, Priority.BIND)
     return 9
 
 
