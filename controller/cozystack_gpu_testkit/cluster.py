@@ -642,7 +642,12 @@ def _cmd_up(args: argparse.Namespace) -> int:
         scheduler=full,
         controller_manager=full,
         crds=crds,
+        # Webhook Services are reached at their endpoints (no kube-proxy here), so the
+        # chart's webhooks can be served by a local process.
+        extra_apiserver_args=("--enable-aggregator-routing=true",),
     )
+    if crds:
+        _hand_crds_to_helm(plane)
     state = {
         "server": plane.server,
         "kubeconfig": str(plane.kubeconfig),
@@ -658,6 +663,33 @@ def _cmd_up(args: argparse.Namespace) -> int:
     )
     _print_env(state)
     return 0
+
+
+# The release `helm install cozystack-gpu controller/chart -n cozy-gpu` makes (README).
+CHART_RELEASE = ("cozystack-gpu", "cozy-gpu")
+
+
+def _hand_crds_to_helm(plane: ControlPlane) -> None:
+    """Mark the gpu CRDs as the chart release's, so a later `helm install` of the chart
+    into this plane adopts them instead of refusing objects it does not own."""
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(plane.api_client())
+    release, namespace = CHART_RELEASE
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        for crd in load_manifests(path):
+            ext.patch_custom_resource_definition(
+                crd["metadata"]["name"],
+                {
+                    "metadata": {
+                        "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                        "annotations": {
+                            "meta.helm.sh/release-name": release,
+                            "meta.helm.sh/release-namespace": namespace,
+                        },
+                    }
+                },
+            )
 
 
 def _print_env(state: dict[str, Any]) -> None:

@@ -97,8 +97,18 @@ def start(
     # A line per admission request (aiohttp's access log, kopf's "succeeded") cost a tenth
     # of a VMI start's CPU in this process; refusals and failures are still logged.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    objects = logging.getLogger("kopf.objects")
+    objects.setLevel(logging.WARNING)
+    objects.addFilter(_refusals_are_not_errors)
     return admission
+
+
+def _refusals_are_not_errors(record: logging.LogRecord) -> bool:
+    """kopf logs a webhook's refusal ("failed permanently") at ERROR; a refused order over
+    budget is the webhook working, not a fault a hoster should be paged for: INFO."""
+    if record.levelno == logging.ERROR and "failed permanently" in record.getMessage():
+        record.levelno, record.levelname = logging.INFO, "INFO"
+    return True
 
 
 @contextmanager

@@ -77,7 +77,10 @@ class Publisher(BinderPart):
             if done.ok and done.obj is not None:
                 self.view.apply(kind, done.obj, deleted=False)
             elif not done.ok:
-                log.info("finalizer of %s %s not written: %s", kind, done.name, done.error)
+                # A conflict is the VMI webhook writing the same finalizer at attach time:
+                # the next look finds it there.
+                level = logging.DEBUG if done.error.startswith("409") else logging.INFO
+                log.log(level, "finalizer of %s %s not written: %s", kind, done.name, done.error)
                 if kind == keys.GPU_CLAIM.kind:
                     self._protect_due.add(ClaimKey(namespace, name))
         elif what == "gpunode-status":

@@ -111,6 +111,13 @@ def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> Non
         assert "customresourcedefinition.apiextensions.k8s.io/gpuclaims.gpu.cozystack.io" in crds
         vmis = "customresourcedefinition.apiextensions.k8s.io/virtualmachineinstances.kubevirt.io"
         assert vmis in crds
+        # The chart can be installed into this plane: its CRDs are handed to the release.
+        owner = subprocess.run(
+            [str(kubectl), "--kubeconfig", str(state / "kubeconfig"), "get", "crd",
+             "gpuclaims.gpu.cozystack.io", "-o", "jsonpath={.metadata.annotations}"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert json.loads(owner)["meta.helm.sh/release-name"] == "cozystack-gpu"
     finally:
         subprocess.run(
             [sys.executable, "-m", "cozystack_gpu_testkit.cluster", "--dir", str(state), "down"],

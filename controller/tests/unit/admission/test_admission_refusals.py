@@ -26,3 +26,18 @@ def test_a_refusal_is_answered_with_its_code_and_counted_by_reason() -> None:
     assert answer.value.code == 403
     assert str(answer.value) == "GPUClaim c is Pending, not Bound"
     assert _count("mutate-vmi", "ClaimNotBound") == before + 1
+
+
+def test_kopf_logs_a_refusal_at_info_not_error() -> None:
+    import logging
+
+    from cozystack_gpu.admission.handlers import _refusals_are_not_errors
+
+    record = logging.LogRecord(
+        "kopf.objects", logging.ERROR, __file__, 1,
+        "Webhook 'validate-gpuclaim' failed permanently: tenant-a has 2 of 2 in use", None, None,
+    )  # fmt: skip
+    assert _refusals_are_not_errors(record)
+    assert (record.levelno, record.levelname) == (logging.INFO, "INFO")
+    crash = logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, "boom", None, None)
+    assert _refusals_are_not_errors(crash) and crash.levelno == logging.ERROR
