@@ -35,6 +35,8 @@ options:
   force:
     description:
       - Replace the profile of a VF that carries another one (its vGPU is deleted first).
+      - Also change, or clear, a VF a running VM uses (the VFIO device node sysfs names for it
+        is held open by a QEMU process); without it the refusal names the VF and the VM.
     type: bool
     default: false
   root:
@@ -144,6 +146,8 @@ def run_module(module, writer=None):
             params["profile"],
             force=params["force"],
             nvidia=gpu_layout.NvidiaSmi(params["nvidia_smi"]),
+            # A VF a running VM uses is not changed without force; the refusal names the VM.
+            in_use=gpu_layout.read_users(root, inventory),
         )
     except gpu_layout_schema.LayoutError as exc:
         module.fail_json(msg="; ".join(exc.problems), problems=exc.problems)

@@ -141,3 +141,16 @@ def test_applying_under_a_running_vm_writes_nothing_and_says_why(build, apply, d
     assert "tenant-a_vm-1" in result.plan.refusals[0]
     assert result.users == {VF1: ["VM tenant-a_vm-1 (pid 4242)"]}
     assert vgpu_type(tree.root, VF1) == L40S_12C
+
+
+def test_vgpu_profile_will_not_clear_a_vf_a_vm_uses(build, run_module, digest):
+    from ansible_collections.cozystack.gpu.plugins.modules import vgpu_profile
+
+    tree = build(scenario="l40s-sriov")
+    tree.start_vm("tenant-a_vm-1", [VF1])
+    before = digest(tree.root)
+    args = {"root": str(tree.root), "vfs": [VF1], "profile": "0", "nvidia_smi": "/nonexistent"}
+    refused = run_module(vgpu_profile, args)
+    assert refused["failed"] is True
+    assert f"clearing {VF1} (used by VM tenant-a_vm-1 (pid 4242))" in refused["msg"]
+    assert digest(tree.root) == before
