@@ -53,8 +53,8 @@ image: setup
 lint: setup
 	@echo "== ruff + mypy ==" >&2
 	cd controller && $(BIN)/ruff check . && $(BIN)/ruff format --check .
-	$(BIN)/ruff check --config controller/pyproject.toml plugins/module_utils
-	$(BIN)/ruff format --check --config controller/pyproject.toml plugins/module_utils
+	$(BIN)/ruff check --config controller/pyproject.toml plugins/module_utils plugins/action
+	$(BIN)/ruff format --check --config controller/pyproject.toml plugins/module_utils plugins/action
 	cd controller && $(BIN)/mypy cozystack_gpu cozystack_gpu_testkit
 	$(BIN)/mypy --config-file controller/pyproject.toml plugins/module_utils
 
