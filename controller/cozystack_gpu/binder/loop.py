@@ -296,9 +296,13 @@ class Binder:
             for key in members:
                 claim = self.view.claim(key)
                 status = (claim or {}).get("status") or {}
+                # A claim Lost for want of room has no node: its set rebinds (and its pod
+                # starts) once room appears, so that is no reason to delete the VMI.
+                node = status.get("nodeName")
                 if (
                     status.get("phase") == Phase.LOST.value
-                    and self.view.node(str(status.get("nodeName"))) is None
+                    and node
+                    and self.view.node(node) is None
                 ):
                     stuck = True
             if stuck:
