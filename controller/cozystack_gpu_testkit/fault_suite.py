@@ -64,6 +64,7 @@ AUDIT_POLICY = {
     ],
 }
 SETTLE_S = 120.0
+LATE_S = 5.0  # a partition's held requests reach the server within this of the heal
 
 
 @dataclass
@@ -406,7 +407,7 @@ def restarts_mid_burst(
     load = run.running_load
     healthy: list[float] = []
     outages: list[faults.Outage] = []
-    for _ in range(restarts):
+    for _restart in range(restarts):
         before = load.counts.orders_accepted
         with bursting(load, burst):
             mid_burst(load, before, burst)
@@ -506,7 +507,7 @@ def etcd_restarts(
             healthy, _outages = restarts_mid_burst(
                 run, faults.ETCD, restarts, down_s, burst, bound_s
             )
-            for _ in range(expiries):
+            for _expiry in range(expiries):
                 seen = run.log_lines(EXPIRED)
                 # A watch starts a listing's round trip after it; compacting more often
                 # than that makes it start too old.
@@ -594,7 +595,7 @@ def partition(workdir: Path, *, cuts: int = 1, hold_s: float = 8.0, burst: int =
         cuts_at: list[tuple[str, str, float, float]] = []  # old, new, cut, heal (epoch)
         takeovers: list[float] = []
         with run.checker.watching():
-            for _ in range(cuts):
+            for _cut in range(cuts):
                 old = wait_for(run.holder, 30, "a leader")
                 new = next(name for name in run.replicas if name != old)
                 proxy = run.proxies[old]
@@ -648,12 +649,14 @@ def late_writes(
     accepted on a claim the new leader had written before it (must be none)."""
     late = refused = 0
     stale: list[str] = []
-    for old, new, cut_wall, _heal_wall in cuts:
+    for old, new, cut_wall, heal_wall in cuts:
         old_ip, new_ip = run.source_ip(old), run.source_ip(new)
-        # The audit log stamps requests when the server has read them; a held request is
-        # read at the heal, seconds after the cut.
+        # The audit log stamps requests when the server has read them: a held request is
+        # read at the heal, seconds after the cut. Until the next cut the old leader is a
+        # standby and sends no claim write of its own, so anything of it in this window
+        # came late (or from a replica that does not lead, which is as wrong).
         for write in writes:
-            if write.source != old_ip or write.received < cut_wall + 0.5:
+            if write.source != old_ip or not cut_wall + 0.5 <= write.received <= heal_wall + LATE_S:
                 continue
             late += 1
             refused += write.code == 409
@@ -694,8 +697,9 @@ def kills(
         killed_leaders = 0
         burster: threading.Thread | None = None
         with run.checker.watching():
-            for _ in range(count):
-                if burster is None or not burster.is_alive():
+            for _kill in range(count):
+                idle = burster is None or not burster.is_alive()
+                if idle and load.live_orders() < load.settings.max_live_orders:
                     burster = threading.Thread(target=load.burst, args=(burst,), daemon=True)
                     burster.start()
                 time.sleep(rng.uniform(*gap_s))

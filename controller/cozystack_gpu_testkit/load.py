@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 TIMEOUT = (5.0, 20.0)
 _TIMED: dict[str, Any] = {"_request_timeout": TIMEOUT}
 RUN_LABEL = "load.cozystack.io/run"
+# The node agents' reports are refreshed this often, well within the controller's
+# --inventory-stale-after (300 s), as running agents would.
+REPORT_EVERY_S = 60.0
 
 
 def _now() -> str:
@@ -70,7 +73,13 @@ class World:
     tenants: list[str]
     canary_class: str
     canary_tenant: str
+    canary_node: str
     gpus: int
+
+    @property
+    def gpu_nodes(self) -> list[str]:
+        """Every node with a GPUNode: the pools and the canary's."""
+        return [*self.nodes, self.canary_node]
 
     @property
     def capacity(self) -> int:
@@ -124,6 +133,7 @@ def build_world(kube: Kube, test_id: str, *, nodes: int = 6, gpus: int = 8) -> W
         tenants=[parent, *children, free],
         canary_class=canary,
         canary_tenant=canary,
+        canary_node=canary,
         gpus=gpus,
     )
 
@@ -315,19 +325,30 @@ class Load:
         self.counts.retries += 1
         self._stop.wait(0.2)
 
+    def live_orders(self) -> int:
+        """Orders accepted and not released."""
+        return len(self.accepted) - len(self.released_names)
+
     def _order_loop(self) -> None:
         rate = self.settings.order_rate
         while not self._stop.wait(1.0 / rate if rate > 0 else 1.0):
             if rate <= 0 or self._paused.is_set():
                 continue
-            if len(self.accepted) - len(self.released_names) >= self.settings.max_live_orders:
+            if self.live_orders() >= self.settings.max_live_orders:
                 continue
             self.order(*self._next_order())
 
     # --- VMs and releases --------------------------------------------------------------
 
     def _churn_loop(self) -> None:
+        reported = time.monotonic()
         while not self._stop.wait(self.settings.tick_s):
+            if time.monotonic() - reported >= REPORT_EVERY_S:
+                try:
+                    self._report_inventory()
+                    reported = time.monotonic()
+                except Exception:  # the server is away: on the next tick
+                    self.counts.retries += 1
             try:
                 self._list_claims()
             except Exception:  # the server is away: try on the next tick
@@ -347,6 +368,18 @@ class Load:
             except Exception as exc:
                 log.debug("load step: %s", exc)
                 self.counts.retries += 1
+
+    def _report_inventory(self) -> None:
+        """What each node agent does on its refresh: the report's time moves on."""
+        for node in self.world.gpu_nodes:
+            self.custom.patch_cluster_custom_object_status(
+                keys.GROUP,
+                keys.VERSION,
+                keys.PLURAL_NODES,
+                node,
+                {"status": {"updatedAt": _now()}},
+                **_TIMED,
+            )
 
     def _list_claims(self) -> None:
         listing = self.custom.list_cluster_custom_object(
