@@ -329,7 +329,9 @@ def bench_events(
 
 def bench_head_of_line(rng: random.Random) -> None:
     """5,000 nodes of one class, each with 6 of 8 units free; 10,000 8-unit orders (none can
-    fit) arrive before 1,000 1-unit orders (all can)."""
+    fit) arrive before 1,000 1-unit orders (all can). The held units are attached: unattached
+    ones packing would move to make room for the 8-unit orders (packing_bench.py measures
+    that)."""
     klass = ClassInfo(
         "h100", Mode.PASSTHROUGH, "nvidia.com/GH100_H100", 8, tolerations=(TOLERATION,)
     )
@@ -343,7 +345,18 @@ def bench_head_of_line(rng: random.Random) -> None:
         for i in range(5_000)
     ]
     claims = [
-        ClaimInfo("tenant-a", f"held-{i}", "h100", 2, 0.0, Phase.BOUND, node=n.name, bound_at=0.0)
+        ClaimInfo(
+            "tenant-a",
+            f"held-{i}",
+            "h100",
+            2,
+            0.0,
+            Phase.ATTACHED,
+            node=n.name,
+            attached_to=f"vm-{i}",
+            vmi_live=True,
+            bound_at=0.0,
+        )
         for i, n in enumerate(nodes)
     ]
     claims += [ClaimInfo("tenant-a", f"big-{i}", "h100", 8, 1.0 + i) for i in range(10_000)]

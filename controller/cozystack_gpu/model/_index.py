@@ -134,15 +134,22 @@ class ClassIndex:
     def by_free_desc(self) -> Iterator[tuple[str, int]]:
         """Serving nodes from the most free units down, smallest name first among equals.
 
-        Each bucket is sorted only when reached, so a caller that stops after a few nodes
-        pays for the buckets it walked, not for every node.
+        Each bucket's names come off a copy of its heap one at a time, so a caller that
+        stops after a few nodes pays for those, not for sorting every node. A change the
+        caller undoes before reading on is harmless: names are checked against ``free``.
         """
         for value in reversed(list(self._keys)):
             bucket = self._buckets.get(value)
             if bucket is None:
                 continue
-            for name in sorted(bucket.members):
-                yield name, value
+            heap = list(bucket.heap)
+            last = None
+            while heap:
+                name = heapq.heappop(heap)
+                # Stale entries (names gone or moved) and repeats of a re-added name skip.
+                if name != last and self.free.get(name) == value:
+                    last = name
+                    yield name, value
 
     def max_free(self) -> int:
         return self._keys[-1] if self._keys else 0

@@ -41,6 +41,7 @@ from cozystack_gpu.model import (
     Toleration,
     plan,
 )
+from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.packing import may_move
 
 EXAMPLES = int(os.environ.get("MODEL_HYPOTHESIS_EXAMPLES", "40"))
@@ -386,3 +387,17 @@ def test_the_fragmented_clusters_exercise_packing() -> None:
             if action.refusal is not None and action.refusal.reason is Reason.CAPACITY_FRAGMENTED:
                 fragmented_waits += 1
     assert made >= 20 and fragmented_waits >= 3, (made, fragmented_waits)
+
+
+def test_serving_nodes_come_most_free_first_each_once() -> None:
+    # The order packing tries nodes in, after the churn that leaves stale heap entries.
+    rng = random.Random(7)
+    idx = ClassIndex()
+    for _step in range(2000):
+        name = f"n{rng.randrange(40):02d}"
+        if rng.random() < 0.2:
+            idx.remove(name)
+        else:
+            idx.put(name, rng.randrange(9), 8)
+    walked = list(idx.by_free_desc())
+    assert walked == sorted(idx.free.items(), key=lambda item: (-item[1], item[0]))
