@@ -137,6 +137,8 @@ def _stand_in(path: Path, script: str, conf: Path, ready: Path) -> None:
         f"export COZYSTACK_GPU_STAND_IN_CONF={conf}\n"
         f"export COZYSTACK_GPU_STAND_IN_LIB={TESTKIT}\n"
         f"export COZYSTACK_GPU_STAND_IN_READY={ready}\n"
+        # The stand-in's call log stays in the host's tree, not in this machine's /var/lib.
+        f"export COZYSTACK_GPU_STAND_IN_CALLS={conf / 'calls'}\n"
         f'exec {sys.executable} {STAND_INS / script} "$@"\n'
     )
     path.chmod(0o755)

@@ -5,7 +5,9 @@ testkit's SysfsTree, the way the driver changes sysfs: ``-e BDF|ALL`` enables ev
 PF, ``-d BDF|ALL`` disables them. Like the real script it fails while nvidia-vgpu-mgr is not
 up yet, and it can exit 0 without creating anything: each call consumes one count from
 /etc/cozystack-gpu-stand-in/sriov-manage-noop (when present), doing nothing but exiting 0,
-so callers must judge by sriov_numvfs. Every call is logged to /var/lib/stand-in/calls.
+so callers must judge by sriov_numvfs. Every call is logged to the file named by
+COZYSTACK_GPU_STAND_IN_CALLS (default /var/lib/stand-in/calls, where molecule's verify reads
+it; the demo points it into its own directory).
 """
 import os
 import sys
@@ -16,8 +18,9 @@ from sysfs_tree import SysfsTree  # noqa: E402  pylint: disable=wrong-import-pos
 
 
 def log(line):
-    os.makedirs("/var/lib/stand-in", exist_ok=True)
-    with open("/var/lib/stand-in/calls", "a", encoding="utf-8") as calls:
+    path = os.environ.get("COZYSTACK_GPU_STAND_IN_CALLS", "/var/lib/stand-in/calls")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as calls:
         calls.write(line + "\n")
 
 
