@@ -625,7 +625,7 @@ def partition(workdir: Path, *, cuts: int = 1, hold_s: float = 8.0, burst: int =
                     cuts_at.append((old, new, cut_wall, heal_wall))
                 time.sleep(3.0)  # the late writes land
         writes = claim_writes(run.audit_log)
-        late, refused, stale = late_writes(run, writes, cuts_at)
+        late, refused, gone, stale = late_writes(run, writes, cuts_at)
         result = run.finish(
             "leader partitioned mid-burst",
             healthy,
@@ -635,6 +635,7 @@ def partition(workdir: Path, *, cuts: int = 1, hold_s: float = 8.0, burst: int =
                 "take-over s": round(max(takeovers), 1),
                 "late writes": late,
                 "refused 409": refused,
+                "404 (claim gone)": gone,
             },
         )
         result.violations += stale
@@ -643,11 +644,12 @@ def partition(workdir: Path, *, cuts: int = 1, hold_s: float = 8.0, burst: int =
 
 def late_writes(
     run: Run, writes: Sequence[ClaimWrite], cuts: Sequence[tuple[str, str, float, float]]
-) -> tuple[int, int, list[str]]:
+) -> tuple[int, int, int, list[str]]:
     """The old leaders' claim writes the API server received after their partition began
-    (they were held until it healed): how many, how many were refused with 409, and each
-    accepted on a claim the new leader had written before it (must be none)."""
-    late = refused = 0
+    (they were held until it healed): how many, how many were refused with 409 and with
+    404, and each accepted on a claim the new leader had written before it (must be none;
+    one accepted on a claim nobody touched since is the decision it was)."""
+    late = refused = gone = 0
     stale: list[str] = []
     for old, new, cut_wall, heal_wall in cuts:
         old_ip, new_ip = run.source_ip(old), run.source_ip(new)
@@ -660,6 +662,7 @@ def late_writes(
                 continue
             late += 1
             refused += write.code == 409
+            gone += write.code == 404
             overtaken = any(
                 w.source == new_ip
                 and w.claim == write.claim
@@ -672,7 +675,7 @@ def late_writes(
                     f"late write of {old} to claim {write.claim} accepted ({write.code}) after "
                     f"{new} had written it"
                 )
-    return late, refused, stale
+    return late, refused, gone, stale
 
 
 # --- 4. SIGKILL at random moments --------------------------------------------------------

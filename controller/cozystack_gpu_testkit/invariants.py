@@ -441,7 +441,11 @@ class Invariants:
             waits = phase in ("Pending", "Lost") and keys.CONDITION_BOUND in told
             at_gate = _template(claim) and keys.CONDITION_PLACED in told
             if not (waits or at_gate):
-                detail = f"phase {phase!r}, status {json.dumps(status, sort_keys=True)}"
+                created = _meta(claim).get("creationTimestamp")
+                detail = (
+                    f"phase {phase!r}, status {json.dumps(status, sort_keys=True)}, "
+                    f"created {created}, resourceVersion {_meta(claim).get('resourceVersion')}"
+                )
                 yield Violation(NOT_JUDGED, subject, detail)
 
     def _records(self, state: State) -> Iterator[Violation]:
