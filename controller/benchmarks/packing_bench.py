@@ -134,7 +134,7 @@ def scenario(args: argparse.Namespace, units: int, attached: float) -> None:
                     figures += (
                         f" ({len(needed)} needed moves: mean {statistics.mean(needed):.2f} each)"
                     )
-            figures += f", {passes} passes, {elapsed * 1000:.0f} ms"
+            figures += f", {passes} pass{'' if passes == 1 else 'es'}, {elapsed * 1000:.0f} ms"
             line.append(figures)
         print(" ".join(line[:1]) + "\n    " + "\n    ".join(line[1:]))
 
