@@ -21,28 +21,20 @@ from model_world import (
     World,
     check_every_step,
     oracle_room,
-    tenant_labels,
 )
 
 from cozystack_gpu.keys import Mode, Phase, quota_key
-from cozystack_gpu.model import (
-    MAX_MOVES,
-    ClaimInfo,
-    ClassInfo,
-    Device,
-    NamespaceInfo,
-    NodeInfo,
-    Placement,
-    Plan,
-    Reason,
-    RejectedNode,
-    Snapshot,
-    Step,
-    Toleration,
-    plan,
-)
+from cozystack_gpu.model import MAX_MOVES, NodeInfo, Plan, Snapshot, Step, plan
 from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.packing import may_move
+from cozystack_gpu.model.types import (
+    ClaimInfo,
+    ClassInfo,
+    Placement,
+    Reason,
+    RejectedNode,
+    Toleration,
+)
 
 EXAMPLES = int(os.environ.get("MODEL_HYPOTHESIS_EXAMPLES", "40"))
 
@@ -216,24 +208,19 @@ def fragmented(seed: int) -> tuple[World, ClaimInfo]:
     world = World(now=NOW)
     for i in range(r.randint(2, 5)):
         gpus = r.choice((4, 8, 8, 8))
-        devices = [Device(RES_A, 1)] * gpus
-        alloc = {RES_A: gpus}
-        if r.random() < 0.3:
-            devices += [Device(RES_B, 1)] * 2
-            alloc[RES_B] = 2
-        world.nodes[f"n{i}"] = NodeInfo(
-            name=f"n{i}",
-            labels={"zone": r.choice(("z1", "z2"))},
-            taints=(GPU_TAINT,) if r.random() < 0.15 else (),
-            unschedulable=r.random() < 0.1,
-            allocatable=alloc,
-            devices=tuple(devices),
-            raw_used={RES_A: 1} if r.random() < 0.1 else {},
-        )
+        extra = {RES_B: 2} if r.random() < 0.3 else None
+        labels = {"zone": r.choice(("z1", "z2"))}
+        taints = (GPU_TAINT,) if r.random() < 0.15 else ()
+        cordoned = r.random() < 0.1
+        raw = 1 if r.random() < 0.1 else 0
+        world.nodes[f"n{i}"] = node(
+            f"n{i}", gpus, RES_A, labels=labels, taints=taints, unschedulable=cordoned,
+            raw_used=raw, extra=extra,
+        )  # fmt: skip
     world.classes = {"pa": PA, "pb": PB}
     for name, ancestors in TENANTS.items():
         quota = {quota_key("pa"): r.choice((12, 24, 64))} if r.random() < 0.2 else {}
-        world.namespaces[name] = NamespaceInfo(name, tenant_labels(name, ancestors), quota)
+        world.namespaces[name] = tenant(name, *ancestors, quota=quota)
     snap = world.snapshot()
     serial = 0
     fill = r.uniform(0.3, 0.75) * sum(n.allocatable[RES_A] for n in world.nodes.values())
