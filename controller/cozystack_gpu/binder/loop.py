@@ -59,6 +59,7 @@ TICK_S = 0.5  # re-plan at least this often: expiries (attachment grace, rejecti
 WAIT_NOTES_PER_S = 20
 REPLAN_S = 1.0  # plan at least this often, for time-based rules
 MAX_BATCH = 5000
+PLACING = (Step.BIND, Step.REBIND, Step.MOVE)  # steps that take units on ``action.node``
 
 STALENESS_EVERY_S = 1.0  # how often node agent reports are checked for age
 
@@ -108,6 +109,9 @@ class Binder:
         self.publisher = Publisher(self)
         # Claims whose placement write is out: no decision touches them until it returns.
         self.inflight: set[ClaimKey] = set()
+        # Holds packing is moving off each node: no placement there is sent until their
+        # writes are answered (a move refused leaves its hold where the order would go).
+        self._vacating: dict[str, set[ClaimKey]] = {}
         self._vmi_deletes: set[Key] = set()
         self._last_staleness = 0.0
         self._waiting_written: dict[ClaimKey, tuple[str, str]] = {}
@@ -344,6 +348,13 @@ class Binder:
                 if action.refusal is not None:
                     self._note_waiting(action, now)
                 continue
+            if action.step in PLACING and self._vacated_in_flight(action.node):
+                # Planned into room whose moves are not answered yet: placed again by a
+                # pass after they are, on what they really left.
+                self._changed = True
+                continue
+            if action.step is Step.MOVE and action.from_node is not None:
+                self._vacating.setdefault(action.from_node, set()).update(action.claims)
             for key in action.claims:
                 updated = result.updates.get(key)
                 obj = self.view.claim(key)
@@ -358,6 +369,17 @@ class Binder:
                     obj, str(cond["reason"]), str(cond["message"]), action.step is Step.LOSE
                 )
         metrics.PENDING.set(pending)
+
+    def _vacated_in_flight(self, node: str | None) -> bool:
+        if node is None:
+            return False
+        moving = self._vacating.get(node)
+        if moving is None:
+            return False
+        moving &= self.inflight
+        if not moving:
+            del self._vacating[node]
+        return bool(moving)
 
     def _note_waiting(self, action: Action, now: float) -> None:
         """Say on each waiting claim why it waits, once per distinct reason.

@@ -9,10 +9,12 @@ with 8.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from binder_env import Env, condition
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
@@ -123,4 +125,99 @@ def test_attached_holds_never_move_and_the_order_says_why_until_one_ends(env: En
         if node != freed:
             still = env.kube.get_claim(env.tenant, name)
             assert (still["status"]["phase"], still["status"]["nodeName"]) == ("Attached", node)
+    assert max(_units_per_node(env).values()) <= 8
+
+
+def _refuse_moves(env: Env) -> tuple[str, str]:
+    """A policy refusing every status write that moves one of the tenant's claims to another
+    node (as a write would be refused when its claim changed meanwhile). Returns the policy
+    and binding names."""
+    name = f"refuse-moves-{env.id}"
+    admission = client.AdmissionregistrationV1Api(env.kube.api)
+    admission.create_validating_admission_policy(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [keys.GROUP],
+                            "apiVersions": [keys.VERSION],
+                            "operations": ["UPDATE"],
+                            "resources": [f"{keys.PLURAL_CLAIMS}/status"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": "!has(oldObject.status) || !has(oldObject.status.nodeName)"
+                        " || !has(object.status.nodeName)"
+                        " || object.status.nodeName == oldObject.status.nodeName",
+                        "message": "moves refused by the test",
+                    }
+                ],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {f"tenant.cozystack.io/{env.tenant}": ""}}
+                },
+            },
+        }
+    )
+    return name, name
+
+
+def _move_refused(env: Env, claim: dict[str, Any]) -> bool:
+    """The policy is in force: a dry-run move of ``claim`` is refused."""
+    body = {"status": {"nodeName": claim["status"]["nodeName"] + "-elsewhere"}}
+    try:
+        env.kube.custom.patch_namespaced_custom_object_status(
+            keys.GROUP,
+            keys.VERSION,
+            env.tenant,
+            keys.PLURAL_CLAIMS,
+            claim["metadata"]["name"],
+            body,
+            dry_run="All",
+        )
+    except ApiException as exc:
+        return exc.status in (403, 422) and "moves refused by the test" in str(exc.body)
+    return False
+
+
+def test_an_order_is_never_placed_where_a_refused_move_left_its_hold(env: Env) -> None:
+    gpu_class, kept = _scatter(env)
+    policy, binding = _refuse_moves(env)
+    admission = client.AdmissionregistrationV1Api(env.kube.api)
+    try:
+        wait_for(lambda: _move_refused(env, next(iter(kept.values()))), 30, "the policy")
+        env.kube.claim(env.tenant, "big", gpu_class, 8)
+        # The binder plans moves, each is refused; the order must never land on a node its
+        # holds did not leave. Watched for several passes (a refused move is judged again).
+        deadline = time.monotonic() + 6.0
+        tried = False
+        while time.monotonic() < deadline:
+            units = _units_per_node(env)
+            assert max(units.values()) <= 8, f"a node over capacity: {units}"
+            assert env.phase("big") != "Bound"
+            tried = tried or env.binder.stats.conflicts > 0
+            time.sleep(0.02)
+        assert tried, "no move was tried (and refused)"
+    finally:
+        admission.delete_validating_admission_policy_binding(binding)
+        admission.delete_validating_admission_policy(policy)
+    # Moves allowed again: the order binds on the node they free, and no node ever overfills.
+    wait_for(lambda: env.phase("big") == "Bound", 30, "the order bound once moves pass")
     assert max(_units_per_node(env).values()) <= 8
