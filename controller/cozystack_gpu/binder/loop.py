@@ -342,11 +342,12 @@ class Binder:
             WAIT_NOTES_PER_S, self._note_budget + (now - self._note_refilled) * WAIT_NOTES_PER_S
         )
         self._note_refilled = now
+        waits: list[Action] = []
         for action in result.actions:
             if action.step is Step.WAIT:
                 pending += len(action.claims)
                 if action.refusal is not None:
-                    self._note_waiting(action, now)
+                    waits.append(action)
                 continue
             if action.step in PLACING and self._vacated_in_flight(action.node):
                 # Planned into room whose moves are not answered yet: placed again by a
@@ -368,6 +369,11 @@ class Binder:
                 self.writer.event(
                     obj, str(cond["reason"]), str(cond["message"]), action.step is Step.LOSE
                 )
+        # Orders never judged before are told first: a new order shows Pending at once, even
+        # while a new leader tells a backlog of older waiting claims their changed reasons.
+        for fresh in (True, False):
+            for action in waits:
+                self._note_waiting(action, now, fresh=fresh)
         metrics.PENDING.set(pending)
 
     def _vacated_in_flight(self, node: str | None) -> bool:
@@ -381,8 +387,9 @@ class Binder:
             del self._vacating[node]
         return bool(moving)
 
-    def _note_waiting(self, action: Action, now: float) -> None:
-        """Say on each waiting claim why it waits, once per distinct reason.
+    def _note_waiting(self, action: Action, now: float, *, fresh: bool) -> None:
+        """Say on each waiting claim why it waits, once per distinct reason; only on claims
+        with no phase yet when ``fresh``, only on the others when not.
 
         At most WAIT_NOTES_PER_S such writes a second, and none while a placement write is
         out: a burst of orders that do not fit must not take the API server's time from
@@ -399,7 +406,7 @@ class Binder:
             if self._waiting_written.get(key) == said:
                 continue
             obj = self.view.claim(key)
-            if obj is None:
+            if obj is None or fresh == bool((obj.get("status") or {}).get("phase")):
                 continue
             self._waiting_written[key] = said
             if key not in self._counted_refusals:

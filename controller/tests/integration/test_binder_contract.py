@@ -92,6 +92,38 @@ def test_an_accepted_order_that_cannot_bind_yet_is_pending_with_its_reason(
     assert condition(bound)["status"] == "True"
 
 
+def test_a_new_order_shows_pending_at_once_while_older_claims_are_told_a_new_reason(
+    env: Env,
+) -> None:
+    """Waiting notes are rate-limited; a backlog of re-notes (here a node gone under 120
+    waiting orders) must not keep a new order from showing Pending."""
+    node = env.node("only", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "holder", gpu_class, 1)
+    env.wait_phase("holder", "Bound")
+    backlog = [f"w{i:03d}" for i in range(120)]
+    for name in backlog:
+        env.kube.claim(env.tenant, name, gpu_class, 1)
+
+    def reasons() -> dict[str, str]:
+        return {
+            obj["metadata"]["name"]: condition(obj).get("reason", "")
+            for obj in env.kube.claims(env.tenant)
+            if obj["metadata"]["name"] in backlog
+        }
+
+    wait_for(lambda: set(reasons().values()) == {"InsufficientCapacity"}, 60, "the backlog noted")
+    env.kube.core.delete_node(node)
+    wait_for(lambda: env.phase("holder") == "Lost", what="the holder Lost with its node")
+    env.kube.claim(env.tenant, "late", gpu_class, 1)
+    late = env.wait_phase("late", "Pending", timeout=4)
+    assert condition(late)["reason"] == "NoNodeServesClass"
+    # The backlog's new notes are written at most 20 a second: some still say the old reason,
+    # so the new order went ahead of them.
+    assert "InsufficientCapacity" in reasons().values()
+    wait_for(lambda: set(reasons().values()) == {"NoNodeServesClass"}, 60, "the backlog told again")
+
+
 # --- class deletion ----------------------------------------------------------------------
 
 
