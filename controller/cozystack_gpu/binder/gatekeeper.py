@@ -40,6 +40,10 @@ class Gatekeeper(BinderPart):
         self._gate_told: dict[Key, str] = {}
         self._rejected_health: dict[str, tuple[Any, ...]] = {}
         self._volume_nodes: dict[str, set[str] | None] = {}
+        # Placed conditions sent and not answered yet, and those to send again: a note is
+        # written over the version it read, so one racing the claim's attachment is refused.
+        self._placed_sent: dict[ClaimKey, dict[str, Any]] = {}
+        self._placed_due: dict[ClaimKey, dict[str, Any]] = {}
 
     def clock(self) -> float:
         return self.binder.clock()
@@ -66,6 +70,9 @@ class Gatekeeper(BinderPart):
     def run(self, now: float) -> None:
         """Gated launcher pods: create the template claims, place the whole set on one
         node, and pin and ungate the pod in one update once every claim is bound there."""
+        due, self._placed_due = self._placed_due, {}
+        for key, cond in due.items():
+            self._tell_placed(key, cond)
         for pod_key in self.view.gated_pods():
             pod = self.view.pod(pod_key)
             if pod is None or pod_key in self._pod_writes:
@@ -256,16 +263,25 @@ class Gatekeeper(BinderPart):
         message = f"launcher pod {pod_key[1]} pinned to node {node}"
         cond = lifecycle.condition(keys.CONDITION_PLACED, True, ClaimReason.PINNED, message, now)
         for key in members:
-            obj = self.view.claim(key)
-            if obj is not None and not lifecycle.same_condition(
-                (obj.get("status") or {}).get("conditions") or [], cond
-            ):
-                self.writer.claim_status(
-                    key,
-                    lifecycle.condition_patch(obj, cond),
-                    lifecycle.NOTE_PLACED,
-                    Priority.STATUS,
-                )
+            self._tell_placed(key, cond)
+
+    def _tell_placed(self, key: ClaimKey, cond: dict[str, Any]) -> None:
+        obj = self.view.claim(key)
+        if obj is None or lifecycle.same_condition(
+            (obj.get("status") or {}).get("conditions") or [], cond
+        ):
+            return
+        self._placed_sent[key] = cond
+        self.writer.claim_status(
+            key, lifecycle.condition_patch(obj, cond), lifecycle.NOTE_PLACED, Priority.STATUS
+        )
+
+    def placed_answered(self, key: ClaimKey, written: bool) -> None:
+        """A Placed note's answer: one refused (the claim changed meanwhile) is sent again
+        on the next pass, over the claim as it is then."""
+        cond = self._placed_sent.pop(key, None)
+        if cond is not None and not written:
+            self._placed_due[key] = cond
 
     def refusals(self, now: float) -> None:
         """A pinned pod the scheduler refuses for lack of resources on a node that is Ready,

@@ -429,8 +429,13 @@ class Binder:
 
     def _claim_written(self, done: ClaimWriteDone) -> None:
         if done.purpose in lifecycle.NOTES:
-            if done.outcome is Outcome.WRITTEN and done.obj is not None:
+            if done.obj is not None:  # written, or refused with the claim as it is now
                 self._store_claim(done.key, done.obj)
+            written = done.outcome is Outcome.WRITTEN
+            if done.purpose == lifecycle.NOTE_PLACED:
+                self.gatekeeper.placed_answered(done.key, written)
+            elif written:
+                return
             elif done.purpose == lifecycle.NOTE_WAIT:
                 self._waiting_written.pop(done.key, None)
             else:

@@ -180,7 +180,11 @@ def test_a_gated_pod_is_pinned_and_ungated_in_one_update_and_bound_to_the_claims
     # nor one pinned and still gated: the pin and the ungating were one update.
     for version in versions:
         assert gate.is_gated(version) == (gate.pinned_node(version) is None), version["metadata"]
-    placed = condition(env.kube.get_claim(env.tenant, "held"), keys.CONDITION_PLACED)
+    # The claim is told where its VM went after the pod is pinned (a note, not the pin).
+    placed = wait_for(
+        lambda: condition(env.kube.get_claim(env.tenant, "held"), keys.CONDITION_PLACED),
+        what="the claim's Placed condition",
+    )
     assert placed["status"] == "True" and node in placed["message"]
 
 
