@@ -34,5 +34,6 @@ def env(api_client: Any, kube: Kube) -> Iterator[Env]:
         yield env
     finally:
         env.binder.stop()
+        env.clean_up()
     # A binder loop that died would make every wait above time out for no visible reason.
     assert env.binder.failure is None, f"the binder loop failed: {env.binder.failure}"

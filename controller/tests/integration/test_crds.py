@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -54,12 +55,26 @@ def _vgpu_body(name: str, **spec: Any) -> dict[str, Any]:
 class Api:
     def __init__(self, api_client: Any) -> None:
         self.custom = client.CustomObjectsApi(api_client)
+        self.classes: list[str] = []
 
     def create_class(self, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self.custom.create_cluster_custom_object(
             keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, body
         )
+        self.classes.append(result["metadata"]["name"])
         return result
+
+    def delete_classes(self) -> None:
+        """Classes are cluster-wide and many here select every node: left behind, they would
+        share resource names with later tests' classes on those tests' nodes."""
+        for name in self.classes:
+            try:
+                self.custom.delete_cluster_custom_object(
+                    keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
     def create_claim(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self.custom.create_namespaced_custom_object(
@@ -69,8 +84,10 @@ class Api:
 
 
 @pytest.fixture
-def api(api_client: Any) -> Api:
-    return Api(api_client)
+def api(api_client: Any) -> Iterator[Api]:
+    api = Api(api_client)
+    yield api
+    api.delete_classes()
 
 
 def refusal(call: Any) -> str:
