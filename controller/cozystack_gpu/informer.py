@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
@@ -186,6 +187,14 @@ class Informer:
                     self._stop.wait(10 * RETRY_DELAY_S)
                     continue
                 log.warning("watch of %s failed: %s; retrying", kind, exc.reason)
+                self._stop.wait(RETRY_DELAY_S)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                # The server is away or the stream broke (a restart, a network blip): an
+                # expected moment, told in one line rather than a traceback a second.
+                if self._stop.is_set():
+                    return
+                reason = " ".join(str(exc).split())[:200]
+                log.warning("watch of %s broke; retrying: %s: %s", kind, type(exc).__name__, reason)
                 self._stop.wait(RETRY_DELAY_S)
             except Exception:  # a broken stream must not end the feed
                 if self._stop.is_set():
