@@ -18,7 +18,7 @@ from cozystack_gpu.admission.annotation import ClaimsRequest
 from cozystack_gpu.binder import gate, lifecycle, translate
 from cozystack_gpu.binder.part import BinderPart
 from cozystack_gpu.binder.view import Key
-from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone
+from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, discard
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
 from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step
 
@@ -338,13 +338,15 @@ class Gatekeeper(BinderPart):
 
         def request() -> Any:
             try:
-                core.delete_namespaced_pod(
-                    pod_key[1],
-                    pod_key[0],
-                    body={"preconditions": {"uid": uid}},
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                ).release_conn()
+                discard(
+                    core.delete_namespaced_pod(
+                        pod_key[1],
+                        pod_key[0],
+                        body={"preconditions": {"uid": uid}},
+                        _preload_content=False,
+                        _request_timeout=REQUEST_TIMEOUT_S,
+                    )
+                )
             except ApiException as exc:
                 if exc.status not in (404, 409):
                     raise

@@ -91,6 +91,14 @@ class WriterStopped(Exception):
     """A job still queued when the writer stopped: not sent (this replica no longer leads)."""
 
 
+def discard(response: Any) -> None:
+    """Read the rest of an answer nobody needs, then give its connection back. A connection
+    returned with unread bytes hands them to the next request on it as its answer (seen as
+    a status write failing with the body of an Event)."""
+    response.drain_conn()
+    response.release_conn()
+
+
 def describe(exc: BaseException) -> str:
     """A short, single-line account of a failed request for results and logs."""
     if isinstance(exc, ApiException):
@@ -411,13 +419,15 @@ class Writer:
         }
 
         def run() -> WriteDone:
-            # The answer is not read: skip building the client's Event model from it.
-            self.core.create_namespaced_event(
-                str(metadata.get("namespace")),
-                body,
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            ).release_conn()
+            # The answer is not decoded: skip building the client's Event model from it.
+            discard(
+                self.core.create_namespaced_event(
+                    str(metadata.get("namespace")),
+                    body,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            )
             return WriteDone("event", name, True)
 
         def failed(exc: Exception) -> WriteDone:
