@@ -1,0 +1,178 @@
+"""The leader's side of a VM start (issue 10's third figure): a gated launcher pod until it
+is pinned to its claims' node and ungated, against a real local API server.
+
+    COZYSTACK_GPU_BIN_DIR=$(cat .cache/bin-dir) .venv/bin/python \
+        controller/benchmarks/gate_bench.py [--vms 500] [--nodes 100] [--rate 20]
+
+A fresh control plane with ``--nodes`` GPU nodes of 8 units and one class; the binder in
+this process (usage records off). ``--vms`` claims of 1 unit are ordered and bound first;
+then, for each, a VMI naming its claim (stored as the VMI webhook leaves it) and its
+launcher pod held at the scheduling gate, created at ``--rate`` pods a second from 4
+threads, as virt-controller creates them. A watch on the pods times each from the
+client's create returned to the first version the binder pinned and ungated. The gate
+controller has to read the VMI, the claims and their node, and send one pod update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from apiserver_load import RESOURCE, Bench, create_many, percentile, wait_until
+from binder_bench import config
+from kubernetes import watch
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder import gate
+from cozystack_gpu.binder.loop import Binder
+
+
+class ReleaseWatch:
+    """When each launcher pod was first seen pinned and ungated."""
+
+    def __init__(self, kube: Any, namespace: str) -> None:
+        self.released: dict[str, float] = {}
+        self._stopped = False
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(
+            target=self._run, args=(kube, namespace), name="pods", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, kube: Any, namespace: str) -> None:
+        try:
+            for event in self._watch.stream(kube.core.list_namespaced_pod, namespace):
+                pod = kube.api.sanitize_for_serialization(event["object"])
+                name = pod["metadata"]["name"]
+                if name in self.released or gate.is_gated(pod) or gate.pinned_node(pod) is None:
+                    continue
+                self.released[name] = time.perf_counter()
+        except Exception:  # the plane stopped under the watch: the figures are taken
+            if not self._stopped:
+                raise
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._watch.stop()
+
+
+def vmi_body(name: str, claim: str) -> dict[str, Any]:
+    return {
+        "apiVersion": keys.VMI.api_version,
+        "kind": keys.VMI.kind,
+        "metadata": {
+            "name": name,
+            "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+            "annotations": {keys.ANNOTATION_CLAIMS: json.dumps({"claims": [claim]})},
+        },
+        "spec": {"domain": {"devices": {}}},
+    }
+
+
+def launcher_body(name: str, vmi: dict[str, Any]) -> dict[str, Any]:
+    requests = {RESOURCE: "1"}
+    return {
+        "metadata": {
+            "name": f"virt-launcher-{name}",
+            "labels": {
+                "kubevirt.io": "virt-launcher",
+                keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": keys.VMI.api_version,
+                    "kind": keys.VMI.kind,
+                    "name": name,
+                    "uid": vmi["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "compute",
+                    "image": "virt-launcher",
+                    "resources": {"requests": requests, "limits": requests},
+                }
+            ],
+            "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
+        },
+    }
+
+
+def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
+    bench = Bench.start(nodes, 8, bin_dir)
+    binder = Binder(bench.kube.api, config(bench.controller_ns))
+    try:
+        binder.start()
+        assert binder.synced.wait(60), "the binder did not finish its first listing"
+        kube, tenant = bench.kube, bench.tenant
+        claims = [f"c{i:05d}" for i in range(vms)]
+        create_many(bench.claim_creator(), claims)
+
+        def all_bound() -> bool:
+            phases = [(c.get("status") or {}).get("phase") for c in kube.claims(tenant)]
+            return phases.count("Bound") == vms
+
+        wait_until(all_bound, 120)
+        vmis = {}
+        for claim in claims:
+            name = f"vm-{claim}"
+            vmis[name] = kube.custom.create_namespaced_custom_object(
+                keys.VMI.group, keys.VMI.version, tenant, keys.VMI.plural, vmi_body(name, claim)
+            )
+        watcher = ReleaseWatch(kube, tenant)
+        created: dict[str, float] = {}
+        cpu_before = os.times()
+        started = time.perf_counter()
+
+        def create(index_and_name: tuple[int, str]) -> None:
+            index, name = index_and_name
+            due = started + index / rate
+            time.sleep(max(0.0, due - time.perf_counter()))
+            kube.core.create_namespaced_pod(
+                tenant, launcher_body(name, vmis[name]), _preload_content=False
+            )
+            created[f"virt-launcher-{name}"] = time.perf_counter()
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(create, enumerate(vmis)))
+        wait_until(lambda: len(watcher.released) >= vms, 120)
+        elapsed = time.perf_counter() - started
+        cpu = os.times()
+        watcher.stop()
+        latencies = [(watcher.released[p] - created[p]) * 1000 for p in created]
+        print(f"gate: {vms} gated launcher pods at {rate:g}/s on {nodes} nodes")
+        print(
+            f"  created → pinned and ungated: p50 {percentile(latencies, 0.5):.0f} ms, "
+            f"p99 {percentile(latencies, 0.99):.0f} ms, max {max(latencies):.0f} ms"
+        )
+        busy = (cpu.user + cpu.system) - (cpu_before.user + cpu_before.system)
+        print(
+            f"  all released {elapsed:.1f} s after the first create; this process (binder and "
+            f"load) {busy / vms * 1000:.1f} ms CPU per start"
+        )
+    finally:
+        binder.stop()
+        bench.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--vms", type=int, default=500)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=20.0, help="launcher pods created a second")
+    args = parser.parse_args()
+    bin_dir = Path(os.environ["COZYSTACK_GPU_BIN_DIR"])
+    run(args.vms, args.nodes, args.rate, bin_dir)
+
+
+if __name__ == "__main__":
+    main()
