@@ -34,7 +34,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit.objects import Kube, wait_for
+from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +48,6 @@ REPORT_EVERY_S = 60.0
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _unless(status: int, call: Callable[[], Any]) -> Any:
-    """``call()``, or None when the server answers ``status``: 409 for a create that an
-    earlier try (its answer lost) already made, 404 for a delete already done."""
-    try:
-        return call()
-    except ApiException as exc:
-        if exc.status != status:
-            raise
-        return None
 
 
 @dataclass
@@ -425,7 +414,7 @@ class Load:
         if not candidates:
             return
         namespace, name = self._rng.choice(candidates)
-        _unless(
+        unless(
             404, lambda: self._claims(self.custom.delete_namespaced_custom_object, namespace, name)
         )
         with self._lock:
@@ -475,7 +464,7 @@ class Load:
             },
             "spec": {"domain": {"devices": devices, "memory": {"guest": "1Gi"}}},
         }
-        created = _unless(
+        created = unless(
             409, lambda: self._vmis(self.custom.create_namespaced_custom_object, vm.namespace, body)
         ) or self._vmis(self.custom.get_namespaced_custom_object, vm.namespace, vm.name)
         vm.uid = str(created["metadata"]["uid"])
@@ -507,7 +496,7 @@ class Load:
                 else [{"name": keys.SCHEDULING_GATE_CLAIMS}],
             },
         }
-        _unless(409, lambda: self.core.create_namespaced_pod(vm.namespace, body, **_TIMED))
+        unless(409, lambda: self.core.create_namespaced_pod(vm.namespace, body, **_TIMED))
         vm.stage = VMStage.POD
 
     @staticmethod
@@ -543,13 +532,13 @@ class Load:
             return
         pod = f"virt-launcher-{vm.name}"
         # No kubelet here: a pod bound to a node is only gone when deleted at once.
-        _unless(
+        unless(
             404,
             lambda: self.core.delete_namespaced_pod(
                 pod, vm.namespace, grace_period_seconds=0, **_TIMED
             ),
         )
-        _unless(
+        unless(
             404,
             lambda: self._vmis(self.custom.delete_namespaced_custom_object, vm.namespace, vm.name),
         )

@@ -34,6 +34,17 @@ def install_extra_crds(api: Any) -> None:
     cluster.install_crds(api, [WORKLOAD_CRD, cluster.kubevirt_crds()])
 
 
+def unless(status: int, call: Callable[[], Any]) -> Any:
+    """``call()``, or None when the server answers ``status``: 404 for a read of something
+    absent or a delete already done, 409 for a create an earlier try already made."""
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status != status:
+            raise
+        return None
+
+
 @dataclass
 class Kube:
     """Thin writers over the admin client."""
@@ -134,13 +145,12 @@ class Kube:
                 ],
             },
         }
-        try:
-            self.custom.create_cluster_custom_object(
+        unless(
+            409,
+            lambda: self.custom.create_cluster_custom_object(
                 keys.GROUP, keys.VERSION, keys.PLURAL_NODES, body
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+            ),
+        )
         names = sorted({d["resourceName"] for d in devices if d.get("resourceName")})
         self.custom.patch_cluster_custom_object_status(
             keys.GROUP,

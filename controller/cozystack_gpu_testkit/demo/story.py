@@ -43,7 +43,7 @@ from cozystack_gpu_testkit.demo.hosts import (
     host_root,
     pods_file,
 )
-from cozystack_gpu_testkit.objects import Kube
+from cozystack_gpu_testkit.objects import Kube, unless
 from cozystack_gpu_testkit.webhook_route import host_address, route_service
 
 ANSIBLE_DIR = Path(__file__).with_name("ansible")
@@ -139,34 +139,29 @@ class Demo:
     # --- reads -----------------------------------------------------------------------------
 
     def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.kube.get_claim(namespace, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        found: dict[str, Any] | None = unless(404, lambda: self.kube.get_claim(namespace, name))
+        return found
 
     def workload(self, namespace: str, claim: str) -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = self.kube.custom.get_namespaced_custom_object(
-                keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, namespace, keys.WORKLOAD_PLURAL,
+        found: dict[str, Any] | None = unless(
+            404,
+            lambda: self.kube.custom.get_namespaced_custom_object(
+                keys.WORKLOAD_GROUP,
+                keys.WORKLOAD_VERSION,
+                namespace,
+                keys.WORKLOAD_PLURAL,
                 f"gpuclaim-{claim}",
-            )  # fmt: skip
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+            ),
+        )
         return found
 
     def gpunode(self, name: str) -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = self.kube.custom.get_cluster_custom_object(
+        found: dict[str, Any] | None = unless(
+            404,
+            lambda: self.kube.custom.get_cluster_custom_object(
                 keys.GROUP, keys.VERSION, keys.PLURAL_NODES, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+            ),
+        )
         return found
 
     def classes(self) -> dict[str, dict[str, Any]]:
@@ -176,14 +171,10 @@ class Demo:
         return {c["metadata"]["name"]: c for c in items}
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = self.api.sanitize_for_serialization(
-                self.kube.core.read_namespaced_pod(name, namespace)
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        pod = unless(404, lambda: self.kube.core.read_namespaced_pod(name, namespace))
+        found: dict[str, Any] | None = (
+            None if pod is None else self.api.sanitize_for_serialization(pod)
+        )
         return found
 
     def ansible(self, playbook: str, log_name: str) -> list[str]:
@@ -459,7 +450,7 @@ def act_hosts(demo: Demo) -> None:
                 timeout=60,
             )
             found.append(f"{host.name}: {_gpunode_summary(demo.gpunode(host.name))}")
-    demo.show("get", "nodes", "-L", "gpu.cozystack.io/layout,gpu.cozystack.io/layout-state")
+    demo.show("get", "nodes", "-L", f"{keys.LABEL_NODE_LAYOUT},{keys.LABEL_NODE_LAYOUT_STATE}")
     demo.show("get", "gpunodes")
 
 

@@ -4,25 +4,14 @@ nodes of other tests never meet. The fixtures are in this directory's conftest.p
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
 from cozystack_gpu import keys
 from cozystack_gpu.binder.loop import Binder
-from cozystack_gpu_testkit.objects import Kube, binder_config, wait_for
+from cozystack_gpu_testkit.objects import Kube, binder_config, unless, wait_for
 
 GRACE_S = 2.0
-
-
-def _gone_ok(delete: Callable[[], Any]) -> None:
-    try:
-        delete()
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
 
 
 @dataclass
@@ -59,24 +48,26 @@ class Env:
         custom, core = self.kube.custom, self.kube.core
         for node in core.list_node(label_selector=label).items:
             name = node.metadata.name
-            _gone_ok(lambda name=name: core.delete_node(name))
-            _gone_ok(
+            unless(404, lambda name=name: core.delete_node(name))
+            unless(
+                404,
                 lambda name=name: custom.delete_cluster_custom_object(
                     keys.GROUP, keys.VERSION, keys.PLURAL_NODES, name
-                )
+                ),
             )
         for gpu_class in custom.list_cluster_custom_object(
             keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES
         )["items"]:
             name = gpu_class["metadata"]["name"]
             if name.endswith(f"-{self.id}"):
-                _gone_ok(
+                unless(
+                    404,
                     lambda name=name: custom.delete_cluster_custom_object(
                         keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name
-                    )
+                    ),
                 )
         for namespace in (self.tenant, self.controller_ns):
-            _gone_ok(lambda namespace=namespace: core.delete_namespace(namespace))
+            unless(404, lambda namespace=namespace: core.delete_namespace(namespace))
 
     def node(self, base: str, gpus: int, resource: str | None = None, **kwargs: Any) -> str:
         name = self.name(base)

@@ -14,30 +14,24 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.cluster import ControlPlane
-from cozystack_gpu_testkit.objects import wait_for
+from cozystack_gpu_testkit.objects import unless, wait_for
 
 pytestmark = pytest.mark.apiserver
 
 
 def _class(env: Env, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = env.kube.custom.get_cluster_custom_object(
+    found: dict[str, Any] | None = unless(
+        404,
+        lambda: env.kube.custom.get_cluster_custom_object(
             keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return obj
+        ),
+    )
+    return found
 
 
 def _claim_or_none(env: Env, name: str) -> dict[str, Any] | None:
-    try:
-        return env.kube.get_claim(env.tenant, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    found: dict[str, Any] | None = unless(404, lambda: env.kube.get_claim(env.tenant, name))
+    return found
 
 
 def _delete_claim(env: Env, name: str) -> None:

@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.objects import unless
 
 pytestmark = pytest.mark.apiserver
 
@@ -68,13 +69,12 @@ class Api:
         """Classes are cluster-wide and many here select every node: left behind, they would
         share resource names with later tests' classes on those tests' nodes."""
         for name in self.classes:
-            try:
-                self.custom.delete_cluster_custom_object(
+            unless(
+                404,
+                lambda name=name: self.custom.delete_cluster_custom_object(
                     keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+                ),
+            )
 
     def create_claim(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self.custom.create_namespaced_custom_object(

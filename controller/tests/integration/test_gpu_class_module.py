@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.cluster import ControlPlane
-from cozystack_gpu_testkit.objects import Kube
+from cozystack_gpu_testkit.objects import Kube, unless
 
 pytestmark = pytest.mark.apiserver
 
@@ -81,15 +81,13 @@ def classes(api_client: Any) -> Any:
 
 
 def _get(classes: Any, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = classes.get_cluster_custom_object(
+    found: dict[str, Any] | None = unless(
+        404,
+        lambda: classes.get_cluster_custom_object(
             keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return obj
+        ),
+    )
+    return found
 
 
 def _spec(unique: str, **fields: Any) -> dict[str, Any]:
