@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu_testkit.fake_kubelet import plugin_devices
 from cozystack_gpu_testkit.objects import Kube
@@ -66,7 +67,10 @@ HOSTS = (
             for i, bus in enumerate((0x18, 0x2A, 0x3A, 0x5D))
         ),
         {H100: 4},
-        {"gpu.cozystack.io/layout": "h100-passthrough", "mode.gpu.cozystack.io/passthrough": "4"},
+        {
+            keys.LABEL_NODE_LAYOUT: "h100-passthrough",
+            keys.NODE_MODE_LABEL_PREFIX + "passthrough": "4",
+        },
     ),
     SimHost(
         "gpu-l40s-01",
@@ -76,7 +80,10 @@ HOSTS = (
             Gpu("0000:81:00.0", L40S, driver="nvidia", numa_node=1),
         ),
         {L40S_24C: 4},
-        {"gpu.cozystack.io/layout": "l40s-24c", "profile.gpu.cozystack.io/NVIDIA_L40S-24C": "4"},
+        {
+            keys.LABEL_NODE_LAYOUT: "l40s-24c",
+            keys.NODE_PROFILE_LABEL_PREFIX + "NVIDIA_L40S-24C": "4",
+        },
     ),
     SimHost(
         "gpu-l40s-02",
@@ -87,9 +94,9 @@ HOSTS = (
         ),
         {L40S_WHOLE: 1, L40S_24C: 2},
         {
-            "gpu.cozystack.io/layout": "l40s-mixed",
-            "mode.gpu.cozystack.io/passthrough": "1",
-            "mode.gpu.cozystack.io/vgpu": "1",
+            keys.LABEL_NODE_LAYOUT: "l40s-mixed",
+            keys.NODE_MODE_LABEL_PREFIX + "passthrough": "1",
+            keys.NODE_MODE_LABEL_PREFIX + "vgpu": "1",
         },
     ),
 )
