@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 import yaml
 
 from cozystack_gpu_testkit.pki import CertificateAuthority, service_account_keys
+from cozystack_gpu_testkit.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-binaries.sh"
@@ -108,12 +108,6 @@ def kubevirt_crds(bin_dir: Path | None = None) -> Path:
             f"{path} is missing: run `make binaries` ({BUILD_SCRIPT}) to generate KubeVirt's CRDs"
         )
     return path
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _die_with_parent() -> None:
@@ -452,7 +446,7 @@ def start(
     admin.write(pki / "admin.crt", pki / "admin.key")
     service_account_keys().write(pki / "sa.pub", pki / "sa.key")
 
-    etcd_client, etcd_peer, secure_port = _free_port(), _free_port(), _free_port()
+    etcd_client, etcd_peer, secure_port = free_port(), free_port(), free_port()
     server = f"https://127.0.0.1:{secure_port}"
     kubeconfig = workdir / "kubeconfig"
     kubeconfig.write_text(

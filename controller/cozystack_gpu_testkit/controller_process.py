@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -13,12 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from cozystack_gpu_testkit.cluster import ControlPlane
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from cozystack_gpu_testkit.ports import free_port
 
 
 class ControllerProcess:

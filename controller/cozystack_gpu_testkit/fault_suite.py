@@ -34,11 +34,12 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, faults
-from cozystack_gpu_testkit.controller_process import ControllerProcess, free_port
+from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.invariants import Invariants, Violation
 from cozystack_gpu_testkit.load import Load, LoadSettings, World, build_world
 from cozystack_gpu_testkit.objects import WORKLOAD_CRD, Kube, wait_for
 from cozystack_gpu_testkit.pki import CertificateAuthority
+from cozystack_gpu_testkit.ports import free_port
 from cozystack_gpu_testkit.proxy import Proxy
 
 log = logging.getLogger(__name__)
@@ -343,7 +344,13 @@ class Run:
                 wait_for(answers, 60, "a healthy replica", 0.5)
             except AssertionError:
                 status, body = replica.health()
-                violations.append(f"replica {identity} unhealthy at the end: {status} {body}")
+                ended = replica.proc.poll()
+                why = (
+                    f"; its process ended ({ended}):\n{replica.log_tail(8)}"
+                    if ended is not None
+                    else ""
+                )
+                violations.append(f"replica {identity} unhealthy at the end: {status} {body}{why}")
         violations += [
             f"not healthy again within {bound_s:.0f} s: took {took:.1f} s"
             for took in healthy

@@ -46,8 +46,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit.controller_process import free_port
 from cozystack_gpu_testkit.demo.hosts import running_status
+from cozystack_gpu_testkit.ports import free_port
 from cozystack_gpu_testkit.webhook_route import host_address
 
 CHART = cluster.REPO_ROOT / "controller" / "chart"

@@ -31,8 +31,9 @@ from webhook_endpoint import AdmissionRecorder, host_address, route_service, wri
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit.controller_process import ControllerProcess, free_port
+from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.objects import Kube, wait_for
+from cozystack_gpu_testkit.ports import free_port
 
 pytestmark = pytest.mark.apiserver
 

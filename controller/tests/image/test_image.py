@@ -10,7 +10,6 @@ these tests fail with its message; they never skip.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tomllib
 import urllib.request
@@ -28,6 +27,7 @@ from cozystack_gpu_testkit import sysfs_tree
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 from cozystack_gpu_testkit.objects import Kube, install_extra_crds, wait_for
+from cozystack_gpu_testkit.ports import free_port
 
 pytestmark = pytest.mark.apiserver
 
@@ -36,12 +36,6 @@ BUILD = REPO / "tools" / "build-image.sh"
 KUBECONFIG_IN_CONTAINER = "/etc/cozystack-gpu/kubeconfig"
 # What the chart's securityContext gives both workloads.
 RESTRICTED = ("--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -131,7 +125,7 @@ def test_the_containerised_controller_takes_the_lease_and_binds(
     kube.gpu_node(f"n-{test_id}", resource, 2, labels=selector)
     kube.gpu_class(f"c-{test_id}", resource, selector=selector)
 
-    health = _free_port()
+    health = free_port()
     name = f"cozystack-gpu-controller-{test_id}"
     container_names.append(name)
     podman(
@@ -153,7 +147,7 @@ def test_the_containerised_controller_takes_the_lease_and_binds(
         f"--namespace={namespace}",
         "--identity=in-a-container",
         f"--health-port={health}",
-        f"--metrics-port={_free_port()}",
+        f"--metrics-port={free_port()}",
         "--lease-duration=4",
         "--renew-deadline=3",
         "--retry-period=0.5",

@@ -36,9 +36,10 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit.controller_process import ControllerProcess, free_port
+from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.objects import Kube, wait_for
 from cozystack_gpu_testkit.pki import CertificateAuthority
+from cozystack_gpu_testkit.ports import free_port
 
 CHART = cluster.REPO_ROOT / "controller" / "chart"
 KUBE_VERSION = "1.37.2"

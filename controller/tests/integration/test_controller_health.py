@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -38,6 +37,7 @@ from cozystack_gpu.informer import Source
 from cozystack_gpu.model import plan as real_plan
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
+from cozystack_gpu_testkit.ports import free_port
 
 pytestmark = pytest.mark.apiserver
 
@@ -54,17 +54,11 @@ def kube(api_client: Any) -> Kube:
     return Kube(api_client)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class KopfHealth:
     """kopf's liveness endpoint for one replica, served on its own event loop thread."""
 
     def __init__(self, controller: Controller) -> None:
-        self.url = f"http://127.0.0.1:{_free_port()}/healthz"
+        self.url = f"http://127.0.0.1:{free_port()}/healthz"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()

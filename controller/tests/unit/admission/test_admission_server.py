@@ -16,12 +16,7 @@ from cryptography import x509
 
 from cozystack_gpu.admission.server import CertDirWebhookServer
 from cozystack_gpu_testkit.pki import CertificateAuthority
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from cozystack_gpu_testkit.ports import free_port
 
 
 def _issue(ca: CertificateAuthority, cert_dir: Path) -> int:
@@ -86,7 +81,7 @@ async def test_a_rotated_key_pair_is_served_without_a_restart(
     tmp_path: Path, ca: CertificateAuthority
 ) -> None:
     first = _issue(ca, tmp_path)
-    port = _free_port()
+    port = free_port()
     server = CertDirWebhookServer(tmp_path, port, addr="127.0.0.1", file_check_interval=0.1)
     task = asyncio.create_task(_drain(_serve(server)))
     try:
@@ -104,7 +99,7 @@ async def test_a_rotated_key_pair_is_served_without_a_restart(
 
 
 async def test_the_server_waits_for_its_key_pair(tmp_path: Path, ca: CertificateAuthority) -> None:
-    port = _free_port()
+    port = free_port()
     server = CertDirWebhookServer(tmp_path, port, addr="127.0.0.1", file_check_interval=0.1)
     task = asyncio.create_task(_drain(_serve(server)))
     try:
