@@ -422,8 +422,10 @@ class Binder:
             )
 
     def send(self, key: ClaimKey, body: dict[str, Any], purpose: str) -> None:
-        if not self.is_leader():
-            return
+        # Sent even when the Lease lapsed since the top of this turn: the writer asks again
+        # before sending and answers a write it holds back as failed, so the claim is judged
+        # again. Dropped here, it would stay decided in the snapshot and never be written
+        # (an order left with no phase for good, found by the fault suite's slow server).
         self.inflight.add(key)
         self.writer.claim_status(key, body, purpose, Priority.BIND)
 

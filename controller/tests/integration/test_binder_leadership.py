@@ -1,4 +1,5 @@
-"""A binder whose replica stops leading sends nothing more, not even what it had queued.
+"""A binder whose replica stops leading sends nothing more, not even what it had queued;
+one whose Lease lapses for a moment and is renewed loses no decision.
 
 Found by the fault suite (partition scenario): the loop stops deciding at the renew
 deadline, but the writer went on sending the decisions already queued until the elector
@@ -9,6 +10,11 @@ written, not the units of the node.
 
 Here the binder reaches the real API server through a proxy that makes every write slow,
 so decisions queue up in its writer; then leadership ends.
+
+Also found by the fault suite (slow API server): a renewal that came back late left the
+Lease lapsed for an instant in the middle of a pass. The pass had already taken its
+placements into the snapshot; their writes were dropped unsent, so those orders, decided
+in the binder's mind and never changed again by anyone, stayed without a phase for good.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 import pytest
 
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu.model import Plan, Step
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
 from cozystack_gpu_testkit.proxy import Proxy
@@ -86,5 +93,50 @@ def test_a_binder_that_stops_leading_sends_none_of_its_queued_writes(
         # Workers that had taken a job just before the end may still send it: no more.
         assert sent_after <= WORKERS, f"{sent_after} claim writes sent after leadership ended"
         assert bound(kube, tenant) - bound_before <= WORKERS
+    finally:
+        binder.stop()
+
+
+def test_orders_decided_in_the_moment_the_lease_lapsed_are_written_once_it_is_renewed(
+    kube: Kube, api_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    test_id = uuid.uuid4().hex[:8]
+    controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
+    kube.namespace(controller_ns)
+    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
+    resource = f"nvidia.com/GPU_{test_id}"
+    selector = {"test.cozystack.io/id": test_id}
+    for i in range(2):
+        kube.gpu_node(f"n{i}-{test_id}", resource, 8, labels=selector)
+    gpu_class = f"h100-{test_id}"
+    kube.gpu_class(gpu_class, resource, selector=selector)
+
+    leading = [True]
+    binder = Binder(api_client, binder_config(controller_ns), is_leader=lambda: leading[0])
+    act = binder._act
+    lapsed: list[int] = []
+
+    def act_as_the_lease_lapses(result: Plan, now: float) -> None:
+        """The first pass that binds runs with the Lease lapsed (the turn began leading);
+        it is renewed right after."""
+        binds = sum(len(a.claims) for a in result.actions if a.step is Step.BIND)
+        if lapsed or not binds:
+            act(result, now)
+            return
+        leading[0] = False
+        try:
+            act(result, now)
+        finally:
+            lapsed.append(binds)
+            leading[0] = True
+
+    monkeypatch.setattr(binder, "_act", act_as_the_lease_lapses)
+    binder.start()
+    try:
+        assert binder.synced.wait(30), "the binder did not finish its first listing"
+        for i in range(6):
+            kube.claim(tenant, f"vm-{i}", gpu_class, 1)
+        wait_for(lambda: lapsed, 30, "a pass that binds while the Lease lapsed")
+        wait_for(lambda: bound(kube, tenant) == 6, 30, "every order Bound after the renewal")
     finally:
         binder.stop()
