@@ -28,8 +28,9 @@ from cozystack_gpu.controller import Controller
 log = logging.getLogger("cozystack_gpu")
 
 
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else a kubeconfig."""
+def api_client(kubeconfig: str | None = None, *, user_agent: str = "") -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else a kubeconfig; ``user_agent``
+    names the caller in the API server's audit log."""
     configuration = client.Configuration()
     if kubeconfig is None:
         try:
@@ -40,7 +41,15 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
         kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     # The binder's writers and informers share one pool; the default of 4 would queue them.
     configuration.connection_pool_maxsize = 32
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    if user_agent:
+        api.user_agent = user_agent
+    return api
+
+
+def user_agent(identity: str, part: str) -> str:
+    """Like kube-controller-manager's: program/version, then who and which part asks."""
+    return f"cozystack-gpu-controller/{version()} ({identity}) {part}"
 
 
 class JSONFormatter(logging.Formatter):
@@ -62,12 +71,20 @@ class JSONFormatter(logging.Formatter):
 def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.peering.standalone = True
     settings.posting.level = logging.WARNING
-    controller = Controller(api_client(memo.kubeconfig), memo.config)
+    identity = memo.config.identity
+    controller = Controller(
+        api_client(memo.kubeconfig, user_agent=user_agent(identity, "binder")), memo.config
+    )
     memo.controller = controller
     controller.start()
     # Every replica serves the webhooks, with its own client: the binder's writes never
     # hold up an admission answer.
-    admission.start(api_client(memo.kubeconfig), memo.config, settings, memo)
+    admission.start(
+        api_client(memo.kubeconfig, user_agent=user_agent(identity, "admission")),
+        memo.config,
+        settings,
+        memo,
+    )
 
 
 @kopf.on.cleanup()

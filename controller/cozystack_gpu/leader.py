@@ -51,7 +51,9 @@ def _without_retries(api: client.ApiClient) -> client.ApiClient:
     times its timeout. A failed round is simply the next round's to try again."""
     configuration = copy.copy(api.configuration)
     configuration.retries = 0
-    return client.ApiClient(configuration)
+    clone = client.ApiClient(configuration)
+    clone.user_agent = api.user_agent
+    return clone
 
 
 def _micro_time(now: datetime.datetime) -> str:

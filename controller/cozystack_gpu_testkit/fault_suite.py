@@ -22,6 +22,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, faults
 from cozystack_gpu_testkit.controller_process import ControllerProcess
-from cozystack_gpu_testkit.invariants import Invariants, Violation
+from cozystack_gpu_testkit.invariants import NOT_JUDGED, Invariants, Violation
 from cozystack_gpu_testkit.load import Load, LoadSettings, World, build_world
 from cozystack_gpu_testkit.objects import WORKLOAD_CRD, Kube, wait_for
 from cozystack_gpu_testkit.pki import CertificateAuthority
@@ -50,7 +51,9 @@ LEASE_ARGS = (
     "--renew-deadline", str(RENEW_S),
     "--retry-period", str(RETRY_S),
 )  # fmt: skip
-# Claim status writes only: what the partition and slow-server scenarios read back.
+# Claim status writes (what the partition and slow-server scenarios read back), and the
+# controller's claim lists and watches (what tells an order never judged from one never
+# seen).
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -60,6 +63,11 @@ AUDIT_POLICY = {
             "level": "Metadata",
             "verbs": ["patch", "update"],
             "resources": [{"group": keys.GROUP, "resources": [f"{keys.PLURAL_CLAIMS}/status"]}],
+        },
+        {
+            "level": "Metadata",
+            "verbs": ["list", "watch"],
+            "resources": [{"group": keys.GROUP, "resources": [keys.PLURAL_CLAIMS]}],
         },
         {"level": "None"},
     ],
@@ -331,6 +339,8 @@ class Run:
         found: list[Violation] = list(self.checker.seen)
         final = self.checker.wait_settled(SETTLE_S)
         violations = [str(v) for v in found] + [str(v) for v in final if v not in found]
+        if any(v.rule == NOT_JUDGED for v in final):
+            violations += [f"claim feeds of the binders: {feed}" for feed in claim_feeds(self)]
         violations += [f"order lost: {name}" for name in load.lost_orders()]
         if load.failure is not None:
             violations.append(f"the load failed: {load.failure}")
@@ -568,8 +578,8 @@ def claim_writes(audit_log: Path) -> list[ClaimWrite]:
         except ValueError:
             continue  # a line being written
         ref = event.get("objectRef") or {}
-        if event.get("stage") != "ResponseComplete" or ref.get("resource") != keys.PLURAL_CLAIMS:
-            continue
+        if event.get("stage") != "ResponseComplete" or ref.get("subresource") != "status":
+            continue  # the claim lists and watches are audited too
         writes.append(
             ClaimWrite(
                 source=(event.get("sourceIPs") or [""])[0],
@@ -580,6 +590,29 @@ def claim_writes(audit_log: Path) -> list[ClaimWrite]:
             )
         )
     return writes
+
+
+def claim_feeds(run: Run) -> list[str]:
+    """Each binder's claim lists and watches, in order: when it listed, from which
+    resourceVersion each watch ran and how it ended. Told with an order never judged, it
+    says whether the binder could have seen the order."""
+    feeds = []
+    for line in run.audit_log.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        agent = str(event.get("userAgent") or "")
+        if event.get("verb") not in ("list", "watch") or "binder" not in agent:
+            continue
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(event.get("requestURI", "")).query)
+        feeds.append(
+            f"{event['requestReceivedTimestamp']} {agent.split(' ', 1)[-1]} {event['verb']} "
+            f"{event.get('stage')} from resourceVersion "
+            f"{query.get('resourceVersion', ['(latest)'])[0]} until {event['stageTimestamp']} "
+            f"answered {(event.get('responseStatus') or {}).get('code')}"
+        )
+    return feeds
 
 
 def _epoch(stamp: str) -> float:
