@@ -1,9 +1,11 @@
-"""One binder test's corner of the real cluster: a fresh binder, its own namespaces, nodes
-and classes named uniquely, with class node selectors on a per-test label, so claims and
-nodes of other tests never meet. The fixtures are in this directory's conftest.py."""
+"""One binder test's corner of the real cluster: its own namespaces, nodes and classes
+named uniquely, with class node selectors on a per-test label, so claims and nodes of
+other tests never meet; ``Env`` adds a fresh binder. The fixtures are in this
+directory's conftest.py."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,22 +17,23 @@ GRACE_S = 2.0
 
 
 @dataclass
-class Env:
-    """One test's corner of the cluster."""
+class Corner:
+    """One test's corner of the cluster, with no binder: tests that run their own (on a
+    proxy, as replicas, with a Lease) take this (the ``corner`` fixture)."""
 
     kube: Kube
-    binder: Binder
     id: str
     tenant: str
     controller_ns: str
 
-    def restart_binder(self, **settings: Any) -> None:
-        """Run this test's binder again with other settings (a fresh listing)."""
-        self.binder.stop()
-        config = binder_config(self.controller_ns, attachment_grace=GRACE_S, **settings)
-        self.binder = Binder(self.kube.api, config)
-        self.binder.start()
-        assert self.binder.synced.wait(30), "the binder did not finish its first listing"
+    @classmethod
+    def make(cls, kube: Kube) -> Corner:
+        """A fresh corner: its controller namespace and its tenant namespace."""
+        test_id = uuid.uuid4().hex[:8]
+        corner = cls(kube, test_id, f"tenant-{test_id}", f"ctl-{test_id}")
+        kube.namespace(corner.controller_ns)
+        kube.namespace(corner.tenant, {f"tenant.cozystack.io/{corner.tenant}": ""})
+        return corner
 
     @property
     def selector(self) -> dict[str, str]:
@@ -85,9 +88,39 @@ class Env:
         self.kube.gpu_class(name, resource, selector=self.selector, **spec)
         return name
 
+    def nodes(self, count: int, gpus: int) -> list[str]:
+        """``count`` nodes n0, n1… of ``gpus`` units of this test's resource each."""
+        return [self.node(f"n{i}", gpus) for i in range(count)]
+
     def phase(self, claim: str, namespace: str | None = None) -> str | None:
         obj = self.kube.get_claim(namespace or self.tenant, claim)
         return (obj.get("status") or {}).get("phase")
+
+    def wait_phase(
+        self, claim: str, phase: str, namespace: str | None = None, timeout: float = 15.0
+    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            obj = self.kube.get_claim(namespace or self.tenant, claim)
+            return obj if (obj.get("status") or {}).get("phase") == phase else None
+
+        result: dict[str, Any] = wait_for(check, timeout, f"claim {claim} {phase}")
+        return result
+
+
+@dataclass
+class Env(Corner):
+    """One test's corner of the cluster with a fresh binder of its own (the ``env``
+    fixture)."""
+
+    binder: Binder
+
+    def restart_binder(self, **settings: Any) -> None:
+        """Run this test's binder again with other settings (a fresh listing)."""
+        self.binder.stop()
+        config = binder_config(self.controller_ns, attachment_grace=GRACE_S, **settings)
+        self.binder = Binder(self.kube.api, config)
+        self.binder.start()
+        assert self.binder.synced.wait(30), "the binder did not finish its first listing"
 
     def attached(self, node: str, gpu_class: str, *, phase: str = "Running") -> dict[str, Any]:
         """Claim "c" ordered, bound, and attached to VMI "vm" running on ``node``, as the
@@ -141,16 +174,6 @@ class Env:
             },
         )
         return vmi
-
-    def wait_phase(
-        self, claim: str, phase: str, namespace: str | None = None, timeout: float = 15.0
-    ) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            obj = self.kube.get_claim(namespace or self.tenant, claim)
-            return obj if (obj.get("status") or {}).get("phase") == phase else None
-
-        result: dict[str, Any] = wait_for(check, timeout, f"claim {claim} {phase}")
-        return result
 
 
 def condition(obj: dict[str, Any], type_: str = keys.CONDITION_BOUND) -> dict[str, Any]:

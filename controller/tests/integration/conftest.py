@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from binder_env import GRACE_S, Env
+from binder_env import GRACE_S, Corner, Env
 
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds
@@ -20,16 +19,23 @@ def kube(api_client: Any) -> Kube:
 
 
 @pytest.fixture
+def corner(kube: Kube) -> Iterator[Corner]:
+    """This test's namespaces, nodes and classes, deleted after it; no binder."""
+    made = Corner.make(kube)
+    try:
+        yield made
+    finally:
+        made.clean_up()
+
+
+@pytest.fixture
 def env(api_client: Any, kube: Kube) -> Iterator[Env]:
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns = f"ctl-{test_id}"
-    tenant = f"tenant-{test_id}"
-    kube.namespace(controller_ns)
-    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
-    binder = Binder(api_client, binder_config(controller_ns, attachment_grace=GRACE_S))
+    made = Corner.make(kube)
+    config = binder_config(made.controller_ns, attachment_grace=GRACE_S)
+    binder = Binder(api_client, config)
     binder.start()
     assert binder.synced.wait(30), "the binder did not finish its first listing"
-    env = Env(kube, binder, test_id, tenant, controller_ns)
+    env = Env(kube, made.id, made.tenant, made.controller_ns, binder)
     try:
         yield env
     finally:

@@ -20,11 +20,11 @@ in the binder's mind and never changed again by anyone, stayed without a phase f
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from binder_env import Corner
 
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu.model import Plan, Step
@@ -58,24 +58,17 @@ def bound(kube: Kube, tenant: str) -> int:
 
 
 def test_a_binder_that_stops_leading_sends_none_of_its_queued_writes(
-    kube: Kube, slow_api: tuple[Any, Proxy]
+    kube: Kube, corner: Corner, slow_api: tuple[Any, Proxy]
 ) -> None:
     api, proxy = slow_api
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
-    kube.namespace(controller_ns)
-    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
-    resource = f"nvidia.com/GPU_{test_id}"
-    selector = {"test.cozystack.io/id": test_id}
-    for i in range(4):
-        kube.gpu_node(f"n{i}-{test_id}", resource, ORDERS // 4, labels=selector)
-    gpu_class = f"h100-{test_id}"
-    kube.gpu_class(gpu_class, resource, selector=selector)
+    tenant = corner.tenant
+    corner.nodes(4, ORDERS // 4)
+    gpu_class = corner.gpu_class()
 
     leading = [True]
     binder = Binder(
         api,
-        binder_config(controller_ns, write_workers=WORKERS),
+        binder_config(corner.controller_ns, write_workers=WORKERS),
         is_leader=lambda: leading[0],
     )
     binder.start()
@@ -98,21 +91,14 @@ def test_a_binder_that_stops_leading_sends_none_of_its_queued_writes(
 
 
 def test_orders_decided_in_the_moment_the_lease_lapsed_are_written_once_it_is_renewed(
-    kube: Kube, api_client: Any, monkeypatch: pytest.MonkeyPatch
+    kube: Kube, corner: Corner, api_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
-    kube.namespace(controller_ns)
-    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
-    resource = f"nvidia.com/GPU_{test_id}"
-    selector = {"test.cozystack.io/id": test_id}
-    for i in range(2):
-        kube.gpu_node(f"n{i}-{test_id}", resource, 8, labels=selector)
-    gpu_class = f"h100-{test_id}"
-    kube.gpu_class(gpu_class, resource, selector=selector)
+    corner.nodes(2, 8)
+    gpu_class = corner.gpu_class()
 
     leading = [True]
-    binder = Binder(api_client, binder_config(controller_ns), is_leader=lambda: leading[0])
+    config = binder_config(corner.controller_ns)
+    binder = Binder(api_client, config, is_leader=lambda: leading[0])
     act = binder._act
     lapsed: list[int] = []
 
@@ -135,8 +121,8 @@ def test_orders_decided_in_the_moment_the_lease_lapsed_are_written_once_it_is_re
     try:
         assert binder.synced.wait(30), "the binder did not finish its first listing"
         for i in range(6):
-            kube.claim(tenant, f"vm-{i}", gpu_class, 1)
+            kube.claim(corner.tenant, f"vm-{i}", gpu_class, 1)
         wait_for(lambda: lapsed, 30, "a pass that binds while the Lease lapsed")
-        wait_for(lambda: bound(kube, tenant) == 6, 30, "every order Bound after the renewal")
+        wait_for(lambda: bound(kube, corner.tenant) == 6, 30, "every order Bound after renewal")
     finally:
         binder.stop()

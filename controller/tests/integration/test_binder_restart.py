@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from typing import Any
 
 import pytest
+from binder_env import Corner
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu.binder.loop import Binder
@@ -64,20 +64,13 @@ def bound_count(kube: Kube, tenant: str, capacity: int) -> int:
 
 
 def test_every_order_is_bound_after_the_api_server_restarts_mid_burst(
-    control_plane: ControlPlane, kube: Kube
+    control_plane: ControlPlane, kube: Kube, corner: Corner
 ) -> None:
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
-    kube.namespace(controller_ns)
-    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
-    resource = f"nvidia.com/GPU_{test_id}"
-    selector = {"test.cozystack.io/id": test_id}
-    for i in range(NODES):
-        kube.gpu_node(f"n{i}-{test_id}", resource, GPUS, labels=selector)
-    gpu_class = f"h100-{test_id}"
-    kube.gpu_class(gpu_class, resource, selector=selector)
+    tenant = corner.tenant
+    corner.nodes(NODES, GPUS)
+    gpu_class = corner.gpu_class()
 
-    binder = Binder(control_plane.api_client(), binder_config(controller_ns))
+    binder = Binder(control_plane.api_client(), binder_config(corner.controller_ns))
     binder.start()
     creators: list[threading.Thread] = []
     try:

@@ -17,13 +17,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 import pytest
+from binder_env import Corner
 from kopf._core.engines import indexing, probing
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -139,22 +139,14 @@ class Pair:
 
 
 @pytest.fixture
-def pair(control_plane: ControlPlane, kube: Kube) -> Iterator[Pair]:
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
-    kube.namespace(controller_ns)
-    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
-    resource = f"nvidia.com/GPU_{test_id}"
-    selector = {"test.cozystack.io/id": test_id}
-    for i in range(3):
-        kube.gpu_node(f"n{i}-{test_id}", resource, 4, labels=selector)
-    gpu_class = f"h100-{test_id}"
-    kube.gpu_class(gpu_class, resource, selector=selector)
+def pair(control_plane: ControlPlane, kube: Kube, corner: Corner) -> Iterator[Pair]:
+    corner.nodes(3, 4)
+    gpu_class = corner.gpu_class()
     replicas = {
         name: Controller(
             control_plane.api_client(),
             binder_config(
-                controller_ns,
+                corner.controller_ns,
                 identity=name,
                 lease_duration=LEASE_S,
                 renew_deadline=RENEW_S,
@@ -166,7 +158,7 @@ def pair(control_plane: ControlPlane, kube: Kube) -> Iterator[Pair]:
     for replica in replicas.values():
         replica.start()
     try:
-        yield Pair(kube, test_id, controller_ns, tenant, gpu_class, replicas)
+        yield Pair(kube, corner.id, corner.controller_ns, corner.tenant, gpu_class, replicas)
     finally:
         for replica in replicas.values():
             replica.stop()
