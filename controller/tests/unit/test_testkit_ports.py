@@ -12,12 +12,12 @@ from cozystack_gpu_testkit import ports
 
 def test_ports_come_from_outside_the_ephemeral_range() -> None:
     low, high = ports.ephemeral_range()
-    picked = [ports.free_port() for _ in range(50)]
+    picked = [ports.free_port() for _pick in range(50)]
     assert all(not low <= port <= high for port in picked), picked
 
 
 def test_a_port_is_never_handed_out_twice_by_one_process() -> None:
-    picked = [ports.free_port() for _ in range(200)]
+    picked = [ports.free_port() for _pick in range(200)]
     assert len(set(picked)) == len(picked)
 
 
