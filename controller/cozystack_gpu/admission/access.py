@@ -48,22 +48,7 @@ class ApiAccess:
     # --- reads -----------------------------------------------------------------------
 
     def claim(self, namespace: str, name: str) -> Obj | None:
-        try:
-            return _json(
-                self.custom.get_namespaced_custom_object(
-                    keys.GROUP,
-                    keys.VERSION,
-                    namespace,
-                    keys.PLURAL_CLAIMS,
-                    name,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                )
-            )
-        except ApiException as exc:
-            if _missing(exc):
-                return None
-            raise
+        return self.get(keys.GPU_CLAIM, namespace, name)
 
     def classes(self, *, latest: bool = False) -> dict[str, Obj]:
         """Every GPUClass by name (a hoster offers a handful; one list is one request).
@@ -118,7 +103,9 @@ class ApiAccess:
             raise
         return dict((ns.get("metadata") or {}).get("labels") or {})
 
-    def instancetype(self, kind: keys.ApiKind, namespace: str, name: str) -> Obj | None:
+    def get(self, kind: keys.ApiKind, namespace: str, name: str) -> Obj | None:
+        """One custom object as it is now (``namespace`` is ignored for a cluster-scoped
+        kind); None when there is none."""
         try:
             if kind.namespaced:
                 response = self.custom.get_namespaced_custom_object(
@@ -146,22 +133,7 @@ class ApiAccess:
         return _json(response)
 
     def vmi(self, namespace: str, name: str) -> Obj | None:
-        try:
-            return _json(
-                self.custom.get_namespaced_custom_object(
-                    keys.VMI.group,
-                    keys.VMI.version,
-                    namespace,
-                    keys.VMI.plural,
-                    name,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                )
-            )
-        except ApiException as exc:
-            if _missing(exc):
-                return None
-            raise
+        return self.get(keys.VMI, namespace, name)
 
     # --- writes ----------------------------------------------------------------------
 

@@ -122,7 +122,7 @@ class VMIWebhook:
         ref = instancetype_ref(vmi)
         itype: Future[Obj | None] | None = None
         if ref is not None:
-            itype = submit(access.instancetype, ref[0], namespace, ref[1])
+            itype = submit(access.get, ref[0], namespace, ref[1])
         instancetype = None
         if ref is not None and itype is not None:
             spec = itype.result()
