@@ -8,16 +8,8 @@ collection=$2
 here=$(cd "$(dirname "$0")" && pwd)
 pkg=$(mktemp -d)
 trap 'rm -rf "$pkg"' EXIT
-install -d "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/usr/lib/nvidia" "$pkg/lib/systemd/system" \
-  "$pkg/usr/lib/cozystack-gpu-stand-in"
-install -m 0755 "$here/stand-ins/nvidia-smi" "$pkg/usr/bin/nvidia-smi"
-install -m 0755 "$here/stand-ins/sriov-manage" "$pkg/usr/lib/nvidia/sriov-manage"
-install -m 0644 "$here/stand-ins/units/nvidia-vgpud.service" "$here/stand-ins/units/nvidia-vgpu-mgr.service" \
-  "$pkg/lib/systemd/system/"
-install -m 0644 "$collection/controller/cozystack_gpu_testkit/sysfs_tree.py" \
-  "$collection/controller/cozystack_gpu_testkit/pci.ids" \
-  "$here/stand-ins/nvidia_smi.py" "$here/stand-ins/sriov_manage.py" \
-  "$pkg/usr/lib/cozystack-gpu-stand-in/"
+install -d "$pkg/DEBIAN"
+sh "$here/stage-driver-files.sh" "$pkg" lib/systemd/system "$collection"
 cat >"$pkg/DEBIAN/control" <<CONTROL
 Package: nvidia-vgpu-kvm-stand-in
 Version: 550.54.16-1

@@ -13,16 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 payload=$(mktemp -d)
 trap 'rm -rf "$payload"' EXIT
 # Everything under usr/: on a merged-/usr host /lib is a link that unpacking must not replace.
-install -d "$payload/usr/bin" "$payload/usr/lib/nvidia" "$payload/usr/lib/systemd/system" \
-  "$payload/usr/lib/cozystack-gpu-stand-in"
-install -m 0755 "$here/stand-ins/nvidia-smi" "$payload/usr/bin/nvidia-smi"
-install -m 0755 "$here/stand-ins/sriov-manage" "$payload/usr/lib/nvidia/sriov-manage"
-install -m 0644 "$here/stand-ins/units/nvidia-vgpud.service" "$here/stand-ins/units/nvidia-vgpu-mgr.service" \
-  "$payload/usr/lib/systemd/system/"
-install -m 0644 "$collection/controller/cozystack_gpu_testkit/sysfs_tree.py" \
-  "$collection/controller/cozystack_gpu_testkit/pci.ids" \
-  "$here/stand-ins/nvidia_smi.py" "$here/stand-ins/sriov_manage.py" \
-  "$payload/usr/lib/cozystack-gpu-stand-in/"
+sh "$here/stage-driver-files.sh" "$payload" usr/lib/systemd/system "$collection"
 cat >"$out.tmp" <<'HEADER'
 #!/bin/sh
 # Stand-in for NVIDIA-Linux-x86_64-550.54.16-vgpu-kvm.run (molecule only).
