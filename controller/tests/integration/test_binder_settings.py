@@ -40,21 +40,33 @@ def test_a_settings_configmap_edited_or_deleted_by_hand_is_written_back(
     quick_refresh: None, env: Env
 ) -> None:
     env.node("n1", 2)
+    seen: list[dict[str, str] | None] = []
 
-    def current() -> dict[str, str] | None:
+    def written() -> dict[str, str] | None:
+        """The ConfigMap as the binder writes it: naming this test's GPUs, with the raw-name
+        policy (other names come and go with other tests' nodes)."""
         data = settings_data(env)
+        seen.append(data)
         names = (data or {}).get(keys.SETTINGS_KEY_RESOURCE_NAMES, "")
-        return data if env.resource in keys.parse_resource_names(names) else None
+        policy = (data or {}).get(keys.SETTINGS_KEY_RAW_RESOURCE_NAMES)
+        ours = env.resource in keys.parse_resource_names(names)
+        return data if ours and policy == keys.RawNamesPolicy.ALLOWED.value else None
 
-    wanted = wait_for(current, 30, "the settings ConfigMap naming the node's GPUs")
-    assert wanted[keys.SETTINGS_KEY_RAW_RESOURCE_NAMES] == keys.RawNamesPolicy.ALLOWED.value
+    def wait_written(what: str) -> None:
+        seen.clear()
+        try:
+            wait_for(written, 30, what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last read: {seen[-1] if seen else None}") from None
+
+    wait_written("the settings ConfigMap naming the node's GPUs")
 
     env.kube.core.replace_namespaced_config_map(
         keys.SETTINGS_CONFIGMAP,
         env.controller_ns,
         {"metadata": {"name": keys.SETTINGS_CONFIGMAP}, "data": {"resourceNames": "x,,"}},
     )
-    wait_for(lambda: settings_data(env) == wanted, 15, "the edited ConfigMap written back")
+    wait_written("the edited ConfigMap written back")
 
     env.kube.core.delete_namespaced_config_map(keys.SETTINGS_CONFIGMAP, env.controller_ns)
-    wait_for(lambda: settings_data(env) == wanted, 15, "the deleted ConfigMap written back")
+    wait_written("the deleted ConfigMap written back")
