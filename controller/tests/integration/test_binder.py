@@ -6,11 +6,10 @@ binder_env.py).
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
-from binder_env import GRACE_S, Env, condition
+from binder_env import GRACE_S, Corner, Env, condition
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -409,16 +408,11 @@ class _Meddling(Binder):
 
 
 def test_a_bind_overtaken_by_another_write_is_judged_again_and_books_once(
-    api_client: Any, kube: Kube
+    api_client: Any, kube: Kube, corner: Corner
 ) -> None:
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
-    kube.namespace(controller_ns)
-    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
-    resource = f"nvidia.com/GPU_{test_id}"
-    selector = {"test.cozystack.io/id": test_id}
-    kube.gpu_node(f"n1-{test_id}", resource, 1, labels=selector)
-    kube.gpu_class(f"h100-{test_id}", resource, selector=selector)
+    test_id, controller_ns, tenant = corner.id, corner.controller_ns, corner.tenant
+    corner.node("n1", 1)
+    corner.gpu_class()
 
     def meddle(key: Any) -> None:
         kube.custom.patch_namespaced_custom_object(

@@ -7,13 +7,13 @@ API server, with a short Lease so take-overs happen within seconds.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from binder_env import Corner
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -61,18 +61,10 @@ def holder(kube: Kube, namespace: str) -> str | None:
     return lease.spec.holder_identity or None
 
 
-def setup_cluster(kube: Kube, test_id: str, nodes: int, gpus: int) -> tuple[str, str, str]:
-    controller_ns = f"ctl-{test_id}"
-    tenant = f"tenant-{test_id}"
-    kube.namespace(controller_ns)
-    kube.namespace(tenant, {f"tenant.cozystack.io/{tenant}": ""})
-    resource = f"nvidia.com/GPU_{test_id}"
-    selector = {"test.cozystack.io/id": test_id}
-    for i in range(nodes):
-        kube.gpu_node(f"n{i}-{test_id}", resource, gpus, labels=selector)
-    gpu_class = f"h100-{test_id}"
-    kube.gpu_class(gpu_class, resource, selector=selector, maxCount=gpus)
-    return controller_ns, tenant, gpu_class
+def setup_cluster(corner: Corner, nodes: int, gpus: int) -> str:
+    """``nodes`` nodes of ``gpus`` units and a class that orders at most ``gpus``."""
+    corner.nodes(nodes, gpus)
+    return corner.gpu_class(maxCount=gpus)
 
 
 def order_concurrently(kube: Kube, tenant: str, gpu_class: str, count: int) -> None:
@@ -113,10 +105,10 @@ def bound(claims: list[dict[str, Any]]) -> int:
 
 
 def test_racing_orders_for_the_last_units_bind_exactly_that_many(
-    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+    control_plane: ControlPlane, kube: Kube, corner: Corner, tmp_path: Path
 ) -> None:
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns, tenant, gpu_class = setup_cluster(kube, test_id, nodes=5, gpus=2)
+    test_id, controller_ns, tenant = corner.id, corner.controller_ns, corner.tenant
+    gpu_class = setup_cluster(corner, nodes=5, gpus=2)
     invariants = checker(kube, tenant, test_id)
     with replicas(control_plane, controller_ns, ["r1", "r2"], tmp_path):
         wait_for(lambda: holder(kube, controller_ns), timeout=30, what="a leader")
@@ -134,10 +126,10 @@ def test_racing_orders_for_the_last_units_bind_exactly_that_many(
 
 
 def test_killing_the_leader_mid_burst_hands_over_and_keeps_the_invariant(
-    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+    control_plane: ControlPlane, kube: Kube, corner: Corner, tmp_path: Path
 ) -> None:
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns, tenant, gpu_class = setup_cluster(kube, test_id, nodes=5, gpus=2)
+    test_id, controller_ns, tenant = corner.id, corner.controller_ns, corner.tenant
+    gpu_class = setup_cluster(corner, nodes=5, gpus=2)
     invariants = checker(kube, tenant, test_id)
     with replicas(control_plane, controller_ns, ["r1", "r2"], tmp_path) as running:
         leader = wait_for(lambda: holder(kube, controller_ns), timeout=30, what="a leader")
@@ -160,10 +152,10 @@ def test_killing_the_leader_mid_burst_hands_over_and_keeps_the_invariant(
 
 
 def test_a_restart_between_decisions_converges_with_nothing_lost(
-    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+    control_plane: ControlPlane, kube: Kube, corner: Corner, tmp_path: Path
 ) -> None:
-    test_id = uuid.uuid4().hex[:8]
-    controller_ns, tenant, gpu_class = setup_cluster(kube, test_id, nodes=10, gpus=4)
+    test_id, controller_ns, tenant = corner.id, corner.controller_ns, corner.tenant
+    gpu_class = setup_cluster(corner, nodes=10, gpus=4)
     invariants = checker(kube, tenant, test_id)
     with replicas(control_plane, controller_ns, ["solo"], tmp_path) as running:
         wait_for(lambda: holder(kube, controller_ns), timeout=30, what="a leader")
