@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cozystack_gpu import keys
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.objects import Kube, install_extra_crds, wait_for
@@ -85,10 +86,18 @@ def test_metrics_tell_the_cluster_the_binder_sees(
     kube.attach(tenant, "attached", "vm")
     kube.vmi(tenant, "vm", claims=["attached"], phase="Running", node=ready)
     wait_for(lambda: phase("attached") == "Attached", 30, "the second attachment")
-    kube.claim(tenant, "too-big", gpu_class, 8)
+    # 3 units: within maxCount (the largest node's 4) but over the 2 left on the Ready node.
+    # The refusal counts come from this test's own orders, not from what earlier tests left.
+    kube.claim(tenant, "too-big", gpu_class, 3)
     kube.claim(poor, "over-budget", gpu_class, 1)
     wait_for(lambda: phase("too-big") == "Pending", 30, "the large order to wait")
     wait_for(lambda: phase("over-budget", poor) == "Pending", 30, "the poor order to wait")
+    for namespace, name, reason in (
+        (tenant, "too-big", "InsufficientCapacity"),
+        (poor, "over-budget", "BudgetExceeded"),
+    ):
+        told = kube.get_claim(namespace, name)["status"]["conditions"]
+        assert [c["reason"] for c in told if c["type"] == keys.CONDITION_BOUND] == [reason]
 
     ready_units = 4 if ready == serving else 1
 
