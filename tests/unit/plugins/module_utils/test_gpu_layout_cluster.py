@@ -237,3 +237,43 @@ def test_the_readable_diff_says_what_moves_where():
     assert cluster.render({"known": False, "why": "no kubeconfig"}) == (
         "claims: consequences unknown (no kubeconfig)\n"
     )
+
+
+class _Drain:
+    """What unattached_on answers on each look, on a clock that only the waits move."""
+
+    def __init__(self, looks):
+        self.looks = list(looks)
+        self.now = 0.0
+        self.told = []
+
+    def unattached_on(self, _api, _node):
+        return self.looks.pop(0) if len(self.looks) > 1 else self.looks[0]
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+    def wait(self, timeout=60.0):
+        return cluster.wait_for_drain(
+            None, "n1", timeout, 2.0, self.told.append, sleep=self.sleep, clock=lambda: self.now
+        )
+
+
+def test_the_drain_waits_for_the_binder_and_says_what_is_left(monkeypatch):
+    drain = _Drain([["t/c1", "t/c2"], ["t/c1", "t/c2"], ["t/c2"], []])
+    monkeypatch.setattr(cluster, "unattached_on", drain.unattached_on)
+    assert drain.wait() == ["t/c1", "t/c2"]
+    waits = [line for line in drain.told if "waiting for the binder to move" in line]
+    assert waits[0].startswith("node n1: waiting for the binder to move 2 unattached")
+    assert "(t/c2)" in waits[-1]
+    assert len(waits) == 2  # told again when what is left changes, not on every look
+    assert drain.told[-1] == "node n1: drained (2 claim(s) moved away or Lost)"
+
+
+def test_a_drain_the_binder_never_finishes_names_the_claims_and_the_fix(monkeypatch):
+    drain = _Drain([["t/c1"]])
+    monkeypatch.setattr(cluster, "unattached_on", drain.unattached_on)
+    with pytest.raises(cluster.DrainTimeout) as stuck:
+        drain.wait(timeout=10.0)
+    assert "did not move t/c1 off node n1 within 10 s" in str(stuck.value)
+    assert "Check that the cozystack-gpu controller runs" in str(stuck.value)
