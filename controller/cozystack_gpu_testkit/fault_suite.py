@@ -340,7 +340,8 @@ class Run:
         final = self.checker.wait_settled(SETTLE_S)
         violations = [str(v) for v in found] + [str(v) for v in final if v not in found]
         if any(v.rule == NOT_JUDGED for v in final):
-            violations += [f"claim feeds of the binders: {feed}" for feed in claim_feeds(self)]
+            feeds = claim_feeds(self.audit_log)
+            violations += [f"claim feeds of the binders: {feed}" for feed in feeds]
         violations += [f"order lost: {name}" for name in load.lost_orders()]
         if load.failure is not None:
             violations.append(f"the load failed: {load.failure}")
@@ -592,12 +593,12 @@ def claim_writes(audit_log: Path) -> list[ClaimWrite]:
     return writes
 
 
-def claim_feeds(run: Run) -> list[str]:
+def claim_feeds(audit_log: Path) -> list[str]:
     """Each binder's claim lists and watches, in order: when it listed, from which
     resourceVersion each watch ran and how it ended. Told with an order never judged, it
     says whether the binder could have seen the order."""
     feeds = []
-    for line in run.audit_log.read_text(errors="replace").splitlines():
+    for line in audit_log.read_text(errors="replace").splitlines():
         try:
             event = json.loads(line)
         except ValueError:
