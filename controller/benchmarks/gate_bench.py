@@ -31,7 +31,6 @@ from kubernetes import watch
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate
 from cozystack_gpu.binder.loop import Binder
-from cozystack_gpu_testkit.objects import launcher_pod_body
 
 
 class ReleaseWatch:
@@ -76,6 +75,38 @@ def vmi_body(name: str, claim: str) -> dict[str, Any]:
     }
 
 
+def launcher_body(name: str, vmi: dict[str, Any]) -> dict[str, Any]:
+    requests = {RESOURCE: "1"}
+    return {
+        "metadata": {
+            "name": f"virt-launcher-{name}",
+            "labels": {
+                "kubevirt.io": "virt-launcher",
+                keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": keys.VMI.api_version,
+                    "kind": keys.VMI.kind,
+                    "name": name,
+                    "uid": vmi["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "compute",
+                    "image": "virt-launcher",
+                    "resources": {"requests": requests, "limits": requests},
+                }
+            ],
+            "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
+        },
+    }
+
+
 def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
     bench = Bench.start(nodes, 8, bin_dir)
     binder = Binder(bench.kube.api, config(bench.controller_ns))
@@ -107,7 +138,7 @@ def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
             due = started + index / rate
             time.sleep(max(0.0, due - time.perf_counter()))
             kube.core.create_namespaced_pod(
-                tenant, launcher_pod_body(vmis[name], {RESOURCE: 1}), _preload_content=False
+                tenant, launcher_body(name, vmis[name]), _preload_content=False
             )
             created[f"virt-launcher-{name}"] = time.perf_counter()
 

@@ -396,32 +396,6 @@ def pod_body(
     return {"metadata": {"name": name, "labels": dict(labels or {})}, "spec": spec}
 
 
-def launcher_pod_body(
-    vmi: Mapping[str, Any], requests: Mapping[str, int] | None = None, *, name: str = ""
-) -> dict[str, Any]:
-    """A virt-launcher pod as virt-controller renders it for ``vmi`` (owned by the VMI, with
-    its labels, the gpus entries as extended-resource ``requests``), held at the claims
-    gate as the pod webhook leaves it."""
-    meta = vmi["metadata"]
-    body = pod_body(
-        name or f"virt-launcher-{meta['name']}",
-        requests=requests,
-        gates=[keys.SCHEDULING_GATE_CLAIMS],
-        labels={"kubevirt.io": "virt-launcher", **(meta.get("labels") or {})},
-    )
-    body["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": keys.VMI.api_version,
-            "kind": keys.VMI.kind,
-            "name": meta["name"],
-            "uid": meta["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
-    return body
-
-
 def binder_config(namespace: str, **overrides: Any) -> Config:
     """Controller settings for tests: quick, no metrics server."""
     values: dict[str, Any] = {

@@ -11,13 +11,7 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.loop import Binder
-from cozystack_gpu_testkit.objects import (
-    Kube,
-    binder_config,
-    launcher_pod_body,
-    unless,
-    wait_for,
-)
+from cozystack_gpu_testkit.objects import Kube, binder_config, unless, wait_for
 
 GRACE_S = 2.0
 
@@ -179,8 +173,27 @@ class Env(Corner):
                 "spec": {"domain": {"devices": {}}},
             },
         )
-        requests = {self.resource: units} if units else {}
-        self.kube.core.create_namespaced_pod(self.tenant, launcher_pod_body(vmi, requests))
+        owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": name}
+        requests = {self.resource: str(units)} if units else {}
+        compute = {"name": "compute", "image": "virt-launcher"}
+        self.kube.core.create_namespaced_pod(
+            self.tenant,
+            {
+                "metadata": {
+                    "name": f"virt-launcher-{name}",
+                    "labels": {"kubevirt.io": "virt-launcher", **labels},
+                    "ownerReferences": [
+                        {**owner, "uid": vmi["metadata"]["uid"], "controller": True}
+                    ],
+                },
+                "spec": {
+                    "containers": [
+                        {**compute, "resources": {"requests": requests, "limits": requests}}
+                    ],
+                    "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
+                },
+            },
+        )
         return vmi
 
 

@@ -23,7 +23,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate
 from cozystack_gpu_testkit.cluster import ControlPlane
-from cozystack_gpu_testkit.objects import launcher_pod_body, wait_for
+from cozystack_gpu_testkit.objects import wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -70,7 +70,36 @@ def make_vmi(
 
 
 def launcher_pod(env: Env, vmi: dict[str, Any], name: str, requests: dict[str, int]) -> None:
-    env.kube.core.create_namespaced_pod(env.tenant, launcher_pod_body(vmi, requests, name=name))
+    """A virt-launcher pod as virt-controller renders it (owned by the VMI, with its labels
+    and the gpus entries as extended-resource requests), gated as the pod webhook leaves it."""
+    resources = {k: str(v) for k, v in requests.items()}
+    body = {
+        "metadata": {
+            "name": name,
+            "labels": {"kubevirt.io": "virt-launcher", **vmi["metadata"].get("labels", {})},
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "name": vmi["metadata"]["name"],
+                    "uid": vmi["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "compute",
+                    "image": "virt-launcher",
+                    "resources": {"requests": resources, "limits": resources},
+                }
+            ],
+            "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
+        },
+    }
+    env.kube.core.create_namespaced_pod(env.tenant, body)
 
 
 def pod(env: Env, name: str) -> dict[str, Any] | None:
