@@ -167,6 +167,12 @@ LABEL_TEMPLATE_CLAIM_VALUE = "true"
 # Prefix of the gpus entries the VMI webhook adds, one per unit.
 VMI_GPU_NAME_PREFIX = "gpu-cozystack-"
 
+# VMI annotation the VMI webhook writes at every admission, with the same value in each held
+# claim's status.attachmentID: a mutating webhook runs before the API server gives a new
+# object its uid, so this ties the attachments to the VMI admitted with them (and not to an
+# earlier VMI of the same name) until the controller records that VMI's uid.
+ANNOTATION_ATTACHMENT_ID = GROUP + "/attachment-id"
+
 # KubeVirt marks: the temporary pod for WaitForFirstConsumer volumes, and migration targets.
 ANNOTATION_EPHEMERAL_PROVISIONING = "kubevirt.io/ephemeral-provisioning"
 LABEL_MIGRATION_JOB_UID = "kubevirt.io/migrationJobUID"
@@ -332,6 +338,7 @@ class ClaimReason(str, Enum):
     VMI_GONE = "VMIGone"  # its VMI was deleted
     ATTACHMENT_EXPIRED = "AttachmentExpired"  # its VMI never appeared within the grace
     PINNED = "Pinned"  # its VM's launcher pod was pinned to the set's node
+    NODE_REFUSED = "NodeRefused"  # the scheduler refused the pinned launcher pod on a node
     WAITING_FOR_VMI = "WaitingForVMI"  # deleted while attached: goes when the VMI stops
 
 
@@ -378,6 +385,8 @@ class AdmissionReason(str, Enum):
     RESOURCE_NAME_SHARED = "ResourceNameShared"
     REPLICA_CANNOT_CHECK = "ReplicaCannotCheck"
     ATTACHMENT_RACE_LOST = "AttachmentRaceLost"
+    VMI_EXISTS = "VMIExists"
+    TEMPLATE_CLAIM_CONFLICT = "TemplateClaimConflict"
 
 
 class EventReason(str, Enum):

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -27,7 +29,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.admission import annotation, vmi_rules
 from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
-from cozystack_gpu.binder.lifecycle import finalizer_patch
+from cozystack_gpu.binder.lifecycle import ATTACHMENT_CLEARED, finalizer_patch
 from cozystack_gpu.binder.translate import meta
 from cozystack_gpu.keys import AdmissionReason
 
@@ -62,6 +64,19 @@ def instancetype_ref(vmi: Obj) -> tuple[keys.ApiKind, str] | None:
     return None
 
 
+class _LostRace(Exception):
+    """An attachment write found the claim changed since it was read."""
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What an admitted VMI must carry: one gpus entry per unit, and the attachment id its
+    held claims were attached with ("" on a dry run or without held claims)."""
+
+    gpus: list[dict[str, str]]
+    attachment_id: str
+
+
 class VMIWebhook:
     """Judges and records the start of one VMI per call."""
 
@@ -79,8 +94,14 @@ class VMIWebhook:
         self.clock = clock
         self.gpu_names = gpu_names
 
-    def admit(self, vmi: Obj, *, dry_run: bool) -> list[dict[str, str]]:
-        """The gpus entries the VMI must carry; ``Refused`` when it may not start."""
+    def admit(self, vmi: Obj, *, dry_run: bool) -> Admitted:
+        """The gpus entries (and attachment id) the VMI must carry; ``Refused`` when it
+        may not start.
+
+        The whole set is read and judged again after a write that lost a race (another VMI
+        took a claim, the binder moved one): a set that changed meanwhile is judged as it
+        is now, co-location and classes included, never admitted on what was read before.
+        """
         name = str(meta(vmi).get("name", ""))
         namespace = str(meta(vmi).get("namespace", ""))
         raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
@@ -94,19 +115,44 @@ class VMIWebhook:
             request = annotation.parse(str(raw))
         except annotation.AnnotationError as exc:
             raise Refused(str(exc), AdmissionReason.MALFORMED_ANNOTATION, 400) from None
-        facts = self._read(vmi, namespace, request)
-        decision = vmi_rules.judge(vmi, request, facts)
-        if isinstance(decision, vmi_rules.Refusal):
-            raise Refused(decision.message, decision.reason)
-        if not dry_run:
+        carried = vmi_rules.attachment_id_of(vmi)
+        for attempt in range(ATTEMPTS):
+            facts = self._read(vmi, namespace, name, request, carried)
+            # An id this admission wrote before (a reinvocation) is kept; any other start
+            # gets a new one, so no earlier VMI of this name can pass for this one.
+            ours = any(
+                vmi_rules.is_reinvocation(c, name, carried)
+                for c in facts.claims.values()
+                if c is not None
+            )
+            attachment_id = carried if ours else uuid.uuid4().hex
+            decision = vmi_rules.judge(vmi, request, facts, attachment_id)
+            if isinstance(decision, vmi_rules.Refusal):
+                raise Refused(decision.message, decision.reason, 409 if attempt else 403)
+            if dry_run:
+                return Admitted(list(decision.gpus), "")
             held = {c: facts.claims[c] for c in request.claims}
-            self._hold(namespace, name, held, decision.attach)
-        return list(decision.gpus)
+            try:
+                self._hold(namespace, name, held, decision.attach, attachment_id)
+            except _LostRace:
+                continue
+            return Admitted(list(decision.gpus), attachment_id if request.claims else "")
+        raise Refused(
+            f"the GPUClaims of VirtualMachineInstance {name} kept changing while it was "
+            f"admitted ({ATTEMPTS} tries); try again",
+            AdmissionReason.ATTACHMENT_RACE_LOST,
+            409,
+        )
 
     # --- reads -----------------------------------------------------------------------
 
     def _read(
-        self, vmi: Obj, namespace: str, request: annotation.ClaimsRequest
+        self,
+        vmi: Obj,
+        namespace: str,
+        name: str,
+        request: annotation.ClaimsRequest,
+        attachment_id: str,
     ) -> vmi_rules.VMIFacts:
         access, submit = self.access, self.pool.submit
         claims = {c: submit(access.claim, namespace, c) for c in request.claims}
@@ -138,8 +184,13 @@ class VMIWebhook:
                     AdmissionReason.INSTANCETYPE_MISSING,
                 )
             instancetype = vmi_rules.InstanceType(ref[0].kind, ref[1], spec.get("spec") or {})
+        read = {c: f.result() for c, f in claims.items()}
+        same_name = None
+        if vmi_rules.needs_same_name_check(read.values(), name, attachment_id):
+            same_name = access.vmi(namespace, name)
         return vmi_rules.VMIFacts(
-            claims={c: f.result() for c, f in claims.items()},
+            claims=read,
+            same_name_vmi=same_name,
             classes=classes.result(),
             settings_names=settings.result() if settings is not None else names or frozenset(),
             namespace_labels=labels.result() if labels is not None else {},
@@ -155,11 +206,13 @@ class VMIWebhook:
         vmi_name: str,
         held: Mapping[str, Claim | None],
         attach: tuple[str, ...],
+        attachment_id: str,
     ) -> None:
         """Attach every claim in ``attach`` and put the finalizer on every held claim, all
-        writes at once; on any failure take back the attachments this call wrote."""
+        writes at once; on any failure take back the attachments this call wrote. A lost
+        race raises ``_LostRace`` for the caller to judge the set again."""
         attaching = {
-            c: self.pool.submit(self._attach, namespace, vmi_name, c, obj)
+            c: self.pool.submit(self._attach, namespace, vmi_name, c, obj, attachment_id)
             for c, obj in held.items()
             if obj is not None and c in attach
         }
@@ -183,41 +236,45 @@ class VMIWebhook:
         if failure is None:
             return
         for claim_name in written:
-            self._release(namespace, vmi_name, claim_name)
+            self._release(namespace, vmi_name, claim_name, attachment_id)
         raise failure
 
-    def _attach(self, namespace: str, vmi_name: str, claim_name: str, obj: Claim) -> Claim:
-        """Write the attachment if the claim's status is still what was judged.
-
-        The first try compares the whole status (a JSON patch ``test``) rather than the
-        resourceVersion, so the finalizer can be written beside it at the same time; a
-        claim changed meanwhile is read and judged again.
-        """
+    def _attach(
+        self, namespace: str, vmi_name: str, claim_name: str, obj: Claim, attachment_id: str
+    ) -> Claim:
+        """Write the attachment if the claim's status is still what was judged (a JSON patch
+        ``test`` of the whole status, so the finalizer can be written beside it at the same
+        time). Any earlier attachment of this name (an earlier VMI of the VM) is replaced,
+        its recorded uid with it; a claim changed meanwhile raises ``_LostRace``."""
         status = dict(obj.get("status") or {})
         ops: list[Obj] = [
             {"op": "test", "path": "/status", "value": status},
             {"op": "add", "path": "/status/attachedTo", "value": vmi_name},
+            {"op": "add", "path": "/status/attachmentID", "value": attachment_id},
             {"op": "add", "path": "/status/attachedAt", "value": now_rfc3339(self.clock)},
         ]
+        if "attachedToUID" in status:
+            ops.append({"op": "remove", "path": "/status/attachedToUID"})
+        if not status:
+            # A claim no controller has written yet has no status object to test or add to.
+            ops = [{"op": "test", "path": "/metadata/uid", "value": meta(obj).get("uid")}]
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/status",
+                    "value": {
+                        "attachedTo": vmi_name,
+                        "attachmentID": attachment_id,
+                        "attachedAt": now_rfc3339(self.clock),
+                    },
+                }
+            )
         try:
             return self.access.claim_status(namespace, claim_name, ops)
         except ApiException as exc:
-            if exc.status not in LOST_RACE:
-                raise
-        for attempt in range(ATTEMPTS):
-            obj = self._reread(namespace, vmi_name, claim_name)
-            if (obj.get("status") or {}).get("attachedTo") == vmi_name:
-                return obj
-            body = {
-                "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
-                "status": {"attachedTo": vmi_name, "attachedAt": now_rfc3339(self.clock)},
-            }
-            try:
-                return self.access.claim_status(namespace, claim_name, body)
-            except ApiException as exc:
-                if exc.status not in LOST_RACE or attempt == ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+            if exc.status in LOST_RACE:
+                raise _LostRace(claim_name) from None
+            raise
 
     def _protect(self, namespace: str, vmi_name: str, claim_name: str, obj: Claim) -> None:
         """Add the claim-protection finalizer unless the claim has it.
@@ -258,7 +315,8 @@ class VMIWebhook:
                     raise
 
     def _reread(self, namespace: str, vmi_name: str, claim_name: str) -> Claim:
-        """The claim after a lost race, if it may still be held by this VMI."""
+        """The claim after a finalizer write lost a race, if it may still be held by this
+        VMI."""
         obj = self.access.claim(namespace, claim_name)
         refusal = vmi_rules.held_claim_refusal(claim_name, obj, namespace, vmi_name)
         if refusal is not None:
@@ -266,16 +324,17 @@ class VMIWebhook:
         assert obj is not None
         return obj
 
-    def _release(self, namespace: str, vmi_name: str, claim_name: str) -> None:
-        """Take back an attachment this call wrote, if it is still this VMI's."""
+    def _release(self, namespace: str, vmi_name: str, claim_name: str, attachment_id: str) -> None:
+        """Take back an attachment this call wrote, if it is still this admission's."""
         try:
             for _attempt in range(ATTEMPTS):
                 obj = self.access.claim(namespace, claim_name)
-                if obj is None or (obj.get("status") or {}).get("attachedTo") != vmi_name:
+                status = (obj or {}).get("status") or {}
+                if obj is None or status.get("attachmentID") != attachment_id:
                     return
                 body = {
                     "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
-                    "status": {"attachedTo": None, "attachedAt": None},
+                    "status": dict(ATTACHMENT_CLEARED),
                 }
                 try:
                     self.access.claim_status(namespace, claim_name, body)

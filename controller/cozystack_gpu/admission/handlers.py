@@ -178,8 +178,12 @@ def mutate_vmi(body: kopf.Body, dryrun: bool, patch: kopf.Patch, memo: kopf.Memo
     gpus entry per unit."""
     admission = _admission(memo)
     with _refusals("mutate-vmi"):
-        gpus = admission.vmis.admit(dict(body), dry_run=dryrun)
-    patch.fns.append(lambda raw: vmi_rules.set_gpus(cast(dict[str, Any], raw), gpus))
+        admitted = admission.vmis.admit(dict(body), dry_run=dryrun)
+    patch.fns.append(
+        lambda raw: vmi_rules.set_gpus(
+            cast(dict[str, Any], raw), admitted.gpus, admitted.attachment_id
+        )
+    )
 
 
 @kopf.on.mutate("", "v1", "pods", id="mutate-pod", operations=["CREATE"])

@@ -48,8 +48,9 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Start:
-    """An accepted start: the held claims whose attachment must be written (those not yet
-    attached to this VMI), and the ``gpus`` entries the VMI must carry, one per unit."""
+    """An accepted start: the held claims whose attachment must be written (all but those
+    this very admission attached already), and the ``gpus`` entries the VMI must carry, one
+    per unit."""
 
     attach: tuple[str, ...]
     gpus: tuple[dict[str, str], ...]
@@ -85,6 +86,10 @@ class VMIFacts:
     namespace_labels: Mapping[str, str] = field(default_factory=dict)
     instancetype: InstanceType | None = None
     largest_node: Callable[[str], int | None] = lambda _name: None
+    # The VMI of this name as the API server has it now, when a held claim's attachment
+    # already names this name (read only then): a VMI of this name that still exists means
+    # this create is not the one the attachment belongs to, and will fail anyway.
+    same_name_vmi: Obj | None = None
 
 
 def units(n: int) -> str:
@@ -102,8 +107,12 @@ def is_ours(entry: Obj) -> bool:
     return str(entry.get("name", "")).startswith(keys.VMI_GPU_NAME_PREFIX)
 
 
-def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
-    """Refuse the VMI's start with one message, or say what to write."""
+def judge(
+    vmi: Obj, request: ClaimsRequest, facts: VMIFacts, attachment_id: str = ""
+) -> Refusal | Start:
+    """Refuse the VMI's start with one message, or say what to write: ``attach`` names the
+    held claims whose attachment (to this name, with ``attachment_id``) must be written —
+    every held claim but those this very admission attached already."""
     namespace = str(meta(vmi).get("namespace", ""))
     name = str(meta(vmi).get("name", ""))
     held: list[tuple[str, Obj]] = []
@@ -198,12 +207,53 @@ def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
     for entry in request.templates:
         resources += [class_resource_name(facts.classes[entry.gpu_class])] * entry.count
     gpus = tuple({"name": gpu_entry_name(i), "deviceName": res} for i, res in enumerate(resources))
+    if facts.same_name_vmi is not None and any(
+        _attached_to(claim) == name and not is_reinvocation(claim, name, attachment_id)
+        for _claim_name, claim in held
+    ):
+        phase = str((facts.same_name_vmi.get("status") or {}).get("phase") or "Pending")
+        return Refusal(
+            AdmissionReason.VMI_EXISTS,
+            f"VirtualMachineInstance {name} still exists ({phase}) and holds the GPUClaims "
+            "this one names; a new VMI of that name starts once it is gone",
+        )
     attach = tuple(
-        claim_name
-        for claim_name, claim in held
-        if (claim.get("status") or {}).get("attachedTo") != name
+        claim_name for claim_name, claim in held if not is_reinvocation(claim, name, attachment_id)
     )
     return Start(attach=attach, gpus=gpus)
+
+
+def _attached_to(claim: Obj) -> str:
+    return str((claim.get("status") or {}).get("attachedTo") or "")
+
+
+def is_reinvocation(claim: Obj, vmi_name: str, attachment_id: str) -> bool:
+    """The claim carries the attachment this very admission wrote (the API server called
+    the webhook again): attached to this name with the attachment id the VMI carries, and
+    no VMI uid recorded yet (no stored VMI can have taken it over)."""
+    status = claim.get("status") or {}
+    return bool(
+        attachment_id
+        and status.get("attachedTo") == vmi_name
+        and status.get("attachmentID") == attachment_id
+        and not status.get("attachedToUID")
+    )
+
+
+def needs_same_name_check(claims: Iterable[Obj | None], vmi_name: str, attachment_id: str) -> bool:
+    """A held claim is attached to this name already, by an earlier VMI of the same name
+    (or an admission whose VMI was never stored): whether that VMI still exists decides."""
+    return any(
+        claim is not None
+        and _attached_to(claim) == vmi_name
+        and not is_reinvocation(claim, vmi_name, attachment_id)
+        for claim in claims
+    )
+
+
+def attachment_id_of(vmi: Obj) -> str:
+    """The attachment id a VMI carries (from an earlier invocation of this admission)."""
+    return str((meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_ATTACHMENT_ID) or "")
 
 
 def held_claim_refusal(
@@ -301,9 +351,14 @@ def gpus_with(existing: Iterable[Obj], ours: Iterable[Mapping[str, str]]) -> lis
     return [dict(e) for e in existing if not is_ours(e)] + [dict(e) for e in ours]
 
 
-def set_gpus(body: dict[str, Any], ours: Iterable[Mapping[str, str]]) -> None:
-    """Write the gpus entries into a VMI body in place (kopf turns the change into the
-    webhook's JSON patch)."""
+def set_gpus(
+    body: dict[str, Any], ours: Iterable[Mapping[str, str]], attachment_id: str = ""
+) -> None:
+    """Write the gpus entries (and the attachment id, when the claims got one) into a VMI
+    body in place (kopf turns the change into the webhook's JSON patch)."""
+    if attachment_id:
+        annotations = body.setdefault("metadata", {}).setdefault("annotations", {})
+        annotations[keys.ANNOTATION_ATTACHMENT_ID] = attachment_id
     spec = body.setdefault("spec", {})
     domain = spec.setdefault("domain", {})
     devices = domain.setdefault("devices", {})

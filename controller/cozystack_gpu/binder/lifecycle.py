@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from cozystack_gpu import keys
+from cozystack_gpu.binder import translate
 from cozystack_gpu.binder.translate import (
     VMIState,
     meta,
@@ -46,48 +47,56 @@ class AttachmentChange:
     clear_attachment: bool
     reason: str
     message: str
+    uid: str = ""  # the VMI's uid to record with the attachment (empty: none to write)
 
 
 def attachment_change(
-    claim: Obj, vmi: VMIState | None, now: float, grace: float
+    claim: Obj, vmi: VMIState | None, now: float, grace: float, seen_at: float | None = None
 ) -> AttachmentChange | None:
-    """Bound → Attached once the VMI the webhook recorded runs; back to Bound (attachment
-    cleared) when that VMI is Succeeded or Failed, or gone. A deletion timestamp on the VMI
-    changes nothing: it may still run. An attachment whose VMI never appeared within the
-    grace is cleared (a later admission step refused the VMI)."""
-    status = claim.get("status") or {}
-    attached_to = status.get("attachedTo")
-    if not attached_to:
+    """Bound → Attached once the VMI the webhook recorded runs, recording that VMI's uid;
+    back to Bound (attachment cleared) once that very VMI is Succeeded or Failed, or gone. A
+    deletion timestamp on the VMI changes nothing: it may still run. Another VMI of the same
+    name is another start of the VM: it ends a confirmed attachment (its VMI is gone) and
+    leaves an unconfirmed one waiting for its own VMI. An attachment whose VMI never
+    appeared within the grace is cleared (a later admission step refused the VMI)."""
+    attached = translate.attachment_of(claim)
+    if attached is None:
         return None
-    phase = status.get("phase")
-    if phase == Phase.BOUND.value:
-        if vmi is not None and not vmi.final:
+    phase = (claim.get("status") or {}).get("phase")
+    if phase not in (Phase.BOUND.value, Phase.ATTACHED.value):
+        return None
+    legacy = not attached.uid and not attached.attachment_id
+    if vmi is None and legacy and phase == Phase.ATTACHED.value:
+        verdict = translate.Verdict.GONE  # its VMI existed: once it is not seen, it is gone
+    else:
+        verdict = translate.attachment_verdict(attached, vmi, now, grace, seen_at, name_of(claim))
+    name = attached.vmi
+    if verdict is translate.Verdict.RUNS:
+        assert vmi is not None
+        uid = vmi.uid if not attached.uid else ""
+        if phase == Phase.BOUND.value or uid:
             return AttachmentChange(
-                Phase.ATTACHED, False, ClaimReason.ATTACHED, f"attached to VMI {attached_to}"
-            )
-        if vmi is not None and vmi.final:
-            return AttachmentChange(
-                Phase.BOUND, True, ClaimReason.VMI_FINISHED, f"VMI {attached_to} is {vmi.phase}"
-            )
-        attached_at = timestamp(status.get("attachedAt"))
-        if attached_at is None or now >= attached_at + grace:
-            return AttachmentChange(
-                Phase.BOUND,
-                True,
-                ClaimReason.ATTACHMENT_EXPIRED,
-                f"VMI {attached_to} did not appear within {grace:.0f} s of its attachment",
+                Phase.ATTACHED, False, ClaimReason.ATTACHED, f"attached to VMI {name}", uid=uid
             )
         return None
-    if phase == Phase.ATTACHED.value:
-        if vmi is None:
-            return AttachmentChange(
-                Phase.BOUND, True, ClaimReason.VMI_GONE, f"VMI {attached_to} is gone"
-            )
-        if vmi.final:
-            return AttachmentChange(
-                Phase.BOUND, True, ClaimReason.VMI_FINISHED, f"VMI {attached_to} is {vmi.phase}"
-            )
-    return None
+    if verdict is translate.Verdict.STARTING:
+        return None
+    if verdict is translate.Verdict.FINISHED:
+        assert vmi is not None
+        return AttachmentChange(
+            Phase.BOUND, True, ClaimReason.VMI_FINISHED, f"VMI {name} is {vmi.phase}"
+        )
+    if verdict is translate.Verdict.GONE:
+        which = f" (uid {attached.uid})" if attached.uid else ""
+        return AttachmentChange(
+            Phase.BOUND, True, ClaimReason.VMI_GONE, f"VMI {name}{which} is gone"
+        )
+    return AttachmentChange(
+        Phase.BOUND,
+        True,
+        ClaimReason.ATTACHMENT_EXPIRED,
+        f"VMI {name} did not appear within {grace:.0f} s of its attachment",
+    )
 
 
 def vmi_never_ran(vmi: VMIState) -> bool:
@@ -185,8 +194,7 @@ def claim_status_patch(
     }
     current = claim_obj.get("status") or {}
     if updated.attached_to is None and current.get("attachedTo"):
-        status["attachedTo"] = None
-        status["attachedAt"] = None
+        status.update(ATTACHMENT_CLEARED)
     if cond is not None:
         status["conditions"] = merge_conditions(current.get("conditions") or [], cond)
     return {
@@ -195,12 +203,33 @@ def claim_status_patch(
     }
 
 
+# The status fields of an attachment, as a merge patch that clears them all.
+ATTACHMENT_CLEARED: dict[str, Any] = {
+    "attachedTo": None,
+    "attachedToUID": None,
+    "attachmentID": None,
+    "attachedAt": None,
+}
+
+
+def attachment_fields(vmi_name: str, vmi_uid: str, now: float) -> dict[str, Any]:
+    """The status fields of an attachment the controller writes itself (a template claim,
+    made for one VMI whose uid it knows)."""
+    return {
+        "attachedTo": vmi_name,
+        "attachedToUID": vmi_uid,
+        "attachmentID": None,
+        "attachedAt": rfc3339(now),
+    }
+
+
 def attachment_patch(claim_obj: Obj, change: AttachmentChange, now: float) -> dict[str, Any]:
     current = claim_obj.get("status") or {}
     status: dict[str, Any] = {"phase": change.phase.value}
     if change.clear_attachment:
-        status["attachedTo"] = None
-        status["attachedAt"] = None
+        status.update(ATTACHMENT_CLEARED)
+    elif change.uid:
+        status["attachedToUID"] = change.uid
     cond = condition(keys.CONDITION_BOUND, True, change.reason, change.message, now)
     status["conditions"] = merge_conditions(current.get("conditions") or [], cond)
     return {

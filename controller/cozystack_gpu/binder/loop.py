@@ -268,7 +268,8 @@ class Binder:
                 obj = self.view.claim(key)
                 if obj is None:
                     continue
-                change = lifecycle.attachment_change(obj, vmi, now, grace)
+                seen = self.view.attachment_seen_at(key, now)
+                change = lifecycle.attachment_change(obj, vmi, now, grace, seen)
                 if change is None:
                     continue
                 body = lifecycle.attachment_patch(obj, change, now)

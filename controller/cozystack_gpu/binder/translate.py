@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from cozystack_gpu import keys
@@ -263,6 +264,8 @@ class VMIState:
     node: str | None
     held_claims: tuple[str, ...]
     uses_claims: bool = False  # it carries the claims annotation
+    uid: str = ""
+    attachment_id: str = ""  # keys.ANNOTATION_ATTACHMENT_ID, written at its admission
 
     @property
     def final(self) -> bool:
@@ -289,13 +292,16 @@ def claims_annotation(annotations: Mapping[str, str]) -> tuple[str, ...]:
 
 def vmi_state(vmi: Obj) -> VMIState:
     status = vmi.get("status") or {}
+    annotations = meta(vmi).get("annotations") or {}
     return VMIState(
         namespace=namespace_of(vmi),
         name=name_of(vmi),
         phase=str(status.get("phase") or "Pending"),
         node=status.get("nodeName") or None,
-        held_claims=claims_annotation(meta(vmi).get("annotations") or {}),
-        uses_claims=bool((meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)),
+        held_claims=claims_annotation(annotations),
+        uses_claims=bool(annotations.get(keys.ANNOTATION_CLAIMS)),
+        uid=str(meta(vmi).get("uid") or ""),
+        attachment_id=str(annotations.get(keys.ANNOTATION_ATTACHMENT_ID) or ""),
     )
 
 
@@ -303,6 +309,24 @@ def vm_held_claims(vm: Obj) -> tuple[str, ...]:
     """Claims a VirtualMachine's template names: the set it keeps while it is stopped."""
     template = (vm.get("spec") or {}).get("template") or {}
     return claims_annotation((template.get("metadata") or {}).get("annotations") or {})
+
+
+def is_template_claim(claim: Obj) -> bool:
+    labels = meta(claim).get("labels") or {}
+    return bool(labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE)
+
+
+def controlling_vmi(obj: Obj) -> tuple[str, str] | None:
+    """(name, uid) of the VMI that controls an object (a template claim, a launcher pod):
+    its controller ownerReference of kind VirtualMachineInstance in the kubevirt.io group."""
+    for ref in meta(obj).get("ownerReferences") or []:
+        if (
+            ref.get("kind") == keys.VMI.kind
+            and str(ref.get("apiVersion", "")).split("/", 1)[0] == keys.KUBEVIRT_GROUP
+            and ref.get("controller")
+        ):
+            return str(ref.get("name")), str(ref.get("uid") or "")
+    return None
 
 
 def set_id_for(claim: Obj, vmi_of_claim: str | None, vm_of_claim: str | None) -> str | None:
@@ -318,28 +342,125 @@ def set_id_for(claim: Obj, vmi_of_claim: str | None, vm_of_claim: str | None) ->
     return None
 
 
-def vmi_live(claim: Obj, vmi: VMIState | None, now: float, grace: float) -> bool:
-    """The VMI a claim is attached to runs, or may still appear.
+@dataclass(frozen=True)
+class Attachment:
+    """A claim's attachment: the VMI's name, its uid once the controller recorded it, the
+    id the VMI webhook wrote with it (and into the VMI), and when it was written."""
 
-    Only a Bound claim's attachment may precede its VMI (the webhook writes it before the
-    VMI is stored), for at most the grace; an Attached or Lost claim's VMI existed, so once
-    it is gone it is gone.
-    """
+    vmi: str
+    uid: str
+    attachment_id: str
+    at: float | None
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.uid)
+
+    @property
+    def token(self) -> tuple[str, str, str]:
+        """What changes when the attachment is written anew (a new start, or the uid)."""
+        return (self.vmi, self.attachment_id, str(self.at))
+
+
+def attachment_of(claim: Obj) -> Attachment | None:
     status = claim.get("status") or {}
-    if not status.get("attachedTo"):
-        return False
+    target = status.get("attachedTo")
+    if not target:
+        return None
+    return Attachment(
+        vmi=str(target),
+        uid=str(status.get("attachedToUID") or ""),
+        attachment_id=str(status.get("attachmentID") or ""),
+        at=timestamp(status.get("attachedAt")),
+    )
+
+
+class Verdict(Enum):
+    """Where a claim's attachment stands against the VMI of that name the binder sees."""
+
+    RUNS = "runs"  # that very VMI exists and is not final
+    STARTING = "starting"  # not seen yet (or only another VMI of that name), within the grace
+    FINISHED = "finished"  # that very VMI is Succeeded or Failed
+    GONE = "gone"  # that VMI was seen and is gone (or replaced by another of the same name)
+    EXPIRED = "expired"  # never seen within the grace: a later admission step refused it
+
+
+def same_vmi(attached: Attachment, vmi: VMIState) -> bool | None:
+    """Is ``vmi`` the incarnation the attachment names? True or False when the attachment
+    says (by uid, else by the webhook's attachment id); None for an attachment that carries
+    neither (written before either existed): the name is all there is."""
+    if attached.uid:
+        return vmi.uid == attached.uid
+    if attached.attachment_id:
+        return vmi.attachment_id == attached.attachment_id
+    return None
+
+
+def attachment_verdict(
+    attached: Attachment,
+    vmi: VMIState | None,
+    now: float,
+    grace: float,
+    seen_at: float | None,
+    claim_name: str = "",
+) -> Verdict:
+    """Whether the attachment's VMI runs, may still appear, or has ended.
+
+    A VMI is known by its uid once the controller has recorded it: only the end of that VMI
+    ends the attachment, so a stop and a start of the same VM racing each other never clear
+    the new start's claims. Before that, the webhook's attachment id says which VMI the
+    attachment was admitted with; another VMI of the same name (the previous start, still in
+    a lagging view) is no answer, and the attachment waits for its own within the grace.
+
+    The grace counts from the later of the webhook's ``attachedAt`` and ``seen_at`` (when
+    this binder first saw the attachment): a webhook replica whose clock runs behind the
+    leader's must not make a starting VM's attachment expire early.
+    """
     if vmi is not None:
-        return not vmi.final
-    if status.get("phase") != Phase.BOUND.value:
+        same = same_vmi(attached, vmi)
+        if same is None or same:
+            return Verdict.FINISHED if vmi.final else Verdict.RUNS
+        if attached.confirmed and claim_name not in vmi.held_claims:
+            return Verdict.GONE  # a VMI of that name that does not hold the claim
+        if attached.confirmed:
+            # Another VMI of that name that names this claim: a newer one would have been
+            # admitted with it and have written a new attachment, so this is an older one
+            # in a view that lags (a new leader's first listing): wait for the view.
+            return Verdict.STARTING
+    elif attached.confirmed:
+        return Verdict.GONE
+    starts = [t for t in (attached.at, seen_at) if t is not None]
+    if starts and now < max(starts) + grace:
+        return Verdict.STARTING
+    return Verdict.EXPIRED
+
+
+LIVE_VERDICTS = frozenset({Verdict.RUNS, Verdict.STARTING})
+
+
+def vmi_live(
+    claim: Obj, vmi: VMIState | None, now: float, grace: float, seen_at: float | None = None
+) -> bool:
+    """The VMI a claim is attached to runs, or may still appear (``attachment_verdict``).
+
+    An Attached or Lost claim whose attachment carries neither uid nor attachment id (written
+    before this controller recorded them) keeps the old rule: its VMI existed, so once no VMI
+    of that name is seen it is gone.
+    """
+    attached = attachment_of(claim)
+    if attached is None:
         return False
-    attached_at = timestamp(status.get("attachedAt"))
-    return attached_at is not None and now < attached_at + grace
+    phase = (claim.get("status") or {}).get("phase")
+    legacy = not attached.uid and not attached.attachment_id
+    if vmi is None and legacy and phase != Phase.BOUND.value:
+        return False
+    verdict = attachment_verdict(attached, vmi, now, grace, seen_at, name_of(claim))
+    return verdict in LIVE_VERDICTS
 
 
 def claim_info(claim: Obj, *, vmi_live_now: bool, set_id: str | None) -> ClaimInfo:
     spec = claim.get("spec") or {}
     status = claim.get("status") or {}
-    labels = meta(claim).get("labels") or {}
     rejected = []
     for entry in status.get("rejectedNodes") or []:
         until = timestamp(entry.get("until"))
@@ -362,7 +483,7 @@ def claim_info(claim: Obj, *, vmi_live_now: bool, set_id: str | None) -> ClaimIn
         bound_at=timestamp(status.get("boundAt")),
         rejected=tuple(rejected),
         set_id=set_id,
-        template=labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE,
+        template=is_template_claim(claim),
     )
 
 

@@ -73,6 +73,9 @@ class ClusterView:
         self._claim_vmi: dict[ClaimKey, str] = {}
         self._claim_vm: dict[ClaimKey, str] = {}
         self._attached: dict[Key, set[ClaimKey]] = {}
+        # When this binder first saw each claim's current attachment: its grace counts from
+        # then too, whatever clock the webhook replica that wrote attachedAt has.
+        self._attachment_seen: dict[ClaimKey, tuple[tuple[str, str, str], float]] = {}
         # Launcher pods the gate controller looks after: waiting at the gate, and pinned
         # but not yet bound by the scheduler (a refusal may come).
         self._gated: set[Key] = set()
@@ -197,6 +200,8 @@ class ClusterView:
                 (index.add if add else index.discard)(claim_key)
                 if not index:
                     del self._attached[(key[0], target)]
+        if new is None or not (new.get("status") or {}).get("attachedTo"):
+            self._attachment_seen.pop(claim_key, None)
         self.dirty.claims.add(claim_key)
 
     def _on_namespace(self, key: Key, old: Obj | None, new: Obj | None) -> None:
@@ -381,6 +386,37 @@ class ClusterView:
     def vmi(self, key: Key) -> VMIState | None:
         return self._vmis.get(key)
 
+    def attachment_seen_at(self, key: ClaimKey, now: float) -> float | None:
+        """When this binder first saw the claim's current attachment (``now`` if this is
+        the first look), or None when it has none."""
+        obj = self.claim(key)
+        attached = translate.attachment_of(obj) if obj is not None else None
+        if attached is None:
+            return None
+        seen = self._attachment_seen.get(key)
+        if seen is None or seen[0] != attached.token:
+            seen = (attached.token, now)
+            self._attachment_seen[key] = seen
+        return seen[1]
+
+    def attached_vmi(self, key: ClaimKey) -> VMIState | None:
+        """The VMI of the name a claim's attachment names, as this view has it."""
+        obj = self.claim(key)
+        target = ((obj or {}).get("status") or {}).get("attachedTo")
+        return self._vmis.get((key.namespace, str(target))) if target else None
+
+    def template_owner_live(self, key: ClaimKey) -> bool:
+        """A template claim whose own VMI (its controlling owner, by uid) exists and is not
+        final: it holds that VMI's GPUs from its creation on, attached or not yet."""
+        obj = self.claim(key)
+        if obj is None or not translate.is_template_claim(obj):
+            return False
+        owner = translate.controlling_vmi(obj)
+        if owner is None:
+            return False
+        vmi = self._vmis.get((key.namespace, owner[0]))
+        return vmi is not None and vmi.uid == owner[1] and not vmi.final
+
     def attachments(self) -> list[tuple[Key, frozenset[ClaimKey]]]:
         """Claims by the VMI their status names as attachedTo (namespace, VMI name)."""
         return [(vmi, frozenset(members)) for vmi, members in self._attached.items()]
@@ -417,11 +453,11 @@ class ClusterView:
         obj = self.claim(key)
         if obj is None:
             return None
-        attached = (obj.get("status") or {}).get("attachedTo")
-        vmi = self._vmis.get((key.namespace, attached)) if attached else None
+        vmi = self.attached_vmi(key)
+        seen = self.attachment_seen_at(key, now)
         return translate.claim_info(
             obj,
-            vmi_live_now=translate.vmi_live(obj, vmi, now, self.config.attachment_grace),
+            vmi_live_now=translate.vmi_live(obj, vmi, now, self.config.attachment_grace, seen),
             set_id=translate.set_id_for(obj, self._claim_vmi.get(key), self._claim_vm.get(key)),
         )
 

@@ -27,6 +27,7 @@ class FakeApi:
 
     def __init__(self, *claims: dict[str, Any]) -> None:
         self.claims = {c["metadata"]["name"]: c for c in claims}
+        self.vmis: dict[str, dict[str, Any]] = {}  # VMIs stored, by name
         self.rv = 10
         self.writes: list[tuple[str, str]] = []
         # Called before a write reaches the store: another writer acting in between.
@@ -49,6 +50,9 @@ class FakeApi:
 
     def namespace_labels(self, name: str) -> dict[str, str]:
         return {}
+
+    def vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.vmis.get(name))
 
     def _write(self, what: str, name: str, body: Any, part: str) -> dict[str, Any]:
         self.before_write(what, name)
@@ -116,10 +120,12 @@ def webhook(api: FakeApi, pool: ThreadPoolExecutor) -> VMIWebhook:
 def test_a_start_attaches_and_protects_every_held_claim(pool: ThreadPoolExecutor) -> None:
     api = FakeApi(bound("a"), bound("b"))
     api.claims["b"]["metadata"]["finalizers"] = ["example.com/keep"]
-    gpus = webhook(api, pool).admit(vmi("vm", "a", "b"), dry_run=False)
-    assert gpus == [{"name": f"gpu-cozystack-{i}", "deviceName": H100} for i in range(2)]
+    admitted = webhook(api, pool).admit(vmi("vm", "a", "b"), dry_run=False)
+    assert admitted.gpus == [{"name": f"gpu-cozystack-{i}", "deviceName": H100} for i in range(2)]
+    assert admitted.attachment_id
     for name in ("a", "b"):
         assert api.claims[name]["status"]["attachedTo"] == "vm"
+        assert api.claims[name]["status"]["attachmentID"] == admitted.attachment_id
         assert api.claims[name]["status"]["attachedAt"] == "2027-01-15T08:00:00Z"
     assert api.claims["a"]["metadata"]["finalizers"] == [keys.FINALIZER_CLAIM]
     assert api.claims["b"]["metadata"]["finalizers"] == ["example.com/keep", keys.FINALIZER_CLAIM]
@@ -127,7 +133,7 @@ def test_a_start_attaches_and_protects_every_held_claim(pool: ThreadPoolExecutor
 
 def test_a_dry_run_writes_nothing(pool: ThreadPoolExecutor) -> None:
     api = FakeApi(bound("a"))
-    assert webhook(api, pool).admit(vmi("vm", "a"), dry_run=True)
+    assert webhook(api, pool).admit(vmi("vm", "a"), dry_run=True).gpus
     assert api.writes == []
 
 
@@ -171,10 +177,55 @@ def test_a_race_lost_to_a_harmless_change_is_won_on_the_next_try(
     assert keys.FINALIZER_CLAIM in api.claims["a"]["metadata"]["finalizers"]
 
 
-def test_a_claim_already_attached_to_this_vmi_gets_no_new_attachment(
+def test_a_reinvocation_writes_no_new_attachment(pool: ThreadPoolExecutor) -> None:
+    api = FakeApi(bound("a"))
+    first = webhook(api, pool).admit(vmi("vm", "a"), dry_run=False)
+    writes = len(api.writes)
+    again = vmi("vm", "a")
+    again["metadata"]["annotations"][keys.ANNOTATION_ATTACHMENT_ID] = first.attachment_id
+    second = webhook(api, pool).admit(again, dry_run=False)
+    assert second.attachment_id == first.attachment_id
+    assert len(api.writes) == writes
+
+
+def test_a_restart_replaces_the_attachment_of_the_previous_vmi_of_the_name(
     pool: ThreadPoolExecutor,
 ) -> None:
-    api = FakeApi(bound("a", attachedTo="vm"))
+    """The VM's previous VMI (same name) ended and is gone, but its attachment is still on
+    the claim: the new start writes its own (new id, the old uid removed), so no late clear
+    of the old one can take the claim from the new VMI."""
+    api = FakeApi(bound("a", attachedTo="vm", attachedToUID="uid-1", attachmentID="x1"))
     api.claims["a"]["metadata"]["finalizers"] = [keys.FINALIZER_CLAIM]
-    webhook(api, pool).admit(vmi("vm", "a"), dry_run=False)
+    admitted = webhook(api, pool).admit(vmi("vm", "a"), dry_run=False)
+    status = api.claims["a"]["status"]
+    assert status["attachedTo"] == "vm" and "attachedToUID" not in status
+    assert status["attachmentID"] == admitted.attachment_id != "x1"
+
+
+def test_a_vmi_of_the_same_name_that_still_exists_is_not_taken_over(
+    pool: ThreadPoolExecutor,
+) -> None:
+    api = FakeApi(bound("a", attachedTo="vm", attachedToUID="uid-1", attachmentID="x1"))
+    api.vmis["vm"] = {"metadata": {"name": "vm", "uid": "uid-1"}, "status": {"phase": "Running"}}
+    with pytest.raises(Refused) as refused:
+        webhook(api, pool).admit(vmi("vm", "a"), dry_run=False)
+    assert refused.value.reason == keys.AdmissionReason.VMI_EXISTS.value
+    assert "still exists (Running)" in refused.value.message
     assert api.writes == []
+
+
+def test_a_set_changed_by_a_lost_race_is_judged_again_whole(pool: ThreadPoolExecutor) -> None:
+    """After a lost race the webhook judges the set as it is now: a claim the binder moved to
+    another node meanwhile splits the set, which is refused, not admitted on the old read."""
+    api = FakeApi(bound("a"), bound("b"))
+
+    def binder_moves_b(what: str, name: str) -> None:
+        if name == "b" and api.claims["b"]["status"]["nodeName"] == "n1":
+            api.claims["b"]["status"]["nodeName"] = "n2"
+            api.bump("b")
+
+    api.before_write = binder_moves_b
+    with pytest.raises(Refused) as refused:
+        webhook(api, pool).admit(vmi("vm", "a", "b"), dry_run=False)
+    assert refused.value.reason == keys.AdmissionReason.CLAIMS_ON_SEVERAL_NODES.value
+    assert "attachedTo" not in api.claims["a"]["status"]

@@ -107,15 +107,17 @@ def test_held_and_template_units_each_get_one_gpus_entry_in_annotation_order() -
     )
 
 
-def test_a_claim_already_attached_to_this_vmi_is_not_written_again() -> None:
-    request = ClaimsRequest(("a", "b"))
-    result = judge(
-        vmi("vm"),
-        request,
-        facts(claim("a", phase="Attached", attached_to="vm"), claim("b", attached_to="vm")),
-    )
+def test_only_what_this_very_admission_attached_is_not_written_again() -> None:
+    """A claim attached to this name by this admission (a reinvocation: same attachment id,
+    no VMI uid recorded) is not written again; one attached to this name by an earlier VMI
+    of the VM is, so the new start owns its attachment."""
+    ours = claim("a", attached_to="vm")
+    ours["status"]["attachmentID"] = "x1"
+    earlier = claim("b", phase="Attached", attached_to="vm")
+    earlier["status"].update(attachmentID="x0", attachedToUID="uid-0")
+    result = judge(vmi("vm"), ClaimsRequest(("a", "b")), facts(ours, earlier), "x1")
     assert isinstance(result, Start)
-    assert result.attach == ()
+    assert result.attach == ("b",)
 
 
 def test_a_missing_claim_is_refused_with_where_it_was_looked_for() -> None:

@@ -77,6 +77,79 @@ def test_vmi_liveness_follows_the_phase_of_the_claim() -> None:
     assert not translate.vmi_live(claim("Bound", "vm", NOW - GRACE), None, NOW, GRACE)
 
 
+def started(uid: str, phase: str = "Running", attachment_id: str = "") -> VMIState:
+    """One start (incarnation) of the VM: KubeVirt names every VMI of a VM after the VM."""
+    return VMIState("t", "vm", phase, "n1", ("c",), True, uid, attachment_id)
+
+
+def attached(phase: str, *, uid: str = "", attachment_id: str = "", at: float = NOW) -> Any:
+    obj = claim(phase, "vm", at)
+    if uid:
+        obj["status"]["attachedToUID"] = uid
+    if attachment_id:
+        obj["status"]["attachmentID"] = attachment_id
+    return obj
+
+
+def test_a_running_vmi_records_its_uid_on_the_attachment_it_was_admitted_with() -> None:
+    change = lifecycle.attachment_change(
+        attached("Bound", attachment_id="x1"), started("uid-1", attachment_id="x1"), NOW, GRACE
+    )
+    assert change is not None and change.phase is Phase.ATTACHED and change.uid == "uid-1"
+    body = lifecycle.attachment_patch(attached("Bound", attachment_id="x1"), change, NOW)
+    assert body["status"]["attachedToUID"] == "uid-1"
+
+
+def test_a_restart_racing_the_end_of_the_previous_vmi_keeps_the_new_start_attached() -> None:
+    """The interleaving of issue 18 item 3, step by step as the binder can see it: the VM's
+    first VMI ends, the VM controller creates the next VMI under the same name, whose
+    webhook re-attaches the claims, while the binder's view of VMIs still lags."""
+    first = started("uid-1", attachment_id="x1")
+    confirmed = attached("Attached", uid="uid-1", attachment_id="x1")
+    # 1. The first VMI is Succeeded: its attachment ends.
+    change = lifecycle.attachment_change(confirmed, started("uid-1", "Succeeded", "x1"), NOW, GRACE)
+    assert change is not None and change.clear_attachment
+    # 2. Before that clear lands, the next VMI's webhook wrote a new attachment (new id, no
+    # uid); the view still shows the first VMI, final. The new start is not ended by it.
+    rewritten = attached("Attached", attachment_id="x2")
+    ended_first = started("uid-1", "Succeeded", "x1")
+    assert lifecycle.attachment_change(rewritten, ended_first, NOW, GRACE) is None
+    assert translate.vmi_live(rewritten, ended_first, NOW, GRACE, NOW)
+    # ... nor by the first VMI's being gone from the view, nor by the first VMI still
+    # running in a view that lags further behind.
+    assert lifecycle.attachment_change(rewritten, None, NOW, GRACE, NOW) is None
+    assert lifecycle.attachment_change(rewritten, first, NOW, GRACE, NOW) is None
+    # 3. The next VMI shows up: its uid is recorded, and the claim stays Attached.
+    second = started("uid-2", attachment_id="x2")
+    change = lifecycle.attachment_change(rewritten, second, NOW, GRACE, NOW)
+    assert change is not None and not change.clear_attachment and change.uid == "uid-2"
+    # 4. From then on only the end of the second VMI ends the attachment: the first one
+    # seen in a view that lags (a new leader's first listing) changes nothing, the second
+    # one's end does.
+    now_second = attached("Attached", uid="uid-2", attachment_id="x2")
+    assert lifecycle.attachment_change(now_second, ended_first, NOW, GRACE) is None
+    assert lifecycle.attachment_change(now_second, second, NOW, GRACE) is None
+    change = lifecycle.attachment_change(now_second, started("uid-2", "Failed"), NOW, GRACE)
+    assert change is not None and change.reason == "VMIFinished"
+
+
+def test_a_confirmed_attachment_ends_when_a_vmi_of_the_name_that_does_not_hold_it_runs() -> None:
+    confirmed = attached("Attached", uid="uid-1")
+    other = VMIState("t", "vm", "Running", "n1", ("other-claim",), True, "uid-2", "")
+    change = lifecycle.attachment_change(confirmed, other, NOW, GRACE)
+    assert change is not None and change.clear_attachment and change.reason == "VMIGone"
+    assert not translate.vmi_live(confirmed, other, NOW, GRACE)
+
+
+def test_an_unconfirmed_attachment_expires_by_the_binders_clock_too() -> None:
+    """attachedAt comes from a webhook replica's clock: one far behind the leader's must not
+    make a starting VM's attachment expire at once."""
+    behind = attached("Bound", attachment_id="x1", at=NOW - 10 * GRACE)
+    assert lifecycle.attachment_change(behind, None, NOW, GRACE, seen_at=NOW - 1) is None
+    change = lifecycle.attachment_change(behind, None, NOW, GRACE, seen_at=NOW - GRACE - 1)
+    assert change is not None and change.reason == "AttachmentExpired"
+
+
 def test_merged_conditions_keep_other_writers_and_transition_times() -> None:
     current = [
         {"type": "Placed", "status": "True", "reason": "Pinned", "message": "m",
