@@ -14,13 +14,18 @@ split. The binder loop does the I/O; everything here is a function of API object
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission import annotation
 from cozystack_gpu.admission.annotation import ClaimsRequest, TemplateEntry
+from cozystack_gpu.binder import translate
+from cozystack_gpu.binder.lifecycle import merge_conditions as lifecycle_merge
 from cozystack_gpu.binder.translate import meta, name_of, namespace_of, node_ready
 
 Obj = Mapping[str, Any]
@@ -29,6 +34,7 @@ Obj = Mapping[str, Any]
 # supports only metadata.name).
 NODE_NAME_FIELD = "metadata.name"
 _INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9./_-]+)")
+_TOO_MANY_PODS = "Too many pods"
 
 
 # --- the claims annotation ---------------------------------------------------------------
@@ -65,7 +71,8 @@ def template_claim_names(vmi_name: str, ref: ClaimsRequest) -> tuple[str, ...]:
 
 def template_claim(vmi: Obj, template: TemplateEntry) -> dict[str, Any]:
     """The GPUClaim the controller creates from one claim template: labelled, owned by the
-    VMI (the garbage collector removes it with the VMI)."""
+    VMI (the garbage collector removes it with the VMI), and protected from its creation
+    on: it holds GPUs for that VMI alone, so deleting it must wait until the VMI ends."""
     return {
         "apiVersion": keys.API_VERSION,
         "kind": keys.KIND_CLAIM,
@@ -73,6 +80,7 @@ def template_claim(vmi: Obj, template: TemplateEntry) -> dict[str, Any]:
             "name": keys.template_claim_name(name_of(vmi), template.name),
             "namespace": namespace_of(vmi),
             "labels": {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE},
+            "finalizers": [keys.FINALIZER_CLAIM],
             "ownerReferences": [
                 {
                     "apiVersion": keys.VMI.api_version,
@@ -88,7 +96,60 @@ def template_claim(vmi: Obj, template: TemplateEntry) -> dict[str, Any]:
     }
 
 
+def template_claim_conflict(
+    claim: Obj, vmi_name: str, vmi_uid: str, template: TemplateEntry
+) -> str | None:
+    """Why an existing claim that has the name of one of this VMI's template claims is not
+    that claim, or None when it is: only a claim the controller made (the template label),
+    controlled by this very VMI (by uid) and ordering the template's class and count is
+    adopted. A tenant can create a claim under that name first, or a claim of the VM's
+    previous start may still be there; taking either would hold GPUs nobody ordered or
+    hand the VM a claim that is about to be garbage-collected."""
+    problems: list[str] = []
+    owner = translate.controlling_vmi(claim)
+    earlier_start = owner is not None and owner[0] == vmi_name and owner[1] != vmi_uid
+    if not translate.is_template_claim(claim):
+        problems.append(f"it is an ordered claim, not labelled {keys.LABEL_TEMPLATE_CLAIM}")
+    elif earlier_start:
+        assert owner is not None
+        problems.append(
+            f"it belongs to an earlier start of this VM (VMI uid {owner[1]}), and the "
+            "garbage collector removes it with that VMI"
+        )
+    elif owner is None or owner != (vmi_name, vmi_uid):
+        problems.append("it is not controlled by this VirtualMachineInstance")
+    spec = claim.get("spec") or {}
+    ordered = (str(spec.get("class", "")), int(spec.get("count") or 1))
+    if ordered != (template.gpu_class, template.count):
+        problems.append(
+            f"it orders {ordered[1]} of class {ordered[0]} where the template asks for "
+            f"{template.count} of class {template.gpu_class}"
+        )
+    if not problems:
+        return None
+    fix = (
+        "the VM starts once it is gone"
+        if earlier_start and len(problems) == 1
+        else "delete that claim, or rename the claim template, and the VM starts"
+    )
+    return (
+        f"GPUClaim {name_of(claim)} has the name of the claim made from claim template "
+        f"{template.name} of VMI {vmi_name}, but {'; '.join(problems)}: the VM waits at the "
+        f"gate; {fix}"
+    )
+
+
 # --- launcher pods -----------------------------------------------------------------------
+
+
+def owning_vmi_uid(pod: Obj) -> str:
+    """The uid of the VMI a launcher pod belongs to ("" when it names none)."""
+    for ref in meta(pod).get("ownerReferences") or []:
+        if ref.get("kind") == keys.VMI.kind and str(ref.get("apiVersion", "")).startswith(
+            keys.KUBEVIRT_GROUP + "/"
+        ):
+            return str(ref.get("uid") or "")
+    return ""
 
 
 def owning_vmi(pod: Obj) -> str | None:
@@ -166,19 +227,53 @@ def scheduled(pod: Obj) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName"))
 
 
-def refused_for_resources(pod: Obj, resources: Iterable[str]) -> str | None:
-    """The scheduler's message when it refused the pod for lack of one of ``resources``
-    (PodScheduled False, reason Unschedulable, "Insufficient <name>"), else None."""
-    wanted = set(resources)
+@dataclass(frozen=True)
+class ResourceRefusal:
+    """The scheduler refused a pod for lack of resources it requests: its message, and
+    which of the pod's resources the node lacked."""
+
+    message: str
+    resources: tuple[str, ...]
+
+
+def requested_resources(pod: Obj) -> frozenset[str]:
+    """Every resource a pod asks the scheduler for: its containers' and init containers'
+    requests and limits (KubeVirt's launcher pod asks for cpu, memory, ephemeral storage,
+    devices.kubevirt.io/kvm, tun, vhost-net and the GPU names), and a pod slot."""
+    spec = pod.get("spec") or {}
+    names = {"pods"}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        names.update(resources.get("requests") or {})
+        names.update(resources.get("limits") or {})
+    return frozenset(names)
+
+
+def refused_for_resources(pod: Obj) -> ResourceRefusal | None:
+    """The scheduler's refusal of the pod for lack of any resource the pod requests
+    (PodScheduled False, reason Unschedulable, "Insufficient <name>" or "Too many pods"),
+    else None. A pinned pod can only go to one node, so the lack is that node's."""
+    wanted = requested_resources(pod)
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") != "PodScheduled" or cond.get("status") != "False":
             continue
         if cond.get("reason") != "Unschedulable":
             continue
         message = str(cond.get("message") or "")
-        if any(name in wanted for name in _INSUFFICIENT.findall(message)):
-            return message
+        lacking = [name for name in _INSUFFICIENT.findall(message) if name in wanted]
+        if _TOO_MANY_PODS in message:
+            lacking.append("pods")
+        if lacking:
+            return ResourceRefusal(message, tuple(sorted(set(lacking))))
     return None
+
+
+def node_state(node: Obj) -> str:
+    """A digest of what a rejection of a node waits for (its allocatable, taints and Ready),
+    kept in the rejectedNodes entry so any replica, a new leader too, can tell whether the
+    node changed since it refused."""
+    text = json.dumps(translate.node_health(node), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def node_may_reject(node: Obj | None, stay_pinned: bool) -> bool:
@@ -190,18 +285,44 @@ def node_may_reject(node: Obj | None, stay_pinned: bool) -> bool:
     return node_ready(node) and not (node.get("spec") or {}).get("unschedulable")
 
 
-def rejection_patch(claim: Obj, node: str, until: str, now_rfc3339: str) -> dict[str, Any]:
-    """Add (or renew) a rejectedNodes entry; expired entries are dropped on the way."""
+def rejection_patch(
+    claim: Obj,
+    node: str,
+    until: str,
+    now_rfc3339: str,
+    state: str,
+    condition: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Add (or renew) a rejectedNodes entry with the node's state when it refused, and say
+    why on the claim; expired entries are dropped on the way."""
     status = claim.get("status") or {}
     kept = [
         dict(e)
         for e in status.get("rejectedNodes") or []
         if e.get("node") != node and str(e.get("until", "")) > now_rfc3339
     ]
-    return {
+    body: dict[str, Any] = {
         "metadata": {"resourceVersion": meta(claim).get("resourceVersion")},
-        "status": {"rejectedNodes": [*kept, {"node": node, "until": until}]},
+        "status": {"rejectedNodes": [*kept, {"node": node, "until": until, "nodeState": state}]},
     }
+    if condition is not None:
+        body["status"]["conditions"] = lifecycle_merge(status.get("conditions") or [], condition)
+    return body
+
+
+def stale_rejections(claim: Obj, states: Mapping[str, str | None]) -> list[str]:
+    """Nodes of the claim's rejectedNodes entries that changed since they refused (their
+    digest differs from ``states``; None: the node is gone). Entries written before the
+    digest existed count as changed only when the node is gone."""
+    changed = []
+    for entry in (claim.get("status") or {}).get("rejectedNodes") or []:
+        node = str(entry.get("node") or "")
+        if node not in states:
+            continue
+        recorded, current = entry.get("nodeState"), states[node]
+        if current is None or (recorded and recorded != current):
+            changed.append(node)
+    return changed
 
 
 def without_rejections(claim: Obj, nodes: Sequence[str]) -> dict[str, Any] | None:

@@ -38,7 +38,13 @@ class Gatekeeper(BinderPart):
         self._pod_writes: set[Key] = set()
         self._creating: set[ClaimKey] = set()
         self._gate_told: dict[Key, str] = {}
-        self._rejected_health: dict[str, tuple[Any, ...]] = {}
+        # Nodes that refused each VM's pinned launcher pod (VMI key = the VM's name), until
+        # when, and the node's state then: a set of template claims loses its claims, and
+        # their rejectedNodes, with the failed VMI, so the VM keeps them here (seed 004).
+        self._vm_rejections: dict[Key, dict[str, tuple[float, str]]] = {}
+        # Whether this leader has looked at every rejection since it started leading: a
+        # node may have changed while no replica led.
+        self._rejections_looked = False
         self._volume_nodes: dict[str, set[str] | None] = {}
         # Placed conditions sent and not answered yet, and those to send again: a note is
         # written over the version it read, so one racing the claim's attachment is refused.
@@ -49,7 +55,10 @@ class Gatekeeper(BinderPart):
         return self.binder.clock()
 
     def nodes_changed(self, nodes: set[str]) -> None:
-        if self._rejected_health and nodes:
+        if not self._rejections_looked:
+            self._rejections_looked = True
+            nodes = nodes | {name for _ns, name in self.view.raw[keys.NODE.kind]}
+        if nodes:
             self.forget_rejections(nodes)
 
     def written(self, done: WriteDone) -> None:
@@ -73,7 +82,12 @@ class Gatekeeper(BinderPart):
         due, self._placed_due = self._placed_due, {}
         for key, cond in due.items():
             self._tell_placed(key, cond)
-        for pod_key in self.view.gated_pods():
+        gated = self.view.gated_pods()
+        if len(self._gate_told) > len(gated):
+            # What a pod was told matters only while it waits at the gate.
+            waiting = set(gated)
+            self._gate_told = {k: v for k, v in self._gate_told.items() if k in waiting}
+        for pod_key in gated:
             pod = self.view.pod(pod_key)
             if pod is None or pod_key in self._pod_writes:
                 continue
@@ -89,6 +103,11 @@ class Gatekeeper(BinderPart):
                 continue
             if not members:
                 self._pin(pod_key, pod, None, [])  # no claims to place: only ungate
+                continue
+            conflict = self._template_conflict(vmi)
+            if conflict is not None:
+                reason = AdmissionReason.TEMPLATE_CLAIM_CONFLICT.value
+                self._not_placed(pod_key, vmi, [], reason, conflict, now)
                 continue
             if self._create_templates(vmi, members):
                 continue
@@ -109,18 +128,20 @@ class Gatekeeper(BinderPart):
             if any(c is None for c in infos):
                 continue  # seen, but not in the model yet
             claims = [c for c in infos if c is not None]
-            decision = self.snapshot.place_for_start(claims, now, self._allowed_nodes(pod))
+            decision = self.snapshot.place_for_start(
+                claims, now, self._allowed_nodes(pod), exclude=self._vm_refused(vmi_key, now)
+            )
             if isinstance(decision, Refusal):
                 reason = str(decision.reason)
                 self._not_placed(pod_key, vmi, members, reason, decision.message, now)
                 continue
             target = decision.node
+            vmi_uid = gate.owning_vmi_uid(pod)
             moving = [c for c in claims if not (c.holds_node and c.node == target)]
             for claim in moving:
                 obj = self.view.claim(claim.key)
                 if obj is None:
                     continue
-                updated = replace(claim, phase=Phase.BOUND, node=target, bound_at=now)
                 step = Step.BIND if claim.phase is Phase.PENDING else Step.MOVE
                 cond = lifecycle.condition(
                     keys.CONDITION_BOUND,
@@ -130,10 +151,25 @@ class Gatekeeper(BinderPart):
                     f"for the start of VMI {vmi_key[1]}",
                     now,
                 )
+                if claim.template:
+                    # A template claim exists for this VMI alone: it is attached to it (by
+                    # uid) in the same write that binds it, so from then on it is held,
+                    # protected and counted as the running VM's like any attached claim.
+                    updated = replace(
+                        claim,
+                        phase=Phase.ATTACHED,
+                        node=target,
+                        bound_at=now,
+                        attached_to=vmi_key[1],
+                        vmi_live=True,
+                    )
+                    body = lifecycle.claim_status_patch(obj, updated, cond)
+                    body["status"].update(lifecycle.attachment_fields(vmi_key[1], vmi_uid, now))
+                else:
+                    updated = replace(claim, phase=Phase.BOUND, node=target, bound_at=now)
+                    body = lifecycle.claim_status_patch(obj, updated, cond)
                 self.snapshot.upsert_claim(updated)
-                self.binder.send(
-                    claim.key, lifecycle.claim_status_patch(obj, updated, cond), str(step)
-                )
+                self.binder.send(claim.key, body, str(step))
             if moving:
                 continue  # pin once the API confirms every claim on the node
             if all(_bound_on(self.view.claim(k), target) for k in members):
@@ -147,11 +183,44 @@ class Gatekeeper(BinderPart):
             return None
         vmi_key = (translate.namespace_of(pod), vmi_name)
         vmi = self.view.vmi_object(vmi_key)
-        if vmi is None:
-            return None
+        if vmi is None or translate.meta(vmi).get("uid") != gate.owning_vmi_uid(pod):
+            return None  # not seen yet, or the view still has an earlier VMI of that name
         ref = gate.claims_ref_of(vmi) or ClaimsRequest()
         names = [*ref.claims, *gate.template_claim_names(vmi_name, ref)]
         return vmi_key, vmi, [ClaimKey(vmi_key[0], n) for n in names]
+
+    def _template_conflict(self, vmi: dict[str, Any]) -> str | None:
+        """Why a claim named like one of the VMI's template claims is not its template claim
+        (see ``gate.template_claim_conflict``), or None."""
+        ref = gate.claims_ref_of(vmi) or ClaimsRequest()
+        name, uid = translate.name_of(vmi), str(translate.meta(vmi).get("uid") or "")
+        namespace = translate.namespace_of(vmi)
+        for template in ref.templates:
+            key = ClaimKey(namespace, keys.template_claim_name(name, template.name))
+            existing = self.view.claim(key)
+            if existing is None:
+                continue
+            problem = gate.template_claim_conflict(existing, name, uid, template)
+            if problem is not None:
+                return problem
+        return None
+
+    def _vm_refused(self, vmi_key: Key, now: float) -> set[str]:
+        """Nodes that refused this VM's launcher pod and have not changed since, within the
+        rejection's expiry; expired and changed entries are dropped."""
+        entries = self._vm_rejections.get(vmi_key)
+        if not entries:
+            return set()
+        still: dict[str, tuple[float, str]] = {}
+        for node, (until, state) in entries.items():
+            node_obj = self.view.node(node)
+            if until > now and node_obj is not None and gate.node_state(node_obj) == state:
+                still[node] = (until, state)
+        if still:
+            self._vm_rejections[vmi_key] = still
+        else:
+            del self._vm_rejections[vmi_key]
+        return set(still)
 
     def _create_templates(self, vmi: dict[str, Any], members: list[ClaimKey]) -> bool:
         """Create the VMI's template claims that do not exist yet; True while any is
@@ -229,9 +298,10 @@ class Gatekeeper(BinderPart):
         for key in members:
             obj = self.view.claim(key)
             if obj is not None:
+                # A template claim that waits for room shows Pending, as an order does.
                 self.writer.claim_status(
                     key,
-                    lifecycle.condition_patch(obj, cond),
+                    lifecycle.waiting_patch(obj, cond),
                     lifecycle.NOTE_PLACED,
                     Priority.STATUS,
                 )
@@ -284,9 +354,11 @@ class Gatekeeper(BinderPart):
             self._placed_due[key] = cond
 
     def refusals(self, now: float) -> None:
-        """A pinned pod the scheduler refuses for lack of resources on a node that is Ready,
-        uncordoned and still serves the set: delete the pod and record the node in every
-        claim's rejectedNodes, so the next launcher pod goes elsewhere."""
+        """A pinned pod the scheduler refuses for lack of any resource it requests (the GPU
+        name, cpu, memory, KubeVirt's devices, storage, a pod slot) on a node that is Ready,
+        uncordoned and still serves the set: delete the pod and record the node, with its
+        state, in every claim's rejectedNodes and against the VM, so the next launcher pod
+        goes elsewhere."""
         for pod_key in self.view.pinned_pods():
             pod = self.view.pod(pod_key)
             if pod is None or pod_key in self._pod_writes:
@@ -295,15 +367,14 @@ class Gatekeeper(BinderPart):
             node = gate.pinned_node(pod)
             if found is None or node is None or not found[2]:
                 continue
-            _vmi_key, vmi, members = found
+            vmi_key, vmi, members = found
             claims = [c for k in members if (c := self.snapshot.claim(k)) is not None]
             if len(claims) != len(members) or any(k in self.binder.inflight for k in members):
                 continue
-            classes = [self.snapshot.gpu_class(c.class_name) for c in claims]
-            resources = {k.resource_name for k in classes if k is not None}
-            message = gate.refused_for_resources(pod, resources)
-            if message is None:
+            refusal = gate.refused_for_resources(pod)
+            if refusal is None:
                 continue
+            classes = [self.snapshot.gpu_class(c.class_name) for c in claims]
             stay = any(k is not None and k.on_cordon is OnCordon.STAY for k in classes)
             node_obj = self.view.node(node)
             if not gate.node_may_reject(node_obj, stay) or not all(
@@ -311,22 +382,34 @@ class Gatekeeper(BinderPart):
             ):
                 continue  # waiting for the node, not refused by it
             assert node_obj is not None
-            self._rejected_health[node] = translate.node_health(node_obj)
-            until = translate.rfc3339(now + self.config.rejection_ttl)
+            state = gate.node_state(node_obj)
+            expires = now + self.config.rejection_ttl
+            self._vm_rejections.setdefault(vmi_key, {})[node] = (expires, state)
+            until = translate.rfc3339(expires)
+            lacking = ", ".join(refusal.resources)
+            said = (
+                f"node {node} refused the launcher pod for lack of {lacking} "
+                f"({refusal.message}); the set skips {node} until {until} or until the "
+                "node's allocatable, taints or readiness change"
+            )
+            cond = lifecycle.condition(
+                keys.CONDITION_PLACED, False, ClaimReason.NODE_REFUSED, said, now
+            )
             for claim in claims:
                 obj = self.view.claim(claim.key)
                 if obj is None:
                     continue
-                rejected = (*claim.rejected, RejectedNode(node, now + self.config.rejection_ttl))
+                rejected = (*claim.rejected, RejectedNode(node, expires))
                 self.snapshot.upsert_claim(replace(claim, rejected=rejected))
-                body = gate.rejection_patch(obj, node, until, translate.rfc3339(now))
+                body = gate.rejection_patch(obj, node, until, translate.rfc3339(now), state, cond)
                 self.binder.send(claim.key, body, "Reject")
             self.writer.event(
                 vmi,
                 EventReason.NODE_REJECTED.value,
-                f"the scheduler refused launcher pod {pod_key[1]} on node {node} ({message}); "
-                f"the pod is deleted and the VM's GPU set skips {node} until {until} or "
-                "until the node's allocatable, taints or readiness change",
+                f"the scheduler refused launcher pod {pod_key[1]} on node {node} for lack of "
+                f"{lacking} ({refusal.message}); the pod is deleted and the VM's GPU set skips "
+                f"{node} until {until} or until the node's allocatable, taints or readiness "
+                "change",
                 True,
                 kind=keys.VMI,
             )
@@ -356,24 +439,27 @@ class Gatekeeper(BinderPart):
         self.writer.call("pod-delete", f"{pod_key[0]}/{pod_key[1]}", request, Priority.BIND)
 
     def forget_rejections(self, nodes: set[str]) -> None:
-        """Nodes that refused a pinned pod and whose allocatable, taints or readiness changed
-        since: their rejectedNodes entries go."""
-        changed = []
-        for node in nodes & set(self._rejected_health):
+        """Rejections of nodes whose allocatable, taints or readiness changed since they
+        refused (the state recorded in each rejectedNodes entry, so a new leader judges them
+        as the old one would) go, on the claims and against the VMs."""
+        states = {}
+        for node in nodes:
             node_obj = self.view.node(node)
-            if node_obj is None or translate.node_health(node_obj) != self._rejected_health[node]:
-                changed.append(node)
-                del self._rejected_health[node]
-        if not changed:
-            return
+            states[node] = gate.node_state(node_obj) if node_obj is not None else None
+        for vmi_key in list(self._vm_rejections):
+            entries = self._vm_rejections[vmi_key]
+            for node in [n for n in entries if n in states and entries[n][1] != states[n]]:
+                del entries[node]
+            if not entries:
+                del self._vm_rejections[vmi_key]
         for claim in list(self.snapshot.claims()):
-            if (
-                not any(r.node in changed for r in claim.rejected)
-                or claim.key in self.binder.inflight
-            ):
+            if not claim.rejected or claim.key in self.binder.inflight:
+                continue
+            if not any(r.node in states for r in claim.rejected):
                 continue
             obj = self.view.claim(claim.key)
-            body = gate.without_rejections(obj, changed) if obj is not None else None
+            changed = gate.stale_rejections(obj, states) if obj is not None else []
+            body = gate.without_rejections(obj, changed) if obj is not None and changed else None
             if body is not None:
                 kept = tuple(r for r in claim.rejected if r.node not in changed)
                 self.snapshot.upsert_claim(replace(claim, rejected=kept))

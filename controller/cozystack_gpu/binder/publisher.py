@@ -108,9 +108,10 @@ class Publisher(BinderPart):
             obj = self.view.claim(key)
             if obj is None or (keys.GPU_CLAIM.kind, key) in self._meta_writes:
                 continue
-            attached = (obj.get("status") or {}).get("attachedTo")
-            vmi = self.view.vmi((key.namespace, attached)) if attached else None
-            live = translate.vmi_live(obj, vmi, now, self.config.attachment_grace)
+            vmi = self.view.attached_vmi(key)
+            seen = self.view.attachment_seen_at(key, now)
+            live = translate.vmi_live(obj, vmi, now, self.config.attachment_grace, seen)
+            live = live or self.view.template_owner_live(key)
             body = lifecycle.claim_protection(obj, live)
             if body is not None:
                 self._patch_meta(keys.GPU_CLAIM, key, body)

@@ -370,7 +370,11 @@ class Snapshot:
         return self.place_set((claim,), now, nodes)
 
     def place_for_start(
-        self, claims: Sequence[ClaimInfo], now: float, nodes: Collection[str] | None = None
+        self,
+        claims: Sequence[ClaimInfo],
+        now: float,
+        nodes: Collection[str] | None = None,
+        exclude: Collection[str] = (),
     ) -> Decision:
         """Where a VM's launcher pod is pinned: the node its whole set goes to at start.
 
@@ -378,14 +382,18 @@ class Snapshot:
         there, anything else goes to the best fit. Seed 000 adds the cordon rule: a set held
         whole on a cordoned node, whose only reason to leave is the cordon, is pinned where
         it is when a class of the set says ``onCordon: Stay`` (a Stay pin, which also holds
-        through NotReady) or when no other node has room for it.
+        through NotReady) or when no other node has room for it. ``exclude`` leaves out nodes
+        that refused the VM's launcher pod before (its template claims' rejections die with
+        their VMI; the binder keeps them against the VM).
         """
         pinned = self._pinned_node(claims, now, nodes)
+        if pinned is not None and pinned in exclude:
+            pinned = None
         if pinned is None:
-            return self.place_set(claims, now, nodes)
+            return self.place_set(claims, now, nodes, exclude=exclude)
         if any(self._classes[c.class_name].on_cordon is OnCordon.STAY for c in claims):
             return Placement(pinned)
-        elsewhere = self.place_set(claims, now, nodes, exclude=(pinned,))
+        elsewhere = self.place_set(claims, now, nodes, exclude=(pinned, *exclude))
         return Placement(pinned) if isinstance(elsewhere, Refusal) else elsewhere
 
     def _pinned_node(

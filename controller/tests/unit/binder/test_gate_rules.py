@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from cozystack_gpu import keys
+from cozystack_gpu.admission.annotation import TemplateEntry
 from cozystack_gpu.binder import gate
 
 
@@ -63,20 +66,59 @@ def test_a_pod_without_terms_gets_one_and_loses_its_last_gate() -> None:
     assert gate.pinned_node({"spec": body["spec"]}) == "n2"
 
 
-def test_only_a_refusal_for_the_sets_resource_counts() -> None:
-    def refused(message: str, reason: str = "Unschedulable") -> dict[str, Any]:
-        cond = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
-        return {"status": {"conditions": [cond]}}
+def launcher(message: str, reason: str = "Unschedulable") -> dict[str, Any]:
+    """A pinned launcher pod as KubeVirt renders it, refused by the scheduler."""
+    cond = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+    limits = {"nvidia.com/GH100": "1", "devices.kubevirt.io/kvm": "1", "memory": "17Gi"}
+    requests = {**limits, "cpu": "2", "ephemeral-storage": "50M"}
+    return {
+        "spec": {
+            "containers": [
+                {"name": "compute", "resources": {"requests": requests, "limits": limits}}
+            ],
+            "initContainers": [{"name": "guest-console-log", "resources": {}}],
+        },
+        "status": {"conditions": [cond]},
+    }
 
-    insufficient = (
-        "0/3 nodes are available: 1 Insufficient nvidia.com/GH100, 2 node(s) didn't match"
-    )
-    assert gate.refused_for_resources(refused(insufficient), {"nvidia.com/GH100"}) == insufficient
-    assert gate.refused_for_resources(refused("1 Insufficient cpu"), {"nvidia.com/GH100"}) is None
-    assert (
-        gate.refused_for_resources(refused(insufficient, "SchedulerError"), {"nvidia.com/GH100"})
-        is None
-    )
+
+@pytest.mark.parametrize(
+    "lacking",
+    ["nvidia.com/GH100", "memory", "cpu", "devices.kubevirt.io/kvm", "ephemeral-storage"],
+)
+def test_a_pinned_pod_refused_for_any_resource_it_requests_rejects_the_node(lacking: str) -> None:
+    message = f"0/3 nodes are available: 1 Insufficient {lacking}, 2 node(s) didn't match"
+    refusal = gate.refused_for_resources(launcher(message))
+    assert refusal is not None
+    assert refusal.resources == (lacking,) and refusal.message == message
+
+
+def test_only_a_lack_of_what_the_pod_requests_is_a_refusal_for_resources() -> None:
+    assert gate.refused_for_resources(launcher("1 Insufficient nvidia.com/AD102")) is None
+    insufficient = "0/3 nodes are available: 1 Insufficient memory"
+    assert gate.refused_for_resources(launcher(insufficient, "SchedulerError")) is None
+    too_many = gate.refused_for_resources(launcher("0/1 nodes are available: 1 Too many pods."))
+    assert too_many is not None and too_many.resources == ("pods",)
+
+
+def test_a_rejection_keeps_the_node_state_it_was_made_in() -> None:
+    node = {
+        "spec": {"taints": []},
+        "status": {
+            "allocatable": {"nvidia.com/GH100": "8"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    state = gate.node_state(node)
+    relabelled = {**node, "metadata": {"labels": {"x": "y"}}}
+    assert gate.node_state(relabelled) == state  # labels are not what a rejection waits for
+    drained = {**node, "status": {**node["status"], "allocatable": {"nvidia.com/GH100": "7"}}}
+    assert gate.node_state(drained) != state
+    claim = {"status": {"rejectedNodes": [{"node": "n1", "until": "x", "nodeState": state}]}}
+    assert gate.stale_rejections(claim, {"n1": state}) == []
+    assert gate.stale_rejections(claim, {"n1": gate.node_state(drained)}) == ["n1"]
+    assert gate.stale_rejections(claim, {"n1": None}) == ["n1"]  # the node is gone
+    assert gate.stale_rejections(claim, {"n2": None}) == []
 
 
 def test_a_cordoned_or_not_ready_node_or_a_stay_pin_is_waited_for_not_rejected() -> None:
@@ -98,8 +140,12 @@ def test_a_rejection_is_recorded_renewed_and_dropped_when_the_node_changes() -> 
             ]
         },
     }
-    body = gate.rejection_patch(claim, "n1", "2026-11-30T13:00:00Z", "2026-11-30T10:00:00Z")
-    assert body["status"]["rejectedNodes"] == [{"node": "n1", "until": "2026-11-30T13:00:00Z"}]
+    body = gate.rejection_patch(
+        claim, "n1", "2026-11-30T13:00:00Z", "2026-11-30T10:00:00Z", "digest"
+    )
+    assert body["status"]["rejectedNodes"] == [
+        {"node": "n1", "until": "2026-11-30T13:00:00Z", "nodeState": "digest"}
+    ]
     dropped = gate.without_rejections(claim, ["n1"])
     assert dropped is not None
     assert [e["node"] for e in dropped["status"]["rejectedNodes"]] == ["old"]
@@ -142,3 +188,37 @@ def test_bound_volumes_limit_the_nodes_a_set_may_start_on() -> None:
     assert gate.volume_nodes([{"spec": {}}], nodes) is None
     assert gate.volume_nodes([zonal], nodes) == {"n1", "n2"}
     assert gate.volume_nodes([zonal, local], nodes) == {"n2"}
+
+
+def _template_claim(**meta: Any) -> dict[str, Any]:
+    vmi = {"metadata": {"name": "vm", "namespace": "t", "uid": "uid-2"}}
+    entry = TemplateEntry("gpu", "h100", 1)
+    body = gate.template_claim(vmi, entry)
+    body["metadata"].update(meta)
+    return body
+
+
+def test_only_the_template_claim_made_for_this_vmi_is_adopted() -> None:
+    entry = TemplateEntry("gpu", "h100", 1)
+    ours = _template_claim()
+    assert gate.template_claim_conflict(ours, "vm", "uid-2", entry) is None
+    assert ours["metadata"]["finalizers"] == [keys.FINALIZER_CLAIM]
+
+
+def test_a_forged_or_leftover_claim_of_a_template_name_is_not_adopted() -> None:
+    entry = TemplateEntry("gpu", "h100", 1)
+    forged = _template_claim(labels={})  # an ordered claim a tenant named like the template
+    problem = gate.template_claim_conflict(forged, "vm", "uid-2", entry)
+    assert problem is not None and "ordered claim" in problem and "delete that claim" in problem
+    bigger = _template_claim()
+    bigger["spec"]["count"] = 2
+    problem = gate.template_claim_conflict(bigger, "vm", "uid-2", entry)
+    assert problem is not None and "orders 2 of class h100" in problem
+    leftover = _template_claim()  # made for the VM's previous start
+    problem = gate.template_claim_conflict(leftover, "vm", "uid-3", entry)
+    assert problem is not None and "earlier start of this VM" in problem
+    assert "the VM starts once it is gone" in problem
+    foreign = _template_claim()
+    foreign["metadata"]["ownerReferences"][0]["name"] = "other-vm"
+    problem = gate.template_claim_conflict(foreign, "vm", "uid-2", entry)
+    assert problem is not None and "not controlled by this VirtualMachineInstance" in problem
