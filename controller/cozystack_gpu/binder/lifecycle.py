@@ -309,14 +309,18 @@ def class_protection(class_obj: Obj, holding_claims: int) -> dict[str, Any] | No
     return None
 
 
-def claim_protection(claim_obj: Obj, vmi_live: bool) -> dict[str, Any] | None:
+def claim_protection(
+    claim_obj: Obj, vmi_live: bool, *, owner_live: bool = False
+) -> dict[str, Any] | None:
     """Keep the claim-protection finalizer while the claim is attached to a VMI that runs
-    (or may still appear, within the attachment grace), so deleting the claim cannot pull
-    the GPU from under it; drop it once the attachment is over."""
+    (or may still appear, within the attachment grace), and on a template claim while the
+    VMI it was made for lives (``owner_live``: it carries the finalizer from its creation),
+    so deleting the claim cannot pull the GPU from under a VM; drop it once that is over."""
     attached = bool((claim_obj.get("status") or {}).get("attachedTo"))
-    if attached and vmi_live and not deleting(claim_obj):
+    protect = (attached and vmi_live) or owner_live
+    if protect and not deleting(claim_obj):
         return finalizer_patch(claim_obj, keys.FINALIZER_CLAIM, True)
-    if not attached or not vmi_live:
+    if not protect:
         return finalizer_patch(claim_obj, keys.FINALIZER_CLAIM, False)
     return None
 

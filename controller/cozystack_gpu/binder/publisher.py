@@ -111,8 +111,8 @@ class Publisher(BinderPart):
             vmi = self.view.attached_vmi(key)
             seen = self.view.attachment_seen_at(key, now)
             live = translate.vmi_live(obj, vmi, now, self.config.attachment_grace, seen)
-            live = live or self.view.template_owner_live(key)
-            body = lifecycle.claim_protection(obj, live)
+            owner_live = self.view.template_owner_live(key)
+            body = lifecycle.claim_protection(obj, live, owner_live=owner_live)
             if body is not None:
                 self._patch_meta(keys.GPU_CLAIM, key, body)
                 continue

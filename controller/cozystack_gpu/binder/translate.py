@@ -290,6 +290,24 @@ def claims_annotation(annotations: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(str(n) for n in names if isinstance(n, str))
 
 
+def template_claim_names(vmi: Obj) -> tuple[str, ...]:
+    """Names of the claims made from a VMI's claim templates (see ``claims_annotation``:
+    a malformed annotation names nothing)."""
+    raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return ()
+    if not isinstance(value, dict):
+        return ()
+    entries = value.get(keys.ANNOTATION_MEMBER_TEMPLATES) or []
+    return tuple(
+        keys.template_claim_name(name_of(vmi), str(e["name"]))
+        for e in entries
+        if isinstance(e, dict) and isinstance(e.get("name"), str)
+    )
+
+
 def vmi_state(vmi: Obj) -> VMIState:
     status = vmi.get("status") or {}
     annotations = meta(vmi).get("annotations") or {}

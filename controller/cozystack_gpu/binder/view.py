@@ -269,7 +269,10 @@ class ClusterView:
                 self._claim_vmi[claim_key] = key[1]
                 touched.add(claim_key)
         # Template claims are owned by their VMI: their set id does not change, but their
-        # liveness does.
+        # liveness (and so their protection) does.
+        for obj in (old, new):
+            if obj is not None:
+                touched |= {ClaimKey(namespace, n) for n in translate.template_claim_names(obj)}
         self.dirty.claims |= touched
         current = self._vmis.get(key)
         for pod_key in list(self._pods_of_vmi.get(key, ())):

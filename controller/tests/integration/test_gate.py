@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,9 +22,9 @@ from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
+from cozystack_gpu.binder import gate, translate
 from cozystack_gpu_testkit.cluster import ControlPlane
-from cozystack_gpu_testkit.objects import wait_for
+from cozystack_gpu_testkit.objects import unless, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -40,17 +41,21 @@ def make_vmi(
     claims: list[str] = (),  # type: ignore[assignment]
     templates: list[dict[str, Any]] = (),  # type: ignore[assignment]
     gpus: list[str] = (),  # type: ignore[assignment]
+    attachment_id: str = "",
 ) -> dict[str, Any]:
     """A VMI as the VMI webhook leaves it: claims annotation, reference label, one gpus
-    entry per unit."""
+    entry per unit (and the attachment id its held claims were attached with)."""
     annotation = {"claims": list(claims), "claimTemplates": list(templates)}
+    annotations = {keys.ANNOTATION_CLAIMS: json.dumps(annotation)}
+    if attachment_id:
+        annotations[keys.ANNOTATION_ATTACHMENT_ID] = attachment_id
     body = {
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
         "metadata": {
             "name": name,
             "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
-            "annotations": {keys.ANNOTATION_CLAIMS: json.dumps(annotation)},
+            "annotations": annotations,
         },
         "spec": {
             "domain": {
@@ -213,7 +218,10 @@ def test_template_claims_are_created_placed_with_the_set_and_collected_with_the_
         "vm",
         vmi["metadata"]["uid"],
     )
-    assert template["status"]["phase"] == "Bound" and template["status"]["nodeName"] == node
+    # Made for this VMI alone: attached to it (by uid) and protected from the start.
+    assert template["status"]["phase"] == "Attached" and template["status"]["nodeName"] == node
+    assert template["status"]["attachedToUID"] == vmi["metadata"]["uid"]
+    assert keys.FINALIZER_CLAIM in template["metadata"]["finalizers"]
     env.kube.delete_vmi(env.tenant, "vm")
 
     def collected() -> bool:
@@ -310,3 +318,220 @@ def test_a_pinned_pod_the_scheduler_refuses_is_deleted_and_the_next_goes_elsewhe
     )
     assert other != node
     assert env.kube.get_claim(env.tenant, "held")["status"]["nodeName"] == other
+
+
+# --- the hold guarantee at the start path (issue 18) ---------------------------------------
+
+
+def start_template_vm(env: Env, gpu_class: str, units: int = 1) -> tuple[dict[str, Any], str]:
+    """A VM whose only GPUs come from one claim template, started and Running on the node
+    its launcher pod was bound to, as KubeVirt and virt-handler would leave it."""
+    vmi = make_vmi(
+        env,
+        "vm",
+        templates=[{"name": "gpu", "class": gpu_class, "count": units}],
+        gpus=[env.resource] * units,
+    )
+    launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: units})
+    node = wait_for(
+        lambda: (found := pod(env, "virt-launcher-vm")) and found["spec"].get("nodeName"),
+        30,
+        "the launcher pod bound",
+    )
+    env.kube.vmi_phase(env.tenant, "vm", "Running", node)
+    return vmi, str(node)
+
+
+def test_a_running_vms_template_claim_cannot_be_freed_by_deleting_it(env: Env) -> None:
+    node = env.node("n1", 1)
+    gpu_class = env.gpu_class(maxCount=1)
+    vmi, started_on = start_template_vm(env, gpu_class)
+    assert started_on == node
+    name = keys.template_claim_name("vm", "gpu")
+    held = env.wait_phase(name, "Attached")
+    assert held["status"]["attachedToUID"] == vmi["metadata"]["uid"]
+    # The tenant deletes the claim its running VM uses: it stays, and so does its unit.
+    env.kube.custom.delete_namespaced_custom_object(
+        keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_CLAIMS, name
+    )
+    env.kube.claim(env.tenant, "next", gpu_class, 1)
+    told = wait_for(
+        lambda: (c := condition(env.kube.get_claim(env.tenant, "next"))) and c,
+        30,
+        "the next order told why it waits",
+    )
+    assert told["status"] == "False" and env.phase("next") == "Pending"
+    still = env.kube.get_claim(env.tenant, name)
+    assert still["metadata"].get("deletionTimestamp")
+    assert still["status"]["phase"] == "Attached" and still["status"]["nodeName"] == node
+    # Once the VMI is final, the claim goes and the unit serves the next order.
+    env.kube.vmi_phase(env.tenant, "vm", "Succeeded")
+    wait_for(
+        lambda: name not in {c["metadata"]["name"] for c in env.kube.claims(env.tenant)},
+        30,
+        "the deleted template claim gone once its VMI stopped",
+    )
+    env.wait_phase("next", "Bound", timeout=30)
+
+
+def test_a_running_vms_template_claim_is_lost_not_moved_when_its_node_fails(env: Env) -> None:
+    env.node("n1", 1)
+    env.node("n2", 1)
+    gpu_class = env.gpu_class(maxCount=1)
+    _vmi, node = start_template_vm(env, gpu_class)
+    name = keys.template_claim_name("vm", "gpu")
+    env.wait_phase(name, "Attached")
+    env.kube.node_status(node, ready=False)
+    lost = env.wait_phase(name, "Lost", timeout=30)
+    # Still counted where the VM runs: not moved to the free node under the running VM.
+    assert lost["status"]["nodeName"] == node
+    assert condition(lost)["reason"] == keys.ClaimReason.LOST.value
+
+
+def test_a_claim_forged_under_a_template_claim_name_is_never_adopted(env: Env) -> None:
+    env.node("n1", 2)
+    gpu_class = env.gpu_class(maxCount=2)
+    forged = keys.template_claim_name("vm", "gpu")
+    # The tenant orders a claim of twice the count under the name the template claim gets.
+    env.kube.claim(env.tenant, forged, gpu_class, 2)
+    env.wait_phase(forged, "Bound")
+    vmi = make_vmi(
+        env, "vm", templates=[{"name": "gpu", "class": gpu_class, "count": 1}], gpus=[env.resource]
+    )
+    launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 1})
+
+    def told() -> dict[str, Any] | None:
+        cond = condition(env.kube.get_claim(env.tenant, forged), keys.CONDITION_PLACED)
+        return cond if cond.get("status") == "False" else None
+
+    cond = wait_for(told, 30, "the Placed condition naming the conflicting claim")
+    assert cond["reason"] == keys.AdmissionReason.TEMPLATE_CLAIM_CONFLICT.value
+    assert f"GPUClaim {forged}" in cond["message"] and "ordered claim" in cond["message"]
+    still = pod(env, "virt-launcher-vm")
+    assert still is not None and gate.is_gated(still) and not still["spec"].get("nodeName")
+    assert "attachedTo" not in (env.kube.get_claim(env.tenant, forged).get("status") or {})
+
+
+def test_a_restart_under_the_same_name_keeps_the_claim_attached_to_the_new_vmi(env: Env) -> None:
+    """Issue 18 item 3, in the order the binder can see it: the next VMI's webhook has
+    written its attachment before the binder sees the previous VMI end and go."""
+    node = env.node("n1", 1)
+    gpu_class = env.gpu_class(maxCount=1)
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Bound")
+
+    def start(attachment_id: str) -> dict[str, Any]:
+        env.kube.custom.patch_namespaced_custom_object_status(
+            keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_CLAIMS, "c",
+            {"status": {"attachedTo": "vm", "attachmentID": attachment_id,
+                        "attachedToUID": None, "attachedAt": translate.rfc3339(time.time())}},
+        )  # fmt: skip
+        vmi = make_vmi(env, "vm", claims=["c"], gpus=[env.resource], attachment_id=attachment_id)
+        env.kube.vmi_phase(env.tenant, "vm", "Running", node)
+        return vmi
+
+    first = start("first")
+    held = wait_for(
+        lambda: (c := env.kube.get_claim(env.tenant, "c"))["status"].get("attachedToUID") and c,
+        30,
+        "the first VMI's uid recorded",
+    )
+    assert held["status"]["attachedToUID"] == first["metadata"]["uid"]
+    # The next start's webhook attaches the claim anew (another id, the old uid removed)...
+    env.kube.custom.patch_namespaced_custom_object_status(
+        keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_CLAIMS, "c",
+        {"status": {"attachmentID": "second", "attachedToUID": None,
+                    "attachedAt": translate.rfc3339(time.time())}},
+    )  # fmt: skip
+    # ... and only then does the binder see the first VMI end and go.
+    env.kube.vmi_phase(env.tenant, "vm", "Succeeded")
+    env.kube.delete_vmi(env.tenant, "vm")
+    wait_for(lambda: not env.kube.custom.list_namespaced_custom_object(
+        keys.VMI.group, keys.VMI.version, env.tenant, keys.VMI.plural)["items"],
+        30, "the first VMI gone")  # fmt: skip
+    second = make_vmi(env, "vm", claims=["c"], gpus=[env.resource], attachment_id="second")
+    env.kube.vmi_phase(env.tenant, "vm", "Running", node)
+    confirmed = wait_for(
+        lambda: (
+            (c := env.kube.get_claim(env.tenant, "c"))["status"].get("attachedToUID")
+            == second["metadata"]["uid"]
+            and c
+        ),
+        30,
+        "the second VMI's uid recorded",
+    )
+    assert confirmed["status"]["phase"] == "Attached"
+    assert confirmed["status"]["attachedTo"] == "vm"
+    assert keys.FINALIZER_CLAIM in confirmed["metadata"]["finalizers"]
+
+
+def test_a_pinned_pod_refused_for_memory_rejects_the_node_and_the_set_starts_elsewhere(
+    env: Env,
+) -> None:
+    env.node("n1", 1)
+    env.node("n2", 1)
+    gpu_class = env.gpu_class(maxCount=1)
+    env.kube.claim(env.tenant, "held", gpu_class, 1)
+    node = env.wait_phase("held", "Bound")["status"]["nodeName"]
+    # The claim's node has its GPU free but too little memory for the VM's launcher pod
+    # (KubeVirt asks for the guest's memory and its own overhead).
+    env.kube.node_status(node, allocatable={env.resource: 1, "memory": "1Gi"})
+    env.kube.attach(env.tenant, "held", "vm")
+    vmi = make_vmi(env, "vm", claims=["held"], gpus=[env.resource])
+    launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 1, "memory": "4Gi"})
+    wait_for(lambda: pod(env, "virt-launcher-vm") is None, 30, "the refused pod deleted")
+
+    def rejected() -> dict[str, Any] | None:
+        claim = env.kube.get_claim(env.tenant, "held")
+        entries = claim["status"].get("rejectedNodes") or []
+        return claim if any(e["node"] == node and e.get("nodeState") for e in entries) else None
+
+    claim = wait_for(rejected, 15, "the node in rejectedNodes with its state")
+    placed = condition(claim, keys.CONDITION_PLACED)
+    assert placed["reason"] == keys.ClaimReason.NODE_REFUSED.value
+    assert "for lack of memory" in placed["message"]
+    launcher_pod(env, vmi, "virt-launcher-vm-2", {env.resource: 1, "memory": "4Gi"})
+    other = wait_for(
+        lambda: (found := pod(env, "virt-launcher-vm-2")) and found["spec"].get("nodeName"),
+        30,
+        "the next launcher pod bound",
+    )
+    assert other != node
+
+
+def test_a_vm_of_template_claims_only_does_not_go_back_to_a_node_that_refused_it(
+    env: Env,
+) -> None:
+    env.node("n1", 1)
+    env.node("n2", 1)
+    gpu_class = env.gpu_class(maxCount=1)
+    for name in (env.name("n1"), env.name("n2")):
+        env.kube.node_status(name, allocatable={env.resource: 1, "memory": "1Gi"})
+    vmi = make_vmi(
+        env, "vm", templates=[{"name": "gpu", "class": gpu_class, "count": 1}], gpus=[env.resource]
+    )
+    launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 1, "memory": "4Gi"})
+    wait_for(lambda: pod(env, "virt-launcher-vm") is None, 30, "the refused pod deleted")
+    first = env.kube.get_claim(env.tenant, keys.template_claim_name("vm", "gpu"))
+    refused_on = first["status"]["rejectedNodes"][0]["node"]
+    # The VMI fails and goes with its template claims; KubeVirt starts the VM again under
+    # the same name, with fresh template claims that carry no rejectedNodes.
+    env.kube.delete_vmi(env.tenant, "vm")
+    wait_for(
+        lambda: not env.kube.claims(env.tenant), 30, "the template claim collected with the VMI"
+    )
+    again = make_vmi(
+        env, "vm", templates=[{"name": "gpu", "class": gpu_class, "count": 1}], gpus=[env.resource]
+    )
+    launcher_pod(env, again, "virt-launcher-vm-2", {env.resource: 1, "memory": "4Gi"})
+    name = keys.template_claim_name("vm", "gpu")
+    claim = wait_for(
+        lambda: (
+            (c := unless(404, lambda: env.kube.get_claim(env.tenant, name)))
+            and (c.get("status") or {}).get("nodeName")
+            and c
+        ),
+        30,
+        "the new template claim placed",
+    )
+    assert claim["status"]["nodeName"] != refused_on

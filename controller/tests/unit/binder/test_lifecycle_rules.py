@@ -393,3 +393,11 @@ def test_staleness_needs_a_report_and_a_period() -> None:
     assert not translate.inventory_stale(NOW - 299, NOW, 300.0)
     assert not translate.inventory_stale(None, NOW, 300.0)
     assert not translate.inventory_stale(NOW - 10_000, NOW, 0.0)
+
+
+def test_a_template_claim_is_protected_while_the_vmi_it_was_made_for_lives() -> None:
+    made = claim(None, finalizers=[keys.FINALIZER_CLAIM])  # created, not placed yet
+    assert lifecycle.claim_protection(made, vmi_live=False, owner_live=True) is None
+    assert lifecycle.claim_protection(made, vmi_live=False, owner_live=False) == {
+        "metadata": {"resourceVersion": "7", "finalizers": []}
+    }
