@@ -107,7 +107,7 @@ class Gatekeeper(BinderPart):
             conflict = self._template_conflict(vmi)
             if conflict is not None:
                 reason = AdmissionReason.TEMPLATE_CLAIM_CONFLICT.value
-                self._not_placed(pod_key, vmi, [], reason, conflict, now)
+                self._not_placed(pod_key, vmi, members, reason, conflict, now)
                 continue
             if self._create_templates(vmi, members):
                 continue
