@@ -245,9 +245,11 @@ def node_label_name(text: str) -> str:
 # ConfigMap in the controller's namespace; the ValidatingAdmissionPolicies take it as
 # paramRef. The controller owns it; nothing else writes it.
 SETTINGS_CONFIGMAP = "gpu-settings"
-# Every name a GPU node advertises under this prefix counts as a GPU resource name (seed
-# 004): NVIDIA's device plugins advertise GPUs, and any NVIDIA function a hoster bound to
-# vfio-pci (an audio function, an NVSwitch), under it.
+# NVIDIA's device plugins advertise GPUs under this prefix, but not only GPUs: a ConnectX or
+# BlueField VF, an audio function or an NVSwitch bound to vfio-pci gets a name under it too.
+# A name counts as a GPU name when a class names it, when the node agent finds its devices
+# to be GPU functions, or when the hoster lists it (seed 004); a name under the prefix that
+# the agent has not judged yet counts too, until it finds it to be another device's.
 NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
 SETTINGS_KEY_RESOURCE_NAMES = "resourceNames"
 SETTINGS_KEY_RAW_RESOURCE_NAMES = "rawResourceNames"

@@ -107,16 +107,28 @@ class Resolver:
 
 @dataclass
 class NodeReport:
-    """The agent's part of a GPUNode status, and what it could not place."""
+    """The agent's part of a GPUNode status, and what it could not place.
+
+    ``other_resource_names``: names kubelet advertises whose devices all resolve to
+    functions that are no GPU (a NIC or DPU VF under ``nvidia.com/``, an audio function, an
+    NVSwitch, another vendor's mdev): not GPU names (seed 004), so a tenant may put one next
+    to a GPU claim and ``rawResourceNames: forbidden`` does not refuse it; the hoster reads
+    them here and names any that should count as GPUs in the chart's extra names.
+    """
 
     devices: list[dict[str, Any]]
     resource_names: list[str]
     unresolved: dict[str, list[str]] = field(default_factory=dict)  # resource -> device IDs
     skipped_pods: list[str] = field(default_factory=list)  # namespace/name in a final phase
+    other_resource_names: list[str] = field(default_factory=list)
 
     def status(self) -> dict[str, Any]:
         """The fields the agent owns, ready for a merge patch (no conditions, no timestamps)."""
-        return {"devices": self.devices, "resourceNames": self.resource_names}
+        return {
+            "devices": self.devices,
+            "resourceNames": self.resource_names,
+            "otherResourceNames": self.other_resource_names,
+        }
 
     def allocatable(self) -> int:
         return sum(int(d["allocatable"]) for d in self.devices)
@@ -190,11 +202,18 @@ def build_report(
     names: set[str] = set()
     unresolved: dict[str, set[str]] = {}
 
+    # Names whose devices point at functions (PCI addresses, mdevs, IOMMU groups) that are no
+    # GPU of this node's inventory; they are GPU names only if some device is a GPU after all.
+    foreign: set[str] = set()
+    # Names under the vendor prefix kubelet lists with no device, or only with IDs of no
+    # known shape: nothing says what they are, so they count as GPU names, as before.
+    unknown: set[str] = set()
     for device_set in allocatable:
-        if device_set.resource_name.startswith(keys.NVIDIA_RESOURCE_PREFIX):
-            # Advertised by kubelet, even with no healthy device: a GPU name all the same.
-            names.add(device_set.resource_name)
-        for device_id in set(device_set.device_ids):
+        ids = set(device_set.device_ids)
+        prefixed = device_set.resource_name.startswith(keys.NVIDIA_RESOURCE_PREFIX)
+        if prefixed and all(id_shape(i) not in (Shape.PCI, Shape.MDEV) for i in ids):
+            unknown.add(device_set.resource_name)
+        for device_id in ids:
             res = resolver.resolve(device_id)
             if res.counts_on is not None:
                 counts[res.counts_on] = counts.get(res.counts_on, 0) + 1
@@ -205,6 +224,10 @@ def build_report(
                 names.add(device_set.resource_name)
             else:
                 unresolved.setdefault(device_set.resource_name, set()).add(device_id)
+                # A PCI address or an mdev that is no GPU function of this node names
+                # another device; a bare number may be a container plugin's GPU index.
+                if res.shape in (Shape.PCI, Shape.MDEV):
+                    foreign.add(device_set.resource_name)
 
     holders: dict[str, set[tuple[str, str]]] = {}
     skipped = []
@@ -241,9 +264,11 @@ def build_report(
             entry["error"] = error
         devices.append(entry)
 
+    names |= unknown - foreign
     return NodeReport(
         devices=devices,
         resource_names=sorted(names),
         unresolved={k: sorted(v) for k, v in sorted(unresolved.items())},
         skipped_pods=sorted(skipped),
+        other_resource_names=sorted(foreign - names),
     )

@@ -19,7 +19,13 @@ from cozystack_gpu import keys
 log = logging.getLogger(__name__)
 
 # The status keys the agent owns; everything else in status (conditions) is the binder's.
-OWNED_STATUS_FIELDS = ("devices", "resourceNames", "updatedAt", "agentVersion")
+OWNED_STATUS_FIELDS = (
+    "devices",
+    "resourceNames",
+    "otherResourceNames",
+    "updatedAt",
+    "agentVersion",
+)
 _MERGE_PATCH = "application/merge-patch+json"
 
 

@@ -297,13 +297,22 @@ class ClusterView:
         self.dirty.claims |= touched
 
     def _node_names(self, name: str) -> None:
-        """A GPU node (one with a GPUNode) contributes every name it advertises under
-        nvidia.com/, GPU or not, so raw requests of them are seen under ``forbidden``."""
+        """A GPU node (one with a GPUNode) contributes the names it advertises under
+        nvidia.com/ that its agent has not found to be other devices' (a NIC VF, an audio
+        function, an NVSwitch: the GPUNode's ``otherResourceNames``), so raw requests of a
+        GPU name the agent has not seen yet are still caught under ``forbidden``, and a NIC
+        VF may go next to a GPU claim (seed 004)."""
         node = self.node(name)
+        gpunode = self.gpunode(name)
         names: frozenset[str] = frozenset()
-        if node is not None and self.gpunode(name) is not None:
+        if node is not None and gpunode is not None:
             allocatable = (node.get("status") or {}).get("allocatable") or {}
-            names = frozenset(n for n in allocatable if n.startswith(keys.NVIDIA_RESOURCE_PREFIX))
+            other = set((gpunode.get("status") or {}).get("otherResourceNames") or [])
+            names = frozenset(
+                n
+                for n in allocatable
+                if n.startswith(keys.NVIDIA_RESOURCE_PREFIX) and n not in other
+            )
         self._set_names((keys.NODE.kind, name), names)
 
     def _set_names(self, source: tuple[str, str], names: frozenset[str]) -> None:

@@ -501,3 +501,41 @@ def started_or_refused(kube: Kube, namespace: str, body: dict[str, Any]) -> tupl
     except ApiException as exc:
         return body["metadata"]["name"], refusal(exc)
     return body["metadata"]["name"], None
+
+
+def test_a_nic_vf_the_agent_found_to_be_no_gpu_goes_next_to_the_claims(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    """Seed 004's GPUDirect RDMA answer: a ConnectX VF advertised under nvidia.com/ on a GPU
+    node is a VM's own to request next to its GPU claims once the node agent reports it as
+    another device's name; until then it counts as a GPU name and is refused."""
+    nic = f"nvidia.com/MT2910_ConnectX-7_VF_{corner.id}"
+    node = corner.node("n1", 1)
+    kube.node_status(node, allocatable={corner.resource(): 1, nic: 4})
+    gpu_class = corner.gpu_class("h100")
+    corner.bound(namespace, "a", gpu_class, node=node)
+    nic_entry = {"hostDevices": [{"name": "rdma0", "deviceName": nic}]}
+    body = vmi_body("vm", {"claims": ["a"]}, spec={"domain": {"devices": nic_entry}})
+    wait_for(
+        lambda: f"hostDevices[0] {nic}" in refused(kube, namespace, body),
+        30,
+        "the NIC name refused while nobody judged it",
+    )
+    gpunode = kube.custom.get_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_NODES, node
+    )
+    kube.custom.patch_cluster_custom_object_status(
+        keys.GROUP, keys.VERSION, keys.PLURAL_NODES, node,
+        {"status": {**gpunode["status"], "otherResourceNames": [nic]}},
+    )  # fmt: skip
+
+    def admitted() -> dict[str, Any] | None:
+        try:
+            return create_vmi(kube, namespace, body)
+        except ApiException:
+            return None
+
+    created = wait_for(admitted, 30, "the VMI with its NIC VF admitted")
+    devices = created["spec"]["domain"]["devices"]
+    assert devices["hostDevices"] == nic_entry["hostDevices"]
+    assert devices["gpus"] == gpus(corner.resource(), 1)

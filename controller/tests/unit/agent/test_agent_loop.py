@@ -57,7 +57,13 @@ def test_writes_on_change_and_on_its_period_only(tmp_path: Path, kubelet: FakeKu
 
     first = agent.tick()
     assert (first.written, first.reason) == (True, "changed")
-    assert set(writer.patches[0]) == {"devices", "resourceNames", "updatedAt", "agentVersion"}
+    assert set(writer.patches[0]) == {
+        "devices",
+        "resourceNames",
+        "otherResourceNames",
+        "updatedAt",
+        "agentVersion",
+    }
     assert writer.patches[0]["agentVersion"] == "1.2.3"
     assert writer.patches[0]["resourceNames"] == ["nvidia.com/GRID_T4-4Q"]
 

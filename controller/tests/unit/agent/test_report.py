@@ -232,3 +232,40 @@ def test_broken_functions_carry_their_error_and_the_rest_stays_valid(tmp_path: P
         "mdev 00000000-0000-0000-0000-00000000dead: dangling link" in devices[st.BROKEN_T4]["error"]
     )
     assert "error" not in devices[st.vf_address(st.BROKEN_PF, 2)]
+
+
+CX7_VF = "nvidia.com/MT2910_Family_ConnectX-7_VF"
+
+
+def test_a_nic_vf_under_the_vendor_prefix_is_not_a_gpu_name(tmp_path: Path) -> None:
+    """Seed 004's GPUDirect RDMA answer: a ConnectX VF the network device plugin advertises
+    under nvidia.com/ resolves to no GPU function of the node, so it is reported apart and
+    does not join resourceNames (a VM may then take it next to its GPU claims)."""
+    st.h100_x8(tmp_path)
+    inv = sysfs.read_inventory(str(tmp_path))
+    report = build_report(
+        inv,
+        [
+            DeviceSet(H100, ("0000:18:00.0",)),
+            DeviceSet(CX7_VF, ("0000:b1:00.2", "0000:b1:00.3")),
+        ],
+        [],
+        running,
+    )
+    assert report.resource_names == [H100]
+    assert report.other_resource_names == [CX7_VF]
+    assert report.status()["otherResourceNames"] == [CX7_VF]
+
+
+def test_a_vendor_name_with_nothing_to_judge_by_still_counts_as_a_gpu_name(
+    tmp_path: Path,
+) -> None:
+    """Without a device, or with IDs of no known shape, nothing says what a name under the
+    prefix is: it stays a GPU name, so rawResourceNames forbidden still catches it."""
+    st.h100_x8(tmp_path)
+    inv = sysfs.read_inventory(str(tmp_path))
+    report = build_report(
+        inv, [DeviceSet(A100, ()), DeviceSet(T4Q, ("some-plugin-id",))], [], running
+    )
+    assert report.resource_names == [A100, T4Q]
+    assert report.other_resource_names == []

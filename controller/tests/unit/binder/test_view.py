@@ -85,3 +85,27 @@ def test_a_labelled_pod_counts_as_raw_usage_unless_its_vmi_uses_claims() -> None
     }
     view.apply(keys.VMI.kind, with_claims, deleted=False)
     assert _node_with_pod_usage(view) == {}, "its units are its claims'"
+
+
+def test_a_name_the_agent_found_to_be_another_devices_is_no_gpu_name() -> None:
+    """A GPU node advertises a ConnectX VF under nvidia.com/ beside its GPUs: the agent
+    reports it in otherResourceNames, and it leaves the GPU names (seed 004)."""
+    view = _view()
+    gpu, nic = "nvidia.com/GH100", "nvidia.com/MT2910_Family_ConnectX-7_VF"
+    node = {
+        "metadata": {"name": "n1", "resourceVersion": "1"},
+        "status": {"allocatable": {gpu: "8", nic: "16", "cpu": "64"}},
+    }
+    view.apply(keys.NODE.kind, node, deleted=False)
+    gpunode: dict[str, Any] = {
+        "metadata": {"name": "n1", "resourceVersion": "2"},
+        "status": {"resourceNames": [gpu]},
+    }
+    view.apply(keys.GPU_NODE.kind, gpunode, deleted=False)
+    assert view.gpu_names == {gpu, nic}, "not judged yet: a name under the prefix counts"
+    judged = {
+        "metadata": {"name": "n1", "resourceVersion": "3"},
+        "status": {"resourceNames": [gpu], "otherResourceNames": [nic]},
+    }
+    view.apply(keys.GPU_NODE.kind, judged, deleted=False)
+    assert view.gpu_names == {gpu}
