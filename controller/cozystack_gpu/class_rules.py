@@ -14,16 +14,24 @@ no I/O, so it runs on the Pythons Ansible targets.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "RECENT_ADMISSION_S",
     "ResourceNameConflict",
+    "recent_admissions",
     "resource_name_conflicts",
     "resource_name_of",
     "selectors_overlap",
+    "with_admission",
 ]
+
+# How long an admitted class is judged against before its create is sure to be stored (or
+# refused by a later step): a webhook answers within its 10 s timeout, and the store follows.
+RECENT_ADMISSION_S = 60.0
 
 
 def selectors_overlap(a: Mapping[str, str] | None, b: Mapping[str, str] | None) -> bool:
@@ -86,3 +94,42 @@ def resource_name_conflicts(
         and selectors_overlap(selector, (other_spec or {}).get("nodeSelector") or {})
     ]
     return sorted(conflicts, key=lambda c: c.other)
+
+
+def recent_admissions(
+    record: Mapping[str, str], now: float, live: Iterable[str] = ()
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(name, spec)`` of the classes admitted within ``RECENT_ADMISSION_S`` that a listing
+    may not show yet (``record`` is the admissions ConfigMap's data; classes in ``live`` are
+    judged by what is stored instead). Entries that cannot be read are ignored."""
+    stored = set(live)
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    for name, raw in sorted(record.items()):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict) or name in stored:
+            continue
+        at, spec = entry.get("at"), entry.get("spec")
+        fresh = isinstance(at, (int, float)) and now - at < RECENT_ADMISSION_S
+        if fresh and isinstance(spec, dict):
+            found.append((name, spec))
+    return found
+
+
+def with_admission(
+    record: Mapping[str, str], name: str, spec: Mapping[str, Any], now: float
+) -> dict[str, str]:
+    """The admissions data with ``name`` recorded at ``now``, entries too old to matter
+    dropped."""
+    kept = {}
+    for other, raw in record.items():
+        try:
+            at = json.loads(raw).get("at")
+        except (ValueError, AttributeError):
+            continue
+        if other != name and isinstance(at, (int, float)) and now - at < RECENT_ADMISSION_S:
+            kept[other] = raw
+    kept[name] = json.dumps({"at": now, "spec": dict(spec)}, sort_keys=True)
+    return kept

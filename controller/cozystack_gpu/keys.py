@@ -252,6 +252,11 @@ SETTINGS_CONFIGMAP = "gpu-settings"
 # the agent has not judged yet counts too, until it finds it to be another device's.
 NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
 SETTINGS_KEY_RESOURCE_NAMES = "resourceNames"
+# ConfigMap in the controller's namespace where the GPUClass webhook records each class it
+# admits, written with the resourceVersion it read: two classes that share a resource name
+# admitted at the same moment by two replicas see each other (the API server stores a class
+# only after every webhook answered, so neither could see the other in a listing).
+CLASS_ADMISSIONS_CONFIGMAP = "gpu-class-admissions"
 SETTINGS_KEY_RAW_RESOURCE_NAMES = "rawResourceNames"
 
 
