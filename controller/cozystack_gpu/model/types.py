@@ -104,7 +104,8 @@ class NodeInfo:
     - ``raw_used``: units per resource name requested by running pods that hold no claim
       (raw-name VMs and pods); they take capacity like claims do.
     - ``inventory_stale``: the node agent has not refreshed the GPUNode for longer than the
-      binder allows; nobody knows the devices' health, so the node serves no class.
+      binder allows; nobody knows the devices' health, so nothing new is placed there, but
+      its holds stay (kubelet's allocatable still caps them).
     """
 
     name: str

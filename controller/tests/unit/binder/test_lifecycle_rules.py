@@ -320,3 +320,12 @@ def test_staleness_needs_a_report_and_a_period() -> None:
     assert not translate.inventory_stale(NOW - 299, NOW, 300.0)
     assert not translate.inventory_stale(None, NOW, 300.0)
     assert not translate.inventory_stale(NOW - 10_000, NOW, 0.0)
+
+
+def test_gpunode_of_a_stale_report_says_its_holds_stay_and_nothing_new_is_placed() -> None:
+    conds = lifecycle.gpunode_conditions(_node(), _gpunode(updated=NOW - 900), True, 300.0, NOW)
+    found = {c["type"]: c for c in conds}[keys.CONDITION_READY]
+    assert found["reason"] == "InventoryStale"
+    assert "holds stay" in found["message"]
+    assert "nothing new is placed" in found["message"]
+    assert "serves no class" not in found["message"]
