@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cozystack_gpu.model.types import HARD_TAINT_EFFECTS, NODE_STATE_TAINTS, ClassInfo, NodeInfo
+from cozystack_gpu.model.types import (
+    HARD_TAINT_EFFECTS,
+    NODE_STATE_TAINTS,
+    ClaimInfo,
+    ClassInfo,
+    NodeInfo,
+)
 
 
 def selector_matches(node: NodeInfo, cls: ClassInfo) -> bool:
@@ -72,3 +78,13 @@ def takes_new(node: NodeInfo) -> bool:
 def serves(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInfo]) -> bool:
     """The full rule: Ready, not cordoned, a fresh inventory, and placeable."""
     return takes_new(node) and why_not_placeable(node, cls, classes) is None
+
+
+def kept_by_volumes(claim: ClaimInfo, node: NodeInfo | None) -> bool:
+    """The claim's VM has volumes with node affinity, all usable from ``node``: the claim's
+    set stays there (its VM's disk is there, so its next start can only be there)."""
+    return (
+        node is not None
+        and bool(claim.volumes)
+        and all(v.admits(node.name, node.labels) for v in claim.volumes)
+    )

@@ -21,7 +21,12 @@ from typing import Any, NamedTuple
 from cozystack_gpu.keys import Mode, OnCordon, Phase, effective_max_count
 from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.budgets import Charge, Ledger, bump
-from cozystack_gpu.model.eligibility import selector_matches, takes_new, why_not_placeable
+from cozystack_gpu.model.eligibility import (
+    kept_by_volumes,
+    selector_matches,
+    takes_new,
+    why_not_placeable,
+)
 from cozystack_gpu.model.search import find_node
 from cozystack_gpu.model.types import (
     ClaimInfo,
@@ -44,7 +49,7 @@ class _Acct(NamedTuple):
     resource: str | None
     node: str | None  # set when the claim takes capacity there
     units: int
-    pinned: bool  # packing may not move it (attached, starting, template, Lost)
+    pinned: bool  # packing may not move it (attached, starting, template, Lost, on its disk)
 
 
 class Snapshot:
@@ -168,7 +173,7 @@ class Snapshot:
     def pinned(self, node: str, resource: str) -> int:
         """Units held on the node by claims no packing move may take away: attached ones,
         those of a starting VM (attachment recorded), template claims, Lost ones whose VMI
-        still runs there."""
+        still runs there, and those whose VM's volumes are bound to the node."""
         return self._pinned.get(node, {}).get(resource, 0)
 
     def free(self, node: str, resource: str) -> int:
@@ -232,8 +237,11 @@ class Snapshot:
 
     def upsert_node(self, node: NodeInfo) -> None:
         name = node.name
+        old = self._nodes.get(name)
         self._nodes[name] = node
         self._cap[name] = node.capacity()
+        if old is None or old.labels != node.labels:
+            self._reaccount_volumes(name)
         for class_name in self._classes:
             self._refresh_eligibility(name, class_name)
         self._dirty.add(name)
@@ -242,6 +250,7 @@ class Snapshot:
         if self._nodes.pop(name, None) is None:
             return
         del self._cap[name]
+        self._reaccount_volumes(name)
         for class_name in self._served.pop(name, set()):
             self._idx[class_name].remove(name)
         self._dirty.add(name)
@@ -494,7 +503,11 @@ class Snapshot:
         if claim.counts_budget:
             ancestors = self._ledger.ancestors(claim.namespace)
             charge = Charge(ancestors, claim.class_name, res, claim.count)
-        pinned = not (claim.phase is Phase.BOUND and claim.attached_to is None) or claim.template
+        pinned = (
+            not (claim.phase is Phase.BOUND and claim.attached_to is None)
+            or claim.template
+            or (node is not None and kept_by_volumes(claim, self._nodes.get(node)))
+        )
         return _Acct(charge, res, node, claim.count, pinned)
 
     def _apply(self, acct: _Acct, sign: int) -> None:
@@ -513,6 +526,13 @@ class Snapshot:
             acct = self._make_acct(self._claims[key])
             self._acct[key] = acct
             self._apply(acct, 1)
+
+    def _reaccount_volumes(self, node: str) -> None:
+        """Whether a claim's volumes can be used from its node depends on the node's labels
+        (and on the node being there): account those claims again."""
+        keys = [k for k in self._node_claims.get(node, ()) if self._claims[k].volumes]
+        if keys:
+            self._reaccount(keys)
 
     def _refresh_free(self, node: str, res: str) -> None:
         served = self._served.get(node)
