@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 class Gatekeeper(BinderPart):
     """The gate's state: pod updates and template-claim creations in flight, what each
-    gated pod was last told (a refusal is said once), the nodes that refused a pinned pod
-    with the node state they refused in, and the volumes' node limits per pod."""
+    gated pod was last told (a refusal is said once), and the nodes that refused a pinned
+    pod with the node state they refused in."""
 
     def __init__(self, binder: Binder) -> None:
         super().__init__(binder)
@@ -39,7 +39,6 @@ class Gatekeeper(BinderPart):
         self._creating: set[ClaimKey] = set()
         self._gate_told: dict[Key, str] = {}
         self._rejected_health: dict[str, tuple[Any, ...]] = {}
-        self._volume_nodes: dict[str, set[str] | None] = {}
         # Placed conditions sent and not answered yet, and those to send again: a note is
         # written over the version it read, so one racing the claim's attachment is refused.
         self._placed_sent: dict[ClaimKey, dict[str, Any]] = {}
@@ -109,7 +108,17 @@ class Gatekeeper(BinderPart):
             if any(c is None for c in infos):
                 continue  # seen, but not in the model yet
             claims = [c for c in infos if c is not None]
-            decision = self.snapshot.place_for_start(claims, now, self._allowed_nodes(pod))
+            allowed, unbound = self._allowed_nodes(pod)
+            if unbound:
+                message = (
+                    f"PersistentVolumeClaim {', '.join(unbound)} of launcher pod {pod_key[1]} "
+                    "is not bound to a volume yet; the VM starts once it is, on a node the "
+                    "volume can be used from"
+                )
+                reason = ClaimReason.VOLUME_NOT_BOUND.value
+                self._not_placed(pod_key, vmi, members, reason, message, now)
+                continue
+            decision = self.snapshot.place_for_start(claims, now, allowed)
             if isinstance(decision, Refusal):
                 reason = str(decision.reason)
                 self._not_placed(pod_key, vmi, members, reason, decision.message, now)
@@ -177,36 +186,20 @@ class Gatekeeper(BinderPart):
             )
         return missing
 
-    def _allowed_nodes(self, pod: dict[str, Any]) -> set[str] | None:
+    def _allowed_nodes(self, pod: dict[str, Any]) -> tuple[set[str] | None, tuple[str, ...]]:
         """Nodes the pod's bound persistent volumes can be used from (a WaitForFirstConsumer
-        volume bound by KubeVirt's temporary pod limits where the VM may start)."""
-        uid = str(translate.meta(pod).get("uid"))
-        if uid in self._volume_nodes:
-            return self._volume_nodes[uid]
-        claims = [
-            v["persistentVolumeClaim"]["claimName"]
-            for v in (pod.get("spec") or {}).get("volumes") or []
-            if (v.get("persistentVolumeClaim") or {}).get("claimName")
-        ]
-        volumes = []
-        core = self.writer.core
-        for name in claims:
-            try:
-                pvc = core.read_namespaced_persistent_volume_claim(
-                    name, translate.namespace_of(pod), _request_timeout=REQUEST_TIMEOUT_S
-                )
-                if pvc.spec and pvc.spec.volume_name:
-                    pv = core.read_persistent_volume(
-                        pvc.spec.volume_name, _request_timeout=REQUEST_TIMEOUT_S
-                    )
-                    volumes.append(self.binder.api.sanitize_for_serialization(pv))
-            except ApiException as exc:
-                if exc.status != 404:
-                    log.warning("volume %s of pod %s not read: %s", name, uid, exc.reason)
-                    return None  # try again on a later pass, without caching
-        allowed = gate.volume_nodes(volumes, self.view.raw[keys.NODE.kind].values())
-        self._volume_nodes[uid] = allowed
-        return allowed
+        volume bound by KubeVirt's temporary pod limits where the VM may start), and the
+        PVCs it waits for. Read from the binder's watches, never from the API: the loop
+        must not block on a read, and a binding arrives as an event that judges it again."""
+        namespace = translate.namespace_of(pod)
+        volumes = gate.pod_volumes(
+            pod,
+            lambda name: self.view.pvc(namespace, name),
+            self.view.pv,
+            self.view.storage_class,
+        )
+        allowed = gate.volume_nodes(volumes.volumes, self.view.raw[keys.NODE.kind].values())
+        return allowed, volumes.unbound
 
     def _not_placed(
         self,

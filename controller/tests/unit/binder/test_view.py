@@ -6,6 +6,7 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.view import ClusterView
+from cozystack_gpu.model import ClaimKey
 from cozystack_gpu_testkit.objects import binder_config
 
 
@@ -85,3 +86,61 @@ def test_a_labelled_pod_counts_as_raw_usage_unless_its_vmi_uses_claims() -> None
     }
     view.apply(keys.VMI.kind, with_claims, deleted=False)
     assert _node_with_pod_usage(view) == {}, "its units are its claims'"
+
+
+def _local_pv(name: str, node: str, rv: int = 1) -> dict[str, Any]:
+    term = {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]
+    }
+    return {
+        "metadata": {"name": name, "resourceVersion": str(rv)},
+        "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}},
+    }
+
+
+def test_a_stopped_vms_claim_carries_where_its_disks_are_and_follows_their_binding() -> None:
+    view = _view()
+    claim = {
+        "metadata": {"name": "c", "namespace": "t", "resourceVersion": "1"},
+        "spec": {"class": "h100", "count": 1},
+        "status": {"phase": "Bound", "nodeName": "n1"},
+    }
+    vm = {
+        "metadata": {"name": "vm", "namespace": "t", "resourceVersion": "1"},
+        "spec": {
+            "template": {
+                "metadata": {"annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'}},
+                "spec": {
+                    "volumes": [
+                        {"name": "root", "dataVolume": {"name": "root-dv"}},
+                        {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+                        {"name": "cloudinit", "cloudInitNoCloud": {}},
+                    ]
+                },
+            }
+        },
+    }
+    pvc = {"metadata": {"name": "root-dv", "namespace": "t", "resourceVersion": "1"}, "spec": {}}
+    view.apply(keys.GPU_CLAIM.kind, claim, deleted=False)
+    view.apply(keys.VM.kind, vm, deleted=False)
+    view.apply(keys.PVC.kind, pvc, deleted=False)
+    view.apply(keys.PV.kind, _local_pv("pv-1", "n1"), deleted=False)
+    key = ClaimKey("t", "c")
+    info = view.claim_info(key, 0.0)
+    assert info is not None and info.volumes == ()
+    view.take_dirty()
+    # The DataVolume's PVC binds to a local PV on n1: the claim is read again, with it.
+    bound = {**pvc, "metadata": {**pvc["metadata"], "resourceVersion": "2"}}
+    bound["spec"] = {"volumeName": "pv-1"}
+    view.apply(keys.PVC.kind, bound, deleted=False)
+    assert key in view.take_dirty().claims
+    info = view.claim_info(key, 0.0)
+    assert info is not None and [v.volume for v in info.volumes] == ["pv-1"]
+    assert info.volumes[0].admits("n1", {"kubernetes.io/hostname": "n1"})
+    # The PV's affinity changes: read again; the PV goes: the claim has no disk left.
+    view.apply(keys.PV.kind, _local_pv("pv-1", "n2", rv=2), deleted=False)
+    assert key in view.take_dirty().claims
+    view.apply(keys.PV.kind, _local_pv("pv-1", "n2", rv=3), deleted=True)
+    assert key in view.take_dirty().claims
+    info = view.claim_info(key, 0.0)
+    assert info is not None and info.volumes == ()
