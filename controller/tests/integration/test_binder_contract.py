@@ -11,6 +11,7 @@ import pytest
 from binder_env import Env, condition
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from prometheus_client import REGISTRY
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.cluster import ControlPlane
@@ -240,6 +241,8 @@ def test_a_stale_inventory_keeps_its_holds_and_takes_nothing_new(env: Env) -> No
     stale = _wait_gpunode_reason(env, first, keys.CONDITION_READY, "InventoryStale")
     assert stale["status"] == "False" and "cozystack-gpu-agent" in stale["message"]
     assert "holds stay" in stale["message"]
+    metric = ("cozystack_gpu_node_inventory_stale", {"node": first})
+    wait_for(lambda: REGISTRY.get_sample_value(*metric) == 1.0, 30, "the staleness metric")
     # Best fit would take n1's free unit; the stale node takes nothing new, so c2 goes to n2.
     env.kube.claim(env.tenant, "c2", gpu_class, 1)
     assert env.wait_phase("c2", "Bound")["status"]["nodeName"] == second
@@ -249,6 +252,7 @@ def test_a_stale_inventory_keeps_its_holds_and_takes_nothing_new(env: Env) -> No
     # The agent reports again: the node serves again.
     _reported(env, first, 0)
     _wait_gpunode_reason(env, first, keys.CONDITION_READY, "Serving")
+    wait_for(lambda: REGISTRY.get_sample_value(*metric) == 0.0, 30, "the staleness metric")
 
 
 def test_a_name_kubelet_does_not_advertise_is_reported_on_the_gpunode(env: Env) -> None:

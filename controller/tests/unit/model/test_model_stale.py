@@ -85,3 +85,24 @@ def test_start_on_a_stale_node_adds_no_new_units_there() -> None:
         nodes=[stale("n1"), node("n2")], classes=[passthrough()], claims=[held, template]
     )
     assert snap.place_for_start([held, template], NOW) == Placement("n2")
+
+
+def test_packing_makes_no_room_on_a_stale_node_and_moves_nothing_onto_it() -> None:
+    # n1 is stale with 1 free unit; n2 and n3 have 1 free unit each. An order of 2 fits
+    # only by packing: n1 takes nothing new, so neither the order nor a moved hold goes there.
+    holds = [
+        bound("h100", 1, "n1", name="on-stale"),
+        bound("h100", 1, "n2", name="on-n2"),
+        bound("h100", 1, "n3", name="on-n3"),
+    ]
+    order = claim("h100", 2, name="order")
+    snap = Snapshot.build(
+        nodes=[stale("n1", 2), node("n2", 2), node("n3", 2)],
+        classes=[passthrough()],
+        claims=[*holds, order],
+    )
+    result = plan(snap, NOW)
+    placed = [(a.step, a.node) for a in result.changes]
+    assert placed and all(n != "n1" for _step, n in placed), placed
+    assert (Step.BIND, "n2") in placed or (Step.BIND, "n3") in placed
+    assert all(a.from_node != "n1" for a in result.changes)
