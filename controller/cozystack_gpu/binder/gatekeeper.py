@@ -20,12 +20,14 @@ from cozystack_gpu.binder.part import BinderPart
 from cozystack_gpu.binder.view import Key
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, discard
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
-from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step
+from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
 
 if TYPE_CHECKING:
     from cozystack_gpu.binder.loop import Binder
 
 log = logging.getLogger(__name__)
+
+MAX_VOLUME_LIMITS = 1024  # distinct volume affinities remembered (one per waiting disk)
 
 
 class Gatekeeper(BinderPart):
@@ -39,6 +41,10 @@ class Gatekeeper(BinderPart):
         self._creating: set[ClaimKey] = set()
         self._gate_told: dict[Key, str] = {}
         self._rejected_health: dict[str, tuple[Any, ...]] = {}
+        # Where each distinct set of volume affinities can be used, while no node's labels
+        # change: judging it costs a pass over every node, and a pod may wait many turns.
+        self._volume_nodes: dict[tuple[VolumeAffinity, ...], frozenset[str] | None] = {}
+        self._volume_nodes_of = -1  # the view's node_labels_version they were judged at
         # Placed conditions sent and not answered yet, and those to send again: a note is
         # written over the version it read, so one racing the claim's attachment is refused.
         self._placed_sent: dict[ClaimKey, dict[str, Any]] = {}
@@ -186,7 +192,7 @@ class Gatekeeper(BinderPart):
             )
         return missing
 
-    def _allowed_nodes(self, pod: dict[str, Any]) -> tuple[set[str] | None, tuple[str, ...]]:
+    def _allowed_nodes(self, pod: dict[str, Any]) -> tuple[frozenset[str] | None, tuple[str, ...]]:
         """Nodes the pod's bound persistent volumes can be used from (a WaitForFirstConsumer
         volume bound by KubeVirt's temporary pod limits where the VM may start), and the
         PVCs it waits for. Read from the binder's watches, never from the API: the loop
@@ -198,8 +204,16 @@ class Gatekeeper(BinderPart):
             self.view.pv,
             self.view.storage_class,
         )
-        allowed = gate.volume_nodes(volumes.volumes, self.view.raw[keys.NODE.kind].values())
-        return allowed, volumes.unbound
+        if not volumes.volumes:
+            return None, volumes.unbound
+        version = self.view.node_labels_version
+        if version != self._volume_nodes_of or len(self._volume_nodes) >= MAX_VOLUME_LIMITS:
+            self._volume_nodes.clear()
+            self._volume_nodes_of = version
+        if volumes.volumes not in self._volume_nodes:
+            nodes = gate.volume_nodes(volumes.volumes, self.view.raw[keys.NODE.kind].values())
+            self._volume_nodes[volumes.volumes] = None if nodes is None else frozenset(nodes)
+        return self._volume_nodes[volumes.volumes], volumes.unbound
 
     def _not_placed(
         self,

@@ -93,6 +93,10 @@ class ClusterView:
         self._name_counts: dict[str, int] = {}
         self._gpu_names: frozenset[str] = frozenset()
         self._set_names(("extra", ""), frozenset(config.extra_resource_names))
+        # Counts changes of the node set or of any node's labels (not of its status): what
+        # is computed from labels alone, such as where a volume can be used, is kept until
+        # it moves.
+        self.node_labels_version = 0
         # When each node agent last reported, and which nodes' reports are too old.
         self._reported_at: dict[str, float | None] = {}
         self._stale: set[str] = set()
@@ -178,6 +182,12 @@ class ClusterView:
 
     def _on_node(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         self.dirty.nodes.add(key[1])
+        if (
+            old is None
+            or new is None
+            or translate.meta(old).get("labels") != translate.meta(new).get("labels")
+        ):
+            self.node_labels_version += 1
         self._node_names(key[1])
 
     def _on_gpunode(self, key: Key, old: Obj | None, new: Obj | None) -> None:

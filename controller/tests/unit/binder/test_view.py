@@ -144,3 +144,23 @@ def test_a_stopped_vms_claim_carries_where_its_disks_are_and_follows_their_bindi
     assert key in view.take_dirty().claims
     info = view.claim_info(key, 0.0)
     assert info is not None and info.volumes == ()
+
+
+def test_what_is_judged_from_node_labels_is_judged_again_only_when_they_change() -> None:
+    view = _view()
+
+    def node(rv: int, labels: dict[str, str], ready: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "n1", "resourceVersion": str(rv), "labels": labels},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]},
+        }
+
+    view.apply(keys.NODE.kind, node(1, {"zone": "a"}, "True"), deleted=False)
+    added = view.node_labels_version
+    view.apply(keys.NODE.kind, node(2, {"zone": "a"}, "False"), deleted=False)
+    assert view.node_labels_version == added  # a heartbeat or a Ready change: labels stay
+    view.apply(keys.NODE.kind, node(3, {"zone": "b"}, "False"), deleted=False)
+    assert view.node_labels_version > added
+    relabelled = view.node_labels_version
+    view.apply(keys.NODE.kind, node(4, {"zone": "b"}, "False"), deleted=True)
+    assert view.node_labels_version > relabelled
