@@ -476,7 +476,8 @@ def _ready_condition(
         return not_ready(
             NodeReason.CORDONED,
             f"Node {name} is cordoned: no new order binds here; unattached holds move where "
-            "their class says onCordon: Move and stay where it says Stay",
+            "their class says onCordon: Move and stay where it says Stay (a stopped VM's "
+            "hold on its local disk here stays)",
         )
     state = (meta(node).get("labels") or {}).get(keys.LABEL_NODE_LAYOUT_STATE)
     if state == keys.LayoutState.PENDING.value:
