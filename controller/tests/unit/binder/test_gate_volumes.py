@@ -184,3 +184,13 @@ def test_a_pod_whose_claim_is_not_bound_waits_unless_it_binds_at_first_consumer(
         lambda name: wffc if name == "local" else None,
     )
     assert judged.unbound == () and judged.volumes == ()
+
+
+def test_a_pod_waits_for_a_claim_not_seen_yet_and_for_the_volume_it_is_bound_to() -> None:
+    given = _listing("pv-local")
+    pod = given[keys.POD.kind][0]
+    pvc = given["PersistentVolumeClaim"][0]
+    missing = gate.pod_volumes(pod, lambda _n: None, lambda _n: None, lambda _n: None)
+    assert missing.unbound == ("disk",)
+    unseen = gate.pod_volumes(pod, lambda _n: pvc, lambda _n: None, lambda _n: None)
+    assert unseen.unbound == ("disk",)
