@@ -88,7 +88,8 @@ SETTINGS: tuple[Setting, ...] = (
         "--inventory-stale-after",
         "GPU_INVENTORY_STALE_AFTER",
         "300",
-        "seconds without a node agent report after which a node serves no class (0: never)",
+        "seconds without a node agent report after which nothing new is placed on a node; "
+        "its holds stay (0: never)",
     ),
     Setting(
         "--workload-records",

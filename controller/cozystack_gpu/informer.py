@@ -83,6 +83,8 @@ def list_function(api: client.ApiClient, kind: ApiKind) -> Callable[..., Any]:
         keys.NAMESPACE.plural: core.list_namespace,
         keys.RESOURCE_QUOTA.plural: core.list_resource_quota_for_all_namespaces,
         keys.POD.plural: core.list_pod_for_all_namespaces,
+        keys.PVC.plural: core.list_persistent_volume_claim_for_all_namespaces,
+        keys.PV.plural: core.list_persistent_volume,
     }
     try:
         return core_lists[kind.plural]

@@ -67,6 +67,9 @@ VMI = ApiKind(
 )
 VM = ApiKind("VirtualMachine", KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachines", True)
 WORKLOAD = ApiKind(WORKLOAD_KIND, WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, True)
+PVC = ApiKind("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims", True)
+PV = ApiKind("PersistentVolume", "", "v1", "persistentvolumes", False)
+STORAGE_CLASS = ApiKind("StorageClass", "storage.k8s.io", "v1", "storageclasses", False)
 # KubeVirt instance types: a VMI made from one carries its GPU entries too.
 INSTANCETYPE_GROUP = "instancetype.kubevirt.io"
 INSTANCETYPE = ApiKind(
@@ -82,7 +85,22 @@ CLUSTER_INSTANCETYPE = ApiKind(
 
 # Everything the binder watches, in one place: its informers and its cluster view are built
 # from this table. Usage records (WORKLOAD) are watched too unless they are switched off.
-BINDER_WATCHES = (NODE, GPU_NODE, GPU_CLASS, GPU_CLAIM, NAMESPACE, RESOURCE_QUOTA, POD, VMI, VM)
+# Volumes (PVCs, PVs and their StorageClasses) say where a VM's disk is: the gate starts a
+# VM only where its volumes can be used, and a stopped VM's hold stays with a local disk.
+BINDER_WATCHES = (
+    NODE,
+    GPU_NODE,
+    GPU_CLASS,
+    GPU_CLAIM,
+    NAMESPACE,
+    RESOURCE_QUOTA,
+    POD,
+    VMI,
+    VM,
+    PVC,
+    PV,
+    STORAGE_CLASS,
+)
 
 # --- Budgets -----------------------------------------------------------------------------
 
@@ -347,6 +365,7 @@ class ClaimReason(str, Enum):
     PINNED = "Pinned"  # its VM's launcher pod was pinned to the set's node
     NODE_REFUSED = "NodeRefused"  # the scheduler refused the pinned launcher pod on a node
     WAITING_FOR_VMI = "WaitingForVMI"  # deleted while attached: goes when the VMI stops
+    VOLUME_NOT_BOUND = "VolumeNotBound"  # (Placed False) its VM's volume is not bound yet
 
 
 class NodeReason(str, Enum):

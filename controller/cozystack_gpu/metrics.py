@@ -23,6 +23,12 @@ NODE_UNITS = Gauge(
     "Units of a GPU resource name on a node: capacity, held by claims, used by raw-name pods",
     ["node", "resource", "state"],
 )
+NODE_INVENTORY_STALE = Gauge(
+    "cozystack_gpu_node_inventory_stale",
+    "1 while the node agent's report is older than --inventory-stale-after: the node's holds "
+    "stay, but nothing new is placed there",
+    ["node"],
+)
 BIND_LATENCY = Histogram(
     "cozystack_gpu_bind_latency_seconds",
     "Time from a claim's creation to its status write as Bound",

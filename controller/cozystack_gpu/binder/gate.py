@@ -17,7 +17,7 @@ import copy
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,18 @@ from cozystack_gpu.admission import annotation
 from cozystack_gpu.admission.annotation import ClaimsRequest, TemplateEntry
 from cozystack_gpu.binder import translate
 from cozystack_gpu.binder.lifecycle import merge_conditions as lifecycle_merge
-from cozystack_gpu.binder.translate import meta, name_of, namespace_of, node_ready
+from cozystack_gpu.binder.translate import (
+    binds_at_first_consumer,
+    meta,
+    name_of,
+    namespace_of,
+    node_ready,
+    pod_volume_claims,
+    pvc_storage_class,
+    pvc_volume_name,
+    volume_affinity,
+)
+from cozystack_gpu.model import VolumeAffinity
 
 Obj = Mapping[str, Any]
 
@@ -340,48 +351,54 @@ def without_rejections(claim: Obj, nodes: Sequence[str]) -> dict[str, Any] | Non
 # --- WaitForFirstConsumer volumes --------------------------------------------------------
 
 
-def _term_matches(term: Mapping[str, Any], node: Obj) -> bool:
-    labels = meta(node).get("labels") or {}
-    for expr in term.get("matchExpressions") or []:
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        present = key in labels
-        value = labels.get(key)
-        ok = {
-            "In": present and value in values,
-            "NotIn": not present or value not in values,
-            "Exists": present,
-            "DoesNotExist": not present,
-        }.get(str(op))
-        if ok is None:
-            try:  # Gt / Lt compare integers
-                left, right = int(str(value)), int(str(values[0]))
-            except (TypeError, ValueError, IndexError):
-                return False
-            ok = present and (left > right if op == "Gt" else left < right)
-        if not ok:
-            return False
-    for field in term.get("matchFields") or []:
-        name = name_of(node)
-        values = field.get("values") or []
-        if field.get("key") != NODE_NAME_FIELD:
-            return False
-        op = field.get("operator")
-        if (op == "In" and name not in values) or (op == "NotIn" and name in values):
-            return False
-    return True
+@dataclass(frozen=True)
+class PodVolumes:
+    """What a launcher pod's volumes say about where it may start: the node affinity of
+    each bound PV, and the PVCs it waits for (not bound yet, and not bound by the scheduler
+    at the pod's first scheduling, or missing)."""
+
+    volumes: tuple[VolumeAffinity, ...] = ()
+    unbound: tuple[str, ...] = ()
 
 
-def volume_nodes(volumes: Iterable[Obj], nodes: Iterable[Obj]) -> set[str] | None:
-    """Nodes every bound persistent volume of a pod can be used from (a PV's required node
-    affinity, as local and WaitForFirstConsumer volumes have), or None when no volume limits
-    the choice."""
-    allowed: set[str] | None = None
-    node_list = list(nodes)
-    for pv in volumes:
-        required = ((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {}
-        terms = required.get("nodeSelectorTerms") or []
-        if not terms:
+def pod_volumes(
+    pod: Obj,
+    pvc_of: Callable[[str], Obj | None],
+    pv_of: Callable[[str], Obj | None],
+    storage_class_of: Callable[[str], Obj | None],
+) -> PodVolumes:
+    """A pod's volumes as the binder's watches hold them (``pvc_of`` looks a PVC up in the
+    pod's namespace): no API read, so a slow or absent API server cannot hold the gate."""
+    volumes: list[VolumeAffinity] = []
+    unbound: list[str] = []
+    for name in pod_volume_claims(pod):
+        pvc = pvc_of(name)
+        if pvc is None:
+            unbound.append(name)
             continue
-        fits = {name_of(n) for n in node_list if any(_term_matches(t, n) for t in terms)}
-        allowed = fits if allowed is None else allowed & fits
-    return allowed
+        volume = pvc_volume_name(pvc)
+        if volume is None:
+            if not binds_at_first_consumer(storage_class_of(pvc_storage_class(pvc))):
+                unbound.append(name)
+            continue
+        pv = pv_of(volume)
+        if pv is None:
+            unbound.append(name)  # bound to a PV not seen yet: its event comes
+            continue
+        affinity = volume_affinity(pv)
+        if affinity is not None:
+            volumes.append(affinity)
+    return PodVolumes(tuple(volumes), tuple(unbound))
+
+
+def volume_nodes(volumes: Iterable[VolumeAffinity], nodes: Iterable[Obj]) -> set[str] | None:
+    """Nodes every volume can be used from (a PV's required node affinity, as local and
+    WaitForFirstConsumer volumes have), or None when no volume limits the choice."""
+    limits = list(volumes)
+    if not limits:
+        return None
+    return {
+        name_of(n)
+        for n in nodes
+        if all(v.admits(name_of(n), meta(n).get("labels") or {}) for v in limits)
+    }

@@ -20,18 +20,20 @@ from cozystack_gpu.binder.part import BinderPart
 from cozystack_gpu.binder.view import Key
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, discard
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
-from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step
+from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
 
 if TYPE_CHECKING:
     from cozystack_gpu.binder.loop import Binder
 
 log = logging.getLogger(__name__)
 
+MAX_VOLUME_LIMITS = 1024  # distinct volume affinities remembered (one per waiting disk)
+
 
 class Gatekeeper(BinderPart):
     """The gate's state: pod updates and template-claim creations in flight, what each
-    gated pod was last told (a refusal is said once), the nodes that refused a pinned pod
-    with the node state they refused in, and the volumes' node limits per pod."""
+    gated pod was last told (a refusal is said once), and the nodes that refused a pinned
+    pod with the node state they refused in."""
 
     def __init__(self, binder: Binder) -> None:
         super().__init__(binder)
@@ -45,7 +47,10 @@ class Gatekeeper(BinderPart):
         # Whether this leader has looked at every rejection since it started leading: a
         # node may have changed while no replica led.
         self._rejections_looked = False
-        self._volume_nodes: dict[str, set[str] | None] = {}
+        # Where each distinct set of volume affinities can be used, while no node's labels
+        # change: judging it costs a pass over every node, and a pod may wait many turns.
+        self._volume_nodes: dict[tuple[VolumeAffinity, ...], frozenset[str] | None] = {}
+        self._volume_nodes_of = -1  # the view's node_labels_version they were judged at
         # Placed conditions sent and not answered yet, and those to send again: a note is
         # written over the version it read, so one racing the claim's attachment is refused.
         self._placed_sent: dict[ClaimKey, dict[str, Any]] = {}
@@ -128,8 +133,18 @@ class Gatekeeper(BinderPart):
             if any(c is None for c in infos):
                 continue  # seen, but not in the model yet
             claims = [c for c in infos if c is not None]
+            allowed, unbound = self._allowed_nodes(pod)
+            if unbound:
+                message = (
+                    f"PersistentVolumeClaim {', '.join(unbound)} of launcher pod {pod_key[1]} "
+                    "is not bound to a volume yet; the VM starts once it is, on a node the "
+                    "volume can be used from"
+                )
+                reason = ClaimReason.VOLUME_NOT_BOUND.value
+                self._not_placed(pod_key, vmi, members, reason, message, now)
+                continue
             decision = self.snapshot.place_for_start(
-                claims, now, self._allowed_nodes(pod), exclude=self._vm_refused(vmi_key, now)
+                claims, now, allowed, exclude=self._vm_refused(vmi_key, now)
             )
             if isinstance(decision, Refusal):
                 reason = str(decision.reason)
@@ -246,36 +261,28 @@ class Gatekeeper(BinderPart):
             )
         return missing
 
-    def _allowed_nodes(self, pod: dict[str, Any]) -> set[str] | None:
+    def _allowed_nodes(self, pod: dict[str, Any]) -> tuple[frozenset[str] | None, tuple[str, ...]]:
         """Nodes the pod's bound persistent volumes can be used from (a WaitForFirstConsumer
-        volume bound by KubeVirt's temporary pod limits where the VM may start)."""
-        uid = str(translate.meta(pod).get("uid"))
-        if uid in self._volume_nodes:
-            return self._volume_nodes[uid]
-        claims = [
-            v["persistentVolumeClaim"]["claimName"]
-            for v in (pod.get("spec") or {}).get("volumes") or []
-            if (v.get("persistentVolumeClaim") or {}).get("claimName")
-        ]
-        volumes = []
-        core = self.writer.core
-        for name in claims:
-            try:
-                pvc = core.read_namespaced_persistent_volume_claim(
-                    name, translate.namespace_of(pod), _request_timeout=REQUEST_TIMEOUT_S
-                )
-                if pvc.spec and pvc.spec.volume_name:
-                    pv = core.read_persistent_volume(
-                        pvc.spec.volume_name, _request_timeout=REQUEST_TIMEOUT_S
-                    )
-                    volumes.append(self.binder.api.sanitize_for_serialization(pv))
-            except ApiException as exc:
-                if exc.status != 404:
-                    log.warning("volume %s of pod %s not read: %s", name, uid, exc.reason)
-                    return None  # try again on a later pass, without caching
-        allowed = gate.volume_nodes(volumes, self.view.raw[keys.NODE.kind].values())
-        self._volume_nodes[uid] = allowed
-        return allowed
+        volume bound by KubeVirt's temporary pod limits where the VM may start), and the
+        PVCs it waits for. Read from the binder's watches, never from the API: the loop
+        must not block on a read, and a binding arrives as an event that judges it again."""
+        namespace = translate.namespace_of(pod)
+        volumes = gate.pod_volumes(
+            pod,
+            lambda name: self.view.pvc(namespace, name),
+            self.view.pv,
+            self.view.storage_class,
+        )
+        if not volumes.volumes:
+            return None, volumes.unbound
+        version = self.view.node_labels_version
+        if version != self._volume_nodes_of or len(self._volume_nodes) >= MAX_VOLUME_LIMITS:
+            self._volume_nodes.clear()
+            self._volume_nodes_of = version
+        if volumes.volumes not in self._volume_nodes:
+            nodes = gate.volume_nodes(volumes.volumes, self.view.raw[keys.NODE.kind].values())
+            self._volume_nodes[volumes.volumes] = None if nodes is None else frozenset(nodes)
+        return self._volume_nodes[volumes.volumes], volumes.unbound
 
     def _not_placed(
         self,

@@ -499,8 +499,9 @@ def _ready_condition(
         return not_ready(
             NodeReason.INVENTORY_STALE,
             f"the node agent last reported at {rfc3339(reported)}, more than "
-            f"{stale_after:.0f} s ago: the node serves no class until it reports "
-            "again; check the cozystack-gpu-agent pod on this node and its logs",
+            f"{stale_after:.0f} s ago: its holds stay, but nothing new is placed on the "
+            "node until it reports again; check the cozystack-gpu-agent pod on this node "
+            "and its logs",
         )
     if not translate_node_ready(node):
         return not_ready(NodeReason.NODE_NOT_READY, f"Node {name} is not Ready")
@@ -508,7 +509,8 @@ def _ready_condition(
         return not_ready(
             NodeReason.CORDONED,
             f"Node {name} is cordoned: no new order binds here; unattached holds move where "
-            "their class says onCordon: Move and stay where it says Stay",
+            "their class says onCordon: Move and stay where it says Stay (a stopped VM's "
+            "hold on its local disk here stays)",
         )
     state = (meta(node).get("labels") or {}).get(keys.LABEL_NODE_LAYOUT_STATE)
     if state == keys.LayoutState.PENDING.value:

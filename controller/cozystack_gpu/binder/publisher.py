@@ -45,6 +45,7 @@ class Publisher(BinderPart):
         self._gpunodes_due: set[str] = set()  # GPUNodes whose conditions may have to change
         self._gpunode_writes: set[str] = set()
         self._published_nodes: set[tuple[str, str]] = set()  # (node, resource) in metrics
+        self._stale_published: set[str] = set()  # nodes in the inventory-stale metric
         self._settings_written: dict[str, str] | None = None
         self._settings_at = 0.0
         self._settings_inflight = False
@@ -274,6 +275,13 @@ class Publisher(BinderPart):
             for state in ("capacity", "claimed", "raw"):
                 metrics.NODE_UNITS.remove(*gone, state)
         self._published_nodes = published
+        names: set[str] = set()
+        for node in snap.nodes():
+            names.add(node.name)
+            metrics.NODE_INVENTORY_STALE.labels(node.name).set(1 if node.inventory_stale else 0)
+        for gone_name in self._stale_published - names:
+            metrics.NODE_INVENTORY_STALE.remove(gone_name)
+        self._stale_published = names
         claimed: dict[tuple[str, str], int] = {}
         for claim in snap.claims():
             if claim.phase is not Phase.PENDING:

@@ -2,7 +2,7 @@
 
 Pure: no client, no clock; the caller passes ``now`` where a rule depends on time. This is
 the only place that knows which fields of a Node, Pod, GPUNode, GPUClass, GPUClaim,
-Namespace, ResourceQuota or VMI the binder reads.
+Namespace, ResourceQuota, VMI, VM, PVC, PV or StorageClass the binder reads.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from cozystack_gpu.model import (
     Device,
     NamespaceInfo,
     NodeInfo,
+    NodeRequirement,
     RejectedNode,
     Taint,
     Toleration,
+    VolumeAffinity,
     merge_quotas,
 )
 
@@ -347,6 +349,80 @@ def controlling_vmi(obj: Obj) -> tuple[str, str] | None:
     return None
 
 
+def vm_volume_claims(vm: Obj) -> tuple[str, ...]:
+    """PVC names of a VirtualMachine's volumes: ``persistentVolumeClaim.claimName``, and
+    ``dataVolume.name`` (a DataVolume makes a PVC of its own name)."""
+    spec = ((vm.get("spec") or {}).get("template") or {}).get("spec") or {}
+    names: list[str] = []
+    for volume in spec.get("volumes") or []:
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        data = (volume.get("dataVolume") or {}).get("name")
+        for name in (claim, data):
+            if name and str(name) not in names:
+                names.append(str(name))
+    return tuple(names)
+
+
+def pod_volume_claims(pod: Obj) -> tuple[str, ...]:
+    """PVC names of a pod's volumes (KubeVirt renders DataVolumes as their PVCs)."""
+    return tuple(
+        str(v["persistentVolumeClaim"]["claimName"])
+        for v in (pod.get("spec") or {}).get("volumes") or []
+        if (v.get("persistentVolumeClaim") or {}).get("claimName")
+    )
+
+
+def pvc_volume_name(pvc: Obj) -> str | None:
+    """The PV a PVC is bound to (``spec.volumeName``, set by the binding), or None."""
+    return (pvc.get("spec") or {}).get("volumeName") or None
+
+
+def binds_at_first_consumer(storage_class: Obj | None) -> bool:
+    """An unbound PVC whose StorageClass binds WaitForFirstConsumer: the scheduler binds it
+    where its first pod goes, so it limits nothing before."""
+    return (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
+
+
+def pvc_storage_class(pvc: Obj) -> str:
+    return str((pvc.get("spec") or {}).get("storageClassName") or "")
+
+
+def volume_affinity(pv: Obj) -> VolumeAffinity | None:
+    """A PV's required node affinity (local and topology-bound volumes have one), or None
+    when it may be used from any node."""
+    required = ((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {}
+    terms = []
+    for term in required.get("nodeSelectorTerms") or []:
+        requirements = [
+            NodeRequirement(
+                str(e.get("key", "")),
+                str(e.get("operator", "")),
+                tuple(str(v) for v in e.get("values") or []),
+            )
+            for e in term.get("matchExpressions") or []
+        ]
+        for field in term.get("matchFields") or []:
+            if field.get("key") != "metadata.name":
+                # No other field can be matched: the term matches no node.
+                requirements.append(NodeRequirement("", "In", (), True))
+                continue
+            requirements.append(
+                NodeRequirement(
+                    "",
+                    str(field.get("operator", "")),
+                    tuple(str(v) for v in field.get("values") or []),
+                    True,
+                )
+            )
+        if not requirements:
+            # An empty term matches no node (as kube-scheduler reads it).
+            requirements.append(NodeRequirement("", "In", (), True))
+        terms.append(tuple(requirements))
+    if not terms:
+        return None
+    return VolumeAffinity(name_of(pv), tuple(terms))
+
+
 def set_id_for(claim: Obj, vmi_of_claim: str | None, vm_of_claim: str | None) -> str | None:
     """Claims of one VM share a set id: the VM (or VMI) that names them, or the VMI that
     owns a template claim."""
@@ -476,7 +552,13 @@ def vmi_live(
     return verdict in LIVE_VERDICTS
 
 
-def claim_info(claim: Obj, *, vmi_live_now: bool, set_id: str | None) -> ClaimInfo:
+def claim_info(
+    claim: Obj,
+    *,
+    vmi_live_now: bool,
+    set_id: str | None,
+    volumes: tuple[VolumeAffinity, ...] = (),
+) -> ClaimInfo:
     spec = claim.get("spec") or {}
     status = claim.get("status") or {}
     rejected = []
@@ -502,6 +584,7 @@ def claim_info(claim: Obj, *, vmi_live_now: bool, set_id: str | None) -> ClaimIn
         rejected=tuple(rejected),
         set_id=set_id,
         template=is_template_claim(claim),
+        volumes=volumes,
     )
 
 

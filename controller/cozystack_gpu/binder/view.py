@@ -30,6 +30,7 @@ from cozystack_gpu.model import (
     NamespaceInfo,
     NodeInfo,
     Snapshot,
+    VolumeAffinity,
 )
 
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
@@ -76,6 +77,12 @@ class ClusterView:
         # When this binder first saw each claim's current attachment: its grace counts from
         # then too, whatever clock the webhook replica that wrote attachedAt has.
         self._attachment_seen: dict[ClaimKey, tuple[tuple[str, str, str], float]] = {}
+        # Where VMs' disks are: each VM's PVC names, the VMs that use each PVC, and the PVCs
+        # bound to each PV, so a binding or a PV change re-reads the claims of those VMs.
+        self._vm_pvcs: dict[Key, tuple[str, ...]] = {}
+        self._pvc_vms: dict[Key, set[Key]] = {}
+        self._pvc_pv: dict[Key, str] = {}
+        self._pv_pvcs: dict[str, set[Key]] = {}
         # Launcher pods the gate controller looks after: waiting at the gate, and pinned
         # but not yet bound by the scheduler (a refusal may come).
         self._gated: set[Key] = set()
@@ -89,6 +96,10 @@ class ClusterView:
         self._name_counts: dict[str, int] = {}
         self._gpu_names: frozenset[str] = frozenset()
         self._set_names(("extra", ""), frozenset(config.extra_resource_names))
+        # Counts changes of the node set or of any node's labels (not of its status): what
+        # is computed from labels alone, such as where a volume can be used, is kept until
+        # it moves.
+        self.node_labels_version = 0
         # When each node agent last reported, and which nodes' reports are too old.
         self._reported_at: dict[str, float | None] = {}
         self._stale: set[str] = set()
@@ -103,6 +114,8 @@ class ClusterView:
             keys.POD.kind: self._on_pod,
             keys.VMI.kind: self._on_vmi,
             keys.VM.kind: self._on_vm,
+            keys.PVC.kind: self._on_pvc,
+            keys.PV.kind: self._on_pv,
         }
 
     # --- taking in events ------------------------------------------------------------
@@ -172,6 +185,12 @@ class ClusterView:
 
     def _on_node(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         self.dirty.nodes.add(key[1])
+        if (
+            old is None
+            or new is None
+            or translate.meta(old).get("labels") != translate.meta(new).get("labels")
+        ):
+            self.node_labels_version += 1
         self._node_names(key[1])
 
     def _on_gpunode(self, key: Key, old: Obj | None, new: Obj | None) -> None:
@@ -294,7 +313,41 @@ class ClusterView:
         if new is not None:
             for claim in translate.vm_held_claims(new):
                 self._claim_vm[ClaimKey(namespace, claim)] = key[1]
+        for name in self._vm_pvcs.pop(key, ()):
+            _unindex(self._pvc_vms, (namespace, name), key)
+        pvcs = translate.vm_volume_claims(new) if new is not None else ()
+        if pvcs:
+            self._vm_pvcs[key] = pvcs
+            for name in pvcs:
+                self._pvc_vms.setdefault((namespace, name), set()).add(key)
         self.dirty.claims |= touched
+
+    def _on_pvc(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        before = self._pvc_pv.pop(key, None)
+        if before is not None:
+            _unindex(self._pv_pvcs, before, key)
+        volume = translate.pvc_volume_name(new) if new is not None else None
+        if volume is not None:
+            self._pvc_pv[key] = volume
+            self._pv_pvcs.setdefault(volume, set()).add(key)
+        if before != volume:
+            self._volumes_changed({key})
+
+    def _on_pv(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+        old_affinity = translate.volume_affinity(old) if old is not None else None
+        new_affinity = translate.volume_affinity(new) if new is not None else None
+        if old_affinity != new_affinity:
+            self._volumes_changed(self._pv_pvcs.get(key[1], set()))
+
+    def _volumes_changed(self, pvcs: Iterable[Key]) -> None:
+        """The held claims of the VMs using these PVCs are read into the model again."""
+        for pvc in pvcs:
+            for vm_key in self._pvc_vms.get(pvc, ()):
+                vm = self.raw[keys.VM.kind].get(vm_key)
+                if vm is not None:
+                    self.dirty.claims |= {
+                        ClaimKey(vm_key[0], c) for c in translate.vm_held_claims(vm)
+                    }
 
     def _node_names(self, name: str) -> None:
         """A GPU node (one with a GPUNode) contributes the names it advertises under
@@ -389,6 +442,26 @@ class ClusterView:
     def vmi_object(self, key: Key) -> Obj | None:
         return self.raw[keys.VMI.kind].get(key)
 
+    def pvc(self, namespace: str, name: str) -> Obj | None:
+        return self.raw.get(keys.PVC.kind, {}).get((namespace, name))
+
+    def pv(self, name: str) -> Obj | None:
+        return self.raw.get(keys.PV.kind, {}).get(("", name))
+
+    def storage_class(self, name: str) -> Obj | None:
+        return self.raw.get(keys.STORAGE_CLASS.kind, {}).get(("", name))
+
+    def vm_volumes(self, vm: Key) -> tuple[VolumeAffinity, ...]:
+        """The node affinity of each bound PV among a VirtualMachine's volumes."""
+        found = []
+        for name in self._vm_pvcs.get(vm, ()):
+            volume = self._pvc_pv.get((vm[0], name))
+            pv = self.pv(volume) if volume is not None else None
+            affinity = translate.volume_affinity(pv) if pv is not None else None
+            if affinity is not None:
+                found.append(affinity)
+        return tuple(found)
+
     def gated_pods(self) -> list[Key]:
         return sorted(self._gated)
 
@@ -467,10 +540,12 @@ class ClusterView:
             return None
         vmi = self.attached_vmi(key)
         seen = self.attachment_seen_at(key, now)
+        vm = self._claim_vm.get(key)
         return translate.claim_info(
             obj,
             vmi_live_now=translate.vmi_live(obj, vmi, now, self.config.attachment_grace, seen),
-            set_id=translate.set_id_for(obj, self._claim_vmi.get(key), self._claim_vm.get(key)),
+            set_id=translate.set_id_for(obj, self._claim_vmi.get(key), vm),
+            volumes=self.vm_volumes((key.namespace, vm)) if vm is not None else (),
         )
 
     # --- the model -------------------------------------------------------------------
@@ -516,6 +591,14 @@ class ClusterView:
                 snap.upsert_claim(claim)
                 changed = True
         return changed, dirty
+
+
+def _unindex(table: dict[Any, set[Key]], key: Any, item: Key) -> None:
+    members = table.get(key)
+    if members is not None:
+        members.discard(item)
+        if not members:
+            del table[key]
 
 
 def _sync(

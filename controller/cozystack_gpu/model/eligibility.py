@@ -4,16 +4,27 @@ oracle and anyone explaining a refusal apply the same words.
 A node serves a class when it matches the class's nodeSelector, is Ready, is not cordoned,
 has no pending layout change and a fresh GPU inventory, and carries no NoSchedule or
 NoExecute taint the class does not tolerate (PreferNoSchedule only steers the scheduler, so
-it is ignored). Two classes
-that share a resource name must live on disjoint nodes; where their selectors both match a
-node, neither is served there, since the node's units could not be told apart.
+it is ignored). Two classes that share a resource name must live on disjoint nodes; where
+their selectors both match a node, neither is served there, since the node's units could not
+be told apart.
+
+A stale inventory (the node agent stopped reporting) is a reason to place nothing new on the
+node, not to take holds away: kubelet still reports what the node has, and a silent agent
+says nothing about the devices' health. So ``why_not_placeable``, which says why holds must
+leave, does not count it; ``serves``, which says where new placements may go, does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cozystack_gpu.model.types import HARD_TAINT_EFFECTS, NODE_STATE_TAINTS, ClassInfo, NodeInfo
+from cozystack_gpu.model.types import (
+    HARD_TAINT_EFFECTS,
+    NODE_STATE_TAINTS,
+    ClaimInfo,
+    ClassInfo,
+    NodeInfo,
+)
 
 
 def selector_matches(node: NodeInfo, cls: ClassInfo) -> bool:
@@ -42,12 +53,10 @@ def shares_resource_on(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassIn
 
 
 def why_not_placeable(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInfo]) -> str | None:
-    """Why the node can never take the class while it stays as it is (Ready and cordon
-    aside), or None when only its state could keep it from serving."""
+    """Why the node can never take the class while it stays as it is (Ready, cordon and a
+    stale inventory aside), or None when only its state could keep it from serving."""
     if node.layout_pending:
         return f"node {node.name} has a pending layout change"
-    if node.inventory_stale:
-        return f"node {node.name} has a stale GPU inventory (its node agent stopped reporting)"
     if not selector_matches(node, cls):
         return f"node {node.name} does not match the nodeSelector of class {cls.name}"
     taint = untolerated_taint(node, cls)
@@ -60,6 +69,22 @@ def why_not_placeable(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInf
     return None
 
 
+def takes_new(node: NodeInfo) -> bool:
+    """The node may take new placements as far as its own state goes: Ready, not cordoned,
+    and its agent reports (a stale report keeps holds, but nothing new goes there)."""
+    return node.ready and not node.unschedulable and not node.inventory_stale
+
+
 def serves(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInfo]) -> bool:
-    """The full rule: Ready, not cordoned, and placeable."""
-    return node.ready and not node.unschedulable and why_not_placeable(node, cls, classes) is None
+    """The full rule: Ready, not cordoned, a fresh inventory, and placeable."""
+    return takes_new(node) and why_not_placeable(node, cls, classes) is None
+
+
+def kept_by_volumes(claim: ClaimInfo, node: NodeInfo | None) -> bool:
+    """The claim's VM has volumes with node affinity, all usable from ``node``: the claim's
+    set stays there (its VM's disk is there, so its next start can only be there)."""
+    return (
+        node is not None
+        and bool(claim.volumes)
+        and all(v.admits(node.name, node.labels) for v in claim.volumes)
+    )

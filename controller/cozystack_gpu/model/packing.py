@@ -10,8 +10,9 @@ resourceVersion, so a hold that changed meanwhile is not moved.
 
 What may move: a set whose every member is Bound on the node being freed, has no
 attachment recorded (a VMI may be starting with it), is no template claim (its launcher pod
-is pinned to that node) and was not changed earlier in the same pass. Attached claims never
-move.
+is pinned to that node), has no VM volume bound to that node (a stopped VM's local disk:
+its next start can only be there) and was not changed earlier in the same pass. Attached
+claims never move.
 
 Budgets: a move keeps every claim's namespace, class and count, and a Bound claim counts
 against its budgets wherever it is, so a move changes no budget key (the planner asserts
@@ -36,8 +37,9 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from cozystack_gpu.keys import Phase
+from cozystack_gpu.model.eligibility import kept_by_volumes
 from cozystack_gpu.model.snapshot import Snapshot
-from cozystack_gpu.model.types import ClaimInfo, ClaimKey, Placement, Reason, Refusal
+from cozystack_gpu.model.types import ClaimInfo, ClaimKey, NodeInfo, Placement, Reason, Refusal
 
 MAX_MOVES = 8  # claims moved per order: each is one status write before the order binds
 MAX_LOOKED = 4_096  # claims on the nodes looked at per order, most free units first
@@ -159,7 +161,10 @@ def make_room(
 def _why_not(held: int, costly: int, nowhere: int, cut: bool) -> str:
     parts = []
     if held:
-        parts.append(f"on {_nodes(held)} attached claims or those of starting VMs hold the units")
+        parts.append(
+            f"on {_nodes(held)} attached claims, those of starting VMs or of VMs whose disk "
+            "is there hold the units"
+        )
     if costly:
         parts.append(f"on {_nodes(costly)} it takes more than that many moves")
     if nowhere:
@@ -183,13 +188,15 @@ def _room(snap: Snapshot, node: str, res: str) -> int:
     return snap.capacity(node, res) - raw
 
 
-def may_move(claim: ClaimInfo, node: str, frozen: Collection[ClaimKey]) -> bool:
+def may_move(claim: ClaimInfo, node: NodeInfo | None, frozen: Collection[ClaimKey]) -> bool:
     """An unattached hold on ``node`` that packing may move (see the module's rules)."""
     return (
-        claim.phase is Phase.BOUND
-        and claim.node == node
+        node is not None
+        and claim.phase is Phase.BOUND
+        and claim.node == node.name
         and claim.attached_to is None
         and not claim.template
+        and not kept_by_volumes(claim, node)
         and claim.key not in frozen
     )
 
@@ -200,15 +207,16 @@ def _movable_sets(
     """The sets on the node that may move and free units of ``res`` there."""
     out: list[_Set] = []
     seen: set[tuple[str, str]] = set()
+    info = snap.node(node)
     for key in snap.claims_on(node):
         claim = snap.claim(key)
-        if claim is None or not may_move(claim, node, frozen) or claim.set_key in seen:
+        if claim is None or not may_move(claim, info, frozen) or claim.set_key in seen:
             continue
         members: tuple[ClaimInfo, ...] = (claim,)
         if claim.set_id is not None:
             seen.add(claim.set_key)
             found = [snap.claim(k) for k in sorted(snap.set_members(claim.set_key))]
-            if any(m is None or not may_move(m, node, frozen) for m in found):
+            if any(m is None or not may_move(m, info, frozen) for m in found):
                 continue
             members = tuple(m for m in found if m is not None)
         units = 0

@@ -7,10 +7,12 @@ Order of the pass, each step seeing the ones before it:
 2. Lost claims whose VMI still runs on a node that is Ready again return to Attached;
 3. unattached sets that must leave move (node gone, not Ready, no longer serving a class:
    selector, taint, layout change; or the node holds more than its capacity, in which case
-   the most recently bound sets leave first), or go Lost where nowhere has room;
+   the most recently bound sets leave first), or go Lost where nowhere has room. A set
+   whose VM has volumes bound to the node (a local disk) leaves only when the node is gone;
 4. Lost claims rebind, as sets, oldest first;
 5. unattached sets on a cordoned node move when every class of the set says
-   ``onCordon: Move`` and another node has room; otherwise they stay;
+   ``onCordon: Move`` and another node has room (and their VM's disk is not there);
+   otherwise they stay;
 6. Pending orders bind, oldest first. One that does not fit waits and the next is tried,
    so a large order never holds up a smaller one behind it. One that does not fit only
    because free units are scattered gets room made first: at most ``max_moves``
@@ -28,6 +30,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from cozystack_gpu.keys import OnCordon, Phase
+from cozystack_gpu.model.eligibility import kept_by_volumes
 from cozystack_gpu.model.packing import MAX_MOVES, Room, make_room
 from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import (
@@ -90,6 +93,12 @@ def plan(snapshot: Snapshot, now: float, *, max_moves: int = MAX_MOVES) -> Plan:
     finally:
         planner.revert()
     return Plan(tuple(planner.actions), dict(planner.updates))
+
+
+def _on_its_disk(members: list[ClaimInfo], node: NodeInfo) -> bool:
+    """The set's VM has volumes with node affinity usable from ``node`` (one VM's members
+    share its volumes)."""
+    return any(kept_by_volumes(c, node) for c in members)
 
 
 def _arrival(claims: list[ClaimInfo]) -> tuple[float, str, str]:
@@ -182,6 +191,8 @@ class _Planner:
     def must_leave(self, node: NodeInfo | None, name: str, members: list[ClaimInfo]) -> str | None:
         if node is None:
             return f"node {name} is gone"
+        if _on_its_disk(members, node):
+            return None  # its VM's disk is there: moved, its next start could not follow
         stay = False
         for claim in members:
             klass = self.snap.gpu_class(claim.class_name)
@@ -226,6 +237,8 @@ class _Planner:
                 return (max(c.bound_at or c.created for c in members), str(item[0]))
 
             for set_key, members in sorted(staying.items(), key=latest, reverse=True):
+                if _on_its_disk(members, node):
+                    continue  # the other sets give way; this one stays with its disk
                 hit = False
                 for claim in members:
                     klass = self.snap.gpu_class(claim.class_name)
@@ -310,6 +323,8 @@ class _Planner:
             for members in self.unattached_sets(name).values():
                 classes = [self.snap.gpu_class(c.class_name) for c in members]
                 if any(k is None or k.on_cordon is not OnCordon.MOVE for k in classes):
+                    continue
+                if _on_its_disk(members, node):
                     continue
                 candidates.append((_arrival(members), members, name))
         for _arr, members, name in sorted(candidates, key=lambda c: (c[0], c[2])):

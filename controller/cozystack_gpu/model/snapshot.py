@@ -21,7 +21,12 @@ from typing import Any, NamedTuple
 from cozystack_gpu.keys import Mode, OnCordon, Phase, effective_max_count
 from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.budgets import Charge, Ledger, bump
-from cozystack_gpu.model.eligibility import selector_matches, why_not_placeable
+from cozystack_gpu.model.eligibility import (
+    kept_by_volumes,
+    selector_matches,
+    takes_new,
+    why_not_placeable,
+)
 from cozystack_gpu.model.search import find_node
 from cozystack_gpu.model.types import (
     ClaimInfo,
@@ -44,7 +49,7 @@ class _Acct(NamedTuple):
     resource: str | None
     node: str | None  # set when the claim takes capacity there
     units: int
-    pinned: bool  # packing may not move it (attached, starting, template, Lost)
+    pinned: bool  # packing may not move it (attached, starting, template, Lost, on its disk)
 
 
 class Snapshot:
@@ -148,7 +153,8 @@ class Snapshot:
         return frozenset(self._lost)
 
     def serves(self, node: str, class_name: str) -> bool:
-        """The node serves the class now (Ready, uncordoned, selector, taints, layout)."""
+        """The node takes new placements of the class now (Ready, uncordoned, a fresh
+        inventory, selector, taints, layout)."""
         return class_name in self._served.get(node, ())
 
     def why_not_placeable(self, node: NodeInfo, klass: ClassInfo) -> str | None:
@@ -167,7 +173,7 @@ class Snapshot:
     def pinned(self, node: str, resource: str) -> int:
         """Units held on the node by claims no packing move may take away: attached ones,
         those of a starting VM (attachment recorded), template claims, Lost ones whose VMI
-        still runs there."""
+        still runs there, and those whose VM's volumes are bound to the node."""
         return self._pinned.get(node, {}).get(resource, 0)
 
     def free(self, node: str, resource: str) -> int:
@@ -231,8 +237,11 @@ class Snapshot:
 
     def upsert_node(self, node: NodeInfo) -> None:
         name = node.name
+        old = self._nodes.get(name)
         self._nodes[name] = node
         self._cap[name] = node.capacity()
+        if old is None or old.labels != node.labels:
+            self._reaccount_volumes(name)
         for class_name in self._classes:
             self._refresh_eligibility(name, class_name)
         self._dirty.add(name)
@@ -241,6 +250,7 @@ class Snapshot:
         if self._nodes.pop(name, None) is None:
             return
         del self._cap[name]
+        self._reaccount_volumes(name)
         for class_name in self._served.pop(name, set()):
             self._idx[class_name].remove(name)
         self._dirty.add(name)
@@ -382,15 +392,19 @@ class Snapshot:
         there, anything else goes to the best fit. Seed 000 adds the cordon rule: a set held
         whole on a cordoned node, whose only reason to leave is the cordon, is pinned where
         it is when a class of the set says ``onCordon: Stay`` (a Stay pin, which also holds
-        through NotReady) or when no other node has room for it. ``exclude`` leaves out nodes
-        that refused the VM's launcher pod before (its template claims' rejections die with
-        their VMI; the binder keeps them against the VM).
+        through NotReady) or when no other node has room for it. A set held whole on a node
+        whose agent report is stale starts there too: its holds stay, and nothing new is
+        placed there. ``exclude`` leaves out nodes that refused the VM's launcher pod before
+        (its template claims' rejections die with their VMI; the binder keeps them against
+        the VM).
         """
         pinned = self._pinned_node(claims, now, nodes)
         if pinned is not None and pinned in exclude:
             pinned = None
         if pinned is None:
             return self.place_set(claims, now, nodes, exclude=exclude)
+        if not self._nodes[pinned].unschedulable:
+            return Placement(pinned)  # only stale: the set keeps its node
         if any(self._classes[c.class_name].on_cordon is OnCordon.STAY for c in claims):
             return Placement(pinned)
         elsewhere = self.place_set(claims, now, nodes, exclude=(pinned, *exclude))
@@ -399,14 +413,15 @@ class Snapshot:
     def _pinned_node(
         self, claims: Sequence[ClaimInfo], now: float, nodes: Collection[str] | None
     ) -> str | None:
-        """The cordoned node a set is held on whole, when nothing but the cordon (and, under
-        a Stay class, NotReady) says it should leave, and its other members fit there."""
+        """The cordoned (or stale) node a set is held on whole, when nothing but the cordon
+        (and, under a Stay class, NotReady) or a stale inventory says it should leave, and
+        its other members fit there (on a stale node: the set has no member to add)."""
         held = {c.node for c in claims if c.holds_node and c.node is not None}
         if len(held) != 1 or any(c.counts_budget and not c.holds_node for c in claims):
             return None
         name = next(iter(held))
         node = self._nodes.get(name)
-        if node is None or not node.unschedulable:
+        if node is None or not (node.unschedulable or node.inventory_stale):
             return None
         if nodes is not None and name not in nodes:
             return None
@@ -416,7 +431,7 @@ class Snapshot:
         if any(k is None or self.why_not_placeable(node, k) is not None for k in classes):
             return None
         stay = any(k is not None and k.on_cordon is OnCordon.STAY for k in classes)
-        if not node.ready and not stay:
+        if not node.ready and not (node.unschedulable and stay):
             return None
         if self.over_capacity(name):
             return None  # the node lost capacity: every pin gives way
@@ -425,6 +440,8 @@ class Snapshot:
             if not claim.holds_node:
                 res = self._classes[claim.class_name].resource_name
                 need[res] = need.get(res, 0) + claim.count
+        if need and node.inventory_stale:
+            return None  # a stale node takes no new units
         if any(self.free(name, res) < units for res, units in need.items()):
             return None
         waiting = [c for c in claims if not c.counts_budget]
@@ -494,7 +511,11 @@ class Snapshot:
         if claim.counts_budget:
             ancestors = self._ledger.ancestors(claim.namespace)
             charge = Charge(ancestors, claim.class_name, res, claim.count)
-        pinned = not (claim.phase is Phase.BOUND and claim.attached_to is None) or claim.template
+        pinned = (
+            not (claim.phase is Phase.BOUND and claim.attached_to is None)
+            or claim.template
+            or (node is not None and kept_by_volumes(claim, self._nodes.get(node)))
+        )
         return _Acct(charge, res, node, claim.count, pinned)
 
     def _apply(self, acct: _Acct, sign: int) -> None:
@@ -514,6 +535,13 @@ class Snapshot:
             self._acct[key] = acct
             self._apply(acct, 1)
 
+    def _reaccount_volumes(self, node: str) -> None:
+        """Whether a claim's volumes can be used from its node depends on the node's labels
+        (and on the node being there): account those claims again."""
+        keys = [k for k in self._node_claims.get(node, ()) if self._claims[k].volumes]
+        if keys:
+            self._reaccount(keys)
+
     def _refresh_free(self, node: str, res: str) -> None:
         served = self._served.get(node)
         if not served:
@@ -529,8 +557,7 @@ class Snapshot:
         # Cheapest tests first: a node event re-judges every class, and most classes fail
         # on the selector; the full rule (with its message) only runs for the rest.
         ok = (
-            node.ready
-            and not node.unschedulable
+            takes_new(node)
             and selector_matches(node, klass)
             and self.why_not_placeable(node, klass) is None
         )
@@ -568,9 +595,17 @@ class Snapshot:
                     return False
             elif claim.phase is Phase.BOUND:
                 has_unattached = True
-                if claim.class_name in self._classes and claim.class_name not in served:
+                if claim.class_name in served or claim.class_name not in self._classes:
+                    continue
+                if node is None or not self._keeps_holds(node, claim.class_name):
                     return False
         return not (has_unattached and self.over_capacity(name))
+
+    def _keeps_holds(self, node: NodeInfo, class_name: str) -> bool:
+        """A node that serves the class but for its stale inventory: its holds stay."""
+        if not (node.inventory_stale and node.ready and not node.unschedulable):
+            return False
+        return self.why_not_placeable(node, self._classes[class_name]) is None
 
 
 def _units(n: int) -> str:

@@ -104,7 +104,8 @@ class NodeInfo:
     - ``raw_used``: units per resource name requested by running pods that hold no claim
       (raw-name VMs and pods); they take capacity like claims do.
     - ``inventory_stale``: the node agent has not refreshed the GPUNode for longer than the
-      binder allows; nobody knows the devices' health, so the node serves no class.
+      binder allows; nobody knows the devices' health, so nothing new is placed there, but
+      its holds stay (kubelet's allocatable still caps them).
     """
 
     name: str
@@ -158,6 +159,53 @@ class ClassInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeRequirement:
+    """One requirement of a node selector term (a PersistentVolume's ``nodeAffinity``):
+    ``matchExpressions`` on labels, or ``matchFields`` on the node's name when ``on_name``."""
+
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist | Gt | Lt
+    values: tuple[str, ...] = ()
+    on_name: bool = False
+
+    def matches(self, name: str, labels: Mapping[str, str]) -> bool:
+        if self.on_name:
+            # matchFields supports metadata.name with In and NotIn only.
+            if self.operator == "In":
+                return name in self.values
+            return self.operator == "NotIn" and name not in self.values
+        present = self.key in labels
+        value = labels.get(self.key)
+        if self.operator == "In":
+            return present and value in self.values
+        if self.operator == "NotIn":
+            return not present or value not in self.values
+        if self.operator == "Exists":
+            return present
+        if self.operator == "DoesNotExist":
+            return not present
+        try:  # Gt / Lt compare integers
+            left, right = int(str(value)), int(self.values[0])
+        except (TypeError, ValueError, IndexError):
+            return False
+        if self.operator == "Gt":
+            return present and left > right
+        return self.operator == "Lt" and present and left < right
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeAffinity:
+    """A bound PersistentVolume's required node affinity: a node can use the volume when it
+    matches one of ``terms`` (every requirement of that term)."""
+
+    volume: str
+    terms: tuple[tuple[NodeRequirement, ...], ...]
+
+    def admits(self, name: str, labels: Mapping[str, str]) -> bool:
+        return any(all(r.matches(name, labels) for r in term) for term in self.terms)
+
+
+@dataclass(frozen=True, slots=True)
 class RejectedNode:
     """A ``status.rejectedNodes`` entry. The binder drops an entry when the node's
     allocatable, taints or Ready change; the model only honours ``until``."""
@@ -180,6 +228,10 @@ class ClaimInfo:
       no VM names yet.
     - ``template``: created from a VMI's claim template. A Pending template claim is placed
       with its set by ``place_set`` when the launcher pod is gated, never by ``plan``.
+    - ``volumes``: the node affinity of each bound PersistentVolume of the claim's VM (its
+      VirtualMachine's volumes, which exist while it is stopped). A set whose volumes can be
+      used from its node stays there: no move but for the node gone, no packing move (a
+      VM's local disk does not follow its GPUs, so the next start could only go there).
     """
 
     namespace: str
@@ -195,6 +247,7 @@ class ClaimInfo:
     rejected: tuple[RejectedNode, ...] = ()
     set_id: str | None = None
     template: bool = False
+    volumes: tuple[VolumeAffinity, ...] = ()
 
     @property
     def key(self) -> ClaimKey:

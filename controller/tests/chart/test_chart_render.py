@@ -419,6 +419,13 @@ def test_the_controller_has_exactly_the_rules_it_is_tested_with(helm: Path) -> N
     assert {(keys.GROUP, "gpuclaims/status", "patch"), ("", "pods", "patch")} <= chart_cluster
 
 
+def test_the_controller_may_list_and_watch_every_kind_the_binder_watches(helm: Path) -> None:
+    rules = _rules(find(render(helm), "ClusterRole", "cozystack-gpu-controller"))
+    for kind in (*keys.BINDER_WATCHES, keys.WORKLOAD):
+        for verb in ("list", "watch"):
+            assert (kind.group, kind.plural, verb) in rules, (kind.kind, verb)
+
+
 def test_the_agent_writes_only_gpunodes(helm: Path) -> None:
     objects = render(helm)
     rules = _rules(find(objects, "ClusterRole", "cozystack-gpu-agent"))

@@ -113,7 +113,8 @@ def test_attached_holds_never_move_and_the_order_says_why_until_one_ends(env: En
     cond = wait_for(refused, 30, "a CapacityFragmented condition on the large order")
     assert cond["message"].endswith(
         "no plan of at most 8 moves of unattached holds frees a node for it: "
-        "on 3 nodes attached claims or those of starting VMs hold the units"
+        "on 3 nodes attached claims, those of starting VMs or of VMs whose disk is there "
+        "hold the units"
     ), cond["message"]
     assert env.phase("big") == "Pending"
     # One VM ends: its node can be freed now; the running VMs' claims stay where they are.

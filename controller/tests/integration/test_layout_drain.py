@@ -183,9 +183,16 @@ def read_only_identity(env: Env) -> str:
                         keys.PLURAL_NODES,
                         "virtualmachineinstances",
                         "virtualmachines",
+                        "persistentvolumeclaims",
+                        "persistentvolumes",
                     ],
                     "verbs": ["get", "list", "watch"],
-                }
+                },
+                {
+                    "apiGroups": [keys.STORAGE_CLASS.group],
+                    "resources": [keys.STORAGE_CLASS.plural],
+                    "verbs": ["get", "list", "watch"],
+                },
             ],
         }
     )

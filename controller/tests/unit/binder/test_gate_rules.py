@@ -10,7 +10,8 @@ import pytest
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission.annotation import TemplateEntry
-from cozystack_gpu.binder import gate
+from cozystack_gpu.binder import gate, translate
+from cozystack_gpu.model import VolumeAffinity
 
 
 def test_the_gate_reads_held_claims_and_templates_and_ignores_a_malformed_annotation() -> None:
@@ -184,10 +185,14 @@ def test_bound_volumes_limit_the_nodes_a_set_may_start_on() -> None:
             }
         }
     }
-    assert gate.volume_nodes([], nodes) is None
-    assert gate.volume_nodes([{"spec": {}}], nodes) is None
-    assert gate.volume_nodes([zonal], nodes) == {"n1", "n2"}
-    assert gate.volume_nodes([zonal, local], nodes) == {"n2"}
+
+    def limits(*pvs: dict[str, Any]) -> list[VolumeAffinity]:
+        return [a for pv in pvs if (a := translate.volume_affinity(pv)) is not None]
+
+    assert gate.volume_nodes(limits(), nodes) is None
+    assert gate.volume_nodes(limits({"spec": {}}), nodes) is None
+    assert gate.volume_nodes(limits(zonal), nodes) == {"n1", "n2"}
+    assert gate.volume_nodes(limits(zonal, local), nodes) == {"n2"}
 
 
 def _template_claim(**meta: Any) -> dict[str, Any]:

@@ -401,3 +401,12 @@ def test_a_template_claim_is_protected_while_the_vmi_it_was_made_for_lives() -> 
     assert lifecycle.claim_protection(made, vmi_live=False, owner_live=False) == {
         "metadata": {"resourceVersion": "7", "finalizers": []}
     }
+
+
+def test_gpunode_of_a_stale_report_says_its_holds_stay_and_nothing_new_is_placed() -> None:
+    conds = lifecycle.gpunode_conditions(_node(), _gpunode(updated=NOW - 900), True, 300.0, NOW)
+    found = {c["type"]: c for c in conds}[keys.CONDITION_READY]
+    assert found["reason"] == "InventoryStale"
+    assert "holds stay" in found["message"]
+    assert "nothing new is placed" in found["message"]
+    assert "serves no class" not in found["message"]

@@ -6,6 +6,7 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.view import ClusterView
+from cozystack_gpu.model import ClaimKey
 from cozystack_gpu_testkit.objects import binder_config
 
 
@@ -109,3 +110,81 @@ def test_a_name_the_agent_found_to_be_another_devices_is_no_gpu_name() -> None:
     }
     view.apply(keys.GPU_NODE.kind, judged, deleted=False)
     assert view.gpu_names == {gpu}
+
+
+def _local_pv(name: str, node: str, rv: int = 1) -> dict[str, Any]:
+    term = {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]
+    }
+    return {
+        "metadata": {"name": name, "resourceVersion": str(rv)},
+        "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}},
+    }
+
+
+def test_a_stopped_vms_claim_carries_where_its_disks_are_and_follows_their_binding() -> None:
+    view = _view()
+    claim = {
+        "metadata": {"name": "c", "namespace": "t", "resourceVersion": "1"},
+        "spec": {"class": "h100", "count": 1},
+        "status": {"phase": "Bound", "nodeName": "n1"},
+    }
+    vm = {
+        "metadata": {"name": "vm", "namespace": "t", "resourceVersion": "1"},
+        "spec": {
+            "template": {
+                "metadata": {"annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'}},
+                "spec": {
+                    "volumes": [
+                        {"name": "root", "dataVolume": {"name": "root-dv"}},
+                        {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+                        {"name": "cloudinit", "cloudInitNoCloud": {}},
+                    ]
+                },
+            }
+        },
+    }
+    pvc = {"metadata": {"name": "root-dv", "namespace": "t", "resourceVersion": "1"}, "spec": {}}
+    view.apply(keys.GPU_CLAIM.kind, claim, deleted=False)
+    view.apply(keys.VM.kind, vm, deleted=False)
+    view.apply(keys.PVC.kind, pvc, deleted=False)
+    view.apply(keys.PV.kind, _local_pv("pv-1", "n1"), deleted=False)
+    key = ClaimKey("t", "c")
+    info = view.claim_info(key, 0.0)
+    assert info is not None and info.volumes == ()
+    view.take_dirty()
+    # The DataVolume's PVC binds to a local PV on n1: the claim is read again, with it.
+    bound = {**pvc, "metadata": {**pvc["metadata"], "resourceVersion": "2"}}
+    bound["spec"] = {"volumeName": "pv-1"}
+    view.apply(keys.PVC.kind, bound, deleted=False)
+    assert key in view.take_dirty().claims
+    info = view.claim_info(key, 0.0)
+    assert info is not None and [v.volume for v in info.volumes] == ["pv-1"]
+    assert info.volumes[0].admits("n1", {"kubernetes.io/hostname": "n1"})
+    # The PV's affinity changes: read again; the PV goes: the claim has no disk left.
+    view.apply(keys.PV.kind, _local_pv("pv-1", "n2", rv=2), deleted=False)
+    assert key in view.take_dirty().claims
+    view.apply(keys.PV.kind, _local_pv("pv-1", "n2", rv=3), deleted=True)
+    assert key in view.take_dirty().claims
+    info = view.claim_info(key, 0.0)
+    assert info is not None and info.volumes == ()
+
+
+def test_what_is_judged_from_node_labels_is_judged_again_only_when_they_change() -> None:
+    view = _view()
+
+    def node(rv: int, labels: dict[str, str], ready: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "n1", "resourceVersion": str(rv), "labels": labels},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]},
+        }
+
+    view.apply(keys.NODE.kind, node(1, {"zone": "a"}, "True"), deleted=False)
+    added = view.node_labels_version
+    view.apply(keys.NODE.kind, node(2, {"zone": "a"}, "False"), deleted=False)
+    assert view.node_labels_version == added  # a heartbeat or a Ready change: labels stay
+    view.apply(keys.NODE.kind, node(3, {"zone": "b"}, "False"), deleted=False)
+    assert view.node_labels_version > added
+    relabelled = view.node_labels_version
+    view.apply(keys.NODE.kind, node(4, {"zone": "b"}, "False"), deleted=True)
+    assert view.node_labels_version > relabelled

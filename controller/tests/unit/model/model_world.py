@@ -37,6 +37,7 @@ from cozystack_gpu.model import (
     Device,
     NamespaceInfo,
     NodeInfo,
+    NodeRequirement,
     Placement,
     Plan,
     Reason,
@@ -46,10 +47,11 @@ from cozystack_gpu.model import (
     Step,
     Taint,
     Toleration,
+    VolumeAffinity,
     plan,
     serves,
 )
-from cozystack_gpu.model.eligibility import why_not_placeable
+from cozystack_gpu.model.eligibility import kept_by_volumes, why_not_placeable
 from cozystack_gpu.model.packing import may_move
 
 RES_A = "nvidia.com/GA100"
@@ -134,6 +136,19 @@ def make_node(i: int, r: random.Random) -> NodeInfo:
         raw_used=raw,
         inventory_stale=stale,
     )
+
+
+def vm_volumes(a: int, set_id: str | None) -> tuple[VolumeAffinity, ...]:
+    """Some VMs have a disk bound to a zone or to one node (a local PV), the same for every
+    member of a set; most have none."""
+    seed = a if set_id is None else sum(map(ord, set_id))
+    kind = seed % 7
+    if kind == 0:
+        return (VolumeAffinity("pv-zone", ((NodeRequirement("zone", "In", ("z1",)),),)),)
+    if kind == 1:
+        name = f"n{(seed // 7) % 8}"
+        return (VolumeAffinity("pv-" + name, ((NodeRequirement("", "In", (name,), True),),)),)
+    return ()
 
 
 def make_class(name: str, r: random.Random) -> ClassInfo:
@@ -265,6 +280,7 @@ class Checker:
         if b % 5 == 0:
             rejected = (RejectedNode(f"n{b % 8}", w.now + (b % 3) - 1),)
         return ClaimInfo(
+            volumes=vm_volumes(a, set_id),
             namespace=ns,
             name=f"c{w.serial}",
             class_name=class_name,
@@ -566,6 +582,7 @@ def check_leaving_respects_cordon_and_stay(view: View, action: Action) -> bool:
     members = [view.claims[k] for k in action.claims if k in view.claims]
     if node is None or not members or any(m.phase is not Phase.BOUND for m in members):
         return False  # the node is gone, or attached claims going Lost on a NotReady node
+    assert not any(kept_by_volumes(m, node) for m in members), f"a set left its disk: {action}"
     classes = [view.classes.get(m.class_name) for m in members]
     if any(c is None for c in classes):
         return False
@@ -583,7 +600,8 @@ def check_leaving_respects_cordon_and_stay(view: View, action: Action) -> bool:
 
 
 def check_holds(world: World) -> None:
-    """After a pass, no unattached claim sits on a node holding more than its capacity."""
+    """After a pass, no unattached claim sits on a node holding more than its capacity, but
+    those kept there by their VM's disk."""
     used = oracle_used(world)
     for claim in world.claims.values():
         klass = world.classes.get(claim.class_name)
@@ -591,6 +609,8 @@ def check_holds(world: World) -> None:
             continue
         node = world.nodes.get(claim.node)
         assert node is not None, f"{claim.key} Bound on a node that is gone"
+        if kept_by_volumes(claim, node):
+            continue
         res = klass.resource_name
         held = used.get((node.name, res), 0) + node.raw_used.get(res, 0)
         assert held <= node.capacity().get(res, 0), f"{node.name} over capacity for {res}"
@@ -600,8 +620,8 @@ def check_holds(world: World) -> None:
 
 
 def movable_sets(view: View, node: str) -> list[list[ClaimInfo]]:
-    """Sets every member of which is Bound on ``node``, unattached, no template: the holds
-    packing may move off it."""
+    """Sets every member of which is Bound on ``node``, unattached, no template, not kept
+    there by its VM's disk: the holds packing may move off it."""
     sets: dict[tuple[str, str], list[ClaimInfo]] = {}
     for claim in view.claims.values():
         sets.setdefault(claim.set_key, []).append(claim)
@@ -612,6 +632,7 @@ def movable_sets(view: View, node: str) -> list[list[ClaimInfo]]:
             and m.node == node
             and m.attached_to is None
             and not m.template
+            and not kept_by_volumes(m, view.nodes.get(node))
             and m.class_name in view.classes
             for m in members
         ):
@@ -699,7 +720,7 @@ def check_packing_move(view: View, action: Action) -> None:
     members = [view.claims[k] for k in action.claims]
     assert action.from_node is not None
     for m in members:
-        assert may_move(m, action.from_node, ()), f"packing moved {m}"
+        assert may_move(m, view.nodes[action.from_node], ()), f"packing moved {m}"
     whole = {k for k, c in view.claims.items() if c.set_key == members[0].set_key}
     assert whole == set(action.claims), f"packing split a set: {action}"
 

@@ -114,7 +114,8 @@ def test_attached_starting_and_template_claims_never_move() -> None:
     assert wait.refusal.message == (
         "no node serving class h100 has 8 free units; the largest has 6; class h100 has 10 "
         "free units in all, but no plan of at most 8 moves of unattached holds frees a node "
-        "for it: on 2 nodes attached claims or those of starting VMs hold the units"
+        "for it: on 2 nodes attached claims, those of starting VMs or of VMs whose disk is "
+        "there hold the units"
     )
 
 
@@ -151,7 +152,8 @@ def test_a_move_keeps_its_budget_and_a_set_moves_whole_or_not_at_all() -> None:
     (wait,) = [a for a in result.actions if a.step is Step.WAIT]
     assert wait.refusal is not None and wait.refusal.reason is Reason.CAPACITY_FRAGMENTED
     assert wait.refusal.message.endswith(
-        "on 1 node attached claims or those of starting VMs hold the units; "
+        "on 1 node attached claims, those of starting VMs or of VMs whose disk is there "
+        "hold the units; "
         "on 1 node the holds to move have nowhere else to go"
     )
 
@@ -333,7 +335,8 @@ def test_no_attached_starting_or_template_claim_moves(seed: int) -> None:
         if action.step is Step.MOVE:
             assert action.from_node is not None
             for key in action.claims:
-                assert may_move(before.claims[key], action.from_node, ()), action
+                from_node = before.nodes[action.from_node]
+                assert may_move(before.claims[key], from_node, ()), action
     for key, old in before.claims.items():
         if old.phase is Phase.ATTACHED or old.attached_to or old.template:
             assert result.updates.get(key, old).node == old.node
