@@ -132,7 +132,8 @@ def capacity_refusal(
             largest = max(frees) if frees else None
         else:
             largest = pidx.largest(usable if skip else None)
-        if largest is None:
+        # Serving nodes that advertise no units of the class serve nothing: say so.
+        if largest is None or (largest == 0 and pidx.max_cap() == 0):
             return Refusal(Reason.NO_NODE_SERVES, f"no node serves class {order[0]}{where}")
         return Refusal(
             Reason.INSUFFICIENT_CAPACITY,
