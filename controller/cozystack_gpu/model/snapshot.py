@@ -147,6 +147,10 @@ class Snapshot:
         """Claims of the class that hold units (Bound, Attached or Lost)."""
         return self._class_holds.get(class_name, 0)
 
+    def claims_of_class(self, class_name: str) -> frozenset[ClaimKey]:
+        """Claims that name the class, in any phase."""
+        return frozenset(self._class_claims.get(class_name, ()))
+
     def set_members(self, set_key: tuple[str, str]) -> frozenset[ClaimKey]:
         return frozenset(self._set_claims.get(set_key, ()))
 
