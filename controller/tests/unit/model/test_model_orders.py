@@ -155,6 +155,24 @@ def test_passthrough_class_without_a_key_anywhere_above_is_limited_by_capacity_o
     )
 
 
+def test_vgpu_class_without_a_key_anywhere_above_is_limited_by_entitlement_and_capacity() -> None:
+    namespaces = [
+        tenant("tenant-root", vgpu=True),
+        tenant("tenant-a", "tenant-root", vgpu=True),
+        tenant("tenant-b", "tenant-root"),
+    ]
+    held = [bound("l40s-24c", 1, "v1") for _unit in range(7)]
+    snap = Snapshot.build(
+        nodes=[node("v1", 8, L40S_24C)], classes=[vgpu()], claims=held, namespaces=namespaces
+    )
+    assert snap.check_order(claim("l40s-24c"), NOW) == Placement("v1")
+    assert reason(snap.check_order(claim("l40s-24c", ns="tenant-b"), NOW)) is (
+        Reason.VGPU_NOT_ENTITLED
+    )
+    snap.upsert_claim(bound("l40s-24c", 1, "v1"))
+    assert reason(snap.check_order(claim("l40s-24c"), NOW)) is Reason.INSUFFICIENT_CAPACITY
+
+
 def test_lost_claims_keep_counting_so_rebind_never_fails_budget() -> None:
     namespaces = [tenant("tenant-a", quota={quota_key("h100"): 2})]
     lost = claim("h100", 2, phase=Phase.LOST)
