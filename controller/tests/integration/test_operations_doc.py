@@ -59,7 +59,9 @@ def test_the_documented_command_lets_deleted_classes_go_after_uninstall(
             "PATH": f"{control_plane.bin_dir}:{os.environ['PATH']}",
             "KUBECONFIG": str(control_plane.kubeconfig),
         }
-        run = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+        run = subprocess.run(
+            ["bash", "-c", command], env=env, capture_output=True, text=True, check=True
+        )
         wait_for(lambda: _get(kube, ours) is None, what="the deleted class gone")
         # A finalizer of someone else's is left alone, and the command says so.
         held = _get(kube, shared)
