@@ -113,12 +113,12 @@ class EventBook:
                 self._told.popitem(last=False)
             return told, True
 
-    def taken(self, told: Told) -> tuple[int, float, bool]:
+    def taken(self, told: Told) -> bool:
         """A worker starts the Event's write: later repeats need a write of their own.
-        Returns the count, last time and whether the server has the Event, as they are now."""
+        Returns whether the server has the Event (a patch raises its count)."""
         with self._lock:
             told.queued = False
-            return told.count, told.last, told.created
+            return told.created
 
     def sent(self, told: Told) -> None:
         with self._lock:

@@ -141,8 +141,8 @@ class Writer:
             threading.Thread(target=self._work, name=f"writer-{i}", daemon=True)
             for i in range(workers)
         ]
-        # The reporting instance of its Events: the replica's name, which is its hostname
-        # (the pod's name) unless the Lease identity is set apart from it.
+        # The reporting instance of its Events: this replica, by its hostname (the pod's
+        # name in a cluster, as the Lease identity defaults to) unless told otherwise.
         self.events = EventBook(instance or socket.gethostname())
         self._clock = clock
         self.status_writes = 0  # claim status writes sent, for the benchmark's writes per bind
@@ -414,7 +414,7 @@ class Writer:
 
         def run() -> WriteDone:
             with told.sending:
-                _count, _last, created = self.events.taken(told)
+                created = self.events.taken(told)
                 if created and not self._patch_event(told):
                     self.events.lost(told)
                     created = False
