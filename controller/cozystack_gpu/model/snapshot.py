@@ -259,7 +259,8 @@ class Snapshot:
 
     def upsert_node(self, node: NodeInfo) -> None:
         name = node.name
-        self._left_out.clear()
+        if self._nodes.get(name) != node:  # an agent's refresh changes nothing read here
+            self._left_out.clear()
         self._nodes[name] = node
         self._cap[name] = node.capacity()
         for class_name in self._classes:

@@ -96,3 +96,22 @@ def test_a_stale_inventory_is_named_as_the_rule_that_leaves_the_node_out() -> No
     )
     refusal = refusal_of(snap.check_order(claim("h100"), NOW))
     assert refusal.message == ("no node serves class h100: of 1 node, 1 has a stale GPU inventory")
+
+
+def test_the_counts_follow_every_node_and_class_change() -> None:
+    snap = Snapshot.build(nodes=[node("n1", ready=False)], classes=[passthrough()])
+    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith("1 is NotReady")
+    snap.upsert_node(node("n1", unschedulable=True))
+    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith("1 is cordoned")
+    snap.upsert_node(node("n2", ready=False))
+    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith(
+        "of 2 nodes, 1 is cordoned, 1 is NotReady"
+    )
+    snap.upsert_class(passthrough(selector={"gpu": "h100"}))
+    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith(
+        "of 2 nodes, 2 do not match its nodeSelector"
+    )
+    snap.remove_node("n2")
+    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith(
+        "of 1 node, 1 does not match its nodeSelector"
+    )
