@@ -115,12 +115,14 @@ def capacity_refusal(
     allowed: set[str] | None,
 ) -> Refusal:
     """Why no node takes the demand: no serving node at all, or none with room (naming the
-    most free units one node has, for a single class)."""
+    most free units one node has, for a single class). Nodes are counted, never named: the
+    tenant reads this and cannot read nodes."""
     where = ""
     if allowed is not None:
         where += " among the nodes the VM may use"
     if skip:
-        where += " apart from " + ", ".join(sorted(skip))
+        # Nodes that refused the set's launcher pod, or that the set must leave.
+        where += f" (apart from {len(skip)} node{'' if len(skip) == 1 else 's'} its claims skip)"
 
     def usable(node: str) -> bool:
         return node not in skip and (allowed is None or node in allowed)

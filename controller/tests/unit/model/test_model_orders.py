@@ -313,7 +313,8 @@ def test_place_set_skips_unexpired_rejected_nodes() -> None:
     only = Snapshot.build(nodes=[node("n1", 2)], classes=[passthrough()])
     assert only.check_order(rejected, NOW) == Refusal(
         Reason.NO_NODE_SERVES,
-        "no node serves class h100 apart from n1: of 1 node, 1 serves it but not this order",
+        "no node serves class h100 (apart from 1 node its claims skip): of 1 node, "
+        "1 serves it but not this order",
     )
 
 
