@@ -8,6 +8,22 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
+
+# ansible-test skips its shellcheck test with only a warning when the program is missing, so
+# the collection's shell scripts would go unchecked: sanity installs Debian's package first.
+if [ "${1:-}" = sanity ] && ! command -v shellcheck >/dev/null; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "[ansible-test] shellcheck is missing and installing it needs root:" \
+      "run 'apt-get install shellcheck' as root, then this again" >&2
+    exit 1
+  fi
+  echo "[ansible-test] installing shellcheck" >&2
+  # The lock timeout lets this wait for another apt run on the machine instead of failing.
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+    --no-install-recommends shellcheck >/dev/null
+fi
+
 venv=${COZYSTACK_GPU_VENV:-$repo/.venv}
 root=${COZYSTACK_GPU_COLLECTIONS_ROOT:-$repo/.cache/collections}
 dest=$root/ansible_collections/cozystack/gpu

@@ -343,6 +343,7 @@ CONDITION_READY = "Ready"  # on GPUNode: written by the binder: does the node se
 # on GPUNode: does kubelet advertise every resource name the agent reports for a device
 CONDITION_NAMES_ADVERTISED = "ResourceNamesAdvertised"
 CONDITION_DELETING = "Deleting"  # on GPUClaim: deletion waits for the VMI to stop
+CONDITION_OFFER_WITHDRAWN = "OfferWithdrawn"  # on GPUClaim: its class is being deleted
 
 
 # Condition and Event reasons the controller writes, besides the model's refusal reasons

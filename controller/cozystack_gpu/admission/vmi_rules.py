@@ -182,8 +182,11 @@ def judge(
         if modes[entry.gpu_class] == keys.Mode.VGPU.value and not entitled:
             return Refusal(
                 Reason.VGPU_NOT_ENTITLED,
-                f"namespace {namespace} lacks the label {keys.LABEL_VGPU_ENTITLEMENT}: "
-                f'"{keys.VGPU_ENTITLEMENT_VALUE}" that vGPU class {entry.gpu_class} needs',
+                f"vGPU class {entry.gpu_class} needs the vGPU entitlement, which namespace "
+                f"{namespace} does not have; a tenant cannot grant it to itself: the parent "
+                "tenant's administrator (the platform administrator for the root tenant) grants "
+                "vGPU on the Tenant, and Cozystack then labels the namespace "
+                f'{keys.LABEL_VGPU_ENTITLEMENT}: "{keys.VGPU_ENTITLEMENT_VALUE}"',
             )
 
     gpu_names = facts.settings_names | {

@@ -25,7 +25,7 @@ from cozystack_gpu.binder.translate import (
 )
 from cozystack_gpu.binder.translate import node_ready as translate_node_ready
 from cozystack_gpu.keys import ClaimReason, ClassReason, NodeReason, Phase
-from cozystack_gpu.model import Action, ClaimInfo, ClassStatus, Refusal, Step
+from cozystack_gpu.model import Action, ClaimInfo, ClassStatus, Reason, Refusal, Step
 
 Obj = Mapping[str, Any]
 
@@ -35,7 +35,8 @@ Obj = Mapping[str, Any]
 NOTE_WAIT = "Wait"
 NOTE_DELETING = "Deleting"
 NOTE_PLACED = "Placed"
-NOTES = frozenset({NOTE_WAIT, NOTE_DELETING, NOTE_PLACED})
+NOTE_WITHDRAWN = "Withdrawn"
+NOTES = frozenset({NOTE_WAIT, NOTE_DELETING, NOTE_PLACED, NOTE_WITHDRAWN})
 
 
 # --- Attachment --------------------------------------------------------------------------
@@ -344,11 +345,22 @@ def deletion_waits_condition(claim_obj: Obj, now: float) -> dict[str, Any] | Non
 # --- Class status ------------------------------------------------------------------------
 
 
-def class_status_body(class_obj: Obj, numbers: ClassStatus, now: float) -> dict[str, Any] | None:
+# The phases of claims that keep a class being deleted (they hold its units), in the order
+# the class's condition names them.
+KEEPING_PHASES = (Phase.BOUND, Phase.ATTACHED, Phase.LOST)
+
+
+def class_status_body(
+    class_obj: Obj,
+    numbers: ClassStatus,
+    now: float,
+    keeping: Mapping[Phase, int] | None = None,
+) -> dict[str, Any] | None:
     """The status a class should show, or None when it already does.
 
     Only free, maxFreePerNode and conditions: every authenticated user reads GPUClass, so
-    no node names and no other counts go here (they go to metrics).
+    no node names and no other counts go here (they go to metrics). A class being deleted
+    says how many claims of which phase keep it (``keeping``): counts, never names.
     """
     current = class_obj.get("status") or {}
     if meta(class_obj).get("deletionTimestamp"):
@@ -356,7 +368,7 @@ def class_status_body(class_obj: Obj, numbers: ClassStatus, now: float) -> dict[
             keys.CONDITION_AVAILABLE,
             False,
             ClassReason.DELETING,
-            "the class takes no new orders",
+            "the class is being deleted and takes no new orders; " + _kept_by(keeping or {}),
             now,
         )
     elif numbers.free > 0:
@@ -389,6 +401,35 @@ def class_status_body(class_obj: Obj, numbers: ClassStatus, now: float) -> dict[
             "conditions": merge_conditions(current.get("conditions") or [], cond),
         }
     }
+
+
+def _kept_by(keeping: Mapping[Phase, int]) -> str:
+    counts = [(phase, keeping.get(phase, 0)) for phase in KEEPING_PHASES]
+    total = sum(n for _phase, n in counts)
+    if not total:
+        return "no claim holds its units, so it goes now"
+    each = ", ".join(f"{n} {phase.value}" for phase, n in counts if n)
+    noun = "claim keeps" if total == 1 else "claims keep"
+    return f"it goes once no claim holds its units: {total} {noun} it ({each})"
+
+
+def withdrawal_condition(class_name: str, phase: Phase, now: float) -> dict[str, Any]:
+    """What a claim of a class being deleted is told: the offer goes, and what that means
+    for this claim (a hold stays while the claim does; an order is never bound)."""
+    if phase is Phase.PENDING:
+        then = "this order will not be bound: delete it and order another class"
+    else:
+        then = (
+            "this claim keeps its units until it is deleted, and once released they "
+            "cannot be ordered again"
+        )
+    return condition(
+        keys.CONDITION_OFFER_WITHDRAWN,
+        True,
+        Reason.CLASS_DELETING.value,
+        f"class {class_name} is being deleted: the hoster withdraws this offer; {then}",
+        now,
+    )
 
 
 # --- Usage records -----------------------------------------------------------------------

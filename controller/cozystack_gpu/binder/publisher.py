@@ -42,6 +42,7 @@ class Publisher(BinderPart):
         self._meta_writes: set[tuple[str, Key]] = set()  # finalizer patches in flight
         self._protect_due: set[ClaimKey] = set()  # claims whose finalizer may have to change
         self._deleting_noted: set[ClaimKey] = set()
+        self._withdrawal_noted: set[ClaimKey] = set()  # told their class is being deleted
         self._gpunodes_due: set[str] = set()  # GPUNodes whose conditions may have to change
         self._gpunode_writes: set[str] = set()
         self._published_nodes: set[tuple[str, str]] = set()  # (node, resource) in metrics
@@ -97,8 +98,9 @@ class Publisher(BinderPart):
                 log.warning("settings ConfigMap not written: %s", done.error)
 
     def note_failed(self, key: ClaimKey) -> None:
-        """A Deleting note did not reach the claim: judge its protection again."""
+        """A Deleting or OfferWithdrawn note did not reach the claim: judge it again."""
         self._protect_due.add(key)
+        self._withdrawal_noted.discard(key)
 
     def protect(self, now: float) -> None:
         """Finalizers: the claim-protection finalizer on claims attached to a live VMI, the
@@ -187,12 +189,47 @@ class Publisher(BinderPart):
 
     def _publish_class_status(self, now: float) -> None:
         for (_cluster_scope, name), obj in self.view.raw[keys.GPU_CLASS.kind].items():
+            keeping = None
+            if lifecycle.deleting(obj):
+                self._note_withdrawal(name, now)
+                keeping = self._keeping(name)
             if name in self._class_writes:
                 continue
-            body = lifecycle.class_status_body(obj, self.snapshot.class_status(name), now)
+            numbers = self.snapshot.class_status(name)
+            body = lifecycle.class_status_body(obj, numbers, now, keeping)
             if body is not None:
                 self._class_writes.add(name)
                 self.writer.class_status(name, body)
+
+    def _keeping(self, class_name: str) -> dict[Phase, int]:
+        """Claims of the class per phase that hold its units, for the class's condition."""
+        counts: dict[Phase, int] = {}
+        for key in self.snapshot.claims_of_class(class_name):
+            claim = self.snapshot.claim(key)
+            if claim is not None and claim.phase in lifecycle.KEEPING_PHASES:
+                counts[claim.phase] = counts.get(claim.phase, 0) + 1
+        return counts
+
+    def _note_withdrawal(self, class_name: str, now: float) -> None:
+        """Tell each claim of a class being deleted, once, that the offer is withdrawn: the
+        tenant reads its claims, not the hoster's plans."""
+        for key in self.snapshot.claims_of_class(class_name):
+            if key in self._withdrawal_noted:
+                continue
+            obj = self.view.claim(key)
+            claim = self.snapshot.claim(key)
+            if obj is None or claim is None:
+                continue
+            self._withdrawal_noted.add(key)
+            cond = lifecycle.withdrawal_condition(class_name, claim.phase, now)
+            current = (obj.get("status") or {}).get("conditions") or []
+            if not lifecycle.same_condition(current, cond):
+                self.writer.claim_status(
+                    key,
+                    lifecycle.condition_patch(obj, cond),
+                    lifecycle.NOTE_WITHDRAWN,
+                    Priority.STATUS,
+                )
 
     def _publish_gpunode_conditions(self, now: float) -> None:
         due, self._gpunodes_due = self._gpunodes_due, set()

@@ -17,7 +17,9 @@ import itertools
 import json
 import logging
 import queue
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -27,6 +29,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys, metrics
+from cozystack_gpu.binder.events import EventBook, Told
 from cozystack_gpu.model import ClaimKey
 
 log = logging.getLogger(__name__)
@@ -122,6 +125,8 @@ class Writer:
         results: queue.Queue[Any],
         workers: int,
         may_send: Callable[[], bool] = lambda: True,
+        instance: str | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
@@ -136,6 +141,10 @@ class Writer:
             threading.Thread(target=self._work, name=f"writer-{i}", daemon=True)
             for i in range(workers)
         ]
+        # The reporting instance of its Events: this replica, by its hostname (the pod's
+        # name in a cluster, as the Lease identity defaults to) unless told otherwise.
+        self.events = EventBook(instance or socket.gethostname())
+        self._clock = clock
         self.status_writes = 0  # claim status writes sent, for the benchmark's writes per bind
 
     def start(self) -> None:
@@ -395,43 +404,62 @@ class Writer:
         warning: bool,
         kind: keys.ApiKind = keys.GPU_CLAIM,
     ) -> None:
-        """An Event for people about ``obj`` (a claim unless ``kind`` says otherwise)."""
+        """An Event for people about ``obj`` (a claim unless ``kind`` says otherwise); a
+        repeat raises the count of the Event already written (see ``events``)."""
+        told, needs_write = self.events.tell(obj, kind, reason, message, warning, self._clock())
+        if not needs_write:
+            return  # the write still queued for this Event carries the repeat
         metadata = obj.get("metadata") or {}
         name = f"{metadata.get('namespace')}/{metadata.get('name')}"
-        body = {
-            "metadata": {
-                "generateName": f"{metadata.get('name')}.",
-                "namespace": metadata.get("namespace"),
-            },
-            "involvedObject": {
-                "apiVersion": kind.api_version,
-                "kind": kind.kind,
-                "name": metadata.get("name"),
-                "namespace": metadata.get("namespace"),
-                "uid": metadata.get("uid"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": keys.FIELD_MANAGER_BINDER},
-            "reportingComponent": keys.FIELD_MANAGER_BINDER,
-            "count": 1,
-        }
 
         def run() -> WriteDone:
-            # The answer is not decoded: skip building the client's Event model from it.
-            discard(
-                self.core.create_namespaced_event(
-                    str(metadata.get("namespace")),
-                    body,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                )
-            )
+            with told.sending:
+                created = self.events.taken(told)
+                if created and not self._patch_event(told):
+                    self.events.lost(told)
+                    created = False
+                if not created:
+                    self._create_event(told)
+                self.events.sent(told)
             return WriteDone("event", name, True)
 
         def failed(exc: Exception) -> WriteDone:
+            self.events.taken(told)  # a later repeat writes it again
             log.debug("event for %s not written: %s", name, describe(exc))
             return WriteDone("event", name, False, error=describe(exc))
 
         self._submit(Priority.EVENT, run, failed)
+
+    def _create_event(self, told: Told) -> None:
+        try:
+            # The answer is not decoded: skip building the client's Event model from it.
+            discard(
+                self.core.create_namespaced_event(
+                    told.namespace,
+                    self.events.create_body(told),
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            )
+        except ApiException as exc:
+            # Written before by a request whose answer was lost: count it up instead.
+            if exc.status != 409 or not self._patch_event(told):
+                raise
+
+    def _patch_event(self, told: Told) -> bool:
+        """Raise the count of an Event the server has; False when it has it no more."""
+        try:
+            discard(
+                self.core.patch_namespaced_event(
+                    told.name,
+                    told.namespace,
+                    self.events.patch_body(told),
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

@@ -42,6 +42,18 @@ class Charge(NamedTuple):
     units: int
 
 
+def vgpu_not_entitled(namespace: str, class_name: str) -> str:
+    """Why a namespace may not order a vGPU class, and who can change it: the entitlement is
+    the Tenant's, set by its parent (seed 004: no tenant can grant itself vGPU), and
+    Cozystack writes its effective value as the namespace label."""
+    return (
+        f"vGPU class {class_name} needs the vGPU entitlement, which namespace {namespace} "
+        "does not have; a tenant cannot grant it to itself: the parent tenant's administrator "
+        "(the platform administrator for the root tenant) grants vGPU on the Tenant, and "
+        f'Cozystack then labels the namespace {LABEL_VGPU_ENTITLEMENT}: "{VGPU_ENTITLEMENT_VALUE}"'
+    )
+
+
 def bump(table: Table, outer: str, inner: str, delta: int) -> None:
     """Add ``delta`` to ``table[outer][inner]``, dropping rows that reach zero."""
     row = table.get(outer)
@@ -138,6 +150,29 @@ class Ledger:
             "raw": self._raw,
         }
 
+    def depth(self, tenant: str) -> int:
+        """How far below the root of its tree a tenant is (the root tenant is 0)."""
+        return len(self.ancestors(tenant)) - 1
+
+    def parent(self, tenant: str) -> str | None:
+        """The tenant right above, the deepest of its ancestors; None for a root."""
+        above = [a for a in self.ancestors(tenant) if a != tenant]
+        return max(above, key=lambda a: (self.depth(a), a)) if above else None
+
+    def _level(self, tenant: str, namespace: str) -> str:
+        if tenant == namespace:
+            return "this namespace's own quota"
+        levels = self.depth(namespace) - self.depth(tenant)
+        return f"{levels} level{'' if levels == 1 else 's'} above {namespace}"
+
+    def _who_raises(self, tenant: str) -> str:
+        """A tenant's quota is set where its Tenant is written: by its parent tenant, and
+        for the root tenant by the platform administrator."""
+        parent = self.parent(tenant)
+        if parent is None:
+            return "the platform administrator"
+        return f"the administrator of its parent tenant {parent}"
+
     # --- judging orders ----------------------------------------------------------------
 
     def check_orders(
@@ -151,10 +186,7 @@ class Ledger:
             ns = self._namespaces.get(claim.namespace)
             if klass.mode is Mode.VGPU and (ns is None or not ns.vgpu_entitled):
                 return Refusal(
-                    Reason.VGPU_NOT_ENTITLED,
-                    f"namespace {claim.namespace} lacks the label "
-                    f'{LABEL_VGPU_ENTITLEMENT}: "{VGPU_ENTITLEMENT_VALUE}" '
-                    f"that vGPU class {klass.name} needs",
+                    Reason.VGPU_NOT_ENTITLED, vgpu_not_entitled(claim.namespace, klass.name)
                 )
             refusal = self._check_budget(claim, klass, extra)
             if refusal is not None:
@@ -198,8 +230,9 @@ class Ledger:
                 if used + count > limit:
                     return Refusal(
                         Reason.BUDGET_EXCEEDED,
-                        f"{tenant} has {used} of {limit} {key} in use; "
-                        f"the order needs {count} more",
+                        f"budget {key} of {tenant} ({self._level(tenant, claim.namespace)}) "
+                        f"allows {limit}: {used} in use, the order asks {count} more; "
+                        f"{self._who_raises(tenant)} can raise it",
                     )
             for key, _limit in checks:
                 extra[(tenant, key)] = extra.get((tenant, key), 0) + count

@@ -16,7 +16,8 @@ leave, does not count it; ``serves``, which says where new placements may go, do
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
 
 from cozystack_gpu.model.types import (
     HARD_TAINT_EFFECTS,
@@ -88,3 +89,78 @@ def kept_by_volumes(claim: ClaimInfo, node: NodeInfo | None) -> bool:
         and bool(claim.volumes)
         and all(v.admits(node.name, node.labels) for v in claim.volumes)
     )
+
+
+class LeftOut(StrEnum):
+    """The rule that keeps a node from serving a class, for refusals a tenant reads: they
+    count nodes by rule and name none (tenants cannot read Nodes or GPUNodes). The order
+    is the order of the words, most telling first: a node that is not for this class at
+    all reads as that, not as NotReady."""
+
+    SELECTOR = "selector"
+    TAINT = "taint"
+    LAYOUT = "layout"
+    STALE = "stale"
+    NOT_ADVERTISED = "not-advertised"
+    SHARED = "shared"
+    CORDONED = "cordoned"
+    NOT_READY = "not-ready"
+
+
+def left_out_by(
+    node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInfo], capacity: int
+) -> LeftOut | None:
+    """The first rule that leaves the node out for the class, or None when it serves it
+    with units of the class's resource name (``capacity``)."""
+    if not selector_matches(node, cls):
+        return LeftOut.SELECTOR
+    if untolerated_taint(node, cls) is not None:
+        return LeftOut.TAINT
+    if node.layout_pending:
+        return LeftOut.LAYOUT
+    if node.inventory_stale:
+        return LeftOut.STALE
+    if capacity <= 0:
+        return LeftOut.NOT_ADVERTISED
+    if shares_resource_on(node, cls, classes):
+        return LeftOut.SHARED
+    if node.unschedulable:
+        return LeftOut.CORDONED
+    if not node.ready:
+        return LeftOut.NOT_READY
+    return None
+
+
+def _said(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def left_out_words(counts: Mapping[LeftOut | None, int], cls: ClassInfo) -> str:
+    """``counts`` of nodes per rule in words: "of 7 nodes, 2 do not match its nodeSelector,
+    …". Nodes that serve the class (rule None) are, in a refusal, kept from this order (its
+    rejected nodes, its own node when it must leave, the VM's volume)."""
+    res = cls.resource_name
+    words = {
+        LeftOut.SELECTOR: ("does not match its nodeSelector", "do not match its nodeSelector"),
+        LeftOut.TAINT: ("has a taint it does not tolerate", "have a taint it does not tolerate"),
+        LeftOut.LAYOUT: ("has a pending layout change", "have a pending layout change"),
+        LeftOut.STALE: ("has a stale GPU inventory", "have a stale GPU inventory"),
+        LeftOut.NOT_ADVERTISED: (f"advertises no {res}", f"advertise no {res}"),
+        LeftOut.SHARED: (
+            f"is selected by another class with resource name {res}",
+            f"are selected by another class with resource name {res}",
+        ),
+        LeftOut.CORDONED: ("is cordoned", "are cordoned"),
+        LeftOut.NOT_READY: ("is NotReady", "are NotReady"),
+    }
+    total = sum(counts.values())
+    parts = [f"of {_said(total, 'node', 'nodes')}"]
+    for rule in LeftOut:
+        count = counts.get(rule, 0)
+        if count:
+            one, many = words[rule]
+            parts.append(_said(count, one, many))
+    kept = counts.get(None, 0)
+    if kept:
+        parts.append(_said(kept, "serves it but not this order", "serve it but not this order"))
+    return ", ".join(parts)

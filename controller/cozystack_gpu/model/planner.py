@@ -408,7 +408,8 @@ class _Planner:
 
     def make_room(self, order: ClaimInfo, room: Room) -> Placement:
         """Carry out packing's moves, then place the order on the node they freed."""
-        why = f"makes room on node {room.node} for order {order.key}"
+        # The moved holds' tenants read this: it names no other tenant's order.
+        why = f"makes room on node {room.node} for a larger order"
         for move in room.moves:
             for key in move.claims:
                 held = self.snap.claim(key)

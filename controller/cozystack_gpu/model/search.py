@@ -115,12 +115,14 @@ def capacity_refusal(
     allowed: set[str] | None,
 ) -> Refusal:
     """Why no node takes the demand: no serving node at all, or none with room (naming the
-    most free units one node has, for a single class)."""
+    most free units one node has, for a single class). Nodes are counted, never named: the
+    tenant reads this and cannot read nodes."""
     where = ""
     if allowed is not None:
         where += " among the nodes the VM may use"
     if skip:
-        where += " apart from " + ", ".join(sorted(skip))
+        # Nodes that refused the set's launcher pod, or that the set must leave.
+        where += f" (apart from {len(skip)} node{'' if len(skip) == 1 else 's'} its claims skip)"
 
     def usable(node: str) -> bool:
         return node not in skip and (allowed is None or node in allowed)
@@ -132,7 +134,8 @@ def capacity_refusal(
             largest = max(frees) if frees else None
         else:
             largest = pidx.largest(usable if skip else None)
-        if largest is None:
+        # Serving nodes that advertise no units of the class serve nothing: say so.
+        if largest is None or (largest == 0 and pidx.max_cap() == 0):
             return Refusal(Reason.NO_NODE_SERVES, f"no node serves class {order[0]}{where}")
         return Refusal(
             Reason.INSUFFICIENT_CAPACITY,

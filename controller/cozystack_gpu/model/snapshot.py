@@ -22,7 +22,10 @@ from cozystack_gpu.keys import Mode, OnCordon, Phase, effective_max_count
 from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.budgets import Charge, Ledger, bump
 from cozystack_gpu.model.eligibility import (
+    LeftOut,
     kept_by_volumes,
+    left_out_by,
+    left_out_words,
     selector_matches,
     takes_new,
     why_not_placeable,
@@ -85,6 +88,9 @@ class Snapshot:
         self._acct: dict[ClaimKey, _Acct] = {}
         self._dirty: set[str] = set()
         self._unsettled: set[str] = set()
+        # Nodes per rule that leaves them out, per class, for refusals; dropped on any node
+        # or class change (a refusal's words are worth one walk over the nodes, not more).
+        self._left_out: dict[str, dict[LeftOut | None, int]] = {}
 
     @classmethod
     def build(
@@ -143,6 +149,10 @@ class Snapshot:
         """Claims of the class that hold units (Bound, Attached or Lost)."""
         return self._class_holds.get(class_name, 0)
 
+    def claims_of_class(self, class_name: str) -> frozenset[ClaimKey]:
+        """Claims that name the class, in any phase."""
+        return frozenset(self._class_claims.get(class_name, ()))
+
     def set_members(self, set_key: tuple[str, str]) -> frozenset[ClaimKey]:
         return frozenset(self._set_claims.get(set_key, ()))
 
@@ -162,6 +172,21 @@ class Snapshot:
         names = self._classes_by_res.get(klass.resource_name, ())
         same = [self._classes[c] for c in names] if len(names) > 1 else ()
         return why_not_placeable(node, klass, same)
+
+    def why_no_node_serves(self, class_name: str) -> str:
+        """Which rule leaves each kind of node out for the class, in counts (no names:
+        tenants read this)."""
+        klass = self._classes[class_name]
+        counts = self._left_out.get(class_name)
+        if counts is None:
+            names = self._classes_by_res.get(klass.resource_name, ())
+            same = [self._classes[c] for c in names] if len(names) > 1 else ()
+            counts = {}
+            for node in self._nodes.values():
+                rule = left_out_by(node, klass, same, self.capacity(node.name, klass.resource_name))
+                counts[rule] = counts.get(rule, 0) + 1
+            self._left_out[class_name] = counts
+        return left_out_words(counts, klass)
 
     def capacity(self, node: str, resource: str) -> int:
         return self._cap.get(node, {}).get(resource, 0)
@@ -238,6 +263,8 @@ class Snapshot:
     def upsert_node(self, node: NodeInfo) -> None:
         name = node.name
         old = self._nodes.get(name)
+        if old != node:  # an agent's refresh changes nothing read here
+            self._left_out.clear()
         self._nodes[name] = node
         self._cap[name] = node.capacity()
         if old is None or old.labels != node.labels:
@@ -249,6 +276,7 @@ class Snapshot:
     def remove_node(self, name: str) -> None:
         if self._nodes.pop(name, None) is None:
             return
+        self._left_out.clear()
         del self._cap[name]
         self._reaccount_volumes(name)
         for class_name in self._served.pop(name, set()):
@@ -258,6 +286,7 @@ class Snapshot:
     # --- classes ---------------------------------------------------------------------------
 
     def upsert_class(self, klass: ClassInfo) -> None:
+        self._left_out.clear()
         old = self._classes.get(klass.name)
         # A claim's counters depend on its class only through the resource name.
         keys: set[ClaimKey] = set()
@@ -288,6 +317,7 @@ class Snapshot:
         old = self._classes.get(name)
         if old is None:
             return
+        self._left_out.clear()
         keys = self._class_claims.get(name, set())
         for key in keys:
             self._apply(self._acct[key], -1)
@@ -499,7 +529,17 @@ class Snapshot:
         )
         if refusal is not None:
             return refusal
-        return find_node(self._classes, self._idx, demand, claims, now, nodes, exclude)
+        decision = find_node(self._classes, self._idx, demand, claims, now, nodes, exclude)
+        # A set's classes may each have serving nodes, just none in common: no words then.
+        if (
+            isinstance(decision, Refusal)
+            and decision.reason is Reason.NO_NODE_SERVES
+            and len(demand) == 1
+            and self._nodes
+        ):
+            why = self.why_no_node_serves(next(iter(demand)))
+            return Refusal(Reason.NO_NODE_SERVES, f"{decision.message}: {why}")
+        return decision
 
     # --- bookkeeping -----------------------------------------------------------------------
 

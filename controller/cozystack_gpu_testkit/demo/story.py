@@ -606,7 +606,10 @@ def act_orders(demo: Demo) -> None:
 
     with console.step(f"{RESEARCH} orders 1 more h100: over its budget") as found:
         message = _refused(demo, RESEARCH, "more", "h100", 1)
-        wanted = f"{RESEARCH} has 2 of 2 {keys.quota_key('h100')} in use"
+        wanted = (
+            f"budget {keys.quota_key('h100')} of {RESEARCH} (this namespace's own quota) "
+            "allows 2: 2 in use"
+        )
         check(wanted in message, f"a refusal saying '{wanted}…'", message)
         found.append(f"refused at create time: {message}")
 

@@ -90,8 +90,9 @@ def test_an_order_over_budget_is_refused_at_create_with_the_models_message(
     corner.bound(namespace, "a", gpu_class, node=node)
     corner.bound(namespace, "b", gpu_class, node=node)
     assert refused_order(kube, namespace, "c", gpu_class) == (
-        f"{CLAIM_HOOK}{namespace} has 2 of 2 gpu.cozystack.io/{gpu_class} in use; the order "
-        "needs 1 more"
+        f"{CLAIM_HOOK}budget gpu.cozystack.io/{gpu_class} of {namespace} (this namespace's own "
+        "quota) allows 2: 2 in use, the order asks 1 more; the platform administrator can "
+        "raise it"
     )
     assert absent(kube, namespace, "c")
 
@@ -112,9 +113,10 @@ def test_an_order_above_capacity_is_refused_and_a_dry_run_that_fits_writes_nothi
 
 def test_an_order_no_node_serves_is_refused(kube: Kube, corner: Corner, namespace: str) -> None:
     gpu_class = corner.gpu_class("h100")
-    assert refused_order(kube, namespace, "a", gpu_class) == (
-        f"{CLAIM_HOOK}no node serves class {gpu_class}"
-    )
+    # Every node of the shared cluster is counted by the rule that leaves it out.
+    refused = refused_order(kube, namespace, "a", gpu_class)
+    assert refused.startswith(f"{CLAIM_HOOK}no node serves class {gpu_class}: of "), refused
+    assert "do not match its nodeSelector" in refused or "does not match" in refused
 
 
 def test_an_order_of_a_missing_class_is_refused(

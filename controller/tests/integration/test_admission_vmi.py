@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission.annotation import EXPECTED_FORMAT
+from cozystack_gpu.model.budgets import vgpu_not_entitled
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -292,8 +293,7 @@ def test_a_vgpu_template_needs_the_entitlement(kube: Kube, corner: Corner, names
     gpu_class = corner.gpu_class("l40s-24c", corner.resource("L40S_24C"), mode="vgpu")
     request = {"claimTemplates": [{"name": "x", "class": gpu_class, "count": 1}]}
     assert refused(kube, namespace, vmi_body("vm", request)).endswith(
-        f'namespace {namespace} lacks the label gpu.cozystack.io/vgpu: "true" that vGPU '
-        f"class {gpu_class} needs"
+        vgpu_not_entitled(namespace, gpu_class)
     )
 
 

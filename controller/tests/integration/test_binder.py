@@ -74,7 +74,8 @@ def test_refuse_to_bind_when_the_budget_is_used(env: Env) -> None:
 
     cond = _refusal(env, "second", "BudgetExceeded")
     assert cond["message"].startswith(
-        f"{env.tenant} has 2 of 2 {keys.quota_key(gpu_class)} in use"
+        f"budget {keys.quota_key(gpu_class)} of {env.tenant} (this namespace's own quota) "
+        "allows 2: 2 in use, the order asks 1 more"
     ), cond["message"]
 
 

@@ -79,7 +79,7 @@ def test_scattered_holds_move_by_checked_writes_and_a_large_order_binds(env: Env
         assert now["status"]["nodeName"] not in (target, None)
         cond = condition(now)
         assert cond["reason"] == "Moved"
-        assert f"makes room on node {target} for order {env.tenant}/big" in cond["message"]
+        assert f"makes room on node {target} for a larger order" in cond["message"]
         # Written over the version it was decided on: the object changed once, by the move.
         assert now["metadata"]["resourceVersion"] != kept[name]["metadata"]["resourceVersion"]
     for name, obj in kept.items():

@@ -62,7 +62,8 @@ def test_an_order_over_budget_is_refused_with_the_models_message() -> None:
     assert refusal.reason is Reason.BUDGET_EXCEEDED
     assert (
         refusal.message
-        == "tenant-a has 2 of 2 gpu.cozystack.io/h100 in use; the order needs 1 more"
+        == "budget gpu.cozystack.io/h100 of tenant-a (this namespace's own quota) allows 2: "
+        "2 in use, the order asks 1 more; the platform administrator can raise it"
     )
 
 

@@ -18,6 +18,7 @@ from cozystack_gpu.admission.vmi_rules import (
     own_gpu_entries,
     set_gpus,
 )
+from cozystack_gpu.model.budgets import vgpu_not_entitled
 
 H100 = "nvidia.com/GH100_H100"
 L40S_24C = "nvidia.com/NVIDIA_L40S-24C"
@@ -212,9 +213,9 @@ def test_a_passthrough_class_without_max_count_allows_the_largest_node() -> None
 
 def test_a_vgpu_template_needs_the_namespace_entitlement() -> None:
     request = ClaimsRequest((), (TemplateEntry("x", "l40s-24c", 1),))
-    assert refusal(judge(vmi(), request, facts(namespace_labels={}))) == (
-        'namespace tenant-a lacks the label gpu.cozystack.io/vgpu: "true" that vGPU class '
-        "l40s-24c needs"
+    # The same words as the model's, which judge an order of the class outside a VMI.
+    assert refusal(judge(vmi(), request, facts(namespace_labels={}))) == vgpu_not_entitled(
+        "tenant-a", "l40s-24c"
     )
 
 

@@ -410,3 +410,43 @@ def test_gpunode_of_a_stale_report_says_its_holds_stay_and_nothing_new_is_placed
     assert "holds stay" in found["message"]
     assert "nothing new is placed" in found["message"]
     assert "serves no class" not in found["message"]
+
+
+# --- a class withdrawn -------------------------------------------------------------------
+
+
+def deleting_class() -> dict[str, Any]:
+    return {"metadata": {"name": "h100", "deletionTimestamp": translate.rfc3339(NOW)}}
+
+
+def test_a_deleted_class_counts_the_claims_that_keep_it_by_phase_and_names_none() -> None:
+    keeping = {Phase.BOUND: 2, Phase.ATTACHED: 1, Phase.LOST: 1}
+    body = lifecycle.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, keeping)
+    assert body is not None
+    (cond,) = body["status"]["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Available", "False", "Deleting")
+    assert cond["message"] == (
+        "the class is being deleted and takes no new orders; it goes once no claim holds "
+        "its units: 4 claims keep it (2 Bound, 1 Attached, 1 Lost)"
+    )
+    gone = lifecycle.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, {})
+    assert gone is not None
+    assert gone["status"]["conditions"][0]["message"] == (
+        "the class is being deleted and takes no new orders; no claim holds its units, so "
+        "it goes now"
+    )
+
+
+def test_a_claim_of_a_deleted_class_hears_the_offer_is_withdrawn() -> None:
+    held = lifecycle.withdrawal_condition("h100", Phase.BOUND, NOW)
+    assert held["type"] == keys.CONDITION_OFFER_WITHDRAWN
+    assert (held["status"], held["reason"]) == ("True", "ClassDeleting")
+    assert held["message"] == (
+        "class h100 is being deleted: the hoster withdraws this offer; this claim keeps its "
+        "units until it is deleted, and once released they cannot be ordered again"
+    )
+    pending = lifecycle.withdrawal_condition("h100", Phase.PENDING, NOW)
+    assert pending["message"] == (
+        "class h100 is being deleted: the hoster withdraws this offer; this order will not be "
+        "bound: delete it and order another class"
+    )

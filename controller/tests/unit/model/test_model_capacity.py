@@ -85,7 +85,7 @@ def test_not_ready_node_serves_no_class() -> None:
     snap = Snapshot.build(nodes=[node("n1", ready=False)], classes=[passthrough()])
     assert not snap.serves("n1", "h100")
     assert snap.check_order(claim(), NOW) == Refusal(
-        Reason.NO_NODE_SERVES, "no node serves class h100"
+        Reason.NO_NODE_SERVES, "no node serves class h100: of 1 node, 1 is NotReady"
     )
 
 

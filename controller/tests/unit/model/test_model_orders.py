@@ -92,7 +92,8 @@ def test_budget_key_on_an_ancestor_limits_the_sum_over_its_subtree() -> None:
     assert snap.check_order(claim("h100", 1, "tenant-b"), NOW) == Placement("n1")
     assert snap.check_order(claim("h100", 2, "tenant-b"), NOW) == Refusal(
         Reason.BUDGET_EXCEEDED,
-        "tenant-root has 2 of 3 gpu.cozystack.io/h100 in use; the order needs 2 more",
+        "budget gpu.cozystack.io/h100 of tenant-root (1 level above tenant-b) allows 3: "
+        "2 in use, the order asks 2 more; the platform administrator can raise it",
     )
 
 
@@ -105,7 +106,9 @@ def test_child_key_only_adds_a_limit_it_never_lifts_the_parents() -> None:
     assert reason(snap.check_order(claim("h100", 3), NOW)) is Reason.BUDGET_EXCEEDED
     snap.upsert_namespace(tenant("tenant-a", "tenant-root", quota={quota_key("h100"): 1}))
     refusal = snap.check_order(claim("h100", 2), NOW)
-    assert isinstance(refusal, Refusal) and refusal.message.startswith("tenant-a has 0 of 1")
+    assert isinstance(refusal, Refusal) and refusal.message.startswith(
+        "budget gpu.cozystack.io/h100 of tenant-a (this namespace's own quota) allows 1: 0 in use"
+    )
 
 
 def test_budget_refusal_names_tenant_key_and_usage() -> None:
@@ -116,7 +119,10 @@ def test_budget_refusal_names_tenant_key_and_usage() -> None:
     )
     refusal = snap.check_order(claim("l40s-24c"), NOW)
     assert isinstance(refusal, Refusal)
-    assert refusal.message.startswith("tenant-a has 2 of 2 gpu.cozystack.io/l40s-24c in use")
+    assert refusal.message.startswith(
+        "budget gpu.cozystack.io/l40s-24c of tenant-a (this namespace's own quota) allows 2: "
+        "2 in use, the order asks 1 more"
+    )
 
 
 def test_total_key_counts_every_class() -> None:
@@ -131,7 +137,9 @@ def test_total_key_counts_every_class() -> None:
     assert snap.budget_used("tenant-a", QUOTA_KEY_TOTAL) == 3
     refusal = snap.check_order(claim("h100"), NOW)
     assert isinstance(refusal, Refusal)
-    assert refusal.message.startswith("tenant-a has 3 of 3 gpu.cozystack.io/total in use")
+    assert refusal.message.startswith(
+        "budget gpu.cozystack.io/total of tenant-a (this namespace's own quota) allows 3: 3 in use"
+    )
 
 
 def test_passthrough_class_without_a_key_anywhere_above_is_limited_by_capacity_only() -> None:
@@ -145,6 +153,24 @@ def test_passthrough_class_without_a_key_anywhere_above_is_limited_by_capacity_o
         Reason.MAX_COUNT_EXCEEDED,
         Reason.INSUFFICIENT_CAPACITY,
     )
+
+
+def test_vgpu_class_without_a_key_anywhere_above_is_limited_by_entitlement_and_capacity() -> None:
+    namespaces = [
+        tenant("tenant-root", vgpu=True),
+        tenant("tenant-a", "tenant-root", vgpu=True),
+        tenant("tenant-b", "tenant-root"),
+    ]
+    held = [bound("l40s-24c", 1, "v1") for _unit in range(7)]
+    snap = Snapshot.build(
+        nodes=[node("v1", 8, L40S_24C)], classes=[vgpu()], claims=held, namespaces=namespaces
+    )
+    assert snap.check_order(claim("l40s-24c"), NOW) == Placement("v1")
+    assert reason(snap.check_order(claim("l40s-24c", ns="tenant-b"), NOW)) is (
+        Reason.VGPU_NOT_ENTITLED
+    )
+    snap.upsert_claim(bound("l40s-24c", 1, "v1"))
+    assert reason(snap.check_order(claim("l40s-24c"), NOW)) is Reason.INSUFFICIENT_CAPACITY
 
 
 def test_lost_claims_keep_counting_so_rebind_never_fails_budget() -> None:
@@ -192,7 +218,8 @@ def test_raw_key_caps_claims_together_with_raw_name_pods_of_the_subtree() -> Non
     assert snap.check_order(claim("h100", 1), NOW) == Placement("n1")
     assert snap.check_order(claim("h100", 2), NOW) == Refusal(
         Reason.BUDGET_EXCEEDED,
-        f"tenant-root has 3 of 4 {raw} in use; the order needs 2 more",
+        f"budget {raw} of tenant-root (1 level above tenant-a) allows 4: 3 in use, the order "
+        "asks 2 more; the platform administrator can raise it",
     )
 
 
@@ -273,7 +300,8 @@ def test_set_is_judged_by_adding_each_claim_as_bound_before_the_next() -> None:
     assert snap.check_order(second, NOW) == Placement("n1")
     assert snap.place_set([first, second], NOW) == Refusal(
         Reason.BUDGET_EXCEEDED,
-        "tenant-a has 2 of 3 gpu.cozystack.io/h100 in use; the order needs 2 more",
+        "budget gpu.cozystack.io/h100 of tenant-a (this namespace's own quota) allows 3: "
+        "2 in use, the order asks 2 more; the platform administrator can raise it",
     )
 
 
@@ -284,7 +312,9 @@ def test_place_set_skips_unexpired_rejected_nodes() -> None:
     assert snap.check_order(rejected, NOW + 61) == Placement("n1")
     only = Snapshot.build(nodes=[node("n1", 2)], classes=[passthrough()])
     assert only.check_order(rejected, NOW) == Refusal(
-        Reason.NO_NODE_SERVES, "no node serves class h100 apart from n1"
+        Reason.NO_NODE_SERVES,
+        "no node serves class h100 (apart from 1 node its claims skip): of 1 node, "
+        "1 serves it but not this order",
     )
 
 

@@ -71,7 +71,7 @@ def test_scattered_holds_move_so_a_large_order_binds_in_the_same_pass() -> None:
     assert result.changes[-1].node == "n0"
     # The bind names the moves that must be written first.
     assert set(result.changes[-1].after) == {k for a in result.changes[:3] for k in a.claims}
-    assert all(a.why == "makes room on node n0 for order tenant-a/big" for a in result.changes[:3])
+    assert all(a.why == "makes room on node n0 for a larger order" for a in result.changes[:3])
     # The most recently bound holds give way first.
     assert sorted(m[0][0] for m in made) == ["h0-0", "h0-1", "h0-2"]
     commit(snap, result)

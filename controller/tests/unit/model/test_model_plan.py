@@ -105,7 +105,8 @@ def test_unattached_set_goes_lost_when_nowhere_has_room() -> None:
     assert steps(result) == [(Step.LOSE, ["held"], None)]
     assert result.changes[0].refusal is not None
     assert result.changes[0].refusal.message == (
-        "no node serving class h100 apart from n1 has 4 free units; the largest has 2"
+        "no node serving class h100 (apart from 1 node its claims skip) has 4 free units; "
+        "the largest has 2"
     )
     assert phase_and_node(result, held) == (Phase.LOST, None)
 
