@@ -200,9 +200,7 @@ class Gatekeeper(BinderPart):
         vmi = self.view.vmi_object(vmi_key)
         if vmi is None or translate.meta(vmi).get("uid") != gate.owning_vmi_uid(pod):
             return None  # not seen yet, or the view still has an earlier VMI of that name
-        ref = gate.claims_ref_of(vmi) or ClaimsRequest()
-        names = [*ref.claims, *gate.template_claim_names(vmi_name, ref)]
-        return vmi_key, vmi, [ClaimKey(vmi_key[0], n) for n in names]
+        return vmi_key, vmi, _members(vmi_key, vmi)
 
     def _template_conflict(self, vmi: dict[str, Any]) -> str | None:
         """Why a claim named like one of the VMI's template claims is not its template claim
@@ -366,6 +364,7 @@ class Gatekeeper(BinderPart):
         uncordoned and still serves the set: delete the pod and record the node, with its
         state, in every claim's rejectedNodes and against the VM, so the next launcher pod
         goes elsewhere."""
+        self._keep_rejections_written(now)
         for pod_key in self.view.pinned_pods():
             pod = self.view.pod(pod_key)
             if pod is None or pod_key in self._pod_writes:
@@ -422,6 +421,33 @@ class Gatekeeper(BinderPart):
             )
             self._delete_pod(pod_key, pod)
 
+    def _keep_rejections_written(self, now: float) -> None:
+        """A rejection kept against a VM is written on each of its claims that lacks it: the
+        write that recorded it can lose a race (a note on the claim in between answers 409)
+        after the refused pod is gone, and nothing would record it again."""
+        for vmi_key, entries in list(self._vm_rejections.items()):
+            vmi = self.view.vmi_object(vmi_key)
+            if vmi is None:
+                continue
+            for key in _members(vmi_key, vmi):
+                claim, obj = self.snapshot.claim(key), self.view.claim(key)
+                if claim is None or obj is None or key in self.binder.inflight:
+                    continue
+                missing = [
+                    (node, until, state)
+                    for node, (until, state) in entries.items()
+                    if until > now and not any(r.node == node for r in claim.rejected)
+                ]
+                if not missing:
+                    continue
+                node, until, state = missing[0]
+                rejected = (*claim.rejected, RejectedNode(node, until))
+                self.snapshot.upsert_claim(replace(claim, rejected=rejected))
+                body = gate.rejection_patch(
+                    obj, node, translate.rfc3339(until), translate.rfc3339(now), state
+                )
+                self.binder.send(key, body, "Reject")
+
     def _delete_pod(self, pod_key: Key, pod: dict[str, Any]) -> None:
         core = self.writer.core
         uid = translate.meta(pod).get("uid")
@@ -471,6 +497,13 @@ class Gatekeeper(BinderPart):
                 kept = tuple(r for r in claim.rejected if r.node not in changed)
                 self.snapshot.upsert_claim(replace(claim, rejected=kept))
                 self.binder.send(claim.key, body, "Unreject")
+
+
+def _members(vmi_key: Key, vmi: dict[str, Any]) -> list[ClaimKey]:
+    """The keys of a VMI's claims: the held ones and those of its claim templates."""
+    ref = gate.claims_ref_of(vmi) or ClaimsRequest()
+    names = [*ref.claims, *gate.template_claim_names(vmi_key[1], ref)]
+    return [ClaimKey(vmi_key[0], n) for n in names]
 
 
 def _create_claim(custom: Any, namespace: str, body: dict[str, Any]) -> Any:
