@@ -188,8 +188,7 @@ def pod_usage(pod: Obj, *, covered_by_claims: bool | None = None) -> PodUsage | 
     created after its VMI, so this only lasts until the VMI's event). Pods in a final phase
     hold nothing.
     """
-    labels = meta(pod).get("labels") or {}
-    labelled = labels.get(keys.LABEL_CLAIMS_REF) == keys.LABEL_CLAIMS_REF_VALUE
+    labelled = keys.uses_claims(meta(pod).get("labels"))
     if labelled and covered_by_claims is not False:
         return None
     if (pod.get("status") or {}).get("phase") in FINAL_POD_PHASES:
@@ -262,7 +261,7 @@ class VMIState:
     phase: str
     node: str | None
     held_claims: tuple[str, ...]
-    uses_claims: bool = False  # it carries the claims annotation
+    uses_claims: bool = False  # it carries the reference label (keys.uses_claims)
 
     @property
     def final(self) -> bool:
@@ -295,7 +294,7 @@ def vmi_state(vmi: Obj) -> VMIState:
         phase=str(status.get("phase") or "Pending"),
         node=status.get("nodeName") or None,
         held_claims=claims_annotation(meta(vmi).get("annotations") or {}),
-        uses_claims=bool((meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)),
+        uses_claims=keys.uses_claims(meta(vmi).get("labels")),
     )
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from cozystack_gpu import keys
+from cozystack_gpu.binder import translate
 from cozystack_gpu.binder.view import ClusterView
 from cozystack_gpu_testkit.objects import binder_config
 
@@ -80,8 +83,23 @@ def test_a_labelled_pod_counts_as_raw_usage_unless_its_vmi_uses_claims() -> None
         "metadata": {
             **vmi["metadata"],
             "resourceVersion": "4",
+            "labels": {keys.LABEL_CLAIMS_REF: "true"},
             "annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'},
         }
     }
     view.apply(keys.VMI.kind, with_claims, deleted=False)
     assert _node_with_pod_usage(view) == {}, "its units are its claims'"
+
+
+@pytest.mark.parametrize("annotation", ["", " ", "{}", '{"claims": []}', '{"claims": ["c"]}', "x"])
+def test_a_vmi_uses_claims_only_with_the_reference_label(annotation: str) -> None:
+    """One definition (keys.uses_claims), as the policies and webhooks read it: whatever the
+    annotation says, an unlabelled VMI's launcher pod takes its GPUs as raw usage."""
+    vmi = {"metadata": {"name": "vm", "namespace": "t", "annotations": {
+        keys.ANNOTATION_CLAIMS: annotation}}}  # fmt: skip
+    assert not translate.vmi_state(vmi).uses_claims
+    labelled = {"metadata": {**vmi["metadata"], "labels": {keys.LABEL_CLAIMS_REF: "true"}}}
+    assert translate.vmi_state(labelled).uses_claims
+    for value in ("True", "yes", ""):
+        other = {"metadata": {**vmi["metadata"], "labels": {keys.LABEL_CLAIMS_REF: value}}}
+        assert not translate.vmi_state(other).uses_claims
