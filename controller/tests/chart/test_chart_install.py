@@ -39,6 +39,7 @@ pytestmark = pytest.mark.apiserver
 
 RELEASE = "cozystack-gpu"
 NAMESPACE = "cozy-gpu"
+CONTROLLER = f"system:serviceaccount:{NAMESPACE}:cozystack-gpu-controller"
 SERVICE = "cozystack-gpu-webhook"
 SECRET = "cozystack-gpu-webhook-tls"
 VIRT_CONTROLLER = "system:serviceaccount:kubevirt:kubevirt-controller"
@@ -286,11 +287,19 @@ def test_the_controller_serves_the_chart_webhooks_behind_the_service(
     try:
         route_service(release.api, NAMESPACE, SERVICE, host_address(), port)
 
+        # Only the controller may create template claims (the protection policy refuses
+        # everyone else before any webhook): as the controller, a template-claim label
+        # without the owning VMI is refused by the claim webhook on every replica at once,
+        # before its snapshot of the cluster is read.
+        controller = Kube(_impersonating(release.plane, CONTROLLER))
+        tenant_refusal = _refusal(
+            lambda: kube.claim(ns, "forged", "h100", labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
+        )
+        assert tenant_refusal is not None and CONTROLLER in tenant_refusal, tenant_refusal
+
         def refusal() -> str | None:
-            # A template-claim label without the owning VMI: refused on every replica at
-            # once, before its snapshot of the cluster is read.
             try:
-                kube.claim(ns, "forged", "h100", labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
+                controller.claim(ns, "forged", "h100", labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
             except ApiException as exc:
                 message = str(json.loads(exc.body)["message"])
                 # Until the replica listens, the API server cannot call it at all.

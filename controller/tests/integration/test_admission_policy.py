@@ -635,3 +635,276 @@ def refused_or_empty(create: Any) -> str:
     except ApiException as exc:
         return refusal(exc)
     return ""
+
+
+# --- the protection policy ---------------------------------------------------------------
+
+CONTROLLER = "system:serviceaccount:{release}:cozystack-gpu-controller"
+STRIP_CLAIM = (
+    "only the GPU controller ({controller}) may remove the finalizer "
+    "gpu.cozystack.io/claim-protection from GPUClaim {ns}/{name}: it keeps a claim whose VM "
+    "runs, and its usage record, until the VM stops, so a GPU in use is never handed to "
+    "another VM; delete the claim, and the controller removes the finalizer once its VM has "
+    "stopped"
+)
+STRIP_CLASS = (
+    "only the GPU controller ({controller}) may remove the finalizer "
+    "gpu.cozystack.io/class-protection from GPUClass {name}: it keeps a class being deleted "
+    "until no claim holds its units, so they never read as free; delete the class, and the "
+    "controller removes the finalizer once no claim holds it"
+)
+TEMPLATE_LABEL = (
+    "only the GPU controller ({controller}) creates GPUClaims labelled "
+    "gpu.cozystack.io/template-claim, from the claimTemplates of a starting VM; remove the "
+    "label from GPUClaim {name} to order a claim, or name a claim template in the VM's "
+    "gpu.cozystack.io/claims annotation"
+)
+PLATFORM_ADMIN = "platform-admin"
+
+
+class Protection:
+    """The chart's protection policy, rendered for a release namespace of its own, and a
+    tenant namespace where the tenant admin and the controller manage claims."""
+
+    def __init__(self, kube: Kube, plane: ControlPlane) -> None:
+        self.kube = kube
+        self.plane = plane
+        self.id = uuid.uuid4().hex[:8]
+        self.release = f"ctl-prot-{self.id}"
+        self.controller = CONTROLLER.format(release=self.release)
+        self.tenant_ns = f"tenant-prot-{self.id}"
+        kube.namespace(self.release)
+        kube.namespace(self.tenant_ns, {f"tenant.cozystack.io/{self.tenant_ns}": ""})
+        rbac = client.RbacAuthorizationV1Api(kube.api)
+        everything = ["create", "get", "list", "update", "patch", "delete"]
+        rbac.create_namespaced_role(
+            self.tenant_ns,
+            {
+                "metadata": {"name": "claims"},
+                "rules": [
+                    {"apiGroups": [keys.GROUP], "resources": ["gpuclaims"], "verbs": everything}
+                ],
+            },
+        )
+        rbac.create_namespaced_role_binding(
+            self.tenant_ns,
+            {
+                "metadata": {"name": "claims"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "claims",
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u}
+                    for u in (TENANT, self.controller)
+                ],
+            },
+        )
+        self.cluster_role = f"gpuclasses-{self.id}"
+        rbac.create_cluster_role(
+            {
+                "metadata": {"name": self.cluster_role},
+                "rules": [
+                    {"apiGroups": [keys.GROUP], "resources": ["gpuclasses"], "verbs": everything}
+                ],
+            }
+        )
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": self.cluster_role},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": self.cluster_role,
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u}
+                    for u in (PLATFORM_ADMIN, self.controller)
+                ],
+            }
+        )
+        self.objects = suffixed(helm_template("protection-policy.yaml", self.release), self.id)
+        install(kube.api, self.objects)
+
+    def close(self) -> None:
+        uninstall(self.kube.api, self.objects)
+        # Until the API server forgets the policy, binders of later tests running under
+        # other identities could not remove their finalizers.
+        probe = self.kube.get_claim(self.tenant_ns, "probe")
+        tenant = as_user(self.plane, TENANT)
+
+        def forgotten() -> bool:
+            try:
+                tenant.custom.patch_namespaced_custom_object(
+                    keys.GROUP, keys.VERSION, self.tenant_ns, keys.PLURAL_CLAIMS, "probe",
+                    strip_patch(probe), dry_run="All", **JSON_PATCH,
+                )  # fmt: skip
+            except ApiException:
+                return False
+            return True
+
+        wait_for(forgotten, 30, "the API server to forget the protection policy")
+        rbac = client.RbacAuthorizationV1Api(self.kube.api)
+        rbac.delete_cluster_role_binding(self.cluster_role)
+        rbac.delete_cluster_role(self.cluster_role)
+
+    def protected_claim(self, name: str) -> dict[str, Any]:
+        """A claim as the controller keeps one attached to a running VMI: finalizer, phase."""
+        claim = {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_CLAIM,
+            "metadata": {"name": name, "finalizers": [keys.FINALIZER_CLAIM]},
+            "spec": {"class": "h100", "count": 1},
+        }
+        self.kube.custom.create_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, self.tenant_ns, keys.PLURAL_CLAIMS, claim
+        )
+        result: dict[str, Any] = self.kube.custom.patch_namespaced_custom_object_status(
+            keys.GROUP, keys.VERSION, self.tenant_ns, keys.PLURAL_CLAIMS, name,
+            {"status": {"phase": "Attached", "nodeName": "n1", "attachedTo": "vm"}},
+        )  # fmt: skip
+        return result
+
+
+JSON_PATCH: dict[str, Any] = {"_content_type": "application/json-patch+json"}
+MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+
+
+def strip_patch(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"op": "test", "path": "/metadata/finalizers", "value": obj["metadata"]["finalizers"]},
+        {"op": "remove", "path": "/metadata/finalizers"},
+    ]
+
+
+@pytest.fixture
+def protection(kube: Kube, control_plane: ControlPlane) -> Iterator[Protection]:
+    policy = Protection(kube, control_plane)
+    try:
+        probe = policy.protected_claim("probe")
+        tenant = as_user(control_plane, TENANT)
+
+        def enforced() -> bool:
+            try:
+                tenant.custom.patch_namespaced_custom_object(
+                    keys.GROUP, keys.VERSION, policy.tenant_ns, keys.PLURAL_CLAIMS, "probe",
+                    strip_patch(probe), dry_run="All", **JSON_PATCH,
+                )  # fmt: skip
+            except ApiException as exc:
+                return "only the GPU controller" in refusal(exc)
+            return False
+
+        wait_for(enforced, 30, "the protection policy to be enforced")
+        yield policy
+    finally:
+        policy.close()
+
+
+def test_only_the_controller_may_strip_a_claims_protection_finalizer(
+    kube: Kube, control_plane: ControlPlane, protection: Protection
+) -> None:
+    ns = protection.tenant_ns
+    claim = protection.protected_claim("spare")
+    tenant = as_user(control_plane, TENANT)
+    claims = (keys.GROUP, keys.VERSION, ns, keys.PLURAL_CLAIMS)
+    # kubectl delete gpuclaim spare --wait=false: marked, kept by the finalizer.
+    tenant.custom.delete_namespaced_custom_object(*claims, "spare")
+    claim = kube.get_claim(ns, "spare")
+    assert claim["metadata"]["deletionTimestamp"]
+    expected = STRIP_CLAIM.format(controller=protection.controller, ns=ns, name="spare")
+    # Then a JSON patch of metadata.finalizers, a merge patch, and an update.
+    stripped = {**claim, "metadata": {**claim["metadata"], "finalizers": []}}
+    for write in (
+        lambda: tenant.custom.patch_namespaced_custom_object(
+            *claims, "spare", strip_patch(claim), **JSON_PATCH
+        ),
+        lambda: tenant.custom.patch_namespaced_custom_object(
+            *claims, "spare", {"metadata": {"finalizers": None}}, **MERGE_PATCH
+        ),
+        lambda: tenant.custom.replace_namespaced_custom_object(*claims, "spare", stripped),
+    ):
+        assert refused_with(write).endswith(expected)
+    assert kube.get_claim(ns, "spare")["metadata"]["finalizers"] == [keys.FINALIZER_CLAIM]
+    # A finalizer of the tenant's own comes and goes; ours stays.
+    mine = [keys.FINALIZER_CLAIM, "example.com/mine"]
+    tenant.custom.patch_namespaced_custom_object(
+        *claims, "probe", {"metadata": {"finalizers": mine}}
+    )
+    tenant.custom.patch_namespaced_custom_object(
+        *claims, "probe", {"metadata": {"finalizers": [keys.FINALIZER_CLAIM]}}
+    )
+    # The controller removes it when the VM has stopped: the claim goes.
+    controller = as_user(control_plane, protection.controller)
+    controller.custom.patch_namespaced_custom_object(
+        *claims, "spare", strip_patch(claim), **JSON_PATCH
+    )
+    wait_for(
+        lambda: "spare" not in {c["metadata"]["name"] for c in kube.claims(ns)},
+        30,
+        "the claim to go once the controller removed its finalizer",
+    )
+
+
+def test_only_the_controller_may_strip_a_classs_protection_finalizer(
+    kube: Kube, control_plane: ControlPlane, protection: Protection
+) -> None:
+    name = f"prot-{protection.id}"
+    kube.gpu_class(name, f"nvidia.com/PROT_{protection.id}")
+    classes = (keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES)
+    kube.custom.patch_cluster_custom_object(
+        *classes, name, {"metadata": {"finalizers": [keys.FINALIZER_CLASS]}}
+    )
+    admin = as_user(control_plane, PLATFORM_ADMIN)
+    admin.custom.delete_cluster_custom_object(*classes, name)
+    stored = kube.custom.get_cluster_custom_object(*classes, name)
+    assert stored["metadata"]["deletionTimestamp"]
+    message = refused_with(
+        lambda: admin.custom.patch_cluster_custom_object(
+            *classes, name, strip_patch(stored), **JSON_PATCH
+        )
+    )
+    assert message.endswith(STRIP_CLASS.format(controller=protection.controller, name=name))
+    controller = as_user(control_plane, protection.controller)
+    controller.custom.patch_cluster_custom_object(*classes, name, strip_patch(stored), **JSON_PATCH)
+
+
+def test_only_the_controller_creates_template_claims(
+    kube: Kube, control_plane: ControlPlane, protection: Protection
+) -> None:
+    ns = protection.tenant_ns
+    vmi = create_vmi(kube, ns, vmi_body("vm", {"claimTemplates": [{"name": "g", "class": "h100"}]}))
+
+    def template_claim(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_CLAIM,
+            "metadata": {
+                "name": name,
+                "labels": {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "kubevirt.io/v1",
+                        "kind": "VirtualMachineInstance",
+                        "name": "vm",
+                        "uid": vmi["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"class": "h100", "count": 2},
+        }
+
+    claims = (keys.GROUP, keys.VERSION, ns, keys.PLURAL_CLAIMS)
+    tenant = as_user(control_plane, TENANT)
+    message = refused_with(
+        lambda: tenant.custom.create_namespaced_custom_object(*claims, template_claim("vm-g"))
+    )
+    assert message.endswith(TEMPLATE_LABEL.format(controller=protection.controller, name="vm-g"))
+    # An order without the label is the tenant's to make.
+    plain = template_claim("plain")
+    plain["metadata"]["labels"] = {}
+    plain["metadata"]["ownerReferences"] = []
+    tenant.custom.create_namespaced_custom_object(*claims, plain)
+    controller = as_user(control_plane, protection.controller)
+    controller.custom.create_namespaced_custom_object(*claims, template_claim("vm-g"))
