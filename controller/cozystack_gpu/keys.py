@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from enum import Enum
 from typing import NamedTuple
 
@@ -173,6 +174,20 @@ ANNOTATION_MEMBER_TEMPLATES = "claimTemplates"
 # admission is only called for objects that use claims.
 LABEL_CLAIMS_REF = GROUP + "/claims"
 LABEL_CLAIMS_REF_VALUE = "true"
+
+
+def uses_claims(labels: Mapping[str, str] | None) -> bool:
+    """Whether a VMI, a VM's template or a launcher pod uses claims: the one definition.
+
+    It does iff it carries the reference label, since only then does the API server call
+    the webhooks, which refuse an annotation that names no claim (absent, blank, ``{}``,
+    malformed). The chart's policies say the same in CEL (claims-label-policy.yaml refuses
+    the annotation in any form without the label; raw-names-policy.yaml exempts only
+    labelled VMIs and launcher pods under ``forbidden``); the binder counts a pod's GPU
+    requests as its claims' only by this rule.
+    """
+    return (labels or {}).get(LABEL_CLAIMS_REF) == LABEL_CLAIMS_REF_VALUE
+
 
 # Scheduling gate that holds a launcher pod until the controller has pinned the claim set.
 SCHEDULING_GATE_CLAIMS = GROUP + "/claims"

@@ -6,8 +6,9 @@ from the API server, never from a controller's memory, and judges two kinds of r
 
 At every look (``check``), whatever is going on:
 - no node holds more units of a resource name than it has (claims Bound or Attached there,
-  Lost claims whose VMI still runs there, and raw-name pods, against the smaller of the
-  node's allocatable and its GPUNode devices);
+  Lost claims whose VMI still runs there, raw-name pods, and what running launcher pods use
+  beyond their VMI's claims there, against the smaller of the node's allocatable and its
+  GPUNode devices);
 - no budget key of a tenant or any of its ancestors counts more units than its limit;
 - no claim is bound twice: once it holds a node, it keeps that node and its ``boundAt``
   unless a decision moved it (its Bound condition says Moved, Rebound or Reattached: the
@@ -46,7 +47,14 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.lifecycle import workload_name
-from cozystack_gpu.binder.translate import pod_usage, whole_quantity
+from cozystack_gpu.binder.translate import (
+    PodUsage,
+    claims_cover,
+    launcher_usage,
+    pod_usage,
+    template_owner,
+    whole_quantity,
+)
 from cozystack_gpu.informer import Event, EventType, Informer, list_function, source
 
 log = logging.getLogger(__name__)
@@ -292,6 +300,10 @@ class Invariants:
             for resource, units in usage.requests.items():
                 if resource in gpu_names:
                     add(usage.node, resource, units)
+        for usage in _uncovered_launcher_usage(state, resource_of):
+            for resource, units in usage.requests.items():
+                if resource in gpu_names and usage.node is not None:
+                    add(usage.node, resource, units)
         devices = {_name(g): (g.get("status") or {}).get("devices") or [] for g in state.gpunodes}
         for node in state.nodes:
             if not self.scope.has_node(node):
@@ -488,6 +500,35 @@ class Invariants:
 
 
 # --- reading objects ---------------------------------------------------------------------
+
+
+def _uncovered_launcher_usage(state: State, resource_of: Mapping[str, str]) -> list[PodUsage]:
+    """What running launcher pods of VMIs with claims (not final) use beyond the units
+    their VMI's claims hold on their node: a claim deleted by force, moved or stripped
+    leaves the pod using GPUs that no claim counts, and they are still occupied there."""
+    serving: dict[tuple[str, str], list[Obj]] = {}
+    for claim in state.claims:
+        vmis = {(claim.get("status") or {}).get("attachedTo"), template_owner(claim)}
+        for vmi in vmis - {None, ""}:
+            serving.setdefault((_namespace(claim), str(vmi)), []).append(claim)
+    stopped = {
+        (_namespace(v), _name(v))
+        for v in state.vmis
+        if (v.get("status") or {}).get("phase") in FINAL_VMI
+    }
+    found: list[PodUsage] = []
+    for pod in state.pods:
+        owner = _owning_vmi(pod)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if owner is None or not node or not keys.uses_claims(_meta(pod).get("labels")):
+            continue
+        if (_namespace(pod), owner) in stopped:
+            continue  # the VM has stopped: its pod is finishing, its claims detached
+        claims = serving.get((_namespace(pod), owner), [])
+        usage = launcher_usage(pod, claims_cover(claims, resource_of.get, str(node)))
+        if usage is not None:
+            found.append(usage)
+    return found
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

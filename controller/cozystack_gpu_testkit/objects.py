@@ -322,9 +322,10 @@ class Kube:
     ) -> None:
         import json
 
-        annotations = {}
+        annotations, labels = {}, {}
         if claims is not None:
             annotations[keys.ANNOTATION_CLAIMS] = json.dumps({"claims": claims})
+            labels[keys.LABEL_CLAIMS_REF] = keys.LABEL_CLAIMS_REF_VALUE
         self.custom.create_namespaced_custom_object(
             keys.KUBEVIRT_GROUP,
             keys.KUBEVIRT_VERSION,
@@ -333,7 +334,7 @@ class Kube:
             {
                 "apiVersion": "kubevirt.io/v1",
                 "kind": "VirtualMachineInstance",
-                "metadata": {"name": name, "annotations": annotations},
+                "metadata": {"name": name, "labels": labels, "annotations": annotations},
                 "spec": {"domain": {"devices": {}}},
             },
         )

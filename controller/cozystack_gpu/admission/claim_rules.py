@@ -9,7 +9,8 @@ single loop, so a replica whose watches lag can at worst admit an order that the
 Template claims (label ``gpu.cozystack.io/template-claim``) are the controller's own,
 created for a VMI at start and judged with the VMI's whole set when its launcher pod is
 placed; they are admitted without the check, but only as what they claim to be: owned by a
-VMI.
+VMI. Only the controller creates them: the chart's protection policy
+(templates/protection-policy.yaml) refuses the label on a claim anyone else creates.
 
 Pure: no kopf, no client; the snapshot is passed in.
 """

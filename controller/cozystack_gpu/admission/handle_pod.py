@@ -50,6 +50,17 @@ class PodWebhook:
                 AdmissionReason.OWNER_VMI_MISSING,
                 404,
             )
+        if not keys.uses_claims(meta(vmi).get("labels")):
+            # virt-controller copies the VMI's labels: only a forged pod differs, and its
+            # VMI was never judged by the VMI webhook.
+            raise Refused(
+                f"pod {name} carries the label {keys.LABEL_CLAIMS_REF}="
+                f"{keys.LABEL_CLAIMS_REF_VALUE}, but its VirtualMachineInstance {vmi_name} "
+                "does not, so it uses no claims; remove the label from the pod, or start the "
+                "VM with the label and its claims",
+                AdmissionReason.LABEL_ON_FOREIGN_POD,
+                400,
+            )
         raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
         if raw is None:
             raise Refused(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -185,21 +185,28 @@ def pod_usage(pod: Obj, *, covered_by_claims: bool | None = None) -> PodUsage | 
     """The extended-resource requests of a pod that holds no claim, or None.
 
     Launcher pods of VMIs with claims carry the claims reference label: their units are
-    already counted through the claims. The label alone is not enough, or any labelled pod
+    counted through the claims (and what the claims do not cover by ``launcher_usage``).
+    The label alone is not enough, or any labelled pod
     would take GPUs uncounted: ``covered_by_claims`` says whether the pod's VMI uses claims
     (None: its VMI is not known yet, and the label is believed for now; a launcher pod is
     created after its VMI, so this only lasts until the VMI's event). Pods in a final phase
     hold nothing.
     """
-    labels = meta(pod).get("labels") or {}
-    labelled = labels.get(keys.LABEL_CLAIMS_REF) == keys.LABEL_CLAIMS_REF_VALUE
+    labelled = keys.uses_claims(meta(pod).get("labels"))
     if labelled and covered_by_claims is not False:
         return None
     if (pod.get("status") or {}).get("phase") in FINAL_POD_PHASES:
         return None
-    spec = pod.get("spec") or {}
+    totals = _extended_requests(pod)
+    if not totals:
+        return None
+    return PodUsage(namespace_of(pod), (pod.get("spec") or {}).get("nodeName") or None, totals)
+
+
+def _extended_requests(pod: Obj) -> dict[str, int]:
+    """Units of every extended resource (a name with a "/") the pod's containers request."""
     totals: dict[str, int] = {}
-    for container in spec.get("containers") or []:
+    for container in (pod.get("spec") or {}).get("containers") or []:
         resources = container.get("resources") or {}
         # Extended resources must have requests == limits; either may be written alone.
         merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
@@ -209,9 +216,74 @@ def pod_usage(pod: Obj, *, covered_by_claims: bool | None = None) -> PodUsage | 
             units = whole_quantity(value)
             if units:
                 totals[name] = totals.get(name, 0) + units
-    if not totals:
+    return totals
+
+
+# Claim phases whose units a launcher pod on the claim's node is using: Bound and Attached
+# claims, and Lost ones (the model counts a Lost claim there while its VMI runs there, and
+# a running launcher pod says it does).
+_COVERING_PHASES = frozenset({Phase.BOUND.value, Phase.ATTACHED.value, Phase.LOST.value})
+
+
+def claim_serves_vmi(claim: Obj, vmi_name: str) -> bool:
+    """The claim's units are the VMI's: attached to it (``status.attachedTo``), or a
+    template claim it owns (the controller creates those, owned by the VMI)."""
+    return (claim.get("status") or {}).get("attachedTo") == vmi_name or (
+        template_owner(claim) == vmi_name
+    )
+
+
+def template_owner(claim: Obj) -> str | None:
+    """The VMI that owns a template claim (the controller makes them so), or None."""
+    labels = meta(claim).get("labels") or {}
+    if labels.get(keys.LABEL_TEMPLATE_CLAIM) != keys.LABEL_TEMPLATE_CLAIM_VALUE:
         return None
-    return PodUsage(namespace_of(pod), spec.get("nodeName") or None, totals)
+    for ref in meta(claim).get("ownerReferences") or []:
+        if ref.get("kind") == keys.VMI.kind and ref.get("name"):
+            return str(ref["name"])
+    return None
+
+
+def claims_cover(
+    claims: Iterable[Obj], resource_of: Callable[[str], str | None], node: str
+) -> dict[str, int]:
+    """Units, by resource name, that one VMI's claims (see ``claim_serves_vmi``) hold on
+    ``node``: what its launcher pod there may use without taking anyone else's."""
+    cover: dict[str, int] = {}
+    for claim in claims:
+        status = claim.get("status") or {}
+        if status.get("nodeName") != node or status.get("phase") not in _COVERING_PHASES:
+            continue
+        resource = resource_of(str((claim.get("spec") or {}).get("class", "")))
+        if resource:
+            cover[resource] = cover.get(resource, 0) + int(
+                (claim.get("spec") or {}).get("count") or 1
+            )
+    return cover
+
+
+def launcher_usage(pod: Obj, cover: Mapping[str, int]) -> PodUsage | None:
+    """The units a running launcher pod of a VMI with claims uses beyond what its claims
+    hold on its node (``cover``), or None when they cover it all.
+
+    A claim deleted by force, moved or stripped of its protection leaves the pod using
+    GPUs that no claim counts: they are still occupied on that node, and no one else may be
+    bound to them. Counted only once the pod is on a node and until it is final; callers
+    leave out the pod of a final VMI (the VM has stopped, the pod is finishing, and its
+    claims are detached, free to move).
+    """
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in FINAL_POD_PHASES:
+        return None
+    requests = _extended_requests(pod)
+    remainder = {
+        name: units - cover.get(name, 0)
+        for name, units in requests.items()
+        if units > cover.get(name, 0)
+    }
+    if not remainder:
+        return None
+    return PodUsage(namespace_of(pod), str(node), remainder)
 
 
 def sum_usage(usages: Iterable[PodUsage], gpu_names: frozenset[str]) -> dict[str, int]:
@@ -265,7 +337,7 @@ class VMIState:
     phase: str
     node: str | None
     held_claims: tuple[str, ...]
-    uses_claims: bool = False  # it carries the claims annotation
+    uses_claims: bool = False  # it carries the reference label (keys.uses_claims)
     uid: str = ""
     attachment_id: str = ""  # keys.ANNOTATION_ATTACHMENT_ID, written at its admission
 
@@ -319,7 +391,7 @@ def vmi_state(vmi: Obj) -> VMIState:
         phase=str(status.get("phase") or "Pending"),
         node=status.get("nodeName") or None,
         held_claims=claims_annotation(annotations),
-        uses_claims=bool(annotations.get(keys.ANNOTATION_CLAIMS)),
+        uses_claims=keys.uses_claims(meta(vmi).get("labels")),
         uid=str(meta(vmi).get("uid") or ""),
         attachment_id=str(annotations.get(keys.ANNOTATION_ATTACHMENT_ID) or ""),
     )

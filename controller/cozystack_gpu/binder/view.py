@@ -83,6 +83,9 @@ class ClusterView:
         self._pvc_vms: dict[Key, set[Key]] = {}
         self._pvc_pv: dict[Key, str] = {}
         self._pv_pvcs: dict[str, set[Key]] = {}
+        # Template claims by the VMI that owns them: with the attached ones, what covers the
+        # GPU requests of the VMI's launcher pods.
+        self._templates_of: dict[Key, set[ClaimKey]] = {}
         # Launcher pods the gate controller looks after: waiting at the gate, and pinned
         # but not yet bound by the scheduler (a refusal may come).
         self._gated: set[Key] = set()
@@ -209,19 +212,46 @@ class ClusterView:
         self.dirty.classes.add(key[1])
         resource = translate.class_resource_name(new) if new is not None else ""
         self._set_names((keys.GPU_CLASS.kind, key[1]), frozenset({resource} - {""}))
+        before = translate.class_resource_name(old) if old is not None else ""
+        if resource != before:
+            # What the claims of the class cover on their launcher pods' nodes changed.
+            for vmi in list(self._pods_of_vmi):
+                self._recount_pods_of(vmi)
 
     def _on_claim(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         claim_key = ClaimKey(*key)
+        served: set[Key] = set()
         for obj, add in ((old, False), (new, True)):
-            target = ((obj or {}).get("status") or {}).get("attachedTo")
+            if obj is None:
+                continue
+            target = (obj.get("status") or {}).get("attachedTo")
             if target:
                 index = self._attached.setdefault((key[0], target), set())
                 (index.add if add else index.discard)(claim_key)
                 if not index:
                     del self._attached[(key[0], target)]
+                served.add((key[0], str(target)))
+            owner = translate.template_owner(obj)
+            if owner is not None:
+                owned = self._templates_of.setdefault((key[0], owner), set())
+                (owned.add if add else owned.discard)(claim_key)
+                if not owned:
+                    del self._templates_of[(key[0], owner)]
+                served.add((key[0], owner))
         if new is None or not (new.get("status") or {}).get("attachedTo"):
             self._attachment_seen.pop(claim_key, None)
         self.dirty.claims.add(claim_key)
+        # A claim deleted, moved or detached leaves its VMI's launcher pod using units that
+        # no claim covers any more (and one bound covers them again).
+        for vmi in served:
+            self._recount_pods_of(vmi)
+
+    def _recount_pods_of(self, vmi: Key) -> None:
+        state = self._vmis.get(vmi)
+        for pod_key in list(self._pods_of_vmi.get(vmi, ())):
+            pod = self.pod(pod_key)
+            if pod is not None:
+                self._count_pod(pod_key, pod, state)
 
     def _on_namespace(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         self.dirty.namespaces.add(key[1])
@@ -259,16 +289,47 @@ class ClusterView:
                 self.dirty.nodes.add(previous.node)
             self._pods_in_ns.get(previous.namespace, set()).discard(key)
             self.dirty.namespaces.add(previous.namespace)
+        if new is None:
+            return
         covered = None if vmi is None else vmi.uses_claims
-        usage = translate.pod_usage(new, covered_by_claims=covered) if new is not None else None
+        usage = translate.pod_usage(new, covered_by_claims=covered)
+        raw_name_pod = usage is not None
+        owner = gate.owning_vmi(new)
+        # Once its VMI is final the VM has stopped and the pod is finishing (its claims are
+        # detached and may move): only a pod of a VMI that may still run holds units.
+        if usage is None and covered is not False and owner is not None and not (vmi and vmi.final):
+            usage = translate.launcher_usage(new, self._claims_cover(key[0], owner, new))
         if usage is None:
             return
         self._pods[key] = usage
         if usage.node:
             self._pods_on_node.setdefault(usage.node, set()).add(key)
             self.dirty.nodes.add(usage.node)
-        self._pods_in_ns.setdefault(usage.namespace, set()).add(key)
-        self.dirty.namespaces.add(usage.namespace)
+        # What a launcher pod uses beyond its claims occupies the node; the tenant's budget
+        # is its claims' (and their Lost state), not charged twice.
+        if raw_name_pod:
+            self._pods_in_ns.setdefault(usage.namespace, set()).add(key)
+            self.dirty.namespaces.add(usage.namespace)
+
+    def _claims_cover(self, namespace: str, vmi_name: str, pod: Obj) -> dict[str, int]:
+        """Units the VMI's claims hold on the pod's node, by resource name."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            return {}
+        vmi = (namespace, vmi_name)
+        members = self._attached.get(vmi, set()) | self._templates_of.get(vmi, set())
+        claims = [
+            obj
+            for claim_key in members
+            if (obj := self.claim(claim_key)) is not None
+            and translate.claim_serves_vmi(obj, vmi_name)
+        ]
+
+        def resource_of(class_name: str) -> str | None:
+            obj = self.gpu_class(class_name)
+            return translate.class_resource_name(obj) if obj is not None else None
+
+        return translate.claims_cover(claims, resource_of, str(node))
 
     def _on_vmi(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         namespace = key[0]
@@ -293,11 +354,7 @@ class ClusterView:
             if obj is not None:
                 touched |= {ClaimKey(namespace, n) for n in translate.template_claim_names(obj)}
         self.dirty.claims |= touched
-        current = self._vmis.get(key)
-        for pod_key in list(self._pods_of_vmi.get(key, ())):
-            pod = self.pod(pod_key)
-            if pod is not None:
-                self._count_pod(pod_key, pod, current)
+        self._recount_pods_of(key)
 
     def _on_vm(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         namespace = key[0]

@@ -39,6 +39,7 @@ pytestmark = pytest.mark.apiserver
 
 RELEASE = "cozystack-gpu"
 NAMESPACE = "cozy-gpu"
+CONTROLLER = f"system:serviceaccount:{NAMESPACE}:cozystack-gpu-controller"
 SERVICE = "cozystack-gpu-webhook"
 SECRET = "cozystack-gpu-webhook-tls"
 VIRT_CONTROLLER = "system:serviceaccount:kubevirt:kubevirt-controller"
@@ -204,19 +205,26 @@ def _pod(name: str, labels: dict[str, str] | None = None, gpus: int = 0) -> dict
 REFERENCE = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
 
 
+def _with_claims(name: str, **spec: Any) -> dict[str, Any]:
+    """A VMI that uses claims: the reference label and an annotation naming one."""
+    vmi = _vmi(name, REFERENCE, **spec)
+    vmi["metadata"]["annotations"] = {keys.ANNOTATION_CLAIMS: json.dumps({"claims": ["held"]})}
+    return vmi
+
+
 def test_the_webhooks_reach_the_service_with_the_chart_certificates(release: Release) -> None:
     kube, ns, calls = release.kube, release.tenant, release.webhooks
     kube.gpu_class("h100", GPU)
     kube.claim(ns, "held", "h100")
     kube.custom.create_namespaced_custom_object(
-        "kubevirt.io", "v1", ns, "virtualmachineinstances", _vmi("with-claims", REFERENCE)
+        "kubevirt.io", "v1", ns, "virtualmachineinstances", _with_claims("with-claims")
     )
     kube.custom.create_namespaced_custom_object(
         "kubevirt.io",
         "v1",
         ns,
         "virtualmachineinstances",
-        _vmi("planned", REFERENCE),
+        _with_claims("planned"),
         dry_run="All",
     )
     kube.custom.create_namespaced_custom_object(
@@ -249,7 +257,7 @@ def test_the_webhooks_fail_closed_when_nothing_serves_them(release: Release) -> 
         assert "gpuclaim.gpu.cozystack.io" in refused.value.body
         with pytest.raises(ApiException):
             kube.custom.create_namespaced_custom_object(
-                "kubevirt.io", "v1", ns, "virtualmachineinstances", _vmi("blocked", REFERENCE)
+                "kubevirt.io", "v1", ns, "virtualmachineinstances", _with_claims("blocked")
             )
         # Objects without the reference label never depend on the webhooks.
         kube.custom.create_namespaced_custom_object(
@@ -279,11 +287,19 @@ def test_the_controller_serves_the_chart_webhooks_behind_the_service(
     try:
         route_service(release.api, NAMESPACE, SERVICE, host_address(), port)
 
+        # Only the controller may create template claims (the protection policy refuses
+        # everyone else before any webhook): as the controller, a template-claim label
+        # without the owning VMI is refused by the claim webhook on every replica at once,
+        # before its snapshot of the cluster is read.
+        controller = Kube(_impersonating(release.plane, CONTROLLER))
+        tenant_refusal = _refusal(
+            lambda: kube.claim(ns, "forged", "h100", labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
+        )
+        assert tenant_refusal is not None and CONTROLLER in tenant_refusal, tenant_refusal
+
         def refusal() -> str | None:
-            # A template-claim label without the owning VMI: refused on every replica at
-            # once, before its snapshot of the cluster is read.
             try:
-                kube.claim(ns, "forged", "h100", labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
+                controller.claim(ns, "forged", "h100", labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
             except ApiException as exc:
                 message = str(json.loads(exc.body)["message"])
                 # Until the replica listens, the API server cannot call it at all.
@@ -353,10 +369,9 @@ def test_forbidden_raw_names_refuse_gpu_vmis_without_claims_and_tenant_gpu_pods(
         "nic",
         domain={"devices": {"hostDevices": [{"name": "n", "deviceName": "mellanox.com/cx7"}]}},
     )
-    claimed = _vmi(
-        "claimed", REFERENCE, domain={"devices": {"gpus": [{"name": "g", "deviceName": GPU}]}}
+    claimed = _with_claims(
+        "claimed", domain={"devices": {"gpus": [{"name": "g", "deviceName": GPU}]}}
     )
-    claimed["metadata"]["annotations"] = {keys.ANNOTATION_CLAIMS: json.dumps({"claims": ["held"]})}
     gpu_pod = _pod("gpu-pod", gpus=1)
 
     def create_pod(body: dict[str, Any], namespace: str = ns, as_api: Any = None) -> Any:
@@ -380,9 +395,14 @@ def test_forbidden_raw_names_refuse_gpu_vmis_without_claims_and_tenant_gpu_pods(
     # Outside tenant namespaces (system workloads) the policy does not apply.
     assert _refusal(create_pod(gpu_pod, namespace=NAMESPACE)) is None
 
-    # virt-controller's launcher pod, owned by a VMI, is the one exception.
-    vmi = kube.custom.create_namespaced_custom_object("kubevirt.io", "v1", ns, vmis, _vmi("owner"))
-    launcher = _pod("virt-launcher-owner-abcde", {"kubevirt.io": "virt-launcher"}, gpus=1)
+    # virt-controller's launcher pod of a VMI that uses claims (labelled, owned by the VMI)
+    # is the one exception.
+    vmi = kube.custom.create_namespaced_custom_object(
+        "kubevirt.io", "v1", ns, vmis, _with_claims("owner")
+    )
+    launcher = _pod(
+        "virt-launcher-owner-abcde", {"kubevirt.io": "virt-launcher", **REFERENCE}, gpus=1
+    )
     launcher["metadata"]["ownerReferences"] = [
         {
             "apiVersion": "kubevirt.io/v1",
@@ -395,8 +415,12 @@ def test_forbidden_raw_names_refuse_gpu_vmis_without_claims_and_tenant_gpu_pods(
     _grant(release, VIRT_CONTROLLER, "", "pods", ["create"])
     as_virt_controller = _impersonating(release.plane, VIRT_CONTROLLER)
     assert _refusal(create_pod(launcher, as_api=as_virt_controller)) is None
-    # The same pod from anyone else, or without the owner, is refused.
+    # The same pod from anyone else, without the label, or without the owner, is refused.
     assert _refusal(create_pod(launcher))
+    unlabelled = json.loads(json.dumps(launcher))
+    unlabelled["metadata"]["labels"].pop(keys.LABEL_CLAIMS_REF)
+    message = _refusal(create_pod(unlabelled, as_api=as_virt_controller)) or ""
+    assert 'lacks the label gpu.cozystack.io/claims: "true"' in message, message
     orphan = _pod("virt-launcher-orphan", {"kubevirt.io": "virt-launcher"}, gpus=1)
     assert _refusal(create_pod(orphan, as_api=as_virt_controller))
     _settings(release, keys.RawNamesPolicy.ALLOWED.value)

@@ -501,6 +501,47 @@ def test_the_raw_name_policy_takes_the_settings_configmap_as_parameters(helm: Pa
     assert "system:serviceaccount:cozy-kubevirt:kubevirt-controller" in text
 
 
+def test_the_policies_read_uses_claims_from_the_reference_label_as_keys_py_spells_it(
+    helm: Path,
+) -> None:
+    objects = render(helm)
+    for name in ("cozystack-gpu-raw-resource-names", "cozystack-gpu-claims-label"):
+        text = json.dumps(find(objects, "ValidatingAdmissionPolicy", name)["spec"])
+        # keys.uses_claims: the label, with exactly its value.
+        assert keys.LABEL_CLAIMS_REF in text and f"== '{keys.LABEL_CLAIMS_REF_VALUE}'" in text
+        assert "holdsClaims" not in text, name
+
+
+def test_the_protection_policy_exempts_only_the_controllers_service_account(
+    helm: Path,
+) -> None:
+    objects = render(helm, namespace="gpu-system")
+    policy = find(objects, "ValidatingAdmissionPolicy", "cozystack-gpu-protection")
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", "cozystack-gpu-protection")
+    account = [
+        o
+        for o in of_kind(objects, "ServiceAccount")
+        if o["metadata"]["name"].endswith("controller")
+    ]
+    assert len(account) == 1
+    controller = f"system:serviceaccount:gpu-system:{account[0]['metadata']['name']}"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert policy["spec"]["matchConditions"] == [
+        {"name": "not-the-controller", "expression": f'request.userInfo.username != "{controller}"'}
+    ]
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert [(r["apiGroups"], sorted(r["resources"]), sorted(r["operations"])) for r in rules] == [
+        ([keys.GROUP], ["gpuclaims", "gpuclasses"], ["CREATE", "UPDATE"])
+    ]
+    text = json.dumps(policy["spec"])
+    for key in (keys.FINALIZER_CLAIM, keys.FINALIZER_CLASS, keys.LABEL_TEMPLATE_CLAIM):
+        assert key in text, key
+
+
 # --- metrics and dashboard -----------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from admission_env import create_vmi, helm_template, refusal, vmi_body
+from admission_env import Corner, create_vmi, helm_template, refusal, serving, vmi_body
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -70,7 +70,7 @@ def grant(kube: Kube, namespace: str, *users: str) -> None:
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]},
                 {
                     "apiGroups": ["kubevirt.io"],
-                    "resources": ["virtualmachineinstances"],
+                    "resources": ["virtualmachineinstances", "virtualmachines"],
                     "verbs": ["create", "get"],
                 },
             ],
@@ -167,11 +167,16 @@ def raw_vmi(name: str, resource: str, where: str = "gpus") -> dict[str, Any]:
     return vmi_body(name, labelled=False, spec={"domain": domain})
 
 
-def launcher(name: str, resource: str, vmi: dict[str, Any] | None) -> dict[str, Any]:
-    """A pod asking for a GPU name: a virt-launcher pod when ``vmi`` owns it."""
+def launcher(
+    name: str, resource: str, vmi: dict[str, Any] | None, *, labelled: bool = False
+) -> dict[str, Any]:
+    """A pod asking for a GPU name: a virt-launcher pod when ``vmi`` owns it, with the
+    reference label when ``labelled`` (virt-controller copies it from a VMI that has it)."""
     metadata: dict[str, Any] = {"name": name, "labels": {}}
+    if labelled:
+        metadata["labels"][keys.LABEL_CLAIMS_REF] = keys.LABEL_CLAIMS_REF_VALUE
     if vmi is not None:
-        metadata["labels"] = {"kubevirt.io": "virt-launcher"}
+        metadata["labels"]["kubevirt.io"] = "virt-launcher"
         metadata["ownerReferences"] = [
             {
                 "apiVersion": "kubevirt.io/v1",
@@ -213,6 +218,13 @@ RAW_VMI = (
     "GPU resource names are forbidden without claims (rawResourceNames: forbidden): {names} "
     "on VirtualMachineInstance {vmi}; order a GPUClaim and name it in the "
     "gpu.cozystack.io/claims annotation instead"
+)
+RAW_LAUNCHER = (
+    "GPU resource names are forbidden without claims (rawResourceNames: forbidden): "
+    "container(s) compute of virt-launcher pod {pod} in tenant namespace {ns} request one, "
+    'but the pod lacks the label gpu.cozystack.io/claims: "true" of a VMI that uses claims; '
+    "order a GPUClaim and name it in the VM's gpu.cozystack.io/claims annotation, with that "
+    "label beside it"
 )
 RAW_POD = (
     "GPU resource names are forbidden without claims (rawResourceNames: forbidden): "
@@ -266,18 +278,21 @@ def test_under_forbidden_a_tenant_pod_may_not_request_a_gpu(
         assert refusal(caught.value).endswith(RAW_POD.format(ns=tenant_ns)), name
 
 
-def test_under_forbidden_virt_controller_starts_the_launcher_pod_of_a_vmi(
+def test_under_forbidden_virt_controller_starts_the_launcher_pod_of_a_vmi_with_claims(
     kube: Kube, control_plane: ControlPlane, raw: RawNames, tenant_ns: str
 ) -> None:
     forbidden(raw, kube, tenant_ns)
-    vmi = create_vmi(kube, tenant_ns, vmi_body("vm", labelled=False))
+    vmi = create_vmi(kube, tenant_ns, vmi_body("vm", {"claims": ["a"]}))
     controller = as_user(control_plane, raw.virt_controller)
+    # (No pod webhook is configured here: the policy alone is under test.)
     controller.core.create_namespaced_pod(
-        tenant_ns, launcher("virt-launcher-vm", raw.resource, vmi)
+        tenant_ns, launcher("virt-launcher-vm", raw.resource, vmi, labelled=True)
     )
     # Not owned by a VMI, not even virt-controller may.
     with pytest.raises(ApiException) as caught:
-        controller.core.create_namespaced_pod(tenant_ns, launcher("loose", raw.resource, None))
+        controller.core.create_namespaced_pod(
+            tenant_ns, launcher("loose", raw.resource, None, labelled=True)
+        )
     assert refusal(caught.value).endswith(RAW_POD.format(ns=tenant_ns))
 
 
@@ -289,6 +304,19 @@ def test_under_forbidden_pods_outside_tenant_namespaces_are_not_judged(
 
 
 # --- the claims-label policy -------------------------------------------------------------
+
+# An object uses claims iff it carries the reference label (keys.uses_claims): the claims
+# annotation in any form without it, or the label without claims, is refused.
+WITHOUT_LABEL = (
+    "{what} carries the gpu.cozystack.io/claims annotation but lacks the label "
+    'gpu.cozystack.io/claims: "true" that sends it to the GPU admission webhook, so it does '
+    "not use claims; add the label, or remove the annotation"
+)
+WITHOUT_CLAIMS = (
+    '{what} carries the label gpu.cozystack.io/claims: "true" but its '
+    "gpu.cozystack.io/claims annotation is absent or blank; name its GPU claims there, or "
+    "remove the label"
+)
 
 
 @pytest.fixture
@@ -325,11 +353,7 @@ def test_a_vmi_naming_claims_without_the_reference_label_is_refused(
 ) -> None:
     with pytest.raises(ApiException) as caught:
         create_vmi(kube, label_policy, vmi_body("vm", {"claims": ["a"]}, labelled=False))
-    assert refusal(caught.value).endswith(
-        "VirtualMachineInstance vm names GPU claims in the gpu.cozystack.io/claims annotation "
-        'but lacks the label gpu.cozystack.io/claims: "true" that sends it to the GPU '
-        "admission webhook; add the label"
-    )
+    assert refusal(caught.value).endswith(WITHOUT_LABEL.format(what="VirtualMachineInstance vm"))
 
 
 def test_a_vm_template_naming_claims_without_the_label_is_refused(
@@ -350,9 +374,7 @@ def test_a_vm_template_naming_claims_without_the_label_is_refused(
             keys.VM.group, keys.VM.version, label_policy, keys.VM.plural, vm
         )
     assert refusal(caught.value).endswith(
-        "VirtualMachine vm (spec.template) names GPU claims in the gpu.cozystack.io/claims "
-        'annotation but lacks the label gpu.cozystack.io/claims: "true" that sends it to the '
-        "GPU admission webhook; add the label"
+        WITHOUT_LABEL.format(what="VirtualMachine vm (spec.template)")
     )
 
 
@@ -395,3 +417,494 @@ def test_a_vmi_stored_before_the_policy_can_still_be_updated(kube: Kube, namespa
     finally:
         uninstall(kube.api, objects)
         forgotten(kube, namespace)
+
+
+# --- one definition of "uses claims", under forbidden ------------------------------------
+
+# Claims annotations that name no claim, each with what the VMI webhook says of it.
+NO_CLAIMS = {
+    "": "not JSON (Expecting value at position 0)",
+    " \t": "not JSON (Expecting value at position 2)",
+    "{}": "it names no claim and no claim template",
+    '{"claims": []}': "it names no claim and no claim template",
+    '{"claim": ["a"]}': "unknown member(s) 'claim'",
+}
+MALFORMED = "annotation gpu.cozystack.io/claims is malformed: {problem}; expected JSON like "
+WEBHOOK_WITHOUT_ANNOTATION = (
+    "VirtualMachineInstance vm carries the label gpu.cozystack.io/claims=true but no "
+    "gpu.cozystack.io/claims annotation naming its GPU claims; add the annotation, or remove "
+    "the label"
+)
+
+
+def shaped(body: dict[str, Any], annotation: str | None, *, labelled: bool) -> dict[str, Any]:
+    """``body`` with exactly this claims annotation (None: none) and reference label."""
+    metadata = body["metadata"]
+    metadata["annotations"] = {} if annotation is None else {keys.ANNOTATION_CLAIMS: annotation}
+    metadata["labels"] = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE} if labelled else {}
+    return body
+
+
+def vm_of(template: dict[str, Any]) -> dict[str, Any]:
+    """A stopped VirtualMachine whose template is the VMI ``template``."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": template["metadata"]["name"]},
+        "spec": {
+            "runStrategy": "Halted",
+            "template": {"metadata": template["metadata"], "spec": template["spec"]},
+        },
+    }
+
+
+def refused_with(create: Any) -> str:
+    with pytest.raises(ApiException) as caught:
+        create()
+    return refusal(caught.value)
+
+
+@pytest.fixture
+def guarded(
+    kube: Kube,
+    control_plane: ControlPlane,
+    raw: RawNames,
+    tenant_ns: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
+    """The chart's admission as a hoster runs it under forbidden: both policies and the
+    webhooks of a replica."""
+    forbidden(raw, kube, tenant_ns)
+    suffix = uuid.uuid4().hex[:8]
+    objects = suffixed(helm_template("claims-label-policy.yaml", "cozy-gpu"), suffix)
+    install(kube.api, objects)
+    try:
+        probe = vmi_body("probe", {"claims": ["a"]}, labelled=False)
+        wait_for(lambda: not admitted(kube, tenant_ns, probe), 30, "the claims-label policy")
+        with serving(control_plane, kube, tmp_path_factory.mktemp("uses-claims")):
+            yield tenant_ns
+    finally:
+        uninstall(kube.api, objects)
+        forgotten(kube, tenant_ns)
+
+
+def test_under_forbidden_a_vmi_uses_claims_only_with_the_reference_label(
+    kube: Kube, control_plane: ControlPlane, raw: RawNames, guarded: str
+) -> None:
+    tenant = as_user(control_plane, TENANT)
+    vmi_name = "VirtualMachineInstance vm"
+
+    def create(body: dict[str, Any]) -> Any:
+        return lambda: create_vmi(tenant, guarded, body)
+
+    # The hole: raw GPU entries under an annotation that names nothing, without the label.
+    for annotation in NO_CLAIMS:
+        body = shaped(raw_vmi("vm", raw.resource), annotation, labelled=False)
+        message = refused_with(create(body))
+        assert message.endswith(
+            (
+                WITHOUT_LABEL.format(what=vmi_name),
+                RAW_VMI.format(names=raw.resource, vmi="vm"),
+            )
+        ), (annotation, message)
+    # Without GPU entries the claims-label policy names the fix.
+    for annotation in NO_CLAIMS:
+        body = shaped(vmi_body("vm", labelled=False), annotation, labelled=False)
+        assert refused_with(create(body)).endswith(WITHOUT_LABEL.format(what=vmi_name)), annotation
+    # With the label the webhook judges the annotation, raw entries or not.
+    for spec in (raw_vmi("vm", raw.resource), vmi_body("vm")):
+        body = shaped(spec, None, labelled=True)
+        assert refused_with(create(body)).endswith(WEBHOOK_WITHOUT_ANNOTATION)
+        for annotation, problem in NO_CLAIMS.items():
+            body = shaped(spec, annotation, labelled=True)
+            message = refused_with(create(body))
+            assert MALFORMED.format(problem=problem) in message, (annotation, message)
+
+
+def test_under_forbidden_the_good_shapes_still_start(
+    kube: Kube, control_plane: ControlPlane, guarded: str
+) -> None:
+    corner = Corner(kube)
+    node = corner.node("n1", 1)
+    gpu_class = corner.gpu_class("h100")
+    corner.bound(guarded, "a", gpu_class, node=node)
+    tenant = as_user(control_plane, TENANT)
+    started = create_vmi(tenant, guarded, vmi_body("vm", {"claims": ["a"]}), dry_run="All")
+    gpus = started["spec"]["domain"]["devices"]["gpus"]
+    assert [g["deviceName"] for g in gpus] == [corner.resource()]
+    create_vmi(tenant, guarded, vmi_body("plain", labelled=False), dry_run="All")
+    vm = vm_of(vmi_body("vm", {"claims": ["a"]}))
+    tenant.custom.create_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, guarded, keys.VM.plural, vm, dry_run="All"
+    )
+
+
+def test_under_forbidden_a_vm_template_uses_claims_only_with_the_reference_label(
+    kube: Kube, control_plane: ControlPlane, raw: RawNames, guarded: str
+) -> None:
+    tenant = as_user(control_plane, TENANT)
+    what = "VirtualMachine vm (spec.template)"
+
+    def create(template: dict[str, Any]) -> Any:
+        return lambda: tenant.custom.create_namespaced_custom_object(
+            keys.VM.group, keys.VM.version, guarded, keys.VM.plural, vm_of(template)
+        )
+
+    for annotation in NO_CLAIMS:
+        template = shaped(raw_vmi("vm", raw.resource), annotation, labelled=False)
+        assert refused_with(create(template)).endswith(WITHOUT_LABEL.format(what=what))
+    for annotation in (None, "", " \t"):
+        template = shaped(raw_vmi("vm", raw.resource), annotation, labelled=True)
+        assert refused_with(create(template)).endswith(WITHOUT_CLAIMS.format(what=what))
+    # JSON that names no claim cannot be read by a policy: the VM is stored, and the VMI
+    # KubeVirt makes from it is refused by the webhook when it starts.
+    template = shaped(raw_vmi("vm", raw.resource), "{}", labelled=True)
+    create(template)()
+    message = refused_with(lambda: create_vmi(tenant, guarded, template))
+    assert MALFORMED.format(problem=NO_CLAIMS["{}"]) in message
+
+
+def test_under_forbidden_a_launcher_pod_uses_claims_only_with_the_reference_label(
+    kube: Kube,
+    control_plane: ControlPlane,
+    raw: RawNames,
+    tenant_ns: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # VMIs as they could be stored before these rules (no webhook, no claims-label policy).
+    hole = create_vmi(kube, tenant_ns, shaped(vmi_body("hole"), "", labelled=False))
+    good = create_vmi(kube, tenant_ns, vmi_body("good", {"claims": ["a"]}))
+    unlabelled = create_vmi(
+        kube, tenant_ns, vmi_body("unlabelled", {"claims": ["a"]}, labelled=False)
+    )
+    shapes: dict[str, dict[str, Any]] = {}
+    for index, annotation in enumerate([None, *NO_CLAIMS]):
+        vmi = vmi_body(f"shape-{index}")
+        shapes[f"shape-{index}"] = create_vmi(
+            kube, tenant_ns, shaped(vmi, annotation, labelled=True)
+        )
+    forbidden(raw, kube, tenant_ns)
+    controller = as_user(control_plane, raw.virt_controller)
+
+    def create(name: str, vmi: dict[str, Any], *, labelled: bool, **kw: Any) -> Any:
+        body = launcher(name, raw.resource, vmi, labelled=labelled)
+        return lambda: controller.core.create_namespaced_pod(tenant_ns, body, **kw)
+
+    # An unlabelled launcher pod does not use claims: its GPU request is raw.
+    for vmi in (hole, good):
+        name = f"virt-launcher-{vmi['metadata']['name']}"
+        message = refused_with(create(name, vmi, labelled=False))
+        assert message.endswith(RAW_LAUNCHER.format(pod=name, ns=tenant_ns))
+    with serving(
+        control_plane, kube, tmp_path_factory.mktemp("pods"), only=["pod.gpu.cozystack.io"]
+    ):
+        wait_for(
+            lambda: (
+                "webhook" in refused_or_empty(create("probe", hole, labelled=True, dry_run="All"))
+            ),
+            30,
+            "the API server to call the pod webhook",
+        )
+        # A labelled pod goes to the webhook, which reads its VMI's annotation.
+        for index, annotation in enumerate([None, *NO_CLAIMS]):
+            name = f"shape-{index}"
+            message = refused_with(create(f"virt-launcher-{name}", shapes[name], labelled=True))
+            if annotation is None:
+                assert message.endswith(
+                    "VirtualMachineInstance shape-0 carries the label gpu.cozystack.io/claims="
+                    "true but no gpu.cozystack.io/claims annotation naming its GPU claims; add "
+                    "the annotation, or remove the label"
+                ), message
+            else:
+                problem = NO_CLAIMS[annotation]
+                assert MALFORMED.format(problem=problem) in message, (annotation, message)
+        message = refused_with(create("virt-launcher-unlabelled", unlabelled, labelled=True))
+        assert message.endswith(
+            "pod virt-launcher-unlabelled carries the label gpu.cozystack.io/claims=true, but "
+            "its VirtualMachineInstance unlabelled does not, so it uses no claims; remove the "
+            "label from the pod, or start the VM with the label and its claims"
+        ), message
+        pod = create("virt-launcher-good", good, labelled=True)()
+        assert [g.name for g in pod.spec.scheduling_gates or []] == [keys.SCHEDULING_GATE_CLAIMS]
+
+
+def refused_or_empty(create: Any) -> str:
+    """The refusal of a create, or '' when it was admitted."""
+    try:
+        create()
+    except ApiException as exc:
+        return refusal(exc)
+    return ""
+
+
+# --- the protection policy ---------------------------------------------------------------
+
+CONTROLLER = "system:serviceaccount:{release}:cozystack-gpu-controller"
+STRIP_CLAIM = (
+    "only the GPU controller ({controller}) may remove the finalizer "
+    "gpu.cozystack.io/claim-protection from GPUClaim {ns}/{name}: it keeps a claim whose VM "
+    "runs, and its usage record, until the VM stops, so a GPU in use is never handed to "
+    "another VM; delete the claim, and the controller removes the finalizer once its VM has "
+    "stopped"
+)
+STRIP_CLASS = (
+    "only the GPU controller ({controller}) may remove the finalizer "
+    "gpu.cozystack.io/class-protection from GPUClass {name}: it keeps a class being deleted "
+    "until no claim holds its units, so they never read as free; delete the class, and the "
+    "controller removes the finalizer once no claim holds it"
+)
+TEMPLATE_LABEL = (
+    "only the GPU controller ({controller}) creates GPUClaims labelled "
+    "gpu.cozystack.io/template-claim, from the claimTemplates of a starting VM; remove the "
+    "label from GPUClaim {name} to order a claim, or name a claim template in the VM's "
+    "gpu.cozystack.io/claims annotation"
+)
+PLATFORM_ADMIN = "platform-admin"
+
+
+class Protection:
+    """The chart's protection policy, rendered for a release namespace of its own, and a
+    tenant namespace where the tenant admin and the controller manage claims."""
+
+    def __init__(self, kube: Kube, plane: ControlPlane) -> None:
+        self.kube = kube
+        self.plane = plane
+        self.id = uuid.uuid4().hex[:8]
+        self.release = f"ctl-prot-{self.id}"
+        self.controller = CONTROLLER.format(release=self.release)
+        self.tenant_ns = f"tenant-prot-{self.id}"
+        kube.namespace(self.release)
+        kube.namespace(self.tenant_ns, {f"tenant.cozystack.io/{self.tenant_ns}": ""})
+        rbac = client.RbacAuthorizationV1Api(kube.api)
+        everything = ["create", "get", "list", "update", "patch", "delete"]
+        rbac.create_namespaced_role(
+            self.tenant_ns,
+            {
+                "metadata": {"name": "claims"},
+                "rules": [
+                    {"apiGroups": [keys.GROUP], "resources": ["gpuclaims"], "verbs": everything}
+                ],
+            },
+        )
+        rbac.create_namespaced_role_binding(
+            self.tenant_ns,
+            {
+                "metadata": {"name": "claims"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "claims",
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u}
+                    for u in (TENANT, self.controller)
+                ],
+            },
+        )
+        self.cluster_role = f"gpuclasses-{self.id}"
+        rbac.create_cluster_role(
+            {
+                "metadata": {"name": self.cluster_role},
+                "rules": [
+                    {"apiGroups": [keys.GROUP], "resources": ["gpuclasses"], "verbs": everything}
+                ],
+            }
+        )
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": self.cluster_role},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": self.cluster_role,
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u}
+                    for u in (PLATFORM_ADMIN, self.controller)
+                ],
+            }
+        )
+        self.objects = suffixed(helm_template("protection-policy.yaml", self.release), self.id)
+        install(kube.api, self.objects)
+
+    def close(self) -> None:
+        uninstall(self.kube.api, self.objects)
+        # Until the API server forgets the policy, binders of later tests running under
+        # other identities could not remove their finalizers.
+        probe = self.kube.get_claim(self.tenant_ns, "probe")
+        tenant = as_user(self.plane, TENANT)
+
+        def forgotten() -> bool:
+            try:
+                tenant.custom.patch_namespaced_custom_object(
+                    keys.GROUP, keys.VERSION, self.tenant_ns, keys.PLURAL_CLAIMS, "probe",
+                    strip_patch(probe), dry_run="All", **JSON_PATCH,
+                )  # fmt: skip
+            except ApiException:
+                return False
+            return True
+
+        wait_for(forgotten, 30, "the API server to forget the protection policy")
+        rbac = client.RbacAuthorizationV1Api(self.kube.api)
+        rbac.delete_cluster_role_binding(self.cluster_role)
+        rbac.delete_cluster_role(self.cluster_role)
+
+    def protected_claim(self, name: str) -> dict[str, Any]:
+        """A claim as the controller keeps one attached to a running VMI: finalizer, phase."""
+        claim = {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_CLAIM,
+            "metadata": {"name": name, "finalizers": [keys.FINALIZER_CLAIM]},
+            "spec": {"class": "h100", "count": 1},
+        }
+        self.kube.custom.create_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, self.tenant_ns, keys.PLURAL_CLAIMS, claim
+        )
+        result: dict[str, Any] = self.kube.custom.patch_namespaced_custom_object_status(
+            keys.GROUP, keys.VERSION, self.tenant_ns, keys.PLURAL_CLAIMS, name,
+            {"status": {"phase": "Attached", "nodeName": "n1", "attachedTo": "vm"}},
+        )  # fmt: skip
+        return result
+
+
+JSON_PATCH: dict[str, Any] = {"_content_type": "application/json-patch+json"}
+MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+
+
+def strip_patch(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"op": "test", "path": "/metadata/finalizers", "value": obj["metadata"]["finalizers"]},
+        {"op": "remove", "path": "/metadata/finalizers"},
+    ]
+
+
+@pytest.fixture
+def protection(kube: Kube, control_plane: ControlPlane) -> Iterator[Protection]:
+    policy = Protection(kube, control_plane)
+    try:
+        probe = policy.protected_claim("probe")
+        tenant = as_user(control_plane, TENANT)
+
+        def enforced() -> bool:
+            try:
+                tenant.custom.patch_namespaced_custom_object(
+                    keys.GROUP, keys.VERSION, policy.tenant_ns, keys.PLURAL_CLAIMS, "probe",
+                    strip_patch(probe), dry_run="All", **JSON_PATCH,
+                )  # fmt: skip
+            except ApiException as exc:
+                return "only the GPU controller" in refusal(exc)
+            return False
+
+        wait_for(enforced, 30, "the protection policy to be enforced")
+        yield policy
+    finally:
+        policy.close()
+
+
+def test_only_the_controller_may_strip_a_claims_protection_finalizer(
+    kube: Kube, control_plane: ControlPlane, protection: Protection
+) -> None:
+    ns = protection.tenant_ns
+    claim = protection.protected_claim("spare")
+    tenant = as_user(control_plane, TENANT)
+    claims = (keys.GROUP, keys.VERSION, ns, keys.PLURAL_CLAIMS)
+    # kubectl delete gpuclaim spare --wait=false: marked, kept by the finalizer.
+    tenant.custom.delete_namespaced_custom_object(*claims, "spare")
+    claim = kube.get_claim(ns, "spare")
+    assert claim["metadata"]["deletionTimestamp"]
+    expected = STRIP_CLAIM.format(controller=protection.controller, ns=ns, name="spare")
+    # Then a JSON patch of metadata.finalizers, a merge patch, and an update.
+    stripped = {**claim, "metadata": {**claim["metadata"], "finalizers": []}}
+    for write in (
+        lambda: tenant.custom.patch_namespaced_custom_object(
+            *claims, "spare", strip_patch(claim), **JSON_PATCH
+        ),
+        lambda: tenant.custom.patch_namespaced_custom_object(
+            *claims, "spare", {"metadata": {"finalizers": None}}, **MERGE_PATCH
+        ),
+        lambda: tenant.custom.replace_namespaced_custom_object(*claims, "spare", stripped),
+    ):
+        assert refused_with(write).endswith(expected)
+    assert kube.get_claim(ns, "spare")["metadata"]["finalizers"] == [keys.FINALIZER_CLAIM]
+    # A finalizer of the tenant's own comes and goes; ours stays.
+    mine = [keys.FINALIZER_CLAIM, "example.com/mine"]
+    tenant.custom.patch_namespaced_custom_object(
+        *claims, "probe", {"metadata": {"finalizers": mine}}
+    )
+    tenant.custom.patch_namespaced_custom_object(
+        *claims, "probe", {"metadata": {"finalizers": [keys.FINALIZER_CLAIM]}}
+    )
+    # The controller removes it when the VM has stopped: the claim goes.
+    controller = as_user(control_plane, protection.controller)
+    controller.custom.patch_namespaced_custom_object(
+        *claims, "spare", strip_patch(claim), **JSON_PATCH
+    )
+    wait_for(
+        lambda: "spare" not in {c["metadata"]["name"] for c in kube.claims(ns)},
+        30,
+        "the claim to go once the controller removed its finalizer",
+    )
+
+
+def test_only_the_controller_may_strip_a_classs_protection_finalizer(
+    kube: Kube, control_plane: ControlPlane, protection: Protection
+) -> None:
+    name = f"prot-{protection.id}"
+    kube.gpu_class(name, f"nvidia.com/PROT_{protection.id}")
+    classes = (keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES)
+    kube.custom.patch_cluster_custom_object(
+        *classes, name, {"metadata": {"finalizers": [keys.FINALIZER_CLASS]}}
+    )
+    admin = as_user(control_plane, PLATFORM_ADMIN)
+    admin.custom.delete_cluster_custom_object(*classes, name)
+    stored = kube.custom.get_cluster_custom_object(*classes, name)
+    assert stored["metadata"]["deletionTimestamp"]
+    message = refused_with(
+        lambda: admin.custom.patch_cluster_custom_object(
+            *classes, name, strip_patch(stored), **JSON_PATCH
+        )
+    )
+    assert message.endswith(STRIP_CLASS.format(controller=protection.controller, name=name))
+    controller = as_user(control_plane, protection.controller)
+    controller.custom.patch_cluster_custom_object(*classes, name, strip_patch(stored), **JSON_PATCH)
+
+
+def test_only_the_controller_creates_template_claims(
+    kube: Kube, control_plane: ControlPlane, protection: Protection
+) -> None:
+    ns = protection.tenant_ns
+    vmi = create_vmi(kube, ns, vmi_body("vm", {"claimTemplates": [{"name": "g", "class": "h100"}]}))
+
+    def template_claim(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_CLAIM,
+            "metadata": {
+                "name": name,
+                "labels": {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "kubevirt.io/v1",
+                        "kind": "VirtualMachineInstance",
+                        "name": "vm",
+                        "uid": vmi["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"class": "h100", "count": 2},
+        }
+
+    claims = (keys.GROUP, keys.VERSION, ns, keys.PLURAL_CLAIMS)
+    tenant = as_user(control_plane, TENANT)
+    message = refused_with(
+        lambda: tenant.custom.create_namespaced_custom_object(*claims, template_claim("vm-g"))
+    )
+    assert message.endswith(TEMPLATE_LABEL.format(controller=protection.controller, name="vm-g"))
+    # An order without the label is the tenant's to make.
+    plain = template_claim("plain")
+    plain["metadata"]["labels"] = {}
+    plain["metadata"]["ownerReferences"] = []
+    tenant.custom.create_namespaced_custom_object(*claims, plain)
+    controller = as_user(control_plane, protection.controller)
+    controller.custom.create_namespaced_custom_object(*claims, template_claim("vm-g"))

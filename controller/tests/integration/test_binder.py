@@ -449,3 +449,59 @@ def test_a_bind_overtaken_by_another_write_is_judged_again_and_books_once(
     phases = {c["metadata"]["name"]: (c.get("status") or {}).get("phase") for c in claims}
     assert binder.meddled == 1
     assert sorted(phases.values()) == ["Bound", "Pending"], f"one unit, one bind: {phases}"
+
+
+def test_a_running_launcher_pod_keeps_its_units_after_its_claim_is_deleted_by_force(
+    env: Env,
+) -> None:
+    """Defence in depth behind the protection policy: the units a running launcher pod uses
+    stay occupied on its node when no claim covers them any more."""
+    gpu_class = env.gpu_class()
+    node = env.node("n1", 1)
+    env.attached(node, gpu_class)
+    vmi = env.kube.custom.get_namespaced_custom_object(
+        keys.VMI.group, keys.VMI.version, env.tenant, keys.VMI.plural, "vm"
+    )
+    owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": "vm"}
+    resources = {env.resource: "1"}
+    env.kube.core.create_namespaced_pod(
+        env.tenant,
+        {
+            "metadata": {
+                "name": "virt-launcher-vm",
+                "labels": {"kubevirt.io": "virt-launcher", keys.LABEL_CLAIMS_REF: "true"},
+                "ownerReferences": [{**owner, "uid": vmi["metadata"]["uid"], "controller": True}],
+            },
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {
+                        "name": "compute",
+                        "image": "virt-launcher",
+                        "resources": {"requests": resources, "limits": resources},
+                    }
+                ],
+            },
+        },
+    )
+    # An admin deletes the claim and strips its finalizer: claim and record are gone.
+    claims = (keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_CLAIMS)
+    env.kube.custom.delete_namespaced_custom_object(*claims, "c")
+    env.kube.custom.patch_namespaced_custom_object(*claims, "c", {"metadata": {"finalizers": None}})
+    wait_for(
+        lambda: "c" not in {c["metadata"]["name"] for c in env.kube.claims(env.tenant)},
+        15,
+        "the claim to go",
+    )
+    env.kube.claim(env.tenant, "next", gpu_class, 1)
+
+    def judged() -> dict[str, Any] | None:
+        obj = env.kube.get_claim(env.tenant, "next")
+        return obj if condition(obj).get("status") == "False" else None
+
+    waiting = wait_for(judged, 15, "the order to be judged")
+    assert (waiting.get("status") or {}).get("nodeName") is None
+    assert condition(waiting)["reason"] == "InsufficientCapacity", condition(waiting)
+    # The pod goes: its unit is free again.
+    env.kube.core.delete_namespaced_pod("virt-launcher-vm", env.tenant, grace_period_seconds=0)
+    env.wait_phase("next", "Bound")

@@ -153,6 +153,27 @@ def test_an_update_diffs_the_spec_without_version_churn(
     assert stored is not None and stored["spec"]["maxCount"] == 2
 
 
+def test_an_update_keeps_the_controllers_class_finalizer(
+    run_module: RunModule, classes: Any, unique: str
+) -> None:
+    """Only the controller may remove gpu.cozystack.io/class-protection (the chart's
+    protection policy refuses everyone else): the module's update must send it back."""
+    name = f"fin-{unique}"
+    run_module("gpu_class", name=name, spec=_spec(unique))
+    classes.patch_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name,
+        {"metadata": {"finalizers": [keys.FINALIZER_CLASS]}},
+    )  # fmt: skip
+    result = run_module("gpu_class", name=name, spec=_spec(unique, maxCount=2))
+    assert result.get("failed") is not True and result["changed"] is True, result
+    stored = _get(classes, name)
+    assert stored is not None and stored["spec"]["maxCount"] == 2
+    assert stored["metadata"]["finalizers"] == [keys.FINALIZER_CLASS]
+    classes.patch_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name, {"metadata": {"finalizers": None}}
+    )
+
+
 @pytest.mark.parametrize("check_mode", [False, True])
 def test_the_crds_refusal_is_surfaced_verbatim(
     run_module: RunModule, classes: Any, unique: str, check_mode: bool

@@ -251,6 +251,30 @@ def test_raw_name_pods_take_units_but_claim_pods_and_final_pods_do_not() -> None
     assert translate.sum_usage([usage], frozenset({"nvidia.com/OTHER"})) == {}
 
 
+def test_a_launcher_pod_uses_what_its_claims_do_not_cover_on_its_node() -> None:
+    pod = _pod({keys.LABEL_CLAIMS_REF: "true"})
+    resource_of = {"h100": "nvidia.com/GH100"}.get
+
+    def claim_on(node: str, count: int, phase: str = "Attached") -> dict[str, Any]:
+        return {
+            "metadata": {"name": "c"},
+            "spec": {"class": "h100", "count": count},
+            "status": {"phase": phase, "nodeName": node, "attachedTo": "vm"},
+        }
+
+    assert translate.claims_cover([claim_on("n1", 2), claim_on("n2", 1)], resource_of, "n1") == {
+        "nvidia.com/GH100": 2
+    }
+    assert translate.claims_cover([claim_on("n1", 2, "Pending")], resource_of, "n1") == {}
+    used = translate.launcher_usage(pod, {"nvidia.com/GH100": 2})
+    assert used is not None and used.requests == {"nvidia.com/GH100": 1} and used.node == "n1"
+    assert translate.launcher_usage(pod, {"nvidia.com/GH100": 3}) is None
+    assert translate.launcher_usage(_pod({keys.LABEL_CLAIMS_REF: "true"}, "Failed"), {}) is None
+    gated = _pod({keys.LABEL_CLAIMS_REF: "true"})
+    del gated["spec"]["nodeName"]
+    assert translate.launcher_usage(gated, {}) is None, "not on a node yet"
+
+
 @pytest.mark.parametrize(
     ("value", "units"),
     [("8", 8), (4, 4), ("2k", 2000), ("1Ki", 1024), ("3800m", None), ("x", None), (True, None)],

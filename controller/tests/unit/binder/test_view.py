@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from cozystack_gpu import keys
+from cozystack_gpu.binder import translate
 from cozystack_gpu.binder.view import ClusterView
 from cozystack_gpu.model import ClaimKey
 from cozystack_gpu_testkit.objects import binder_config
@@ -47,6 +50,112 @@ def test_a_write_answered_before_the_deletion_cannot_bring_the_object_back() -> 
     assert view.gpu_class("h100") == _class(12)
 
 
+def _claim(
+    name: str,
+    *,
+    node: str,
+    count: int = 1,
+    phase: str = "Attached",
+    attached_to: str | None = None,
+    template_of: str | None = None,
+    rv: int = 10,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": "t", "resourceVersion": str(rv)}
+    if template_of is not None:
+        metadata["labels"] = {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE}
+        metadata["ownerReferences"] = [
+            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": template_of}
+        ]
+    status: dict[str, Any] = {"phase": phase, "nodeName": node}
+    if attached_to is not None:
+        status["attachedTo"] = attached_to
+    return {"metadata": metadata, "spec": {"class": "h100", "count": count}, "status": status}
+
+
+def _launcher(
+    vmi: str = "vm", units: int = 2, phase: str = "Running", rv: int = 2
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"virt-launcher-{vmi}",
+            "namespace": "t",
+            "resourceVersion": str(rv),
+            "labels": {keys.LABEL_CLAIMS_REF: "true"},
+            "ownerReferences": [
+                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi}
+            ],
+        },
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/X": str(units)}}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def _ns_usage(view: ClusterView) -> dict[str, int]:
+    info = view.namespace_info("t")
+    assert info is not None
+    return dict(info.raw_used)
+
+
+def test_a_running_launcher_pod_occupies_the_units_its_claims_no_longer_cover() -> None:
+    view = _view()
+    view.apply(keys.GPU_CLASS.kind, _class(1), deleted=False)
+    view.apply(keys.NODE.kind, {"metadata": {"name": "n1", "resourceVersion": "1"}}, deleted=False)
+    view.apply(
+        keys.NAMESPACE.kind, {"metadata": {"name": "t", "resourceVersion": "1"}}, deleted=False
+    )
+    vmi = {
+        "metadata": {
+            "name": "vm",
+            "namespace": "t",
+            "resourceVersion": "3",
+            "labels": {keys.LABEL_CLAIMS_REF: "true"},
+            "annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'},
+        },
+        "status": {"phase": "Running", "nodeName": "n1"},
+    }
+    view.apply(keys.VMI.kind, vmi, deleted=False)
+    view.apply(
+        keys.GPU_CLAIM.kind, _claim("c", node="n1", count=2, attached_to="vm"), deleted=False
+    )
+    view.apply(keys.POD.kind, _launcher(), deleted=False)
+    assert _node_with_pod_usage(view) == {}, "its claim covers it"
+    # The claim deleted by force (its finalizer stripped): the pod still uses both units.
+    view.apply(keys.GPU_CLAIM.kind, _claim("c", node="n1", rv=11), deleted=True)
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 2}
+    assert _ns_usage(view) == {}, "occupied on the node, not charged to the tenant twice"
+    # A claim of one unit attached there covers one; one moved elsewhere covers none.
+    view.apply(keys.GPU_CLAIM.kind, _claim("d", node="n1", attached_to="vm", rv=12), deleted=False)
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 1}
+    view.apply(keys.GPU_CLAIM.kind, _claim("d", node="n2", attached_to="vm", rv=13), deleted=False)
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 2}
+    # The VMI's template claims cover it too.
+    owned = _claim("vm-g", node="n1", count=2, phase="Bound", template_of="vm", rv=14)
+    view.apply(keys.GPU_CLAIM.kind, owned, deleted=False)
+    assert _node_with_pod_usage(view) == {}
+    view.apply(
+        keys.GPU_CLAIM.kind,
+        {**owned, "metadata": {**owned["metadata"], "resourceVersion": "15"}},
+        deleted=True,
+    )
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 2}
+    # Once the VMI is final the VM has stopped: its finishing pod holds nothing.
+    stopped = {**vmi, "metadata": {**vmi["metadata"], "resourceVersion": "16"}}
+    view.apply(keys.VMI.kind, {**stopped, "status": {"phase": "Succeeded"}}, deleted=False)
+    assert _node_with_pod_usage(view) == {}
+    view.apply(
+        keys.VMI.kind,
+        {**stopped, "metadata": {**vmi["metadata"], "resourceVersion": "17"}},
+        deleted=False,
+    )
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 2}
+    # A final pod uses nothing.
+    view.apply(keys.POD.kind, _launcher(phase="Succeeded", rv=20), deleted=False)
+    assert _node_with_pod_usage(view) == {}
+
+
 def _node_with_pod_usage(view: ClusterView) -> dict[str, int]:
     info = view.node_info("n1")
     assert info is not None
@@ -73,6 +182,9 @@ def test_a_labelled_pod_counts_as_raw_usage_unless_its_vmi_uses_claims() -> None
         },
     }
     view.apply(keys.POD.kind, pod, deleted=False)
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 2}, "no claim covers it"
+    covering = _claim("c", node="n1", count=2, attached_to="vm")
+    view.apply(keys.GPU_CLAIM.kind, covering, deleted=False)
     assert _node_with_pod_usage(view) == {}, "its VMI is not seen yet: the label is believed"
     vmi = {"metadata": {"name": "vm", "namespace": "t", "resourceVersion": "3"}}
     view.apply(keys.VMI.kind, vmi, deleted=False)
@@ -81,6 +193,7 @@ def test_a_labelled_pod_counts_as_raw_usage_unless_its_vmi_uses_claims() -> None
         "metadata": {
             **vmi["metadata"],
             "resourceVersion": "4",
+            "labels": {keys.LABEL_CLAIMS_REF: "true"},
             "annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'},
         }
     }
@@ -188,3 +301,17 @@ def test_what_is_judged_from_node_labels_is_judged_again_only_when_they_change()
     relabelled = view.node_labels_version
     view.apply(keys.NODE.kind, node(4, {"zone": "b"}, "False"), deleted=True)
     assert view.node_labels_version > relabelled
+
+
+@pytest.mark.parametrize("annotation", ["", " ", "{}", '{"claims": []}', '{"claims": ["c"]}', "x"])
+def test_a_vmi_uses_claims_only_with_the_reference_label(annotation: str) -> None:
+    """One definition (keys.uses_claims), as the policies and webhooks read it: whatever the
+    annotation says, an unlabelled VMI's launcher pod takes its GPUs as raw usage."""
+    vmi = {"metadata": {"name": "vm", "namespace": "t", "annotations": {
+        keys.ANNOTATION_CLAIMS: annotation}}}  # fmt: skip
+    assert not translate.vmi_state(vmi).uses_claims
+    labelled = {"metadata": {**vmi["metadata"], "labels": {keys.LABEL_CLAIMS_REF: "true"}}}
+    assert translate.vmi_state(labelled).uses_claims
+    for value in ("True", "yes", ""):
+        other = {"metadata": {**vmi["metadata"], "labels": {keys.LABEL_CLAIMS_REF: value}}}
+        assert not translate.vmi_state(other).uses_claims
