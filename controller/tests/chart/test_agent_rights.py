@@ -103,19 +103,19 @@ def test_the_agent_writes_its_own_nodes_gpunode_and_no_other(
     kubelet.set(allocatable=plugin_devices(sysfs.read_inventory(str(tree.root))), pods=[])
     api = as_agent(control_plane, agent_rights, own)
 
-    # The policy is enforced once the API server has loaded it.
-    def written() -> Any:
-        result = agent_for(api, own, tree.root, kubelet).tick(force=True)
-        return result if result.written else None
+    # The policy is enforced once the API server has loaded it: a write of its own node's
+    # GPUNode passes either way, so what shows it loaded is a write of another's refused.
+    def refused_other() -> Any:
+        result = agent_for(api, other, tree.root, kubelet).tick(force=True)
+        return None if result.written else result
 
-    wait_for(written, 20, "the agent to write its own GPUNode")
+    refused = wait_for(refused_other, 30, "the own-node policy to refuse another node's GPUNode")
+    written = agent_for(api, own, tree.root, kubelet).tick(force=True)
+    assert written.written, written.reason
     mine = client.CustomObjectsApi(api_client).get_cluster_custom_object(
         keys.GROUP, keys.VERSION, keys.PLURAL_NODES, own
     )
     assert len(mine["status"]["devices"]) == 8
-
-    refused = agent_for(api, other, tree.root, kubelet).tick(force=True)
-    assert not refused.written
     assert "writes only its own node's GPUNode" in refused.reason, refused.reason
     assert f"GPUNode {other} is not the node its pod runs on ({own})" in refused.reason
 
