@@ -542,7 +542,7 @@ class Invariants:
                 continue  # a VMI without claims: its pod is ungated and not pinned
             self.checks += 1
             subject = f"{namespace}/{_name(pod)}"
-            pins = _term_pins(spec)
+            pins = required_pins(spec)
             if not pins or any(p is None for p in pins) or len(set(pins)) != 1:
                 detail = f"ungated with required terms pinning {pins}"
                 yield Violation(UNPINNED, subject, detail)
@@ -773,7 +773,7 @@ def _foreign_template(
     return "; ".join(problems)
 
 
-def _term_pins(spec: Mapping[str, Any]) -> list[str | None]:
+def required_pins(spec: Mapping[str, Any]) -> list[str | None]:
     """Per required node-selector term, the one node its ``metadata.name`` In pins (None
     for a term without a pin); empty when the pod has no required term."""
     required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
