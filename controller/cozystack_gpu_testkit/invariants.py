@@ -493,6 +493,12 @@ class Invariants:
                 status = claim.get("status") or {}
                 phase, attached = status.get("phase"), status.get("attachedTo")
                 uid = status.get(ATTACHED_TO_UID)
+                held_on = status.get("nodeName")
+                if phase in HOLDING and held_on and held_on != node:
+                    # No grace: a claim of a running VM holds the node it runs on.
+                    detail = f"{what} of VMI {name} running on {node} holds {held_on} ({phase})"
+                    yield Violation(NOT_ATTACHED, subject, detail)
+                    continue
                 lost_ok = phase == "Lost" and (not ready or settling)
                 other_vmi = bool(attached) and attached != name
                 wrong_uid = uid is not None and uid != _meta(vmi).get("uid")

@@ -81,6 +81,8 @@ ODD_SHAPES: tuple[tuple[str | None, bool], ...] = (
     ('{"claims": ["x"]}', False),
 )
 SETTLE_S = 150.0
+# A refusal the controller has not acted on this long after the scheduler said it.
+STRANDED_AFTER_S = 30.0
 
 
 def _now() -> str:
@@ -308,7 +310,7 @@ class PlayedKubeVirt:
         self.selector = f"{FUZZ_LABEL}={world_id}"
         self.pod_made: set[str] = set()  # VMI uids whose launcher pod was created
         self.retry_at: dict[str, float] = {}
-        self.raw_admitted: list[str] = []
+        self.raw_admitted: list[tuple[str, int]] = []  # violation, journal entry
         self.starts = 0
 
     # --- reading ---------------------------------------------------------------------
@@ -499,10 +501,10 @@ class PlayedKubeVirt:
             f"{RAW_ADMITTED}: {subject}: {what} admitted with raw entries "
             f"{[g.get('deviceName') for g in raw]}, annotation {note!r}, label {label!r}"
         )
-        self.raw_admitted.append(text)
-        self.journal.record(
+        entry = self.journal.record(
             "kubevirt", f"{what} {subject}", "ADMITTED with raw GPU entries", {_meta(vmi)["name"]}
         )
+        self.raw_admitted.append((text, entry.index))
 
     def _outcome_once(self, args: str, outcome: str, names: set[str]) -> None:
         """Refusals repeat every retry: the journal keeps each distinct one once in a row."""
@@ -644,6 +646,7 @@ class LifecycleFuzz:
         self.kills = 0
         self.killed: list[tuple[str, float]] = []  # replica, restart due (monotonic)
         self.outcomes: dict[str, int] = {}
+        self.stranded: dict[str, str] = {}  # pod -> violation
         self._seq = 0
         self._reported = time.monotonic()
 
@@ -713,6 +716,7 @@ class LifecycleFuzz:
             replica_args=("--raw-resource-names", "forbidden"),
         ) as run:
             self.run_obj = run
+            run.load = None  # the fuzz is the load: the suite's own never starts
             service = self._prepare(run)
             checker = Invariants(run.api)
             first_seen: dict[str, int] = {}
@@ -722,6 +726,8 @@ class LifecycleFuzz:
                         self._tick(run)
                         self._operate(run)
                         self._note(checker, first_seen)
+                        if _op % 5 == 4:
+                            self._look_stranded(run, first_seen)
                         time.sleep(self.rng.uniform(*settings.pause_s))
                     final = self._settle(run, checker, first_seen)
             finally:
@@ -732,13 +738,10 @@ class LifecycleFuzz:
             for v in final:
                 first_seen.setdefault(str(v), self.journal.last)
             assert isinstance(self.kubevirt, PlayedKubeVirt)
-            for text in self.kubevirt.raw_admitted:
+            for text, index in self.kubevirt.raw_admitted:
                 violations.append(text)
-                first_seen.setdefault(text, self.journal.last)
-            stranded = self._stranded(run)
-            for text in stranded:
-                violations.append(text)
-                first_seen.setdefault(text, self.journal.last)
+                first_seen.setdefault(text, index)
+            violations += list(self.stranded.values())
             findings = [self._finding(v, first_seen.get(v, self.journal.last)) for v in violations]
             return FuzzResult(
                 seed=settings.seed,
@@ -802,6 +805,7 @@ class LifecycleFuzz:
         while True:
             self._tick(run)
             self._note(checker, first_seen)
+            self._look_stranded(run, first_seen)
             try:
                 final = checker.settled()
             except Exception as exc:
@@ -811,20 +815,25 @@ class LifecycleFuzz:
                 return final
             time.sleep(1.0)
 
-    def _stranded(self, run: Run) -> list[str]:
-        """A pinned launcher pod that a Ready, schedulable node refused and that is still
-        there, unscheduled: SPEC §6 says the controller deletes it and moves the set."""
-        found = []
-        nodes = {n.metadata.name: n for n in run.kube.core.list_node().items}
-        pods = run.kube.core.list_pod_for_all_namespaces(label_selector="kubevirt.io=virt-launcher")
+    def _look_stranded(self, run: Run, first_seen: dict[str, int]) -> None:
+        """A pinned launcher pod that a Ready, schedulable node has refused for
+        ``STRANDED_AFTER_S`` and that is still there, unscheduled: SPEC §6 says the
+        controller deletes it and moves the set (for any resource the pod lacks there)."""
+        try:
+            nodes = {n.metadata.name: n for n in run.kube.core.list_node().items}
+            pods = run.kube.core.list_pod_for_all_namespaces(
+                label_selector="kubevirt.io=virt-launcher"
+            )
+        except Exception as exc:  # the server away: the next look
+            log.debug("stranded look: %s", exc)
+            return
+        now = datetime.datetime.now(datetime.UTC)
         for pod in pods.items:
-            if pod.spec.node_name or pod.metadata.deletion_timestamp:
+            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            if key in self.stranded or pod.spec.node_name or pod.metadata.deletion_timestamp:
                 continue
-            pod_obj = run.api.sanitize_for_serialization(pod)
-            pins = required_pins(pod_obj.get("spec") or {})
-            if not pins or pins[0] is None:
-                continue
-            node = nodes.get(pins[0])
+            pins = required_pins(run.api.sanitize_for_serialization(pod).get("spec") or {})
+            node = nodes.get(pins[0]) if pins and pins[0] is not None else None
             refused = next(
                 (
                     c
@@ -835,15 +844,19 @@ class LifecycleFuzz:
             )
             if node is None or refused is None or node.spec.unschedulable:
                 continue
-            ready = any(
-                c.type == "Ready" and c.status == "True" for c in node.status.conditions or []
-            )
-            if ready:
-                found.append(
-                    f"{STRANDED}: {pod.metadata.namespace}/{pod.metadata.name}: pinned to "
-                    f"{pins[0]} (Ready, schedulable), refused: {refused.message}"
+            since = refused.last_transition_time
+            if since is None or (now - since).total_seconds() < STRANDED_AFTER_S:
+                continue
+            conditions = node.status.conditions or []
+            if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                owner = next(iter(pod.metadata.owner_references or []), None)
+                text = (
+                    f"{STRANDED}: {key}: VMI {owner.name if owner else '?'} pinned to "
+                    f"{pins[0]} (Ready, schedulable), refused since {since}: {refused.message}"
                 )
-        return found
+                self.stranded[key] = text
+                first_seen.setdefault(text, self.journal.last)
+                log.error("seed %d: %s", self.settings.seed, text)
 
     def _finding(self, violation: str, first: int) -> Finding:
         names = set()
@@ -1135,17 +1148,23 @@ class LifecycleFuzz:
         with contextlib.suppress(AssertionError):
             wait_for(claim_gone, 20, f"claim {name} collected", 0.2)
         owner: list[Obj] = []
-        if self.rng.random() < 0.5:  # any owner passes the claim webhook: the VM, say
-            got = self._vm_call(custom.get_namespaced_custom_object, vm.namespace, vm.name)
+        others = [
+            v for v in self._vmi_call(custom.list_namespaced_custom_object, vm.namespace)["items"]
+            if _meta(v)["name"] != vm.name
+        ]  # fmt: skip
+        if others and self.rng.random() < 0.6:
+            # The claim webhook takes a labelled claim owned by any VMI: another of hers.
+            other = self.rng.choice(others)
             owner = [
                 {
-                    "apiVersion": keys.VM.api_version,
-                    "kind": keys.VM.kind,
-                    "name": vm.name,
-                    "uid": _meta(got)["uid"],
+                    "apiVersion": keys.VMI.api_version,
+                    "kind": keys.VMI.kind,
+                    "name": _meta(other)["name"],
+                    "uid": _meta(other)["uid"],
+                    "controller": True,
                 }
             ]
-        labelled = self.rng.random() < 0.6
+        labelled = bool(owner) or self.rng.random() < 0.3
         body = {
             "apiVersion": keys.API_VERSION,
             "kind": keys.KIND_CLAIM,
@@ -1160,7 +1179,8 @@ class LifecycleFuzz:
         }
         args = (
             f"{vm.namespace}/{name} x{int(entry['count']) + 1} for entry x{entry['count']}, "
-            f"label {labelled}, owner {'the VM' if owner else 'none'}, after its VMI was deleted"
+            f"label {labelled}, owner {'VMI ' + owner[0]['name'] if owner else 'none'}, "
+            "after its VMI was deleted"
         )
         try:
             self._claim_call(self.tenant.custom.create_namespaced_custom_object, vm.namespace, body)

@@ -200,3 +200,10 @@ def test_an_ungated_launcher_pod_without_its_pin_is_flagged() -> None:
     assert (UNPINNED, f"{NS}/virt-launcher-vm") not in rules(
         state([running], [claim("held")], pods=[gated])
     )
+
+
+def test_a_running_vms_template_claim_moved_to_another_node_is_flagged_at_once() -> None:
+    running = vmi(templates=TEMPLATE, since=_stamp(1))
+    moved = claim("vm-gpu", phase="Bound", attached=None, template_of="u1")
+    moved["status"]["nodeName"] = "n2"
+    assert (NOT_ATTACHED, f"{NS}/vm-gpu") in rules(state([running], [moved]))
