@@ -311,6 +311,7 @@ class PlayedKubeVirt:
         self.pod_made: set[str] = set()  # VMI uids whose launcher pod was created
         self.retry_at: dict[str, float] = {}
         self.raw_admitted: list[tuple[str, int]] = []  # violation, journal entry
+        self.running: set[tuple[str, str]] = set()  # VMIs Running at the last pass
         self.starts = 0
 
     # --- reading ---------------------------------------------------------------------
@@ -335,6 +336,9 @@ class PlayedKubeVirt:
     def reconcile(self) -> None:
         vms = self._list(keys.VM, self.selector)
         vmis = {(_meta(v)["namespace"], _meta(v)["name"]): v for v in self._list(keys.VMI, "")}
+        self.running = {
+            k for k, v in vmis.items() if (v.get("status") or {}).get("phase") == "Running"
+        }
         pods = self._pods()
         by_vmi: dict[str, list[Obj]] = {}
         for pod in pods:
@@ -861,7 +865,10 @@ class LifecycleFuzz:
     def _finding(self, violation: str, first: int) -> Finding:
         names = set()
         for part in violation.replace(",", " ").replace(":", " ").split():
-            names.add(part.split("/")[-1])
+            name = part.split("/")[-1]
+            names.add(name)
+            if name.startswith("virt-launcher-"):  # virt-launcher-<VMI>-<uid prefix>
+                names.add(name.removeprefix("virt-launcher-").rsplit("-", 1)[0])
         vm_names = {
             vm.name
             for vm in self.vms.values()
@@ -969,7 +976,13 @@ class LifecycleFuzz:
             templates = (
                 {
                     "name": self.rng.choice(("gpu", "extra")),
-                    "class": self.rng.choice(world.classes),
+                    # One class with held claims most of the time: a set across the two
+                    # pools never places, and stays gated (with its reason).
+                    "class": (
+                        str((self.claims[(namespace, held[0])].get("spec") or {}).get("class"))
+                        if held and self.rng.random() < 0.8
+                        else self.rng.choice(world.classes)
+                    ),
                     "count": 1 if self.rng.random() < 0.8 else 2,
                 },
             )
@@ -1067,12 +1080,23 @@ class LifecycleFuzz:
         return f"{vm.namespace}/{vm.name}", "VM deleted", self._names(vm)
 
     def _attached_pick(self) -> tuple[str, str] | None:
-        """An attached claim most of the time (the interesting one), else any."""
-        attached = sorted(
-            k for k, c in self.claims.items() if (c.get("status") or {}).get("attachedTo")
+        """Most of the time a claim of a running VM (attached to it, or one of its template
+        claims): the interesting one; else any."""
+        assert isinstance(self.kubevirt, PlayedKubeVirt)
+        running = self.kubevirt.running
+        in_use = sorted(
+            (ns, n)
+            for (ns, n), c in self.claims.items()
+            if (ns, str((c.get("status") or {}).get("attachedTo"))) in running
+            or any(
+                (ns, vm.name) in running and n == self._template_name(vm, t)
+                for vm in self.vms.values()
+                if vm.namespace == ns
+                for t in vm.templates
+            )
         )
         anything = sorted(self.claims)
-        pool = attached if attached and self.rng.random() < 0.7 else anything
+        pool = in_use if in_use and self.rng.random() < 0.75 else anything
         return self.rng.choice(pool) if pool else None
 
     def _op_delete_claim(self, run: Run) -> tuple[str, str, set[str]]:
