@@ -82,7 +82,7 @@ ODD_SHAPES: tuple[tuple[str | None, bool], ...] = (
 )
 SETTLE_S = 150.0
 # A refusal the controller has not acted on this long after the scheduler said it.
-STRANDED_AFTER_S = 30.0
+STRANDED_AFTER_S = 15.0
 
 
 def _now() -> str:
@@ -589,7 +589,7 @@ class FuzzSettings:
             "node_cordon": 0.7,
             "node_memory_short": 0.7,
             "node_gpu_short": 0.5,
-            "node_restore": 2.0,
+            "node_restore": 1.2,
             "kill_leader": 0.6,
         }
     )
