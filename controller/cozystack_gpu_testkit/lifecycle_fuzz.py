@@ -1216,7 +1216,21 @@ class LifecycleFuzz:
         return list(run.world.nodes)
 
     def _node_fault(self, run: Run, fault: str) -> tuple[str, str, set[str]]:
-        node = self.rng.choice(self._gpu_nodes(run))
+        nodes = self._gpu_nodes(run)
+        if fault == "gpu":
+            # A unit no claim holds: the scheduler then refuses the next pod pinned there
+            # for the GPU name. Taking a held one is a node over capacity by the checker's
+            # rule, whatever the controller does next.
+            held: dict[str, int] = {}
+            for c in self.claims.values():
+                status = c.get("status") or {}
+                if status.get("nodeName") and status.get("phase") in ("Bound", "Attached", "Lost"):
+                    node = str(status["nodeName"])
+                    held[node] = held.get(node, 0) + int((c.get("spec") or {}).get("count") or 1)
+            nodes = [n for n in nodes if held.get(n, 0) < run.world.gpus]
+            if not nodes:
+                return "", "no node with a unit no claim holds", set()
+        node = self.rng.choice(nodes)
         kube = run.kube
         if fault == "not-ready":
             kube.node_status(node, ready=False)
