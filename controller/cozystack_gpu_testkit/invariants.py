@@ -419,6 +419,10 @@ class Invariants:
                     self.moves += 1
             seen.node, seen.bound_at = node, bound_at
         vmi = status.get("attachedTo")
+        # Every VMI of a VM has the VM's name: once claims record the VMI's uid, another
+        # uid under the same name is another attachment.
+        if vmi and status.get(ATTACHED_TO_UID):
+            vmi = f"{vmi} (uid {status[ATTACHED_TO_UID]})"
         if phase == "Attached" and vmi and node:
             if seen.attached is None or seen.attached[0] != vmi:
                 seen.attached = (str(vmi), str(node))
