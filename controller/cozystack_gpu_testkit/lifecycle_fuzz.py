@@ -15,7 +15,8 @@ GPUNodes. Each step is one random operation, drawn from the seed:
   without annotation, annotation without label) with raw GPU entries;
 - nodes: NotReady and back, cordoned and back, short of memory (the scheduler refuses the
   launcher pod for a non-GPU resource) or of one GPU (kubelet reports fewer), and back;
-- the controller: the leader SIGKILLed and started again.
+- the controller: the leader SIGKILLed and started again (the webhooks' Service then
+  routes to the replica left, as a Service with two endpoints would).
 
 KubeVirt has no controller here yet, so ``PlayedKubeVirt`` behaves as virt-controller,
 virt-handler and kubelet do for this path: a VMI per start of a VM (runStrategy Always),
@@ -658,8 +659,13 @@ class LifecycleFuzz:
 
     def _prepare(self, run: Run) -> Service:
         world = run.world
-        wait_for(lambda: run.webhook_serving("r1"), 60, "r1's webhook server")
-        service = Service(run, "r1")
+        for identity in run.replicas:
+
+            def serving(identity: str = identity) -> bool:
+                return run.webhook_serving(identity)
+
+            wait_for(serving, 60, f"{identity}'s webhook server")
+        service = self.service = Service(run, "r1")
         self._hooks = self.admission.webhooks.configurations(service)
         self.admission.webhooks.install(run.api, self._hooks)
         policies: list[Obj] = []
@@ -1288,6 +1294,8 @@ class LifecycleFuzz:
         if holder is None or any(identity == holder for identity, _ in self.killed):
             return "", "no leader to kill", set()
         run.replicas[holder].kill()
+        if self.service.serving == holder:  # the Service routes to the replica left
+            self.service.move_to(run, next(r for r in run.replicas if r != holder))
         self.killed.append((holder, time.monotonic() + self.rng.uniform(0.5, 3.0)))
         self.kills += 1
         self.faults += 1
