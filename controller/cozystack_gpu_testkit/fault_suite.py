@@ -850,12 +850,21 @@ class Service:
         self._target = ("127.0.0.1", run.webhook_ports[identity])
         self._proxy = Proxy(self._target, name="service")
         self.port = self._proxy.port
+        self.serving = identity
 
     def down(self) -> None:
         self._proxy.stop()
 
     def up(self) -> None:
         self._proxy = Proxy(self._target, port=self.port, name="service")
+
+    def move_to(self, run: Run, identity: str) -> None:
+        """The endpoint becomes another replica's, as a Service's would when the pod it
+        routed to died."""
+        self.down()
+        self._target = ("127.0.0.1", run.webhook_ports[identity])
+        self.up()
+        self.serving = identity
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,19 @@ At every look (``check``), whatever is going on:
   planner's packing moves unattached holds); a new node shown as a fresh "Bound" is a
   second bind;
 - no attached claim moves: while attached to one VMI it stays on one node;
-- no started launcher pod runs elsewhere than its claims.
+- no started launcher pod runs elsewhere than its claims;
+- the start path (``_start_path``): every running VMI's claims (the held ones its claims
+  annotation names, and its template claims) are Attached to it, by name and, where the
+  claim records one, by uid, and carry the protection finalizer; a template claim it uses
+  is its own (labelled, its VMI's uid as controlling owner, the entry's class and count);
+  no claim serves two running VMIs; no launcher pod that uses claims is ungated without a
+  ``metadata.name`` pin, in every required term, to the node its claims hold.
+
+A "running VMI" is one whose launcher pod (owned by it, by uid) is bound to a node and that
+is marked Running. What the leader writes after the start (a template claim's attachment,
+the finalizer, an attachment back from Lost once the node is Ready again) gets
+``start_grace_s`` from the VMI's Running transition or the node's Ready transition; held
+claims are attached by the VMI webhook before the VMI is stored, so they get none.
 
 Once the cluster has settled (``settled``), also:
 - every order is judged: Bound or Attached on a node, or Pending (Lost) with a Bound
@@ -32,6 +44,7 @@ not only the state after it.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import queue
@@ -46,6 +59,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.admission import annotation
 from cozystack_gpu.binder.lifecycle import workload_name
 from cozystack_gpu.binder.translate import (
     PodUsage,
@@ -68,6 +82,11 @@ ATTACHED_MOVED = "attached claim moved"
 POD_ELSEWHERE = "launcher pod on another node than its claims"
 NOT_JUDGED = "order not judged"
 RECORDS = "usage records"
+NOT_ATTACHED = "running VMI's claim not attached to it"
+UNPROTECTED = "running VMI's claim unprotected"
+FOREIGN_TEMPLATE = "running VMI uses a template claim not its own"
+SERVES_TWO = "claim serves two VMIs"
+UNPINNED = "launcher pod ungated without its pin"
 
 HOLDING = ("Bound", "Attached")
 # Bound-condition reasons of a decision that gives a claim another node (or boundAt).
@@ -76,6 +95,12 @@ MOVED_BY_DECISION = frozenset(
 )
 FINAL_VMI = ("Succeeded", "Failed")
 READ_TIMEOUT_S = (5.0, 30.0)
+# Leader writes that follow a start or a node's return (template attachment, finalizer)
+# get this long; a leader killed in between takes its Lease and a sync to come back.
+START_GRACE_S = 15.0
+# The field that records the attached VMI's uid (issue 18, item 3); until it exists a
+# claim without it is judged by name alone.
+ATTACHED_TO_UID = "attachedToUID"
 
 
 @dataclass(frozen=True)
@@ -176,9 +201,16 @@ class _Seen:
 class Invariants:
     """Looks at the cluster and says what breaks a rule; remembers claims between looks."""
 
-    def __init__(self, api: client.ApiClient, scope: Scope | None = None) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        scope: Scope | None = None,
+        *,
+        start_grace_s: float = START_GRACE_S,
+    ) -> None:
         self.api = api
         self.scope = scope or Scope()
+        self.start_grace_s = start_grace_s
         self.looks = 0
         self.checks = 0  # rule evaluations, summed over every look
         self.seen: list[Violation] = []  # every distinct violation of any look
@@ -197,6 +229,8 @@ class Invariants:
                 *self._budgets(state),
                 *self._history_rules(state),
                 *self._pods(state),
+                *self._start_path(state),
+                *self._pins(state),
             ]
             self._remember(found)
             self.looks += 1
@@ -397,6 +431,10 @@ class Invariants:
                     self.moves += 1
             seen.node, seen.bound_at = node, bound_at
         vmi = status.get("attachedTo")
+        # Every VMI of a VM has the VM's name: once claims record the VMI's uid, another
+        # uid under the same name is another attachment.
+        if vmi and status.get(ATTACHED_TO_UID):
+            vmi = f"{vmi} (uid {status[ATTACHED_TO_UID]})"
         if phase == "Attached" and vmi and node:
             if seen.attached is None or seen.attached[0] != vmi:
                 seen.attached = (str(vmi), str(node))
@@ -426,6 +464,126 @@ class Invariants:
             if claim_nodes != {node}:
                 detail = f"on {node}, its claims on {', '.join(sorted(claim_nodes))}"
                 yield Violation(POD_ELSEWHERE, f"{_namespace(pod)}/{_name(pod)}", detail)
+
+    # --- the start path ------------------------------------------------------------------
+
+    def _start_path(self, state: State) -> Iterator[Violation]:
+        """Every running VMI's claims are Attached to it and protected; the template claims
+        it uses are its own; no claim serves two running VMIs."""
+        claims = {(_namespace(c), _name(c)): c for c in state.claims}
+        nodes = {_name(n): n for n in state.nodes}
+        users: dict[tuple[str, str], list[str]] = {}
+        for vmi, node in _running_vmis(state):
+            namespace, name = _namespace(vmi), _name(vmi)
+            if not self.scope.has_namespace(namespace):
+                continue
+            request = _claims_request(vmi)
+            if request is None:
+                continue
+            since = _running_since(vmi)
+            ready, ready_since = _node_ready(nodes.get(node))
+            settling = max(since or 0.0, ready_since or 0.0) + self.start_grace_s > state.read_at
+            uses = [(held, False, None) for held in request.claims] + [
+                (keys.template_claim_name(name, entry.name), True, entry)
+                for entry in request.templates
+            ]
+            for claim_name, template, entry in uses:
+                self.checks += 1
+                key = (namespace, claim_name)
+                users.setdefault(key, []).append(name)
+                subject = f"{namespace}/{claim_name}"
+                claim = claims.get(key)
+                what = "template claim" if template else "claim"
+                if claim is None:
+                    if not (template and settling):
+                        detail = f"gone while VMI {name} runs on {node}"
+                        yield Violation(NOT_ATTACHED, subject, detail)
+                    continue
+                if template and entry is not None:
+                    foreign = _foreign_template(claim, vmi, entry.gpu_class, entry.count)
+                    if foreign:
+                        yield Violation(FOREIGN_TEMPLATE, subject, f"VMI {name}: {foreign}")
+                # Held claims are attached before the VMI is stored; a template claim's
+                # attachment and any finalizer are the leader's, after the start.
+                lenient = settling and template
+                status = claim.get("status") or {}
+                phase, attached = status.get("phase"), status.get("attachedTo")
+                uid = status.get(ATTACHED_TO_UID)
+                held_on = status.get("nodeName")
+                if phase in HOLDING and held_on and held_on != node:
+                    # No grace: a claim of a running VM holds the node it runs on.
+                    detail = f"{what} of VMI {name} running on {node} holds {held_on} ({phase})"
+                    yield Violation(NOT_ATTACHED, subject, detail)
+                    continue
+                lost_ok = phase == "Lost" and (not ready or settling)
+                other_vmi = bool(attached) and attached != name
+                wrong_uid = uid is not None and uid != _meta(vmi).get("uid")
+                if other_vmi or wrong_uid or (not attached and ready):
+                    # A NotReady node's claims go Lost; they keep no other VMI's name.
+                    if not lenient or other_vmi:
+                        detail = (
+                            f"{what} of VMI {name} (uid {_meta(vmi).get('uid')}) running on "
+                            f"{node} is attached to {attached!r} (uid {uid!r}), phase {phase}"
+                        )
+                        yield Violation(NOT_ATTACHED, subject, detail)
+                elif phase != "Attached" and not lost_ok and not lenient:
+                    detail = f"{what} of VMI {name} running on {node} is {phase}"
+                    yield Violation(NOT_ATTACHED, subject, detail)
+                finalizers = _meta(claim).get("finalizers") or []
+                if keys.FINALIZER_CLAIM not in finalizers and not lenient:
+                    detail = f"{what} of VMI {name} running on {node} has no {keys.FINALIZER_CLAIM}"
+                    yield Violation(UNPROTECTED, subject, detail)
+        for (namespace, claim_name), vmis in sorted(users.items()):
+            self.checks += 1
+            if len(vmis) > 1:
+                detail = f"used by running VMIs {', '.join(sorted(vmis))}"
+                yield Violation(SERVES_TWO, f"{namespace}/{claim_name}", detail)
+
+    def _pins(self, state: State) -> Iterator[Violation]:
+        """A launcher pod that uses claims leaves the gate only pinned, in every required
+        node-selector term, to the one node its claims hold."""
+        vmis = {(_namespace(v), str(_meta(v).get("uid"))): v for v in state.vmis}
+        claims = {(_namespace(c), _name(c)): c for c in state.claims}
+        for pod in state.pods:
+            namespace = _namespace(pod)
+            labels = _meta(pod).get("labels") or {}
+            if labels.get(keys.LABEL_CLAIMS_REF) != keys.LABEL_CLAIMS_REF_VALUE:
+                continue
+            owner = _owner_ref(pod, "VirtualMachineInstance")
+            if owner is None or not self.scope.has_namespace(namespace):
+                continue
+            spec = pod.get("spec") or {}
+            if any(
+                g.get("name") == keys.SCHEDULING_GATE_CLAIMS
+                for g in spec.get("schedulingGates") or []
+            ):
+                continue
+            vmi = vmis.get((namespace, str(owner.get("uid"))))
+            request = _claims_request(vmi) if vmi is not None else None
+            if vmi is not None and request is None:
+                continue  # a VMI without claims: its pod is ungated and not pinned
+            self.checks += 1
+            subject = f"{namespace}/{_name(pod)}"
+            pins = required_pins(spec)
+            if not pins or any(p is None for p in pins) or len(set(pins)) != 1:
+                detail = f"ungated with required terms pinning {pins}"
+                yield Violation(UNPINNED, subject, detail)
+                continue
+            pin = pins[0]
+            if request is None or vmi is None:
+                continue
+            names = list(request.claims) + [
+                keys.template_claim_name(_name(vmi), e.name) for e in request.templates
+            ]
+            held = {
+                str((claims[(namespace, n)].get("status") or {}).get("nodeName"))
+                for n in names
+                if (namespace, n) in claims
+                and (claims[(namespace, n)].get("status") or {}).get("phase") in HOLDING
+            }
+            if held and held != {pin}:
+                detail = f"pinned to {pin}, its claims held on {', '.join(sorted(held))}"
+                yield Violation(UNPINNED, subject, detail)
 
     # --- rules of a settled cluster ------------------------------------------------------
 
@@ -580,3 +738,108 @@ def _owning_vmi(pod: Mapping[str, Any]) -> str | None:
         if ref.get("kind") == "VirtualMachineInstance":
             return str(ref.get("name"))
     return None
+
+
+def _owner_ref(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    """The controlling owner reference of ``kind`` (or the first of that kind)."""
+    refs = [r for r in _meta(obj).get("ownerReferences") or [] if r.get("kind") == kind]
+    return next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+
+
+def _claims_request(vmi: Mapping[str, Any]) -> annotation.ClaimsRequest | None:
+    """The claims a VMI's annotation names, or None (none, or unreadable)."""
+    raw = (_meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
+    if not raw:
+        return None
+    try:
+        return annotation.parse(str(raw))
+    except annotation.AnnotationError:
+        return None
+
+
+def _running_vmis(state: State) -> Iterator[tuple[Obj, str]]:
+    """(VMI, node) for every VMI marked Running whose launcher pod (owned by its uid) is
+    bound to a node."""
+    bound: dict[tuple[str, str], str] = {}
+    for pod in state.pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        owner = _owner_ref(pod, "VirtualMachineInstance")
+        if node and owner is not None and not _meta(pod).get("deletionTimestamp"):
+            bound[(_namespace(pod), str(owner.get("uid")))] = str(node)
+    for vmi in state.vmis:
+        if (vmi.get("status") or {}).get("phase") != "Running":
+            continue
+        node = bound.get((_namespace(vmi), str(_meta(vmi).get("uid"))))
+        if node is not None:
+            yield vmi, node
+
+
+def _epoch(stamp: object) -> float | None:
+    if not stamp:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _running_since(vmi: Mapping[str, Any]) -> float | None:
+    """When the VMI turned Running, as KubeVirt records it (phaseTransitionTimestamps)."""
+    stamps = (vmi.get("status") or {}).get("phaseTransitionTimestamps") or []
+    running = [
+        _epoch(t.get("phaseTransitionTimestamp")) for t in stamps if t.get("phase") == "Running"
+    ]
+    found = [t for t in running if t is not None]
+    return max(found) if found else _epoch(_meta(vmi).get("creationTimestamp"))
+
+
+def _node_ready(node: Mapping[str, Any] | None) -> tuple[bool, float | None]:
+    """Whether the node is Ready, and when its Ready condition last changed."""
+    if node is None:
+        return False, None
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True", _epoch(cond.get("lastTransitionTime"))
+    return False, None
+
+
+def _foreign_template(
+    claim: Mapping[str, Any], vmi: Mapping[str, Any], gpu_class: str, count: int
+) -> str:
+    """Why a claim named like a VMI's template claim is not the one its entry makes ('' when
+    it is): the label, the VMI's uid as controlling owner, the entry's class and count."""
+    problems = []
+    if not _template(claim):
+        problems.append(f"no {keys.LABEL_TEMPLATE_CLAIM} label")
+    owner = _owner_ref(claim, "VirtualMachineInstance")
+    if owner is None or not owner.get("controller"):
+        problems.append("no controlling VMI owner")
+    elif owner.get("uid") != _meta(vmi).get("uid"):
+        problems.append(f"owned by VMI uid {owner.get('uid')}, not {_meta(vmi).get('uid')}")
+    spec = claim.get("spec") or {}
+    if spec.get("class") != gpu_class or _count(claim) != count:
+        problems.append(
+            f"class {spec.get('class')} x{_count(claim)} where the entry asks {gpu_class} x{count}"
+        )
+    return "; ".join(problems)
+
+
+def required_pins(spec: Mapping[str, Any]) -> list[str | None]:
+    """Per required node-selector term, the one node its ``metadata.name`` In pins (None
+    for a term without a pin); empty when the pod has no required term."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    pins: list[str | None] = []
+    for term in required.get("nodeSelectorTerms") or []:
+        pin = None
+        for match in term.get("matchFields") or []:
+            values = match.get("values") or []
+            if (
+                match.get("key") == "metadata.name"
+                and match.get("operator") == "In"
+                and len(values) == 1
+            ):
+                pin = str(values[0])
+        pins.append(pin)
+    return pins

@@ -1,0 +1,1319 @@
+"""The start path's lifecycle fuzz (issue 18, "the proof"): seeded random sequences of what
+tenants, KubeVirt, nodes and crashes do to VMs that hold GPUs, on the real API server.
+
+One run is one seed on a control plane of its own (``fault_suite.Run``: etcd,
+kube-apiserver, kube-scheduler, kube-controller-manager's garbage collector, two replicas
+of ``python -m cozystack_gpu`` under ``rawResourceNames: forbidden``), with the chart's
+webhook configurations and its ValidatingAdmissionPolicies installed, and GPU nodes with
+GPUNodes. Each step is one random operation, drawn from the seed:
+
+- tenants (impersonated tenant admins): order claims; create VMs with held claims and/or
+  claim templates; stop, start, restart and delete them; delete claims; try to strip a
+  claim's finalizers (delete, then a JSON patch removing ``metadata.finalizers``);
+  pre-create a claim named like a VM's template claim with a bigger count; create VMs
+  whose claims annotation is odd (empty, whitespace, ``{}``, no claims, malformed, label
+  without annotation, annotation without label) with raw GPU entries;
+- nodes: NotReady and back, cordoned and back, short of memory (the scheduler refuses the
+  launcher pod for a non-GPU resource) or of one GPU (kubelet reports fewer), and back;
+- the controller: the leader SIGKILLed and started again (the webhooks' Service then
+  routes to the replica left, as a Service with two endpoints would).
+
+KubeVirt has no controller here yet, so ``PlayedKubeVirt`` behaves as virt-controller,
+virt-handler and kubelet do for this path: a VMI per start of a VM (runStrategy Always),
+named after it, created as virt-controller's identity from the VM's template labels and
+annotations and owned by the VM; the launcher pod once the VMI is admitted, owned by the
+VMI (its uid), labelled ``kubevirt.io: virt-launcher`` and with the VMI's labels,
+requesting the VMI's ``gpus`` entries as extended resources plus CPU and memory; a VMI
+whose pod vanished fails, and a failed or finished VMI of a VM that should run is replaced
+under the same name; once the scheduler binds the pod, pod and VMI run there. It sits
+behind ``KubeVirt``, the small interface a real virt-controller takes over later.
+
+``invariants.Invariants`` (its start-path rules included) looks throughout
+(``watching``) and once the run has settled; the driver adds what only it can see
+(``RAW_ADMITTED``: an odd-annotation VMI with raw GPU entries admitted under
+``forbidden``; ``STRANDED``: a started VM whose pinned pod a Ready, schedulable node
+refused, left as it is). Every operation and its outcome is logged with the seed, so a
+violation comes with the operations that touched its subject.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu_testkit.fault_suite import Run, Service, WebhookSetup
+from cozystack_gpu_testkit.invariants import Invariants, Violation, required_pins
+from cozystack_gpu_testkit.objects import NODE_BASE_RESOURCES, Kube, wait_for
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+TIMEOUT = (5.0, 20.0)
+FUZZ_LABEL = "fuzz.cozystack.io/run"
+TENANT_ADMIN = "tenant-admin"
+VIRT_CONTROLLER = "system:serviceaccount:kubevirt:kubevirt-controller"
+RAW_ADMITTED = "raw GPU entries admitted without claims"
+STRANDED = "started VM stranded at a refusing node"
+REPORT_EVERY_S = 60.0
+RETRY_S = 2.0  # KubeVirt's backoff between refused VMI or pod creates, roughly
+# Odd claims-annotation shapes (None: no annotation) and whether the reference label goes
+# with them; each VM made of one also carries a raw GPU entry of its own.
+ODD_SHAPES: tuple[tuple[str | None, bool], ...] = (
+    ("", False),
+    ("", True),
+    (" ", True),
+    ("{}", True),
+    ('{"claims": []}', True),
+    ("{not json", True),
+    (None, True),
+    ('{"claims": ["x"]}', False),
+)
+SETTLE_S = 150.0
+# A refusal the controller has not acted on this long after the scheduler said it.
+STRANDED_AFTER_S = 15.0
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message", "")) or f"HTTP {exc.status}"
+    except (TypeError, ValueError):
+        return f"HTTP {exc.status}"
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+# --- the journal -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One operation (or something the played KubeVirt did) and what came of it."""
+
+    index: int
+    at: float  # seconds into the run
+    op: str
+    args: str
+    outcome: str
+    names: frozenset[str]  # the VMs, claims and nodes it touched
+
+    def __str__(self) -> str:
+        return f"#{self.index:04d} +{self.at:6.1f}s {self.op} {self.args} -> {self.outcome}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A violation, the operation after which it was first seen, and the operations that
+    touched its subject up to then."""
+
+    violation: str
+    first_seen_after: int
+    sequence: tuple[str, ...]
+
+
+class Journal:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.entries: list[Entry] = []
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+
+    @property
+    def last(self) -> int:
+        return self.entries[-1].index if self.entries else 0
+
+    def record(self, op: str, args: str, outcome: str, names: Iterable[str]) -> Entry:
+        with self._lock:
+            entry = Entry(
+                len(self.entries) + 1,
+                time.monotonic() - self.started,
+                op,
+                args,
+                outcome,
+                frozenset(n for n in names if n),
+            )
+            self.entries.append(entry)
+        log.info("seed %d %s", self.seed, entry)
+        return entry
+
+    def touching(self, names: set[str], until: int) -> list[Entry]:
+        return [e for e in self.entries if e.index <= until and e.names & names]
+
+
+# --- who acts ----------------------------------------------------------------------------
+
+
+def impersonating(run: Run, user: str) -> Kube:
+    api = run.plane.api_client()
+    api.set_default_header("Impersonate-User", user)
+    return Kube(api)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The chart's admission objects: its webhook configurations (``WebhookSetup``) and
+    ``render(template, namespace, values)``, ``helm template`` of one chart template."""
+
+    webhooks: WebhookSetup
+    render: Callable[[str, str, Mapping[str, Any]], list[Obj]]
+
+
+def install_policies(api: Any, objects: Sequence[Obj]) -> None:
+    admission = client.AdmissionregistrationV1Api(api)
+    for obj in objects:
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            admission.create_validating_admission_policy(obj)
+        elif obj["kind"] == "ValidatingAdmissionPolicyBinding":
+            admission.create_validating_admission_policy_binding(obj)
+
+
+def grant(run: Run, admission: Admission, tenants: Sequence[str]) -> None:
+    """Tenant admins as the chart grants them (its roles aggregated into ``admin``), VMs
+    as KubeVirt's roles grant them, and virt-controller's rights on VMIs and pods."""
+    rbac = client.RbacAuthorizationV1Api(run.api)
+    for obj in admission.render("rbac-tenant.yaml", run.namespace, {}):
+        if obj["kind"] == "ClusterRole":
+            rbac.create_cluster_role(obj)
+        elif obj["kind"] == "ClusterRoleBinding":
+            rbac.create_cluster_role_binding(obj)
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": "fuzz-vms"},
+            "rules": [
+                {
+                    "apiGroups": [keys.KUBEVIRT_GROUP],
+                    "resources": ["virtualmachines"],
+                    "verbs": ["get", "list", "create", "patch", "update", "delete"],
+                }
+            ],
+        }
+    )
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": "fuzz-virt-controller"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "verbs": ["get", "list", "create", "delete", "patch"],
+                },
+                {
+                    "apiGroups": [keys.KUBEVIRT_GROUP],
+                    "resources": ["virtualmachineinstances"],
+                    "verbs": ["get", "list", "create", "delete", "patch", "update"],
+                },
+                {  # blockOwnerDeletion on what it creates needs these
+                    "apiGroups": [keys.KUBEVIRT_GROUP],
+                    "resources": [
+                        "virtualmachines/finalizers",
+                        "virtualmachineinstances/finalizers",
+                    ],
+                    "verbs": ["update"],
+                },
+            ],
+        }
+    )
+    user = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User"}
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": "fuzz-virt-controller"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "fuzz-virt-controller",
+            },
+            "subjects": [{**user, "name": VIRT_CONTROLLER}],
+        }
+    )
+    for tenant in tenants:
+        for role in ("admin", "fuzz-vms"):
+            rbac.create_namespaced_role_binding(
+                tenant,
+                {
+                    "metadata": {"name": f"tenant-{role}"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": role,
+                    },
+                    "subjects": [{**user, "name": TENANT_ADMIN}],
+                },
+            )
+
+    def aggregated() -> bool:
+        admin = rbac.read_cluster_role("admin")
+        return any(keys.PLURAL_CLAIMS in (r.resources or []) for r in admin.rules or [])
+
+    wait_for(aggregated, 60, "the chart's claim rights aggregated into admin", 0.2)
+
+
+# --- KubeVirt ----------------------------------------------------------------------------
+
+
+class KubeVirt(Protocol):
+    """What KubeVirt does for the fuzz: make each VM's VMI and launcher pod, run them once
+    scheduled, replace a VMI that ended while its VM should run. ``reconcile`` is one pass
+    over every VM of the run; the played one below does the work itself, a real
+    virt-controller would only be waited on."""
+
+    def reconcile(self) -> None: ...
+
+
+def launcher_name(vmi: Mapping[str, Any]) -> str:
+    """virt-controller names a launcher pod after its VMI plus a random suffix, so the pod
+    of a VMI started again under the same name is another pod."""
+    return f"virt-launcher-{_meta(vmi).get('name')}-{str(_meta(vmi).get('uid'))[:5]}"
+
+
+def launcher_requests(vmi: Mapping[str, Any], memory_mi: int) -> dict[str, str]:
+    """What virt-controller's launcher pod requests: one unit per ``gpus`` and
+    ``hostDevices`` entry of its device name, the guest memory plus an overhead, CPU."""
+    devices = ((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}
+    requests: dict[str, int] = {}
+    for entry in [*(devices.get("gpus") or []), *(devices.get("hostDevices") or [])]:
+        name = str(entry.get("deviceName") or "")
+        if name:
+            requests[name] = requests.get(name, 0) + 1
+    return {
+        **{k: str(v) for k, v in requests.items()},
+        "cpu": "100m",
+        "memory": f"{memory_mi + 256}Mi",
+    }
+
+
+class PlayedKubeVirt:
+    """virt-controller, virt-handler and kubelet for this path (see the module docstring).
+    virt-controller's creates go as its identity (the raw-name policy's exception names
+    it); status is written as virt-handler and kubelet would, as the admin."""
+
+    def __init__(self, run: Run, journal: Journal, world_id: str) -> None:
+        self.admin = Kube(run.api)
+        self.controller = impersonating(run, VIRT_CONTROLLER)
+        self.journal = journal
+        self.selector = f"{FUZZ_LABEL}={world_id}"
+        self.pod_made: set[str] = set()  # VMI uids whose launcher pod was created
+        self.retry_at: dict[str, float] = {}
+        self.raw_admitted: list[tuple[str, int]] = []  # violation, journal entry
+        self.running: set[tuple[str, str]] = set()  # VMIs Running at the last pass
+        self.starts = 0
+
+    # --- reading ---------------------------------------------------------------------
+
+    def _list(self, kind: keys.ApiKind, selector: str) -> list[Obj]:
+        custom = self.admin.custom
+        listing = custom.list_cluster_custom_object(
+            kind.group, kind.version, kind.plural, label_selector=selector,
+            _request_timeout=TIMEOUT,
+        )  # fmt: skip
+        return list(listing.get("items") or [])
+
+    def _pods(self) -> list[Obj]:
+        pods = self.admin.core.list_pod_for_all_namespaces(
+            label_selector="kubevirt.io=virt-launcher", _request_timeout=TIMEOUT
+        )
+        items: list[Obj] = self.admin.api.sanitize_for_serialization(pods).get("items") or []
+        return items
+
+    # --- one pass --------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        vms = self._list(keys.VM, self.selector)
+        vmis = {(_meta(v)["namespace"], _meta(v)["name"]): v for v in self._list(keys.VMI, "")}
+        self.running = {
+            k for k, v in vmis.items() if (v.get("status") or {}).get("phase") == "Running"
+        }
+        pods = self._pods()
+        by_vmi: dict[str, list[Obj]] = {}
+        for pod in pods:
+            for ref in _meta(pod).get("ownerReferences") or []:
+                if ref.get("kind") == keys.VMI.kind:
+                    by_vmi.setdefault(str(ref.get("uid")), []).append(pod)
+            if _meta(pod).get("deletionTimestamp"):
+                self._kubelet_removes(pod)
+        for vm in vms:
+            key = (_meta(vm)["namespace"], _meta(vm)["name"])
+            try:
+                self._vm(vm, vmis.get(key), by_vmi)
+            except ApiException as exc:  # raced with a deletion, a fault: next pass
+                log.debug("VM %s/%s: %s", *key, _message(exc))
+            except Exception as exc:  # the server away for a moment: next pass
+                log.debug("VM %s/%s: %s", *key, exc)
+
+    def _vm(self, vm: Obj, vmi: Obj | None, pods: Mapping[str, list[Obj]]) -> None:
+        namespace, name = _meta(vm)["namespace"], _meta(vm)["name"]
+        wanted = (vm.get("spec") or {}).get("runStrategy") == "Always" and not _meta(vm).get(
+            "deletionTimestamp"
+        )
+        if vmi is None:
+            if wanted and time.monotonic() >= self.retry_at.get(f"{namespace}/{name}", 0.0):
+                self._create_vmi(vm)
+            return
+        if _meta(vmi).get("deletionTimestamp"):
+            return
+        uid = str(_meta(vmi).get("uid"))
+        phase = (vmi.get("status") or {}).get("phase")
+        own = [p for p in pods.get(uid, []) if not _meta(p).get("deletionTimestamp")]
+        if phase in ("Succeeded", "Failed"):
+            # virt-controller removes a finished VMI; runStrategy Always starts the next.
+            self._delete_vmi(namespace, name, f"VMI {phase}")
+            return
+        if not wanted:
+            self._vmi_status(vmi, "Succeeded")  # virt-handler: the guest shut down
+            for pod in own:
+                self._pod_phase(pod, "Succeeded")
+            return
+        if not own:
+            if uid in self.pod_made:  # its launcher pod went: the VMI fails
+                self._vmi_status(vmi, "Failed")
+                self.journal.record(
+                    "kubevirt", f"vmi {namespace}/{name}", "pod gone: VMI Failed", {name}
+                )
+            elif time.monotonic() >= self.retry_at.get(uid, 0.0):
+                self._create_pod(vm, vmi)
+            return
+        pod = own[0]
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and phase != "Running":
+            self._pod_phase(pod, "Running")
+            self._vmi_status(vmi, "Running", node)
+            self.starts += 1
+            self.journal.record(
+                "kubevirt", f"vmi {namespace}/{name}", f"Running on {node}", {name, node}
+            )
+
+    # --- virt-controller -------------------------------------------------------------
+
+    def _create_vmi(self, vm: Obj) -> None:
+        namespace, name = _meta(vm)["namespace"], _meta(vm)["name"]
+        template = (vm.get("spec") or {}).get("template") or {}
+        tmeta = template.get("metadata") or {}
+        body = {
+            "apiVersion": keys.VMI.api_version,
+            "kind": keys.VMI.kind,
+            "metadata": {
+                "name": name,
+                "labels": dict(tmeta.get("labels") or {}),
+                "annotations": dict(tmeta.get("annotations") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": keys.VM.api_version,
+                        "kind": keys.VM.kind,
+                        "name": name,
+                        "uid": _meta(vm)["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": template.get("spec") or {},
+        }
+        try:
+            vmi = self.controller.custom.create_namespaced_custom_object(
+                keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, body,
+                _request_timeout=TIMEOUT,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 409:
+                return
+            self.retry_at[f"{namespace}/{name}"] = time.monotonic() + RETRY_S
+            self._outcome_once(f"vmi {namespace}/{name}", f"refused: {_message(exc)}", {name})
+            return
+        self.journal.record(
+            "kubevirt", f"vmi {namespace}/{name}", f"created uid {_meta(vmi)['uid']}", {name}
+        )
+        self._judge_raw(vmi, "VMI")
+
+    def _create_pod(self, vm: Obj, vmi: Obj) -> None:
+        namespace, name = _meta(vmi)["namespace"], _meta(vmi)["name"]
+        uid = str(_meta(vmi)["uid"])
+        memory_mi = int(_meta(vm).get("annotations", {}).get("fuzz.cozystack.io/memory-mi", "1024"))
+        requests = launcher_requests(vmi, memory_mi)
+        extended = {k: v for k, v in requests.items() if "/" in k}
+        body = {
+            "metadata": {
+                "name": launcher_name(vmi),
+                "labels": {
+                    **(_meta(vmi).get("labels") or {}),
+                    "kubevirt.io": "virt-launcher",
+                    "kubevirt.io/created-by": uid,
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": keys.VMI.api_version,
+                        "kind": keys.VMI.kind,
+                        "name": name,
+                        "uid": uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "name": "compute",
+                        "image": "virt-launcher",
+                        "resources": {"requests": requests, "limits": extended},
+                    }
+                ],
+            },
+        }
+        try:
+            self.controller.core.create_namespaced_pod(namespace, body, _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 409:
+                self.pod_made.add(uid)
+                return
+            self.retry_at[uid] = time.monotonic() + RETRY_S
+            self._outcome_once(f"pod of {namespace}/{name}", f"refused: {_message(exc)}", {name})
+            return
+        self.pod_made.add(uid)
+        self.journal.record("kubevirt", f"pod {namespace}/{launcher_name(vmi)}", "created", {name})
+        self._judge_raw(vmi, "launcher pod")
+
+    def _judge_raw(self, vmi: Obj, what: str) -> None:
+        """Under ``forbidden`` a VMI with GPU entries of its own and no readable claims may
+        not get its GPU: the VMI (or at least its pod) must be refused."""
+        devices = ((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}
+        raw = [
+            g for g in devices.get("gpus") or []
+            if not str(g.get("name", "")).startswith(keys.VMI_GPU_NAME_PREFIX)
+        ]  # fmt: skip
+        if not raw:
+            return
+        note = (_meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
+        label = (_meta(vmi).get("labels") or {}).get(keys.LABEL_CLAIMS_REF)
+        subject = f"{_meta(vmi)['namespace']}/{_meta(vmi)['name']}"
+        text = (
+            f"{RAW_ADMITTED}: {subject}: {what} admitted with raw entries "
+            f"{[g.get('deviceName') for g in raw]}, annotation {note!r}, label {label!r}"
+        )
+        entry = self.journal.record(
+            "kubevirt", f"{what} {subject}", "ADMITTED with raw GPU entries", {_meta(vmi)["name"]}
+        )
+        self.raw_admitted.append((text, entry.index))
+
+    def _outcome_once(self, args: str, outcome: str, names: set[str]) -> None:
+        """Refusals repeat every retry: the journal keeps each distinct one once in a row."""
+        last = next((e for e in reversed(self.journal.entries) if e.args == args), None)
+        if last is None or last.outcome != outcome:
+            self.journal.record("kubevirt", args, outcome, names)
+
+    def _delete_vmi(self, namespace: str, name: str, why: str) -> None:
+        try:
+            self.controller.custom.delete_namespaced_custom_object(
+                keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name,
+                _request_timeout=TIMEOUT,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self.journal.record("kubevirt", f"vmi {namespace}/{name}", f"deleted ({why})", {name})
+
+    # --- virt-handler and kubelet ----------------------------------------------------
+
+    def _vmi_status(self, vmi: Obj, phase: str, node: str | None = None) -> None:
+        """KubeVirt's VMI CRD has no status subresource: status goes with the object, with
+        the phase transition stamps virt-controller keeps."""
+        stamps = list((vmi.get("status") or {}).get("phaseTransitionTimestamps") or [])
+        stamps.append({"phase": phase, "phaseTransitionTimestamp": _now()})
+        status: Obj = {"phase": phase, "phaseTransitionTimestamps": stamps}
+        if node:
+            status["nodeName"] = node
+        self.admin.custom.patch_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, _meta(vmi)["namespace"], keys.VMI.plural,
+            _meta(vmi)["name"], {"status": status}, _request_timeout=TIMEOUT,
+        )  # fmt: skip
+
+    def _pod_phase(self, pod: Obj, phase: str) -> None:
+        self.admin.core.patch_namespaced_pod_status(
+            _meta(pod)["name"], _meta(pod)["namespace"], {"status": {"phase": phase}},
+            _request_timeout=TIMEOUT,
+        )  # fmt: skip
+
+    def _kubelet_removes(self, pod: Obj) -> None:
+        """No kubelet confirms a bound pod's end: it goes once deleted at once."""
+        try:
+            self.admin.core.delete_namespaced_pod(
+                _meta(pod)["name"], _meta(pod)["namespace"], grace_period_seconds=0,
+                _request_timeout=TIMEOUT,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+# --- the fuzz ----------------------------------------------------------------------------
+
+
+@dataclass
+class FuzzSettings:
+    seed: int = 1
+    operations: int = 80
+    nodes: int = 4
+    gpus: int = 2
+    pause_s: tuple[float, float] = (0.1, 0.5)  # load between operations, not a wait
+    settle_s: float = SETTLE_S
+    # Relative weights of each operation.
+    weights: Mapping[str, float] = field(
+        default_factory=lambda: {
+            "order": 3.0,
+            "create_vm": 4.0,
+            "stop_vm": 1.5,
+            "start_vm": 1.5,
+            "restart_vm": 2.0,
+            "delete_vmi": 1.5,
+            "delete_vm": 1.0,
+            "delete_claim": 1.5,
+            "strip_finalizers": 1.5,
+            "squat_template": 1.5,
+            "odd_vm": 1.0,
+            "node_not_ready": 0.7,
+            "node_cordon": 0.7,
+            "node_memory_short": 0.7,
+            "node_gpu_short": 0.5,
+            "node_restore": 1.2,
+            "kill_leader": 0.6,
+        }
+    )
+
+
+@dataclass
+class FuzzResult:
+    seed: int
+    operations: int
+    faults: int
+    kills: int
+    checks: int
+    looks: int
+    starts: int
+    violations: list[str]
+    findings: list[Finding]
+    outcomes: dict[str, int]
+    wall_s: float
+
+    def summary(self) -> str:
+        return (
+            f"seed {self.seed}: {self.operations} operations, {self.faults} faults "
+            f"({self.kills} leader kills), {self.starts} VM starts, {self.checks} checks in "
+            f"{self.looks} looks, {len(self.violations)} violations, {self.wall_s:.0f} s"
+        )
+
+    def report(self) -> str:
+        lines = [self.summary()]
+        for finding in self.findings:
+            lines.append(f"  {finding.violation} (first seen after #{finding.first_seen_after})")
+            lines += [f"      {step}" for step in finding.sequence]
+        return "\n".join(lines)
+
+
+@dataclass
+class FuzzVM:
+    namespace: str
+    name: str
+    held: tuple[str, ...]
+    templates: tuple[Mapping[str, Any], ...]
+    odd: bool = False
+    gone: bool = False  # deleted: its names still explain the journal
+
+
+class LifecycleFuzz:
+    """One seed's run; ``run()`` returns its result."""
+
+    def __init__(self, workdir: Path, admission: Admission, settings: FuzzSettings) -> None:
+        self.workdir = workdir
+        self.admission = admission
+        self.settings = settings
+        self.rng = random.Random(settings.seed)
+        self.journal = Journal(settings.seed)
+        self.vms: dict[tuple[str, str], FuzzVM] = {}
+        self.claims: dict[tuple[str, str], Obj] = {}  # last listing
+        self.faulted: dict[str, set[str]] = {}  # node -> faults in place
+        self.faults = 0
+        self.kills = 0
+        self.killed: list[tuple[str, float]] = []  # replica, restart due (monotonic)
+        self.outcomes: dict[str, int] = {}
+        self.stranded: dict[str, str] = {}  # pod -> violation
+        self._seq = 0
+        self._reported = time.monotonic()
+
+    # --- set-up --------------------------------------------------------------------------
+
+    def _prepare(self, run: Run) -> Service:
+        world = run.world
+        for identity in run.replicas:
+
+            def serving(identity: str = identity) -> bool:
+                return run.webhook_serving(identity)
+
+            wait_for(serving, 60, f"{identity}'s webhook server")
+        service = self.service = Service(run, "r1")
+        self._hooks = self.admission.webhooks.configurations(service)
+        self.admission.webhooks.install(run.api, self._hooks)
+        policies: list[Obj] = []
+        for template, values in (
+            ("raw-names-policy.yaml", {"rawNamePolicy": {"virtControllerUser": VIRT_CONTROLLER}}),
+            ("claims-label-policy.yaml", {}),
+        ):
+            policies += self.admission.render(template, run.namespace, values)
+        install_policies(run.api, policies)
+        grant(run, self.admission, world.tenants)
+        self.tenant = impersonating(run, TENANT_ADMIN)
+        self.kubevirt: KubeVirt = PlayedKubeVirt(run, self.journal, world.id)
+        self._wait_enforced(run)
+        return service
+
+    def _wait_enforced(self, run: Run) -> None:
+        """Until the webhooks are called and the raw-name policy refuses under
+        ``forbidden`` (the controller writes its settings; the policy reads them)."""
+        controller = impersonating(run, VIRT_CONTROLLER)
+        tenant = run.world.tenants[-1]
+
+        def refused(body: Obj, needle: str) -> bool:
+            try:
+                controller.custom.create_namespaced_custom_object(
+                    keys.VMI.group, keys.VMI.version, tenant, keys.VMI.plural, body,
+                    dry_run="All",
+                )  # fmt: skip
+            except ApiException as exc:
+                return needle in _message(exc)
+            return False
+
+        def vmi(name: str, labels: Obj, notes: Obj, gpus: list[Obj]) -> Obj:
+            return {
+                "apiVersion": keys.VMI.api_version,
+                "kind": keys.VMI.kind,
+                "metadata": {"name": name, "labels": labels, "annotations": notes},
+                "spec": {"domain": {"devices": {"gpus": gpus}, "memory": {"guest": "1Gi"}}},
+            }
+
+        label = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+        malformed = vmi("probe-webhook", label, {keys.ANNOTATION_CLAIMS: "probe"}, [])
+        raw = vmi("probe-raw", {}, {}, [{"name": "g", "deviceName": run.world.resource}])
+        wait_for(lambda: refused(malformed, "malformed"), 60, "the webhooks called", 0.2)
+        wait_for(lambda: refused(raw, "forbidden"), 90, "rawResourceNames: forbidden enforced", 0.5)
+
+    # --- the run -------------------------------------------------------------------------
+
+    def run(self) -> FuzzResult:
+        settings = self.settings
+        started = time.monotonic()
+        name = f"fz{settings.seed % 1000}"
+        with Run(
+            name,
+            self.workdir,
+            nodes=settings.nodes,
+            gpus=settings.gpus,
+            webhooks=True,
+            replica_args=("--raw-resource-names", "forbidden"),
+        ) as run:
+            self.run_obj = run
+            run.load = None  # the fuzz is the load: the suite's own never starts
+            service = self._prepare(run)
+            checker = Invariants(run.api)
+            first_seen: dict[str, int] = {}
+            try:
+                with checker.watching():
+                    for _op in range(settings.operations):
+                        self._tick(run)
+                        self._operate(run)
+                        self._note(checker, first_seen)
+                        if _op % 5 == 4:
+                            self._look_stranded(run, first_seen)
+                        time.sleep(self.rng.uniform(*settings.pause_s))
+                    final = self._settle(run, checker, first_seen)
+            finally:
+                self.admission.webhooks.remove(run.api, self._hooks)
+                service.down()
+            violations = [str(v) for v in checker.seen]
+            violations += [str(v) for v in final if str(v) not in violations]
+            for v in final:
+                first_seen.setdefault(str(v), self.journal.last)
+            assert isinstance(self.kubevirt, PlayedKubeVirt)
+            for text, index in self.kubevirt.raw_admitted:
+                violations.append(text)
+                first_seen.setdefault(text, index)
+            violations += list(self.stranded.values())
+            findings = [self._finding(v, first_seen.get(v, self.journal.last)) for v in violations]
+            return FuzzResult(
+                seed=settings.seed,
+                operations=settings.operations,
+                faults=self.faults,
+                kills=self.kills,
+                checks=checker.checks,
+                looks=checker.looks,
+                starts=self.kubevirt.starts,
+                violations=violations,
+                findings=findings,
+                outcomes=dict(sorted(self.outcomes.items())),
+                wall_s=time.monotonic() - started,
+            )
+
+    def _note(self, checker: Invariants, first_seen: dict[str, int]) -> None:
+        for violation in list(checker.seen):
+            first_seen.setdefault(str(violation), self.journal.last)
+
+    def _tick(self, run: Run) -> None:
+        """KubeVirt's pass, replicas due back, node agents' reports, the claim listing."""
+        now = time.monotonic()
+        for identity, due in list(self.killed):
+            if now >= due:
+                run.replicas[identity].restart()
+                self.killed.remove((identity, due))
+                self.journal.record("controller", identity, "started again", {identity})
+        if now - self._reported >= REPORT_EVERY_S:
+            for node in run.world.gpu_nodes:
+                run.kube.custom.patch_cluster_custom_object_status(
+                    keys.GROUP, keys.VERSION, keys.PLURAL_NODES, node,
+                    {"status": {"updatedAt": _now()}}, _request_timeout=TIMEOUT,
+                )  # fmt: skip
+            self._reported = now
+        try:
+            self.kubevirt.reconcile()
+            listing = run.kube.custom.list_cluster_custom_object(
+                keys.GROUP, keys.VERSION, keys.PLURAL_CLAIMS, _request_timeout=TIMEOUT
+            )
+        except Exception as exc:  # a webhook or the server away for a moment: next tick
+            log.debug("tick: %s", exc)
+            return
+        world = run.world
+        self.claims = {
+            (_meta(c)["namespace"], _meta(c)["name"]): c
+            for c in listing.get("items") or []
+            if _meta(c)["namespace"] in world.tenants
+        }
+
+    def _settle(self, run: Run, checker: Invariants, first_seen: dict[str, int]) -> list[Violation]:
+        """Every fault undone, then KubeVirt keeps playing until every rule holds (or the
+        settle time passes): the last look's violations."""
+        for node in list(self.faulted):
+            self._restore(run, node, op="end_restore")
+        for identity, _due in list(self.killed):
+            run.replicas[identity].restart()
+        self.killed.clear()
+        deadline = time.monotonic() + self.settings.settle_s
+        calm_until = time.monotonic() + 20.0  # VMs started by the last operations run
+        final: list[Violation] = []
+        while True:
+            self._tick(run)
+            self._note(checker, first_seen)
+            self._look_stranded(run, first_seen)
+            try:
+                final = checker.settled()
+            except Exception as exc:
+                final = [Violation("look", "cluster", f"{type(exc).__name__}: {exc}")]
+            now = time.monotonic()
+            if (not final and now >= calm_until) or now >= deadline:
+                return final
+            time.sleep(1.0)
+
+    def _look_stranded(self, run: Run, first_seen: dict[str, int]) -> None:
+        """A pinned launcher pod that a Ready, schedulable node has refused for
+        ``STRANDED_AFTER_S`` and that is still there, unscheduled: SPEC §6 says the
+        controller deletes it and moves the set (for any resource the pod lacks there)."""
+        try:
+            nodes = {n.metadata.name: n for n in run.kube.core.list_node().items}
+            pods = run.kube.core.list_pod_for_all_namespaces(
+                label_selector="kubevirt.io=virt-launcher"
+            )
+        except Exception as exc:  # the server away: the next look
+            log.debug("stranded look: %s", exc)
+            return
+        now = datetime.datetime.now(datetime.UTC)
+        for pod in pods.items:
+            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            if key in self.stranded or pod.spec.node_name or pod.metadata.deletion_timestamp:
+                continue
+            pins = required_pins(run.api.sanitize_for_serialization(pod).get("spec") or {})
+            node = nodes.get(pins[0]) if pins and pins[0] is not None else None
+            refused = next(
+                (
+                    c
+                    for c in pod.status.conditions or []
+                    if (c.type, c.status, c.reason) == ("PodScheduled", "False", "Unschedulable")
+                ),
+                None,
+            )
+            if node is None or refused is None or node.spec.unschedulable:
+                continue
+            since = refused.last_transition_time
+            if since is None or (now - since).total_seconds() < STRANDED_AFTER_S:
+                continue
+            conditions = node.status.conditions or []
+            if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                owner = next(iter(pod.metadata.owner_references or []), None)
+                text = (
+                    f"{STRANDED}: {key}: VMI {owner.name if owner else '?'} pinned to "
+                    f"{pins[0]} (Ready, schedulable), refused since {since}: {refused.message}"
+                )
+                self.stranded[key] = text
+                first_seen.setdefault(text, self.journal.last)
+                log.error("seed %d: %s", self.settings.seed, text)
+
+    def _finding(self, violation: str, first: int) -> Finding:
+        names = set()
+        for part in violation.replace(",", " ").replace(":", " ").split():
+            name = part.split("/")[-1]
+            names.add(name)
+            if name.startswith("virt-launcher-"):  # virt-launcher-<VMI>-<uid prefix>
+                names.add(name.removeprefix("virt-launcher-").rsplit("-", 1)[0])
+        vm_names = {
+            vm.name
+            for vm in self.vms.values()
+            if names & ({vm.name, *vm.held} | {self._template_name(vm, t) for t in vm.templates})
+        }
+        names |= vm_names
+        for vm in self.vms.values():
+            if vm.name in vm_names:
+                names |= set(vm.held) | {self._template_name(vm, t) for t in vm.templates}
+        steps = tuple(str(e) for e in self.journal.touching(names, first))
+        return Finding(violation, first, steps)
+
+    @staticmethod
+    def _template_name(vm: FuzzVM, entry: Mapping[str, Any]) -> str:
+        return keys.template_claim_name(vm.name, str(entry["name"]))
+
+    # --- operations ----------------------------------------------------------------------
+
+    def _operate(self, run: Run) -> None:
+        weights = self.settings.weights
+        ops = sorted(weights)
+        op = self.rng.choices(ops, weights=[weights[o] for o in ops])[0]
+        action: Callable[[Run], tuple[str, str, set[str]]] = getattr(self, f"_op_{op}")
+        try:
+            args, outcome, names = action(run)
+        except ApiException as exc:
+            args, outcome, names = "", f"error {exc.status}: {_message(exc)}", set()
+        except Exception as exc:  # the server away (a kill, a fault): the run goes on
+            args, outcome, names = "", f"error {type(exc).__name__}: {exc}", set()
+        key = f"{op}: {outcome.split(':', 1)[0].split(' (', 1)[0]}"
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        self.journal.record(op, args, outcome, names)
+
+    def _next(self, prefix: str) -> str:
+        self._seq += 1
+        return f"{prefix}{self._seq:03d}"
+
+    def _tenant_claims(self, namespace: str) -> list[str]:
+        return sorted(n for ns, n in self.claims if ns == namespace)
+
+    def _claim_call(self, call: Callable[..., Any], namespace: str, *args: Any, **kw: Any) -> Any:
+        return call(keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS, *args, **kw)
+
+    def _vm_call(self, call: Callable[..., Any], namespace: str, *args: Any, **kw: Any) -> Any:
+        return call(keys.VM.group, keys.VM.version, namespace, keys.VM.plural, *args, **kw)
+
+    def _op_order(self, run: Run) -> tuple[str, str, set[str]]:
+        world = run.world
+        namespace = self.rng.choice(world.tenants)
+        name = self._next("c")
+        gpu_class = self.rng.choice(world.classes)
+        count = 2 if self.rng.random() < 0.25 else 1
+        body = {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_CLAIM,
+            "metadata": {"name": name},
+            "spec": {"class": gpu_class, "count": count},
+        }
+        args = f"{namespace}/{name} {gpu_class} x{count}"
+        try:
+            self._claim_call(self.tenant.custom.create_namespaced_custom_object, namespace, body)
+        except ApiException as exc:
+            return args, f"refused: {_message(exc)}", {name}
+        return args, "accepted", {name}
+
+    def _vm_body(self, vm: FuzzVM, labels: Obj, notes: Obj, gpus: list[Obj]) -> Obj:
+        memory_mi = self.rng.choice((512, 1024, 2048))
+        return {
+            "apiVersion": keys.VM.api_version,
+            "kind": keys.VM.kind,
+            "metadata": {
+                "name": vm.name,
+                "labels": {FUZZ_LABEL: self.run_obj.world.id},
+                "annotations": {"fuzz.cozystack.io/memory-mi": str(memory_mi)},
+            },
+            "spec": {
+                "runStrategy": "Always",
+                "template": {
+                    "metadata": {"labels": labels, "annotations": notes},
+                    "spec": {
+                        "domain": {
+                            "devices": {"gpus": gpus} if gpus else {},
+                            "memory": {"guest": f"{memory_mi}Mi"},
+                        }
+                    },
+                },
+            },
+        }
+
+    def _op_create_vm(self, run: Run) -> tuple[str, str, set[str]]:
+        """A VM that holds some of its tenant's claims and/or orders from templates."""
+        world = run.world
+        namespace = self.rng.choice(world.tenants)
+        used = {
+            c for vm in self.vms.values() if vm.namespace == namespace and not vm.gone
+            for c in vm.held
+        }  # fmt: skip
+        free = [
+            n for n in self._tenant_claims(namespace)
+            if n not in used and not _labelled_template(self.claims[(namespace, n)])
+        ]  # fmt: skip
+        held = tuple(self.rng.sample(free, k=min(len(free), self.rng.choice((0, 1, 1, 2)))))
+        templates: tuple[Mapping[str, Any], ...] = ()
+        if not held or self.rng.random() < 0.4:
+            templates = (
+                {
+                    "name": self.rng.choice(("gpu", "extra")),
+                    # One class with held claims most of the time: a set across the two
+                    # pools never places, and stays gated (with its reason).
+                    "class": (
+                        str((self.claims[(namespace, held[0])].get("spec") or {}).get("class"))
+                        if held and self.rng.random() < 0.8
+                        else self.rng.choice(world.classes)
+                    ),
+                    "count": 1 if self.rng.random() < 0.8 else 2,
+                },
+            )
+        vm = FuzzVM(namespace, self._next("vm"), held, templates)
+        request: Obj = {}
+        if held:
+            request[keys.ANNOTATION_MEMBER_CLAIMS] = list(held)
+        if templates:
+            request[keys.ANNOTATION_MEMBER_TEMPLATES] = [dict(t) for t in templates]
+        labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+        notes = {keys.ANNOTATION_CLAIMS: json.dumps(request)}
+        body = self._vm_body(vm, labels, notes, [])
+        names = {vm.name, *held, *(self._template_name(vm, t) for t in templates)}
+        args = f"{namespace}/{vm.name} {json.dumps(request, sort_keys=True)}"
+        try:
+            self._vm_call(self.tenant.custom.create_namespaced_custom_object, namespace, body)
+        except ApiException as exc:
+            return args, f"refused: {_message(exc)}", names
+        self.vms[(namespace, vm.name)] = vm
+        return args, "created", names
+
+    def _op_odd_vm(self, run: Run) -> tuple[str, str, set[str]]:
+        world = run.world
+        namespace = self.rng.choice(world.tenants)
+        note, labelled = self.rng.choice(ODD_SHAPES)
+        vm = FuzzVM(namespace, self._next("odd"), (), (), odd=True)
+        labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE} if labelled else {}
+        notes = {keys.ANNOTATION_CLAIMS: note} if note is not None else {}
+        gpus = [{"name": "raw0", "deviceName": world.resource}]
+        body = self._vm_body(vm, labels, notes, gpus)
+        args = f"{namespace}/{vm.name} annotation {note!r} label {labelled} raw gpus 1"
+        try:
+            self._vm_call(self.tenant.custom.create_namespaced_custom_object, namespace, body)
+        except ApiException as exc:
+            return args, f"refused: {_message(exc)}", {vm.name}
+        self.vms[(namespace, vm.name)] = vm
+        return args, "created", {vm.name}
+
+    def _pick_vm(self, odd: bool = True) -> FuzzVM | None:
+        vms = [vm for vm in self.vms.values() if not vm.gone and (odd or not vm.odd)]
+        return self.rng.choice(sorted(vms, key=lambda v: (v.namespace, v.name))) if vms else None
+
+    def _run_strategy(self, vm: FuzzVM, strategy: str) -> None:
+        self._vm_call(
+            self.tenant.custom.patch_namespaced_custom_object, vm.namespace, vm.name,
+            {"spec": {"runStrategy": strategy}},
+        )  # fmt: skip
+
+    def _names(self, vm: FuzzVM) -> set[str]:
+        return {vm.name, *vm.held, *(self._template_name(vm, t) for t in vm.templates)}
+
+    def _op_stop_vm(self, run: Run) -> tuple[str, str, set[str]]:
+        vm = self._pick_vm()
+        if vm is None:
+            return "", "no VM", set()
+        self._run_strategy(vm, "Halted")
+        return f"{vm.namespace}/{vm.name}", "runStrategy Halted", self._names(vm)
+
+    def _op_start_vm(self, run: Run) -> tuple[str, str, set[str]]:
+        vm = self._pick_vm()
+        if vm is None:
+            return "", "no VM", set()
+        self._run_strategy(vm, "Always")
+        return f"{vm.namespace}/{vm.name}", "runStrategy Always", self._names(vm)
+
+    def _vmi_call(self, call: Callable[..., Any], namespace: str, *args: Any, **kw: Any) -> Any:
+        return call(keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, *args, **kw)
+
+    def _op_restart_vm(self, run: Run) -> tuple[str, str, set[str]]:
+        """The guest shuts itself down: virt-handler marks the VMI Succeeded, and runStrategy
+        Always starts the next VMI under the same name."""
+        vm = self._pick_vm(odd=False)
+        if vm is None:
+            return "", "no VM", set()
+        patch = {"status": {"phase": "Succeeded"}}
+        self._vmi_call(run.kube.custom.patch_namespaced_custom_object, vm.namespace, vm.name, patch)
+        return f"{vm.namespace}/{vm.name}", "VMI marked Succeeded", self._names(vm)
+
+    def _op_delete_vmi(self, run: Run) -> tuple[str, str, set[str]]:
+        """``kubectl delete vmi``: the VM (runStrategy Always) starts a new one at once."""
+        vm = self._pick_vm(odd=False)
+        if vm is None:
+            return "", "no VM", set()
+        # As the admin: KubeVirt's tenant roles, which would let the tenant, are not here.
+        delete = run.kube.custom.delete_namespaced_custom_object
+        self._vmi_call(delete, vm.namespace, vm.name)
+        return f"{vm.namespace}/{vm.name}", "VMI deleted", self._names(vm)
+
+    def _op_delete_vm(self, run: Run) -> tuple[str, str, set[str]]:
+        vm = self._pick_vm()
+        if vm is None:
+            return "", "no VM", set()
+        self._vm_call(self.tenant.custom.delete_namespaced_custom_object, vm.namespace, vm.name)
+        vm.gone = True
+        return f"{vm.namespace}/{vm.name}", "VM deleted", self._names(vm)
+
+    def _attached_pick(self) -> tuple[str, str] | None:
+        """Most of the time a claim of a running VM (attached to it, or one of its template
+        claims): the interesting one; else any."""
+        assert isinstance(self.kubevirt, PlayedKubeVirt)
+        running = self.kubevirt.running
+        in_use = sorted(
+            (ns, n)
+            for (ns, n), c in self.claims.items()
+            if (ns, str((c.get("status") or {}).get("attachedTo"))) in running
+            or any(
+                (ns, vm.name) in running and n == self._template_name(vm, t)
+                for vm in self.vms.values()
+                if vm.namespace == ns
+                for t in vm.templates
+            )
+        )
+        anything = sorted(self.claims)
+        pool = in_use if in_use and self.rng.random() < 0.75 else anything
+        return self.rng.choice(pool) if pool else None
+
+    def _op_delete_claim(self, run: Run) -> tuple[str, str, set[str]]:
+        picked = self._attached_pick()
+        if picked is None:
+            return "", "no claim", set()
+        namespace, name = picked
+        args = f"{namespace}/{name} ({_describe(self.claims[picked])})"
+        try:
+            self._claim_call(self.tenant.custom.delete_namespaced_custom_object, namespace, name)
+        except ApiException as exc:
+            return args, f"refused: {_message(exc)}", {name}
+        return args, "deleted", {name}
+
+    def _op_strip_finalizers(self, run: Run) -> tuple[str, str, set[str]]:
+        picked = self._attached_pick()
+        if picked is None:
+            return "", "no claim", set()
+        namespace, name = picked
+        args = f"{namespace}/{name} ({_describe(self.claims[picked])})"
+        custom = self.tenant.custom
+        try:
+            self._claim_call(custom.delete_namespaced_custom_object, namespace, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                return args, f"delete refused: {_message(exc)}", {name}
+        try:
+            current = self._claim_call(custom.get_namespaced_custom_object, namespace, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return args, "deleted at once: no finalizer held it", {name}
+        if not _meta(current).get("finalizers"):
+            return args, "gone or no finalizers to strip", {name}
+        patch = [{"op": "remove", "path": "/metadata/finalizers"}]
+        try:
+            self._claim_call(
+                custom.patch_namespaced_custom_object, namespace, name, patch,
+                _content_type="application/json-patch+json", _request_timeout=TIMEOUT,
+            )  # fmt: skip
+        except ApiException as exc:
+            return args, f"strip refused: {_message(exc)}", {name}
+        return args, f"STRIPPED {_meta(current).get('finalizers')}", {name}
+
+    def _op_squat_template(self, run: Run) -> tuple[str, str, set[str]]:
+        """The tenant pre-creates a claim named like a VM's template claim, with a bigger
+        count: after the VM's VMI is deleted (its own template claim goes with it), before
+        the next VMI's gate runs."""
+        vms = [vm for vm in self.vms.values() if vm.templates and not vm.gone]
+        if not vms:
+            return "", "no VM with templates", set()
+        vm = self.rng.choice(sorted(vms, key=lambda v: v.name))
+        entry = vm.templates[0]
+        name = self._template_name(vm, entry)
+        custom = run.kube.custom
+        try:
+            self._vmi_call(custom.delete_namespaced_custom_object, vm.namespace, vm.name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+        def claim_gone() -> bool:
+            try:
+                self._claim_call(custom.get_namespaced_custom_object, vm.namespace, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return True
+                raise
+            return False
+
+        # The garbage collector takes the old VMI's template claim; one still there
+        # (protected, or slow) makes the create below say so.
+        with contextlib.suppress(AssertionError):
+            wait_for(claim_gone, 20, f"claim {name} collected", 0.2)
+        owner: list[Obj] = []
+        others = [
+            v for v in self._vmi_call(custom.list_namespaced_custom_object, vm.namespace)["items"]
+            if _meta(v)["name"] != vm.name
+        ]  # fmt: skip
+        if others and self.rng.random() < 0.6:
+            # The claim webhook takes a labelled claim owned by any VMI: another of hers.
+            other = self.rng.choice(others)
+            owner = [
+                {
+                    "apiVersion": keys.VMI.api_version,
+                    "kind": keys.VMI.kind,
+                    "name": _meta(other)["name"],
+                    "uid": _meta(other)["uid"],
+                    "controller": True,
+                }
+            ]
+        labelled = bool(owner) or self.rng.random() < 0.3
+        body = {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_CLAIM,
+            "metadata": {
+                "name": name,
+                "labels": (
+                    {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE} if labelled else {}
+                ),
+                "ownerReferences": owner,
+            },
+            "spec": {"class": entry["class"], "count": int(entry["count"]) + 1},
+        }
+        args = (
+            f"{vm.namespace}/{name} x{int(entry['count']) + 1} for entry x{entry['count']}, "
+            f"label {labelled}, owner {'VMI ' + owner[0]['name'] if owner else 'none'}, "
+            "after its VMI was deleted"
+        )
+        try:
+            self._claim_call(self.tenant.custom.create_namespaced_custom_object, vm.namespace, body)
+        except ApiException as exc:
+            return args, f"refused: {_message(exc)}", self._names(vm)
+        return args, "accepted", self._names(vm)
+
+    def _gpu_nodes(self, run: Run) -> list[str]:
+        return list(run.world.nodes)
+
+    def _node_fault(self, run: Run, fault: str) -> tuple[str, str, set[str]]:
+        nodes = self._gpu_nodes(run)
+        if fault == "gpu":
+            # A unit no claim holds: the scheduler then refuses the next pod pinned there
+            # for the GPU name. Taking a held one is a node over capacity by the checker's
+            # rule, whatever the controller does next.
+            held: dict[str, int] = {}
+            for c in self.claims.values():
+                status = c.get("status") or {}
+                if status.get("nodeName") and status.get("phase") in ("Bound", "Attached", "Lost"):
+                    node = str(status["nodeName"])
+                    held[node] = held.get(node, 0) + int((c.get("spec") or {}).get("count") or 1)
+            nodes = [n for n in nodes if held.get(n, 0) < run.world.gpus]
+            if not nodes:
+                return "", "no node with a unit no claim holds", set()
+        node = self.rng.choice(nodes)
+        kube = run.kube
+        if fault == "not-ready":
+            kube.node_status(node, ready=False)
+        elif fault == "cordon":
+            kube.cordon(node)
+        elif fault == "memory":
+            self._allocatable(run, node, {"memory": "512Mi"})
+        elif fault == "gpu":
+            self._allocatable(run, node, {run.world.resource: str(max(0, run.world.gpus - 1))})
+        self.faulted.setdefault(node, set()).add(fault)
+        self.faults += 1
+        return node, fault, {node}
+
+    @staticmethod
+    def _allocatable(run: Run, node: str, values: Mapping[str, str]) -> None:
+        """What kubelet reports when the node has less: allocatable and capacity."""
+        body = {"status": {"allocatable": dict(values), "capacity": dict(values)}}
+        run.kube.core.patch_node_status(node, body)
+
+    def _op_node_not_ready(self, run: Run) -> tuple[str, str, set[str]]:
+        return self._node_fault(run, "not-ready")
+
+    def _op_node_cordon(self, run: Run) -> tuple[str, str, set[str]]:
+        return self._node_fault(run, "cordon")
+
+    def _op_node_memory_short(self, run: Run) -> tuple[str, str, set[str]]:
+        return self._node_fault(run, "memory")
+
+    def _op_node_gpu_short(self, run: Run) -> tuple[str, str, set[str]]:
+        return self._node_fault(run, "gpu")
+
+    def _op_node_restore(self, run: Run) -> tuple[str, str, set[str]]:
+        if not self.faulted:
+            return "", "nothing to restore", set()
+        node = self.rng.choice(sorted(self.faulted))
+        return self._restore(run, node, op=None)
+
+    def _restore(self, run: Run, node: str, op: str | None) -> tuple[str, str, set[str]]:
+        faults = self.faulted.pop(node, set())
+        if "not-ready" in faults:
+            run.kube.node_status(node, ready=True)
+        if "cordon" in faults:
+            run.kube.cordon(node, False)
+        if "memory" in faults:
+            self._allocatable(run, node, {"memory": NODE_BASE_RESOURCES["memory"]})
+        if "gpu" in faults:
+            self._allocatable(run, node, {run.world.resource: str(run.world.gpus)})
+        outcome = f"back from {', '.join(sorted(faults))}"
+        if op is not None:
+            self.journal.record(op, node, outcome, {node})
+        return node, outcome, {node}
+
+    def _op_kill_leader(self, run: Run) -> tuple[str, str, set[str]]:
+        holder = run.holder()
+        if holder is None or any(identity == holder for identity, _ in self.killed):
+            return "", "no leader to kill", set()
+        run.replicas[holder].kill()
+        if self.service.serving == holder:  # the Service routes to the replica left
+            self.service.move_to(run, next(r for r in run.replicas if r != holder))
+        self.killed.append((holder, time.monotonic() + self.rng.uniform(0.5, 3.0)))
+        self.kills += 1
+        self.faults += 1
+        return holder, "SIGKILL", {holder}
+
+
+def _labelled_template(claim: Mapping[str, Any]) -> bool:
+    labels = _meta(claim).get("labels") or {}
+    return bool(labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE)
+
+
+def _describe(claim: Mapping[str, Any]) -> str:
+    status = claim.get("status") or {}
+    what = "template " if _labelled_template(claim) else ""
+    attached = f" attached to {status['attachedTo']}" if status.get("attachedTo") else ""
+    return f"{what}{status.get('phase') or 'Pending'}{attached} on {status.get('nodeName')}"
+
+
+def run_seed(workdir: Path, admission: Admission, settings: FuzzSettings) -> FuzzResult:
+    """One seed on a control plane of its own."""
+    return LifecycleFuzz(workdir, admission, settings).run()
