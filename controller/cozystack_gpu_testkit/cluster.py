@@ -44,6 +44,9 @@ import yaml
 from cozystack_gpu_testkit.pki import CertificateAuthority, service_account_keys
 from cozystack_gpu_testkit.ports import free_port
 
+# The user name of the admin identity every kubeconfig of the kit carries (system:masters).
+ADMIN_USER = "cozystack-gpu-admin"
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-binaries.sh"
 CRD_DIR = REPO_ROOT / "controller" / "cozystack_gpu" / "crds"
@@ -442,7 +445,7 @@ def start(
         ip_addresses=("127.0.0.1", "10.96.0.1"),
         server=True,
     ).write(pki / "apiserver.crt", pki / "apiserver.key")
-    admin = ca.issue("cozystack-gpu-admin", organization="system:masters", client=True)
+    admin = ca.issue(ADMIN_USER, organization="system:masters", client=True)
     admin.write(pki / "admin.crt", pki / "admin.key")
     service_account_keys().write(pki / "sa.pub", pki / "sa.key")
 

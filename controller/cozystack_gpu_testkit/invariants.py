@@ -308,9 +308,12 @@ class Invariants:
     def _capacity(self, state: State) -> Iterator[Violation]:
         resource_of = {_name(c): _class_resource(c) for c in state.classes}
         held: dict[tuple[str, str], int] = {}
+        # What holds each node's units, for the violation's detail.
+        holders: dict[tuple[str, str], list[str]] = {}
 
-        def add(node: str, resource: str, units: int) -> None:
+        def add(node: str, resource: str, units: int, who: str = "") -> None:
             held[(node, resource)] = held.get((node, resource), 0) + units
+            holders.setdefault((node, resource), []).append(f"{who} {units}")
 
         running = {
             (_namespace(v), _name(v)): (v.get("status") or {}).get("nodeName")
@@ -325,7 +328,8 @@ class Invariants:
                 continue
             vmi_there = running.get((_namespace(claim), str(status.get("attachedTo")))) == node
             if phase in HOLDING or (phase == "Lost" and vmi_there):
-                add(str(node), resource, _count(claim))
+                who = f"claim {_namespace(claim)}/{_name(claim)} {phase} {status.get('attachedTo')}"
+                add(str(node), resource, _count(claim), who)
         gpu_names = set(resource_of.values())
         for pod in state.pods:
             usage = pod_usage(pod)
@@ -333,11 +337,11 @@ class Invariants:
                 continue
             for resource, units in usage.requests.items():
                 if resource in gpu_names:
-                    add(usage.node, resource, units)
+                    add(usage.node, resource, units, f"raw pod {_namespace(pod)}/{_name(pod)}")
         for usage in _uncovered_launcher_usage(state, resource_of):
             for resource, units in usage.requests.items():
                 if resource in gpu_names and usage.node is not None:
-                    add(usage.node, resource, units)
+                    add(usage.node, resource, units, f"uncovered launcher in {usage.namespace}")
         devices = {_name(g): (g.get("status") or {}).get("devices") or [] for g in state.gpunodes}
         for node in state.nodes:
             if not self.scope.has_node(node):
@@ -355,7 +359,9 @@ class Invariants:
                 )
                 capacity = min(reported, whole_quantity(allocatable.get(resource, 0)) or 0)
                 if units > capacity:
-                    detail = f"{units} units held on a node that has {capacity}"
+                    detail = f"{units} units held on a node that has {capacity}: " + "; ".join(
+                        holders.get((_name(node), resource), [])
+                    )
                     yield Violation(CAPACITY, f"{_name(node)}/{resource}", detail)
 
     def _budgets(self, state: State) -> Iterator[Violation]:

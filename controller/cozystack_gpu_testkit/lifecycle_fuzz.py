@@ -43,6 +43,7 @@ import datetime
 import json
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,6 +55,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.fault_suite import Run, Service, WebhookSetup
 from cozystack_gpu_testkit.invariants import Invariants, Violation, required_pins
 from cozystack_gpu_testkit.objects import NODE_BASE_RESOURCES, Kube, wait_for
@@ -672,9 +674,10 @@ class LifecycleFuzz:
         for template, values in (
             ("raw-names-policy.yaml", {"rawNamePolicy": {"virtControllerUser": VIRT_CONTROLLER}}),
             ("claims-label-policy.yaml", {}),
+            ("protection-policy.yaml", {}),
         ):
             policies += self.admission.render(template, run.namespace, values)
-        install_policies(run.api, policies)
+        install_policies(run.api, [_as_replicas(p) for p in policies])
         grant(run, self.admission, world.tenants)
         self.tenant = impersonating(run, TENANT_ADMIN)
         self.kubevirt: KubeVirt = PlayedKubeVirt(run, self.journal, world.id)
@@ -1317,3 +1320,16 @@ def _describe(claim: Mapping[str, Any]) -> str:
 def run_seed(workdir: Path, admission: Admission, settings: FuzzSettings) -> FuzzResult:
     """One seed on a control plane of its own."""
     return LifecycleFuzz(workdir, admission, settings).run()
+
+
+_CONTROLLER_USER = re.compile(r"system:serviceaccount:[a-z0-9-]+:[a-z0-9-]*controller")
+
+
+def _as_replicas(policy: Obj) -> Obj:
+    """The chart's protection policy exempts the controller's ServiceAccount; the replicas
+    here run with the kit's admin identity, so that is the one it exempts."""
+    if policy.get("metadata", {}).get("name", "").find("protection") < 0:
+        return policy
+    text = _CONTROLLER_USER.sub(cluster.ADMIN_USER, json.dumps(policy))
+    exempting: Obj = json.loads(text)
+    return exempting
