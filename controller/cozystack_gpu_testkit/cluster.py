@@ -1,5 +1,5 @@
 """A real local Kubernetes control plane: etcd and kube-apiserver on loopback, and on demand
-kube-scheduler and a kube-controller-manager.
+kube-scheduler, a kube-controller-manager and KubeVirt's virt-controller (``kubevirt``).
 
 Every test of CRDs, the controller, webhooks and the chart runs against this server; there
 is no mocked Kubernetes API. The binaries come from ``tools/build-binaries.sh`` (built from
@@ -41,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from cozystack_gpu_testkit import kubevirt
 from cozystack_gpu_testkit.pki import CertificateAuthority, service_account_keys
 from cozystack_gpu_testkit.ports import free_port
 
@@ -56,6 +57,7 @@ SERVICE_CIDR = "10.96.0.0/12"
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
+VIRT_CONTROLLER = kubevirt.VIRT_CONTROLLER
 # Only what makes owner references, namespaces and service accounts real. Not the node
 # lifecycle controller: the tests play the kubelets, and it would mark their nodes NotReady
 # and evict their pods.
@@ -69,7 +71,7 @@ CONTROLLERS = (
     "clusterrole-aggregation-controller",
 )
 # Clients first, the API server before its storage.
-STOP_ORDER = (SCHEDULER, CONTROLLER_MANAGER, "kube-apiserver", "etcd")
+STOP_ORDER = (VIRT_CONTROLLER, SCHEDULER, CONTROLLER_MANAGER, "kube-apiserver", "etcd")
 # High enough that neither component's client is ever the limit of a test or benchmark
 # (their defaults, 50/100 and 20/30 requests per second, would be).
 CLIENT_QPS = 5000
@@ -291,6 +293,13 @@ class ControlPlane:
             timeout,
             "the default ServiceAccount",
         )
+
+    def start_virt_controller(self, timeout: float = READY_TIMEOUT_S) -> kubevirt.VirtController:
+        """Starts KubeVirt's own virt-controller, after installing what virt-operator would
+        for it (``kubevirt.start``), and waits until it leads. Call it once per plane."""
+        if self.running(VIRT_CONTROLLER):
+            raise ControlPlaneError("virt-controller already runs on this plane")
+        return kubevirt.start(self, timeout)
 
     def _exists(self, path: str) -> bool:
         try:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit import kubevirt as kubevirt_kit
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet
 
 _STARTED: list[str] = []
@@ -57,6 +58,20 @@ def full_control_plane(control_plane: cluster.ControlPlane) -> cluster.ControlPl
     control_plane.start_scheduler()
     control_plane.start_controller_manager()
     return control_plane
+
+
+@pytest.fixture(scope="session")
+def kubevirt(full_control_plane: cluster.ControlPlane) -> kubevirt_kit.VirtController:
+    """KubeVirt's own virt-controller on the session's plane (with what virt-operator would
+    install for it), started once, the first time a test asks: VirtualMachines become VMIs
+    and launcher pods as in a cluster. Tests that write their own VMIs and pods never pay
+    for it."""
+    controller = full_control_plane.start_virt_controller()
+    _STARTED.append(
+        f"KubeVirt's virt-controller as {kubevirt_kit.USER} (launcher image "
+        f"{kubevirt_kit.LAUNCHER_IMAGE})"
+    )
+    return controller
 
 
 @pytest.fixture(scope="session")
