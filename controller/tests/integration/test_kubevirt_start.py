@@ -14,17 +14,19 @@ is checked here.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from admission_env import Replica, helm_template, refusal, serving
 from binder_env import Env
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
 from cozystack_gpu import keys
+from cozystack_gpu.binder import gate
 from cozystack_gpu.keys import RawNamesPolicy
 from cozystack_gpu_testkit import kubevirt as kubevirt_kit
 from cozystack_gpu_testkit.cluster import ControlPlane
@@ -126,6 +128,39 @@ def virtual_machine(name: str, request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class LauncherWatch:
+    """Every version of the namespace's launcher pods the API server shows, from before
+    virt-controller creates one, to check what the webhooks and the binder did to it."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.versions: list[dict[str, Any]] = []
+        self._stopping = False
+        self._watch = watch.Watch()
+        self._stream = self._watch.stream(
+            kube.core.list_namespaced_pod,
+            namespace,
+            label_selector="kubevirt.io=virt-launcher",
+            timeout_seconds=int(START_TIMEOUT_S * 2),
+            deserialize=False,
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._stream:
+                self.versions.append(event["object"])
+        except Exception:  # stop() closes the stream under the reader
+            if not self._stopping:
+                raise
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stopping = True
+        self._watch.stop()
+        self._thread.join(5)
+        return self.versions
+
+
 def launcher_pods(kube: Kube, namespace: str, vmi_uid: str) -> list[dict[str, Any]]:
     pods = kube.core.list_namespaced_pod(
         namespace, label_selector=f"kubevirt.io=virt-launcher,kubevirt.io/created-by={vmi_uid}"
@@ -163,6 +198,7 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
     decoy = env.node("n2", 4, taints=[NODE_TAINT])
     kubevirt_kit.as_virt_handler(kube.api, decoy)
     request = {"claims": ["a", "b"], "claimTemplates": [{"name": "more", "class": gpu_class}]}
+    watcher = LauncherWatch(kube, env.tenant)
     kube.custom.create_namespaced_custom_object(
         keys.VM.group, keys.VM.version, env.tenant, keys.VM.plural, virtual_machine("vm", request)
     )
@@ -182,9 +218,17 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
         raise AssertionError(
             f"pods: {json.dumps(pods, indent=1)}\nvirt-controller:\n{kubevirt.log_tail()}"
         ) from None
+    versions = [v for v in watcher.stop() if v["metadata"]["uid"] == pod["metadata"]["uid"]]
     vmi = get_vmi(kube, env.tenant, "vm")
     assert vmi is not None
     spec = pod["spec"]
+
+    # The pod webhook gated it at creation (the first version the API server stored), and
+    # no version was ever ungated and unpinned: the binder pinned and ungated in one update.
+    assert gate.is_gated(versions[0]) and gate.pinned_node(versions[0]) is None
+    for version in versions:
+        assert gate.is_gated(version) == (gate.pinned_node(version) is None), version["metadata"]
+    assert pod["metadata"]["generateName"] == "virt-launcher-vm-"
 
     # The VMI virt-controller made from the VM carries the VM template's claims annotation;
     # the VMI webhook gave it one gpus entry per unit (two held, one from the template).
