@@ -301,6 +301,13 @@ class ControlPlane:
             raise ControlPlaneError("virt-controller already runs on this plane")
         return kubevirt.start(self, timeout)
 
+    def stop_component(self, name: str, timeout: float = 10.0) -> None:
+        """Stops one component this plane started (no-op when it does not run)."""
+        pid = self.pids.pop(name, None)
+        proc = self._procs.pop(name, None)
+        if pid is not None:
+            _terminate(pid, proc, timeout)
+
     def _exists(self, path: str) -> bool:
         try:
             self.get_json(path)

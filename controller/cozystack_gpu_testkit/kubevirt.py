@@ -217,6 +217,30 @@ class VirtController:
     def log_tail(self, lines: int = 40) -> str:
         return self.plane.log_tail(VIRT_CONTROLLER, lines)
 
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stops it once no VirtualMachine or VMI awaits deletion (up to ``timeout``): their
+        finalizers are virt-controller's, and without it a deleted namespace holding a VM
+        would never go."""
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.plane.api_client())
+
+        def deleting() -> list[str]:
+            names = []
+            for plural in ("virtualmachines", "virtualmachineinstances"):
+                listed = custom.list_cluster_custom_object("kubevirt.io", "v1", plural)
+                names += [
+                    f"{plural}/{o['metadata']['namespace']}/{o['metadata']['name']}"
+                    for o in listed["items"]
+                    if o["metadata"].get("deletionTimestamp")
+                ]
+            return names
+
+        deadline = time.monotonic() + timeout
+        while deleting() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.plane.stop_component(VIRT_CONTROLLER)
+
 
 def start(plane: ControlPlane, timeout: float = READY_TIMEOUT_S) -> VirtController:
     """Installs what virt-operator would (``install``), starts virt-controller and waits

@@ -230,13 +230,16 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
         assert gate.is_gated(version) == (gate.pinned_node(version) is None), version["metadata"]
     assert pod["metadata"]["generateName"] == "virt-launcher-vm-"
 
-    # The VMI virt-controller made from the VM carries the VM template's claims annotation;
-    # the VMI webhook gave it one gpus entry per unit (two held, one from the template).
+    # The VMI virt-controller made from the VM (named after it, controlled by it) carries the
+    # template's claims annotation and label; the VMI webhook gave it one gpus entry per
+    # unit (two held, one from the template).
     gpus = vmi["spec"]["domain"]["devices"]["gpus"]
     assert [g["deviceName"] for g in gpus] == [env.resource] * 3
-    assert all(g["name"].startswith(keys.VMI_GPU_NAME_PREFIX) for g in gpus)
+    assert [g["name"] for g in gpus] == [f"{keys.VMI_GPU_NAME_PREFIX}{i}" for i in range(3)]
     owner = vmi["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner.get("controller")) == ("VirtualMachine", "vm", True)
+    assert vmi["metadata"]["labels"][keys.LABEL_CLAIMS_REF] == keys.LABEL_CLAIMS_REF_VALUE
+    assert json.loads(vmi["metadata"]["annotations"][keys.ANNOTATION_CLAIMS]) == request
 
     # KubeVirt turned them into requests and limits of the compute container, beside its
     # own devices (virt-handler's device plugins), memory with its overhead on top of the
