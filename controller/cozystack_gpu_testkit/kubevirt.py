@@ -129,6 +129,21 @@ def as_virt_handler(api: Any, node: str) -> None:
     )
 
 
+def kubelet_runs(api: Any, namespace: str, pod: str) -> None:
+    """What kubelet writes once a launcher pod's containers run and are ready (nothing runs
+    them here). virt-controller then hands the VMI over: phase Scheduled, on the pod's
+    node; ``Running`` is virt-handler's to write (``objects.Kube.vmi_phase``)."""
+    from kubernetes import client
+
+    from cozystack_gpu_testkit.demo.hosts import running_status
+
+    core = client.CoreV1Api(api)
+    containers = core.read_namespaced_pod(pod, namespace).spec.containers
+    core.patch_namespaced_pod_status(
+        pod, namespace, {"status": running_status(containers, ready=True)}
+    )
+
+
 def _created(create: Any) -> None:
     from kubernetes.client.rest import ApiException
 
@@ -220,9 +235,11 @@ class VirtController:
     def stop(self, timeout: float = 60.0) -> None:
         """Stops it once no VirtualMachine or VMI awaits deletion (up to ``timeout``): their
         finalizers are virt-controller's, and without it a deleted namespace holding a VM
-        would never go."""
+        would never go. No-op once the plane has stopped it."""
         from kubernetes import client
 
+        if not self.plane.running(VIRT_CONTROLLER):
+            return
         custom = client.CustomObjectsApi(self.plane.api_client())
 
         def deleting() -> list[str]:

@@ -286,3 +286,46 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
     made = kube.get_claim(env.tenant, keys.template_claim_name("vm", "more"))
     assert made["status"]["nodeName"] == node
     assert made["metadata"]["ownerReferences"][0]["uid"] == vmi["metadata"]["uid"]
+
+
+def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
+    kubevirt: kubevirt_kit.VirtController, replica: Replica, env: Env
+) -> None:
+    """After the start: kubelet (the test) reports the launcher pod running, virt-controller
+    moves the VMI to Scheduled on the pod's node, virt-handler (the test) reports it
+    Running; the held claim stays Attached to it on that node."""
+    kube = env.kube
+    node = env.node("n1", 2)
+    kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=2)
+    kube.claim(env.tenant, "a", gpu_class, 1)
+    env.wait_phase("a", "Bound")
+    kube.custom.create_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        env.tenant,
+        keys.VM.plural,
+        virtual_machine("vm", {"claims": ["a"]}),
+    )
+    vmi = wait_for(
+        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "virt-controller's VMI"
+    )
+
+    def bound_pod() -> dict[str, Any] | None:
+        pods = launcher_pods(kube, env.tenant, vmi["metadata"]["uid"])
+        return next((p for p in pods if p["spec"].get("nodeName")), None)
+
+    pod = wait_for(bound_pod, START_TIMEOUT_S, "the launcher pod bound by kube-scheduler")
+    assert pod["spec"]["nodeName"] == node
+    kubevirt_kit.kubelet_runs(kube.api, env.tenant, pod["metadata"]["name"])
+
+    def scheduled() -> dict[str, Any] | None:
+        found = get_vmi(kube, env.tenant, "vm")
+        return found if found and found["status"].get("phase") == "Scheduled" else None
+
+    handed = wait_for(scheduled, START_TIMEOUT_S, "virt-controller to hand the VMI over")
+    assert handed["status"]["nodeName"] == node
+    assert handed["metadata"]["labels"]["kubevirt.io/nodeName"] == node
+    kube.vmi_phase(env.tenant, "vm", "Running", node)
+    claim = env.wait_phase("a", "Attached")
+    assert (claim["status"]["attachedTo"], claim["status"]["nodeName"]) == ("vm", node)
