@@ -5,8 +5,8 @@
 //
 // Why not the CRDs' release (tools/kubevirt, v1.9.0): kubevirt.io/kubevirt v1.9.0's
 // virt-controller imports kubevirt.io/virt-template-{api,client-go} v0.2.0, which the Go
-// module proxy refuses ("403: This module version is not available"). v1.8.2 is the newest
-// release that builds here: it still lists virt-template v0.1.7 (which the checksum
+// module proxy refuses ("403: This module version is not available"). v1.8.2, the newest
+// release tried (the proxy refuses to list KubeVirt's versions here), builds: it still lists virt-template v0.1.7 (which the checksum
 // database does not know) in its go.mod, but none of these commands imports a package of
 // it, so with module graph pruning nothing of virt-template is downloaded and every module
 // is verified against the checksum database as usual (no GONOSUMDB). go.sum was seeded
