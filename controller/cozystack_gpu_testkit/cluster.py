@@ -641,7 +641,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         shutil.rmtree(state_dir)
     started = time.monotonic()
     full = not args.apiserver_only
-    what = "etcd, kube-apiserver, kube-scheduler and kube-controller-manager"
+    what = "etcd, kube-apiserver, kube-scheduler, kube-controller-manager and virt-controller"
     print(f"# starting {what if full else 'etcd and kube-apiserver'}...", file=sys.stderr)
     bin_dir = binary_dir()
     crds = [] if args.no_crds else [*sorted(CRD_DIR.glob("*.yaml")), kubevirt_crds(bin_dir)]
@@ -658,6 +658,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     )
     if crds:
         _hand_crds_to_helm(plane)
+    if full and crds:
+        # KubeVirt's own virt-controller, so VirtualMachines start here as in a cluster.
+        plane.start_virt_controller()
     state = {
         "server": plane.server,
         "kubeconfig": str(plane.kubeconfig),
@@ -668,7 +671,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     print(
         f"# kube-apiserver {plane.version()} ready at {plane.server} "
         f"in {time.monotonic() - started:.1f} s"
-        + (" (with kube-scheduler and kube-controller-manager)" if full else ""),
+        + (" (with kube-scheduler, kube-controller-manager and virt-controller)" if full else ""),
         file=sys.stderr,
     )
     _print_env(state)
@@ -741,8 +744,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser(
         "up",
-        help="start etcd, kube-apiserver, kube-scheduler and kube-controller-manager "
-        "and print export lines",
+        help="start etcd, kube-apiserver, kube-scheduler, kube-controller-manager and "
+        "KubeVirt's virt-controller and print export lines",
     )
     up.add_argument(
         "--no-crds", action="store_true", help="do not install the gpu and KubeVirt CRDs"
@@ -750,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--apiserver-only",
         action="store_true",
-        help="start only etcd and kube-apiserver (no scheduler, no controller-manager)",
+        help="start only etcd and kube-apiserver (no scheduler, no controller-managers)",
     )
     sub.add_parser("down", help="stop them and remove the state directory")
     sub.add_parser("status", help="say whether they run")
