@@ -329,3 +329,56 @@ def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
     kube.vmi_phase(env.tenant, "vm", "Running", node)
     claim = env.wait_phase("a", "Attached")
     assert (claim["status"]["attachedTo"], claim["status"]["nodeName"]) == ("vm", node)
+
+
+def test_a_refused_vmi_reaches_its_vm_which_starts_by_itself_once_the_claim_is_bound(
+    kubevirt: kubevirt_kit.VirtController, replica: Replica, env: Env
+) -> None:
+    """KubeVirt's VM controller, refused by the VMI webhook, reports the refusal on the VM
+    (its Failure condition and FailedCreate events, printableStatus Stopped) and tries
+    again; once the claim it names is ordered and Bound, the VM starts with no one
+    touching it."""
+    kube = env.kube
+    node = env.node("n1", 2)
+    kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=2)
+    kube.custom.create_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        env.tenant,
+        keys.VM.plural,
+        virtual_machine("vm", {"claims": ["a"]}),
+    )
+    refusal_text = f"GPUClaim a named in {keys.ANNOTATION_CLAIMS} does not exist"
+
+    def failure() -> dict[str, Any] | None:
+        vm = kube.custom.get_namespaced_custom_object(
+            keys.VM.group, keys.VM.version, env.tenant, keys.VM.plural, "vm"
+        )
+        status = vm.get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        return status if "Failure" in conditions else None
+
+    status = wait_for(failure, START_TIMEOUT_S, "the refusal on the VM's status")
+    (cond,) = [c for c in status["conditions"] if c["type"] == "Failure"]
+    assert (cond["status"], cond["reason"]) == ("True", "FailedCreate")
+    assert 'admission webhook "vmi.gpu.cozystack.io" denied the request' in cond["message"]
+    assert refusal_text in cond["message"]
+    assert status["printableStatus"] == "Stopped"
+
+    def retried() -> int:
+        events = kube.core.list_namespaced_event(
+            env.tenant, field_selector="involvedObject.kind=VirtualMachine,reason=FailedCreate"
+        ).items
+        return sum(e.count or 1 for e in events if refusal_text in (e.message or ""))
+
+    assert wait_for(lambda: retried() >= 2, START_TIMEOUT_S, "a second try refused")
+    assert get_vmi(kube, env.tenant, "vm") is None
+
+    kube.claim(env.tenant, "a", gpu_class, 1)
+    env.wait_phase("a", "Bound")
+    vmi = wait_for(
+        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "the VM to start by itself"
+    )
+    assert [g["deviceName"] for g in vmi["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
+    assert env.wait_phase("a", "Attached")["status"]["attachedTo"] == "vm"
