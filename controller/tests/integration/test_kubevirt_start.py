@@ -382,3 +382,75 @@ def test_a_refused_vmi_reaches_its_vm_which_starts_by_itself_once_the_claim_is_b
     )
     assert [g["deviceName"] for g in vmi["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
     assert env.wait_phase("a", "Attached")["status"]["attachedTo"] == "vm"
+
+
+def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_claims(
+    kubevirt: kubevirt_kit.VirtController, replica: Replica, env: Env
+) -> None:
+    """runStrategy Always, the running VMI's launcher pod deleted: virt-controller fails the
+    VMI and deletes it, the claim goes back to Bound, and after KubeVirt's start backoff the
+    VM makes a new VMI under the same name (another UID) that holds the claim again, its
+    pod pinned to the claim's node."""
+    kube = env.kube
+    node = env.node("n1", 2)
+    kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=2)
+    kube.claim(env.tenant, "a", gpu_class, 1)
+    env.wait_phase("a", "Bound")
+    kube.custom.create_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        env.tenant,
+        keys.VM.plural,
+        virtual_machine("vm", {"claims": ["a"]}),
+    )
+    first = wait_for(
+        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "virt-controller's VMI"
+    )
+    pod = wait_for(
+        lambda: bound_launcher(kube, env.tenant, first["metadata"]["uid"]),
+        START_TIMEOUT_S,
+        "the launcher pod bound by kube-scheduler",
+    )
+    kubevirt_kit.kubelet_runs(kube.api, env.tenant, pod["metadata"]["name"])
+    wait_for(
+        lambda: vmi_phase(kube, env.tenant) == "Scheduled",
+        START_TIMEOUT_S,
+        "virt-controller to hand the VMI over",
+    )
+    kube.vmi_phase(env.tenant, "vm", "Running", node)
+    env.wait_phase("a", "Attached")
+
+    kube.core.delete_namespaced_pod(pod["metadata"]["name"], env.tenant, grace_period_seconds=0)
+    released = env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
+    assert not released["status"].get("attachedTo")
+
+    def second_vmi() -> dict[str, Any] | None:
+        found = get_vmi(kube, env.tenant, "vm")
+        return found if found and found["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+    second = wait_for(second_vmi, START_TIMEOUT_S, "the VM's next VMI")
+    vm = kube.custom.get_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, env.tenant, keys.VM.plural, "vm"
+    )
+    failure = vm["status"]["startFailure"]
+    assert failure["lastFailedVMIUID"] == first["metadata"]["uid"]
+    assert failure["consecutiveFailCount"] == 1
+    assert [g["deviceName"] for g in second["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
+    again = wait_for(
+        lambda: bound_launcher(kube, env.tenant, second["metadata"]["uid"]),
+        START_TIMEOUT_S,
+        "the next launcher pod bound by kube-scheduler",
+    )
+    assert gate.pinned_node(again) == again["spec"]["nodeName"] == node
+    assert env.wait_phase("a", "Attached")["status"]["attachedTo"] == "vm"
+
+
+def bound_launcher(kube: Kube, namespace: str, vmi_uid: str) -> dict[str, Any] | None:
+    pods = launcher_pods(kube, namespace, vmi_uid)
+    return next((p for p in pods if p["spec"].get("nodeName")), None)
+
+
+def vmi_phase(kube: Kube, namespace: str) -> str | None:
+    found = get_vmi(kube, namespace, "vm")
+    return (found or {}).get("status", {}).get("phase")
