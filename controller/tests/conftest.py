@@ -75,11 +75,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not _uses_kubevirt(item))
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    yield
-    if _VIRT_CONTROLLER and _uses_kubevirt(item) and not _uses_kubevirt(nextitem):
-        _VIRT_CONTROLLER.pop().stop()
+    try:
+        return (yield)
+    finally:
+        if _VIRT_CONTROLLER and _uses_kubevirt(item) and not _uses_kubevirt(nextitem):
+            _VIRT_CONTROLLER.pop().stop()
 
 
 @pytest.fixture(scope="session")
