@@ -19,11 +19,13 @@ grep -q "k8s.io/kubernetes ${KUBERNETES_VERSION}$" "$here/k8s/go.mod" ||
   { echo "tools/k8s/go.mod does not require k8s.io/kubernetes ${KUBERNETES_VERSION} (versions.env)" >&2; exit 1; }
 grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}$" "$here/etcd/go.mod" ||
   { echo "tools/etcd/go.mod does not require etcd ${ETCD_VERSION} (versions.env)" >&2; exit 1; }
-grep -q "kubevirt.io/kubevirt ${KUBEVIRT_VERSION}$" "$here/kubevirt/go.mod" &&
-  grep -q "kubevirt.io/api => kubevirt.io/api ${KUBEVIRT_VERSION}$" "$here/kubevirt/go.mod" ||
+pins_kubevirt() { # module dir, version
+  grep -q "kubevirt.io/kubevirt $2$" "$here/$1/go.mod" &&
+    grep -q "kubevirt.io/api => kubevirt.io/api $2$" "$here/$1/go.mod"
+}
+pins_kubevirt kubevirt "$KUBEVIRT_VERSION" ||
   { echo "tools/kubevirt/go.mod does not pin kubevirt ${KUBEVIRT_VERSION} (versions.env)" >&2; exit 1; }
-grep -q "kubevirt.io/kubevirt ${KUBEVIRT_COMPONENTS_VERSION}$" "$here/kubevirt-components/go.mod" &&
-  grep -q "kubevirt.io/api => kubevirt.io/api ${KUBEVIRT_COMPONENTS_VERSION}$" "$here/kubevirt-components/go.mod" ||
+pins_kubevirt kubevirt-components "$KUBEVIRT_COMPONENTS_VERSION" ||
   { echo "tools/kubevirt-components/go.mod does not pin kubevirt ${KUBEVIRT_COMPONENTS_VERSION} (versions.env)" >&2; exit 1; }
 
 cache_root=${COZYSTACK_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cozystack-gpu}
@@ -67,7 +69,7 @@ build kube-controller-manager "$here/k8s" k8s.io/kubernetes/cmd/kube-controller-
 if [ ! -x "$bin_dir/helm" ]; then
   log "helm: building helm.sh/helm/v3/cmd/helm@$HELM_VERSION..."
   start=$SECONDS
-  GOBIN="$bin_dir" GOFLAGS= go install -trimpath \
+  GOBIN="$bin_dir" GOFLAGS='' go install -trimpath \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   log "helm: built in $((SECONDS - start)) s"
