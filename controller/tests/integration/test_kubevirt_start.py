@@ -189,10 +189,12 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=4, tolerations=[GPU_TAINT])
     # The class's resource name published by the binder: raw requests of it are refused.
-    wait_for(lambda: raw_pod_refused(env), 30, "the raw-name policy to refuse a raw GPU pod")
+    wait_for(
+        lambda: raw_pod_refused(env), START_TIMEOUT_S, "the raw-name policy to refuse a raw GPU pod"
+    )
     for held in ("a", "b"):
         kube.claim(env.tenant, held, gpu_class, 1)
-        assert env.wait_phase(held, "Bound")["status"]["nodeName"] == node
+        assert env.wait_phase(held, "Bound", timeout=START_TIMEOUT_S)["status"]["nodeName"] == node
     # A node as free and as schedulable, made after the claims were bound: only the pin
     # keeps the pod off it.
     decoy = env.node("n2", 4, taints=[NODE_TAINT])
@@ -299,7 +301,7 @@ def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
     kube.claim(env.tenant, "a", gpu_class, 1)
-    env.wait_phase("a", "Bound")
+    env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
     kube.custom.create_namespaced_custom_object(
         keys.VM.group,
         keys.VM.version,
@@ -327,7 +329,7 @@ def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
     assert handed["status"]["nodeName"] == node
     assert handed["metadata"]["labels"]["kubevirt.io/nodeName"] == node
     kube.vmi_phase(env.tenant, "vm", "Running", node)
-    claim = env.wait_phase("a", "Attached")
+    claim = env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)
     assert (claim["status"]["attachedTo"], claim["status"]["nodeName"]) == ("vm", node)
 
 
@@ -376,12 +378,12 @@ def test_a_refused_vmi_reaches_its_vm_which_starts_by_itself_once_the_claim_is_b
     assert get_vmi(kube, env.tenant, "vm") is None
 
     kube.claim(env.tenant, "a", gpu_class, 1)
-    env.wait_phase("a", "Bound")
+    env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
     vmi = wait_for(
         lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "the VM to start by itself"
     )
     assert [g["deviceName"] for g in vmi["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
-    assert env.wait_phase("a", "Attached")["status"]["attachedTo"] == "vm"
+    assert env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]["attachedTo"] == "vm"
 
 
 def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_claims(
@@ -396,7 +398,7 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
     kube.claim(env.tenant, "a", gpu_class, 1)
-    env.wait_phase("a", "Bound")
+    env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
     kube.custom.create_namespaced_custom_object(
         keys.VM.group,
         keys.VM.version,
@@ -419,7 +421,7 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
         "virt-controller to hand the VMI over",
     )
     kube.vmi_phase(env.tenant, "vm", "Running", node)
-    env.wait_phase("a", "Attached")
+    env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)
 
     kube.core.delete_namespaced_pod(pod["metadata"]["name"], env.tenant, grace_period_seconds=0)
     released = env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
@@ -443,7 +445,7 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
         "the next launcher pod bound by kube-scheduler",
     )
     assert gate.pinned_node(again) == again["spec"]["nodeName"] == node
-    assert env.wait_phase("a", "Attached")["status"]["attachedTo"] == "vm"
+    assert env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]["attachedTo"] == "vm"
 
 
 def bound_launcher(kube: Kube, namespace: str, vmi_uid: str) -> dict[str, Any] | None:
