@@ -5,8 +5,9 @@
 # pinned version changes: the cache directory is named after the versions.
 #
 # Prints the directory holding kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl, etcd, helm and kubevirt-crds.yaml (KubeVirt's CRDs as its virt-operator generates
-# them) on its last line.
+# kubectl, etcd, helm, kubevirt-crds.yaml (KubeVirt's CRDs as its virt-operator generates
+# them), KubeVirt's virt-controller and virt-api, and kubevirt-components.yaml (what
+# virt-operator would install for virt-controller) on its last line.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,11 +19,14 @@ grep -q "k8s.io/kubernetes ${KUBERNETES_VERSION}$" "$here/k8s/go.mod" ||
   { echo "tools/k8s/go.mod does not require k8s.io/kubernetes ${KUBERNETES_VERSION} (versions.env)" >&2; exit 1; }
 grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}$" "$here/etcd/go.mod" ||
   { echo "tools/etcd/go.mod does not require etcd ${ETCD_VERSION} (versions.env)" >&2; exit 1; }
-if ! grep -q "kubevirt.io/kubevirt ${KUBEVIRT_VERSION}$" "$here/kubevirt/go.mod" ||
-  ! grep -q "kubevirt.io/api => kubevirt.io/api ${KUBEVIRT_VERSION}$" "$here/kubevirt/go.mod"; then
-  echo "tools/kubevirt/go.mod does not pin kubevirt ${KUBEVIRT_VERSION} (versions.env)" >&2
-  exit 1
-fi
+pins_kubevirt() { # module dir, version
+  grep -q "kubevirt.io/kubevirt $2$" "$here/$1/go.mod" &&
+    grep -q "kubevirt.io/api => kubevirt.io/api $2$" "$here/$1/go.mod"
+}
+pins_kubevirt kubevirt "$KUBEVIRT_VERSION" ||
+  { echo "tools/kubevirt/go.mod does not pin kubevirt ${KUBEVIRT_VERSION} (versions.env)" >&2; exit 1; }
+pins_kubevirt kubevirt-components "$KUBEVIRT_COMPONENTS_VERSION" ||
+  { echo "tools/kubevirt-components/go.mod does not pin kubevirt ${KUBEVIRT_COMPONENTS_VERSION} (versions.env)" >&2; exit 1; }
 
 cache_root=${COZYSTACK_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cozystack-gpu}
 bin_dir="$cache_root/bin/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
@@ -43,16 +47,16 @@ k8s_ldflags() {
     -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
 }
 
-build() { # name, module dir, package, ldflags
-  local name=$1 dir=$2 pkg=$3 ldflags=$4
-  if [ -x "$bin_dir/$name" ]; then
-    log "$name: cached in $bin_dir"
+build() { # name, module dir, package, ldflags[, output dir]
+  local name=$1 dir=$2 pkg=$3 ldflags=$4 out=${5:-$bin_dir}
+  if [ -x "$out/$name" ]; then
+    log "$name: cached in $out"
     return
   fi
   log "$name: building $pkg (a first build takes several minutes on 2 cores)..."
   local start=$SECONDS
-  (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$bin_dir/$name.tmp" "$pkg")
-  mv "$bin_dir/$name.tmp" "$bin_dir/$name"
+  (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$name.tmp" "$pkg")
+  mv "$out/$name.tmp" "$out/$name"
   log "$name: built in $((SECONDS - start)) s"
 }
 
@@ -109,6 +113,31 @@ kubevirt_crds() {
   log "kubevirt CRDs: built and generated in $((SECONDS - start)) s"
 }
 kubevirt_crds
+
+# KubeVirt's own virt-controller and virt-api at KUBEVIRT_COMPONENTS_VERSION (why not
+# KUBEVIRT_VERSION: tools/versions.env), and what virt-operator would install for
+# virt-controller (its CRDs and RBAC, printed by virt-operator's own generators), in a cache
+# directory named after that release. The test kit runs virt-controller in the namespace
+# "kubevirt": the one it picks outside a pod (kubevirt.io/client-go/util.GetNamespace).
+kubevirt_components() {
+  local v=$KUBEVIRT_COMPONENTS_VERSION
+  local dir="$cache_root/bin/kubevirt-components-$v" mod="$here/kubevirt-components"
+  # Without these virt-controller reports v0.0.0-master.
+  local ldflags="-s -w -X kubevirt.io/client-go/version.gitVersion=$v \
+    -X kubevirt.io/client-go/version.gitTreeState=clean"
+  mkdir -p "$dir"
+  build virt-controller "$mod" kubevirt.io/kubevirt/cmd/virt-controller "$ldflags" "$dir"
+  build virt-api "$mod" kubevirt.io/kubevirt/cmd/virt-api "$ldflags" "$dir"
+  build kubevirt-manifests "$mod" ./manifests "-s -w" "$dir"
+  if [ ! -s "$dir/kubevirt-components.yaml" ]; then
+    "$dir/kubevirt-manifests" kubevirt >"$dir/kubevirt-components.yaml.tmp"
+    mv "$dir/kubevirt-components.yaml.tmp" "$dir/kubevirt-components.yaml"
+  fi
+}
+kubevirt_components
 # The test kit finds everything in one directory.
 ln -sfn "$cache_root/bin/kubevirt-${KUBEVIRT_VERSION}/crds.yaml" "$bin_dir/kubevirt-crds.yaml"
+for f in virt-controller virt-api kubevirt-components.yaml; do
+  ln -sfn "$cache_root/bin/kubevirt-components-${KUBEVIRT_COMPONENTS_VERSION}/$f" "$bin_dir/$f"
+done
 echo "$bin_dir"

@@ -1,5 +1,5 @@
 """A real local Kubernetes control plane: etcd and kube-apiserver on loopback, and on demand
-kube-scheduler and a kube-controller-manager.
+kube-scheduler, a kube-controller-manager and KubeVirt's virt-controller (``kubevirt``).
 
 Every test of CRDs, the controller, webhooks and the chart runs against this server; there
 is no mocked Kubernetes API. The binaries come from ``tools/build-binaries.sh`` (built from
@@ -41,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from cozystack_gpu_testkit import kubevirt
 from cozystack_gpu_testkit.pki import CertificateAuthority, service_account_keys
 from cozystack_gpu_testkit.ports import free_port
 
@@ -59,6 +60,7 @@ SERVICE_CIDR = "10.96.0.0/12"
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
+VIRT_CONTROLLER = kubevirt.VIRT_CONTROLLER
 # Only what makes owner references, namespaces and service accounts real. Not the node
 # lifecycle controller: the tests play the kubelets, and it would mark their nodes NotReady
 # and evict their pods.
@@ -72,7 +74,7 @@ CONTROLLERS = (
     "clusterrole-aggregation-controller",
 )
 # Clients first, the API server before its storage.
-STOP_ORDER = (SCHEDULER, CONTROLLER_MANAGER, "kube-apiserver", "etcd")
+STOP_ORDER = (VIRT_CONTROLLER, SCHEDULER, CONTROLLER_MANAGER, "kube-apiserver", "etcd")
 # High enough that neither component's client is ever the limit of a test or benchmark
 # (their defaults, 50/100 and 20/30 requests per second, would be).
 CLIENT_QPS = 5000
@@ -294,6 +296,20 @@ class ControlPlane:
             timeout,
             "the default ServiceAccount",
         )
+
+    def start_virt_controller(self, timeout: float = READY_TIMEOUT_S) -> kubevirt.VirtController:
+        """Starts KubeVirt's own virt-controller, after installing what virt-operator would
+        for it (``kubevirt.start``), and waits until it leads. Call it once per plane."""
+        if self.running(VIRT_CONTROLLER):
+            raise ControlPlaneError("virt-controller already runs on this plane")
+        return kubevirt.start(self, timeout)
+
+    def stop_component(self, name: str, timeout: float = 10.0) -> None:
+        """Stops one component this plane started (no-op when it does not run)."""
+        pid = self.pids.pop(name, None)
+        proc = self._procs.pop(name, None)
+        if pid is not None:
+            _terminate(pid, proc, timeout)
 
     def _exists(self, path: str) -> bool:
         try:
@@ -628,7 +644,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         shutil.rmtree(state_dir)
     started = time.monotonic()
     full = not args.apiserver_only
-    what = "etcd, kube-apiserver, kube-scheduler and kube-controller-manager"
+    what = "etcd, kube-apiserver, kube-scheduler, kube-controller-manager and virt-controller"
     print(f"# starting {what if full else 'etcd and kube-apiserver'}...", file=sys.stderr)
     bin_dir = binary_dir()
     crds = [] if args.no_crds else [*sorted(CRD_DIR.glob("*.yaml")), kubevirt_crds(bin_dir)]
@@ -645,6 +661,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     )
     if crds:
         _hand_crds_to_helm(plane)
+    if full and crds:
+        # KubeVirt's own virt-controller, so VirtualMachines start here as in a cluster.
+        plane.start_virt_controller()
     state = {
         "server": plane.server,
         "kubeconfig": str(plane.kubeconfig),
@@ -655,7 +674,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     print(
         f"# kube-apiserver {plane.version()} ready at {plane.server} "
         f"in {time.monotonic() - started:.1f} s"
-        + (" (with kube-scheduler and kube-controller-manager)" if full else ""),
+        + (" (with kube-scheduler, kube-controller-manager and virt-controller)" if full else ""),
         file=sys.stderr,
     )
     _print_env(state)
@@ -728,8 +747,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser(
         "up",
-        help="start etcd, kube-apiserver, kube-scheduler and kube-controller-manager "
-        "and print export lines",
+        help="start etcd, kube-apiserver, kube-scheduler, kube-controller-manager and "
+        "KubeVirt's virt-controller and print export lines",
     )
     up.add_argument(
         "--no-crds", action="store_true", help="do not install the gpu and KubeVirt CRDs"
@@ -737,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--apiserver-only",
         action="store_true",
-        help="start only etcd and kube-apiserver (no scheduler, no controller-manager)",
+        help="start only etcd and kube-apiserver (no scheduler, no controller-managers)",
     )
     sub.add_parser("down", help="stop them and remove the state directory")
     sub.add_parser("status", help="say whether they run")

@@ -25,7 +25,7 @@ WORKLOAD_CRD = cluster.CRD_DIR / "extra" / "workloads.yaml"
 # controller (not run here) lifts it once the kubelet reports Ready.
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # What a kubelet reports besides the tests' extended resources: enough for any test pod.
-NODE_BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+NODE_BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "pods": "110"}
 
 
 def install_extra_crds(api: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit import kubevirt as kubevirt_kit
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet
 
 _STARTED: list[str] = []
@@ -57,6 +58,45 @@ def full_control_plane(control_plane: cluster.ControlPlane) -> cluster.ControlPl
     control_plane.start_scheduler()
     control_plane.start_controller_manager()
     return control_plane
+
+
+_VIRT_CONTROLLER: list[kubevirt_kit.VirtController] = []
+
+
+def _uses_kubevirt(item: pytest.Item | None) -> bool:
+    return item is not None and "kubevirt" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on KubeVirt's virt-controller run first, together: it acts on every VMI of the
+    cluster (it would render launcher pods for the VMIs other tests write by hand, or fail
+    them for lacking one), so it runs before any of those exist and stops after the last
+    test that uses it (``pytest_runtest_teardown``)."""
+    items.sort(key=lambda item: not _uses_kubevirt(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        if _VIRT_CONTROLLER and _uses_kubevirt(item) and not _uses_kubevirt(nextitem):
+            _VIRT_CONTROLLER.pop().stop()
+
+
+@pytest.fixture(scope="session")
+def kubevirt(full_control_plane: cluster.ControlPlane) -> kubevirt_kit.VirtController:
+    """KubeVirt's own virt-controller on the session's plane (with what virt-operator would
+    install for it), started once, the first time a test asks, and stopped after the last
+    (these tests run first): VirtualMachines become VMIs and launcher pods as in a cluster.
+    Tests that write their own VMIs and pods never pay for it nor meet it."""
+    controller = full_control_plane.start_virt_controller()
+    _VIRT_CONTROLLER.append(controller)
+    _STARTED.append(
+        f"KubeVirt's virt-controller as {kubevirt_kit.USER} (launcher image "
+        f"{kubevirt_kit.LAUNCHER_IMAGE}), for the tests that ask for it, run first"
+    )
+    return controller
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
+from cozystack_gpu_testkit import kubevirt
 from cozystack_gpu_testkit.fake_kubelet import plugin_devices
 from cozystack_gpu_testkit.objects import Kube
 from cozystack_gpu_testkit.sysfs_tree import H100_SXM, L40S, Gpu, build
@@ -189,6 +190,8 @@ class Kubelets:
             "kubernetes.io/arch": "amd64",
         }
         self.kube.node(name, labels=labels, ready=True, taints=[GPU_TAINT] if gpu else [])
+        # virt-handler's start on the host: its labels and device plugins.
+        kubevirt.as_virt_handler(self.kube.api, name)
 
     def advertise(self, host: str) -> dict[str, list[str]]:
         """The device plugin registered its resources: allocatable follows them."""

@@ -11,13 +11,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
@@ -680,23 +681,36 @@ def act_vm(demo: Demo) -> None:
     console.act(
         4,
         "A VM starts",
-        f"VM {VM} holds claim desk; the webhooks, the controller and kube-scheduler start it.",
+        f"VM {VM} holds claim desk; KubeVirt's virt-controller, the webhooks, the controller "
+        "and kube-scheduler start it.",
     )
     node = demo.claim_nodes["desk"]
-    with console.step(f"virt-controller creates VMI {RESEARCH}/{VM} naming claim desk") as found:
-        annotation = json.dumps({"claims": ["desk"]})
+    annotation = json.dumps({"claims": ["desk"]})
+    watcher = LauncherWatch(demo.kube, RESEARCH)
+    with console.step(f"VM {VM} names claim desk; virt-controller creates its VMI") as found:
         body = {
             "apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstance",
-            "metadata": {
-                "name": VM,
-                "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
-                "annotations": {keys.ANNOTATION_CLAIMS: annotation},
+            "kind": "VirtualMachine",
+            "metadata": {"name": VM},
+            "spec": {
+                "runStrategy": "Always",
+                "template": {
+                    "metadata": {
+                        "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+                        "annotations": {keys.ANNOTATION_CLAIMS: annotation},
+                    },
+                    "spec": {"domain": {"devices": {}, "memory": {"guest": "16Gi"}}},
+                },
             },
-            "spec": {"domain": {"devices": {}, "memory": {"guest": "16Gi"}}},
         }
-        vmi = demo.kube.custom.create_namespaced_custom_object(
-            keys.VMI.group, keys.VMI.version, RESEARCH, keys.VMI.plural, body
+        demo.kube.custom.create_namespaced_custom_object(
+            keys.VM.group, keys.VM.version, RESEARCH, keys.VM.plural, body
+        )
+        vmi = wait_until(
+            lambda: _vmi(demo),
+            expected=f"KubeVirt's virt-controller to create VMI {VM}",
+            saw=lambda: "no VMI",
+            timeout=60,
         )
         gpus = vmi["spec"]["domain"]["devices"].get("gpus") or []
         wanted = [{"name": f"{keys.VMI_GPU_NAME_PREFIX}0", "deviceName": L40S_24C}]
@@ -707,47 +721,41 @@ def act_vm(demo: Demo) -> None:
             attached == VM, f"claim desk attached to {VM}", _claim_summary(demo, RESEARCH, "desk")
         )
         found.append(
-            f"annotation {keys.ANNOTATION_CLAIMS}: {annotation}, label {keys.LABEL_CLAIMS_REF}=true"
+            f"template annotation {keys.ANNOTATION_CLAIMS}: {annotation}, "
+            f"label {keys.LABEL_CLAIMS_REF}=true; VMI {VM} made by virt-controller"
         )
         found.append(f"VMI webhook: gpus {gpus}; desk.status.attachedTo={attached}")
 
-    with console.step("virt-controller creates the launcher pod; the webhook gates it") as found:
-        requests = {L40S_24C: "1"}
-        pod_body = {
-            "metadata": {
-                "generateName": f"virt-launcher-{VM}-",
-                "labels": {"kubevirt.io": "virt-launcher", **vmi["metadata"]["labels"]},
-                "ownerReferences": [
-                    {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                     "name": VM, "uid": vmi["metadata"]["uid"], "controller": True,
-                     "blockOwnerDeletion": True}
-                ],
-            },
-            "spec": {
-                "containers": [
-                    {"name": "compute", "image": "quay.io/kubevirt/virt-launcher:v1.9.0",
-                     "resources": {"requests": requests, "limits": requests}}
-                ],
-            },
-        }  # fmt: skip
-        created = demo.api.sanitize_for_serialization(
-            demo.kube.core.create_namespaced_pod(RESEARCH, pod_body)
+    with console.step("virt-controller renders the launcher pod; the webhook gates it") as found:
+        first = wait_until(
+            watcher.first,
+            expected="virt-controller to create the launcher pod",
+            saw=lambda: "no launcher pod",
+            timeout=60,
         )
-        demo.launcher = created["metadata"]["name"]
-        gates = [g["name"] for g in created["spec"].get("schedulingGates") or []]
+        demo.launcher = first["metadata"]["name"]
+        gates = [g["name"] for g in first["spec"].get("schedulingGates") or []]
         check(
             keys.SCHEDULING_GATE_CLAIMS in gates,
             f"pod created with the scheduling gate {keys.SCHEDULING_GATE_CLAIMS}",
             f"gates {gates}",
         )
-        tolerated = [t.get("key") for t in created["spec"].get("tolerations") or []]
+        tolerated = [t.get("key") for t in first["spec"].get("tolerations") or []]
         check(
             GPU_TAINT["key"] in tolerated,
             f"the class's toleration of {GPU_TAINT['key']} added to the pod",
-            f"tolerations {created['spec'].get('tolerations')}",
+            f"tolerations {first['spec'].get('tolerations')}",
         )
-        found.append(f"{demo.launcher}: requests {requests}")
+        (compute,) = [c for c in first["spec"]["containers"] if c["name"] == "compute"]
+        limits = compute["resources"].get("limits") or {}
+        check(
+            limits.get(L40S_24C) == "1",
+            f"KubeVirt's compute container to ask for {L40S_24C}: 1",
+            f"limits {limits}",
+        )
+        found.append(f"{demo.launcher}: limits {limits}")
         found.append(f"schedulingGates {gates}; tolerations added for {GPU_TAINT['key']}")
+    watcher.stop()
 
     with console.step("the controller pins and ungates it; kube-scheduler binds it") as found:
         bound = wait_until(
@@ -803,6 +811,51 @@ def act_vm(demo: Demo) -> None:
         found.append(f"desk: {attached['status']['phase']} ({message})")
         found.append(f"GPUNode {node}: {address} used by pod {RESEARCH}/{demo.launcher}")
         found.append(f"desk carries {keys.FINALIZER_CLAIM}; its usage record stays")
+
+
+class LauncherWatch:
+    """The launcher pods of a namespace as the API server stores them, from before KubeVirt
+    creates one: the first version shows what the webhooks made of it at creation."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.versions: list[dict[str, Any]] = []
+        self._stopping = False
+        self._watch = watch.Watch()
+        self._stream = self._watch.stream(
+            kube.core.list_namespaced_pod,
+            namespace,
+            label_selector="kubevirt.io=virt-launcher",
+            timeout_seconds=300,
+            deserialize=False,
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._stream:
+                self.versions.append(event["object"])
+        except Exception:  # stop() closes the stream under the reader
+            if not self._stopping:
+                raise
+
+    def first(self) -> dict[str, Any] | None:
+        return self.versions[0] if self.versions else None
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._watch.stop()
+        self._thread.join(5)
+
+
+def _vmi(demo: Demo) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = unless(
+        404,
+        lambda: demo.kube.custom.get_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, RESEARCH, keys.VMI.plural, VM
+        ),
+    )
+    return found
 
 
 def _finalizers(demo: Demo, namespace: str, name: str) -> list[str]:
@@ -922,11 +975,22 @@ def act_life(demo: Demo) -> None:
         vmi_wait = _condition(demo.claim(RESEARCH, "desk"), keys.CONDITION_BOUND)
         found.append(f"desk waits: {vmi_wait.get('reason')}: {vmi_wait.get('message')}")
 
-    with console.step(f"the operator deletes VMI {VM} (its node is dead)") as found:
-        demo.kube.delete_vmi(RESEARCH, VM)
+    with console.step(f"the operator stops VM {VM} (its node is dead)") as found:
+        # virtctl stop: runStrategy Halted; virt-controller deletes the VMI.
+        demo.kube.custom.patch_namespaced_custom_object(
+            keys.VM.group, keys.VM.version, RESEARCH, keys.VM.plural, VM,
+            {"spec": {"runStrategy": "Halted"}},
+        )  # fmt: skip
         # Nothing on a dead node confirms the pod's end: forced, as an operator would.
         demo.kube.core.delete_namespaced_pod(demo.launcher, RESEARCH, grace_period_seconds=0)
         demo.kubelets.forget_pod(RESEARCH, demo.launcher)
+        wait_until(
+            lambda: True if _vmi(demo) is None else None,
+            expected=f"virt-controller to delete VMI {VM} once its pod is gone",
+            saw=lambda: f"VMI {VM} phase {((_vmi(demo) or {}).get('status') or {}).get('phase')}",
+            timeout=60,
+        )
+        found.append(f"runStrategy Halted: virt-controller deleted VMI {VM}")
         rebound = wait_until(
             lambda: _phase_is(demo, RESEARCH, "desk", "Bound"),
             expected="claim desk rebound once its VMI is gone",

@@ -1,0 +1,299 @@
+"""KubeVirt's own virt-controller on the test kit's control plane, so VirtualMachines become
+VMIs and virt-launcher pods the way a cluster renders them, not the way the team pictures
+them.
+
+virt-operator is not run (it would deploy pods from images); the kit does what it would do
+for virt-controller, from what virt-operator's own generators print at the pinned release
+(``kubevirt-components.yaml``, written by ``tools/build-binaries.sh``):
+
+- the CRDs virt-controller watches that the plane lacks (the plane keeps the VMI, VM and
+  instance-type CRDs of ``KUBEVIRT_VERSION``; the rest come from the components' release),
+- the namespace ``kubevirt`` with virt-controller's ServiceAccount, ClusterRole, Role and
+  their bindings (KubeVirt's own rules),
+- a KubeVirt CR with ``status.phase: Deployed`` (virt-controller reads its configuration
+  only from a KubeVirt CR with a phase),
+
+then starts ``virt-controller`` as a process with a token of that ServiceAccount, so the
+API server, our webhooks and the raw-name policy see the user a cluster's virt-controller
+is: ``system:serviceaccount:kubevirt:kubevirt-controller``. Outside a pod virt-controller
+takes the namespace ``kubevirt`` (kubevirt.io/client-go's ``util.GetNamespace`` falls back
+to it when no service-account namespace file exists), hence that namespace rather than
+Cozystack's ``cozy-kubevirt``; tests render the chart's raw-name policy for this user.
+
+No virt-handler runs: a node is schedulable for launcher pods once it carries the labels
+virt-handler puts on it and the devices its device plugins advertise (``as_virt_handler``);
+with no heartbeat annotation virt-controller's node controller leaves it alone. Nothing runs
+a launcher pod either: tests write pod and VMI status as kubelet and virt-handler would
+(virt-controller itself moves a VMI to Scheduled, on the pod's node, once its pod runs).
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from cozystack_gpu_testkit.pki import CertificateAuthority
+from cozystack_gpu_testkit.ports import free_port
+
+if TYPE_CHECKING:
+    from cozystack_gpu_testkit.cluster import ControlPlane
+
+VIRT_CONTROLLER = "virt-controller"
+COMPONENTS_FILE = "kubevirt-components.yaml"
+NAMESPACE = "kubevirt"
+SERVICE_ACCOUNT = "kubevirt-controller"
+USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+KUBEVIRT_NAME = "kubevirt"
+# KUBEVIRT_COMPONENTS_VERSION of tools/versions.env: the release virt-controller is built at.
+VERSION = "v1.8.2"
+# The image virt-controller writes into launcher pods (as virt-operator configures it);
+# nothing pulls it here.
+LAUNCHER_IMAGE = f"quay.io/kubevirt/virt-launcher:{VERSION}"
+# Labels virt-handler sets on its node that every launcher pod's nodeSelector asks for.
+NODE_LABELS = {"kubevirt.io/schedulable": "true"}
+# What virt-handler's permanent device plugins advertise on its node (1000 each, its
+# --max-devices default); every launcher pod's compute container asks for one of each.
+NODE_DEVICES = {f"devices.kubevirt.io/{name}": "1000" for name in ("kvm", "tun", "vhost-net")}
+TOKEN_SECONDS = 7 * 24 * 3600
+READY_TIMEOUT_S = 120.0
+
+
+class KubeVirtError(RuntimeError):
+    """virt-controller could not be started; the message carries its log tail."""
+
+
+def components_file(bin_dir: Path) -> Path:
+    path = bin_dir / COMPONENTS_FILE
+    if not path.is_file():
+        raise KubeVirtError(
+            f"{path} is missing: run `make binaries` (tools/build-binaries.sh) to build "
+            "KubeVirt's components"
+        )
+    return path
+
+
+def install(plane: ControlPlane) -> None:
+    """What virt-operator would install for virt-controller (see the module docstring);
+    objects already there are left as they are, so installing again is cheap."""
+    from kubernetes import client
+
+    from cozystack_gpu_testkit import cluster
+
+    api = plane.api_client()
+    manifests = cluster.load_manifests(components_file(plane.bin_dir))
+    ext = client.ApiextensionsV1Api(api)
+    present = {crd.metadata.name for crd in ext.list_custom_resource_definition().items}
+    missing = [
+        d
+        for d in manifests
+        if d["kind"] == "CustomResourceDefinition" and d["metadata"]["name"] not in present
+    ]
+    if missing:
+        path = plane.workdir / "kubevirt-components-crds.yaml"
+        path.write_text(yaml.safe_dump_all(missing))
+        cluster.install_crds(api, [path])
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    _created(lambda: core.create_namespace({"metadata": {"name": NAMESPACE}}))
+    creators = {
+        "ServiceAccount": lambda d: core.create_namespaced_service_account(NAMESPACE, d),
+        "ClusterRole": rbac.create_cluster_role,
+        "ClusterRoleBinding": rbac.create_cluster_role_binding,
+        "Role": lambda d: rbac.create_namespaced_role(NAMESPACE, d),
+        "RoleBinding": lambda d: rbac.create_namespaced_role_binding(NAMESPACE, d),
+    }
+    for doc in manifests:
+        if doc["kind"] in creators:
+            if doc["metadata"].get("namespace", NAMESPACE) != NAMESPACE:
+                raise KubeVirtError(f"{doc['kind']} {doc['metadata']['name']}: not in {NAMESPACE}")
+            _created(lambda doc=doc: creators[doc["kind"]](doc))
+    _deployed_kubevirt(client.CustomObjectsApi(api))
+
+
+def as_virt_handler(api: Any, node: str) -> None:
+    """What virt-handler does to its node when it starts, as far as scheduling launcher pods
+    needs: the ``NODE_LABELS`` and the ``NODE_DEVICES`` its device plugins advertise (written
+    as kubelet reports device plugins, in capacity and allocatable)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    core.patch_node(node, {"metadata": {"labels": NODE_LABELS}})
+    core.patch_node_status(
+        node, {"status": {"capacity": NODE_DEVICES, "allocatable": NODE_DEVICES}}
+    )
+
+
+def kubelet_runs(api: Any, namespace: str, pod: str) -> None:
+    """What kubelet writes once a launcher pod's containers run and are ready (nothing runs
+    them here). virt-controller then hands the VMI over: phase Scheduled, on the pod's
+    node; ``Running`` is virt-handler's to write (``objects.Kube.vmi_phase``)."""
+    from kubernetes import client
+
+    from cozystack_gpu_testkit.demo.hosts import running_status
+
+    core = client.CoreV1Api(api)
+    containers = core.read_namespaced_pod(pod, namespace).spec.containers
+    core.patch_namespaced_pod_status(
+        pod, namespace, {"status": running_status(containers, ready=True)}
+    )
+
+
+def _created(create: Any) -> None:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        create()
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def _deployed_kubevirt(custom: Any) -> None:
+    """The KubeVirt CR, with the phase virt-operator writes once everything is deployed."""
+    args = ("kubevirt.io", "v1", NAMESPACE, "kubevirts")
+    _created(
+        lambda: custom.create_namespaced_custom_object(
+            *args,
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "KubeVirt",
+                "metadata": {"name": KUBEVIRT_NAME},
+                "spec": {"configuration": {}},
+            },
+        )
+    )
+    status = {"status": {"phase": "Deployed", "observedKubeVirtVersion": VERSION}}
+    custom.patch_namespaced_custom_object_status(*args, KUBEVIRT_NAME, status)
+
+
+def _token_kubeconfig(plane: ControlPlane, path: Path) -> None:
+    """A kubeconfig with a token of virt-controller's ServiceAccount: the identity its pod's
+    projected token would give it."""
+    from kubernetes import client
+
+    token = (
+        client.CoreV1Api(plane.api_client())
+        .create_namespaced_service_account_token(
+            SERVICE_ACCOUNT, NAMESPACE, {"spec": {"expirationSeconds": TOKEN_SECONDS}}
+        )
+        .status.token
+    )
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": plane.server,
+                    "certificate-authority": str(plane.ca_file),
+                },
+            }
+        ],
+        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": SERVICE_ACCOUNT,
+                "context": {"cluster": "local", "user": SERVICE_ACCOUNT, "namespace": NAMESPACE},
+            }
+        ],
+        "current-context": SERVICE_ACCOUNT,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+
+
+class VirtController:
+    """A running virt-controller: ``leading`` asks its /leader endpoint."""
+
+    def __init__(self, plane: ControlPlane, port: int, ca: CertificateAuthority) -> None:
+        self.plane = plane
+        self.port = port
+        self._ca_pem = ca.cert_pem.decode()
+
+    def leading(self) -> bool:
+        """Whether it holds the lease and its controllers have started (its readiness)."""
+        context = ssl.create_default_context(cadata=self._ca_pem)
+        try:
+            with urllib.request.urlopen(
+                f"https://127.0.0.1:{self.port}/leader", context=context, timeout=2
+            ) as resp:
+                body = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        return bool(body.get("apiserver", {}).get("leader") == "true")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.plane.log_tail(VIRT_CONTROLLER, lines)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stops it once no VirtualMachine or VMI awaits deletion (up to ``timeout``): their
+        finalizers are virt-controller's, and without it a deleted namespace holding a VM
+        would never go. No-op once the plane has stopped it."""
+        from kubernetes import client
+
+        if not self.plane.running(VIRT_CONTROLLER):
+            return
+        custom = client.CustomObjectsApi(self.plane.api_client())
+
+        def deleting() -> list[str]:
+            names = []
+            for plural in ("virtualmachines", "virtualmachineinstances"):
+                listed = custom.list_cluster_custom_object("kubevirt.io", "v1", plural)
+                names += [
+                    f"{plural}/{o['metadata']['namespace']}/{o['metadata']['name']}"
+                    for o in listed["items"]
+                    if o["metadata"].get("deletionTimestamp")
+                ]
+            return names
+
+        deadline = time.monotonic() + timeout
+        while deleting() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.plane.stop_component(VIRT_CONTROLLER)
+
+
+def start(plane: ControlPlane, timeout: float = READY_TIMEOUT_S) -> VirtController:
+    """Installs what virt-operator would (``install``), starts virt-controller and waits
+    until it leads with its controllers running."""
+    install(plane)
+    workdir = plane.workdir / VIRT_CONTROLLER
+    workdir.mkdir(exist_ok=True)
+    kubeconfig = workdir / "kubeconfig"
+    _token_kubeconfig(plane, kubeconfig)
+    # Its metrics and probe endpoints serve TLS only: a certificate of a CA of its own.
+    ca = CertificateAuthority("virt-controller-ca")
+    ca.issue(VIRT_CONTROLLER, ip_addresses=("127.0.0.1",), server=True).write(
+        workdir / "tls.crt", workdir / "tls.key"
+    )
+    port = free_port()
+    plane._spawn(
+        VIRT_CONTROLLER,
+        [
+            str(plane.bin_dir / VIRT_CONTROLLER),
+            f"--kubeconfig={kubeconfig}",
+            "--listen=127.0.0.1",
+            f"--port={port}",
+            f"--launcher-image={LAUNCHER_IMAGE}",
+            f"--prom-cert-file={workdir / 'tls.crt'}",
+            f"--prom-key-file={workdir / 'tls.key'}",
+            "--v=2",
+        ],
+    )
+    controller = VirtController(plane, port, ca)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not plane.running(VIRT_CONTROLLER):
+            raise KubeVirtError(f"virt-controller exited:\n{controller.log_tail()}")
+        if controller.leading():
+            return controller
+        time.sleep(0.2)
+    raise KubeVirtError(
+        f"virt-controller did not lead within {timeout:.0f} s:\n{controller.log_tail()}"
+    )

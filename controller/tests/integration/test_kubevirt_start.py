@@ -1,0 +1,458 @@
+"""The start path judged by KubeVirt's own virt-controller (v1.8.2, built from source) on the
+real kube-apiserver and kube-scheduler: a VirtualMachine whose VMI holds two GPUClaims and
+orders one from a template. virt-controller makes the VMI and renders its launcher pod;
+the product's VMI webhook gives the VMI its gpus entries, the pod webhook gates the pod and
+adds the classes' tolerations, the binder places the set and pins the pod inside KubeVirt's
+own required node-affinity term, and the real scheduler binds it. The chart's raw-name
+policy is in force (rawResourceNames: forbidden): the pod passes it through its
+virt-controller exception, with the user a cluster's virt-controller has.
+
+docs/start-path.md ("What KubeVirt really renders") describes this pod; each of its lines
+is checked here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from admission_env import Replica, helm_template, refusal, serving
+from binder_env import Env
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+from kubernetes.utils import parse_quantity
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder import gate
+from cozystack_gpu.keys import RawNamesPolicy
+from cozystack_gpu_testkit import kubevirt as kubevirt_kit
+from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.objects import Kube, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+GPU_TAINT = {"key": "gpu.example.com/dedicated", "operator": "Exists", "effect": "NoSchedule"}
+NODE_TAINT = {"key": "gpu.example.com/dedicated", "value": "yes", "effect": "NoSchedule"}
+# KubeVirt's required node-affinity requirement of a VMI with the default (host-model) CPU.
+HOST_MODEL_TERM = {
+    "key": "node-labeller.kubevirt.io/obsolete-host-model",
+    "operator": "DoesNotExist",
+}
+# virt-controller renders, start to finish, on a loaded 2-core machine in seconds; the
+# scheduler and the binder add a few. This is the bound before the test calls it broken.
+START_TIMEOUT_S = 90.0
+
+
+@pytest.fixture(scope="module")
+def replica(
+    control_plane: ControlPlane, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replica]:
+    """The product's webhooks (a replica that does not lead; the test's binder leads)."""
+    with serving(control_plane, kube, tmp_path_factory.mktemp("kubevirt-admission")) as running:
+        yield running
+
+
+@pytest.fixture
+def forbidden(env: Env) -> Iterator[Env]:
+    """The test's binder publishing rawResourceNames: forbidden, and the chart's raw-name
+    policy bound to its settings, with virt-controller's exception for the user the test
+    kit runs virt-controller as (in force for a class's resource name once
+    ``raw_pod_refused``)."""
+    env.restart_binder(raw_resource_names=RawNamesPolicy.FORBIDDEN)
+    admission = client.AdmissionregistrationV1Api(env.kube.api)
+    objects = helm_template(
+        "raw-names-policy.yaml",
+        env.controller_ns,
+        {"rawNamePolicy": {"virtControllerUser": kubevirt_kit.USER}},
+    )
+    for obj in objects:
+        obj["metadata"]["name"] += f"-{env.id}"
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            admission.create_validating_admission_policy(obj)
+        else:
+            obj["spec"]["policyName"] += f"-{env.id}"
+            admission.create_validating_admission_policy_binding(obj)
+    try:
+        yield env
+    finally:
+        for obj in objects:
+            name = obj["metadata"]["name"]
+            if obj["kind"] == "ValidatingAdmissionPolicy":
+                admission.delete_validating_admission_policy(name)
+            else:
+                admission.delete_validating_admission_policy_binding(name)
+
+
+def raw_pod_refused(env: Env) -> bool:
+    """Whether a pod an admin writes in the tenant namespace with the test's GPU resource
+    name is refused by the raw-name policy (a dry run)."""
+    body = {
+        "metadata": {"name": "raw", "labels": {"kubevirt.io": "virt-launcher"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "compute",
+                    "image": kubevirt_kit.LAUNCHER_IMAGE,
+                    "resources": {"limits": {env.resource: "1"}},
+                }
+            ]
+        },
+    }
+    try:
+        env.kube.core.create_namespaced_pod(env.tenant, body, dry_run="All")
+    except ApiException as exc:
+        return exc.status == 403 and "GPU resource names are forbidden" in refusal(exc)
+    return False
+
+
+def virtual_machine(name: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A VirtualMachine as a tenant writes it: the claims annotation and the reference label
+    on its template (KubeVirt copies both to the VMI), no GPU anywhere in its spec."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name},
+        "spec": {
+            "runStrategy": "Always",
+            "template": {
+                "metadata": {
+                    "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+                    "annotations": {keys.ANNOTATION_CLAIMS: json.dumps(request)},
+                },
+                "spec": {"domain": {"devices": {}, "memory": {"guest": "1Gi"}}},
+            },
+        },
+    }
+
+
+class LauncherWatch:
+    """Every version of the namespace's launcher pods the API server shows, from before
+    virt-controller creates one, to check what the webhooks and the binder did to it."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.versions: list[dict[str, Any]] = []
+        self._stopping = False
+        self._watch = watch.Watch()
+        self._stream = self._watch.stream(
+            kube.core.list_namespaced_pod,
+            namespace,
+            label_selector="kubevirt.io=virt-launcher",
+            timeout_seconds=int(START_TIMEOUT_S * 2),
+            deserialize=False,
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._stream:
+                self.versions.append(event["object"])
+        except Exception:  # stop() closes the stream under the reader
+            if not self._stopping:
+                raise
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stopping = True
+        self._watch.stop()
+        self._thread.join(5)
+        return self.versions
+
+
+def launcher_pods(kube: Kube, namespace: str, vmi_uid: str) -> list[dict[str, Any]]:
+    pods = kube.core.list_namespaced_pod(
+        namespace, label_selector=f"kubevirt.io=virt-launcher,kubevirt.io/created-by={vmi_uid}"
+    ).items
+    return [kube.api.sanitize_for_serialization(p) for p in pods]
+
+
+def get_vmi(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = kube.custom.get_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return found
+
+
+def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and_bound(
+    kubevirt: kubevirt_kit.VirtController, replica: Replica, forbidden: Env
+) -> None:
+    env = forbidden
+    kube = env.kube
+    node = env.node("n1", 4, taints=[NODE_TAINT])
+    kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=4, tolerations=[GPU_TAINT])
+    # The class's resource name published by the binder: raw requests of it are refused.
+    wait_for(
+        lambda: raw_pod_refused(env), START_TIMEOUT_S, "the raw-name policy to refuse a raw GPU pod"
+    )
+    for held in ("a", "b"):
+        kube.claim(env.tenant, held, gpu_class, 1)
+        assert env.wait_phase(held, "Bound", timeout=START_TIMEOUT_S)["status"]["nodeName"] == node
+    # A node as free and as schedulable, made after the claims were bound: only the pin
+    # keeps the pod off it.
+    decoy = env.node("n2", 4, taints=[NODE_TAINT])
+    kubevirt_kit.as_virt_handler(kube.api, decoy)
+    request = {"claims": ["a", "b"], "claimTemplates": [{"name": "more", "class": gpu_class}]}
+    watcher = LauncherWatch(kube, env.tenant)
+    kube.custom.create_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, env.tenant, keys.VM.plural, virtual_machine("vm", request)
+    )
+
+    vmi = wait_for(
+        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "virt-controller's VMI"
+    )
+
+    def bound_pod() -> dict[str, Any] | None:
+        pods = launcher_pods(kube, env.tenant, vmi["metadata"]["uid"])
+        return next((p for p in pods if p["spec"].get("nodeName")), None)
+
+    try:
+        pod = wait_for(bound_pod, START_TIMEOUT_S, "the launcher pod bound by kube-scheduler")
+    except AssertionError:
+        pods = launcher_pods(kube, env.tenant, vmi["metadata"]["uid"])
+        raise AssertionError(
+            f"pods: {json.dumps(pods, indent=1)}\nvirt-controller:\n{kubevirt.log_tail()}"
+        ) from None
+    versions = [v for v in watcher.stop() if v["metadata"]["uid"] == pod["metadata"]["uid"]]
+    vmi = get_vmi(kube, env.tenant, "vm")
+    assert vmi is not None
+    spec = pod["spec"]
+
+    # The pod webhook gated it at creation (the first version the API server stored), and
+    # no version was ever ungated and unpinned: the binder pinned and ungated in one update.
+    assert gate.is_gated(versions[0]) and gate.pinned_node(versions[0]) is None
+    for version in versions:
+        assert gate.is_gated(version) == (gate.pinned_node(version) is None), version["metadata"]
+    assert pod["metadata"]["generateName"] == "virt-launcher-vm-"
+
+    # The VMI virt-controller made from the VM (named after it, controlled by it) carries the
+    # template's claims annotation and label; the VMI webhook gave it one gpus entry per
+    # unit (two held, one from the template).
+    gpus = vmi["spec"]["domain"]["devices"]["gpus"]
+    assert [g["deviceName"] for g in gpus] == [env.resource] * 3
+    assert [g["name"] for g in gpus] == [f"{keys.VMI_GPU_NAME_PREFIX}{i}" for i in range(3)]
+    owner = vmi["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner.get("controller")) == ("VirtualMachine", "vm", True)
+    assert vmi["metadata"]["labels"][keys.LABEL_CLAIMS_REF] == keys.LABEL_CLAIMS_REF_VALUE
+    assert json.loads(vmi["metadata"]["annotations"][keys.ANNOTATION_CLAIMS]) == request
+
+    # KubeVirt turned them into requests and limits of the compute container, beside its
+    # own devices (virt-handler's device plugins), memory with its overhead on top of the
+    # guest's and ephemeral storage; the serial console goes to an init container.
+    (compute,) = [c for c in spec["containers"] if c["name"] == "compute"]
+    requests, limits = compute["resources"]["requests"], compute["resources"]["limits"]
+    assert limits[env.resource] == requests[env.resource] == "3"
+    for device in ("kvm", "tun", "vhost-net"):
+        assert limits[f"devices.kubevirt.io/{device}"] == "1"
+    assert parse_quantity(requests["memory"]) > parse_quantity("1Gi")
+    assert "ephemeral-storage" in requests
+    assert compute["image"] == kubevirt_kit.LAUNCHER_IMAGE
+    assert [c["name"] for c in spec.get("initContainers") or []] == ["guest-console-log"]
+
+    # The pod is KubeVirt's: the VMI is its controlling owner; the VMI's labels and the
+    # claims annotation travel with it; it selects nodes virt-handler made schedulable.
+    (owner,) = pod["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == (
+        "VirtualMachineInstance",
+        vmi["metadata"]["uid"],
+        True,
+    )
+    assert pod["metadata"]["labels"][keys.LABEL_CLAIMS_REF] == keys.LABEL_CLAIMS_REF_VALUE
+    assert json.loads(pod["metadata"]["annotations"][keys.ANNOTATION_CLAIMS]) == request
+    assert spec["nodeSelector"] == kubevirt_kit.NODE_LABELS
+
+    # The gate is gone; the class's toleration follows KubeVirt's own (the nodes' taint
+    # needs it); the pin is inside KubeVirt's one required term: one term, both
+    # requirements, so the host-model requirement still holds on the pinned node.
+    assert not spec.get("schedulingGates")
+    assert [t["key"] for t in spec["tolerations"]] == [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+        GPU_TAINT["key"],
+    ]
+    assert spec["tolerations"][-1] == GPU_TAINT
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (term,) = required["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [HOST_MODEL_TERM]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": [node]}]
+    assert spec["nodeName"] == node != decoy
+
+    # The template claim was made for this VMI, owned by it, and bound to the same node.
+    made = kube.get_claim(env.tenant, keys.template_claim_name("vm", "more"))
+    assert made["status"]["nodeName"] == node
+    assert made["metadata"]["ownerReferences"][0]["uid"] == vmi["metadata"]["uid"]
+
+
+def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
+    kubevirt: kubevirt_kit.VirtController, replica: Replica, env: Env
+) -> None:
+    """After the start: kubelet (the test) reports the launcher pod running, virt-controller
+    moves the VMI to Scheduled on the pod's node, virt-handler (the test) reports it
+    Running; the held claim stays Attached to it on that node."""
+    kube = env.kube
+    node = env.node("n1", 2)
+    kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=2)
+    kube.claim(env.tenant, "a", gpu_class, 1)
+    env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
+    kube.custom.create_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        env.tenant,
+        keys.VM.plural,
+        virtual_machine("vm", {"claims": ["a"]}),
+    )
+    vmi = wait_for(
+        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "virt-controller's VMI"
+    )
+
+    def bound_pod() -> dict[str, Any] | None:
+        pods = launcher_pods(kube, env.tenant, vmi["metadata"]["uid"])
+        return next((p for p in pods if p["spec"].get("nodeName")), None)
+
+    pod = wait_for(bound_pod, START_TIMEOUT_S, "the launcher pod bound by kube-scheduler")
+    assert pod["spec"]["nodeName"] == node
+    kubevirt_kit.kubelet_runs(kube.api, env.tenant, pod["metadata"]["name"])
+
+    def scheduled() -> dict[str, Any] | None:
+        found = get_vmi(kube, env.tenant, "vm")
+        return found if found and found["status"].get("phase") == "Scheduled" else None
+
+    handed = wait_for(scheduled, START_TIMEOUT_S, "virt-controller to hand the VMI over")
+    assert handed["status"]["nodeName"] == node
+    assert handed["metadata"]["labels"]["kubevirt.io/nodeName"] == node
+    kube.vmi_phase(env.tenant, "vm", "Running", node)
+    claim = env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)
+    assert (claim["status"]["attachedTo"], claim["status"]["nodeName"]) == ("vm", node)
+
+
+def test_a_refused_vmi_reaches_its_vm_which_starts_by_itself_once_the_claim_is_bound(
+    kubevirt: kubevirt_kit.VirtController, replica: Replica, env: Env
+) -> None:
+    """KubeVirt's VM controller, refused by the VMI webhook, reports the refusal on the VM
+    (its Failure condition and FailedCreate events, printableStatus Stopped) and tries
+    again; once the claim it names is ordered and Bound, the VM starts with no one
+    touching it."""
+    kube = env.kube
+    node = env.node("n1", 2)
+    kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=2)
+    kube.custom.create_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        env.tenant,
+        keys.VM.plural,
+        virtual_machine("vm", {"claims": ["a"]}),
+    )
+    refusal_text = f"GPUClaim a named in {keys.ANNOTATION_CLAIMS} does not exist"
+
+    def failure() -> dict[str, Any] | None:
+        vm = kube.custom.get_namespaced_custom_object(
+            keys.VM.group, keys.VM.version, env.tenant, keys.VM.plural, "vm"
+        )
+        status = vm.get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        return status if "Failure" in conditions else None
+
+    status = wait_for(failure, START_TIMEOUT_S, "the refusal on the VM's status")
+    (cond,) = [c for c in status["conditions"] if c["type"] == "Failure"]
+    assert (cond["status"], cond["reason"]) == ("True", "FailedCreate")
+    assert 'admission webhook "vmi.gpu.cozystack.io" denied the request' in cond["message"]
+    assert refusal_text in cond["message"]
+    assert status["printableStatus"] == "Stopped"
+
+    def retried() -> int:
+        events = kube.core.list_namespaced_event(
+            env.tenant, field_selector="involvedObject.kind=VirtualMachine,reason=FailedCreate"
+        ).items
+        return sum(e.count or 1 for e in events if refusal_text in (e.message or ""))
+
+    assert wait_for(lambda: retried() >= 2, START_TIMEOUT_S, "a second try refused")
+    assert get_vmi(kube, env.tenant, "vm") is None
+
+    kube.claim(env.tenant, "a", gpu_class, 1)
+    env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
+    vmi = wait_for(
+        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "the VM to start by itself"
+    )
+    assert [g["deviceName"] for g in vmi["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
+    assert env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]["attachedTo"] == "vm"
+
+
+def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_claims(
+    kubevirt: kubevirt_kit.VirtController, replica: Replica, env: Env
+) -> None:
+    """runStrategy Always, the running VMI's launcher pod deleted: virt-controller fails the
+    VMI and deletes it, the claim goes back to Bound, and after KubeVirt's start backoff the
+    VM makes a new VMI under the same name (another UID) that holds the claim again, its
+    pod pinned to the claim's node."""
+    kube = env.kube
+    node = env.node("n1", 2)
+    kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=2)
+    kube.claim(env.tenant, "a", gpu_class, 1)
+    env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
+    kube.custom.create_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        env.tenant,
+        keys.VM.plural,
+        virtual_machine("vm", {"claims": ["a"]}),
+    )
+    first = wait_for(
+        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "virt-controller's VMI"
+    )
+    pod = wait_for(
+        lambda: bound_launcher(kube, env.tenant, first["metadata"]["uid"]),
+        START_TIMEOUT_S,
+        "the launcher pod bound by kube-scheduler",
+    )
+    kubevirt_kit.kubelet_runs(kube.api, env.tenant, pod["metadata"]["name"])
+    wait_for(
+        lambda: vmi_phase(kube, env.tenant) == "Scheduled",
+        START_TIMEOUT_S,
+        "virt-controller to hand the VMI over",
+    )
+    kube.vmi_phase(env.tenant, "vm", "Running", node)
+    env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)
+
+    kube.core.delete_namespaced_pod(pod["metadata"]["name"], env.tenant, grace_period_seconds=0)
+    released = env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
+    assert not released["status"].get("attachedTo")
+
+    def second_vmi() -> dict[str, Any] | None:
+        found = get_vmi(kube, env.tenant, "vm")
+        return found if found and found["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+    second = wait_for(second_vmi, START_TIMEOUT_S, "the VM's next VMI")
+    vm = kube.custom.get_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, env.tenant, keys.VM.plural, "vm"
+    )
+    failure = vm["status"]["startFailure"]
+    assert failure["lastFailedVMIUID"] == first["metadata"]["uid"]
+    assert failure["consecutiveFailCount"] == 1
+    assert [g["deviceName"] for g in second["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
+    again = wait_for(
+        lambda: bound_launcher(kube, env.tenant, second["metadata"]["uid"]),
+        START_TIMEOUT_S,
+        "the next launcher pod bound by kube-scheduler",
+    )
+    assert gate.pinned_node(again) == again["spec"]["nodeName"] == node
+    assert env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]["attachedTo"] == "vm"
+
+
+def bound_launcher(kube: Kube, namespace: str, vmi_uid: str) -> dict[str, Any] | None:
+    pods = launcher_pods(kube, namespace, vmi_uid)
+    return next((p for p in pods if p["spec"].get("nodeName")), None)
+
+
+def vmi_phase(kube: Kube, namespace: str) -> str | None:
+    found = get_vmi(kube, namespace, "vm")
+    return (found or {}).get("status", {}).get("phase")
