@@ -301,7 +301,12 @@ def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
     kube.claim(env.tenant, "a", gpu_class, 1)
-    env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
+    # Bound, and at once Attached when the VM controller's next try comes first.
+    wait_for(
+        lambda: env.phase("a") in ("Bound", "Attached"),
+        START_TIMEOUT_S,
+        "claim a Bound (or already Attached to the VM's next VMI)",
+    )
     kube.custom.create_namespaced_custom_object(
         keys.VM.group,
         keys.VM.version,
@@ -378,7 +383,12 @@ def test_a_refused_vmi_reaches_its_vm_which_starts_by_itself_once_the_claim_is_b
     assert get_vmi(kube, env.tenant, "vm") is None
 
     kube.claim(env.tenant, "a", gpu_class, 1)
-    env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
+    # Bound, and at once Attached when the VM controller's next try comes first.
+    wait_for(
+        lambda: env.phase("a") in ("Bound", "Attached"),
+        START_TIMEOUT_S,
+        "claim a Bound (or already Attached to the VM's next VMI)",
+    )
     vmi = wait_for(
         lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "the VM to start by itself"
     )
@@ -398,7 +408,12 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
     kube.claim(env.tenant, "a", gpu_class, 1)
-    env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
+    # Bound, and at once Attached when the VM controller's next try comes first.
+    wait_for(
+        lambda: env.phase("a") in ("Bound", "Attached"),
+        START_TIMEOUT_S,
+        "claim a Bound (or already Attached to the VM's next VMI)",
+    )
     kube.custom.create_namespaced_custom_object(
         keys.VM.group,
         keys.VM.version,
