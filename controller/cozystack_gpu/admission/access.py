@@ -72,12 +72,12 @@ class ApiAccess:
         )
         return {str(obj["metadata"]["name"]): obj for obj in listing.get("items") or []}
 
-    def settings_names(self) -> frozenset[str]:
-        """``resourceNames`` of the settings ConfigMap; empty until the binder writes it."""
+    def _config_map(self, name: str) -> Obj | None:
+        """A ConfigMap of the controller's namespace as it is now, or None."""
         try:
-            cm = _json(
+            return _json(
                 self.core.read_namespaced_config_map(
-                    keys.SETTINGS_CONFIGMAP,
+                    name,
                     self.settings_namespace,
                     _preload_content=False,
                     _request_timeout=REQUEST_TIMEOUT_S,
@@ -85,9 +85,12 @@ class ApiAccess:
             )
         except ApiException as exc:
             if _missing(exc):
-                return frozenset()
+                return None
             raise
-        data = cm.get("data") or {}
+
+    def settings_names(self) -> frozenset[str]:
+        """``resourceNames`` of the settings ConfigMap; empty until the binder writes it."""
+        data = (self._config_map(keys.SETTINGS_CONFIGMAP) or {}).get("data") or {}
         return keys.parse_resource_names(str(data.get(keys.SETTINGS_KEY_RESOURCE_NAMES, "")))
 
     def namespace_labels(self, name: str) -> dict[str, str]:
@@ -176,19 +179,9 @@ class ApiAccess:
     def class_admissions(self) -> tuple[dict[str, str], str | None]:
         """The data of the class admissions ConfigMap and its resourceVersion (None: there
         is none yet)."""
-        try:
-            cm = _json(
-                self.core.read_namespaced_config_map(
-                    keys.CLASS_ADMISSIONS_CONFIGMAP,
-                    self.settings_namespace,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                )
-            )
-        except ApiException as exc:
-            if _missing(exc):
-                return {}, None
-            raise
+        cm = self._config_map(keys.CLASS_ADMISSIONS_CONFIGMAP)
+        if cm is None:
+            return {}, None
         return dict(cm.get("data") or {}), str(cm["metadata"]["resourceVersion"])
 
     def write_class_admissions(self, data: dict[str, str], version: str | None) -> None:

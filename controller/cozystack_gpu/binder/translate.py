@@ -235,8 +235,7 @@ def claim_serves_vmi(claim: Obj, vmi_name: str) -> bool:
 
 def template_owner(claim: Obj) -> str | None:
     """The VMI that owns a template claim (the controller makes them so), or None."""
-    labels = meta(claim).get("labels") or {}
-    if labels.get(keys.LABEL_TEMPLATE_CLAIM) != keys.LABEL_TEMPLATE_CLAIM_VALUE:
+    if not is_template_claim(claim):
         return None
     for ref in meta(claim).get("ownerReferences") or []:
         if ref.get("kind") == keys.VMI.kind and ref.get("name"):
