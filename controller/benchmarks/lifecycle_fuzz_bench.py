@@ -56,7 +56,7 @@ def table(results: list[FuzzResult]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--seeds", default="", help="comma-separated seeds")
     parser.add_argument("--count", type=int, default=5, help="seeds 1..N when --seeds is unset")
     parser.add_argument("--operations", type=int, default=300)

@@ -1294,7 +1294,7 @@ class LifecycleFuzz:
 
     def _op_kill_leader(self, run: Run) -> tuple[str, str, set[str]]:
         holder = run.holder()
-        if holder is None or any(identity == holder for identity, _ in self.killed):
+        if holder is None or any(killed[0] == holder for killed in self.killed):
             return "", "no leader to kill", set()
         run.replicas[holder].kill()
         if self.service.serving == holder:  # the Service routes to the replica left
