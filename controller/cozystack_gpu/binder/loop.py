@@ -113,6 +113,9 @@ class Binder:
         # writes are answered (a move refused leaves its hold where the order would go).
         self._vacating: dict[str, set[ClaimKey]] = {}
         self._vmi_deletes: set[Key] = set()
+        # Attachments judged to stay as they are: the claim version and VMI state they were
+        # judged on, and until when that holds (an attachment waiting for its VMI expires).
+        self._attachments_judged: dict[ClaimKey, tuple[int, Any, float]] = {}
         self._last_staleness = 0.0
         self._waiting_written: dict[ClaimKey, tuple[str, str]] = {}
         self._counted_refusals: set[ClaimKey] = set()
@@ -260,7 +263,12 @@ class Binder:
     def _attachments(self, now: float) -> None:
         """Bound ⇄ Attached transitions, and attachments that never saw their VMI."""
         grace = self.config.attachment_grace
-        for vmi_key, members in self.view.attachments():
+        attachments = self.view.attachments()
+        judged = self._attachments_judged
+        if len(judged) > 2 * sum(len(m) for _v, m in attachments) + 64:
+            attached = {key for _v, members in attachments for key in members}
+            self._attachments_judged = judged = {k: v for k, v in judged.items() if k in attached}
+        for vmi_key, members in attachments:
             vmi = self.view.vmi(vmi_key)
             for key in list(members):
                 if key in self.inflight:
@@ -268,9 +276,17 @@ class Binder:
                 obj = self.view.claim(key)
                 if obj is None:
                     continue
+                # Judged already against this very claim version and VMI state, and no
+                # grace ran out since: the answer is the same (every turn would otherwise
+                # judge every attachment again, thousands at a time).
+                version = translate.resource_version(obj)
+                last = judged.get(key)
+                if last is not None and last[0] == version and last[1] == vmi and now < last[2]:
+                    continue
                 seen = self.view.attachment_seen_at(key, now)
                 change = lifecycle.attachment_change(obj, vmi, now, grace, seen)
                 if change is None:
+                    judged[key] = (version, vmi, _judged_until(obj, vmi, grace, seen))
                     continue
                 body = lifecycle.attachment_patch(obj, change, now)
                 info = self.view.claim_info(key, now)
@@ -480,3 +496,18 @@ class Binder:
         if not done.ok:
             namespace, name = done.name.split("/", 1)
             self._vmi_deletes.discard((namespace, name))
+
+
+def _judged_until(
+    claim: dict[str, Any], vmi: translate.VMIState | None, grace: float, seen: float | None
+) -> float:
+    """Until when an attachment judged to stay as it is stays so while nothing changes: for
+    ever once its VMI is seen (the VMI's end is an event), until its grace runs out while
+    it waits for its VMI."""
+    attached = translate.attachment_of(claim)
+    if attached is None:
+        return float("inf")
+    if vmi is not None and translate.same_vmi(attached, vmi) is not False:
+        return float("inf")
+    starts = [t for t in (attached.at, seen) if t is not None]
+    return (max(starts) if starts else 0.0) + grace
