@@ -402,6 +402,10 @@ class Gatekeeper(BinderPart):
                 keys.CONDITION_PLACED, False, ClaimReason.NODE_REFUSED, said, now
             )
             for claim in claims:
+                # The pin's Placed note is over: one still out, or to be sent again after a
+                # race, must not land after this refusal and say the pod is pinned.
+                self._placed_sent.pop(claim.key, None)
+                self._placed_due.pop(claim.key, None)
                 obj = self.view.claim(claim.key)
                 if obj is None:
                     continue
