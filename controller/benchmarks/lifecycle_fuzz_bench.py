@@ -5,8 +5,7 @@ operations, each seed on a control plane of its own.
         controller/benchmarks/lifecycle_fuzz_bench.py [--seeds 1,2,3 | --count 5] \
         [--operations 300] [--journal DIR]
 
-The short form is ``--seeds 18 --operations 70`` (out of ``make test`` while a rare
-over-capacity finding is open).
+The short form is tests/integration/test_lifecycle_fuzz.py (one seed, in ``make test``).
 Prints one line per seed (operations run, faults injected, leader kills, VM starts,
 invariant rule evaluations and looks, violations), each violation with the operations that
 touched its subject, a table for BENCHMARKS.md and the totals; exits 1 when any invariant

@@ -63,10 +63,13 @@ from cozystack_gpu.admission import annotation
 from cozystack_gpu.binder.lifecycle import workload_name
 from cozystack_gpu.binder.translate import (
     PodUsage,
+    Standing,
     claims_cover,
+    launcher_standing,
     launcher_usage,
     pod_usage,
     template_owner,
+    vmi_state,
     whole_quantity,
 )
 from cozystack_gpu.informer import Event, EventType, Informer, list_function, source
@@ -133,7 +136,7 @@ class Scope:
 
 @dataclass
 class State:
-    """Everything the rules read, as the API server held it at ``read_at``."""
+    """Everything the rules read, as the API server held it at one revision."""
 
     nodes: list[Obj]
     gpunodes: list[Obj]
@@ -144,6 +147,7 @@ class State:
     pods: list[Obj]
     workloads: list[Obj]
     vmis: list[Obj]
+    resource_version: str | None = None  # the revision every list was served at
     read_at: float = field(default_factory=time.time)
 
 
@@ -160,21 +164,33 @@ _LISTS: dict[str, keys.ApiKind] = {
 }
 
 
-def read_state(api: client.ApiClient) -> State:
+def read_state(api: client.ApiClient, at: str | None = None) -> State:
     """Lists every kind the rules read, as raw JSON (the client's models are slow); a kind
-    the server does not serve (no KubeVirt, no Workload CRD) reads as empty."""
+    the server does not serve (no KubeVirt, no Workload CRD) reads as empty.
+
+    Every list is served at one resourceVersion (the first list's, or ``at``), exactly:
+    every kind shares etcd's revision, so the state is one moment of the cluster. Lists
+    read one after another would see a VM start between them (its claims before they were
+    attached, its launcher pod after it was bound) and call the pod's units held twice.
+    """
     items: dict[str, list[Obj]] = {}
+    revision = at
     for name, kind in _LISTS.items():
+        at_revision: dict[str, str] = {}
+        if revision is not None:
+            at_revision = {"resource_version": revision, "resource_version_match": "Exact"}
         try:
             response = list_function(api, kind)(
-                _preload_content=False, _request_timeout=READ_TIMEOUT_S
+                _preload_content=False, _request_timeout=READ_TIMEOUT_S, **at_revision
             )
         except ApiException as exc:
             if exc.status != 404:
                 raise
             items[name] = []
             continue
-        items[name] = list(json.loads(response.data).get("items") or [])
+        listed = json.loads(response.data)
+        revision = revision or str((listed.get("metadata") or {}).get("resourceVersion"))
+        items[name] = list(listed.get("items") or [])
     return State(
         nodes=items["nodes"],
         gpunodes=items["gpunodes"],
@@ -185,6 +201,7 @@ def read_state(api: client.ApiClient) -> State:
         pods=items["pods"],
         workloads=items["workloads"],
         vmis=items["vmis"],
+        resource_version=revision,
     )
 
 
@@ -338,10 +355,10 @@ class Invariants:
             for resource, units in usage.requests.items():
                 if resource in gpu_names:
                     add(usage.node, resource, units, f"raw pod {_namespace(pod)}/{_name(pod)}")
-        for usage in _uncovered_launcher_usage(state, resource_of):
+        for pod_name, usage in _uncovered_launcher_usage(state, resource_of):
             for resource, units in usage.requests.items():
                 if resource in gpu_names and usage.node is not None:
-                    add(usage.node, resource, units, f"uncovered launcher in {usage.namespace}")
+                    add(usage.node, resource, units, f"uncovered launcher {pod_name}")
         devices = {_name(g): (g.get("status") or {}).get("devices") or [] for g in state.gpunodes}
         for node in state.nodes:
             if not self.scope.has_node(node):
@@ -666,7 +683,9 @@ class Invariants:
 # --- reading objects ---------------------------------------------------------------------
 
 
-def _uncovered_launcher_usage(state: State, resource_of: Mapping[str, str]) -> list[PodUsage]:
+def _uncovered_launcher_usage(
+    state: State, resource_of: Mapping[str, str]
+) -> list[tuple[str, PodUsage]]:
     """What running launcher pods of VMIs with claims (not final) use beyond the units
     their VMI's claims hold on their node: a claim deleted by force, moved or stripped
     leaves the pod using GPUs that no claim counts, and they are still occupied there."""
@@ -675,23 +694,24 @@ def _uncovered_launcher_usage(state: State, resource_of: Mapping[str, str]) -> l
         vmis = {(claim.get("status") or {}).get("attachedTo"), template_owner(claim)}
         for vmi in vmis - {None, ""}:
             serving.setdefault((_namespace(claim), str(vmi)), []).append(claim)
-    stopped = {
-        (_namespace(v), _name(v))
-        for v in state.vmis
-        if (v.get("status") or {}).get("phase") in FINAL_VMI
-    }
-    found: list[PodUsage] = []
+    vmi_of = {(_namespace(v), _name(v)): vmi_state(v) for v in state.vmis}
+    found: list[tuple[str, PodUsage]] = []
     for pod in state.pods:
         owner = _owning_vmi(pod)
         node = (pod.get("spec") or {}).get("nodeName")
         if owner is None or not node or not keys.uses_claims(_meta(pod).get("labels")):
             continue
-        if (_namespace(pod), owner) in stopped:
-            continue  # the VM has stopped: its pod is finishing, its claims detached
+        vmi = vmi_of.get((_namespace(pod), owner))
+        # Only the pod of a VMI that exists, is not final and is the pod's own (its uid)
+        # holds what its claims do not cover: the state is one moment, so a pod without its
+        # VMI there is of one that ended, and a VM that stopped leaves its pod finishing.
+        # (The binder counts more: a pod of a VMI it never saw, one naming a VMI falsely.)
+        if vmi is None or vmi.final or launcher_standing(pod, vmi) is not Standing.OWN:
+            continue
         claims = serving.get((_namespace(pod), owner), [])
         usage = launcher_usage(pod, claims_cover(claims, resource_of.get, str(node)))
         if usage is not None:
-            found.append(usage)
+            found.append((f"{_namespace(pod)}/{_name(pod)}", usage))
     return found
 
 

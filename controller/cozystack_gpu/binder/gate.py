@@ -153,14 +153,8 @@ def template_claim_conflict(
 # --- launcher pods -----------------------------------------------------------------------
 
 
-def owning_vmi_uid(pod: Obj) -> str:
-    """The uid of the VMI a launcher pod belongs to ("" when it names none)."""
-    for ref in meta(pod).get("ownerReferences") or []:
-        if ref.get("kind") == keys.VMI.kind and str(ref.get("apiVersion", "")).startswith(
-            keys.KUBEVIRT_GROUP + "/"
-        ):
-            return str(ref.get("uid") or "")
-    return ""
+# The uid of the VMI a launcher pod belongs to ("" when it names none).
+owning_vmi_uid = translate.owning_vmi_uid
 
 
 def owning_vmi(pod: Obj) -> str | None:

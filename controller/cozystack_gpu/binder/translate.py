@@ -285,6 +285,44 @@ def launcher_usage(pod: Obj, cover: Mapping[str, int]) -> PodUsage | None:
     return PodUsage(namespace_of(pod), str(node), remainder)
 
 
+class Standing(Enum):
+    """Whose a launcher pod is, judged against the VMI that now has its owner's name."""
+
+    OWN = "own"  # that VMI's (its uid), or no uid to tell: its claims cover the pod
+    UNKNOWN = "unknown"  # no VMI of that name is known, nor that the pod's VMI ended
+    ENDED = "ended"  # of an earlier VMI of that name, ended: the pod is finishing
+    FOREIGN = "foreign"  # names the VMI with another uid and is newer: none of it covers
+
+
+def launcher_standing(pod: Obj, vmi: VMIState | None, ended: bool = False) -> Standing:
+    """Whose the pod is. KubeVirt names each VMI of a VM alike (a restart makes the next
+    under the same name), and removes a VMI only once its domain is gone, so a launcher
+    pod whose VMI ended (``ended``: seen final or deleted) holds nothing any more, and a
+    pod older than the VMI of its name is an earlier VMI's (a launcher pod is made after
+    its VMI). A newer pod naming another uid is nobody's launcher: it is counted whole."""
+    uid = owning_vmi_uid(pod)
+    if ended:
+        return Standing.ENDED
+    if vmi is None:
+        return Standing.UNKNOWN
+    if not uid or not vmi.uid or uid == vmi.uid:
+        return Standing.OWN
+    created = str(meta(pod).get("creationTimestamp") or "")
+    if created and vmi.created and created < vmi.created:
+        return Standing.ENDED
+    return Standing.FOREIGN
+
+
+def owning_vmi_uid(obj: Obj) -> str:
+    """The uid of the VMI that owns an object ("" when it names none or no uid)."""
+    for ref in meta(obj).get("ownerReferences") or []:
+        if ref.get("kind") == keys.VMI.kind and str(ref.get("apiVersion", "")).startswith(
+            keys.KUBEVIRT_GROUP + "/"
+        ):
+            return str(ref.get("uid") or "")
+    return ""
+
+
 def sum_usage(usages: Iterable[PodUsage], gpu_names: frozenset[str]) -> dict[str, int]:
     total: dict[str, int] = {}
     for usage in usages:
@@ -339,6 +377,7 @@ class VMIState:
     uses_claims: bool = False  # it carries the reference label (keys.uses_claims)
     uid: str = ""
     attachment_id: str = ""  # keys.ANNOTATION_ATTACHMENT_ID, written at its admission
+    created: str = ""  # metadata.creationTimestamp (RFC 3339, UTC: ordered as text)
 
     @property
     def final(self) -> bool:
@@ -393,6 +432,7 @@ def vmi_state(vmi: Obj) -> VMIState:
         uses_claims=keys.uses_claims(meta(vmi).get("labels")),
         uid=str(meta(vmi).get("uid") or ""),
         attachment_id=str(annotations.get(keys.ANNOTATION_ATTACHMENT_ID) or ""),
+        created=str(meta(vmi).get("creationTimestamp") or ""),
     )
 
 

@@ -93,6 +93,9 @@ class ClusterView:
         # Pods owned by each VMI: whether a labelled pod's units are its claims' depends on
         # its VMI, so a VMI's change judges its pods again.
         self._pods_of_vmi: dict[Key, set[Key]] = {}
+        # VMIs (namespace, uid) seen final or deleted while a pod of theirs remained: those
+        # pods are finishing and hold nothing, whatever VMI of the same name comes next.
+        self._ended_vmis: set[tuple[str, str]] = set()
         # GPU resource names and where each comes from (a class, a GPUNode report, a GPU
         # node's allocatable, the hoster's list), counted so one event updates them.
         self._name_sources: dict[tuple[str, str], frozenset[str]] = {}
@@ -271,6 +274,11 @@ class ClusterView:
                 (members.add if obj is new else members.discard)(key)
                 if not members:
                     del self._pods_of_vmi[(key[0], owner)]
+        if new is None and old is not None:
+            uid = gate.owning_vmi_uid(old)
+            owner = gate.owning_vmi(old)
+            if uid and owner and not self._has_pod_of(key[0], owner, uid):
+                self._ended_vmis.discard((key[0], uid))
         vmi: VMIState | None = None
         if new is not None and (owner := gate.owning_vmi(new)) is not None:
             vmi = self._vmis.get((key[0], owner))
@@ -291,14 +299,27 @@ class ClusterView:
             self.dirty.namespaces.add(previous.namespace)
         if new is None:
             return
+        owner = gate.owning_vmi(new)
+        standing = translate.Standing.UNKNOWN
+        if owner is not None:
+            ended = (key[0], gate.owning_vmi_uid(new)) in self._ended_vmis
+            standing = translate.launcher_standing(new, vmi, ended)
+            if standing is translate.Standing.ENDED:
+                return  # its VM has stopped: the pod is finishing
+            if standing is translate.Standing.FOREIGN:
+                vmi = None  # not the pod's VMI: nothing of it speaks for the pod
         covered = None if vmi is None else vmi.uses_claims
         usage = translate.pod_usage(new, covered_by_claims=covered)
         raw_name_pod = usage is not None
-        owner = gate.owning_vmi(new)
         # Once its VMI is final the VM has stopped and the pod is finishing (its claims are
         # detached and may move): only a pod of a VMI that may still run holds units.
         if usage is None and covered is not False and owner is not None and not (vmi and vmi.final):
-            usage = translate.launcher_usage(new, self._claims_cover(key[0], owner, new))
+            cover = (
+                {}
+                if standing is translate.Standing.FOREIGN
+                else self._claims_cover(key[0], owner, new)
+            )
+            usage = translate.launcher_usage(new, cover)
         if usage is None:
             return
         self._pods[key] = usage
@@ -310,6 +331,12 @@ class ClusterView:
         if raw_name_pod:
             self._pods_in_ns.setdefault(usage.namespace, set()).add(key)
             self.dirty.namespaces.add(usage.namespace)
+
+    def _has_pod_of(self, namespace: str, vmi_name: str, uid: str) -> bool:
+        return any(
+            (pod := self.pod(pod_key)) is not None and gate.owning_vmi_uid(pod) == uid
+            for pod_key in self._pods_of_vmi.get((namespace, vmi_name), ())
+        )
 
     def _claims_cover(self, namespace: str, vmi_name: str, pod: Obj) -> dict[str, int]:
         """Units the VMI's claims hold on the pod's node, by resource name."""
@@ -335,6 +362,13 @@ class ClusterView:
         namespace = key[0]
         before = self._vmis.pop(key, None)
         touched: set[ClaimKey] = set(self._attached.get(key, set()))
+        # A VMI that ends (final, or deleted) leaves its pods finishing.
+        ending = new if new is not None and translate.vmi_state(new).final else None
+        if new is None:
+            ending = old
+        uid = str(translate.meta(ending).get("uid") or "") if ending is not None else ""
+        if uid and self._has_pod_of(namespace, key[1], uid):
+            self._ended_vmis.add((namespace, uid))
         if before is not None:
             for claim in before.held_claims:
                 claim_key = ClaimKey(namespace, claim)

@@ -156,6 +156,66 @@ def test_a_running_launcher_pod_occupies_the_units_its_claims_no_longer_cover() 
     assert _node_with_pod_usage(view) == {}
 
 
+def _vmi(uid: str, phase: str, rv: int, created: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "vm",
+            "namespace": "t",
+            "uid": uid,
+            "resourceVersion": str(rv),
+            "creationTimestamp": created,
+            "labels": {keys.LABEL_CLAIMS_REF: "true"},
+            "annotations": {keys.ANNOTATION_CLAIMS: '{"claims": []}'},
+        },
+        "status": {"phase": phase, "nodeName": "n1"},
+    }
+
+
+def _launcher_of(uid: str, created: str, rv: int, name: str = "virt-launcher-vm") -> dict[str, Any]:
+    pod = _launcher(units=1, rv=rv)
+    pod["metadata"] = {**pod["metadata"], "name": name, "creationTimestamp": created}
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm", "uid": uid}
+    ]
+    return pod
+
+
+def test_the_launcher_pod_of_an_ended_vmi_holds_nothing_when_the_next_of_its_name_runs() -> None:
+    """A restart under the same name: the first VMI ends and goes while its launcher pod is
+    still finishing, and the next VMI of that name runs with its claims elsewhere. The old
+    pod belongs to the first VMI (its owner uid), not to the next: it holds nothing, and no
+    flip of the next VMI's claims makes it hold again."""
+    view = _view()
+    view.apply(keys.GPU_CLASS.kind, _class(1), deleted=False)
+    view.apply(keys.NODE.kind, {"metadata": {"name": "n1", "resourceVersion": "1"}}, deleted=False)
+    view.apply(keys.VMI.kind, _vmi("u1", "Running", 2, "2026-12-01T10:00:00Z"), deleted=False)
+    view.apply(keys.POD.kind, _launcher_of("u1", "2026-12-01T10:00:01Z", 3), deleted=False)
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 1}, "no claim covers it: it holds"
+    view.apply(keys.VMI.kind, _vmi("u1", "Succeeded", 4, "2026-12-01T10:00:00Z"), deleted=False)
+    assert _node_with_pod_usage(view) == {}
+    view.apply(keys.VMI.kind, _vmi("u1", "Succeeded", 5, "2026-12-01T10:00:00Z"), deleted=True)
+    assert _node_with_pod_usage(view) == {}, "its VMI ended before it went"
+    view.apply(keys.VMI.kind, _vmi("u2", "Running", 6, "2026-12-01T10:05:00Z"), deleted=False)
+    assert _node_with_pod_usage(view) == {}, "the next VMI of that name is not the pod's"
+    # A pod naming that VMI with another uid, made after it (no launcher of an earlier VMI
+    # is): nothing of the VMI's covers it, and it holds all it asks.
+    forged = _launcher_of("u9", "2026-12-01T10:06:00Z", 7, name="forged")
+    view.apply(keys.POD.kind, forged, deleted=False)
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 1}
+
+
+def test_a_launcher_pod_older_than_the_vmi_of_its_name_holds_nothing() -> None:
+    """A binder that never saw the first VMI end (it started after): the pod, older than
+    the VMI of its name, belongs to an earlier one."""
+    view = _view()
+    view.apply(keys.GPU_CLASS.kind, _class(1), deleted=False)
+    view.apply(keys.NODE.kind, {"metadata": {"name": "n1", "resourceVersion": "1"}}, deleted=False)
+    view.apply(keys.POD.kind, _launcher_of("u1", "2026-12-01T10:00:01Z", 3), deleted=False)
+    assert _node_with_pod_usage(view) == {"nvidia.com/X": 1}, "a VMI it knows nothing of"
+    view.apply(keys.VMI.kind, _vmi("u2", "Running", 6, "2026-12-01T10:05:00Z"), deleted=False)
+    assert _node_with_pod_usage(view) == {}
+
+
 def _node_with_pod_usage(view: ClusterView) -> dict[str, int]:
     info = view.node_info("n1")
     assert info is not None
