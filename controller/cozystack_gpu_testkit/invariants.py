@@ -101,6 +101,9 @@ READ_TIMEOUT_S = (5.0, 30.0)
 # Leader writes that follow a start or a node's return (template attachment, finalizer)
 # get this long; a leader killed in between takes its Lease and a sync to come back.
 START_GRACE_S = 15.0
+# A node that loses a unit (a GPU gone from allocatable) while claims hold it all is the
+# hardware's doing; a claim bound there later than this after the loss is the binder's.
+CAPACITY_LOSS_GRACE_S = 3.0
 # The field that records the attached VMI's uid (issue 18, item 3); until it exists a
 # claim without it is judged by name alone.
 ATTACHED_TO_UID = "attachedToUID"
@@ -231,6 +234,7 @@ class Invariants:
         self.looks = 0
         self.checks = 0  # rule evaluations, summed over every look
         self.seen: list[Violation] = []  # every distinct violation of any look
+        self._capacity_lost: dict[str, float] = {}  # node: when it last lost a unit (epoch)
         self.moves = 0  # claims seen on another node by a decision (packing, rebinds)
         self._history: dict[str, _Seen] = {}
         self._lock = threading.Lock()
@@ -320,6 +324,17 @@ class Invariants:
                 self.seen.append(violation)
                 log.error("invariant broken: %s", violation)
 
+    def capacity_lost(self, node: str) -> None:
+        """The node is about to lose a unit by a test's hand: until it is back, the claims
+        bound there before the loss (and ``CAPACITY_LOSS_GRACE_S`` after it) may hold more
+        than it has without the binder having placed them wrongly."""
+        with self._lock:
+            self._capacity_lost[node] = time.time()
+
+    def capacity_restored(self, node: str) -> None:
+        with self._lock:
+            self._capacity_lost.pop(node, None)
+
     # --- rules at every look -------------------------------------------------------------
 
     def _capacity(self, state: State) -> Iterator[Violation]:
@@ -328,9 +343,17 @@ class Invariants:
         # What holds each node's units, for the violation's detail.
         holders: dict[tuple[str, str], list[str]] = {}
 
-        def add(node: str, resource: str, units: int, who: str = "") -> None:
+        # The latest boundAt of the claims holding each node (inf: a pod holds some, or a
+        # claim with no boundAt), for a node that lost a unit under them.
+        latest_bind: dict[tuple[str, str], float] = {}
+
+        def add(
+            node: str, resource: str, units: int, who: str = "", bound_at: float | None = None
+        ) -> None:
             held[(node, resource)] = held.get((node, resource), 0) + units
             holders.setdefault((node, resource), []).append(f"{who} {units}")
+            when = float("inf") if bound_at is None else bound_at
+            latest_bind[(node, resource)] = max(latest_bind.get((node, resource), 0.0), when)
 
         running = {
             (_namespace(v), _name(v)): (v.get("status") or {}).get("nodeName")
@@ -346,7 +369,7 @@ class Invariants:
             vmi_there = running.get((_namespace(claim), str(status.get("attachedTo")))) == node
             if phase in HOLDING or (phase == "Lost" and vmi_there):
                 who = f"claim {_namespace(claim)}/{_name(claim)} {phase} {status.get('attachedTo')}"
-                add(str(node), resource, _count(claim), who)
+                add(str(node), resource, _count(claim), who, _epoch(status.get("boundAt")))
         gpu_names = set(resource_of.values())
         for pod in state.pods:
             usage = pod_usage(pod)
@@ -375,7 +398,11 @@ class Invariants:
                     if d.get("resourceName") == resource
                 )
                 capacity = min(reported, whole_quantity(allocatable.get(resource, 0)) or 0)
-                if units > capacity:
+                lost_at = self._capacity_lost.get(_name(node))
+                if units > capacity and (
+                    lost_at is None
+                    or latest_bind[(_name(node), resource)] > lost_at + CAPACITY_LOSS_GRACE_S
+                ):
                     detail = f"{units} units held on a node that has {capacity}: " + "; ".join(
                         holders.get((_name(node), resource), [])
                     )

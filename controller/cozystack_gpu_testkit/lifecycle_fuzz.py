@@ -648,6 +648,7 @@ class LifecycleFuzz:
         self.journal = Journal(settings.seed)
         self.vms: dict[tuple[str, str], FuzzVM] = {}
         self.claims: dict[tuple[str, str], Obj] = {}  # last listing
+        self.checker: Invariants | None = None
         self.faulted: dict[str, set[str]] = {}  # node -> faults in place
         self.faults = 0
         self.kills = 0
@@ -732,6 +733,7 @@ class LifecycleFuzz:
             run.load = None  # the fuzz is the load: the suite's own never starts
             service = self._prepare(run)
             checker = Invariants(run.api)
+            self.checker = checker
             first_seen: dict[str, int] = {}
             try:
                 with checker.watching():
@@ -1228,8 +1230,8 @@ class LifecycleFuzz:
         nodes = self._gpu_nodes(run)
         if fault == "gpu":
             # A unit no claim holds: the scheduler then refuses the next pod pinned there
-            # for the GPU name. Taking a held one is a node over capacity by the checker's
-            # rule, whatever the controller does next.
+            # for the GPU name. Taking a held one is a node over capacity whatever the
+            # controller does next.
             held: dict[str, int] = {}
             for c in self.claims.values():
                 status = c.get("status") or {}
@@ -1248,6 +1250,10 @@ class LifecycleFuzz:
         elif fault == "memory":
             self._allocatable(run, node, {"memory": "512Mi"})
         elif fault == "gpu":
+            # The listing above may be a tick old: a claim bound there since holds the unit
+            # taken, by the hardware's doing, not the binder's (the checker is told).
+            if self.checker is not None:
+                self.checker.capacity_lost(node)
             self._allocatable(run, node, {run.world.resource: str(max(0, run.world.gpus - 1))})
         self.faulted.setdefault(node, set()).add(fault)
         self.faults += 1
@@ -1287,6 +1293,8 @@ class LifecycleFuzz:
             self._allocatable(run, node, {"memory": NODE_BASE_RESOURCES["memory"]})
         if "gpu" in faults:
             self._allocatable(run, node, {run.world.resource: str(run.world.gpus)})
+            if self.checker is not None:
+                self.checker.capacity_restored(node)
         outcome = f"back from {', '.join(sorted(faults))}"
         if op is not None:
             self.journal.record(op, node, outcome, {node})

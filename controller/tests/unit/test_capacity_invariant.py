@@ -1,0 +1,118 @@
+"""The invariant checker's capacity rule on hand-made states: what holds a node's units
+(claims, and what launcher pods use beyond their own VMI's claims), and a node that loses a
+unit by the hardware's doing under claims bound before the loss."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from kubernetes import client
+
+from cozystack_gpu import keys
+from cozystack_gpu_testkit.invariants import CAPACITY, Invariants, State
+
+NS, NODE, RESOURCE = "tenant", "n1", "nvidia.com/X"
+OLD = "2026-01-01T00:00:00Z"
+
+
+def _stamp(seconds_from_now: float) -> str:
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds_from_now)
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _claim(name: str, bound_at: str = OLD, attached: str | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": "Bound", "nodeName": NODE, "boundAt": bound_at}
+    if attached:
+        status.update(phase="Attached", attachedTo=attached)
+    return {
+        "metadata": {"name": name, "namespace": NS, "uid": f"c-{name}"},
+        "spec": {"class": "a", "count": 1},
+        "status": status,
+    }
+
+
+def _vmi(uid: str, created: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "vm", "namespace": NS, "uid": uid, "creationTimestamp": created},
+        "status": {"phase": "Running", "nodeName": NODE},
+    }
+
+
+def _launcher(uid: str, created: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"virt-launcher-vm-{uid}",
+            "namespace": NS,
+            "creationTimestamp": created,
+            "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+            "ownerReferences": [
+                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                 "name": "vm", "uid": uid, "controller": True}
+            ],
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "compute", "resources": {"limits": {RESOURCE: "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+
+
+def _state(units: int, claims: list[dict[str, Any]], **kw: Any) -> State:
+    return State(
+        nodes=[{"metadata": {"name": NODE}, "status": {"allocatable": {RESOURCE: str(units)}}}],
+        gpunodes=[
+            {
+                "metadata": {"name": NODE},
+                "status": {"devices": [{"resourceName": RESOURCE, "allocatable": 2}]},
+            }
+        ],
+        classes=[
+            {
+                "metadata": {"name": "a"},
+                "spec": {"source": {"devicePlugin": {"resourceName": RESOURCE}}},
+            }
+        ],
+        claims=claims,
+        namespaces=[],
+        quotas=[],
+        pods=kw.get("pods", []),
+        workloads=[],
+        vmis=kw.get("vmis", []),
+    )
+
+
+def _over(checker: Invariants, state: State) -> bool:
+    return any(v.rule == CAPACITY for v in checker.check(state))
+
+
+def test_two_claims_on_a_node_of_one_unit_are_over_capacity() -> None:
+    checker = Invariants(client.ApiClient())
+    assert _over(checker, _state(1, [_claim("a"), _claim("b")]))
+    assert not _over(checker, _state(2, [_claim("a"), _claim("b")]))
+
+
+def test_a_unit_lost_under_claims_bound_before_is_not_the_binders_doing() -> None:
+    checker = Invariants(client.ApiClient())
+    checker.capacity_lost(NODE)
+    assert not _over(checker, _state(1, [_claim("a"), _claim("b")]))
+    # A claim bound there well after the loss was placed on a node without room.
+    assert _over(checker, _state(1, [_claim("a"), _claim("b", bound_at=_stamp(10))]))
+    # Once the node has its unit back, the loss excuses nothing more.
+    checker.capacity_restored(NODE)
+    assert _over(checker, _state(1, [_claim("a"), _claim("b")]))
+
+
+def test_a_launcher_pod_counts_beyond_its_own_vmis_claims_only() -> None:
+    checker = Invariants(client.ApiClient())
+    held = [_claim("a", attached="other")]
+    running = _vmi("u2", "2026-12-01T10:05:00Z")
+    # The pod of the VMI now under that name, its claims elsewhere: it holds its unit.
+    own = _launcher("u2", "2026-12-01T10:05:01Z")
+    assert _over(checker, _state(1, held, vmis=[running], pods=[own]))
+    # The finishing pod of the VMI before it (older than the running one): nothing.
+    earlier = _launcher("u1", "2026-12-01T10:00:01Z")
+    assert not _over(checker, _state(1, held, vmis=[running], pods=[earlier]))
+    # A pod whose VMI is gone at that moment: nothing either.
+    assert not _over(checker, _state(1, held, vmis=[], pods=[own]))
