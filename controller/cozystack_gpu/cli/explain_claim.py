@@ -216,7 +216,8 @@ def suggestions(
     ):
         largest = klass["maxFreePerNode"]
         if 0 < largest < count:
-            out.append(f"a smaller count: {text.units(largest)} fit on one node now")
+            fit = "fits" if largest == 1 else "fit"
+            out.append(f"a smaller count: {text.units(largest)} {fit} on one node now")
     elif reason == Reason.VGPU_NOT_ENTITLED:
         out.append(
             "ask for the vGPU entitlement: the parent tenant's administrator grants it "
