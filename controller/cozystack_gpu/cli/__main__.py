@@ -1,0 +1,3 @@
+from cozystack_gpu.cli.main import console
+
+console()

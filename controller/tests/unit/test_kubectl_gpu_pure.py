@@ -1,0 +1,218 @@
+"""The plugin's pure parts: what a tenant's report says from what it could read, the
+what-if through the model, the VM's launcher-pod state, and the command line itself."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cozystack_gpu import keys
+from cozystack_gpu.cli import explain_claim, explain_vm, main, text, whatif
+from cozystack_gpu.config import parse
+from cozystack_gpu.keys import Mode, Phase
+from cozystack_gpu.model import ClaimInfo, ClaimKey, ClassInfo, Device, NodeInfo, Snapshot
+
+CONFIG = parse([])
+
+
+def _claim(
+    ns: str,
+    name: str,
+    cls: str,
+    count: int,
+    phase: str = "Pending",
+    created: str = "2026-01-01T00:00:00Z",
+    **status: Any,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": ns, "name": name, "creationTimestamp": created},
+        "spec": {"class": cls, "count": count},
+        "status": {"phase": phase, **status},
+    }  # fmt: skip
+
+
+def _class(name: str, free: int, per_node: int, mode: str = "passthrough") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"mode": mode},
+        "status": {"free": free, "maxFreePerNode": per_node},
+    }
+
+
+WAITING = {
+    "type": "Bound",
+    "status": "False",
+    "reason": "InsufficientCapacity",
+    "message": "no node serving class h100 has 3 free units; the largest has 2",
+}
+
+
+def test_a_tenants_queue_counts_only_the_orders_it_listed() -> None:
+    big = _claim("a", "big", "h100", 3, created="2026-01-01T00:00:05Z", conditions=[WAITING])
+    readings = explain_claim.ClaimReadings(
+        claim=big,
+        classes=[_class("h100", 2, 2)],
+        namespace=None,
+        quotas={"a": []},
+        claims=[big, _claim("a", "old", "h100", 1), _claim("a", "other", "t4", 1)],
+        claims_namespace="a",
+    )
+    report = explain_claim.explain(readings, CONFIG, 0.0)
+    assert report["queue"] == {"position": 2, "waiting": 2, "namespace": "a", "ahead": [
+        {"claim": "a/old", "count": 1}]}  # fmt: skip
+    # A tenant's text names no claim ahead (they could be another tenant's, were they listed).
+    assert not any("ahead" in line for line in explain_claim.render(report))
+
+
+def test_used_is_a_lower_bound_unless_the_model_counted_it() -> None:
+    quota = {"spec": {"hard": {keys.quota_key("h100"): "4"}}}
+    big = _claim("a", "big", "h100", 3, conditions=[WAITING])
+    readings = explain_claim.ClaimReadings(
+        claim=big,
+        classes=[_class("h100", 2, 2)],
+        namespace={"metadata": {"name": "a", "labels": {"tenant.cozystack.io/root": ""}}},
+        quotas={"a": [quota], "root": None},
+        claims=[big, _claim("a", "held", "h100", 1, phase="Bound")],
+        claims_namespace="a",
+    )
+    levels = explain_claim.explain(readings, CONFIG, 0.0)["budget"]["levels"]
+    assert levels[0]["keys"][0] == {
+        "key": keys.quota_key("h100"), "used": 1, "usedExact": False, "limit": 4}  # fmt: skip
+    assert levels[1] == {"tenant": "root", "self": False, "readable": False, "keys": []}
+
+
+T4 = "another class with room: t4 (passthrough, 5 free, 4 on one node)"
+WAIT = "wait: orders of the class bind oldest first as units are released"
+ASK = "ask for a budget: the message above says which key and who can raise it"
+FLAGS = (
+    "-n NAMESPACE, --namespace NAMESPACE",
+    "-A, --all-namespaces",
+    "--as USER",
+    "--context CONTEXT",
+    "--kubeconfig KUBECONFIG",
+    "-o {wide,yaml,json}",
+)
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("InsufficientCapacity", ["a smaller count: 2 units fit on one node now", T4, WAIT]),
+        ("BudgetExceeded", ["a smaller count: at most 1 fits the budgets you can read", ASK, T4]),
+        ("VMIStillRunning", ["wait: the claim rebinds once its VMI is final or gone"]),
+    ],
+)  # fmt: skip
+def test_what_to_change_follows_the_binders_reason(reason: str, expected: list[str]) -> None:
+    classes = [
+        explain_claim.class_summary(c)
+        for c in (_class("h100", 2, 2), _class("t4", 5, 4), _class("l40s", 9, 9, "vgpu"))
+    ]
+    levels = [{"keys": [{"limit": 4, "used": 3}]}]
+    got = explain_claim.suggestions(reason, 3, classes[0], classes, levels, entitled=False)
+    assert got == expected  # the vGPU class is left out: the namespace is not entitled
+
+
+def _snapshot() -> Snapshot:
+    res = "nvidia.com/H100"
+    nodes = [
+        NodeInfo(name, allocatable={res: 2}, devices=(Device(res, 2),)) for name in ("n0", "n1")
+    ]
+    return Snapshot.build(
+        nodes=nodes,
+        classes=[ClassInfo("h100", Mode.PASSTHROUGH, res, max_count=4)],
+        claims=[
+            ClaimInfo("b", "hold", "h100", 1, phase=Phase.BOUND, node="n0"),
+            ClaimInfo("a", "hold", "h100", 1, phase=Phase.BOUND, node="n1"),
+            ClaimInfo("a", "two", "h100", 2, created=5.0),
+        ],
+    )
+
+
+def test_the_what_if_finds_the_moves_that_make_room_as_the_binder_would() -> None:
+    snap = _snapshot()
+    answer = whatif.what_if(snap, ClaimKey("a", "two"), 10.0)
+    assert answer is not None and answer.verdict == "refused"
+    assert answer.room_node is not None
+    assert [m[0] for m in answer.moves] in (["b/hold"], ["a/hold"])
+    assert answer.smaller == (1, "n0") or answer.smaller == (1, "n1")
+    rows = whatif.node_rows(snap, snap.claim(ClaimKey("a", "two")), 10.0)  # type: ignore[arg-type]
+    assert [(r.node, r.free, r.short) for r in rows] == [("n0", 1, 1), ("n1", 1, 1)]
+
+
+def _pod(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "virt-launcher-vm"}, "spec": spec, "status": {}}
+
+
+def test_a_launcher_pod_reads_gated_then_pinned_then_bound() -> None:
+    gate = [{"name": keys.SCHEDULING_GATE_CLAIMS}]
+    pin = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}}}  # fmt: skip
+    states = [
+        explain_vm.pod_state(_pod(schedulingGates=gate)),
+        explain_vm.pod_state(_pod(affinity=pin)),
+        explain_vm.pod_state(_pod(affinity=pin, nodeName="n0")),
+    ]
+    assert [s["state"] for s in states if s] == ["gated", "pinned", "bound"]
+
+
+def test_a_vms_set_is_its_held_claims_then_its_template_claims() -> None:
+    note = '{"claims": ["a"], "claimTemplates": [{"name": "gpu", "class": "h100", "count": 1}]}'
+    vm = {"spec": {"template": {"metadata": {"annotations": {keys.ANNOTATION_CLAIMS: note}}}}}
+    assert explain_vm.claim_names(vm, None, "vm") == [("a", "held"), ("vm-gpu", "template")]
+
+
+def test_rejected_nodes_are_printed_with_their_expiry() -> None:
+    claim = _claim("a", "c", "h100", 1, phase="Bound", nodeName="n0",
+                   rejectedNodes=[{"node": "n1", "until": "2026-01-01T00:10:00Z"}])  # fmt: skip
+    vmi = {"metadata": {"name": "vm", "annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'}}}
+    report = explain_vm.explain(explain_vm.VMReadings("a", "vm", None, vmi, {"c": claim}, [], []))
+    assert "  c skips node n1 until 2026-01-01T00:10:00Z" in explain_vm.render(report)
+
+
+def test_ages_read_like_kubectls() -> None:
+    assert [text.age(s) for s in (5, 150, 700, 4000, 200_000)] == ["5s", "2m30s", "11m", "66m",
+                                                                    "2d"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["explain", "--help"], ["explain", "claim", "--help"], ["explain", "vm", "--help"],
+     ["top", "--help"], ["top", "nodes", "--help"], ["top", "classes", "--help"]],
+)  # fmt: skip
+def test_every_verb_has_help_and_exits_0(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.main(argv, io.StringIO()) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: kubectl gpu")
+    for flag in FLAGS:
+        assert flag in printed
+
+
+@pytest.mark.parametrize(
+    "argv", [[], ["explain"], ["explain", "claim"], ["top", "pods"], ["top", "nodes", "-o", "x"]]
+)
+def test_a_usage_error_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.main(argv, io.StringIO()) == 2
+    assert "usage: kubectl gpu" in capsys.readouterr().err
+
+
+def test_a_bad_kubeconfig_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "none")
+    assert main.main(["top", "nodes", "--kubeconfig", missing], io.StringIO()) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: kubeconfig: ")
+
+
+def test_the_console_script_kubectl_gpu_resolves_to_main() -> None:
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    module, _, attr = project["project"]["scripts"]["kubectl-gpu"].partition(":")
+    assert getattr(importlib.import_module(module), attr) is main.console
