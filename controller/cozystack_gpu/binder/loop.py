@@ -360,9 +360,11 @@ class Binder:
         )
         self._note_refilled = now
         waits: list[Action] = []
+        waiting: list[ClaimKey] = []
         for action in result.actions:
             if action.step is Step.WAIT:
                 pending += len(action.claims)
+                waiting.extend(action.claims)
                 if action.refusal is not None:
                     waits.append(action)
                 continue
@@ -392,6 +394,9 @@ class Binder:
             for action in waits:
                 self._note_waiting(action, now, fresh=fresh)
         metrics.PENDING.set(pending)
+        metrics.set_oldest_waiting(
+            lifecycle.oldest_waiting(self.snapshot.claim(key) for key in waiting)
+        )
 
     def _vacated_in_flight(self, node: str | None) -> bool:
         if node is None:
