@@ -580,6 +580,25 @@ def test_monitoring_objects_follow_their_values(helm: Path) -> None:
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
     assert find(enabled, "PodMonitor", "cozystack-gpu-agent")
+    assert not of_kind(enabled, "PrometheusRule")
+    with_rules = render(
+        helm,
+        {
+            "metrics": {
+                "prometheusRule": {
+                    "enabled": True,
+                    "labels": {"release": "kube-prometheus"},
+                    "alerts": {"lostClaims": {"for": "42m"}},
+                }
+            }
+        },
+    )
+    rule = find(with_rules, "PrometheusRule", "cozystack-gpu")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts["CozystackGPUClaimsLost"]["for"] == "42m"
+    # Prometheus's own templates reach it unrendered by Helm.
+    assert "{{ $labels.class }}" in alerts["CozystackGPUClaimsLost"]["annotations"]["summary"]
     assert not of_kind(render(helm, {"dashboard": {"enabled": False}}), "ConfigMap")
 
 
@@ -610,6 +629,11 @@ def test_monitoring_objects_follow_their_values(helm: Path) -> None:
         ({"rawNamePolicy": {"virtControllerUser": "kubevirt-controller"}}, "virtControllerUser"),
         ({"replicas": 2}, "replicas"),
         ({"controller": {"resources": {"limits": {"gpu": 1}}}}, "gpu"),
+        ({"metrics": {"prometheusRule": {"alerts": {"noLeader": {"for": "5 min"}}}}}, "for"),
+        (
+            {"metrics": {"prometheusRule": {"alerts": {"ordersWaiting": {"afterSeconds": "1h"}}}}},
+            "afterSeconds",
+        ),
     ],
 )
 def test_the_schema_refuses_bad_values_by_name(
