@@ -3,7 +3,7 @@ readable by every authenticated user) are exported here, for the hoster only."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -91,3 +91,17 @@ def set_oldest_waiting(oldest: Mapping[str, float]) -> None:
         OLDEST_WAITING.remove(gone)
     _waiting_classes.clear()
     _waiting_classes.update(oldest)
+
+
+def start_at_zero(
+    steps: Iterable[str] = (), reasons: Iterable[str] = (), webhooks: Iterable[str] = ()
+) -> None:
+    """Series at 0 for every label value known up front: a labelled counter's series is
+    otherwise born at its first increment, already 1, and ``rate()`` or ``increase()``
+    (the dashboard's, the alerts') never see that first decision, refusal or error."""
+    for step in steps:
+        DECISIONS.labels(step)
+    for reason in reasons:
+        REFUSALS.labels(reason)
+    for webhook in webhooks:
+        ADMISSION_ERRORS.labels(webhook)

@@ -43,6 +43,7 @@ from cozystack_gpu.config import Config
 
 log = logging.getLogger(__name__)
 
+WEBHOOKS = ("validate-gpuclaim", "validate-gpuclass", "mutate-vmi", "mutate-pod")
 # Parallel API reads and writes of the webhooks (a VMI with four claims reads seven objects).
 IO_WORKERS = 32
 
@@ -84,6 +85,7 @@ def start(
 ) -> Admission:
     """Start this replica's snapshot feed and give kopf its webhook server."""
     admission = build(api, config)
+    metrics.start_at_zero(webhooks=WEBHOOKS)
     admission.feed.start()
     memo.admission = admission
     if config.webhook_port:
