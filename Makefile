@@ -14,9 +14,9 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: test setup binaries image lint pytest sanity units ansible-lint molecule cluster cluster-down demo demo-down build docs
+.PHONY: test setup binaries image lint alerts pytest sanity units ansible-lint molecule cluster cluster-down demo demo-down build docs
 
-test: setup binaries image lint pytest sanity units ansible-lint molecule
+test: setup binaries image lint alerts pytest sanity units ansible-lint molecule
 
 PROTO := controller/cozystack_gpu/agent/podresources/api.proto
 PROTO_OUT := $(PROTO:.proto=_pb2.py)
@@ -57,6 +57,12 @@ lint: setup
 	$(BIN)/ruff format --check --config controller/pyproject.toml plugins/module_utils plugins/action
 	cd controller && $(BIN)/mypy cozystack_gpu cozystack_gpu_testkit
 	$(BIN)/mypy --config-file controller/pyproject.toml plugins/module_utils
+
+# The chart's alerting rules as it renders them: promtool check rules, then the rules' unit
+# tests (controller/tests/alerts); about a second.
+alerts: setup binaries
+	@echo "== promtool: the chart's alerting rules ==" >&2
+	PYTHON=$(BIN)/python COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/check-alerts.sh
 
 pytest: setup binaries
 	@echo "== pytest (unit + integration against a real kube-apiserver) ==" >&2

@@ -49,10 +49,11 @@ mkdir -p "$dest"
   cd "$repo"
   # The Helm chart's templates are Go templates that render YAML, not YAML (yamllint cannot
   # parse "{{- if ... }}"): they are the chart's, checked by `helm lint --strict` and the
-  # chart tests (controller/tests/chart), not Ansible content for ansible-test to lint.
+  # chart tests (controller/tests/chart), not Ansible content for ansible-test to lint. So
+  # are its alerting rules (files/alerts.yaml, rendered by `tpl`; promtool checks them).
   git ls-files -z --cached --others --exclude-standard |
     while IFS= read -r -d '' path; do
-      case $path in controller/chart/templates/*) continue ;; esac
+      case $path in controller/chart/templates/* | controller/chart/files/alerts.yaml) continue ;; esac
       [ -e "$path" ] || [ -L "$path" ] && printf '%s\0' "$path"
     done |
     tar --null --no-recursion -T - -cf - | tar -C "$dest" -xf -

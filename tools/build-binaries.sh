@@ -5,9 +5,10 @@
 # pinned version changes: the cache directory is named after the versions.
 #
 # Prints the directory holding kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl, etcd, helm, kubevirt-crds.yaml (KubeVirt's CRDs as its virt-operator generates
-# them), KubeVirt's virt-controller and virt-api, and kubevirt-components.yaml (what
-# virt-operator would install for virt-controller) on its last line.
+# kubectl, etcd, helm, prometheus, promtool, kubevirt-crds.yaml (KubeVirt's CRDs as its
+# virt-operator generates them), KubeVirt's virt-controller and virt-api, and
+# kubevirt-components.yaml (what virt-operator would install for virt-controller) on its last
+# line.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -135,6 +136,42 @@ kubevirt_components() {
   fi
 }
 kubevirt_components
+# Prometheus and promtool at the pinned release, in a cache directory of their own (named
+# after that release) so adding or bumping them leaves the Kubernetes binaries alone. Built
+# without the web UI's assets (the builtinassets tag): the tests use only the HTTP API; and
+# without the service discoveries of clouds and the like (remove_all_sd): the tests scrape
+# static targets, and those SDs' SDKs would double the build.
+prometheus() {
+  local mv=$PROMETHEUS_MODULE_VERSION minor patch v
+  # The module's v0.3XX.Y is the release v3.XX.Y.
+  minor=${mv#v0.3}
+  patch=${minor#*.}
+  minor=${minor%%.*}
+  v="v3.$((10#$minor)).$patch"
+  local dir="$cache_root/bin/prometheus-$v"
+  mkdir -p "$dir"
+  local name
+  for name in prometheus promtool; do
+    if [ -x "$dir/$name" ]; then
+      log "$name: cached in $dir"
+      continue
+    fi
+    log "$name: building github.com/prometheus/prometheus/cmd/$name@$mv ($v; a first build takes several minutes on 2 cores)..."
+    local start=$SECONDS stage
+    stage=$(mktemp -d)
+    GOBIN="$stage" GOFLAGS='' go install -trimpath -tags remove_all_sd \
+      -ldflags "-s -w -X github.com/prometheus/common/version.Version=${v#v} \
+        -X github.com/prometheus/common/version.Branch=HEAD \
+        -X github.com/prometheus/common/version.Revision=module-$mv" \
+      "github.com/prometheus/prometheus/cmd/$name@$mv"
+    mv "$stage/$name" "$dir/$name"
+    rm -rf "$stage"
+    log "$name: built in $((SECONDS - start)) s"
+  done
+  ln -sfn "$dir/prometheus" "$bin_dir/prometheus"
+  ln -sfn "$dir/promtool" "$bin_dir/promtool"
+}
+prometheus
 # The test kit finds everything in one directory.
 ln -sfn "$cache_root/bin/kubevirt-${KUBEVIRT_VERSION}/crds.yaml" "$bin_dir/kubevirt-crds.yaml"
 for f in virt-controller virt-api kubevirt-components.yaml; do

@@ -3,6 +3,8 @@ readable by every authenticated user) are exported here, for the hoster only."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from prometheus_client import Counter, Gauge, Histogram
 
 CLASS_CAPACITY = Gauge(
@@ -55,8 +57,51 @@ WRITE_CONFLICTS = Counter(
 )
 LEADER = Gauge("cozystack_gpu_binder_leader", "1 while this replica holds the binder Lease")
 PENDING = Gauge("cozystack_gpu_claims_pending", "Ordered claims waiting to be bound")
+OLDEST_WAITING = Gauge(
+    "cozystack_gpu_class_oldest_waiting_order_timestamp_seconds",
+    "Creation time of the class's oldest ordered claim still waiting to be bound (no series "
+    "while none waits)",
+    ["class"],
+)
+ADMISSION_ERRORS = Counter(
+    "cozystack_gpu_admission_errors_total",
+    "Requests a webhook could not judge (answered 5xx: an API read failed, the replica's "
+    "feed stopped, a bug), by webhook",
+    ["webhook"],
+)
+SETTINGS_WRITE_FAILING = Gauge(
+    "cozystack_gpu_settings_write_failing",
+    "1 while the last write of the settings ConfigMap (which the raw-name policy reads) failed",
+)
 STATUS_WRITES = Counter(
     "cozystack_gpu_binder_claim_status_writes_total",
     "Claim status writes sent, by purpose (a placement step, or Wait for a refusal note)",
     ["purpose"],
 )
+
+_waiting_classes: set[str] = set()
+
+
+def set_oldest_waiting(oldest: Mapping[str, float]) -> None:
+    """One series per class with a waiting order (its oldest's creation time); the series of
+    a class nothing waits for any more go, so an alert on the age ends with the wait."""
+    for class_name, created in oldest.items():
+        OLDEST_WAITING.labels(class_name).set(created)
+    for gone in _waiting_classes - oldest.keys():
+        OLDEST_WAITING.remove(gone)
+    _waiting_classes.clear()
+    _waiting_classes.update(oldest)
+
+
+def start_at_zero(
+    steps: Iterable[str] = (), reasons: Iterable[str] = (), webhooks: Iterable[str] = ()
+) -> None:
+    """Series at 0 for every label value known up front: a labelled counter's series is
+    otherwise born at its first increment, already 1, and ``rate()`` or ``increase()``
+    (the dashboard's, the alerts') never see that first decision, refusal or error."""
+    for step in steps:
+        DECISIONS.labels(step)
+    for reason in reasons:
+        REFUSALS.labels(reason)
+    for webhook in webhooks:
+        ADMISSION_ERRORS.labels(webhook)

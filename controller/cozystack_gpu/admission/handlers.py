@@ -43,6 +43,7 @@ from cozystack_gpu.config import Config
 
 log = logging.getLogger(__name__)
 
+WEBHOOKS = ("validate-gpuclaim", "validate-gpuclass", "mutate-vmi", "mutate-pod")
 # Parallel API reads and writes of the webhooks (a VMI with four claims reads seven objects).
 IO_WORKERS = 32
 
@@ -84,6 +85,7 @@ def start(
 ) -> Admission:
     """Start this replica's snapshot feed and give kopf its webhook server."""
     admission = build(api, config)
+    metrics.start_at_zero(webhooks=WEBHOOKS)
     admission.feed.start()
     memo.admission = admission
     if config.webhook_port:
@@ -115,18 +117,27 @@ def _refusals_are_not_errors(record: logging.LogRecord) -> bool:
 def _refusals(webhook: str) -> Iterator[None]:
     """``Refused`` and API failures become the admission answer; the webhooks fail closed,
     so an answer that could not be computed refuses, saying why. Each refusal is counted by
-    its machine reason."""
+    its machine reason; an answer that could not be computed (5xx) also as an error, and so
+    is a bug, which kopf answers as a 500."""
     try:
         yield
     except Refused as exc:
         metrics.ADMISSION_REFUSALS.labels(webhook, exc.reason).inc()
+        if exc.code >= 500:
+            metrics.ADMISSION_ERRORS.labels(webhook).inc()
         raise kopf.AdmissionError(exc.message, code=exc.code) from None
     except ApiException as exc:
+        metrics.ADMISSION_ERRORS.labels(webhook).inc()
         raise kopf.AdmissionError(
             f"GPU admission could not complete: the API server answered {exc.status} "
             f"{exc.reason}; try again",
             code=500,
         ) from None
+    except kopf.AdmissionError:
+        raise
+    except Exception:
+        metrics.ADMISSION_ERRORS.labels(webhook).inc()
+        raise
 
 
 def _admission(memo: kopf.Memo) -> Admission:

@@ -45,6 +45,7 @@ from cozystack_gpu.model import (
     Action,
     ClaimKey,
     Plan,
+    Reason,
     Snapshot,
     Step,
     plan,
@@ -52,6 +53,8 @@ from cozystack_gpu.model import (
 
 log = logging.getLogger(__name__)
 
+# The decisions metric's steps beside the model's placement steps.
+ATTACHMENT_STEPS = ("Attach", "Detach")
 TICK_S = 0.5  # re-plan at least this often: expiries (attachment grace, rejections) are timed
 # "Why it waits" condition writes a second, at most. Each costs the API server as much as a
 # bind; measured on 2 cores, 100/s behind 10,000 refused orders tripled the bind latency of
@@ -86,6 +89,10 @@ class Binder:
         clock: Callable[[], float] = time.time,
         is_leader: Callable[[], bool] = lambda: True,
     ) -> None:
+        metrics.start_at_zero(
+            steps=[*(str(s) for s in Step if s is not Step.WAIT), *ATTACHMENT_STEPS],
+            reasons=[str(r) for r in Reason],
+        )
         self.api = api
         self.config = config
         self.clock = clock
@@ -298,7 +305,9 @@ class Binder:
                             attached_to=None if change.clear_attachment else info.attached_to,
                         )
                     )
-                step = "Attach" if change.phase is Phase.ATTACHED else "Detach"
+                step = (
+                    ATTACHMENT_STEPS[0] if change.phase is Phase.ATTACHED else ATTACHMENT_STEPS[1]
+                )
                 self.send(key, body, step)
 
     def _release_stuck_vmis(self) -> None:
@@ -360,9 +369,11 @@ class Binder:
         )
         self._note_refilled = now
         waits: list[Action] = []
+        waiting: list[ClaimKey] = []
         for action in result.actions:
             if action.step is Step.WAIT:
                 pending += len(action.claims)
+                waiting.extend(action.claims)
                 if action.refusal is not None:
                     waits.append(action)
                 continue
@@ -392,6 +403,9 @@ class Binder:
             for action in waits:
                 self._note_waiting(action, now, fresh=fresh)
         metrics.PENDING.set(pending)
+        metrics.set_oldest_waiting(
+            lifecycle.oldest_waiting(self.snapshot.claim(key) for key in waiting)
+        )
 
     def _vacated_in_flight(self, node: str | None) -> bool:
         if node is None:

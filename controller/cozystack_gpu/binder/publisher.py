@@ -93,6 +93,7 @@ class Publisher(BinderPart):
                 self._gpunodes_due.add(done.name)
         elif what == "settings":
             self._settings_inflight = False
+            metrics.SETTINGS_WRITE_FAILING.set(0 if done.ok else 1)
             if not done.ok:
                 self._settings_written = None
                 log.warning("settings ConfigMap not written: %s", done.error)

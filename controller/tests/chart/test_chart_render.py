@@ -569,6 +569,24 @@ def test_the_dashboard_shows_what_the_issue_asks_from_metrics_that_exist(helm: P
         assert topic in titles, topic
 
 
+def test_operations_doc_shows_every_panel_and_every_alert(helm: Path) -> None:
+    doc = (CHART.parents[1] / "docs" / "operations.md").read_text()
+    section = doc[doc.index("## Dashboard and alerts") :]
+    section = section[: section.index("\n## ", 1)]
+    dashboard = json.loads((CHART / "files" / "dashboards" / "cozystack-gpu.json").read_text())
+    for panel in dashboard["panels"]:
+        assert f"| {panel['title'].split(' (')[0]}" in section, panel["title"]
+    enabled = render(helm, {"metrics": {"prometheusRule": {"enabled": True}}})
+    rule = find(enabled, "PrometheusRule", "cozystack-gpu")
+    for group in rule["spec"]["groups"]:
+        for alert in group["rules"]:
+            assert f"| `{alert['alert']}`" in section, alert["alert"]
+    # Every metric an alert reads exists.
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    used = {m for e in exprs for m in re.findall(r"\bcozystack_gpu_[a-z_]+\b", e)}
+    assert used <= _known_metrics(), used - _known_metrics()
+
+
 def test_monitoring_objects_follow_their_values(helm: Path) -> None:
     objects = render(helm)
     assert find(objects, "Service", "cozystack-gpu-metrics")["spec"]["ports"][0]["port"] == 9090
@@ -580,6 +598,25 @@ def test_monitoring_objects_follow_their_values(helm: Path) -> None:
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
     assert find(enabled, "PodMonitor", "cozystack-gpu-agent")
+    assert not of_kind(enabled, "PrometheusRule")
+    with_rules = render(
+        helm,
+        {
+            "metrics": {
+                "prometheusRule": {
+                    "enabled": True,
+                    "labels": {"release": "kube-prometheus"},
+                    "alerts": {"lostClaims": {"for": "42m"}},
+                }
+            }
+        },
+    )
+    rule = find(with_rules, "PrometheusRule", "cozystack-gpu")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts["CozystackGPUClaimsLost"]["for"] == "42m"
+    # Prometheus's own templates reach it unrendered by Helm.
+    assert "{{ $labels.class }}" in alerts["CozystackGPUClaimsLost"]["annotations"]["summary"]
     assert not of_kind(render(helm, {"dashboard": {"enabled": False}}), "ConfigMap")
 
 
@@ -610,6 +647,11 @@ def test_monitoring_objects_follow_their_values(helm: Path) -> None:
         ({"rawNamePolicy": {"virtControllerUser": "kubevirt-controller"}}, "virtControllerUser"),
         ({"replicas": 2}, "replicas"),
         ({"controller": {"resources": {"limits": {"gpu": 1}}}}, "gpu"),
+        ({"metrics": {"prometheusRule": {"alerts": {"noLeader": {"for": "5 min"}}}}}, "for"),
+        (
+            {"metrics": {"prometheusRule": {"alerts": {"ordersWaiting": {"afterSeconds": "1h"}}}}},
+            "afterSeconds",
+        ),
     ],
 )
 def test_the_schema_refuses_bad_values_by_name(

@@ -41,3 +41,28 @@ def test_kopf_logs_a_refusal_at_info_not_error() -> None:
     assert (record.levelno, record.levelname) == (logging.INFO, "INFO")
     crash = logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, "boom", None, None)
     assert _refusals_are_not_errors(crash) and crash.levelno == logging.ERROR
+
+
+def _errors(webhook: str) -> float:
+    value = REGISTRY.get_sample_value("cozystack_gpu_admission_errors_total", {"webhook": webhook})
+    return value or 0.0
+
+
+def test_an_answer_that_could_not_be_computed_is_counted_as_an_error() -> None:
+    from kubernetes.client.rest import ApiException
+
+    before = _errors("mutate-pod")
+    with pytest.raises(kopf.AdmissionError) as answer, _refusals("mutate-pod"):
+        raise ApiException(status=503, reason="Service Unavailable")
+    assert answer.value.code == 500
+    assert _errors("mutate-pod") == before + 1
+    with pytest.raises(kopf.AdmissionError), _refusals("mutate-pod"):
+        raise Refused("feed stopped", AdmissionReason.REPLICA_CANNOT_CHECK, 500)
+    assert _errors("mutate-pod") == before + 2
+    with pytest.raises(KeyError), _refusals("mutate-pod"):
+        raise KeyError("a bug")
+    assert _errors("mutate-pod") == before + 3
+    # A refusal by a rule is the webhook working: not an error.
+    with pytest.raises(kopf.AdmissionError), _refusals("mutate-pod"):
+        raise Refused("over budget", AdmissionReason.CLAIM_NOT_BOUND, 403)
+    assert _errors("mutate-pod") == before + 3

@@ -1,0 +1,71 @@
+"""The metrics the chart's alerts read that the binder computes beside placement: the age
+of each class's oldest waiting order and whether the settings ConfigMap write fails."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, cast
+
+from prometheus_client import REGISTRY
+
+from cozystack_gpu import metrics
+from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder.publisher import Publisher
+from cozystack_gpu.binder.writer import WriteDone
+from cozystack_gpu.keys import Phase
+from cozystack_gpu.model import ClaimInfo
+
+OLDEST = "cozystack_gpu_class_oldest_waiting_order_timestamp_seconds"
+
+
+def claim(name: str, class_name: str, created: float) -> ClaimInfo:
+    return ClaimInfo(namespace="t", name=name, class_name=class_name, count=1, created=created)
+
+
+def test_each_class_reports_its_oldest_waiting_order_lost_claims_aside() -> None:
+    oldest = lifecycle.oldest_waiting(
+        [
+            claim("a", "h100", 200.0),
+            claim("b", "h100", 100.0),
+            claim("c", "l40s", 300.0),
+            claim("unknown-age", "t4", 0.0),
+            replace(claim("lost", "l40s", 10.0), phase=Phase.LOST, node="n1"),
+            None,  # gone from the snapshot since the pass
+        ]
+    )
+    assert oldest == {"h100": 100.0, "l40s": 300.0}
+
+
+def test_a_class_nothing_waits_for_any_more_loses_its_series() -> None:
+    metrics.set_oldest_waiting({"alert-a": 100.0, "alert-b": 200.0})
+    assert REGISTRY.get_sample_value(OLDEST, {"class": "alert-a"}) == 100.0
+    assert REGISTRY.get_sample_value(OLDEST, {"class": "alert-b"}) == 200.0
+    metrics.set_oldest_waiting({"alert-b": 250.0})
+    assert REGISTRY.get_sample_value(OLDEST, {"class": "alert-a"}) is None
+    assert REGISTRY.get_sample_value(OLDEST, {"class": "alert-b"}) == 250.0
+    metrics.set_oldest_waiting({})
+    assert REGISTRY.get_sample_value(OLDEST, {"class": "alert-b"}) is None
+
+
+def test_the_settings_gauge_follows_the_last_write() -> None:
+    publisher = Publisher(cast(Any, object()))  # ``written`` reads no binder state
+
+    def failing() -> float | None:
+        return REGISTRY.get_sample_value("cozystack_gpu_settings_write_failing")
+
+    publisher.written(WriteDone("settings", "gpu-settings", False, error="403 Forbidden"))
+    assert failing() == 1
+    publisher.written(WriteDone("settings", "gpu-settings", True))
+    assert failing() == 0
+
+
+def test_known_label_values_start_at_zero_so_rates_see_the_first_event() -> None:
+    metrics.start_at_zero(steps=["ZeroStep"], reasons=["ZeroReason"], webhooks=["zero-hook"])
+    assert (
+        REGISTRY.get_sample_value("cozystack_gpu_binder_decisions_total", {"step": "ZeroStep"}) == 0
+    )
+    assert REGISTRY.get_sample_value("cozystack_gpu_refusals_total", {"reason": "ZeroReason"}) == 0
+    assert (
+        REGISTRY.get_sample_value("cozystack_gpu_admission_errors_total", {"webhook": "zero-hook"})
+        == 0
+    )
