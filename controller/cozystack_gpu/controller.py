@@ -80,7 +80,7 @@ class Controller:
                 self.api, self.config.namespace, is_leader=self.elector.is_leader
             )
             self.copier.start()
-            log.info("%s leads: binder and licence copier started", self.config.identity)
+            log.info("%s leads: binder started (and the licence copier)", self.config.identity)
 
     def _stop_binding(self) -> None:
         with self._lock:
