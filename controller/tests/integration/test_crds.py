@@ -326,7 +326,7 @@ def test_class_license_is_for_vgpu_classes_only(api: Api, unique: str) -> None:
     created = api.create_class(_vgpu_body(f"lic-{unique}", license=_license(featureType=2)))
     assert created["spec"]["license"]["featureType"] == 2
     message = refusal(lambda: api.create_class(_class_body(f"lpt-{unique}", license=_license())))
-    assert "license is only for mode vgpu: a passthrough guest gets no licence from its class" in message
+    assert "license is only for mode vgpu: a passthrough guest gets no licence" in message
 
 
 def test_class_license_feature_type_defaults_to_nvidia_vgpu(api: Api, unique: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from binder_env import Corner
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
@@ -203,3 +204,45 @@ def test_license_copy_changed_by_someone_else_is_put_back(kube: Kube, licences: 
         )
 
     wait_for(restored, 15, "the unlabelled copy taken back")
+
+
+def test_no_tenant_role_reads_the_hosters_token_secret(
+    control_plane: Any, kube: Kube, licences: Licences
+) -> None:
+    """Tenants get the copy in their own namespace (that is what their VMs mount), never
+    the hoster's Secret, whatever role they hold in their namespace."""
+    licences.wait_token(licences.entitled, "token-1", "the first copy")
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    for role in ("admin", "edit", "view"):
+        rbac.create_namespaced_role_binding(
+            licences.entitled,
+            {
+                "metadata": {"name": f"tenant-{role}"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role,
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": role}
+                ],
+            },
+        )
+    controller_ns = licences.corner.controller_ns
+    for role in ("admin", "edit", "view"):
+        api = control_plane.api_client()
+        api.set_default_header("Impersonate-User", role)
+        core = client.CoreV1Api(api)
+        calls: list[tuple[Any, tuple[str, ...]]] = [
+            (core.read_namespaced_secret, (licences.secret, controller_ns)),
+            (core.list_namespaced_secret, (controller_ns,)),
+            (core.list_secret_for_all_namespaces, ()),
+        ]
+        for call, args in calls:
+            with pytest.raises(ApiException) as denied:
+                call(*args)
+            assert denied.value.status == 403, role
+    admin = control_plane.api_client()
+    admin.set_default_header("Impersonate-User", "admin")
+    own = client.CoreV1Api(admin).read_namespaced_secret(licences.copy_name, licences.entitled)
+    assert set(own.data) == {keys.LICENSE_TOKEN_KEY, keys.LICENSE_FEATURE_TYPE_KEY}
