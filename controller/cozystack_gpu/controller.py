@@ -1,8 +1,9 @@
 """One replica of the controller: a Lease decides whether its binder runs.
 
 Every replica is cheap and stateless apart from the Lease; only the leader watches the
-cluster into a snapshot and binds. When the Lease is lost the binder is stopped at once, and
-a new leader starts from a fresh listing.
+cluster into a snapshot and binds, and only the leader keeps the vGPU licence copies
+(``licensing.copier``, its own thread and watches beside the binder's). When the Lease is
+lost both are stopped at once, and a new leader starts from a fresh listing.
 
 A replica whose binder cannot work gives the Lease up. The elector asks ``binder_problem``
 every round while it leads: the binder loop raised, one of the binder's threads (loop,
@@ -30,6 +31,7 @@ from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import LEASE_NAME_BINDER
 from cozystack_gpu.leader import LeaderElector, LeaseTiming
+from cozystack_gpu.licensing.copier import LicenseCopier
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ class Controller:
         self.config = config
         self._lock = threading.Lock()
         self.binder: Binder | None = None
+        # The leader's other part: the vGPU guest licence copies (SPEC.md §10).
+        self.copier: LicenseCopier | None = None
         # The binder whose loop turns are being watched, its count and when it last changed.
         self._watched: tuple[Binder | None, int, float] = (None, 0, 0.0)
         self.elector = LeaderElector(
@@ -72,12 +76,19 @@ class Controller:
             metrics.LEADER.set(1)
             self.binder = Binder(self.api, self.config, is_leader=self.elector.is_leader)
             self.binder.start()
-            log.info("%s leads: binder started", self.config.identity)
+            self.copier = LicenseCopier(
+                self.api, self.config.namespace, is_leader=self.elector.is_leader
+            )
+            self.copier.start()
+            log.info("%s leads: binder started (and the licence copier)", self.config.identity)
 
     def _stop_binding(self) -> None:
         with self._lock:
             binder, self.binder = self.binder, None
+            copier, self.copier = self.copier, None
             metrics.LEADER.set(0)
+        if copier is not None:
+            copier.stop()
         if binder is not None:
             binder.stop()
             log.info("%s stopped binding", self.config.identity)
@@ -92,7 +103,7 @@ class Controller:
         binder = self.binder
         if binder is None:
             return "the binder is not running"
-        found = _broken(binder)
+        found = _broken(binder) or _copier_broken(self.copier)
         if found is not None:
             return found
         now = time.monotonic()
@@ -115,6 +126,9 @@ class Controller:
             broken = _broken(binder)
             if broken is not None and broken not in found:
                 found.append(broken)
+        copier = _copier_broken(self.copier)
+        if copier is not None and copier not in found:
+            found.append(copier)
         return found
 
     def health(self) -> dict[str, Any]:
@@ -132,4 +146,15 @@ def _broken(binder: Binder) -> str | None:
     dead = binder.dead_threads()
     if dead:
         return f"binder threads died: {', '.join(dead)}"
+    return None
+
+
+def _copier_broken(copier: LicenseCopier | None) -> str | None:
+    if copier is None:
+        return None
+    if copier.failure is not None:
+        return f"licence copier failed: {copier.failure}"
+    dead = copier.dead_threads()
+    if dead:
+        return f"licence copier threads died: {', '.join(dead)}"
     return None

@@ -68,6 +68,7 @@ VMI = ApiKind(
 )
 VM = ApiKind("VirtualMachine", KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachines", True)
 WORKLOAD = ApiKind(WORKLOAD_KIND, WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, True)
+SECRET = ApiKind("Secret", "", "v1", "secrets", True)
 PVC = ApiKind("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims", True)
 PV = ApiKind("PersistentVolume", "", "v1", "persistentvolumes", False)
 STORAGE_CLASS = ApiKind("StorageClass", "storage.k8s.io", "v1", "storageclasses", False)
@@ -241,6 +242,43 @@ def template_claim_name(vmi_name: str, entry_name: str) -> str:
     digest = hashlib.sha256(f"{vmi_name}/{entry_name}".encode()).hexdigest()[:10]
     head = re.sub(r"[^a-z0-9-]", "-", plain.lower())[: 63 - 11].strip("-") or "claim"
     return f"{head}-{digest}"
+
+
+# --- Guest licence (vGPU) --------------------------------------------------------------
+
+# A class with spec.license names the hoster's NVIDIA License System client configuration
+# token Secret (in the controller's namespace). The controller copies the named key into
+# every namespace entitled to vGPU, one copy per licensed class under a name derived from
+# the class, and the VMI webhook hands that copy to each VM of the class as a disk with a
+# fixed serial. The copy's keys are the guest contract (roles/guest_license reads them).
+LICENSE_COPY_PREFIX = "gpu-license-"
+# Every copy carries both labels: the first marks what the controller owns (and lists, so it
+# deletes copies it no longer wants even after a restart), the second names the class.
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_CONTROLLER = "cozystack-gpu-controller"
+LABEL_LICENSE_CLASS = GROUP + "/license-class"
+# The copy's keys, which become the files of the guest's licence disk: the token (gridd takes
+# a *.tok file from ClientConfigTokenPath) and the class's FeatureType, as decimal text.
+LICENSE_TOKEN_KEY = "client_configuration_token.tok"
+LICENSE_FEATURE_TYPE_KEY = "feature-type"
+# The VMI's volume and disk of the copy. A virtio disk serial is at most 20 bytes; the guest
+# finds the disk as /dev/disk/by-id/virtio-<serial>.
+LICENSE_VOLUME_NAME = "gpu-cozystack-license"
+LICENSE_DISK_SERIAL = "gpu-license"
+# gridd.conf FeatureType values a licensed vGPU class may give its guests (NVIDIA License
+# System user guide); 0 (unlicensed) is no licence at all, so a class leaves license out.
+LICENSE_FEATURE_TYPES = {
+    1: "NVIDIA vGPU (the licence edition follows the vGPU type)",
+    2: "NVIDIA RTX Virtual Workstation",
+    4: "NVIDIA Virtual Compute Server",
+}
+LICENSE_DEFAULT_FEATURE_TYPE = 1
+
+
+def license_copy_name(class_name: str) -> str:
+    """The name of a licensed class's token copy in each entitled namespace. A class name
+    is a DNS label (at most 63), so the name is a valid Secret name."""
+    return LICENSE_COPY_PREFIX + class_name
 
 
 # --- Nodes -------------------------------------------------------------------------------
@@ -429,6 +467,7 @@ class AdmissionReason(str, Enum):
     ATTACHMENT_RACE_LOST = "AttachmentRaceLost"
     VMI_EXISTS = "VMIExists"
     TEMPLATE_CLAIM_CONFLICT = "TemplateClaimConflict"
+    LICENSE_COPY_MISSING = "LicenseCopyMissing"
 
 
 class EventReason(str, Enum):

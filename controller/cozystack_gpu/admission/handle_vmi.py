@@ -75,6 +75,7 @@ class Admitted:
 
     gpus: list[dict[str, str]]
     attachment_id: str
+    license_copy: str | None = None
 
 
 class VMIWebhook:
@@ -130,13 +131,17 @@ class VMIWebhook:
             if isinstance(decision, vmi_rules.Refusal):
                 raise Refused(decision.message, decision.reason, 409 if attempt else 403)
             if dry_run:
-                return Admitted(list(decision.gpus), "")
+                return Admitted(list(decision.gpus), "", decision.license_copy)
             held = {c: facts.claims[c] for c in request.claims}
             try:
                 self._hold(namespace, name, held, decision.attach, attachment_id)
             except _LostRace:
                 continue
-            return Admitted(list(decision.gpus), attachment_id if request.claims else "")
+            return Admitted(
+                list(decision.gpus),
+                attachment_id if request.claims else "",
+                decision.license_copy,
+            )
         raise Refused(
             f"the GPUClaims of VirtualMachineInstance {name} kept changing while it was "
             f"admitted ({ATTEMPTS} tries); try again",
@@ -185,13 +190,25 @@ class VMIWebhook:
                 )
             instancetype = vmi_rules.InstanceType(ref[0].kind, ref[1], spec.get("spec") or {})
         read = {c: f.result() for c, f in claims.items()}
+        known = classes.result()
+        # A licensed class's copy, and the labels that say why one is missing: only for a
+        # set of a licensed vGPU class.
+        wanted = {str((c.get("spec") or {}).get("class", "")) for c in read.values() if c}
+        wanted |= {entry.gpu_class for entry in request.templates}
+        licensed = vmi_rules.licensed_classes(wanted, known)
+        copies = {
+            n: submit(access.secret_exists, namespace, keys.license_copy_name(n)) for n in licensed
+        }
+        if licensed and labels is None:
+            labels = submit(access.namespace_labels, namespace)
         same_name = None
         if vmi_rules.needs_same_name_check(read.values(), name, attachment_id):
             same_name = access.vmi(namespace, name)
         return vmi_rules.VMIFacts(
             claims=read,
             same_name_vmi=same_name,
-            classes=classes.result(),
+            classes=known,
+            license_copies=frozenset(n for n, f in copies.items() if f.result()),
             settings_names=settings.result() if settings is not None else names or frozenset(),
             namespace_labels=labels.result() if labels is not None else {},
             instancetype=instancetype,

@@ -185,16 +185,17 @@ def validate_gpuclass(body: kopf.Body, memo: kopf.Memo, dryrun: bool = False, **
     operations=["CREATE"], side_effects=True,
 )  # fmt: skip
 def mutate_vmi(body: kopf.Body, dryrun: bool, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Resolve the VMI's claims, record the attachments (not on a dry run) and add one
-    gpus entry per unit."""
+    """Resolve the VMI's claims, record the attachments (not on a dry run), add one gpus
+    entry per unit and, for a licensed vGPU class, the licence disk."""
     admission = _admission(memo)
     with _refusals("mutate-vmi"):
         admitted = admission.vmis.admit(dict(body), dry_run=dryrun)
-    patch.fns.append(
-        lambda raw: vmi_rules.set_gpus(
-            cast(dict[str, Any], raw), admitted.gpus, admitted.attachment_id
-        )
-    )
+
+    def mutate(raw: Any) -> None:
+        vmi_rules.set_gpus(cast(dict[str, Any], raw), admitted.gpus, admitted.attachment_id)
+        vmi_rules.set_license(cast(dict[str, Any], raw), admitted.license_copy)
+
+    patch.fns.append(mutate)
 
 
 @kopf.on.mutate("", "v1", "pods", id="mutate-pod", operations=["CREATE"])

@@ -33,6 +33,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.admission.annotation import ClaimsRequest
 from cozystack_gpu.binder.translate import class_resource_name, meta
 from cozystack_gpu.keys import AdmissionReason
+from cozystack_gpu.licensing.rules import class_license
 from cozystack_gpu.model import Reason
 
 Obj = Mapping[str, Any]
@@ -54,6 +55,8 @@ class Start:
 
     attach: tuple[str, ...]
     gpus: tuple[dict[str, str], ...]
+    # The namespace's licence copy the VM gets as a disk (a licensed vGPU class), or None.
+    license_copy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,39 @@ class VMIFacts:
     # already names this name (read only then): a VMI of this name that still exists means
     # this create is not the one the attachment belongs to, and will fail anyway.
     same_name_vmi: Obj | None = None
+    # The licensed classes of the set whose copy exists in the VMI's namespace (read only
+    # for a set of a licensed vGPU class).
+    license_copies: frozenset[str] = frozenset()
+
+
+def licensed_classes(class_names: Iterable[str], classes: Mapping[str, Obj]) -> list[str]:
+    """The classes among ``class_names`` whose guests get a licence (vGPU with license)."""
+    return sorted(
+        {n for n in class_names if n in classes and class_license(classes[n]) is not None}
+    )
+
+
+def license_refusal(class_name: str, klass: Obj, namespace: str, entitled: bool) -> Refusal:
+    """A licensed start whose namespace has no copy of the class's token."""
+    copy = keys.license_copy_name(class_name)
+    if not entitled:
+        return Refusal(
+            AdmissionReason.LICENSE_COPY_MISSING,
+            f"vGPU class {class_name} is licensed, and its licence reaches only namespaces "
+            f"entitled to vGPU: namespace {namespace} is not entitled to vGPU (any more), so "
+            f"it has no Secret {copy}; the parent tenant's administrator grants vGPU on the "
+            f"Tenant, and Cozystack then labels the namespace {keys.LABEL_VGPU_ENTITLEMENT}: "
+            f'"{keys.VGPU_ENTITLEMENT_VALUE}"',
+        )
+    lic = class_license(klass)
+    ref = f"Secret {lic.secret_name} (key {lic.secret_key})" if lic else "its Secret"
+    return Refusal(
+        AdmissionReason.LICENSE_COPY_MISSING,
+        f"the licence of vGPU class {class_name} has not been copied into namespace "
+        f"{namespace} yet (Secret {copy}): the controller copies it there once the namespace "
+        f"is entitled to vGPU and the hoster's {ref} exists in the controller's namespace; "
+        "try again in a moment",
+    )
 
 
 def units(n: int) -> str:
@@ -189,6 +225,10 @@ def judge(
                 f'{keys.LABEL_VGPU_ENTITLEMENT}: "{keys.VGPU_ENTITLEMENT_VALUE}"',
             )
 
+    for class_name in licensed_classes(demand, facts.classes):
+        if class_name not in facts.license_copies:
+            return license_refusal(class_name, facts.classes[class_name], namespace, entitled)
+
     gpu_names = facts.settings_names | {
         res for klass in facts.classes.values() if (res := class_resource_name(klass))
     }
@@ -223,7 +263,9 @@ def judge(
     attach = tuple(
         claim_name for claim_name, claim in held if not is_reinvocation(claim, name, attachment_id)
     )
-    return Start(attach=attach, gpus=gpus)
+    licensed = licensed_classes(demand, facts.classes)
+    copy = keys.license_copy_name(licensed[0]) if licensed else None
+    return Start(attach=attach, gpus=gpus, license_copy=copy)
 
 
 def _attached_to(claim: Obj) -> str:
@@ -352,6 +394,22 @@ def gpus_with(existing: Iterable[Obj], ours: Iterable[Mapping[str, str]]) -> lis
     """The VMI's gpus list: its own entries as they are, then this webhook's, replacing
     any entry with the reserved prefix (so calling it again changes nothing)."""
     return [dict(e) for e in existing if not is_ours(e)] + [dict(e) for e in ours]
+
+
+def set_license(body: dict[str, Any], copy: str | None) -> None:
+    """Give the VMI body the licence copy as a secret volume and a virtio disk with the
+    fixed serial, replacing any volume or disk of the reserved name (so calling it again
+    changes nothing); nothing without a copy."""
+    if copy is None:
+        return
+    spec = body.setdefault("spec", {})
+    name = keys.LICENSE_VOLUME_NAME
+    volumes = [dict(v) for v in spec.get("volumes") or [] if v.get("name") != name]
+    spec["volumes"] = [*volumes, {"name": name, "secret": {"secretName": copy}}]
+    devices = spec.setdefault("domain", {}).setdefault("devices", {})
+    disks = [dict(d) for d in devices.get("disks") or [] if d.get("name") != name]
+    disk = {"name": name, "serial": keys.LICENSE_DISK_SERIAL, "disk": {"bus": "virtio"}}
+    devices["disks"] = [*disks, disk]
 
 
 def set_gpus(

@@ -517,6 +517,12 @@ def test_the_rbac_matrix_holds_for_every_identity(release: Release) -> None:
     )
     kube.claim(ns, "matrix", "h100")
     kube.core.create_namespaced_pod(ns, _pod("launcher"))
+    # The hoster's licence token, which no tenant role may read.
+    token_secret = f"nls-{uuid.uuid4().hex[:6]}"
+    kube.core.create_namespaced_secret(
+        NAMESPACE, {"metadata": {"name": token_secret}, "data": {"t.tok": "dA=="}}
+    )
+    token = f"/api/v1/namespaces/{NAMESPACE}/secrets/{token_secret}"
     rbac = client.RbacAuthorizationV1Api(release.api)
     for user, role in (("alice", "admin"), ("bob", "view")):
         rbac.create_namespaced_role_binding(
@@ -588,6 +594,8 @@ def test_the_rbac_matrix_holds_for_every_identity(release: Release) -> None:
         ("alice", "PATCH", f"{GPU_API}/gpuclasses/h100", denied),
         ("alice", "GET", f"{GPU_API}/gpunodes", denied),
         ("alice", "GET", f"{GPU_API}/gpunodes/gpu-node-1", denied),
+        ("alice", "GET", token, denied),
+        ("alice", "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", denied),
         # tenant view: reads claims only.
         ("bob", "GET", claims, allowed),
         ("bob", "GET", claim, allowed),
@@ -596,6 +604,7 @@ def test_the_rbac_matrix_holds_for_every_identity(release: Release) -> None:
         ("bob", "GET", f"{claim}/status", denied),
         ("bob", "GET", f"{GPU_API}/gpuclasses", allowed),
         ("bob", "GET", f"{GPU_API}/gpunodes", denied),
+        ("bob", "GET", token, denied),
         # any authenticated user: the catalog, read-only.
         ("carol", "GET", f"{GPU_API}/gpuclasses", allowed),
         ("carol", "GET", f"{GPU_API}/gpuclasses/h100", allowed),
@@ -603,6 +612,8 @@ def test_the_rbac_matrix_holds_for_every_identity(release: Release) -> None:
         ("carol", "PATCH", f"{GPU_API}/gpuclasses/h100/status", denied),
         ("carol", "GET", claims, denied),
         ("carol", "GET", f"{GPU_API}/gpunodes", denied),
+        ("carol", "GET", token, denied),
+        ("carol", "GET", "/api/v1/secrets", denied),
         # the node agent: GPUNode and its status, its Node and pods read, nothing else.
         (agent, "GET", f"{GPU_API}/gpunodes/gpu-node-1", allowed),
         (agent, "PATCH", f"{GPU_API}/gpunodes/gpu-node-1/status", allowed),
@@ -615,7 +626,8 @@ def test_the_rbac_matrix_holds_for_every_identity(release: Release) -> None:
         (agent, "GET", claims, denied),
         (agent, "PATCH", f"{GPU_API}/gpuclasses/h100/status", denied),
         (agent, "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", denied),
-        # the controller: claims, their status, launcher pods, its Lease; no secrets, no RBAC.
+        # the controller: claims, their status, launcher pods, its Lease, the licence token
+        # and its copies (docs/licensing.md, "RBAC"); no RBAC, no patch of secrets.
         (controller, "GET", claims, allowed),
         (controller, "PATCH", f"{claim}/status", allowed),
         (controller, "PATCH", claim, allowed),
@@ -626,7 +638,10 @@ def test_the_rbac_matrix_holds_for_every_identity(release: Release) -> None:
         (controller, "PATCH", f"/api/v1/namespaces/{ns}/pods/launcher", allowed),
         (controller, "PUT", f"/api/v1/namespaces/{ns}/pods/launcher", denied),
         (controller, "DELETE", f"/api/v1/namespaces/{ns}/pods/launcher", allowed),
-        (controller, "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", denied),
+        (controller, "GET", token, allowed),
+        (controller, "GET", f"/api/v1/namespaces/{ns}/secrets", allowed),
+        (controller, "PATCH", token, denied),
+        (agent, "GET", token, denied),
         (controller, "GET", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", denied),
         (controller, "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles", denied),
     ]

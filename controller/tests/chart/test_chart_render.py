@@ -409,9 +409,14 @@ def test_the_controller_has_exactly_the_rules_it_is_tested_with(helm: Path) -> N
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "cozystack-gpu-controller", "namespace": NAMESPACE}
     ]
-    # Least privilege, whatever the controller grows into: no secrets, no RBAC, no pods of
-    # its own, no catalog entries of its own, and its Lease and settings only at home.
-    assert not {r for r in chart_cluster if r[1] in ("secrets", "roles", "clusterroles")}
+    # Least privilege, whatever the controller grows into: no RBAC, no pods of its own, no
+    # catalog entries of its own, and its Lease and settings only at home. Secrets only as
+    # the vGPU licence copies need them (docs/licensing.md, "RBAC"): never patched, never
+    # deleted as a collection.
+    assert not {r for r in chart_cluster if r[1] in ("roles", "clusterroles")}
+    assert {r[2] for r in chart_cluster if r[1] == "secrets"} == {
+        "get", "list", "watch", "create", "update", "delete",
+    }  # fmt: skip
     assert ("", "pods", "create") not in chart_cluster
     assert not {r for r in chart_cluster if r[1] == "gpuclasses" and r[2] in ("create", "delete")}
     assert not {r for r in chart_cluster if r[1] in ("leases", "configmaps")}

@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission.annotation import EXPECTED_FORMAT
+from cozystack_gpu.licensing import rules as licence_rules
 from cozystack_gpu.model.budgets import vgpu_not_entitled
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
@@ -539,3 +540,123 @@ def test_a_nic_vf_the_agent_found_to_be_no_gpu_goes_next_to_the_claims(
     devices = created["spec"]["domain"]["devices"]
     assert devices["hostDevices"] == nic_entry["hostDevices"]
     assert devices["gpus"] == gpus(corner.resource(), 1)
+
+
+# --- the vGPU guest licence --------------------------------------------------------------
+
+
+def licensed_class(corner: Corner, base: str = "l40s") -> str:
+    return corner.gpu_class(
+        base, mode="vgpu", license={"secretRef": {"name": "nls", "key": "t.tok"}}
+    )
+
+
+def place_copy(kube: Kube, namespace: str, gpu_class: str) -> None:
+    """The copy as the leader's copier writes it (no leader runs here)."""
+    copy = licence_rules.Copy(
+        namespace,
+        keys.license_copy_name(gpu_class),
+        gpu_class,
+        ((keys.LICENSE_TOKEN_KEY, "dA=="), (keys.LICENSE_FEATURE_TYPE_KEY, "MQ==")),
+    )
+    kube.core.create_namespaced_secret(namespace, licence_rules.copy_body(copy))
+
+
+def licence_volume(gpu_class: str) -> dict[str, Any]:
+    return {
+        "name": keys.LICENSE_VOLUME_NAME,
+        "secret": {"secretName": keys.license_copy_name(gpu_class)},
+    }
+
+
+LICENCE_DISK = {
+    "name": keys.LICENSE_VOLUME_NAME,
+    "serial": keys.LICENSE_DISK_SERIAL,
+    "disk": {"bus": "virtio"},
+}
+
+
+def test_a_licensed_vgpu_start_gets_its_namespace_copy_as_a_disk_with_the_licence_serial(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    entitle(kube, namespace)
+    node = corner.node("n1", 2)
+    gpu_class = licensed_class(corner)
+    corner.bound(namespace, "a", gpu_class, node=node)
+    place_copy(kube, namespace, gpu_class)
+    body = vmi_body("vm", {"claims": ["a"]})
+    dry = create_vmi(kube, namespace, body, dry_run="All")
+    assert dry["spec"]["volumes"] == [licence_volume(gpu_class)]
+    assert "attachedTo" not in status(claim(kube, namespace, "a"))
+    created = create_vmi(kube, namespace, body)
+    assert created["spec"]["volumes"] == [licence_volume(gpu_class)]
+    assert created["spec"]["domain"]["devices"]["disks"] == [LICENCE_DISK]
+
+
+def test_a_licensed_start_reinvoked_adds_no_second_disk(
+    kube: Kube, corner: Corner, namespace: str, replica: Replica
+) -> None:
+    entitle(kube, namespace)
+    node = corner.node("n1", 1)
+    gpu_class = licensed_class(corner)
+    corner.bound(namespace, "a", gpu_class, node=node)
+    place_copy(kube, namespace, gpu_class)
+    body = vmi_body("vm", {"claims": ["a"]})
+    body["metadata"]["namespace"] = namespace
+    request = {
+        "kind": {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"},
+        "resource": {
+            "group": "kubevirt.io",
+            "version": "v1",
+            "resource": "virtualmachineinstances",
+        },
+        "namespace": namespace,
+        "name": "vm",
+        "operation": "CREATE",
+        "userInfo": {"username": "tenant"},
+        "dryRun": False,
+    }
+    first = replica.review("/mutate-vmi", {**request, "object": body})
+    assert first["allowed"], first
+    mutated = jsonpatch.apply_patch(body, json.loads(base64.b64decode(first["patch"])))
+    assert mutated["spec"]["domain"]["devices"]["disks"] == [LICENCE_DISK]
+    second = replica.review("/mutate-vmi", {**request, "object": mutated})
+    assert second["allowed"], second
+    assert "patch" not in second
+
+
+def test_unlicensed_and_passthrough_starts_get_no_licence_disk(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    entitle(kube, namespace)
+    node = corner.node("n1", 2)
+    plain = corner.gpu_class("l40s", mode="vgpu")
+    corner.bound(namespace, "v", plain, node=node)
+    created = create_vmi(kube, namespace, vmi_body("vm-v", {"claims": ["v"]}))
+    assert not created["spec"].get("volumes")
+    assert not created["spec"]["domain"]["devices"].get("disks")
+    other = corner.node("n2", 1, resource=corner.resource("PT"))
+    passthrough = corner.gpu_class("h100", resource=corner.resource("PT"))
+    corner.bound(namespace, "p", passthrough, node=other)
+    created = create_vmi(kube, namespace, vmi_body("vm-p", {"claims": ["p"]}))
+    assert not created["spec"].get("volumes")
+
+
+def test_a_licensed_start_without_its_copy_is_refused_saying_why(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    entitle(kube, namespace)
+    node = corner.node("n1", 2)
+    gpu_class = licensed_class(corner)
+    corner.bound(namespace, "a", gpu_class, node=node)
+    copy = keys.license_copy_name(gpu_class)
+    message = refused(kube, namespace, vmi_body("vm", {"claims": ["a"]}))
+    assert f"the licence of vGPU class {gpu_class} has not been copied" in message
+    assert f"Secret {copy}" in message and "try again" in message
+    # Entitlement cleared after the order: the start says the namespace is not entitled.
+    kube.core.patch_namespace(
+        namespace, {"metadata": {"labels": {keys.LABEL_VGPU_ENTITLEMENT: None}}}
+    )
+    message = refused(kube, namespace, vmi_body("vm", {"claims": ["a"]}))
+    assert f"namespace {namespace} is not entitled to vGPU" in message
+    assert "attachedTo" not in status(claim(kube, namespace, "a"))

@@ -126,3 +126,54 @@ def _settings(kube: Kube, namespace: str) -> dict[str, str] | None:
     except ApiException:
         return None
     return dict(cm.data)
+
+
+def test_the_licence_copier_works_with_only_the_shipped_rbac(
+    control_plane: ControlPlane, api_client: Any
+) -> None:
+    kube = Kube(api_client)
+    test_id = uuid.uuid4().hex[:8]
+    namespace, tenant = f"ctl-{test_id}", f"tenant-{test_id}"
+    kube.namespace(namespace)
+    kube.namespace(
+        tenant,
+        {f"tenant.cozystack.io/{tenant}": "", keys.LABEL_VGPU_ENTITLEMENT: "true"},
+    )
+    apply_rbac(api_client, namespace)
+    kube.core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "nls"}, "data": {"t.tok": "dG9rZW4="}}
+    )
+    gpu_class = f"l40s-{test_id}"
+    kube.gpu_class(
+        gpu_class,
+        f"nvidia.com/L40S_{test_id}",
+        mode="vgpu",
+        license={"secretRef": {"name": "nls", "key": "t.tok"}},
+    )
+    controller = Controller(
+        impersonating(control_plane, namespace),
+        make_config(
+            namespace, identity="rbac-licence", lease_duration=4.0, renew_deadline=3.0,
+            retry_period=0.5,
+        ),
+    )  # fmt: skip
+    controller.start()
+    name = keys.license_copy_name(gpu_class)
+
+    def copied() -> bool:
+        try:
+            secret = kube.core.read_namespaced_secret(name, tenant)
+        except ApiException:
+            return False
+        return bool(secret.data[keys.LICENSE_TOKEN_KEY] == "dG9rZW4=")
+
+    try:
+        wait_for(copied, what="the licence copy under the shipped RBAC")
+        kube.core.delete_namespaced_secret(name, tenant)
+        wait_for(copied, what="the deleted copy put back under the shipped RBAC")
+        assert controller.problems() == []
+    finally:
+        controller.stop()
+        kube.custom.delete_cluster_custom_object(
+            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class
+        )

@@ -318,6 +318,52 @@ def test_kubectl_shows_class_printer_columns(
     assert out[1].split()[:5] == [name, "vgpu", "L40S", "L40S-24C", "7"]
 
 
+def _license(**fields: Any) -> dict[str, Any]:
+    return {"secretRef": {"name": "nls-token", "key": "token.tok"}, **fields}
+
+
+def test_class_license_is_for_vgpu_classes_only(api: Api, unique: str) -> None:
+    created = api.create_class(_vgpu_body(f"lic-{unique}", license=_license(featureType=2)))
+    assert created["spec"]["license"]["featureType"] == 2
+    message = refusal(lambda: api.create_class(_class_body(f"lpt-{unique}", license=_license())))
+    assert "license is only for mode vgpu: a passthrough guest gets no licence" in message
+
+
+def test_class_license_feature_type_defaults_to_nvidia_vgpu(api: Api, unique: str) -> None:
+    created = api.create_class(_vgpu_body(f"ld-{unique}", license=_license()))
+    assert created["spec"]["license"]["featureType"] == keys.LICENSE_DEFAULT_FEATURE_TYPE
+
+
+@pytest.mark.parametrize("feature_type", [0, 3, 5])
+def test_class_license_feature_type_is_one_gridd_knows(
+    api: Api, unique: str, feature_type: int
+) -> None:
+    message = refusal(
+        lambda: api.create_class(
+            _vgpu_body(f"lf-{unique}", license=_license(featureType=feature_type))
+        )
+    )
+    assert "featureType must be 1 (NVIDIA vGPU), 2 (NVIDIA RTX Virtual Workstation)" in message
+
+
+@pytest.mark.parametrize(
+    ("secret_ref", "expected"),
+    [
+        ({"key": "token.tok"}, "spec.license.secretRef.name: Required value"),
+        ({"name": "nls-token"}, "spec.license.secretRef.key: Required value"),
+        ({"name": "NLS_token", "key": "t"}, "spec.license.secretRef.name in body should match"),
+        ({"name": "nls", "key": "a/b"}, "spec.license.secretRef.key in body should match"),
+    ],
+)
+def test_class_license_secret_ref_names_a_secret_and_key(
+    api: Api, unique: str, secret_ref: dict[str, str], expected: str
+) -> None:
+    message = refusal(
+        lambda: api.create_class(_vgpu_body(f"lr-{unique}", license={"secretRef": secret_ref}))
+    )
+    assert expected in message
+
+
 # --- GPUClaim ----------------------------------------------------------------------------
 
 

@@ -1,0 +1,257 @@
+"""The leader's licence copier: watches, calls ``rules``, writes the copies.
+
+It runs beside the binder in the replica holding the Lease, on its own thread and watches:
+its objects (a few classes, the namespaces, a few Secrets) share nothing with the binder's
+decisions, and a slow Secret write must never hold up a bind. Four feeds: the classes, the
+namespaces, the Secrets of the controller's namespace (the hoster's tokens) and, across the
+cluster, the Secrets carrying the managed label (the copies, so a copy someone edits or
+deletes is seen at once and one left over from before a restart is still deleted).
+
+After every batch of changes, and every ``RESYNC_S`` besides (a write that failed is tried
+again then), it decides the whole plan again from what it has seen and writes it; a write's
+answer is taken as the copy's state at once, so the echo of its own write plans nothing.
+A copy's name is the product's (``gpu-license-<class>``): a Secret of that name that is not
+a copy (no managed label) is taken over.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.informer import Event, EventType, Informer, Source, list_function
+from cozystack_gpu.licensing import rules
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+Key = tuple[str, str]
+
+RESYNC_S = 30.0
+TICK_S = 0.5
+REQUEST_TIMEOUT_S = (5.0, 30.0)
+
+CLASSES = keys.GPU_CLASS.kind
+NAMESPACES = keys.NAMESPACE.kind
+SOURCES = "LicenseSource"
+COPIES = "LicenseCopy"
+MANAGED_SELECTOR = f"{keys.LABEL_MANAGED_BY}={keys.MANAGED_BY_CONTROLLER}"
+
+
+def _key(obj: Obj) -> Key:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _version(obj: Obj) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+class LicenseCopier:
+    """Keeps the licence copies as ``rules.plan_copies`` says while started."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        *,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.is_leader = is_leader
+        self.core = client.CoreV1Api(api)
+        self.synced = threading.Event()
+        self.failure: str | None = None
+        self.writes = 0
+        self._stop = threading.Event()
+        self._queue: queue.Queue[Any] = queue.Queue()  # Events; None wakes a stop
+        self._raw: dict[str, dict[Key, Obj]] = {
+            k: {} for k in (CLASSES, NAMESPACES, SOURCES, COPIES)
+        }
+        self._listed: set[str] = set()
+        feeds = [
+            Source(CLASSES, list_function(api, keys.GPU_CLASS)),
+            Source(NAMESPACES, list_function(api, keys.NAMESPACE)),
+            Source(SOURCES, self.core.list_namespaced_secret, {"namespace": namespace}),
+            Source(
+                COPIES,
+                self.core.list_secret_for_all_namespaces,
+                {"label_selector": MANAGED_SELECTOR},
+            ),
+        ]
+        self._informers = [Informer(api, f, self._queue, self._stop) for f in feeds]
+        self._thread = threading.Thread(target=self._run, name="license-copier", daemon=True)
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        for informer in self._informers:
+            informer.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+        for informer in self._informers:
+            informer.join(timeout=1)
+
+    def dead_threads(self) -> list[str]:
+        if self._stop.is_set() and self.failure is None:
+            return []
+        threads = [self._thread, *(i.thread for i in self._informers)]
+        return [t.name for t in threads if t.ident is not None and not t.is_alive()]
+
+    # --- the loop --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last = 0.0
+        try:
+            while not self._stop.is_set():
+                changed = self._drain()
+                if len(self._listed) < len(self._raw):
+                    continue
+                self.synced.set()
+                now = time.monotonic()
+                if not changed and now - last < RESYNC_S:
+                    continue
+                last = now
+                if self.is_leader():
+                    self._reconcile()
+        except Exception as exc:
+            log.exception("licence copier failed")
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self._stop.set()
+
+    def _drain(self) -> bool:
+        try:
+            item = self._queue.get(timeout=TICK_S)
+        except queue.Empty:
+            return False
+        changed = False
+        while True:
+            if item is not None:
+                self._take(item)
+                changed = True
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return changed
+
+    def _take(self, event: Event) -> None:
+        store = self._raw[event.kind]
+        if event.type is EventType.LISTED:
+            store.clear()
+            store.update((_key(obj), obj) for obj in event.objects)
+            self._listed.add(event.kind)
+            return
+        obj = event.obj or {}
+        key = _key(obj)
+        known = store.get(key)
+        if known is not None and _version(obj) < _version(known):
+            return  # older than what a write of ours already answered
+        if event.type is EventType.DELETED:
+            store.pop(key, None)
+        else:
+            store[key] = obj
+
+    # --- decide and write --------------------------------------------------------------
+
+    def inputs(self) -> tuple[list[Obj], dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """The rules' inputs from what the watches saw. A namespace being deleted takes no
+        copy (the API server refuses new objects there); its copies go with it."""
+        classes = list(self._raw[CLASSES].values())
+        namespaces = {
+            name: dict((ns.get("metadata") or {}).get("labels") or {})
+            for (_ns, name), ns in self._raw[NAMESPACES].items()
+            if not (ns.get("metadata") or {}).get("deletionTimestamp")
+        }
+        sources = {
+            name: dict(secret.get("data") or {})
+            for (_ns, name), secret in self._raw[SOURCES].items()
+        }
+        return classes, namespaces, sources
+
+    def _reconcile(self) -> None:
+        desired = rules.desired_copies(*self.inputs())
+        plan = rules.plan_copies(desired, self._raw[COPIES])
+        for copy in (*plan.creates, *plan.updates):
+            if not self.is_leader():
+                return
+            self._write(copy, exists=copy in plan.updates)
+        for namespace, name in plan.deletes:
+            if not self.is_leader():
+                return
+            self._delete(namespace, name)
+
+    def _write(self, copy: rules.Copy, *, exists: bool) -> None:
+        body = rules.copy_body(copy)
+        try:
+            try:
+                written = self._replace(copy, body) if exists else self._create(copy, body)
+            except ApiException as exc:
+                # Created meanwhile (or a Secret of the copy's name that is not one): put
+                # ours in its place; replaced but gone meanwhile: create it.
+                if exc.status == 409 and not exists:
+                    written = self._replace(copy, body)
+                elif exc.status == 404 and exists:
+                    written = self._create(copy, body)
+                else:
+                    raise
+        except ApiException as exc:
+            log.warning(
+                "licence copy %s/%s not written: %s %s; trying again within %.0f s",
+                copy.namespace,
+                copy.name,
+                exc.status,
+                exc.reason,
+                RESYNC_S,
+            )
+            return
+        self.writes += 1
+        self._raw[COPIES][(copy.namespace, copy.name)] = written
+
+    def _create(self, copy: rules.Copy, body: Obj) -> Obj:
+        created = self.core.create_namespaced_secret(
+            copy.namespace, body, _request_timeout=REQUEST_TIMEOUT_S
+        )
+        result: Obj = self.api.sanitize_for_serialization(created)
+        return result
+
+    def _replace(self, copy: rules.Copy, body: Obj) -> Obj:
+        # An unconditional replace: the copy is the controller's alone, so whatever changed
+        # it since it was read is overwritten.
+        replaced = self.core.replace_namespaced_secret(
+            copy.name, copy.namespace, body, _request_timeout=REQUEST_TIMEOUT_S
+        )
+        result: Obj = self.api.sanitize_for_serialization(replaced)
+        return result
+
+    def _delete(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_secret(name, namespace, _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning(
+                    "licence copy %s/%s not deleted: %s %s; trying again within %.0f s",
+                    namespace,
+                    name,
+                    exc.status,
+                    exc.reason,
+                    RESYNC_S,
+                )
+                return
+        self.writes += 1
+        self._raw[COPIES].pop((namespace, name), None)
