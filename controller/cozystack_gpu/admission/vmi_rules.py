@@ -32,9 +32,10 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.admission.annotation import ClaimsRequest
 from cozystack_gpu.binder.translate import class_resource_name, meta
-from cozystack_gpu.keys import AdmissionReason
+from cozystack_gpu.keys import AdmissionReason, Mode
 from cozystack_gpu.licensing.rules import class_license
 from cozystack_gpu.model import Reason
+from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape
 
 Obj = Mapping[str, Any]
 
@@ -128,10 +129,6 @@ def license_refusal(class_name: str, klass: Obj, namespace: str, entitled: bool)
     )
 
 
-def units(n: int) -> str:
-    return f"{n} unit" if n == 1 else f"{n} units"
-
-
 def gpu_entry_name(index: int) -> str:
     """The name of the ``index``-th unit's gpus entry: deterministic, so a reinvocation
     writes the same entries, and a valid KubeVirt device name."""
@@ -160,29 +157,33 @@ def judge(
         assert claim is not None
         held.append((claim_name, claim))
 
-    demand: dict[str, int] = {}
-    for claim_name, claim in held:
-        spec = claim.get("spec") or {}
-        class_name = str(spec.get("class", ""))
-        if class_name not in facts.classes:
-            return Refusal(
-                Reason.CLASS_MISSING, f"class {class_name} of GPUClaim {claim_name} does not exist"
-            )
-        demand[class_name] = demand.get(class_name, 0) + int(spec.get("count") or 1)
-    for entry in request.templates:
-        klass = facts.classes.get(entry.gpu_class)
-        if klass is None:
-            return Refusal(
-                Reason.CLASS_MISSING,
-                f"class {entry.gpu_class} of claim template {entry.name} does not exist",
-            )
-        if meta(klass).get("deletionTimestamp"):
-            return Refusal(
-                Reason.CLASS_DELETING,
-                f"class {entry.gpu_class} is being deleted and takes no new orders "
-                f"(claim template {entry.name})",
-            )
-        demand[entry.gpu_class] = demand.get(entry.gpu_class, 0) + entry.count
+    members = [
+        SetMember(
+            str((claim.get("spec") or {}).get("class", "")),
+            int((claim.get("spec") or {}).get("count") or 1),
+            order=False,
+            label=f"GPUClaim {claim_name}",
+        )
+        for claim_name, claim in held
+    ] + [
+        SetMember(entry.gpu_class, entry.count, order=True, label=f"claim template {entry.name}")
+        for entry in request.templates
+    ]
+    shapes = {
+        name: ClassShape(
+            Mode.VGPU
+            if (klass.get("spec") or {}).get("mode") == Mode.VGPU.value
+            else Mode.PASSTHROUGH,
+            bool(meta(klass).get("deletionTimestamp")),
+            _max_count(name, klass, facts),
+        )
+        for name in {m.class_name for m in members}
+        if (klass := facts.classes.get(name)) is not None
+    }
+    # A start is judged whole: the VM uses every unit of the set (maxCount is per VM).
+    demand, shape_refusal = judge_set_shape(members, shapes, max_count=True)
+    if shape_refusal is not None:
+        return Refusal(shape_refusal.reason, shape_refusal.message)
 
     nodes = {claim_name: _node_of(claim) for claim_name, claim in held}
     if len(set(nodes.values())) > 1:
@@ -193,23 +194,7 @@ def judge(
             "order claims a VM uses together as one set (a VirtualMachine that names them "
             "keeps them together) or use claimTemplates",
         )
-
-    modes = {n: str((facts.classes[n].get("spec") or {}).get("mode", "")) for n in demand}
-    vgpu = sorted(n for n in demand if modes[n] == keys.Mode.VGPU.value)
-    if len(vgpu) > 1:
-        return Refusal(
-            Reason.VGPU_CLASSES_MIXED,
-            f"a VM takes one vGPU class; the set asks for {', '.join(vgpu)}",
-        )
-
-    for class_name in sorted(demand):
-        limit = _max_count(class_name, modes[class_name], facts)
-        if limit is not None and limit > 0 and demand[class_name] > limit:
-            return Refusal(
-                Reason.MAX_COUNT_EXCEEDED,
-                f"class {class_name} allows at most {units(limit)} per VM; "
-                f"the set asks for {demand[class_name]}",
-            )
+    modes = {name: shape.mode.value for name, shape in shapes.items()}
 
     entitled = facts.namespace_labels.get(keys.LABEL_VGPU_ENTITLEMENT) == (
         keys.VGPU_ENTITLEMENT_VALUE
@@ -345,11 +330,12 @@ def _node_of(claim: Obj) -> str:
     return str((claim.get("status") or {}).get("nodeName") or "")
 
 
-def _max_count(class_name: str, mode: str, facts: VMIFacts) -> int | None:
+def _max_count(class_name: str, klass: Obj, facts: VMIFacts) -> int | None:
     """maxCount resolved as the model resolves it (``keys.effective_max_count``); None when
     a passthrough class without maxCount meets a replica that does not know its nodes yet
     (the controller judges the set again when it places it)."""
-    spec = facts.classes[class_name].get("spec") or {}
+    spec = klass.get("spec") or {}
+    mode = str(spec.get("mode", ""))
     written = spec.get("maxCount")
     if written is None and mode == keys.Mode.PASSTHROUGH.value:
         largest = facts.largest_node(class_name)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from cozystack_gpu.keys import Mode, OnCordon, Phase, effective_max_count
+from cozystack_gpu.keys import OnCordon, Phase, effective_max_count
 from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.budgets import Charge, Ledger, bump
 from cozystack_gpu.model.eligibility import (
@@ -31,6 +31,7 @@ from cozystack_gpu.model.eligibility import (
     why_not_placeable,
 )
 from cozystack_gpu.model.search import find_node
+from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape
 from cozystack_gpu.model.types import (
     ClaimInfo,
     ClaimKey,
@@ -496,34 +497,21 @@ class Snapshot:
         """
         if not claims:
             raise ValueError("place_set needs at least one claim")
-        demand: dict[str, int] = {}
-        for claim in claims:
-            klass = self._classes.get(claim.class_name)
-            if klass is None:
-                return Refusal(Reason.CLASS_MISSING, f"class {claim.class_name} does not exist")
-            if klass.deleting and claim.phase is Phase.PENDING:
-                return Refusal(
-                    Reason.CLASS_DELETING,
-                    f"class {klass.name} is being deleted and takes no new orders",
-                )
-            demand[klass.name] = demand.get(klass.name, 0) + claim.count
-        vgpu = sorted(n for n in demand if self._classes[n].mode is Mode.VGPU)
-        if len(vgpu) > 1:
-            return Refusal(
-                Reason.VGPU_CLASSES_MIXED,
-                f"a VM takes one vGPU class; the set asks for {', '.join(vgpu)}",
-            )
+        members = [
+            SetMember(claim.class_name, claim.count, order=claim.phase is Phase.PENDING)
+            for claim in claims
+        ]
+        shapes = {
+            name: ClassShape(klass.mode, klass.deleting, self.max_count(name))
+            for name in {claim.class_name for claim in claims}
+            if (klass := self._classes.get(name)) is not None
+        }
         # maxCount judges orders; a move or rebind of units already held is judged by
-        # capacity alone, so a hold is not refused for what the largest node became.
+        # capacity alone (see set_shape).
         ordering = any(not c.counts_budget for c in claims)
-        for name in sorted(demand) if ordering else ():
-            limit = self.max_count(name)
-            if limit > 0 and demand[name] > limit:
-                return Refusal(
-                    Reason.MAX_COUNT_EXCEEDED,
-                    f"class {name} allows at most {_units(limit)} per VM; "
-                    f"the set asks for {demand[name]}",
-                )
+        demand, refusal = judge_set_shape(members, shapes, max_count=ordering)
+        if refusal is not None:
+            return refusal
         refusal = self._ledger.check_orders(
             [c for c in claims if not c.counts_budget], self._classes
         )
@@ -646,10 +634,6 @@ class Snapshot:
         if not (node.inventory_stale and node.ready and not node.unschedulable):
             return False
         return self.why_not_placeable(node, self._classes[class_name]) is None
-
-
-def _units(n: int) -> str:
-    return f"{n} unit" if n == 1 else f"{n} units"
 
 
 def _discard(table: dict[Any, set[ClaimKey]], key: Any, item: ClaimKey) -> None:
