@@ -51,11 +51,12 @@ image: setup
 	tools/build-image.sh >/dev/null
 
 lint: setup
-	@echo "== ruff + mypy ==" >&2
+	@echo "== ruff + mypy + import layers ==" >&2
 	cd controller && $(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/ruff check --config controller/pyproject.toml plugins/module_utils plugins/action
 	$(BIN)/ruff format --check --config controller/pyproject.toml plugins/module_utils plugins/action
 	cd controller && $(BIN)/mypy cozystack_gpu cozystack_gpu_testkit
+	cd controller && $(BIN)/lint-imports --no-cache
 	$(BIN)/mypy --config-file controller/pyproject.toml plugins/module_utils
 
 # The chart's alerting rules as it renders them: promtool check rules, then the rules' unit

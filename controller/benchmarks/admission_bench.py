@@ -46,7 +46,7 @@ from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission.feed import SnapshotFeed
-from cozystack_gpu.informer import Event, EventType
+from cozystack_gpu.cluster.informer import Event, EventType
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.objects import Kube, binder_config
 

@@ -29,8 +29,8 @@ from binder_bench import config
 from kubernetes import watch
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu.objects import vmi_pods
 
 
 class ReleaseWatch:
@@ -50,7 +50,11 @@ class ReleaseWatch:
             for event in self._watch.stream(kube.core.list_namespaced_pod, namespace):
                 pod = kube.api.sanitize_for_serialization(event["object"])
                 name = pod["metadata"]["name"]
-                if name in self.released or gate.is_gated(pod) or gate.pinned_node(pod) is None:
+                if (
+                    name in self.released
+                    or vmi_pods.is_gated(pod)
+                    or vmi_pods.pinned_node(pod) is None
+                ):
                     continue
                 self.released[name] = time.perf_counter()
         except Exception:  # the plane stopped under the watch: the figures are taken

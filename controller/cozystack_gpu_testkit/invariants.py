@@ -59,9 +59,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission import annotation
 from cozystack_gpu.binder.lifecycle import workload_name
-from cozystack_gpu.binder.translate import (
+from cozystack_gpu.cluster.informer import Event, EventType, Informer, list_function, source
+from cozystack_gpu.objects import annotation
+from cozystack_gpu.objects.translate import (
     PodUsage,
     Standing,
     claims_cover,
@@ -72,7 +73,6 @@ from cozystack_gpu.binder.translate import (
     vmi_state,
     whole_quantity,
 )
-from cozystack_gpu.informer import Event, EventType, Informer, list_function, source
 
 log = logging.getLogger(__name__)
 

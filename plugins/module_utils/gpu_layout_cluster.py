@@ -7,8 +7,8 @@ Ansible controller, in the ``gpu_node_layout`` action plugin, where the kubeconf
 ``node_labels`` role and the GPUClass modules talk to the API from there too).
 
 **One model.** The consequences come from the controller's own code, not a copy of its
-rules: the binder's cluster view (``cozystack_gpu.binder.view``, which builds model inputs
-from API objects with ``binder.translate``), its placement model (``cozystack_gpu.model``:
+rules: the binder's cluster view (``cozystack_gpu.cluster.view``, which builds model inputs
+from API objects with ``objects.translate``), its placement model (``cozystack_gpu.model``:
 ``Snapshot.build``, ``plan``, ``place_set``) and its settings' defaults. They are pure
 Python and ship in this collection's ``controller/`` directory, which :func:`controller`
 imports them from; the model needs Python 3.11, as the controller does, which is why it is
@@ -85,7 +85,7 @@ def controller() -> SimpleNamespace:
         os.path.join(CONTROLLER_DIR, "cozystack_gpu")
     ):
         sys.path.insert(0, CONTROLLER_DIR)
-    names = ("config", "informer", "keys", "model", "binder.view", "model.eligibility")
+    names = ("config", "cluster.informer", "keys", "model", "cluster.view", "model.eligibility")
     try:
         # Imported here, by name: the host part of the module never needs them.
         found = {n: importlib.import_module("cozystack_gpu." + n) for n in names}

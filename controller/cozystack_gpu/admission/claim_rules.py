@@ -22,9 +22,9 @@ from dataclasses import replace
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import translate
-from cozystack_gpu.binder.translate import meta
 from cozystack_gpu.model import Refusal, Snapshot
+from cozystack_gpu.objects import translate
+from cozystack_gpu.objects.translate import meta
 
 Obj = Mapping[str, Any]
 

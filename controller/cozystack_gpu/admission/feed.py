@@ -26,9 +26,9 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.view import ClusterView
+from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
-from cozystack_gpu.informer import Event, EventType, Informer, source
 from cozystack_gpu.model import ClaimInfo, Decision, Snapshot
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,6 @@ from cozystack_gpu.admission import claim_rules
 from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.feed import SnapshotFeed
-from cozystack_gpu.binder.translate import meta
 from cozystack_gpu.class_rules import (
     recent_admissions,
     resource_name_conflicts,
@@ -28,6 +27,7 @@ from cozystack_gpu.class_rules import (
 )
 from cozystack_gpu.keys import AdmissionReason
 from cozystack_gpu.model import Reason, Refusal
+from cozystack_gpu.objects.translate import meta
 
 Obj = Mapping[str, Any]
 

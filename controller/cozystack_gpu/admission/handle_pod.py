@@ -12,12 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission import annotation, pod_rules
+from cozystack_gpu.admission import pod_rules
 from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.handle_vmi import label_without_annotation
-from cozystack_gpu.binder.translate import meta
 from cozystack_gpu.keys import AdmissionReason
+from cozystack_gpu.objects import annotation
+from cozystack_gpu.objects.translate import meta
 
 Obj = dict[str, Any]
 

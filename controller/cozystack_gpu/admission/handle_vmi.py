@@ -26,12 +26,13 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission import annotation, vmi_rules
+from cozystack_gpu.admission import vmi_rules
 from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
-from cozystack_gpu.binder.lifecycle import ATTACHMENT_CLEARED, finalizer_patch
-from cozystack_gpu.binder.translate import meta
 from cozystack_gpu.keys import AdmissionReason
+from cozystack_gpu.objects import annotation
+from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, finalizer_patch
+from cozystack_gpu.objects.translate import meta
 
 log = logging.getLogger(__name__)
 

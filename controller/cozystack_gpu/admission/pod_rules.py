@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.translate import meta
+from cozystack_gpu.objects.translate import meta
 
 Obj = Mapping[str, Any]
 

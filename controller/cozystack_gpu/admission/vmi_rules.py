@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission.annotation import ClaimsRequest
-from cozystack_gpu.binder.translate import class_resource_name, meta
 from cozystack_gpu.keys import AdmissionReason, Mode
 from cozystack_gpu.licensing.rules import class_license
 from cozystack_gpu.model import Reason
 from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape
+from cozystack_gpu.objects.annotation import ClaimsRequest
+from cozystack_gpu.objects.translate import class_resource_name, meta
 
 Obj = Mapping[str, Any]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.translate import rfc3339
+from cozystack_gpu.objects.translate import rfc3339
 
 BOOK_SIZE = 4096
 MESSAGE_MAX = 1024

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission import annotation
-from cozystack_gpu.admission.annotation import ClaimsRequest, TemplateEntry
-from cozystack_gpu.binder import translate
 from cozystack_gpu.binder.lifecycle import merge_conditions as lifecycle_merge
-from cozystack_gpu.binder.translate import (
+from cozystack_gpu.model import VolumeAffinity
+from cozystack_gpu.objects import annotation, translate
+from cozystack_gpu.objects.annotation import ClaimsRequest, TemplateEntry
+from cozystack_gpu.objects.translate import (
     binds_at_first_consumer,
     meta,
     name_of,
@@ -37,13 +37,13 @@ from cozystack_gpu.binder.translate import (
     pvc_volume_name,
     volume_affinity,
 )
-from cozystack_gpu.model import VolumeAffinity
+from cozystack_gpu.objects.vmi_pods import (
+    NODE_NAME_FIELD,
+    required_terms,
+)
 
 Obj = Mapping[str, Any]
 
-# The node selector field KubeVirt's scheduler-facing pods can be pinned with (matchFields
-# supports only metadata.name).
-NODE_NAME_FIELD = "metadata.name"
 _INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9./_-]+)")
 _TOO_MANY_PODS = "Too many pods"
 
@@ -153,50 +153,13 @@ def template_claim_conflict(
 # --- launcher pods -----------------------------------------------------------------------
 
 
-# The uid of the VMI a launcher pod belongs to ("" when it names none).
-owning_vmi_uid = translate.owning_vmi_uid
-
-
-def owning_vmi(pod: Obj) -> str | None:
-    """The VMI a launcher pod (or KubeVirt's temporary WFFC pod) belongs to."""
-    for ref in meta(pod).get("ownerReferences") or []:
-        if ref.get("kind") == keys.VMI.kind and str(ref.get("apiVersion", "")).startswith(
-            keys.KUBEVIRT_GROUP + "/"
-        ):
-            return str(ref.get("name"))
-    return None
-
-
-def is_gated(pod: Obj) -> bool:
-    gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    return any(g.get("name") == keys.SCHEDULING_GATE_CLAIMS for g in gates)
-
-
-def _required_terms(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    return list(required.get("nodeSelectorTerms") or [])
-
-
-def pinned_node(pod: Obj) -> str | None:
-    """The node a pod is pinned to by a ``metadata.name`` requirement, or None."""
-    for term in _required_terms(pod.get("spec") or {}):
-        for field in term.get("matchFields") or []:
-            values = field.get("values") or []
-            pins = field.get("key") == NODE_NAME_FIELD and field.get("operator") == "In"
-            if pins and len(values) == 1:
-                return str(values[0])
-    return None
-
-
 def pin_and_ungate(pod: Obj, node: str) -> dict[str, Any]:
     """The one update that pins a gated pod to ``node`` and removes our gate: a merge patch
     carrying the pod's resourceVersion (lists are replaced whole, so the patch holds every
     term and every other gate as they are)."""
     spec = pod.get("spec") or {}
     requirement = {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
-    terms = copy.deepcopy(_required_terms(spec)) or [{}]
+    terms = copy.deepcopy(required_terms(spec)) or [{}]
     for term in terms:
         term["matchFields"] = [*(term.get("matchFields") or []), requirement]
     gates = [
@@ -226,10 +189,6 @@ def ungate(pod: Obj) -> dict[str, Any]:
         "metadata": {"resourceVersion": meta(pod).get("resourceVersion")},
         "spec": {"schedulingGates": gates or None},
     }
-
-
-def scheduled(pod: Obj) -> bool:
-    return bool((pod.get("spec") or {}).get("nodeName"))
 
 
 @dataclass(frozen=True)

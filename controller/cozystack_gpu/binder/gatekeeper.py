@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission.annotation import ClaimsRequest
-from cozystack_gpu.binder import gate, lifecycle, translate
+from cozystack_gpu.binder import gate, lifecycle
 from cozystack_gpu.binder.part import BinderPart
-from cozystack_gpu.binder.view import Key
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, discard
+from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
 from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
+from cozystack_gpu.objects import translate, vmi_pods
+from cozystack_gpu.objects.annotation import ClaimsRequest
 
 if TYPE_CHECKING:
     from cozystack_gpu.binder.loop import Binder
@@ -151,7 +152,7 @@ class Gatekeeper(BinderPart):
                 self._not_placed(pod_key, vmi, members, reason, decision.message, now)
                 continue
             target = decision.node
-            vmi_uid = gate.owning_vmi_uid(pod)
+            vmi_uid = vmi_pods.owning_vmi_uid(pod)
             moving = [c for c in claims if not (c.holds_node and c.node == target)]
             for claim in moving:
                 obj = self.view.claim(claim.key)
@@ -193,12 +194,12 @@ class Gatekeeper(BinderPart):
     def _start_set(self, pod: dict[str, Any]) -> tuple[Key, dict[str, Any], list[ClaimKey]] | None:
         """The VMI a launcher pod starts and the keys of its claims (held ones and those of
         its claim templates), or None when the pod is not one of ours."""
-        vmi_name = gate.owning_vmi(pod)
+        vmi_name = vmi_pods.owning_vmi(pod)
         if vmi_name is None:
             return None
         vmi_key = (translate.namespace_of(pod), vmi_name)
         vmi = self.view.vmi_object(vmi_key)
-        if vmi is None or translate.meta(vmi).get("uid") != gate.owning_vmi_uid(pod):
+        if vmi is None or translate.meta(vmi).get("uid") != vmi_pods.owning_vmi_uid(pod):
             return None  # not seen yet, or the view still has an earlier VMI of that name
         return vmi_key, vmi, _members(vmi_key, vmi)
 
@@ -370,7 +371,7 @@ class Gatekeeper(BinderPart):
             if pod is None or pod_key in self._pod_writes:
                 continue
             found = self._start_set(pod)
-            node = gate.pinned_node(pod)
+            node = vmi_pods.pinned_node(pod)
             if found is None or node is None or not found[2]:
                 continue
             vmi_key, vmi, members = found

@@ -14,8 +14,11 @@ from enum import Enum
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import translate
-from cozystack_gpu.binder.translate import (
+from cozystack_gpu.keys import ClaimReason, ClassReason, NodeReason, Phase
+from cozystack_gpu.model import Action, ClaimInfo, ClassStatus, Reason, Refusal, Step
+from cozystack_gpu.objects import translate
+from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, finalizer_patch
+from cozystack_gpu.objects.translate import (
     VMIState,
     meta,
     name_of,
@@ -23,9 +26,7 @@ from cozystack_gpu.binder.translate import (
     rfc3339,
     timestamp,
 )
-from cozystack_gpu.binder.translate import node_ready as translate_node_ready
-from cozystack_gpu.keys import ClaimReason, ClassReason, NodeReason, Phase
-from cozystack_gpu.model import Action, ClaimInfo, ClassStatus, Reason, Refusal, Step
+from cozystack_gpu.objects.translate import node_ready as translate_node_ready
 
 Obj = Mapping[str, Any]
 
@@ -218,15 +219,6 @@ def claim_status_patch(
     }
 
 
-# The status fields of an attachment, as a merge patch that clears them all.
-ATTACHMENT_CLEARED: dict[str, Any] = {
-    "attachedTo": None,
-    "attachedToUID": None,
-    "attachmentID": None,
-    "attachedAt": None,
-}
-
-
 def attachment_fields(vmi_name: str, vmi_uid: str, now: float) -> dict[str, Any]:
     """The status fields of an attachment the controller writes itself (a template claim,
     made for one VMI whose uid it knows)."""
@@ -285,29 +277,6 @@ def waiting_patch(claim_obj: Obj, cond: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # --- Finalizers --------------------------------------------------------------------------
-
-
-def finalizers_of(obj: Obj) -> list[str]:
-    return [str(f) for f in meta(obj).get("finalizers") or []]
-
-
-def finalizer_patch(obj: Obj, finalizer: str, present: bool) -> dict[str, Any] | None:
-    """A merge patch that adds or removes one finalizer, or None when nothing changes.
-
-    A merge patch replaces the whole list, so it carries the resourceVersion it was built
-    from: a finalizer another controller added meanwhile makes the write fail (409) rather
-    than vanish.
-    """
-    current = finalizers_of(obj)
-    if (finalizer in current) == present:
-        return None
-    wanted = [*current, finalizer] if present else [f for f in current if f != finalizer]
-    return {
-        "metadata": {
-            "resourceVersion": meta(obj).get("resourceVersion"),
-            "finalizers": wanted,
-        }
-    }
 
 
 def deleting(obj: Obj) -> bool:

@@ -26,11 +26,9 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys, metrics
-from cozystack_gpu.binder import lifecycle, translate
+from cozystack_gpu.binder import lifecycle
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import Publisher
-from cozystack_gpu.binder.translate import meta
-from cozystack_gpu.binder.view import ClusterView, Key
 from cozystack_gpu.binder.writer import (
     ClaimWriteDone,
     Outcome,
@@ -38,8 +36,9 @@ from cozystack_gpu.binder.writer import (
     WriteDone,
     Writer,
 )
+from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
+from cozystack_gpu.cluster.view import ClusterView, Key
 from cozystack_gpu.config import Config
-from cozystack_gpu.informer import Event, EventType, Informer, source
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import (
     Action,
@@ -50,6 +49,8 @@ from cozystack_gpu.model import (
     Step,
     plan,
 )
+from cozystack_gpu.objects import translate
+from cozystack_gpu.objects.translate import meta
 
 log = logging.getLogger(__name__)
 

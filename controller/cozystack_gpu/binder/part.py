@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cozystack_gpu.binder.view import ClusterView
 from cozystack_gpu.binder.writer import Writer
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import Snapshot
 

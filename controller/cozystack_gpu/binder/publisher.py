@@ -11,12 +11,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from cozystack_gpu import keys, metrics
-from cozystack_gpu.binder import lifecycle, translate
+from cozystack_gpu.binder import lifecycle
 from cozystack_gpu.binder.part import BinderPart
-from cozystack_gpu.binder.view import Key
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone
+from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import EventReason, Phase
 from cozystack_gpu.model import ClaimKey
+from cozystack_gpu.objects import translate
 
 if TYPE_CHECKING:
     from cozystack_gpu.binder.loop import Binder

@@ -15,9 +15,10 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate
-from cozystack_gpu.binder.translate import meta, name_of
 from cozystack_gpu.cli import text
 from cozystack_gpu.cli.explain_claim import condition_of, phase_of
+from cozystack_gpu.objects import vmi_pods
+from cozystack_gpu.objects.translate import meta, name_of
 
 Obj = Mapping[str, Any]
 Report = dict[str, Any]
@@ -64,8 +65,8 @@ def launcher_of(pods: Sequence[Obj], vmi: Obj | None) -> Obj | None:
     mine = [
         p
         for p in pods
-        if gate.owning_vmi(p) == name_of(vmi)
-        and (not uid or gate.owning_vmi_uid(p) == uid)
+        if vmi_pods.owning_vmi(p) == name_of(vmi)
+        and (not uid or vmi_pods.owning_vmi_uid(p) == uid)
         and not (meta(p).get("annotations") or {}).get(keys.ANNOTATION_EPHEMERAL_PROVISIONING)
     ]
     mine.sort(key=lambda p: str(meta(p).get("creationTimestamp") or ""))
@@ -78,18 +79,18 @@ def pod_state(pod: Obj | None) -> dict[str, Any] | None:
     if pod is None:
         return None
     node = (pod.get("spec") or {}).get("nodeName")
-    if gate.is_gated(pod):
+    if vmi_pods.is_gated(pod):
         state = "gated"
     elif node:
         state = "bound"
-    elif gate.pinned_node(pod):
+    elif vmi_pods.pinned_node(pod):
         state = "pinned"
     else:
         state = "waiting for the scheduler"
     return {
         "pod": name_of(pod),
         "state": state,
-        "pinnedTo": gate.pinned_node(pod),
+        "pinnedTo": vmi_pods.pinned_node(pod),
         "node": node,
         "phase": (pod.get("status") or {}).get("phase"),
     }

@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import translate
-from cozystack_gpu.binder.translate import name_of
 from cozystack_gpu.cli import text, whatif
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import ClaimInfo, selector_matches
+from cozystack_gpu.objects import translate
+from cozystack_gpu.objects.translate import name_of
 
 Row = dict[str, Any]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.view import ClusterView
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import (

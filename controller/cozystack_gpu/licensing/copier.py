@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.informer import Event, EventType, Informer, Source, list_function
+from cozystack_gpu.cluster.informer import Event, EventType, Informer, Source, list_function
 from cozystack_gpu.licensing import rules
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
+from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.demo import platform
 from cozystack_gpu_testkit.demo.console import (
@@ -764,9 +764,9 @@ def act_vm(demo: Demo) -> None:
             saw=lambda: _pod_summary(demo),
             timeout=60,
         )
-        pinned = gate.pinned_node(bound)
+        pinned = vmi_pods.pinned_node(bound)
         check(
-            pinned == node and not gate.is_gated(bound) and bound["spec"]["nodeName"] == node,
+            pinned == node and not vmi_pods.is_gated(bound) and bound["spec"]["nodeName"] == node,
             f"pinned to {node} (desk's node), ungated, bound to {node}",
             _pod_summary(demo),
         )
@@ -875,7 +875,7 @@ def _pod_summary(demo: Demo) -> str:
     conditions = (pod.get("status") or {}).get("conditions") or []
     scheduled: dict[str, Any] = next((c for c in conditions if c["type"] == "PodScheduled"), {})
     return (
-        f"gated {gate.is_gated(pod)}, pinned to {gate.pinned_node(pod)}, nodeName "
+        f"gated {vmi_pods.is_gated(pod)}, pinned to {vmi_pods.pinned_node(pod)}, nodeName "
         f"{pod['spec'].get('nodeName')}, PodScheduled {scheduled.get('status')} "
         f"{scheduled.get('reason', '')} {scheduled.get('message', '')}"
     )

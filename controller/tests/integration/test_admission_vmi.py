@@ -17,9 +17,9 @@ from admission_env import Corner, Replica, create_vmi, refusal, serving, vmi_bod
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission.annotation import EXPECTED_FORMAT
 from cozystack_gpu.licensing import rules as licence_rules
 from cozystack_gpu.model.budgets import vgpu_not_entitled
+from cozystack_gpu.objects.annotation import EXPECTED_FORMAT
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver

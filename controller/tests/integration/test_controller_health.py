@@ -32,8 +32,8 @@ from kubernetes.client.rest import ApiException
 import cozystack_gpu.__main__  # noqa: F401  # pylint: disable=unused-import
 from cozystack_gpu import controller as controller_module
 from cozystack_gpu import keys
+from cozystack_gpu.cluster.informer import Source
 from cozystack_gpu.controller import Controller
-from cozystack_gpu.informer import Source
 from cozystack_gpu.model import plan as real_plan
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for

@@ -22,7 +22,7 @@ from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate, translate
+from cozystack_gpu.objects import translate, vmi_pods
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import unless, wait_for
 
@@ -178,13 +178,15 @@ def test_a_gated_pod_is_pinned_and_ungated_in_one_update_and_bound_to_the_claims
     watcher = PodWatch(env, "virt-launcher-vm")
     launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 1})
     bound = wait_bound_to(env, "virt-launcher-vm", node)
-    assert gate.pinned_node(bound) == node
-    assert not gate.is_gated(bound)
+    assert vmi_pods.pinned_node(bound) == node
+    assert not vmi_pods.is_gated(bound)
     versions = watcher.stop()
     # Never a version ungated and unpinned (the scheduler could have placed it anywhere),
     # nor one pinned and still gated: the pin and the ungating were one update.
     for version in versions:
-        assert gate.is_gated(version) == (gate.pinned_node(version) is None), version["metadata"]
+        assert vmi_pods.is_gated(version) == (vmi_pods.pinned_node(version) is None), version[
+            "metadata"
+        ]
     # The claim is told where its VM went after the pod is pinned (a note, not the pin).
     placed = wait_for(
         lambda: condition(env.kube.get_claim(env.tenant, "held"), keys.CONDITION_PLACED),
@@ -209,7 +211,7 @@ def test_template_claims_are_created_placed_with_the_set_and_collected_with_the_
     )
     launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 2})
     bound = wait_bound_to(env, "virt-launcher-vm", node)
-    assert gate.pinned_node(bound) == node
+    assert vmi_pods.pinned_node(bound) == node
     template = env.kube.get_claim(env.tenant, keys.template_claim_name("vm", "extra"))
     assert template["metadata"]["labels"][keys.LABEL_TEMPLATE_CLAIM] == "true"
     owner = template["metadata"]["ownerReferences"][0]
@@ -260,7 +262,7 @@ def test_a_set_that_fits_nowhere_stays_gated_and_says_why(
     assert cond["reason"] == "InsufficientCapacity"
     assert "cannot start anywhere yet" in cond["message"]
     still = pod(env, "virt-launcher-vm")
-    assert still is not None and gate.is_gated(still) and not still["spec"].get("nodeName")
+    assert still is not None and vmi_pods.is_gated(still) and not still["spec"].get("nodeName")
     events = env.kube.core.list_namespaced_event(
         env.tenant, field_selector="involvedObject.kind=VirtualMachineInstance"
     )
@@ -408,7 +410,7 @@ def test_a_claim_forged_under_a_template_claim_name_is_never_adopted(env: Env) -
     assert cond["reason"] == keys.AdmissionReason.TEMPLATE_CLAIM_CONFLICT.value
     assert f"GPUClaim {forged}" in cond["message"] and "ordered claim" in cond["message"]
     still = pod(env, "virt-launcher-vm")
-    assert still is not None and gate.is_gated(still) and not still["spec"].get("nodeName")
+    assert still is not None and vmi_pods.is_gated(still) and not still["spec"].get("nodeName")
     assert "attachedTo" not in (env.kube.get_claim(env.tenant, forged).get("status") or {})
 
 

@@ -18,7 +18,7 @@ import pytest
 from binder_env import Env, condition
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
+from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit.objects import wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -38,7 +38,7 @@ def still_gated(env: Env, vmi: str) -> bool:
     pod = env.kube.api.sanitize_for_serialization(
         env.kube.core.read_namespaced_pod(f"virt-launcher-{vmi}", env.tenant)
     )
-    return gate.is_gated(pod) and not pod["spec"].get("nodeName")
+    return vmi_pods.is_gated(pod) and not pod["spec"].get("nodeName")
 
 
 def test_a_set_naming_a_claim_that_does_not_exist_waits_gated_and_says_which(env: Env) -> None:

@@ -16,8 +16,8 @@ from binder_env import Env, condition
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
 from cozystack_gpu.model import ClaimKey
+from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit.objects import unless, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -209,7 +209,7 @@ def test_a_gated_pod_waits_for_its_volume_and_starts_where_the_volume_can_be_use
     assert cond["reason"] == keys.ClaimReason.VOLUME_NOT_BOUND.value
     assert "disk" in cond["message"]
     waiting = launcher(env, "vm")
-    assert gate.is_gated(waiting) and gate.pinned_node(waiting) is None
+    assert vmi_pods.is_gated(waiting) and vmi_pods.pinned_node(waiting) is None
     assert node_of(env, "held") == first
     # The PV controller binds the claim to a local disk on the other node: the binder hears
     # it from its watch and starts the VM there, moving its hold.
@@ -217,10 +217,10 @@ def test_a_gated_pod_waits_for_its_volume_and_starts_where_the_volume_can_be_use
 
     def pinned() -> dict[str, Any] | None:
         found = launcher(env, "vm")
-        return found if not gate.is_gated(found) else None
+        return found if not vmi_pods.is_gated(found) else None
 
     started = wait_for(pinned, 30, "the launcher pod pinned once its volume is bound")
-    assert gate.pinned_node(started) == second
+    assert vmi_pods.pinned_node(started) == second
     assert node_of(env, "held") == second
 
 

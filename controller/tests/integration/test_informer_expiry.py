@@ -22,7 +22,7 @@ import pytest
 
 from cozystack_gpu import informer as informer_module
 from cozystack_gpu import keys
-from cozystack_gpu.informer import Event, EventType, Informer, source
+from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
 from cozystack_gpu_testkit import cluster, faults
 from cozystack_gpu_testkit.objects import Kube, wait_for
 from cozystack_gpu_testkit.proxy import Proxy
@@ -70,7 +70,7 @@ def test_a_watch_from_a_compacted_version_is_listed_again_at_once(
         feed = Informer(api, source(api, keys.GPU_CLAIM), events, stop)
         writer = threading.Thread(target=churn, daemon=True)
         writer.start()
-        caplog.set_level(logging.INFO, logger="cozystack_gpu.informer")
+        caplog.set_level(logging.INFO, logger="cozystack_gpu.cluster.informer")
         feed.start()
         try:
 

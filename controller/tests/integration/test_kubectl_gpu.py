@@ -20,8 +20,8 @@ from binder_env import Env, condition
 from kubernetes import client
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import translate
 from cozystack_gpu.cli import main as cli
+from cozystack_gpu.objects import translate
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 

@@ -26,8 +26,8 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
 from cozystack_gpu.keys import RawNamesPolicy
+from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit import kubevirt as kubevirt_kit
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, wait_for
@@ -227,9 +227,11 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
 
     # The pod webhook gated it at creation (the first version the API server stored), and
     # no version was ever ungated and unpinned: the binder pinned and ungated in one update.
-    assert gate.is_gated(versions[0]) and gate.pinned_node(versions[0]) is None
+    assert vmi_pods.is_gated(versions[0]) and vmi_pods.pinned_node(versions[0]) is None
     for version in versions:
-        assert gate.is_gated(version) == (gate.pinned_node(version) is None), version["metadata"]
+        assert vmi_pods.is_gated(version) == (vmi_pods.pinned_node(version) is None), version[
+            "metadata"
+        ]
     assert pod["metadata"]["generateName"] == "virt-launcher-vm-"
 
     # The VMI virt-controller made from the VM (named after it, controlled by it) carries the
@@ -459,7 +461,7 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
         START_TIMEOUT_S,
         "the next launcher pod bound by kube-scheduler",
     )
-    assert gate.pinned_node(again) == again["spec"]["nodeName"] == node
+    assert vmi_pods.pinned_node(again) == again["spec"]["nodeName"] == node
     assert env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]["attachedTo"] == "vm"
 
 

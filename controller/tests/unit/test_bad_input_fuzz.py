@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission import annotation
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import DeviceSet, PodDevices
 from cozystack_gpu.agent.report import Shape, build_report, id_shape
-from cozystack_gpu.binder import gate, translate
+from cozystack_gpu.binder import gate
+from cozystack_gpu.objects import annotation, translate
 from cozystack_gpu_testkit import sysfs_tree
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

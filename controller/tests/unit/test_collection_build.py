@@ -249,7 +249,7 @@ def test_the_layout_checks_model_ships_in_the_collection_and_needs_only_the_stdl
     assert (ours / "plugins" / "action" / "gpu_node_layout.py").is_file()
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        " import cozystack_gpu.binder.view, cozystack_gpu.config, cozystack_gpu.model;"
+        " import cozystack_gpu.cluster.view, cozystack_gpu.config, cozystack_gpu.model;"
         " print(cozystack_gpu.model.__file__)"
     )
     # -S: no site-packages, so nothing but the standard library and that directory.

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cozystack_gpu.admission.annotation import (
+from cozystack_gpu.objects.annotation import (
     EXPECTED_FORMAT,
     AnnotationError,
     ClaimsRequest,

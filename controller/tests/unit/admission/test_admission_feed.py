@@ -12,7 +12,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.feed import SnapshotFeed
 from cozystack_gpu.admission.handle_catalog import NOT_SYNCED, ClaimWebhook
-from cozystack_gpu.informer import Event, EventType
+from cozystack_gpu.cluster.informer import Event, EventType
 from cozystack_gpu.model import ClaimInfo, ClaimKey, Placement, Refusal
 from cozystack_gpu_testkit.objects import binder_config
 

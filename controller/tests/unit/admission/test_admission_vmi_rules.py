@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission.annotation import ClaimsRequest, TemplateEntry
 from cozystack_gpu.admission.vmi_rules import (
     InstanceType,
     Refusal,
@@ -19,6 +18,7 @@ from cozystack_gpu.admission.vmi_rules import (
     set_gpus,
 )
 from cozystack_gpu.model.budgets import vgpu_not_entitled
+from cozystack_gpu.objects.annotation import ClaimsRequest, TemplateEntry
 
 H100 = "nvidia.com/GH100_H100"
 L40S_24C = "nvidia.com/NVIDIA_L40S-24C"

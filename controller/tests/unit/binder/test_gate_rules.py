@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.admission.annotation import TemplateEntry
-from cozystack_gpu.binder import gate, translate
+from cozystack_gpu.binder import gate
 from cozystack_gpu.model import VolumeAffinity
+from cozystack_gpu.objects import translate, vmi_pods
+from cozystack_gpu.objects.annotation import TemplateEntry
 
 
 def test_the_gate_reads_held_claims_and_templates_and_ignores_a_malformed_annotation() -> None:
@@ -58,13 +59,13 @@ def test_pinning_adds_the_node_to_every_required_term_and_removes_only_our_gate(
     for term in terms:
         assert term["matchExpressions"]  # kept
         assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]
-    assert gate.pinned_node({"spec": body["spec"]}) == "n1"
+    assert vmi_pods.pinned_node({"spec": body["spec"]}) == "n1"
 
 
 def test_a_pod_without_terms_gets_one_and_loses_its_last_gate() -> None:
     body = gate.pin_and_ungate(_pod(schedulingGates=[{"name": keys.SCHEDULING_GATE_CLAIMS}]), "n2")
     assert body["spec"]["schedulingGates"] is None
-    assert gate.pinned_node({"spec": body["spec"]}) == "n2"
+    assert vmi_pods.pinned_node({"spec": body["spec"]}) == "n2"
 
 
 def launcher(message: str, reason: str = "Unschedulable") -> dict[str, Any]:

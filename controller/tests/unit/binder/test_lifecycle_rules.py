@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import lifecycle, translate
-from cozystack_gpu.binder.translate import VMIState
+from cozystack_gpu.binder import lifecycle
 from cozystack_gpu.keys import Phase, RawNamesPolicy
 from cozystack_gpu.model import ClassStatus
+from cozystack_gpu.objects import translate
+from cozystack_gpu.objects.translate import VMIState
 
 NOW = 1_800_000_000.0
 GRACE = 120.0

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import translate
-from cozystack_gpu.binder.view import ClusterView
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.model import ClaimKey
+from cozystack_gpu.objects import translate
 from cozystack_gpu_testkit.objects import binder_config
 
 

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate, translate
-from cozystack_gpu.binder.translate import VMIState, name_of, namespace_of
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import (
     ClaimInfo,
@@ -32,6 +30,8 @@ from cozystack_gpu.model import (
     Snapshot,
     VolumeAffinity,
 )
+from cozystack_gpu.objects import translate, vmi_pods
+from cozystack_gpu.objects.translate import VMIState, name_of, namespace_of
 
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
 MAX_TOMBSTONES = 20_000  # per kind; the oldest half goes when a kind has more
@@ -268,23 +268,23 @@ class ClusterView:
         self._gated.discard(key)
         self._pinned.discard(key)
         for obj in (old, new):
-            owner = gate.owning_vmi(obj) if obj is not None else None
+            owner = vmi_pods.owning_vmi(obj) if obj is not None else None
             if owner is not None:
                 members = self._pods_of_vmi.setdefault((key[0], owner), set())
                 (members.add if obj is new else members.discard)(key)
                 if not members:
                     del self._pods_of_vmi[(key[0], owner)]
         if new is None and old is not None:
-            uid = gate.owning_vmi_uid(old)
-            owner = gate.owning_vmi(old)
+            uid = vmi_pods.owning_vmi_uid(old)
+            owner = vmi_pods.owning_vmi(old)
             if uid and owner and not self._has_pod_of(key[0], owner, uid):
                 self._ended_vmis.discard((key[0], uid))
         vmi: VMIState | None = None
-        if new is not None and (owner := gate.owning_vmi(new)) is not None:
+        if new is not None and (owner := vmi_pods.owning_vmi(new)) is not None:
             vmi = self._vmis.get((key[0], owner))
-            if gate.is_gated(new):
+            if vmi_pods.is_gated(new):
                 self._gated.add(key)
-            elif gate.pinned_node(new) is not None and not gate.scheduled(new):
+            elif vmi_pods.pinned_node(new) is not None and not vmi_pods.scheduled(new):
                 self._pinned.add(key)
         self._count_pod(key, new, vmi)
 
@@ -299,10 +299,10 @@ class ClusterView:
             self.dirty.namespaces.add(previous.namespace)
         if new is None:
             return
-        owner = gate.owning_vmi(new)
+        owner = vmi_pods.owning_vmi(new)
         standing = translate.Standing.UNKNOWN
         if owner is not None:
-            ended = (key[0], gate.owning_vmi_uid(new)) in self._ended_vmis
+            ended = (key[0], vmi_pods.owning_vmi_uid(new)) in self._ended_vmis
             standing = translate.launcher_standing(new, vmi, ended)
             if standing is translate.Standing.ENDED:
                 return  # its VM has stopped: the pod is finishing
@@ -334,7 +334,7 @@ class ClusterView:
 
     def _has_pod_of(self, namespace: str, vmi_name: str, uid: str) -> bool:
         return any(
-            (pod := self.pod(pod_key)) is not None and gate.owning_vmi_uid(pod) == uid
+            (pod := self.pod(pod_key)) is not None and vmi_pods.owning_vmi_uid(pod) == uid
             for pod_key in self._pods_of_vmi.get((namespace, vmi_name), ())
         )
 

@@ -30,6 +30,7 @@ from cozystack_gpu.model import (
     VolumeAffinity,
     merge_quotas,
 )
+from cozystack_gpu.objects.vmi_pods import owning_vmi_uid
 
 Obj = Mapping[str, Any]
 
@@ -311,16 +312,6 @@ def launcher_standing(pod: Obj, vmi: VMIState | None, ended: bool = False) -> St
     if created and vmi.created and created < vmi.created:
         return Standing.ENDED
     return Standing.FOREIGN
-
-
-def owning_vmi_uid(obj: Obj) -> str:
-    """The uid of the VMI that owns an object ("" when it names none or no uid)."""
-    for ref in meta(obj).get("ownerReferences") or []:
-        if ref.get("kind") == keys.VMI.kind and str(ref.get("apiVersion", "")).startswith(
-            keys.KUBEVIRT_GROUP + "/"
-        ):
-            return str(ref.get("uid") or "")
-    return ""
 
 
 def sum_usage(usages: Iterable[PodUsage], gpu_names: frozenset[str]) -> dict[str, int]:
