@@ -9,22 +9,19 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate, lifecycle
-from cozystack_gpu.binder.part import BinderPart
+from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, discard
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
 from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
 from cozystack_gpu.objects import translate, vmi_pods
 from cozystack_gpu.objects.annotation import ClaimsRequest
-
-if TYPE_CHECKING:
-    from cozystack_gpu.binder.loop import Binder
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +33,8 @@ class Gatekeeper(BinderPart):
     gated pod was last told (a refusal is said once), and the nodes that refused a pinned
     pod with the node state they refused in."""
 
-    def __init__(self, binder: Binder) -> None:
-        super().__init__(binder)
+    def __init__(self, handle: PartHandle) -> None:
+        super().__init__(handle)
         self._pod_writes: set[Key] = set()
         self._creating: set[ClaimKey] = set()
         self._gate_told: dict[Key, str] = {}
@@ -58,7 +55,7 @@ class Gatekeeper(BinderPart):
         self._placed_due: dict[ClaimKey, dict[str, Any]] = {}
 
     def clock(self) -> float:
-        return self.binder.clock()
+        return self.handle.clock()
 
     def nodes_changed(self, nodes: set[str]) -> None:
         if not self._rejections_looked:
@@ -118,7 +115,7 @@ class Gatekeeper(BinderPart):
             if self._create_templates(vmi, members):
                 continue
             infos = [self.snapshot.claim(k) for k in members]
-            if any(k in self.binder.inflight for k in members):
+            if self.handle.in_flight(members):
                 continue  # a write about one of its claims is still out
             # Claims it holds that do not exist (its templates do by now) are told, not
             # waited for in silence.
@@ -184,8 +181,7 @@ class Gatekeeper(BinderPart):
                 else:
                     updated = replace(claim, phase=Phase.BOUND, node=target, bound_at=now)
                     body = lifecycle.claim_status_patch(obj, updated, cond)
-                self.snapshot.upsert_claim(updated)
-                self.binder.send(claim.key, body, str(step))
+                self.handle.decide(updated, body, str(step))
             if moving:
                 continue  # pin once the API confirms every claim on the node
             if all(_bound_on(self.view.claim(k), target) for k in members):
@@ -376,7 +372,7 @@ class Gatekeeper(BinderPart):
                 continue
             vmi_key, vmi, members = found
             claims = [c for k in members if (c := self.snapshot.claim(k)) is not None]
-            if len(claims) != len(members) or any(k in self.binder.inflight for k in members):
+            if len(claims) != len(members) or self.handle.in_flight(members):
                 continue
             refusal = gate.refused_for_resources(pod)
             if refusal is None:
@@ -411,9 +407,8 @@ class Gatekeeper(BinderPart):
                 if obj is None:
                     continue
                 rejected = (*claim.rejected, RejectedNode(node, expires))
-                self.snapshot.upsert_claim(replace(claim, rejected=rejected))
                 body = gate.rejection_patch(obj, node, until, translate.rfc3339(now), state, cond)
-                self.binder.send(claim.key, body, "Reject")
+                self.handle.decide(replace(claim, rejected=rejected), body, "Reject")
             self.writer.event(
                 vmi,
                 EventReason.NODE_REJECTED.value,
@@ -436,7 +431,7 @@ class Gatekeeper(BinderPart):
                 continue
             for key in _members(vmi_key, vmi):
                 claim, obj = self.snapshot.claim(key), self.view.claim(key)
-                if claim is None or obj is None or key in self.binder.inflight:
+                if claim is None or obj is None or self.handle.in_flight((key,)):
                     continue
                 missing = [
                     (node, until, state)
@@ -447,11 +442,10 @@ class Gatekeeper(BinderPart):
                     continue
                 node, until, state = missing[0]
                 rejected = (*claim.rejected, RejectedNode(node, until))
-                self.snapshot.upsert_claim(replace(claim, rejected=rejected))
                 body = gate.rejection_patch(
                     obj, node, translate.rfc3339(until), translate.rfc3339(now), state
                 )
-                self.binder.send(key, body, "Reject")
+                self.handle.decide(replace(claim, rejected=rejected), body, "Reject")
 
     def _delete_pod(self, pod_key: Key, pod: dict[str, Any]) -> None:
         core = self.writer.core
@@ -491,7 +485,7 @@ class Gatekeeper(BinderPart):
             if not entries:
                 del self._vm_rejections[vmi_key]
         for claim in list(self.snapshot.claims()):
-            if not claim.rejected or claim.key in self.binder.inflight:
+            if not claim.rejected or self.handle.in_flight((claim.key,)):
                 continue
             if not any(r.node in states for r in claim.rejected):
                 continue
@@ -500,8 +494,7 @@ class Gatekeeper(BinderPart):
             body = gate.without_rejections(obj, changed) if obj is not None and changed else None
             if body is not None:
                 kept = tuple(r for r in claim.rejected if r.node not in changed)
-                self.snapshot.upsert_claim(replace(claim, rejected=kept))
-                self.binder.send(claim.key, body, "Unreject")
+                self.handle.decide(replace(claim, rejected=kept), body, "Unreject")
 
 
 def _members(vmi_key: Key, vmi: dict[str, Any]) -> list[ClaimKey]:

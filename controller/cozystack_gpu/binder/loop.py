@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,6 +42,7 @@ from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import (
     Action,
+    ClaimInfo,
     ClaimKey,
     Plan,
     Reason,
@@ -279,7 +280,7 @@ class Binder:
         for vmi_key, members in attachments:
             vmi = self.view.vmi(vmi_key)
             for key in list(members):
-                if key in self.inflight:
+                if self.in_flight((key,)):
                     continue
                 obj = self.view.claim(key)
                 if obj is None:
@@ -298,18 +299,14 @@ class Binder:
                     continue
                 body = lifecycle.attachment_patch(obj, change, now)
                 info = self.view.claim_info(key, now)
-                if info is not None:
-                    self.snapshot.upsert_claim(
-                        replace(
-                            info,
-                            phase=change.phase,
-                            attached_to=None if change.clear_attachment else info.attached_to,
-                        )
-                    )
                 step = (
                     ATTACHMENT_STEPS[0] if change.phase is Phase.ATTACHED else ATTACHMENT_STEPS[1]
                 )
-                self.send(key, body, step)
+                if info is None:  # not in the model yet: only the write
+                    self.send(key, body, step)
+                    continue
+                attached_to = None if change.clear_attachment else info.attached_to
+                self.decide(replace(info, phase=change.phase, attached_to=attached_to), body, step)
 
     def _release_stuck_vmis(self) -> None:
         """Delete a VMI pinned to a node that is gone before it ever ran there.
@@ -356,7 +353,7 @@ class Binder:
         # events and sending writes. Arrivals meanwhile are judged together in the next.
         self._next_plan = time.monotonic() + (time.monotonic() - started)
         self.stats.passes += 1
-        if any(key in self.inflight for a in result.changes for key in a.claims):
+        if self.in_flight(key for a in result.changes for key in a.claims):
             # A decision would change a claim whose write is still out: wait for it and
             # plan again, rather than act on a plan built on a decision not yet confirmed.
             self._changed = True
@@ -392,8 +389,7 @@ class Binder:
                     continue
                 cond = lifecycle.action_condition(action, updated, now)
                 body = lifecycle.claim_status_patch(obj, updated, cond)
-                self.snapshot.upsert_claim(updated)
-                self.send(key, body, str(action.step))
+                self.decide(updated, body, str(action.step))
                 self._waiting_written.pop(key, None)
                 self.writer.event(
                     obj, str(cond["reason"]), str(cond["message"]), action.step is Step.LOSE
@@ -452,6 +448,19 @@ class Binder:
             self.writer.claim_status(
                 key, lifecycle.waiting_patch(obj, cond), lifecycle.NOTE_WAIT, Priority.STATUS
             )
+
+    # --- what the parts are handed (binder.part.PartHandle) ------------------------------
+
+    def in_flight(self, keys: Iterable[ClaimKey]) -> bool:
+        """Whether a placement write about any of these claims is still out: no decision
+        touches such a claim until its write is answered."""
+        return any(key in self.inflight for key in keys)
+
+    def decide(self, claim: ClaimInfo, body: dict[str, Any], purpose: str) -> None:
+        """A decision: recorded in the snapshot when it is sent, so the rest of the turn
+        judges on it, and its write sent (answered in ``_claim_written``)."""
+        self.snapshot.upsert_claim(claim)
+        self.send(claim.key, body, purpose)
 
     def send(self, key: ClaimKey, body: dict[str, Any], purpose: str) -> None:
         # Sent even when the Lease lapsed since the top of this turn: the writer asks again

@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import lifecycle
-from cozystack_gpu.binder.part import BinderPart
+from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import EventReason, Phase
 from cozystack_gpu.model import ClaimKey
 from cozystack_gpu.objects import translate
-
-if TYPE_CHECKING:
-    from cozystack_gpu.binder.loop import Binder
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +33,8 @@ WORKLOAD_KIND = keys.WORKLOAD.kind
 class Publisher(BinderPart):
     """Finalizers, statuses, records, settings and metrics, with the writes in flight."""
 
-    def __init__(self, binder: Binder) -> None:
-        super().__init__(binder)
+    def __init__(self, handle: PartHandle) -> None:
+        super().__init__(handle)
         self._class_writes: set[str] = set()
         self._record_writes: set[Key] = set()
         self._meta_writes: set[tuple[str, Key]] = set()  # finalizer patches in flight

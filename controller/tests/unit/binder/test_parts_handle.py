@@ -1,0 +1,204 @@
+"""The binder's parts (the gate, the reports) against a fake handle and a recording writer:
+what each decides and writes, with no API server and no binder loop (binder/part.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder.gatekeeper import Gatekeeper
+from cozystack_gpu.binder.publisher import Publisher
+from cozystack_gpu.cluster.view import ClusterView
+from cozystack_gpu.config import Config
+from cozystack_gpu.keys import Phase
+from cozystack_gpu.model import ClaimInfo, ClaimKey, Snapshot
+from cozystack_gpu_testkit.objects import binder_config
+
+NS, RES, NOW = "tenant-a", "nvidia.com/X", 1_800_000_000.0
+
+
+@dataclass
+class RecordingWriter:
+    """Every write a part asks for, in order, as (kind, name, detail); nothing is sent."""
+
+    writes: list[tuple[str, str, Any]] = field(default_factory=list)
+    core: Any = None
+    custom: Any = None
+
+    def call(self, what: str, name: str, request: Any, priority: Any) -> None:
+        self.writes.append((what, name, None))
+
+    def claim_status(
+        self, key: ClaimKey, body: dict[str, Any], purpose: str, priority: Any
+    ) -> None:
+        self.writes.append(("claim-status", f"{key.namespace}/{key.name}", purpose))
+
+    def event(self, obj: Any, reason: str, message: str, warning: bool, **kw: Any) -> None:
+        self.writes.append(("event", str(obj["metadata"]["name"]), reason))
+
+    def class_status(self, name: str, body: dict[str, Any]) -> None:
+        self.writes.append(("class-status", name, body["status"]))
+
+    def settings(self, namespace: str, data: dict[str, str]) -> None:
+        self.writes.append(("settings", namespace, data))
+
+    def create_record(self, namespace: str, body: dict[str, Any]) -> None:
+        self.writes.append(("record", namespace, body["metadata"]["name"]))
+
+    def delete_record(self, namespace: str, name: str) -> None:
+        self.writes.append(("record-delete", namespace, name))
+
+    def kinds(self) -> list[str]:
+        return [w[0] for w in self.writes]
+
+
+@dataclass
+class FakeHandle:
+    """What the binder hands its parts (binder.part.PartHandle), over a real view and
+    snapshot built from hand-made objects."""
+
+    view: ClusterView
+    snapshot: Snapshot
+    writer: RecordingWriter
+    config: Config
+    out: set[ClaimKey] = field(default_factory=set)
+    decided: list[tuple[ClaimInfo, str]] = field(default_factory=list)
+
+    def clock(self) -> float:
+        return NOW
+
+    def in_flight(self, keys_: Any) -> bool:
+        return any(k in self.out for k in keys_)
+
+    def decide(self, claim: ClaimInfo, body: dict[str, Any], purpose: str) -> None:
+        self.snapshot.upsert_claim(claim)
+        self.decided.append((claim, purpose))
+        self.out.add(claim.key)
+
+
+def _meta(name: str, namespace: str = "", **more: Any) -> dict[str, Any]:
+    found = {"name": name, "resourceVersion": "1", "uid": f"uid-{name}", **more}
+    if namespace:
+        found["namespace"] = namespace
+    return found
+
+
+def _objects(claim_status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+    owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": "vm",
+             "uid": "uid-vm", "controller": True}  # fmt: skip
+    return {
+        keys.NODE.kind: [
+            {
+                "metadata": _meta("n1", labels={"kubernetes.io/hostname": "n1"}),
+                "spec": {},
+                "status": {
+                    "allocatable": {RES: "2"},
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            }
+        ],
+        keys.GPU_NODE.kind: [
+            {
+                "metadata": _meta("n1"),
+                "status": {"devices": [{"resourceName": RES, "allocatable": 2}]},
+            }
+        ],
+        keys.GPU_CLASS.kind: [
+            {
+                "metadata": _meta("h100"),
+                "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": RES}}},
+            }
+        ],
+        keys.NAMESPACE.kind: [{"metadata": _meta(NS, labels={f"tenant.cozystack.io/{NS}": ""})}],
+        keys.GPU_CLAIM.kind: [
+            {
+                "metadata": _meta("c", namespace=NS, creationTimestamp="2026-12-01T10:00:00Z"),
+                "spec": {"class": "h100", "count": 1},
+                "status": claim_status,
+            }
+        ],
+        keys.VMI.kind: [
+            {
+                "metadata": _meta(
+                    "vm",
+                    namespace=NS,
+                    labels=labels,
+                    annotations={keys.ANNOTATION_CLAIMS: json.dumps({"claims": ["c"]})},
+                ),
+                "spec": {},
+                "status": {"phase": "Scheduling"},
+            }
+        ],
+        keys.POD.kind: [
+            {
+                "metadata": _meta(
+                    "virt-launcher-vm", namespace=NS, labels=labels, ownerReferences=[owner]
+                ),
+                "spec": {
+                    "containers": [{"name": "compute", "resources": {"limits": {RES: "1"}}}],
+                    "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
+                },
+                "status": {"phase": "Pending"},
+            }
+        ],
+    }
+
+
+def _handle(claim_status: dict[str, Any]) -> FakeHandle:
+    config = binder_config("ctl")
+    watched = keys.BINDER_WATCHES + ((keys.WORKLOAD,) if config.workload_records else ())
+    view = ClusterView(config, watched)
+    given = _objects(claim_status)
+    for kind in view.kinds:
+        view.relist(kind, given.get(kind, []))
+    view.refresh_staleness(NOW)
+    return FakeHandle(view, view.build_snapshot(NOW), RecordingWriter(), config)
+
+
+BOUND = {"phase": "Bound", "nodeName": "n1", "boundAt": "2026-12-01T10:00:01Z"}
+KEY = ClaimKey(NS, "c")
+
+
+def test_the_gate_pins_a_gated_pod_whose_claims_are_bound_on_one_node() -> None:
+    handle = _handle(BOUND)
+    Gatekeeper(handle).run(NOW)
+    assert ("pod-pin", f"{NS}/virt-launcher-vm", None) in handle.writer.writes
+    assert handle.decided == [], "the claims stay where they are"
+
+
+def test_the_gate_binds_a_pending_claim_of_a_starting_set_and_pins_only_once_it_is_written() -> (
+    None
+):
+    handle = _handle({"phase": "Pending"})
+    Gatekeeper(handle).run(NOW)
+    [(decided, purpose)] = handle.decided
+    assert (decided.key, decided.phase, decided.node, purpose) == (KEY, Phase.BOUND, "n1", "Bind")
+    assert handle.snapshot.claim(KEY) == decided, "recorded in the snapshot when sent"
+    assert "pod-pin" not in handle.writer.kinds(), "pinned once the API confirms the bind"
+
+
+def test_the_gate_touches_no_set_whose_claim_has_a_write_out() -> None:
+    handle = _handle({"phase": "Pending"})
+    handle.out.add(KEY)
+    Gatekeeper(handle).run(NOW)
+    assert handle.decided == [] and handle.writer.writes == []
+
+
+def test_the_reports_write_the_class_status_and_the_settings() -> None:
+    handle = _handle(BOUND)
+    Publisher(handle).publish(NOW)
+    [status] = [w for w in handle.writer.writes if w[0] == "class-status"]
+    assert status[1] == "h100" and status[2]["free"] == 1 and status[2]["maxFreePerNode"] == 1
+    assert "settings" in handle.writer.kinds()
+
+
+def test_the_reports_write_one_usage_record_per_ordered_held_claim() -> None:
+    handle = _handle(BOUND)
+    assert handle.config.workload_records, "the default settings keep usage records"
+    Publisher(handle).publish(NOW)
+    records = [w for w in handle.writer.writes if w[0] == "record"]
+    assert records == [("record", NS, lifecycle.workload_name("c"))]
