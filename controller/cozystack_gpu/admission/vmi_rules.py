@@ -157,6 +157,15 @@ def judge(
         assert claim is not None
         held.append((claim_name, claim))
 
+    nodes = {claim_name: _node_of(claim) for claim_name, claim in held}
+    if len(set(nodes.values())) > 1:
+        where = ", ".join(f"{c} on {n}" for c, n in nodes.items())
+        return Refusal(
+            AdmissionReason.CLAIMS_ON_SEVERAL_NODES,
+            f"the GPUClaims of one VM must be bound to one node, and these are not: {where}; "
+            "order claims a VM uses together as one set (a VirtualMachine that names them "
+            "keeps them together) or use claimTemplates",
+        )
     members = [
         SetMember(
             str((claim.get("spec") or {}).get("class", "")),
@@ -185,15 +194,6 @@ def judge(
     if shape_refusal is not None:
         return Refusal(shape_refusal.reason, shape_refusal.message)
 
-    nodes = {claim_name: _node_of(claim) for claim_name, claim in held}
-    if len(set(nodes.values())) > 1:
-        where = ", ".join(f"{c} on {n}" for c, n in nodes.items())
-        return Refusal(
-            AdmissionReason.CLAIMS_ON_SEVERAL_NODES,
-            f"the GPUClaims of one VM must be bound to one node, and these are not: {where}; "
-            "order claims a VM uses together as one set (a VirtualMachine that names them "
-            "keeps them together) or use claimTemplates",
-        )
     modes = {name: shape.mode.value for name, shape in shapes.items()}
 
     entitled = facts.namespace_labels.get(keys.LABEL_VGPU_ENTITLEMENT) == (
