@@ -27,6 +27,7 @@ import time
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_keys
 from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_layout_cluster as cluster
 from ansible_collections.cozystack.gpu.plugins.module_utils.gpu_k8s import (
     AUTH_ARG_SPEC,
@@ -207,18 +208,16 @@ class ActionModule(ActionBase):
             labels = dict(applied.get("node_labels") or {})
             name = (applied.get("layout") or {}).get("name")
             if name:
-                ctl = cluster.controller()
-                labels[ctl.keys.LABEL_NODE_LAYOUT] = ctl.keys.node_label_name(name)
+                labels[gpu_keys.LABEL_NODE_LAYOUT] = gpu_keys.node_label_name(name)
             if cluster.set_layout_state(api, node, "applied", labels):
                 applied["changed"] = True
         return finish(applied)
 
     def _state(self, api, node):
-        ctl = cluster.controller()
         from kubernetes import client  # only here: the host part never needs it
 
         labels = client.CoreV1Api(api).read_node(node).metadata.labels or {}
-        return labels.get(ctl.keys.LABEL_NODE_LAYOUT_STATE)
+        return labels.get(gpu_keys.LABEL_NODE_LAYOUT_STATE)
 
     @staticmethod
     def _attached_refusal(attached, force):
