@@ -7,13 +7,16 @@ One schema, one validator, one planner and one applier, used by the
 by the boot restore unit of the ``vgpu_layout`` role: VFs and vGPU profiles are gone after
 every reboot, so the unit re-applies the layout with the same code as the module.
 
-The code is five files in one directory, each importing only those listed before it:
+The code is seven files in one directory, each importing only those listed before it:
 
 * ``gpu_sysfs.py``: the sysfs inventory (owned by the controller package, linked here);
 * ``gpu_layout_schema.py``: the layout document's shape and every refusal of it (the schema
   text is its docstring and ``docs/node-layout.md``);
-* ``gpu_layout_plan.py``: the layout matched to the host's GPUs, and the steps that reach it
-  (pure: an inventory in, steps and refusals out);
+* ``gpu_layout_resolve.py``: the layout matched to the host's GPUs, profile names to the
+  card's type IDs (pure);
+* ``gpu_layout_plan.py``: the steps that reach the resolved layout, and the refusals (pure:
+  an inventory in, steps and refusals out);
+* ``gpu_layout_predict.py``: the host as it will read once a plan has run (pure);
 * ``gpu_layout_apply.py``: the steps run on the host, each read back;
 * this file: ``nvidia-smi``, :func:`apply_layout` (read, plan, apply in rounds, read again,
   with the before/after summaries the module reports) and the CLI.
@@ -30,7 +33,7 @@ What the applier does, in order, and what it never does:
    UUIDs derived from parent, type and ordinal, so a restore recreates the same UUIDs.
 5. Nothing resets a GPU, disables VFs or reboots.
 
-CLI (the boot restore unit runs this file as a script next to its four sibling files)::
+CLI (the boot restore unit runs this file as a script next to its six sibling files)::
 
     python3 gpu_layout.py {validate,plan,apply} LAYOUT_FILE [--root /] [--force]
         [--sriov-manage /usr/lib/nvidia/sriov-manage] [--nvidia-smi nvidia-smi]
@@ -58,6 +61,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import gpu_layout_apply as layout_apply
     import gpu_layout_plan as layout_plan
+    import gpu_layout_predict as layout_predict
+    import gpu_layout_resolve as layout_resolve
     import gpu_layout_schema as layout_schema
     import gpu_sysfs
 else:
@@ -69,6 +74,12 @@ else:
             gpu_layout_plan as layout_plan,
         )
         from ansible_collections.cozystack.gpu.plugins.module_utils import (
+            gpu_layout_predict as layout_predict,
+        )
+        from ansible_collections.cozystack.gpu.plugins.module_utils import (
+            gpu_layout_resolve as layout_resolve,
+        )
+        from ansible_collections.cozystack.gpu.plugins.module_utils import (
             gpu_layout_schema as layout_schema,
         )
         from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_sysfs
@@ -76,6 +87,8 @@ else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import gpu_layout_apply as layout_apply
         import gpu_layout_plan as layout_plan
+        import gpu_layout_predict as layout_predict
+        import gpu_layout_resolve as layout_resolve
         import gpu_layout_schema as layout_schema
         import gpu_sysfs
 
@@ -96,6 +109,8 @@ CODE_FILES = (
     "gpu_layout.py",
     "gpu_layout_apply.py",
     "gpu_layout_plan.py",
+    "gpu_layout_predict.py",
+    "gpu_layout_resolve.py",
     "gpu_layout_schema.py",
     "gpu_sysfs.py",
 )
@@ -317,7 +332,7 @@ class ApplyResult:
 def _finish(result: ApplyResult, inventory: gpu_sysfs.Inventory) -> ApplyResult:
     """``result`` with ``after`` read from ``inventory``, VFs the run created included."""
     addresses = set(result.before) | _with_vfs(result.gpus, inventory)
-    result.after = layout_plan.host_summary(inventory, sorted(addresses))
+    result.after = layout_predict.host_summary(inventory, sorted(addresses))
     result.inventory_after = inventory
     return result
 
@@ -329,7 +344,7 @@ def apply_layout(
     force: bool = False,
     check_mode: bool = False,
     drained: bool = False,
-    nvidia: layout_plan.NvidiaSmiLike | None = None,
+    nvidia: layout_resolve.NvidiaSmiLike | None = None,
     sriov_manage: str = layout_apply.DEFAULT_SRIOV_MANAGE,
     writer: layout_apply.SysfsWriter | None = None,
     runner: layout_apply.Runner | None = None,
@@ -350,7 +365,7 @@ def apply_layout(
     """
     inventory = read_host(root)
     users = read_users(root, inventory)
-    resolved = layout_plan.resolve_layout(layout, inventory, nvidia)
+    resolved = layout_resolve.resolve_layout(layout, inventory, nvidia)
     plan = layout_plan.plan_layout(resolved, inventory, force, in_use=users, drained=drained)
     gpus = sorted({t.address for t in resolved.targets} | {s.gpu for s in plan.steps})
     result = ApplyResult(
@@ -361,10 +376,12 @@ def apply_layout(
         inventory_before=inventory,
         users=users,
     )
-    result.before = layout_plan.host_summary(inventory, sorted(_with_vfs(gpus, inventory)))
+    result.before = layout_predict.host_summary(inventory, sorted(_with_vfs(gpus, inventory)))
     if check_mode:
-        result.after = layout_plan.predict_summary(result.before, plan)
-        result.inventory_after, result.unforeseen = layout_plan.predict_inventory(inventory, plan)
+        result.after = layout_predict.predict_summary(result.before, plan)
+        result.inventory_after, result.unforeseen = layout_predict.predict_inventory(
+            inventory, plan
+        )
         return result
     if plan.refusals:
         # Nothing was written: the host still reads as it did.
@@ -394,7 +411,7 @@ def apply_layout(
             break
         inventory = read_host(root)
         try:
-            resolved = layout_plan.resolve_layout(layout, inventory, nvidia)
+            resolved = layout_resolve.resolve_layout(layout, inventory, nvidia)
         except layout_schema.LayoutError as exc:
             result.error = str(exc)
             return _finish(result, inventory)
@@ -405,7 +422,7 @@ def apply_layout(
     inventory = read_host(root)
     try:
         final = layout_plan.plan_layout(
-            layout_plan.resolve_layout(layout, inventory, nvidia),
+            layout_resolve.resolve_layout(layout, inventory, nvidia),
             inventory,
             force,
             in_use=users,
@@ -454,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         layout = layout_schema.parse_layout(layout_schema.load_layout_file(args.layout))
         if args.command == "validate":
             inventory = read_host(args.root)
-            resolved = layout_plan.resolve_layout(layout, inventory, NvidiaSmi(args.nvidia_smi))
+            resolved = layout_resolve.resolve_layout(layout, inventory, NvidiaSmi(args.nvidia_smi))
             emit({"ok": True, "layout": layout.to_dict(), "deferred": resolved.deferred})
             return 0
         result = apply_layout(

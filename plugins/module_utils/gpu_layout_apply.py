@@ -20,16 +20,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import gpu_layout_plan as layout_plan
+    import gpu_layout_resolve as layout_resolve
     import gpu_sysfs
 else:
     try:
         from ansible_collections.cozystack.gpu.plugins.module_utils import (
             gpu_layout_plan as layout_plan,
         )
+        from ansible_collections.cozystack.gpu.plugins.module_utils import (
+            gpu_layout_resolve as layout_resolve,
+        )
         from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_sysfs
     except ImportError:  # run as a script (python3 -I too), next to its sibling files
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import gpu_layout_plan as layout_plan
+        import gpu_layout_resolve as layout_resolve
         import gpu_sysfs
 
 __all__ = [
@@ -130,7 +135,7 @@ class _Applier:
                 vf = gpu_sysfs.read_function(self.root, vf_address)
                 if vf is not None:
                     pf_inventory[vf_address] = vf
-            live = layout_plan.live_vgpus(pf_inventory, current)
+            live = layout_resolve.live_vgpus(pf_inventory, current)
             if live:
                 raise ApplyFailed(
                     f"{step.target} carries live vGPUs ({', '.join(live)}); not unbinding it"
@@ -181,12 +186,12 @@ class _Applier:
 
     def _write_type(self, address: str, type_id: int) -> None:
         self.writer.write(self._type_file(address), f"{type_id}\n")
-        now = layout_plan.current_type(self.function(address))
+        now = layout_resolve.current_type(self.function(address))
         if now != type_id:
             raise ApplyFailed(f"{address}: current_vgpu_type reads {now} after writing {type_id}")
 
     def _clear_vgpu_type(self, step: layout_plan.Step) -> str | None:
-        if layout_plan.current_type(self.function(step.target)) == 0:
+        if layout_resolve.current_type(self.function(step.target)) == 0:
             return "already clear"
         self._write_type(step.target, 0)
         return None
@@ -195,7 +200,7 @@ class _Applier:
         if step.type_id is None:
             raise ApplyFailed("a set_vgpu_type step without a type ID")
         vf = self.function(step.target)
-        current = layout_plan.current_type(vf)
+        current = layout_resolve.current_type(vf)
         if current == step.type_id:
             return "already set"
         if current and current != step.old_type_id:
@@ -206,7 +211,7 @@ class _Applier:
         if current:
             self._write_type(step.target, 0)
             vf = self.function(step.target)
-        if step.type_id not in layout_plan.creatable_ids(vf):
+        if step.type_id not in layout_resolve.creatable_ids(vf):
             if step.fill:
                 return f"card full: {step.profile} no longer creatable on this VF"
             raise ApplyFailed(

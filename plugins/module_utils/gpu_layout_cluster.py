@@ -7,13 +7,13 @@ Ansible controller, in the ``gpu_node_layout`` action plugin, where the kubeconf
 ``node_labels`` role and the GPUClass modules talk to the API from there too).
 
 **One model.** The consequences come from the controller's own code, not a copy of its
-rules: the binder's cluster view (``cozystack_gpu.cluster.view``, which builds model inputs
-from API objects with ``objects.translate``), its placement model (``cozystack_gpu.model``:
-``Snapshot.build``, ``plan``, ``place_set``) and its settings' defaults. They are pure
-Python and ship in this collection's ``controller/`` directory, which :func:`controller`
-imports them from; the model needs Python 3.11, as the controller does, which is why it is
-not linked into ``module_utils`` for the GPU hosts (whose Python may be older, and which
-hold no kubeconfig).
+rules: ``cozystack_gpu.layout_preview`` judges a change with the binder's cluster view, its
+placement model and its settings' defaults. It is pure Python and ships in this collection's
+``controller/`` directory, which :func:`_controller_package` puts on ``sys.path`` before it
+is imported; the model needs Python 3.11, as the controller does, which is why it is not
+linked into ``module_utils`` for the GPU hosts (whose Python may be older, and which hold no
+kubeconfig). The names this part shares with the controller (labels, the claims' API) come
+from ``gpu_keys``, the controller's ``keys.py`` linked here.
 
 :func:`consequences` takes every object the binder watches, the host part's report of each
 function before and after, and the labels the host will earn; it answers which classes lose
@@ -25,29 +25,27 @@ go ``Lost`` for lack of room, and which claims are attached to a running VMI.
 
 from __future__ import annotations
 
-import copy
-import importlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from types import SimpleNamespace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import gpu_keys
     import gpu_node_labels
 else:
-    from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_node_labels
+    from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_keys, gpu_node_labels
 
 __all__ = [
     "CONTROLLER_DIR",
     "DrainTimeout",
     "Unavailable",
+    "after_labels",
     "attached_on",
     "consequences",
-    "controller",
     "read_cluster",
     "render",
     "set_layout_state",
@@ -75,27 +73,27 @@ class DrainTimeout(Exception):
         self.left = list(left)
 
 
-def controller() -> SimpleNamespace:
-    """The controller's pure parts: keys, settings, model, cluster view, API listing.
+@contextmanager
+def _controller_package() -> Iterator[None]:
+    """Imports of ``cozystack_gpu`` inside the block come from this collection's controller/
+    (the version the module was written against); a ``cozystack_gpu`` already imported in
+    this process is used as it is. A failed import is :class:`Unavailable`, saying why.
 
-    This collection's own copy comes first (the version the module was written against);
-    a ``cozystack_gpu`` already imported in this process is used as it is.
+    Imported here, by name, never at the top: the host part of the module never needs them,
+    and ansible-test imports module_utils with nothing beside the collection.
     """
     if "cozystack_gpu" not in sys.modules and os.path.isdir(
         os.path.join(CONTROLLER_DIR, "cozystack_gpu")
     ):
         sys.path.insert(0, CONTROLLER_DIR)
-    names = ("config", "cluster.informer", "keys", "model", "cluster.view", "model.eligibility")
     try:
-        # Imported here, by name: the host part of the module never needs them.
-        found = {n: importlib.import_module("cozystack_gpu." + n) for n in names}
+        yield
     except (ImportError, SyntaxError) as exc:
         raise Unavailable(
             f"the controller's placement model cannot be imported ({exc}); it needs Python"
             " 3.11 and the kubernetes client on the Ansible controller, and this"
             f" collection's controller/ directory ({CONTROLLER_DIR})"
         ) from None
-    return SimpleNamespace(**{n.rsplit(".", 1)[-1]: m for n, m in found.items()})
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -104,19 +102,11 @@ def controller() -> SimpleNamespace:
 def read_cluster(api_client: Any) -> dict[str, list[Obj]]:
     """Every object the binder watches, by kind, as the API returns them (a kind whose CRD
     is not installed, such as KubeVirt's on a cluster without it, is empty)."""
-    ctl = controller()
-    objects: dict[str, list[Obj]] = {}
-    for kind in ctl.keys.BINDER_WATCHES:
-        list_fn = ctl.informer.list_function(api_client, kind)
-        try:
-            response = list_fn(_preload_content=False, _request_timeout=60)
-        except Exception as exc:  # the client's ApiException, without importing it here
-            if getattr(exc, "status", None) == 404 and kind.group:
-                objects[kind.kind] = []
-                continue
-            raise
-        objects[kind.kind] = list(json.loads(response.data).get("items") or [])
-    return objects
+    with _controller_package():
+        # The listing needs the kubernetes client: without it, this is Unavailable too.
+        import cozystack_gpu.cluster.informer  # noqa: F401
+        from cozystack_gpu import layout_preview
+    return layout_preview.read_cluster(api_client)
 
 
 # --- the consequences ----------------------------------------------------------------------
@@ -126,134 +116,8 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("labels") or {})
 
 
-def _with_state(node: Obj, ctl: SimpleNamespace, state: str) -> Obj:
-    changed = copy.deepcopy(node)
-    changed.setdefault("metadata", {}).setdefault("labels", {})[
-        ctl.keys.LABEL_NODE_LAYOUT_STATE
-    ] = state
-    return changed
-
-
-def after_labels(
-    current: Mapping[str, str], gpu_labels: Mapping[str, str], layout_name: str | None, ctl: Any
-) -> dict[str, str]:
-    """The Node's labels once the layout is applied: the GPU labels the host then earns,
-    its layout name and state ``applied``; other labels as they are."""
-    labels = {k: v for k, v in current.items() if not gpu_node_labels.is_gpu_label(k)}
-    labels.update(gpu_labels)
-    labels[ctl.keys.LABEL_NODE_LAYOUT_STATE] = ctl.keys.LayoutState.APPLIED.value
-    if layout_name:
-        labels[ctl.keys.LABEL_NODE_LAYOUT] = ctl.keys.node_label_name(layout_name)
-    return labels
-
-
-def _passthrough_names(gpunodes: Iterable[Obj], vfio: frozenset[str]) -> dict[str, str]:
-    """Device ID -> the resource name a device plugin advertises for it on vfio-pci, from
-    every GPUNode: what kubelet says beats what the host's pci.ids predicts."""
-    names: dict[str, str] = {}
-    for gpunode in gpunodes:
-        for device in (gpunode.get("status") or {}).get("devices") or []:
-            if (
-                device.get("driver") in vfio
-                and device.get("deviceID")
-                and device.get("resourceName")
-            ):
-                names.setdefault(str(device["deviceID"]), str(device["resourceName"]))
-    return names
-
-
-def after_objects(
-    node: Obj,
-    gpunode: Obj | None,
-    functions: Sequence[Mapping[str, Any]],
-    labels: Mapping[str, str],
-    known_names: Mapping[str, str],
-    vfio: frozenset[str],
-) -> tuple[Obj, Obj]:
-    """The Node and GPUNode as kubelet and the node agent will report them after the change.
-
-    Changed functions get the devices the host part predicts (a passthrough name as kubelet
-    already advertises that device ID elsewhere, when it does); the Node's allocatable moves
-    by the same number of units per resource name; labels are ``labels``.
-    """
-    node_after = copy.deepcopy(node)
-    node_after.setdefault("metadata", {})["labels"] = dict(labels)
-    gpunode_after: Obj = copy.deepcopy(gpunode) if gpunode else {"metadata": {"name": _name(node)}}
-    status: Obj = gpunode_after.setdefault("status", {})
-    devices: dict[str, Obj] = {str(d.get("pciAddress")): d for d in status.get("devices") or []}
-    delta: dict[str, int] = {}
-    for function in functions:
-        if not function.get("changed"):
-            continue
-        address = str(function["address"])
-        old = devices.get(address)
-        if old is not None and old.get("resourceName"):
-            name = str(old["resourceName"])
-            delta[name] = delta.get(name, 0) - int(old.get("allocatable") or 0)
-        after = function.get("after") or {}
-        entry = dict(old or {"pciAddress": address})
-        entry.pop("resourceName", None)
-        entry["allocatable"] = 0
-        entry["driver"] = after.get("driver") or ""
-        for resource, units in sorted((after.get("devices") or {}).items()):
-            if after.get("driver") in vfio and function.get("device_id") in known_names:
-                resource = known_names[str(function["device_id"])]
-            entry["resourceName"] = resource
-            entry["allocatable"] = int(units)
-            delta[resource] = delta.get(resource, 0) + int(units)
-        devices[address] = entry
-    status["devices"] = [devices[a] for a in sorted(devices)]
-    status["resourceNames"] = sorted(
-        {str(d["resourceName"]) for d in devices.values() if d.get("resourceName")}
-    )
-    allocatable = node_after.setdefault("status", {}).setdefault("allocatable", {})
-    for resource, change in delta.items():
-        try:
-            before = int(str(allocatable.get(resource, "0")))
-        except ValueError:
-            before = 0
-        allocatable[resource] = str(max(before + change, 0))
-    return node_after, gpunode_after
-
-
 def _name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
-
-
-@dataclass
-class _World:
-    """The objects of one what-if, and the snapshot the binder would build from them."""
-
-    view: Any
-    snapshot: Any
-
-
-def _world(
-    ctl: SimpleNamespace,
-    settings: Any,
-    objects: Mapping[str, Sequence[Obj]],
-    now: float,
-    replace: Mapping[str, Obj] | None = None,
-) -> _World:
-    """The binder's view and snapshot of ``objects``, with objects of ``replace`` (by kind)
-    standing in for the ones of the same name."""
-    view = ctl.view.ClusterView(settings, ctl.keys.BINDER_WATCHES)
-    for kind in ctl.keys.BINDER_WATCHES:
-        items = list(objects.get(kind.kind, ()))
-        if replace and kind.kind in replace:
-            stand_in = replace[kind.kind]
-            items = [o for o in items if _name(o) != _name(stand_in)] + [stand_in]
-        view.relist(kind.kind, items)
-    view.refresh_staleness(now)
-    return _World(view, view.build_snapshot(now))
-
-
-def _claims_on(objects: Mapping[str, Sequence[Obj]], node: str) -> list[Obj]:
-    return [
-        c
-        for c in objects.get("GPUClaim", ())
-        if ((c.get("status") or {}).get("nodeName") or None) == node
-    ]
 
 
 def _key(claim: Mapping[str, Any]) -> str:
@@ -261,52 +125,17 @@ def _key(claim: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def _leaving(
-    ctl: SimpleNamespace, world: _World, node: str, now: float, result: Any = None
-) -> list[Any]:
-    """The binder's next pass over ``world`` (or its ``result``): its moves and losses of
-    claims on ``node``."""
-    steps = (ctl.model.Step.MOVE, ctl.model.Step.LOSE)
-    found = []
-    for action in (result or ctl.model.plan(world.snapshot, now)).actions:
-        if action.step not in steps:
-            continue
-        on_node = [
-            k
-            for k in action.claims
-            if (c := world.snapshot.claim(k)) is not None and c.node == node
-        ]
-        if on_node:
-            found.append(action)
-    return found
-
-
-def _set_entry(world: _World, action: Any) -> dict[str, Any]:
-    claims = [world.snapshot.claim(k) for k in action.claims]
-    entry: dict[str, Any] = {
-        "claims": sorted(str(k) for k in action.claims),
-        "classes": sorted({c.class_name for c in claims if c is not None}),
-        "units": sum(c.count for c in claims if c is not None),
-    }
-    if action.node:
-        entry["to"] = action.node
-    if action.refusal is not None:
-        entry["why"] = action.refusal.message
-    elif action.why:
-        entry["why"] = action.why
-    return entry
-
-
-def _class_units(ctl: SimpleNamespace, info: Any, classes: Sequence[Any]) -> dict[str, int]:
-    """Units of each class the node offers, pending state aside (as once applied)."""
-    capacity = info.capacity()
-    units = {}
-    for klass in classes:
-        if ctl.eligibility.why_not_placeable(info, klass, classes) is None:
-            units[klass.name] = capacity.get(klass.resource_name, 0)
-        else:
-            units[klass.name] = 0
-    return units
+def after_labels(
+    current: Mapping[str, str], gpu_labels: Mapping[str, str], layout_name: str | None
+) -> dict[str, str]:
+    """The Node's labels once the layout is applied: the GPU labels the host then earns,
+    its layout name and state ``applied``; other labels as they are."""
+    labels = {k: v for k, v in current.items() if not gpu_node_labels.is_gpu_label(k)}
+    labels.update(gpu_labels)
+    labels[gpu_keys.LABEL_NODE_LAYOUT_STATE] = gpu_keys.LayoutState.APPLIED.value
+    if layout_name:
+        labels[gpu_keys.LABEL_NODE_LAYOUT] = gpu_keys.node_label_name(layout_name)
+    return labels
 
 
 def consequences(
@@ -321,18 +150,12 @@ def consequences(
     """What applying the layout does to the claims of the cluster ``objects`` describe.
 
     ``functions`` and ``gpu_labels`` are the host part's report (``gpu_node_layout``'s
-    ``functions`` and ``node_labels``). The answer is the module's ``holds``: per class on
-    this node its units ``before`` and ``after``; per changed function its devices and the
-    classes they feed; ``affected``, the sets the change itself pushes off the node (the
-    binder's pass over the cluster with the node as it will be); ``drain``, whether any
-    held unit is affected; then, when it is, where the drain moves the node's unattached
-    sets (``moves``: the binder's pass with the node pending, which serves nothing) and
-    which go ``Lost`` for lack of room (``lost``, with ``fits_after`` when the node itself,
-    once changed, could take them back); and ``attached``: claims attached to a running
-    VMI, ``affected`` when their class loses units here.
+    ``functions`` and ``node_labels``); the answer is the module's ``holds``, as
+    ``cozystack_gpu.layout_preview.consequences`` documents it. Raises :class:`Unavailable`
+    when the controller's model cannot be imported here or the cluster has no such Node.
     """
-    ctl = controller()
-    settings = ctl.config.from_arguments(None)
+    with _controller_package():
+        from cozystack_gpu import layout_preview
     nodes = {_name(n): n for n in objects.get("Node", ())}
     node = nodes.get(node_name)
     if node is None:
@@ -340,114 +163,8 @@ def consequences(
             f"there is no Node named {node_name} in the cluster; set node_name to the name"
             " kubelet registered for this host"
         )
-    gpunode = next((g for g in objects.get("GPUNode", ()) if _name(g) == node_name), None)
-    applied = ctl.keys.LayoutState.APPLIED.value
-    vfio = frozenset({"vfio-pci", "nvgrace_gpu_vfio_pci"})
-    labels = after_labels(_labels(node), gpu_labels, layout_name, ctl)
-    node_after, gpunode_after = after_objects(
-        node,
-        gpunode,
-        functions,
-        labels,
-        _passthrough_names(objects.get("GPUNode", ()), vfio),
-        vfio,
-    )
-    before = _world(ctl, settings, objects, now, {"Node": _with_state(node, ctl, applied)})
-    after = _world(ctl, settings, objects, now, {"Node": node_after, "GPUNode": gpunode_after})
-    classes = sorted(before.snapshot.classes(), key=lambda k: k.name)
-    units_before = _class_units(ctl, before.view.node_info(node_name), classes)
-    units_after = _class_units(ctl, after.view.node_info(node_name), classes)
-    class_report = [
-        {
-            "class": k.name,
-            "resource": k.resource_name,
-            "before": units_before[k.name],
-            "after": units_after[k.name],
-        }
-        for k in classes
-        if units_before[k.name] or units_after[k.name]
-    ]
-    losing = {k.name for k in classes if units_after[k.name] < units_before[k.name]}
-
-    def feeds(devices: Mapping[str, int], units: Mapping[str, int]) -> list[str]:
-        return sorted(k.name for k in classes if k.resource_name in devices and units[k.name])
-
-    function_report = [
-        {
-            "address": f["address"],
-            "gpu": f.get("gpu"),
-            "before": dict((f.get("before") or {}).get("devices") or {}),
-            "after": dict((f.get("after") or {}).get("devices") or {}),
-            "classes_before": feeds((f.get("before") or {}).get("devices") or {}, units_before),
-            "classes_after": feeds((f.get("after") or {}).get("devices") or {}, units_after),
-            "users": list(f.get("users") or []),
-        }
-        for f in functions
-        if f.get("changed")
-    ]
-
-    already = {tuple(a.claims) for a in _leaving(ctl, before, node_name, now)}
-    affected = [
-        _set_entry(after, a)
-        for a in _leaving(ctl, after, node_name, now)
-        if tuple(a.claims) not in already
-    ]
-    attached = []
-    for claim in _claims_on(objects, node_name):
-        status = claim.get("status") or {}
-        vmi = status.get("attachedTo")
-        if not vmi or status.get("phase") not in ("Attached", "Bound"):
-            continue
-        klass = str((claim.get("spec") or {}).get("class", ""))
-        namespace = (claim.get("metadata") or {}).get("namespace", "")
-        attached.append(
-            {
-                "claim": _key(claim),
-                "class": klass,
-                "vmi": f"{namespace}/{vmi}",
-                "phase": status.get("phase"),
-                "affected": klass in losing,
-            }
-        )
-    holds: dict[str, Any] = {
-        "known": True,
-        "node": node_name,
-        "classes": class_report,
-        "functions": function_report,
-        "affected": affected,
-        "attached": attached,
-        "drain": bool(affected) or any(a["affected"] for a in attached),
-        "moves": [],
-        "lost": [],
-        "unforeseen": list(unforeseen),
-    }
-    if unforeseen:
-        holds["why"] = (
-            f"the vGPUs of {', '.join(unforeseen)} depend on VFs not enabled yet: units"
-            " they add are not counted"
-        )
-    if holds["drain"]:
-        pending = _world(
-            ctl,
-            settings,
-            objects,
-            now,
-            {"Node": _with_state(node, ctl, ctl.keys.LayoutState.PENDING.value)},
-        )
-        drain = ctl.model.plan(pending.snapshot, now)
-        # The node once applied, after the drain: can it take a Lost set back?
-        for updated in drain.updates.values():
-            after.snapshot.upsert_claim(updated)
-        for action in _leaving(ctl, pending, node_name, now, drain):
-            entry = _set_entry(pending, action)
-            if action.step == ctl.model.Step.MOVE:
-                holds["moves"].append(entry)
-                continue
-            lost = [c for k in action.claims if (c := after.snapshot.claim(k)) is not None]
-            back = after.snapshot.place_set(lost, now, nodes=(node_name,)) if lost else None
-            entry["fits_after"] = isinstance(back, ctl.model.Placement)
-            holds["lost"].append(entry)
-    return holds
+    labels = after_labels(_labels(node), gpu_labels, layout_name)
+    return layout_preview.consequences(objects, node_name, functions, labels, now, unforeseen)
 
 
 # --- rendering -----------------------------------------------------------------------------
@@ -506,10 +223,9 @@ def set_layout_state(
     removed when they are given); False when the Node already reads so."""
     from kubernetes import client
 
-    ctl = controller()
     core = client.CoreV1Api(api_client)
     current = _labels(api_client.sanitize_for_serialization(core.read_node(node)))
-    wanted: dict[str, str | None] = {ctl.keys.LABEL_NODE_LAYOUT_STATE: state}
+    wanted: dict[str, str | None] = {gpu_keys.LABEL_NODE_LAYOUT_STATE: state}
     if labels is not None:
         wanted.update(labels)
         for key in current:
@@ -525,12 +241,11 @@ def set_layout_state(
 def _claims_of_node(api_client: Any, node: str) -> list[Obj]:
     from kubernetes import client
 
-    ctl = controller()
     custom = client.CustomObjectsApi(api_client)
     response = custom.list_cluster_custom_object(
-        ctl.keys.GROUP,
-        ctl.keys.VERSION,
-        ctl.keys.PLURAL_CLAIMS,
+        gpu_keys.GROUP,
+        gpu_keys.VERSION,
+        gpu_keys.PLURAL_CLAIMS,
         field_selector=f"status.nodeName={node}",
         _preload_content=False,
         _request_timeout=60,

@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cozystack_gpu import keys
-from cozystack_gpu.cluster.view import ClusterView
+from cozystack_gpu.cluster.view import ClusterView, view_of_listing
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import (
@@ -33,11 +32,7 @@ Listing = Mapping[str, Iterable[Obj]]
 
 def build(listing: Listing, config: Config, now: float) -> tuple[ClusterView, Snapshot]:
     """The binder's view of ``listing`` and the snapshot it would decide with at ``now``."""
-    view = ClusterView(config, keys.BINDER_WATCHES)
-    for kind in keys.BINDER_WATCHES:
-        view.relist(kind.kind, [dict(o) for o in listing.get(kind.kind, ())])
-    view.refresh_staleness(now)
-    return view, view.build_snapshot(now)
+    return view_of_listing(listing, config, now)
 
 
 @dataclass(frozen=True)

@@ -710,3 +710,16 @@ def _sync(
             upsert(fresh)
             changed = True
     return changed
+
+
+def view_of_listing(
+    listing: Mapping[str, Iterable[Mapping[str, Any]]], config: Config, now: float
+) -> tuple[ClusterView, Snapshot]:
+    """The binder's view of one listing of every kind it watches (by kind name), and the
+    snapshot it would decide with at ``now``: for those who judge without watching (the
+    kubectl plugin's what-if, the layout preview, tests of the binder's parts)."""
+    view = ClusterView(config, keys.BINDER_WATCHES)
+    for kind in keys.BINDER_WATCHES:
+        view.relist(kind.kind, [dict(o) for o in listing.get(kind.kind, ())])
+    view.refresh_staleness(now)
+    return view, view.build_snapshot(now)

@@ -274,7 +274,9 @@ def test_top_as_a_tenant_fails_with_one_line_and_status_1(
 def test_explain_of_a_missing_claim_names_it_and_exits_1(
     env: Env, control_plane: ControlPlane, tenant_user: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _ = run(control_plane, "explain", "claim", "nope", "-n", env.tenant, "--as", tenant_user)
+    code, _out = run(
+        control_plane, "explain", "claim", "nope", "-n", env.tenant, "--as", tenant_user
+    )
     assert code == 1
     assert capsys.readouterr().err.splitlines() == [
         f'error: gpuclaims.gpu.cozystack.io "nope" not found in namespace "{env.tenant}"'
@@ -344,7 +346,7 @@ def test_explain_vm_shows_its_set_node_and_launcher_pod_gated_or_bound(
 def test_explain_vm_of_no_vm_names_it_and_exits_1(
     env: Env, control_plane: ControlPlane, tenant_user: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _ = run(control_plane, "explain", "vm", "nope", "-n", env.tenant, "--as", tenant_user)
+    code, _out = run(control_plane, "explain", "vm", "nope", "-n", env.tenant, "--as", tenant_user)
     assert code == 1
     assert capsys.readouterr().err.splitlines() == [
         f'error: virtualmachines.kubevirt.io "nope" not found in namespace "{env.tenant}"'

@@ -243,18 +243,21 @@ def test_the_layout_checks_model_ships_in_the_collection_and_needs_only_the_stdl
     installed: Path,
 ) -> None:
     """gpu_node_layout's action plugin judges claims with the controller's own cluster view
-    and model, imported from the collection's controller/ directory on the Ansible
-    controller: they must be there and import with the standard library alone."""
+    and model (``cozystack_gpu.layout_preview``), imported from the collection's controller/
+    directory on the Ansible controller: it must be there and import with the standard
+    library alone."""
     ours = installed / "ansible_collections" / "cozystack" / "gpu"
     assert (ours / "plugins" / "action" / "gpu_node_layout.py").is_file()
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        " import cozystack_gpu.cluster.view, cozystack_gpu.config, cozystack_gpu.model;"
-        " print(cozystack_gpu.model.__file__)"
+        " import cozystack_gpu.layout_preview as p, cozystack_gpu.model as m;"
+        " print(p.__file__); print(m.__file__)"
     )
     # -S: no site-packages, so nothing but the standard library and that directory.
     out = _run(sys.executable, "-S", "-c", code, str(ours / "controller"))
-    assert out.strip().startswith(str(ours / "controller" / "cozystack_gpu" / "model"))
+    preview, model = out.split()
+    assert preview == str(ours / "controller" / "cozystack_gpu" / "layout_preview.py")
+    assert model.startswith(str(ours / "controller" / "cozystack_gpu" / "model"))
 
 
 def _links(top: Path) -> dict[Path, Path]:

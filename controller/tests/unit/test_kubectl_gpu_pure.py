@@ -176,8 +176,8 @@ def test_rejected_nodes_are_printed_with_their_expiry() -> None:
 
 
 def test_ages_read_like_kubectls() -> None:
-    assert [text.age(s) for s in (5, 150, 700, 4000, 200_000)] == ["5s", "2m30s", "11m", "66m",
-                                                                    "2d"]  # fmt: skip
+    ages = [text.age(s) for s in (5, 150, 700, 4000, 200_000)]
+    assert ages == ["5s", "2m30s", "11m", "66m", "2d"]
 
 
 @pytest.mark.parametrize(
@@ -214,5 +214,5 @@ def test_a_bad_kubeconfig_is_one_line_and_exit_1(
 
 def test_the_console_script_kubectl_gpu_resolves_to_main() -> None:
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
-    module, _, attr = project["project"]["scripts"]["kubectl-gpu"].partition(":")
+    module, _colon, attr = project["project"]["scripts"]["kubectl-gpu"].partition(":")
     assert getattr(importlib.import_module(module), attr) is main.console

@@ -13,6 +13,7 @@ from ansible_collections.cozystack.gpu.plugins.module_utils import (
     gpu_layout,
     gpu_layout_apply,
     gpu_layout_plan,
+    gpu_layout_predict,
 )
 from ansible_collections.cozystack.gpu.tests.unit.plugins.module_utils.layout_cases import (
     L40S_12C,
@@ -57,7 +58,7 @@ class TestApply:
         assert result.before == {L40S_PF: {"driver": "nvidia", "num_vfs": 0, "vfs": {}}}
         vfs = tree.vfs_of(L40S_PF)
         assert set(result.after) == {L40S_PF, *vfs}
-        assert result.after == gpu_layout_plan.host_summary(
+        assert result.after == gpu_layout_predict.host_summary(
             gpu_layout.read_host(str(tree.root)), [L40S_PF, *vfs]
         )
         assert result.diff == {"before": result.before, "after": result.after}
@@ -71,7 +72,7 @@ class TestApply:
             {"gpus": [{"address": L40S_PF, "mode": "vgpu", "profile": "NVIDIA L40S-24C"}]},
             check_mode=True,
         )
-        assert checked.after == gpu_layout_plan.predict_summary(checked.before, checked.plan)
+        assert checked.after == gpu_layout_predict.predict_summary(checked.before, checked.plan)
 
     def test_sriov_manage_exiting_0_without_vfs_is_retried_and_judged_by_sriov_numvfs(
         self, apply, build, testkit, kernel, sriov_manage

@@ -4,7 +4,8 @@ The objects are the JSON the API server returns; ``consequences`` builds the bin
 view and snapshot from them (``cozystack_gpu.binder.view``, ``cozystack_gpu.model``), so
 these tests pin what the module reports, not how the binder decides (its tests do that).
 The drain itself runs against the real API server and binder in
-controller/tests/integration/test_layout_drain.py.
+controller/tests/integration/test_layout_drain.py; the Node and GPUNode after a change are
+pinned beside ``cozystack_gpu.layout_preview`` (controller/tests/unit/test_layout_preview.py).
 """
 
 from __future__ import annotations
@@ -185,24 +186,7 @@ def test_a_class_whose_selector_no_longer_matches_loses_the_node():
     assert [a["claims"] for a in holds["affected"]] == [["t/solo"]]
 
 
-def test_the_node_after_the_change_advertises_what_the_host_predicts():
-    objects = world()
-    node_after, gpunode_after = cluster.after_objects(
-        objects["Node"][0],
-        objects["GPUNode"][0],
-        LOSE_ONE,
-        {"gpu.cozystack.io/layout-state": "applied"},
-        {},
-        frozenset({"vfio-pci"}),
-    )
-    assert node_after["status"]["allocatable"][R12C] == "3"
-    entry = next(d for d in gpunode_after["status"]["devices"] if d["pciAddress"] == VFS[3])
-    assert entry["allocatable"] == 0 and "resourceName" not in entry
-    assert objects["Node"][0]["status"]["allocatable"][R12C] == "4"  # inputs untouched
-
-
 def test_labels_after_drop_what_the_host_no_longer_earns():
-    ctl = cluster.controller()
     labels = cluster.after_labels(
         {
             "kubernetes.io/hostname": "host",
@@ -211,7 +195,6 @@ def test_labels_after_drop_what_the_host_no_longer_earns():
         },
         {"mode.gpu.cozystack.io/vgpu": "1"},
         "L40S 12C",
-        ctl,
     )
     assert labels == {
         "kubernetes.io/hostname": "host",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ansible_collections.cozystack.gpu.plugins.module_utils import (
     gpu_layout,
     gpu_layout_plan,
+    gpu_layout_resolve,
     gpu_layout_schema,
 )
 from ansible_collections.cozystack.gpu.tests.unit.plugins.module_utils.layout_cases import (
@@ -28,7 +29,9 @@ H100 = "0000:18:00.0"
 def plan(tree, document, force=False, drained=False):
     inventory = gpu_layout.read_host(str(tree.root))
     users = gpu_layout.read_users(str(tree.root), inventory)
-    resolved = gpu_layout_plan.resolve_layout(gpu_layout_schema.parse_layout(document), inventory)
+    resolved = gpu_layout_resolve.resolve_layout(
+        gpu_layout_schema.parse_layout(document), inventory
+    )
     return gpu_layout_plan.plan_layout(resolved, inventory, force, in_use=users, drained=drained)
 
 

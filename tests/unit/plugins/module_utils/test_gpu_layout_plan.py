@@ -6,6 +6,8 @@ import pytest
 from ansible_collections.cozystack.gpu.plugins.module_utils import (
     gpu_layout,
     gpu_layout_plan,
+    gpu_layout_predict,
+    gpu_layout_resolve,
     gpu_layout_schema,
 )
 from ansible_collections.cozystack.gpu.tests.unit.plugins.module_utils.layout_cases import (
@@ -19,7 +21,9 @@ from ansible_collections.cozystack.gpu.tests.unit.plugins.module_utils.layout_ca
 
 def resolve_problems(document, inventory, nvidia=None):
     with pytest.raises(gpu_layout_schema.LayoutError) as caught:
-        gpu_layout_plan.resolve_layout(gpu_layout_schema.parse_layout(document), inventory, nvidia)
+        gpu_layout_resolve.resolve_layout(
+            gpu_layout_schema.parse_layout(document), inventory, nvidia
+        )
     return caught.value.problems
 
 
@@ -46,7 +50,7 @@ class TestResolve:
 
     def test_profile_names_resolve_to_the_cards_own_type_ids(self, build):
         tree = build(scenario="mixed")
-        resolved = gpu_layout_plan.resolve_layout(
+        resolved = gpu_layout_resolve.resolve_layout(
             layout(
                 {"address": "41:00.0", "mode": "vgpu", "profile": "NVIDIA L40S-24C"},
                 {"address": "3b:00.0", "mode": "vgpu", "profile": "GRID T4-4Q"},
@@ -105,7 +109,7 @@ class TestResolve:
 
     def test_a_gpu_uuid_resolves_through_nvidia_smi(self, build, nvidia_smi):
         tree = build(scenario="l40s-sriov")
-        resolved = gpu_layout_plan.resolve_layout(
+        resolved = gpu_layout_resolve.resolve_layout(
             layout({"address": UUID, "mode": "vgpu", "profile": "NVIDIA L40S-24C"}),
             gpu_layout.read_host(str(tree.root)),
             nvidia_smi(uuids={UUID: L40S_PF}),
@@ -142,7 +146,7 @@ class TestResolve:
             in resolve_problems(document, inventory)[0]
         )
         smi = nvidia_smi(supported={L40S_PF: {"NVIDIA L40S-12C": L40S_12C}})
-        resolved = gpu_layout_plan.resolve_layout(
+        resolved = gpu_layout_resolve.resolve_layout(
             gpu_layout_schema.parse_layout(document), inventory, smi
         )
         assert smi.asked == [L40S_PF]
@@ -204,13 +208,13 @@ class TestSummaries:
         inventory = gpu_layout.read_host(str(tree.root))
         addresses = [L40S_PF]
         plan = gpu_layout_plan.plan_layout(
-            gpu_layout_plan.resolve_layout(gpu_layout_schema.parse_layout(document), inventory),
+            gpu_layout_resolve.resolve_layout(gpu_layout_schema.parse_layout(document), inventory),
             inventory,
         )
-        predicted = gpu_layout_plan.predict_summary(
-            gpu_layout_plan.host_summary(inventory, addresses), plan
+        predicted = gpu_layout_predict.predict_summary(
+            gpu_layout_predict.host_summary(inventory, addresses), plan
         )
         assert apply(tree, document).ok
-        assert predicted == gpu_layout_plan.host_summary(
+        assert predicted == gpu_layout_predict.host_summary(
             gpu_layout.read_host(str(tree.root)), addresses
         )
