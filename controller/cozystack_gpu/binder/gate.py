@@ -54,26 +54,13 @@ _TOO_MANY_PODS = "Too many pods"
 def claims_ref_of(vmi: Obj) -> ClaimsRequest | None:
     """A VMI's claims annotation, or None when it has none or it cannot be read (the VMI
     webhook refuses a malformed one, so a stored VMI has a valid one)."""
-    raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
-    if not raw:
-        return None
-    try:
-        return annotation.parse(raw)
-    except annotation.AnnotationError:
-        return None
+    return annotation.request_of(meta(vmi).get("annotations"))
 
 
 def claims_ref_problem(vmi: Obj) -> str | None:
     """Why a VMI's claims annotation cannot be read, or None (it can, or there is none).
     The VMI webhook refuses such a VMI; one stored without it must not start unchecked."""
-    raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
-    if not raw:
-        return None
-    try:
-        annotation.parse(raw)
-    except annotation.AnnotationError as exc:
-        return str(exc)
-    return None
+    return annotation.problem_of(meta(vmi).get("annotations"))
 
 
 def template_claim_names(vmi_name: str, ref: ClaimsRequest) -> tuple[str, ...]:

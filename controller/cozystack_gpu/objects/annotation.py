@@ -1,16 +1,22 @@
-"""The claims annotation of a VMI (``keys.ANNOTATION_CLAIMS``), read strictly.
+"""The claims annotation of a VMI (``keys.ANNOTATION_CLAIMS``): its one reader.
 
-The binder reads the annotation leniently (``translate.claims_annotation``: a malformed one
-names nothing), because the VMI webhook has already refused every malformed one at
-admission: a typo such as ``"claim"`` must stop the start with a message, never start the VM
-without its GPUs. Pure: no kopf, no client.
+Read strictly, everywhere: the webhooks refuse a malformed annotation with ``parse``'s
+message (a typo such as ``"claim"`` must stop the start, never start the VM without its
+GPUs), and the binder, the view and the tools read a stored one with ``request_of`` (a
+malformed one names nothing: it was refused at admission, or it was stored without the
+webhook and must not start) and ``problem_of`` (why, for the gate to say). One value is
+parsed once: the gate reads each gated pod's VMI several times a turn. Pure: no kopf, no
+client.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cozystack_gpu import keys
 
@@ -132,6 +138,33 @@ def _templates(value: object) -> tuple[TemplateEntry, ...]:
         seen.add(name)
         entries.append(TemplateEntry(name, gpu_class, count))
     return tuple(entries)
+
+
+@functools.lru_cache(maxsize=4096)
+def _read(raw: str) -> ClaimsRequest | AnnotationError:
+    try:
+        return parse(raw)
+    except AnnotationError as exc:
+        return exc
+
+
+def request_of(annotations: Mapping[str, Any] | None) -> ClaimsRequest | None:
+    """The request a stored object's annotations make, or None when they carry none or a
+    malformed one (see ``problem_of``)."""
+    raw = (annotations or {}).get(keys.ANNOTATION_CLAIMS)
+    if not raw:
+        return None
+    read = _read(str(raw))
+    return read if isinstance(read, ClaimsRequest) else None
+
+
+def problem_of(annotations: Mapping[str, Any] | None) -> str | None:
+    """Why the claims annotation cannot be read, or None (it can, or there is none)."""
+    raw = (annotations or {}).get(keys.ANNOTATION_CLAIMS)
+    if not raw:
+        return None
+    read = _read(str(raw))
+    return str(read) if isinstance(read, AnnotationError) else None
 
 
 def encode(request: ClaimsRequest) -> str:

@@ -30,6 +30,7 @@ from cozystack_gpu.model import (
     VolumeAffinity,
     merge_quotas,
 )
+from cozystack_gpu.objects import annotation
 from cozystack_gpu.objects.vmi_pods import owning_vmi_uid
 
 Obj = Mapping[str, Any]
@@ -376,39 +377,19 @@ class VMIState:
 
 
 def claims_annotation(annotations: Mapping[str, str]) -> tuple[str, ...]:
-    """Held claim names from the claims annotation (see keys.ANNOTATION_CLAIMS).
-
-    A malformed annotation names nothing here; the VMI webhook refuses it at admission.
-    """
-    raw = annotations.get(keys.ANNOTATION_CLAIMS)
-    if not raw:
-        return ()
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return ()
-    if not isinstance(value, dict):
-        return ()
-    names = value.get(keys.ANNOTATION_MEMBER_CLAIMS) or []
-    return tuple(str(n) for n in names if isinstance(n, str))
+    """Held claim names from the claims annotation (``annotation.request_of``: a malformed
+    one names nothing; the VMI webhook refuses it at admission)."""
+    request = annotation.request_of(annotations)
+    return request.claims if request is not None else ()
 
 
 def template_claim_names(vmi: Obj) -> tuple[str, ...]:
-    """Names of the claims made from a VMI's claim templates (see ``claims_annotation``:
-    a malformed annotation names nothing)."""
-    raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
-    try:
-        value = json.loads(raw) if raw else None
-    except ValueError:
+    """Names of the claims made from a VMI's claim templates (a malformed annotation names
+    nothing)."""
+    request = annotation.request_of(meta(vmi).get("annotations"))
+    if request is None:
         return ()
-    if not isinstance(value, dict):
-        return ()
-    entries = value.get(keys.ANNOTATION_MEMBER_TEMPLATES) or []
-    return tuple(
-        keys.template_claim_name(name_of(vmi), str(e["name"]))
-        for e in entries
-        if isinstance(e, dict) and isinstance(e.get("name"), str)
-    )
+    return tuple(keys.template_claim_name(name_of(vmi), t.name) for t in request.templates)
 
 
 def vmi_state(vmi: Obj) -> VMIState:
