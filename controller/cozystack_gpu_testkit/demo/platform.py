@@ -12,7 +12,8 @@ bound to that Pod (what the projected token volume holds; for the agent it carri
 name the chart's own-node policy reads), and runs the container's command and arguments as a
 local process, exactly as rendered: only what a container would see differently is mapped,
 
-* the image's ``python`` is this environment's interpreter;
+* the image's ``python`` is this environment's interpreter, with its ``$PYTHONPATH`` (a
+  worktree's code, not the one the environment has installed);
 * every absolute path is below the pod's own root directory, where each volume mount is a link
   to its source (a hostPath below the host's root, a Secret's files, an emptyDir);
 * each container port gets a free local port (pods have their own network namespaces, local
@@ -355,6 +356,8 @@ class LocalPods:
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(root),
             "LANG": "C.UTF-8",
+            # The image's code is this checkout's: the import path the demo runs with.
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
             **env,
             "KUBECONFIG": str(kubeconfig),
         }
