@@ -1,4 +1,4 @@
-"""The demo's story: a platform, then six acts, each a function whose outcome is checked.
+"""The demo's story: a platform, then seven acts, each a function whose outcome is checked.
 
 Every act reads back what it did from the API server (or the hosts' sysfs trees) and stops the
 demo when that is not what it expects (:mod:`.console`). The acts hand on what later acts need
@@ -58,6 +58,9 @@ CHART_VALUES: dict[str, Any] = {
     "controller": {"replicas": 1, "logFormat": "text"},
     "rawNamePolicy": {"virtControllerUser": "system:serviceaccount:kubevirt:kubevirt-controller"},
 }
+# Act 6's `helm upgrade`: a setting the hoster changes, so the controller's pod template
+# changes (an env var) and the local kubelet rolls the pod.
+UPGRADE_SETTING = ("rejectionTTLSeconds", "GPU_REJECTION_TTL", 300)
 TENANTS = (
     # (namespace, ancestors, budget keys, vGPU entitlement)
     ("tenant-root", (), {keys.QUOTA_KEY_TOTAL: 12}, False),
@@ -110,6 +113,8 @@ class Demo:
     agents: dict[str, platform.LocalPod] = field(default_factory=dict)
     claim_nodes: dict[str, str] = field(default_factory=dict)
     launcher: str = ""
+    # The chart values installed (act 6 upgrades from them).
+    chart_values: dict[str, Any] = field(default_factory=dict)
 
     def connect(self) -> None:
         self.api = platform.admin_client(self.state.kubeconfig)
@@ -262,6 +267,7 @@ def platform_act(demo: Demo) -> None:
         output = platform.helm_install(state, values, demo.logs / "helm.log")
         status = next((ln for ln in output.splitlines() if ln.startswith("STATUS:")), "")
         check(status == "STATUS: deployed", "the release deployed", output)
+        demo.chart_values = values
         found.append(f"{status}; values: {json.dumps(values)}")
 
     with console.step(f"the controller Deployment's pod, as a local process on {WORKER}") as found:
@@ -440,6 +446,12 @@ def act_hosts(demo: Demo) -> None:
         found.append(
             "each as ServiceAccount cozy-gpu/cozystack-gpu-agent with a token bound to its Pod: "
             "the chart's own-node policy sees its node"
+        )
+        # Every chart pod runs now: the local kubelet takes them over (and the state file).
+        pid = platform.start_local_kubelet(demo.state, detach=demo.options.detach)
+        found.append(
+            f"a local kubelet (pid {pid}) restarts these pods and the controller's when their "
+            f"pod templates change, as a cluster rolls them; log {demo.logs}/local-kubelet.log"
         )
 
     with console.step("GPUNodes: the agents' inventory, the binder's conditions") as found:
@@ -1062,9 +1074,87 @@ def _left(demo: Demo, namespace: str, name: str, node: str) -> dict[str, Any] | 
 # --- act 6 -------------------------------------------------------------------------------------
 
 
+def act_day_two(demo: Demo) -> None:
+    console = demo.console
+    console.act(
+        6,
+        "Day two",
+        "The hoster upgrades the chart; the controller's pod is rolled and picks up where it was.",
+    )
+    value_name, env_name, value = UPGRADE_SETTING
+    assert demo.controller is not None
+    pod_name = demo.controller.name
+    with console.step(
+        f"helm upgrade --set controller.settings.{value_name}={value}: the pod is rolled"
+    ) as found:
+        old_pid = _local_pid(demo, pod_name)
+        old_value = _process_env(old_pid).get(env_name)
+        values = json.loads(json.dumps(demo.chart_values))
+        values["controller"].setdefault("settings", {})[value_name] = value
+        output = platform.helm_install(demo.state, values, demo.logs / "helm.log")
+        revision = next((ln for ln in output.splitlines() if ln.startswith("REVISION:")), "")
+        new_pid = wait_until(
+            lambda: _rolled(demo, pod_name, old_pid),
+            expected=f"the local kubelet to restart pod {pod_name} from the new template, Ready",
+            saw=lambda: (
+                f"pid {_local_pid(demo, pod_name)}; the local kubelet's log:\n"
+                + _tail(demo.logs / "local-kubelet.log")
+            ),
+            timeout=60,
+        )
+        new_value = _process_env(new_pid).get(env_name)
+        check(new_value == str(value), f"{env_name}={value} in the new process", f"{new_value}")
+        wait_until(
+            lambda: _webhook_answers(demo),
+            expected="the webhooks answered by the new process (the Service's port is kept)",
+            saw=lambda: _webhook_error(demo),
+            timeout=60,
+        )
+        lease = wait_until(
+            lambda: _lease_holder(demo),
+            expected="the new process to hold the binder Lease",
+            saw=lambda: f"holder {_lease_holder(demo)!r}",
+            timeout=60,
+        )
+        found.append(f"{revision}; the Deployment's pod template changed ({env_name})")
+        found.append(
+            f"{pod_name}: pid {old_pid} → {new_pid}, {env_name} {old_value} → {new_value}; "
+            f"Ready, Lease held by {lease}, webhooks answering"
+        )
+
+
+def _local_pid(demo: Demo, pod: str) -> int | None:
+    """The pid of a local pod's process now (the local kubelet writes the state)."""
+    state = platform.State.load(demo.dir)
+    return None if state is None else state.processes.get(f"pod/{pod}")
+
+
+def _rolled(demo: Demo, pod: str, old: int | None) -> int | None:
+    pid = _local_pid(demo, pod)
+    obj = demo.pod(platform.NAMESPACE, pod)
+    ready = _condition(obj, "Ready").get("status") == "True"
+    return pid if pid is not None and pid != old and ready else None
+
+
+def _process_env(pid: int | None) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
+
+
+def _tail(path: Path, lines: int = 10) -> str:
+    text = path.read_text(errors="replace") if path.exists() else "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# --- act 7 -------------------------------------------------------------------------------------
+
+
 def act_end(demo: Demo) -> None:
     console = demo.console
-    console.act(6, "The end", "Classes, claims and nodes as they stand; the cluster stays up.")
+    console.act(7, "The end", "Classes, claims and nodes as they stand; the cluster stays up.")
     with console.step("the catalog, the holds and the nodes agree") as found:
         wait_until(
             lambda: _free(demo) == FREE_AT_END,
@@ -1104,6 +1194,7 @@ ACTS: tuple[Callable[[Demo], None], ...] = (
     act_orders,
     act_vm,
     act_life,
+    act_day_two,
     act_end,
 )
 
@@ -1141,6 +1232,11 @@ def finish(demo: Demo) -> None:
     say(f"  export KUBECONFIG={demo.state.kubeconfig}")
     say(f"  export PATH={demo.state.bin_dir}:$PATH")
     say("  kubectl get gpuclasses; kubectl get gpuclaims -A; kubectl get gpunodes")
+    say()
+    say("helm upgrade reaches the controller and agents: a local kubelet restarts their")
+    say("processes when the pod templates change (its log: local-kubelet.log), e.g.")
+    say(f"  helm upgrade {platform.RELEASE} {platform.CHART} -n {platform.NAMESPACE} "
+        "--reuse-values --set controller.settings.writeWorkers=4")  # fmt: skip
     say()
     say(f"Logs: {demo.logs}/. Stop everything (controller, agents, kubelets, control plane):")
     say(f"  {demo.options.down_command}")

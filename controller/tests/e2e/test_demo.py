@@ -10,6 +10,7 @@ DemoFailure with the step, what it expected and what it saw.
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,7 +22,7 @@ from cozystack_gpu_testkit.demo.console import DemoFailure
 
 pytestmark = pytest.mark.apiserver
 
-ACTS = ("Hosts", "Catalog", "Orders", "A VM starts", "Life goes on", "The end")
+ACTS = ("Hosts", "Catalog", "Orders", "A VM starts", "Life goes on", "Day two", "The end")
 
 
 def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
@@ -46,4 +47,9 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     assert "✗" not in text
     # The story's own claims about the end, as the last act found them.
     assert f"free per class {story.FREE_AT_END}" in text, text
+    # helm upgrade reaches the local controller: the local kubelet rolled its pod.
+    assert "a local kubelet (pid " in text, text
+    rolled = re.search(r"cozystack-gpu-controller-0: pid (\d+) → (\d+), GPU_REJECTION_TTL", text)
+    assert rolled and rolled[1] != rolled[2], text
+    assert "GPU_REJECTION_TTL 600 → 300; Ready, Lease held by cozystack-gpu-controller-0" in text
     assert not directory.exists(), "demo down leaves nothing behind"
