@@ -7,6 +7,7 @@ demo when that is not what it expects (:mod:`.console`). The acts hand on what l
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -82,6 +83,11 @@ ORDERS = (
     (ACME, "render", "l40s", 1),
 )
 VM = "desk-vm"
+# The licensed vGPU class and the hoster's token Secret it names (ansible/inventory.yml).
+LICENSED = "l40s-24c"
+TOKEN_SECRET = "nls-token"
+# A stand-in: a real one is the .tok file from the NVIDIA Licensing Portal.
+STAND_IN_TOKEN = b"stand-in client configuration token (a real one comes from NVIDIA)\n"
 FREE_AT_START = {"h100": 4, "l40s": 1, "l40s-24c": 6}
 FREE_AT_END = {"h100": 2, "l40s": 0, "l40s-24c": 4}
 
@@ -521,6 +527,15 @@ def _gpunode_summary(node: dict[str, Any] | None) -> str:
 def act_catalog(demo: Demo) -> None:
     console = demo.console
     console.act(2, "Catalog", "The hoster's offers, created with the gpu_class module.")
+    with console.step(
+        f"the vGPU guests' licence token: Secret {platform.NAMESPACE}/{TOKEN_SECRET}"
+    ) as found:
+        _token_secret(demo)
+        found.append(
+            f"key {keys.LICENSE_TOKEN_KEY}: a stand-in for the client configuration token; "
+            "only the controller reads it"
+        )
+
     with console.step("ansible-playbook catalog.yml: gpu_class, one per offer") as found:
         recap = demo.ansible("catalog.yml", "ansible-catalog.log")
         found.extend(recap)
@@ -540,11 +555,32 @@ def act_catalog(demo: Demo) -> None:
         )
         for name, cls in sorted(demo.classes().items()):
             spec = cls["spec"]
+            lic = spec.get("license")
             found.append(
                 f"{name}: {spec['mode']} {spec.get('profile') or spec['model']}, "
                 f"capacity {capacity[name]}, free {cls['status']['free']}"
+                + (
+                    f", licensed ({lic['secretRef']['name']}/{lic['secretRef']['key']}, "
+                    f"FeatureType {lic.get('featureType', keys.LICENSE_DEFAULT_FEATURE_TYPE)})"
+                    if lic
+                    else ""
+                )
             )
     demo.show("get", "gpuclasses")
+
+
+def _token_secret(demo: Demo) -> None:
+    """The hoster's token Secret (kubectl create secret generic ... --from-file=...)."""
+    body = {
+        "metadata": {"name": TOKEN_SECRET},
+        "data": {keys.LICENSE_TOKEN_KEY: base64.b64encode(STAND_IN_TOKEN).decode()},
+    }
+    try:
+        demo.kube.core.create_namespaced_secret(platform.NAMESPACE, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        demo.kube.core.replace_namespaced_secret(TOKEN_SECRET, platform.NAMESPACE, body)
 
 
 def _free(demo: Demo) -> dict[str, int | None]:
@@ -595,6 +631,29 @@ def act_orders(demo: Demo) -> None:
                 + (", vGPU entitled" if vgpu else "")
             )
 
+    copy = keys.license_copy_name(LICENSED)
+    with console.step(f"class {LICENSED}'s licence reaches the vGPU-entitled tenant only") as found:
+        entitled = [ns for ns, _a, _b, vgpu in TENANTS if vgpu]
+        others = [ns for ns, _a, _b, vgpu in TENANTS if not vgpu]
+        wait_until(
+            lambda: _license_copies(demo) == entitled,
+            expected=f"Secret {copy} in {', '.join(entitled)} only",
+            saw=lambda: f"in {_license_copies(demo)}",
+            timeout=30,
+        )
+        (where,) = entitled
+        data = demo.kube.core.read_namespaced_secret(copy, where).data or {}
+        token = base64.b64decode(data.get(keys.LICENSE_TOKEN_KEY, ""))
+        check(token == STAND_IN_TOKEN, f"the copy to hold {TOKEN_SECRET}'s token", f"{token!r}")
+        feature = base64.b64decode(data.get(keys.LICENSE_FEATURE_TYPE_KEY, "")).decode()
+        for namespace in others:
+            check(not _has_secret(demo, namespace, copy), f"no {copy} in {namespace}", "one")
+        found.append(
+            f"Secret {copy} in {where} (vGPU entitled) only: keys "
+            f"{', '.join(sorted(data))} ({feature}), the controller's copy of {TOKEN_SECRET}"
+        )
+        found.append(f"no copy in {', '.join(others)} (not entitled)")
+
     for namespace, name, cls, count in ORDERS:
         with console.step(f"{namespace} orders {name}: {count} x {cls}") as found:
             demo.kube.claim(namespace, name, cls, count)
@@ -632,6 +691,18 @@ def act_orders(demo: Demo) -> None:
         check(wanted in message, f"a refusal saying '{wanted}'", message)
         found.append(f"refused at create time: {message}")
     demo.show("get", "gpuclaims", "-A")
+
+
+def _license_copies(demo: Demo) -> list[str]:
+    """The namespaces holding a copy of the licensed class's token, by the copies' label."""
+    found = demo.kube.core.list_secret_for_all_namespaces(
+        label_selector=f"{keys.LABEL_LICENSE_CLASS}={LICENSED}"
+    )
+    return sorted(s.metadata.namespace for s in found.items)
+
+
+def _has_secret(demo: Demo, namespace: str, name: str) -> bool:
+    return unless(404, lambda: demo.kube.core.read_namespaced_secret(name, namespace)) is not None
 
 
 def in_phase(
@@ -737,6 +808,20 @@ def act_vm(demo: Demo) -> None:
             f"label {keys.LABEL_CLAIMS_REF}=true; VMI {VM} made by virt-controller"
         )
         found.append(f"VMI webhook: gpus {gpus}; desk.status.attachedTo={attached}")
+        volume, disk = _license_disk(vmi)
+        copy = keys.license_copy_name(LICENSED)
+        check(
+            (volume.get("secret") or {}).get("secretName") == copy
+            and disk.get("serial") == keys.LICENSE_DISK_SERIAL,
+            f"the VMI webhook to add volume {keys.LICENSE_VOLUME_NAME} of Secret {copy} and "
+            f"its disk with serial {keys.LICENSE_DISK_SERIAL} ({LICENSED} is licensed)",
+            f"volume {volume}, disk {disk}",
+        )
+        found.append(f"licence: volume {json.dumps(volume)}")
+        found.append(
+            f"licence: disk {json.dumps(disk)}: the guest reads the token from "
+            f"/dev/disk/by-id/virtio-{keys.LICENSE_DISK_SERIAL}"
+        )
 
     with console.step("virt-controller renders the launcher pod; the webhook gates it") as found:
         first = wait_until(
@@ -823,6 +908,17 @@ def act_vm(demo: Demo) -> None:
         found.append(f"desk: {attached['status']['phase']} ({message})")
         found.append(f"GPUNode {node}: {address} used by pod {RESEARCH}/{demo.launcher}")
         found.append(f"desk carries {keys.FINALIZER_CLAIM}; its usage record stays")
+
+
+def _license_disk(vmi: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The VMI's licence volume and disk (empty where the webhook added none)."""
+    name = keys.LICENSE_VOLUME_NAME
+    volumes = vmi["spec"].get("volumes") or []
+    disks = vmi["spec"]["domain"]["devices"].get("disks") or []
+    return (
+        next((v for v in volumes if v.get("name") == name), {}),
+        next((d for d in disks if d.get("name") == name), {}),
+    )
 
 
 class LauncherWatch:

@@ -52,4 +52,15 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     rolled = re.search(r"cozystack-gpu-controller-0: pid (\d+) → (\d+), GPU_REJECTION_TTL", text)
     assert rolled and rolled[1] != rolled[2], text
     assert "GPU_REJECTION_TTL 600 → 300; Ready, Lease held by cozystack-gpu-controller-0" in text
+    # The licensed class: its token copied into the entitled tenant only, and the VM's disk.
+    assert "l40s-24c: vgpu L40S-24C, capacity 6, free 6, licensed (nls-token" in text, text
+    assert (
+        "Secret gpu-license-l40s-24c in tenant-acme-research (vGPU entitled) only: "
+        "keys client_configuration_token.tok, feature-type (1)"
+    ) in text, text
+    assert "no copy in tenant-root, tenant-acme (not entitled)" in text, text
+    assert (
+        'volume {"name": "gpu-cozystack-license", "secret": {"secretName": "gpu-license-l40s-24c"}}'
+    ) in text, text
+    assert '"serial": "gpu-license"' in text, text
     assert not directory.exists(), "demo down leaves nothing behind"
