@@ -8,6 +8,8 @@ demo when that is not what it expects (:mod:`.console`). The acts hand on what l
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -24,6 +26,8 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate
+from cozystack_gpu.cli import main as kubectl_gpu
+from cozystack_gpu.model import Reason
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.demo import platform
 from cozystack_gpu_testkit.demo.console import (
@@ -62,6 +66,11 @@ CHART_VALUES: dict[str, Any] = {
 # Act 6's `helm upgrade`: a setting the hoster changes, so the controller's pod template
 # changes (an env var) and the local kubelet rolls the pod.
 UPGRADE_SETTING = ("rejectionTTLSeconds", "GPU_REJECTION_TTL", 300)
+# Act 6's tenant: a user with the built-in admin role in its namespace (as Cozystack grants a
+# tenant's users), and its VM whose claim template asks for more than its budget leaves.
+TENANT_USER = "alice"
+BURST = "burst"
+BURST_TEMPLATE = {"name": "gpu", "class": "h100", "count": 1}
 TENANTS = (
     # (namespace, ancestors, budget keys, vGPU entitlement)
     ("tenant-root", (), {keys.QUOTA_KEY_TOTAL: 12}, False),
@@ -1175,7 +1184,8 @@ def act_day_two(demo: Demo) -> None:
     console.act(
         6,
         "Day two",
-        "The hoster upgrades the chart; the controller's pod is rolled and picks up where it was.",
+        "The hoster upgrades the chart; a tenant asks why its VM waits; the hoster looks at "
+        "the nodes.",
     )
     value_name, env_name, value = UPGRADE_SETTING
     assert demo.controller is not None
@@ -1217,6 +1227,112 @@ def act_day_two(demo: Demo) -> None:
             f"{pod_name}: pid {old_pid} → {new_pid}, {env_name} {old_value} → {new_value}; "
             f"Ready, Lease held by {lease}, webhooks answering"
         )
+
+    claim_name = keys.template_claim_name(BURST, str(BURST_TEMPLATE["name"]))
+    with console.step(
+        f"{TENANT_USER} ({RESEARCH}'s admin) starts VM {BURST}: a claim template of "
+        f"{BURST_TEMPLATE['count']} x {BURST_TEMPLATE['class']}, beyond its budget"
+    ) as found:
+        _tenant_admin(demo, RESEARCH, TENANT_USER)
+        _start_burst(demo)
+        waiting = wait_until(
+            lambda: _placed_reason(demo, claim_name),
+            expected=f"template claim {claim_name} Pending, its Placed condition saying why",
+            saw=summary(demo, RESEARCH, claim_name),
+            timeout=60,
+        )
+        check(
+            waiting.get("reason") == Reason.BUDGET_EXCEEDED.value,
+            f"{claim_name} waiting on its budget ({Reason.BUDGET_EXCEEDED.value})",
+            f"{waiting}",
+        )
+        found.append(
+            f"RoleBinding {RESEARCH}/{TENANT_USER}-admin: ClusterRole admin (claims aggregate "
+            f"into it) for user {TENANT_USER}"
+        )
+        found.append(f"GPUClaim {claim_name}: Pending; the launcher pod stays gated")
+
+    with console.step(f"{TENANT_USER} asks why, with its own rights (--as)") as found:
+        argv = ["explain", "claim", claim_name, "-n", RESEARCH, "--as", TENANT_USER]
+        code, lines, err = _kubectl_gpu(demo, *argv)
+        check(code == 0, "kubectl gpu explain to exit 0", f"exit {code}: {err}")
+        text = "\n".join(lines)
+        check(
+            "Phase:      Pending" in text and Reason.BUDGET_EXCEEDED.value in text,
+            "the claim's phase and its reason",
+            text,
+        )
+        seen = [n for n in (*(h.name for h in HOSTS), WORKER, "render", ACME + "/") if n in text]
+        check(not seen, "no node and no other tenant's claim named to a tenant", f"{seen}")
+        found.append("$ kubectl gpu " + " ".join(argv))
+        found.extend("  " + line for line in lines)
+
+    with console.step("the hoster looks at the nodes") as found:
+        code, lines, err = _kubectl_gpu(demo, "top", "nodes")
+        check(code == 0, "kubectl gpu top nodes to exit 0", f"exit {code}: {err}")
+        listed = {line.split()[0] for line in lines[1:] if line.split()}
+        check(
+            listed == {h.name for h in HOSTS},
+            "a row per GPU node and class",
+            "\n".join(lines),
+        )
+        found.append("$ kubectl gpu top nodes")
+        found.extend("  " + line for line in lines)
+        code, _lines, err = _kubectl_gpu(demo, "top", "nodes", "--as", TENANT_USER)
+        check(code == 1, f"top as {TENANT_USER} refused (exit 1)", f"exit {code}")
+        found.append(f"as {TENANT_USER}: exit {code}: {err.strip()}")
+
+
+def _tenant_admin(demo: Demo, namespace: str, user: str) -> None:
+    """The built-in admin role in ``namespace`` for ``user`` (the chart's claim roles
+    aggregate into it): what a tenant's user has, and no more."""
+    binding = {
+        "metadata": {"name": f"{user}-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }  # fmt: skip
+    rbac = client.RbacAuthorizationV1Api(demo.api)
+    if unless(404, lambda: rbac.read_namespaced_role_binding(f"{user}-admin", namespace)) is None:
+        rbac.create_namespaced_role_binding(namespace, binding)
+
+
+def _start_burst(demo: Demo) -> None:
+    annotation = json.dumps({"claimTemplates": [BURST_TEMPLATE]})
+    body = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": BURST},
+        "spec": {
+            "runStrategy": "Always",
+            "template": {
+                "metadata": {
+                    "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+                    "annotations": {keys.ANNOTATION_CLAIMS: annotation},
+                },
+                "spec": {"domain": {"devices": {}, "memory": {"guest": "16Gi"}}},
+            },
+        },
+    }
+    demo.kube.custom.create_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, RESEARCH, keys.VM.plural, body
+    )
+
+
+def _placed_reason(demo: Demo, name: str) -> dict[str, Any] | None:
+    """A Pending claim's Placed condition once the binder has judged its VM's set."""
+    claim = _phase_is(demo, RESEARCH, name, "Pending")
+    placed = _condition(claim, keys.CONDITION_PLACED)
+    return placed if placed.get("status") == "False" and placed.get("reason") else None
+
+
+def _kubectl_gpu(demo: Demo, *argv: str) -> tuple[int, list[str], str]:
+    """``kubectl gpu ...`` (the plugin's main, in this process) with the demo's kubeconfig:
+    its exit status, its output lines and what it wrote to stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = kubectl_gpu.main(["--kubeconfig", demo.state.kubeconfig, *argv], out)
+    return code, out.getvalue().splitlines(), err.getvalue()
 
 
 def _local_pid(demo: Demo, pod: str) -> int | None:
@@ -1326,8 +1442,11 @@ def finish(demo: Demo) -> None:
     say(f"The demo ran in {demo.console.elapsed():.0f} s. The cluster stays up:")
     say()
     say(f"  export KUBECONFIG={demo.state.kubeconfig}")
-    say(f"  export PATH={demo.state.bin_dir}:$PATH")
+    # kubectl and helm from the built binaries, kubectl-gpu from this environment.
+    say(f"  export PATH={demo.state.bin_dir}:{Path(sys.executable).parent}:$PATH")
     say("  kubectl get gpuclasses; kubectl get gpuclaims -A; kubectl get gpunodes")
+    say(f"  kubectl gpu explain claim {keys.template_claim_name(BURST, 'gpu')} -n {RESEARCH} "
+        f"--as {TENANT_USER}; kubectl gpu top classes")  # fmt: skip
     say()
     say("helm upgrade reaches the controller and agents: a local kubelet restarts their")
     say("processes when the pod templates change (its log: local-kubelet.log), e.g.")

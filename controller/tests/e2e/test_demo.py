@@ -63,4 +63,16 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
         'volume {"name": "gpu-cozystack-license", "secret": {"secretName": "gpu-license-l40s-24c"}}'
     ) in text, text
     assert '"serial": "gpu-license"' in text, text
+    # kubectl gpu: a tenant's explain of its waiting claim, and the hoster's top.
+    explain = "$ kubectl gpu explain claim burst-gpu -n tenant-acme-research --as alice"
+    assert explain in text, text
+    told = text.split(explain, 1)[1].split("  ✓ ", 1)[0]
+    assert "Phase:      Pending" in told and "BudgetExceeded" in told, told
+    for other in ("render", "gpu-h100-01", "gpu-l40s-01", "gpu-l40s-02", "worker-01"):
+        assert other not in told, f"a tenant's explain names {other}:\n{told}"
+    top = text.split("$ kubectl gpu top nodes\n", 1)[1].split("  ✓ ", 1)[0]
+    assert "NODE" in top and "ALLOCATABLE" in top, top
+    for node in ("gpu-h100-01", "gpu-l40s-01", "gpu-l40s-02"):
+        assert node in top, top
+    assert "as alice: exit 1: error: top needs to list nodes" in text, text
     assert not directory.exists(), "demo down leaves nothing behind"
