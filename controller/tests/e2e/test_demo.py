@@ -68,6 +68,7 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     assert explain in text, text
     told = text.split(explain, 1)[1].split("  ✓ ", 1)[0]
     assert "Phase:      Pending" in told and "BudgetExceeded" in told, told
+    assert "- ask for a budget: the message above says which key and who can raise it" in told
     for other in ("render", "gpu-h100-01", "gpu-l40s-01", "gpu-l40s-02", "worker-01"):
         assert other not in told, f"a tenant's explain names {other}:\n{told}"
     top = text.split("$ kubectl gpu top nodes\n", 1)[1].split("  ✓ ", 1)[0]
