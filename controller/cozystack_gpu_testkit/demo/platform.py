@@ -170,7 +170,8 @@ def down(directory: Path, say: Any = print) -> int:
     else:
         say(
             "# demo processes stopped. The cluster at $KUBECONFIG keeps what the demo made: "
-            f"helm uninstall {RELEASE} -n {NAMESPACE}; kubectl delete namespace "
+            f"helm uninstall {RELEASE} -n {NAMESPACE}; kubectl -n {NAMESPACE} delete secret "
+            "nls-token; kubectl delete namespace "
             "tenant-root tenant-acme tenant-acme-research; kubectl delete node "
             "gpu-h100-01 gpu-l40s-01 gpu-l40s-02 worker-01"
         )
