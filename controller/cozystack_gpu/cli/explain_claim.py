@@ -255,6 +255,11 @@ def explain(readings: ClaimReadings, config: Config, now: float) -> Report:
         chain = (ns, *sorted(info.ancestors - {ns}))
     levels = budget_levels(readings, chain, class_name, snap)
     bound = condition_of(claim, keys.CONDITION_BOUND)
+    if bound is None and translate.is_template_claim(claim):
+        # A template claim is judged with its VM's whole set: the binder's reason is on
+        # Placed (False while the set fits nowhere), and no Bound is written meanwhile.
+        placed = condition_of(claim, keys.CONDITION_PLACED)
+        bound = placed if placed is not None and placed["status"] == "False" else None
     reason = None
     if phase in (keys.Phase.PENDING.value, keys.Phase.LOST.value) and bound is not None:
         reason = bound["reason"]

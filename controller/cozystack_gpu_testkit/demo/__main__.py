@@ -1,9 +1,10 @@
 """``python -m cozystack_gpu_testkit.demo up|down``: the entry points of ``make demo`` and
-``make demo-down``."""
+``make demo-down`` (and ``kubelet``, the local kubelet process ``up`` starts)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -25,10 +26,21 @@ def main(argv: list[str] | None = None) -> int:
         "--quiet", action="store_true", help="check every act without showing kubectl tables"
     )
     sub.add_parser("down", help="stop what the demo started and remove its directory")
+    kubelet = sub.add_parser(
+        "kubelet",
+        help="(started by `up`) restart the chart's local pods when their pod templates change",
+    )
+    kubelet.add_argument(
+        "--attached", action="store_true", help="the pods it restarts die with it (tests)"
+    )
     args = parser.parse_args(argv)
     directory: Path = args.dir.absolute()
     if args.command == "down":
         return platform.down(directory)
+    if args.command == "kubelet":
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+        platform.run_local_kubelet(directory, detach=not args.attached)
+        return 0
 
     if platform.State.load(directory) is not None:
         print(f"# an earlier demo in {directory}: stopping it first", flush=True)

@@ -12,12 +12,19 @@ bound to that Pod (what the projected token volume holds; for the agent it carri
 name the chart's own-node policy reads), and runs the container's command and arguments as a
 local process, exactly as rendered: only what a container would see differently is mapped,
 
-* the image's ``python`` is this environment's interpreter;
+* the image's ``python`` is this environment's interpreter, with its ``$PYTHONPATH`` (a
+  worktree's code, not the one the environment has installed);
 * every absolute path is below the pod's own root directory, where each volume mount is a link
   to its source (a hostPath below the host's root, a Secret's files, an emptyDir);
 * each container port gets a free local port (pods have their own network namespaces, local
   processes share one), in the arguments and environment that name it;
 * the API server is reached through ``$KUBECONFIG``, a kubeconfig with the pod's token.
+
+Once the story has started them, a local kubelet process (``python -m
+cozystack_gpu_testkit.demo kubelet``, :func:`run_local_kubelet`) follows the installed
+objects as a cluster would: every few seconds it compares each pod's template with the one
+its process was started from, and restarts the pod when it changed (``helm upgrade``) or stops
+it when its Deployment or DaemonSet is gone (``helm uninstall``).
 
 Processes, the plane and the state that ``make demo-down`` needs are recorded in ``demo.json``
 in the demo directory.
@@ -27,7 +34,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import enum
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -56,6 +66,11 @@ NAMESPACE = "cozy-gpu"
 STATE_FILE = "demo.json"
 # Tokens outlive the demo's cluster by far; the cluster stays up after `make demo`.
 TOKEN_SECONDS = 7 * 24 * 3600
+# The local kubelet's process name in the state, and how often it compares pod templates.
+LOCAL_KUBELET = "local-kubelet"
+LOCAL_KUBELET_PERIOD = 2.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,6 +82,10 @@ class State:
     bin_dir: str
     own_plane: bool
     processes: dict[str, int] = field(default_factory=dict)
+    # The chart's local pods, by Pod name: what the local kubelet needs to restart one
+    # (owner kind and name, node, host root, the hash of the template it was started from,
+    # its local ports).
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
@@ -134,6 +153,14 @@ def down(directory: Path, say: Any = print) -> int:
     if state is None:
         say(f"# no demo in {directory}")
         return 0
+    pid = state.processes.get(LOCAL_KUBELET)
+    if pid is not None:
+        # First, and read the state again after it: it may have restarted pods since.
+        cluster._terminate(pid, None, 10.0)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        state = State.load(directory) or state
+        state.processes.pop(LOCAL_KUBELET, None)
     for name in sorted(state.processes, key=lambda n: (not n.startswith("pod/"), n)):
         stop_process(state, name)
     if state.own_plane:
@@ -143,7 +170,8 @@ def down(directory: Path, say: Any = print) -> int:
     else:
         say(
             "# demo processes stopped. The cluster at $KUBECONFIG keeps what the demo made: "
-            f"helm uninstall {RELEASE} -n {NAMESPACE}; kubectl delete namespace "
+            f"helm uninstall {RELEASE} -n {NAMESPACE}; kubectl -n {NAMESPACE} delete secret "
+            "nls-token; kubectl delete namespace "
             "tenant-root tenant-acme tenant-acme-research; kubectl delete node "
             "gpu-h100-01 gpu-l40s-01 gpu-l40s-02 worker-01"
         )
@@ -227,13 +255,13 @@ def helm_install(state: State, values: dict[str, Any], log: Path) -> str:
     return result.stdout
 
 
-def installed(api: Any, kind: str, name: str) -> dict[str, Any]:
+def installed(api: Any, kind: str, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
     """The chart's Deployment or DaemonSet as the API server stores it."""
     apps = client.AppsV1Api(api)
     read = (
         apps.read_namespaced_deployment if kind == "Deployment" else apps.read_namespaced_daemon_set
     )
-    found: dict[str, Any] = api.sanitize_for_serialization(read(name, NAMESPACE))
+    found: dict[str, Any] = api.sanitize_for_serialization(read(name, namespace))
     return found
 
 
@@ -283,6 +311,32 @@ def _term_matches(term: dict[str, Any], labels: Mapping[str, str]) -> bool:
 # --- the chart's pods, as local processes ------------------------------------------------------
 
 
+class Rollout(enum.Enum):
+    """What the local kubelet does with a running local pod on a pass."""
+
+    KEEP = "keep"
+    RESTART = "restart"  # its owner's pod template changed: a cluster would roll it
+    STOP = "stop"  # its owner is gone: the garbage collector would delete the Pod
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    """A short hash of a pod template (as Kubernetes' pod-template-hash names a template):
+    key order does not count, every value does."""
+    canonical = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+def rollout(started: str, owner: Mapping[str, Any] | None) -> Rollout:
+    """Restart a local pod when its Deployment's or DaemonSet's current pod template is not
+    the one (``started``, its hash) its process was started from; stop it when the owner is
+    gone. Only the template counts: replicas, labels or status of the owner roll nothing."""
+    if owner is None:
+        return Rollout.STOP
+    if template_hash(owner["spec"]["template"]) != started:
+        return Rollout.RESTART
+    return Rollout.KEEP
+
+
 def pod_root(directory: Path, node: str, container: str) -> Path:
     """A pod's root directory: short, for the unix socket paths below it."""
     return directory / "pods" / node / container
@@ -310,12 +364,24 @@ class LocalPods:
     state: State
     api: Any
     detach: bool
+    namespace: str = NAMESPACE
 
     @property
     def directory(self) -> Path:
         return Path(self.state.dir)
 
-    def start(self, owner: dict[str, Any], pod_name: str, node: str, host_root: Path) -> LocalPod:
+    def start(
+        self,
+        owner: dict[str, Any],
+        pod_name: str,
+        node: str,
+        host_root: Path,
+        *,
+        ports: Mapping[str, int] | None = None,
+    ) -> LocalPod:
+        """Writes the Pod and starts its container as a local process. ``ports``: local
+        ports to keep (by container port name) from the pod this one replaces, so what
+        points at them (the webhook Service's endpoint) stays right."""
         template = owner["spec"]["template"]
         spec = template["spec"]
         (container,) = spec["containers"]
@@ -323,17 +389,18 @@ class LocalPods:
         kubeconfig = self._token_kubeconfig(pod, spec["serviceAccountName"])
         root = pod_root(self.directory, node, container["name"])
         self._mounts(root, spec, container, host_root)
-        ports = {
-            str(p.get("name") or p["containerPort"]): free_port()
-            for p in container.get("ports") or []
-        }
+        keep = ports or {}
+        ports = {}
+        for p in container.get("ports") or []:
+            port_name = str(p.get("name") or p["containerPort"])
+            ports[port_name] = keep.get(port_name) or free_port()
         by_number = {
             int(p["containerPort"]): ports[str(p.get("name") or p["containerPort"])]
             for p in container.get("ports") or []
         }
         fields = {
             "metadata.name": pod_name,
-            "metadata.namespace": NAMESPACE,
+            "metadata.namespace": self.namespace,
             "spec.nodeName": node,
             "spec.serviceAccountName": spec["serviceAccountName"],
             "status.podIP": host_address(),
@@ -355,6 +422,8 @@ class LocalPods:
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(root),
             "LANG": "C.UTF-8",
+            # The image's code is this checkout's: the import path the demo runs with.
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
             **env,
             "KUBECONFIG": str(kubeconfig),
         }
@@ -369,7 +438,51 @@ class LocalPods:
             port = probe["port"]
             local = ports[str(port)] if str(port) in ports else by_number[int(port)]
             readiness = (str(probe["path"]), local)
+        self.state.pods[pod_name] = {
+            "kind": owner["kind"],
+            "owner": owner["metadata"]["name"],
+            "node": node,
+            "host_root": str(host_root),
+            "template": template_hash(template),
+            "ports": ports,
+        }
+        self.state.save()
         return LocalPod(pod_name, node, ports, log, proc, readiness, pod)
+
+    def sync(self) -> list[str]:
+        """One pass of the local kubelet over the pods it started: restarts each whose
+        owner's pod template changed (stop, then start: one replica on the same ports, where
+        a cluster would surge a new one first), stops each whose owner is gone. Returns a
+        line per pod it acted on."""
+        done = []
+        for name, record in sorted(self.state.pods.items()):
+            owner = self._owner(record)
+            action = rollout(record["template"], owner)
+            if action is Rollout.KEEP:
+                continue
+            old = self.state.processes.get(f"pod/{name}")
+            stop_process(self.state, f"pod/{name}")
+            what = f"pod {name}: {record['kind']} {record['owner']}"
+            if owner is None:
+                del self.state.pods[name]
+                self.state.save()
+                done.append(f"{what} gone; pid {old} stopped")
+                continue
+            pod = self.start(
+                owner, name, record["node"], Path(record["host_root"]), ports=record["ports"]
+            )
+            line = (
+                f"{what}'s pod template {record['template']} → "
+                f"{self.state.pods[name]['template']}: pid {old} → {pod.proc.pid}"
+            )
+            try:
+                self.wait_ready(pod)
+            except RuntimeError as exc:
+                # Left as it is (not Ready; its log says why), as a cluster leaves a failed
+                # rollout: its record has the new template, so only a next change restarts it.
+                line += f", not ready: {exc}"
+            done.append(line)
+        return done
 
     def wait_ready(self, pod: LocalPod, timeout: float = 90.0) -> None:
         """Waits for the readiness probe to answer 200, then writes the pod Ready as its
@@ -397,6 +510,15 @@ class LocalPods:
 
     # --- helpers -------------------------------------------------------------------------
 
+    def _owner(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The pod's Deployment or DaemonSet now, or None when it is gone."""
+        try:
+            return installed(self.api, record["kind"], record["owner"], self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def _create_pod(self, owner: dict[str, Any], pod_name: str, node: str) -> dict[str, Any]:
         core = client.CoreV1Api(self.api)
         template = owner["spec"]["template"]
@@ -405,7 +527,7 @@ class LocalPods:
             "kind": "Pod",
             "metadata": {
                 "name": pod_name,
-                "namespace": NAMESPACE,
+                "namespace": self.namespace,
                 "labels": dict(template["metadata"].get("labels") or {}),
                 "annotations": dict(template["metadata"].get("annotations") or {}),
                 "ownerReferences": [
@@ -423,11 +545,11 @@ class LocalPods:
             "spec": {**template["spec"], "nodeName": node},
         }
         with contextlib.suppress(ApiException):
-            core.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
+            core.delete_namespaced_pod(pod_name, self.namespace, grace_period_seconds=0)
         for _attempt in range(50):
             try:
                 created: dict[str, Any] = self.api.sanitize_for_serialization(
-                    core.create_namespaced_pod(NAMESPACE, body)
+                    core.create_namespaced_pod(self.namespace, body)
                 )
                 break
             except ApiException as exc:  # the earlier one is still going
@@ -444,7 +566,7 @@ class LocalPods:
         status = running_status(pod["spec"]["containers"], ready=ready)
         status.update({"podIP": address, "podIPs": [{"ip": address}], "hostIP": address})
         client.CoreV1Api(self.api).patch_namespaced_pod_status(
-            pod["metadata"]["name"], NAMESPACE, {"status": status}
+            pod["metadata"]["name"], self.namespace, {"status": status}
         )
 
     def _token_kubeconfig(self, pod: dict[str, Any], service_account: str) -> Path:
@@ -452,7 +574,7 @@ class LocalPods:
         the pod's projected token volume would give it."""
         request = client.CoreV1Api(self.api).create_namespaced_service_account_token(
             service_account,
-            NAMESPACE,
+            self.namespace,
             {
                 "spec": {
                     "expirationSeconds": TOKEN_SECONDS,
@@ -483,7 +605,7 @@ class LocalPods:
                     "context": {
                         "cluster": "cluster",
                         "user": service_account,
-                        "namespace": NAMESPACE,
+                        "namespace": self.namespace,
                     },
                 }
             ],
@@ -514,7 +636,7 @@ class LocalPods:
                 source = root.parent / f"{root.name}.volumes" / mount["name"]
                 shutil.rmtree(source, ignore_errors=True)
                 source.mkdir(parents=True)
-                secret = core.read_namespaced_secret(volume["secret"]["secretName"], NAMESPACE)
+                secret = core.read_namespaced_secret(volume["secret"]["secretName"], self.namespace)
                 for key, data in (secret.data or {}).items():
                     (source / key).write_bytes(base64.b64decode(data))
             elif "emptyDir" in volume:
@@ -526,6 +648,39 @@ class LocalPods:
             target = root / mount["mountPath"].lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.symlink_to(source)
+
+
+def start_local_kubelet(state: State, *, detach: bool) -> int:
+    """Starts the local kubelet process over the pods started so far; returns its pid. From
+    then on it alone writes the state (the story starts no more pods)."""
+    argv = [sys.executable, "-m", "cozystack_gpu_testkit.demo", "--dir", state.dir, "kubelet"]
+    proc = spawn(
+        state,
+        LOCAL_KUBELET,
+        [*argv, *(() if detach else ("--attached",))],
+        log=Path(state.dir) / "logs" / f"{LOCAL_KUBELET}.log",
+        detach=detach,
+    )
+    return proc.pid
+
+
+def run_local_kubelet(directory: Path, *, detach: bool) -> None:
+    """The local kubelet's loop (its own process, so it outlives ``make demo``): a
+    :meth:`LocalPods.sync` pass every few seconds over the pods in the state, read again on
+    each pass. It writes the state only when it restarts or stops a pod."""
+    state = State.load(directory)
+    if state is None:
+        raise SystemExit(f"no demo in {directory}")
+    api = admin_client(state.kubeconfig)
+    log.info("following the pod templates of %s", ", ".join(sorted(state.pods)))
+    while True:
+        state = State.load(directory) or state
+        try:
+            for line in LocalPods(state, api, detach).sync():
+                log.info("%s", line)
+        except Exception as exc:  # the API server restarting, a pod that fails: next pass
+            log.warning("pass failed: %s: %s", type(exc).__name__, exc)
+        time.sleep(LOCAL_KUBELET_PERIOD)
 
 
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")

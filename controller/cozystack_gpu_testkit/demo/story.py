@@ -1,4 +1,4 @@
-"""The demo's story: a platform, then six acts, each a function whose outcome is checked.
+"""The demo's story: a platform, then seven acts, each a function whose outcome is checked.
 
 Every act reads back what it did from the API server (or the hosts' sysfs trees) and stops the
 demo when that is not what it expects (:mod:`.console`). The acts hand on what later acts need
@@ -7,6 +7,9 @@ demo when that is not what it expects (:mod:`.console`). The acts hand on what l
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -22,6 +25,8 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.cli import main as kubectl_gpu
+from cozystack_gpu.model import Reason
 from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.demo import platform
@@ -58,6 +63,14 @@ CHART_VALUES: dict[str, Any] = {
     "controller": {"replicas": 1, "logFormat": "text"},
     "rawNamePolicy": {"virtControllerUser": "system:serviceaccount:kubevirt:kubevirt-controller"},
 }
+# Act 6's `helm upgrade`: a setting the hoster changes, so the controller's pod template
+# changes (an env var) and the local kubelet rolls the pod.
+UPGRADE_SETTING = ("rejectionTTLSeconds", "GPU_REJECTION_TTL", 300)
+# Act 6's tenant: a user with the built-in admin role in its namespace (as Cozystack grants a
+# tenant's users), and its VM whose claim template asks for more than its budget leaves.
+TENANT_USER = "alice"
+BURST = "burst"
+BURST_TEMPLATE = {"name": "gpu", "class": "h100", "count": 1}
 TENANTS = (
     # (namespace, ancestors, budget keys, vGPU entitlement)
     ("tenant-root", (), {keys.QUOTA_KEY_TOTAL: 12}, False),
@@ -79,6 +92,11 @@ ORDERS = (
     (ACME, "render", "l40s", 1),
 )
 VM = "desk-vm"
+# The licensed vGPU class and the hoster's token Secret it names (ansible/inventory.yml).
+LICENSED = "l40s-24c"
+TOKEN_SECRET = "nls-token"
+# A stand-in: a real one is the .tok file from the NVIDIA Licensing Portal.
+STAND_IN_TOKEN = b"stand-in client configuration token (a real one comes from NVIDIA)\n"
 FREE_AT_START = {"h100": 4, "l40s": 1, "l40s-24c": 6}
 FREE_AT_END = {"h100": 2, "l40s": 0, "l40s-24c": 4}
 
@@ -110,6 +128,8 @@ class Demo:
     agents: dict[str, platform.LocalPod] = field(default_factory=dict)
     claim_nodes: dict[str, str] = field(default_factory=dict)
     launcher: str = ""
+    # The chart values installed (act 6 upgrades from them).
+    chart_values: dict[str, Any] = field(default_factory=dict)
 
     def connect(self) -> None:
         self.api = platform.admin_client(self.state.kubeconfig)
@@ -262,6 +282,7 @@ def platform_act(demo: Demo) -> None:
         output = platform.helm_install(state, values, demo.logs / "helm.log")
         status = next((ln for ln in output.splitlines() if ln.startswith("STATUS:")), "")
         check(status == "STATUS: deployed", "the release deployed", output)
+        demo.chart_values = values
         found.append(f"{status}; values: {json.dumps(values)}")
 
     with console.step(f"the controller Deployment's pod, as a local process on {WORKER}") as found:
@@ -441,6 +462,12 @@ def act_hosts(demo: Demo) -> None:
             "each as ServiceAccount cozy-gpu/cozystack-gpu-agent with a token bound to its Pod: "
             "the chart's own-node policy sees its node"
         )
+        # Every chart pod runs now: the local kubelet takes them over (and the state file).
+        pid = platform.start_local_kubelet(demo.state, detach=demo.options.detach)
+        found.append(
+            f"a local kubelet (pid {pid}) restarts these pods and the controller's when their "
+            f"pod templates change, as a cluster rolls them; log {demo.logs}/local-kubelet.log"
+        )
 
     with console.step("GPUNodes: the agents' inventory, the binder's conditions") as found:
         for host in HOSTS:
@@ -509,6 +536,15 @@ def _gpunode_summary(node: dict[str, Any] | None) -> str:
 def act_catalog(demo: Demo) -> None:
     console = demo.console
     console.act(2, "Catalog", "The hoster's offers, created with the gpu_class module.")
+    with console.step(
+        f"the vGPU guests' licence token: Secret {platform.NAMESPACE}/{TOKEN_SECRET}"
+    ) as found:
+        _token_secret(demo)
+        found.append(
+            f"key {keys.LICENSE_TOKEN_KEY}: a stand-in for the client configuration token; "
+            "only the controller reads it"
+        )
+
     with console.step("ansible-playbook catalog.yml: gpu_class, one per offer") as found:
         recap = demo.ansible("catalog.yml", "ansible-catalog.log")
         found.extend(recap)
@@ -528,11 +564,32 @@ def act_catalog(demo: Demo) -> None:
         )
         for name, cls in sorted(demo.classes().items()):
             spec = cls["spec"]
+            lic = spec.get("license")
             found.append(
                 f"{name}: {spec['mode']} {spec.get('profile') or spec['model']}, "
                 f"capacity {capacity[name]}, free {cls['status']['free']}"
+                + (
+                    f", licensed ({lic['secretRef']['name']}/{lic['secretRef']['key']}, "
+                    f"FeatureType {lic.get('featureType', keys.LICENSE_DEFAULT_FEATURE_TYPE)})"
+                    if lic
+                    else ""
+                )
             )
     demo.show("get", "gpuclasses")
+
+
+def _token_secret(demo: Demo) -> None:
+    """The hoster's token Secret (kubectl create secret generic ... --from-file=...)."""
+    body = {
+        "metadata": {"name": TOKEN_SECRET},
+        "data": {keys.LICENSE_TOKEN_KEY: base64.b64encode(STAND_IN_TOKEN).decode()},
+    }
+    try:
+        demo.kube.core.create_namespaced_secret(platform.NAMESPACE, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        demo.kube.core.replace_namespaced_secret(TOKEN_SECRET, platform.NAMESPACE, body)
 
 
 def _free(demo: Demo) -> dict[str, int | None]:
@@ -583,6 +640,29 @@ def act_orders(demo: Demo) -> None:
                 + (", vGPU entitled" if vgpu else "")
             )
 
+    copy = keys.license_copy_name(LICENSED)
+    with console.step(f"class {LICENSED}'s licence reaches the vGPU-entitled tenant only") as found:
+        entitled = [ns for ns, _a, _b, vgpu in TENANTS if vgpu]
+        others = [ns for ns, _a, _b, vgpu in TENANTS if not vgpu]
+        wait_until(
+            lambda: _license_copies(demo) == entitled,
+            expected=f"Secret {copy} in {', '.join(entitled)} only",
+            saw=lambda: f"in {_license_copies(demo)}",
+            timeout=30,
+        )
+        (where,) = entitled
+        data = demo.kube.core.read_namespaced_secret(copy, where).data or {}
+        token = base64.b64decode(data.get(keys.LICENSE_TOKEN_KEY, ""))
+        check(token == STAND_IN_TOKEN, f"the copy to hold {TOKEN_SECRET}'s token", f"{token!r}")
+        feature = base64.b64decode(data.get(keys.LICENSE_FEATURE_TYPE_KEY, "")).decode()
+        for namespace in others:
+            check(not _has_secret(demo, namespace, copy), f"no {copy} in {namespace}", "one")
+        found.append(
+            f"Secret {copy} in {where} (vGPU entitled) only: keys "
+            f"{', '.join(sorted(data))} ({feature}), the controller's copy of {TOKEN_SECRET}"
+        )
+        found.append(f"no copy in {', '.join(others)} (not entitled)")
+
     for namespace, name, cls, count in ORDERS:
         with console.step(f"{namespace} orders {name}: {count} x {cls}") as found:
             demo.kube.claim(namespace, name, cls, count)
@@ -620,6 +700,18 @@ def act_orders(demo: Demo) -> None:
         check(wanted in message, f"a refusal saying '{wanted}'", message)
         found.append(f"refused at create time: {message}")
     demo.show("get", "gpuclaims", "-A")
+
+
+def _license_copies(demo: Demo) -> list[str]:
+    """The namespaces holding a copy of the licensed class's token, by the copies' label."""
+    found = demo.kube.core.list_secret_for_all_namespaces(
+        label_selector=f"{keys.LABEL_LICENSE_CLASS}={LICENSED}"
+    )
+    return sorted(s.metadata.namespace for s in found.items)
+
+
+def _has_secret(demo: Demo, namespace: str, name: str) -> bool:
+    return unless(404, lambda: demo.kube.core.read_namespaced_secret(name, namespace)) is not None
 
 
 def in_phase(
@@ -725,6 +817,20 @@ def act_vm(demo: Demo) -> None:
             f"label {keys.LABEL_CLAIMS_REF}=true; VMI {VM} made by virt-controller"
         )
         found.append(f"VMI webhook: gpus {gpus}; desk.status.attachedTo={attached}")
+        volume, disk = _license_disk(vmi)
+        copy = keys.license_copy_name(LICENSED)
+        check(
+            (volume.get("secret") or {}).get("secretName") == copy
+            and disk.get("serial") == keys.LICENSE_DISK_SERIAL,
+            f"the VMI webhook to add volume {keys.LICENSE_VOLUME_NAME} of Secret {copy} and "
+            f"its disk with serial {keys.LICENSE_DISK_SERIAL} ({LICENSED} is licensed)",
+            f"volume {volume}, disk {disk}",
+        )
+        found.append(f"licence: volume {json.dumps(volume)}")
+        found.append(
+            f"licence: disk {json.dumps(disk)}: the guest reads the token from "
+            f"/dev/disk/by-id/virtio-{keys.LICENSE_DISK_SERIAL}"
+        )
 
     with console.step("virt-controller renders the launcher pod; the webhook gates it") as found:
         first = wait_until(
@@ -811,6 +917,17 @@ def act_vm(demo: Demo) -> None:
         found.append(f"desk: {attached['status']['phase']} ({message})")
         found.append(f"GPUNode {node}: {address} used by pod {RESEARCH}/{demo.launcher}")
         found.append(f"desk carries {keys.FINALIZER_CLAIM}; its usage record stays")
+
+
+def _license_disk(vmi: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The VMI's licence volume and disk (empty where the webhook added none)."""
+    name = keys.LICENSE_VOLUME_NAME
+    volumes = vmi["spec"].get("volumes") or []
+    disks = vmi["spec"]["domain"]["devices"].get("disks") or []
+    return (
+        next((v for v in volumes if v.get("name") == name), {}),
+        next((d for d in disks if d.get("name") == name), {}),
+    )
 
 
 class LauncherWatch:
@@ -1062,9 +1179,194 @@ def _left(demo: Demo, namespace: str, name: str, node: str) -> dict[str, Any] | 
 # --- act 6 -------------------------------------------------------------------------------------
 
 
+def act_day_two(demo: Demo) -> None:
+    console = demo.console
+    console.act(
+        6,
+        "Day two",
+        "The hoster upgrades the chart; a tenant asks why its VM waits; the hoster looks at "
+        "the nodes.",
+    )
+    value_name, env_name, value = UPGRADE_SETTING
+    assert demo.controller is not None
+    pod_name = demo.controller.name
+    with console.step(
+        f"helm upgrade --set controller.settings.{value_name}={value}: the pod is rolled"
+    ) as found:
+        old_pid = _local_pid(demo, pod_name)
+        old_value = _process_env(old_pid).get(env_name)
+        values = json.loads(json.dumps(demo.chart_values))
+        values["controller"].setdefault("settings", {})[value_name] = value
+        output = platform.helm_install(demo.state, values, demo.logs / "helm.log")
+        revision = next((ln for ln in output.splitlines() if ln.startswith("REVISION:")), "")
+        new_pid = wait_until(
+            lambda: _rolled(demo, pod_name, old_pid),
+            expected=f"the local kubelet to restart pod {pod_name} from the new template, Ready",
+            saw=lambda: (
+                f"pid {_local_pid(demo, pod_name)}; the local kubelet's log:\n"
+                + _tail(demo.logs / "local-kubelet.log")
+            ),
+            timeout=60,
+        )
+        new_value = _process_env(new_pid).get(env_name)
+        check(new_value == str(value), f"{env_name}={value} in the new process", f"{new_value}")
+        wait_until(
+            lambda: _webhook_answers(demo),
+            expected="the webhooks answered by the new process (the Service's port is kept)",
+            saw=lambda: _webhook_error(demo),
+            timeout=60,
+        )
+        lease = wait_until(
+            lambda: _lease_holder(demo),
+            expected="the new process to hold the binder Lease",
+            saw=lambda: f"holder {_lease_holder(demo)!r}",
+            timeout=60,
+        )
+        found.append(f"{revision}; the Deployment's pod template changed ({env_name})")
+        found.append(
+            f"{pod_name}: pid {old_pid} → {new_pid}, {env_name} {old_value} → {new_value}; "
+            f"Ready, Lease held by {lease}, webhooks answering"
+        )
+
+    claim_name = keys.template_claim_name(BURST, str(BURST_TEMPLATE["name"]))
+    with console.step(
+        f"{TENANT_USER} ({RESEARCH}'s admin) starts VM {BURST}: a claim template of "
+        f"{BURST_TEMPLATE['count']} x {BURST_TEMPLATE['class']}, beyond its budget"
+    ) as found:
+        _tenant_admin(demo, RESEARCH, TENANT_USER)
+        _start_burst(demo)
+        waiting = wait_until(
+            lambda: _placed_reason(demo, claim_name),
+            expected=f"template claim {claim_name} Pending, its Placed condition saying why",
+            saw=summary(demo, RESEARCH, claim_name),
+            timeout=60,
+        )
+        check(
+            waiting.get("reason") == Reason.BUDGET_EXCEEDED.value,
+            f"{claim_name} waiting on its budget ({Reason.BUDGET_EXCEEDED.value})",
+            f"{waiting}",
+        )
+        found.append(
+            f"RoleBinding {RESEARCH}/{TENANT_USER}-admin: ClusterRole admin (claims aggregate "
+            f"into it) for user {TENANT_USER}"
+        )
+        found.append(f"GPUClaim {claim_name}: Pending; the launcher pod stays gated")
+
+    with console.step(f"{TENANT_USER} asks why, with its own rights (--as)") as found:
+        argv = ["explain", "claim", claim_name, "-n", RESEARCH, "--as", TENANT_USER]
+        code, lines, err = _kubectl_gpu(demo, *argv)
+        check(code == 0, "kubectl gpu explain to exit 0", f"exit {code}: {err}")
+        text = "\n".join(lines)
+        check(
+            "Phase:      Pending" in text and Reason.BUDGET_EXCEEDED.value in text,
+            "the claim's phase and its reason",
+            text,
+        )
+        seen = [n for n in (*(h.name for h in HOSTS), WORKER, "render", ACME + "/") if n in text]
+        check(not seen, "no node and no other tenant's claim named to a tenant", f"{seen}")
+        found.append("$ kubectl gpu " + " ".join(argv))
+        found.extend("  " + line for line in lines)
+
+    with console.step("the hoster looks at the nodes") as found:
+        code, lines, err = _kubectl_gpu(demo, "top", "nodes")
+        check(code == 0, "kubectl gpu top nodes to exit 0", f"exit {code}: {err}")
+        listed = {line.split()[0] for line in lines[1:] if line.split()}
+        check(
+            listed == {h.name for h in HOSTS},
+            "a row per GPU node and class",
+            "\n".join(lines),
+        )
+        found.append("$ kubectl gpu top nodes")
+        found.extend("  " + line for line in lines)
+        code, _lines, err = _kubectl_gpu(demo, "top", "nodes", "--as", TENANT_USER)
+        check(code == 1, f"top as {TENANT_USER} refused (exit 1)", f"exit {code}")
+        found.append(f"as {TENANT_USER}: exit {code}: {err.strip()}")
+
+
+def _tenant_admin(demo: Demo, namespace: str, user: str) -> None:
+    """The built-in admin role in ``namespace`` for ``user`` (the chart's claim roles
+    aggregate into it): what a tenant's user has, and no more."""
+    binding = {
+        "metadata": {"name": f"{user}-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }  # fmt: skip
+    rbac = client.RbacAuthorizationV1Api(demo.api)
+    if unless(404, lambda: rbac.read_namespaced_role_binding(f"{user}-admin", namespace)) is None:
+        rbac.create_namespaced_role_binding(namespace, binding)
+
+
+def _start_burst(demo: Demo) -> None:
+    annotation = json.dumps({"claimTemplates": [BURST_TEMPLATE]})
+    body = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": BURST},
+        "spec": {
+            "runStrategy": "Always",
+            "template": {
+                "metadata": {
+                    "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+                    "annotations": {keys.ANNOTATION_CLAIMS: annotation},
+                },
+                "spec": {"domain": {"devices": {}, "memory": {"guest": "16Gi"}}},
+            },
+        },
+    }
+    demo.kube.custom.create_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, RESEARCH, keys.VM.plural, body
+    )
+
+
+def _placed_reason(demo: Demo, name: str) -> dict[str, Any] | None:
+    """A Pending claim's Placed condition once the binder has judged its VM's set."""
+    claim = _phase_is(demo, RESEARCH, name, "Pending")
+    placed = _condition(claim, keys.CONDITION_PLACED)
+    return placed if placed.get("status") == "False" and placed.get("reason") else None
+
+
+def _kubectl_gpu(demo: Demo, *argv: str) -> tuple[int, list[str], str]:
+    """``kubectl gpu ...`` (the plugin's main, in this process) with the demo's kubeconfig:
+    its exit status, its output lines and what it wrote to stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = kubectl_gpu.main(["--kubeconfig", demo.state.kubeconfig, *argv], out)
+    return code, out.getvalue().splitlines(), err.getvalue()
+
+
+def _local_pid(demo: Demo, pod: str) -> int | None:
+    """The pid of a local pod's process now (the local kubelet writes the state)."""
+    state = platform.State.load(demo.dir)
+    return None if state is None else state.processes.get(f"pod/{pod}")
+
+
+def _rolled(demo: Demo, pod: str, old: int | None) -> int | None:
+    pid = _local_pid(demo, pod)
+    obj = demo.pod(platform.NAMESPACE, pod)
+    ready = _condition(obj, "Ready").get("status") == "True"
+    return pid if pid is not None and pid != old and ready else None
+
+
+def _process_env(pid: int | None) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
+
+
+def _tail(path: Path, lines: int = 10) -> str:
+    text = path.read_text(errors="replace") if path.exists() else "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# --- act 7 -------------------------------------------------------------------------------------
+
+
 def act_end(demo: Demo) -> None:
     console = demo.console
-    console.act(6, "The end", "Classes, claims and nodes as they stand; the cluster stays up.")
+    console.act(7, "The end", "Classes, claims and nodes as they stand; the cluster stays up.")
     with console.step("the catalog, the holds and the nodes agree") as found:
         wait_until(
             lambda: _free(demo) == FREE_AT_END,
@@ -1104,6 +1406,7 @@ ACTS: tuple[Callable[[Demo], None], ...] = (
     act_orders,
     act_vm,
     act_life,
+    act_day_two,
     act_end,
 )
 
@@ -1139,8 +1442,16 @@ def finish(demo: Demo) -> None:
     say(f"The demo ran in {demo.console.elapsed():.0f} s. The cluster stays up:")
     say()
     say(f"  export KUBECONFIG={demo.state.kubeconfig}")
-    say(f"  export PATH={demo.state.bin_dir}:$PATH")
+    # kubectl and helm from the built binaries, kubectl-gpu from this environment.
+    say(f"  export PATH={demo.state.bin_dir}:{Path(sys.executable).parent}:$PATH")
     say("  kubectl get gpuclasses; kubectl get gpuclaims -A; kubectl get gpunodes")
+    say(f"  kubectl gpu explain claim {keys.template_claim_name(BURST, 'gpu')} -n {RESEARCH} "
+        f"--as {TENANT_USER}; kubectl gpu top classes")  # fmt: skip
+    say()
+    say("helm upgrade reaches the controller and agents: a local kubelet restarts their")
+    say("processes when the pod templates change (its log: local-kubelet.log), e.g.")
+    say(f"  helm upgrade {platform.RELEASE} {platform.CHART} -n {platform.NAMESPACE} "
+        "--reuse-values --set controller.settings.writeWorkers=4")  # fmt: skip
     say()
     say(f"Logs: {demo.logs}/. Stop everything (controller, agents, kubelets, control plane):")
     say(f"  {demo.options.down_command}")

@@ -10,6 +10,7 @@ DemoFailure with the step, what it expected and what it saw.
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,7 +22,7 @@ from cozystack_gpu_testkit.demo.console import DemoFailure
 
 pytestmark = pytest.mark.apiserver
 
-ACTS = ("Hosts", "Catalog", "Orders", "A VM starts", "Life goes on", "The end")
+ACTS = ("Hosts", "Catalog", "Orders", "A VM starts", "Life goes on", "Day two", "The end")
 
 
 def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
@@ -46,4 +47,33 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     assert "✗" not in text
     # The story's own claims about the end, as the last act found them.
     assert f"free per class {story.FREE_AT_END}" in text, text
+    # helm upgrade reaches the local controller: the local kubelet rolled its pod.
+    assert "a local kubelet (pid " in text, text
+    rolled = re.search(r"cozystack-gpu-controller-0: pid (\d+) → (\d+), GPU_REJECTION_TTL", text)
+    assert rolled and rolled[1] != rolled[2], text
+    assert "GPU_REJECTION_TTL 600 → 300; Ready, Lease held by cozystack-gpu-controller-0" in text
+    # The licensed class: its token copied into the entitled tenant only, and the VM's disk.
+    assert "l40s-24c: vgpu L40S-24C, capacity 6, free 6, licensed (nls-token" in text, text
+    assert (
+        "Secret gpu-license-l40s-24c in tenant-acme-research (vGPU entitled) only: "
+        "keys client_configuration_token.tok, feature-type (1)"
+    ) in text, text
+    assert "no copy in tenant-root, tenant-acme (not entitled)" in text, text
+    assert (
+        'volume {"name": "gpu-cozystack-license", "secret": {"secretName": "gpu-license-l40s-24c"}}'
+    ) in text, text
+    assert '"serial": "gpu-license"' in text, text
+    # kubectl gpu: a tenant's explain of its waiting claim, and the hoster's top.
+    explain = "$ kubectl gpu explain claim burst-gpu -n tenant-acme-research --as alice"
+    assert explain in text, text
+    told = text.split(explain, 1)[1].split("  ✓ ", 1)[0]
+    assert "Phase:      Pending" in told and "BudgetExceeded" in told, told
+    assert "- ask for a budget: the message above says which key and who can raise it" in told
+    for other in ("render", "gpu-h100-01", "gpu-l40s-01", "gpu-l40s-02", "worker-01"):
+        assert other not in told, f"a tenant's explain names {other}:\n{told}"
+    top = text.split("$ kubectl gpu top nodes\n", 1)[1].split("  ✓ ", 1)[0]
+    assert "NODE" in top and "ALLOCATABLE" in top, top
+    for node in ("gpu-h100-01", "gpu-l40s-01", "gpu-l40s-02"):
+        assert node in top, top
+    assert "as alice: exit 1: error: top needs to list nodes" in text, text
     assert not directory.exists(), "demo down leaves nothing behind"

@@ -1,16 +1,26 @@
 """The demo's pure parts: how a pod's container is mapped to a local process, which nodes a
-DaemonSet selects, and how a step that does not turn out as expected stops the demo."""
+DaemonSet selects, when the local kubelet restarts a pod, and how a step that does not turn
+out as expected stops the demo."""
 
 from __future__ import annotations
 
+import copy
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cozystack_gpu_testkit.demo.console import Console, DemoFailure, Mismatch, check, wait_until
 from cozystack_gpu_testkit.demo.hosts import check_socket_paths
-from cozystack_gpu_testkit.demo.platform import expand_vars, localize, node_matches
+from cozystack_gpu_testkit.demo.platform import (
+    Rollout,
+    expand_vars,
+    localize,
+    node_matches,
+    rollout,
+    template_hash,
+)
 
 ROOT = Path("/demo/pods/gpu-1/agent")
 
@@ -51,6 +61,34 @@ def test_a_daemonset_selects_nodes_by_its_selector_and_required_affinity() -> No
     assert not node_matches(spec, {"pool": "gpu"})
     assert not node_matches(spec, {"layout-state": "applied"})
     assert node_matches({}, {})
+
+
+def _deployment(template: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "Deployment", "metadata": {"generation": 1}, "spec": {"template": template}}
+
+
+def test_a_changed_pod_template_restarts_the_local_pod_and_an_unchanged_one_keeps_it() -> None:
+    env = [{"name": "GPU_REJECTION_TTL", "value": "600"}]
+    template = {
+        "metadata": {"labels": {"app": "controller"}, "annotations": {"checksum/cert": "ab"}},
+        "spec": {"containers": [{"name": "c", "env": env}]},
+    }
+    started = template_hash(template)
+    # The same template (as read back, keys in another order, other fields changed): kept.
+    same = dict(reversed(list(copy.deepcopy(template).items())))
+    owner = _deployment(same)
+    owner["metadata"]["generation"] = 2
+    owner["spec"]["replicas"] = 1
+    assert rollout(started, owner) is Rollout.KEEP
+    # A new env value (helm upgrade --set controller.settings...) or annotation: restarted.
+    upgraded = copy.deepcopy(template)
+    upgraded["spec"]["containers"][0]["env"][0]["value"] = "300"
+    assert rollout(started, _deployment(upgraded)) is Rollout.RESTART
+    annotated = copy.deepcopy(template)
+    annotated["metadata"]["annotations"]["checksum/cert"] = "cd"
+    assert rollout(started, _deployment(annotated)) is Rollout.RESTART
+    # Its Deployment or DaemonSet gone (helm uninstall): the process stops.
+    assert rollout(started, None) is Rollout.STOP
 
 
 def test_a_step_that_sees_something_else_stops_the_demo_naming_it(tmp_path: Path) -> None:

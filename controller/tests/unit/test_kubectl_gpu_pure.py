@@ -117,6 +117,35 @@ def test_what_to_change_follows_the_binders_reason(reason: str, expected: list[s
     assert got == expected  # the vGPU class is left out: the namespace is not entitled
 
 
+def test_a_template_claim_is_judged_by_its_placed_condition() -> None:
+    # The binder judges a template claim with its VM's set: the reason is on Placed, and
+    # no Bound condition is written while it waits.
+    placed = {
+        "type": keys.CONDITION_PLACED,
+        "status": "False",
+        "reason": "BudgetExceeded",
+        "message": "the VM's GPU set cannot start anywhere yet: budget ...",
+    }
+    claim = _claim("a", "vm-gpu", "h100", 1, conditions=[placed])
+    claim["metadata"]["labels"] = {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE}
+    quota = {"spec": {"hard": {keys.quota_key("h100"): "2"}}}
+    held = _claim("a", "held", "h100", 2, phase="Bound")
+    readings = explain_claim.ClaimReadings(
+        claim=claim,
+        classes=[_class("h100", 2, 2)],
+        namespace=None,
+        quotas={"a": [quota]},
+        claims=[claim, held],
+        claims_namespace="a",
+    )
+    assert explain_claim.explain(readings, CONFIG, 0.0)["toFit"] == [ASK]
+    # Not yet judged (no Placed either): it says so.
+    claim["status"]["conditions"] = []
+    assert explain_claim.explain(readings, CONFIG, 0.0)["toFit"] == [
+        "wait: the binder has not judged this order yet"
+    ]
+
+
 def _snapshot() -> Snapshot:
     res = "nvidia.com/H100"
     nodes = [
