@@ -211,8 +211,15 @@ def claim_status_patch(
     current = claim_obj.get("status") or {}
     if updated.attached_to is None and current.get("attachedTo"):
         status.update(ATTACHMENT_CLEARED)
+    conditions = list(current.get("conditions") or [])
+    moved = current.get("nodeName") not in (None, updated.node)
+    if moved and any(c.get("type") == keys.CONDITION_PLACED for c in conditions):
+        # Placed told where the VM's launcher pod was pinned: a claim moved off that node
+        # no longer says so (its next start is placed, and told, again).
+        conditions = [c for c in conditions if c.get("type") != keys.CONDITION_PLACED]
+        status["conditions"] = conditions
     if cond is not None:
-        status["conditions"] = merge_conditions(current.get("conditions") or [], cond)
+        status["conditions"] = merge_conditions(conditions, cond)
     return {
         "metadata": {"resourceVersion": meta(claim_obj).get("resourceVersion")},
         "status": status,

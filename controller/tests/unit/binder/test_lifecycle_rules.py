@@ -182,6 +182,30 @@ def test_a_claim_status_patch_carries_the_resource_version_it_was_decided_on() -
     }
 
 
+def test_a_claim_moved_off_the_node_its_pod_was_pinned_to_says_placed_no_more() -> None:
+    """A Placed condition tells where the VM's launcher pod was pinned; once the claim is
+    moved elsewhere (packing, a rebind) it would name a node the claim no longer holds."""
+    from cozystack_gpu.model import ClaimInfo
+
+    pinned = lifecycle.condition(
+        keys.CONDITION_PLACED, True, keys.ClaimReason.PINNED, "pinned to node n2", NOW
+    )
+    bound = lifecycle.condition(keys.CONDITION_BOUND, True, "Bound", "holds on n2", NOW)
+    obj = claim("Bound")
+    obj["status"].update(nodeName="n2", conditions=[bound, pinned])
+    moved = lifecycle.condition(keys.CONDITION_BOUND, True, "Moved", "moved to n1", NOW)
+    updated = ClaimInfo("t", "c", "l40s-24c", 2, phase=Phase.BOUND, node="n1", bound_at=NOW)
+    body = lifecycle.claim_status_patch(obj, updated, moved)
+    assert [c["type"] for c in body["status"]["conditions"]] == [keys.CONDITION_BOUND]
+    # Staying on its node, the claim keeps what its start was told.
+    stays = ClaimInfo("t", "c", "l40s-24c", 2, phase=Phase.BOUND, node="n2", bound_at=NOW)
+    kept = lifecycle.claim_status_patch(obj, stays, bound)
+    assert [c["type"] for c in kept["status"]["conditions"]] == [
+        keys.CONDITION_BOUND,
+        keys.CONDITION_PLACED,
+    ]
+
+
 def test_class_status_carries_free_numbers_only_and_skips_unchanged_writes() -> None:
     obj: dict[str, Any] = {"metadata": {"name": "h100"}}
     body = lifecycle.class_status_body(obj, ClassStatus(free=5, max_free_per_node=3), NOW)
