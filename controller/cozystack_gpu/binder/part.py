@@ -37,11 +37,9 @@ class PartHandle(Protocol):
 
     def in_flight(self, keys: Iterable[ClaimKey]) -> bool:
         """Whether a placement write about any of these claims is still out."""
-        ...
 
     def decide(self, claim: ClaimInfo, body: dict[str, Any], purpose: str) -> None:
         """Record ``claim`` as decided in the snapshot and send its status write."""
-        ...
 
 
 class BinderPart:

@@ -60,15 +60,15 @@ def test_a_set_is_refused_for_its_shape_exactly_when_a_rule_says_so(
 
 def test_the_refusal_names_the_member_it_is_about() -> None:
     classes = {"a": ClassShape(Mode.PASSTHROUGH, deleting=True, max_count=None)}
-    _, missing = judge_set_shape(
+    _demand, missing = judge_set_shape(
         [SetMember("b", 1, order=False, label="GPUClaim x")], classes, max_count=True
     )
     assert missing is not None and missing.message == "class b of GPUClaim x does not exist"
-    _, deleting = judge_set_shape(
+    _demand, deleting = judge_set_shape(
         [SetMember("a", 1, order=True, label="claim template gpu")], classes, max_count=True
     )
     assert deleting is not None and deleting.message == (
         "class a is being deleted and takes no new orders (claim template gpu)"
     )
-    _, held = judge_set_shape([SetMember("a", 1, order=False)], classes, max_count=True)
+    _demand, held = judge_set_shape([SetMember("a", 1, order=False)], classes, max_count=True)
     assert held is None, "units already held of a class being deleted stay"
