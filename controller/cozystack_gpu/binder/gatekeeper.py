@@ -16,7 +16,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate, lifecycle
 from cozystack_gpu.binder.part import BinderPart, PartHandle
-from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, discard
+from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, WriteKind, discard
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
 from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
@@ -65,19 +65,18 @@ class Gatekeeper(BinderPart):
             self.forget_rejections(nodes)
 
     def written(self, done: WriteDone) -> None:
-        namespace, name = done.name.split("/", 1)
-        if done.what == "template-claim":
-            self._creating.discard(ClaimKey(namespace, name))
+        if done.what is WriteKind.TEMPLATE_CLAIM:
+            self._creating.discard(ClaimKey(*done.key))
             if done.ok and done.obj is not None:
                 self.view.apply(keys.GPU_CLAIM.kind, done.obj, deleted=False)
             elif not done.ok:
-                log.warning("template claim %s not created: %s", done.name, done.error)
+                log.warning("template claim %s not created: %s", done.path, done.error)
             return
-        self._pod_writes.discard((namespace, name))
+        self._pod_writes.discard(done.key)
         if done.ok and done.obj is not None:
             self.view.apply(keys.POD.kind, done.obj, deleted=False)
         elif not done.ok:
-            log.warning("launcher pod %s not updated: %s", done.name, done.error)
+            log.warning("launcher pod %s not updated: %s", done.path, done.error)
 
     def run(self, now: float) -> None:
         """Gated launcher pods: create the template claims, place the whole set on one
@@ -249,10 +248,10 @@ class Gatekeeper(BinderPart):
 
             self._creating.add(key)
             self.writer.call(
-                "template-claim",
-                f"{key.namespace}/{key.name}",
+                WriteKind.TEMPLATE_CLAIM,
+                key.namespace,
+                key.name,
                 partial(_create_claim, custom, key.namespace, body),
-                Priority.BIND,
             )
         return missing
 
@@ -328,7 +327,7 @@ class Gatekeeper(BinderPart):
 
         self._pod_writes.add(pod_key)
         self._gate_told.pop(pod_key, None)
-        self.writer.call("pod-pin", f"{pod_key[0]}/{pod_key[1]}", request, Priority.BIND)
+        self.writer.call(WriteKind.POD_PIN, pod_key[0], pod_key[1], request)
         if node is None:
             return
         now = self.clock()
@@ -468,7 +467,7 @@ class Gatekeeper(BinderPart):
             return None
 
         self._pod_writes.add(pod_key)
-        self.writer.call("pod-delete", f"{pod_key[0]}/{pod_key[1]}", request, Priority.BIND)
+        self.writer.call(WriteKind.POD_DELETE, pod_key[0], pod_key[1], request)
 
     def forget_rejections(self, nodes: set[str]) -> None:
         """Rejections of nodes whose allocatable, taints or readiness changed since they

@@ -34,6 +34,7 @@ from cozystack_gpu.binder.writer import (
     Outcome,
     Priority,
     WriteDone,
+    WriteKind,
     Writer,
 )
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
@@ -133,19 +134,19 @@ class Binder:
         self._last_plan = 0.0
         self._next_plan = 0.0
         self._changed = True
-        # Who hears the answer of each kind of write (WriteDone.what, up to a "/").
-        self._answers: dict[str, Callable[[WriteDone], None]] = {
-            "class-status": self.publisher.written,
-            "record": self.publisher.written,
-            "record-delete": self.publisher.written,
-            "meta": self.publisher.written,
-            "gpunode-status": self.publisher.written,
-            "settings": self.publisher.written,
-            "pod-pin": self.gatekeeper.written,
-            "pod-delete": self.gatekeeper.written,
-            "template-claim": self.gatekeeper.written,
-            "vmi-delete": self._vmi_deleted,
-            "event": lambda _done: None,  # Events for people: nothing to take back
+        # Who hears the answer of each kind of write.
+        self._answers: dict[WriteKind, Callable[[WriteDone], None]] = {
+            WriteKind.CLASS_STATUS: self.publisher.written,
+            WriteKind.RECORD: self.publisher.written,
+            WriteKind.RECORD_DELETE: self.publisher.written,
+            WriteKind.FINALIZER: self.publisher.written,
+            WriteKind.GPUNODE_STATUS: self.publisher.written,
+            WriteKind.SETTINGS: self.publisher.written,
+            WriteKind.POD_PIN: self.gatekeeper.written,
+            WriteKind.POD_DELETE: self.gatekeeper.written,
+            WriteKind.TEMPLATE_CLAIM: self.gatekeeper.written,
+            WriteKind.VMI_DELETE: self._vmi_deleted,
+            WriteKind.EVENT: lambda _done: None,  # Events for people: nothing to take back
         }
 
     # --- lifecycle -------------------------------------------------------------------
@@ -510,16 +511,11 @@ class Binder:
         self.view.apply(keys.GPU_CLAIM.kind, obj, deleted=False)
 
     def _written(self, done: WriteDone) -> None:
-        hear = self._answers.get(done.what.split("/", 1)[0])
-        if hear is None:
-            log.warning("answer of an unknown write %s %s ignored", done.what, done.name)
-            return
-        hear(done)
+        self._answers[done.what](done)
 
     def _vmi_deleted(self, done: WriteDone) -> None:
         if not done.ok:
-            namespace, name = done.name.split("/", 1)
-            self._vmi_deletes.discard((namespace, name))
+            self._vmi_deletes.discard(done.key)
 
 
 def _judged_until(

@@ -13,7 +13,7 @@ from typing import Any
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import lifecycle
 from cozystack_gpu.binder.part import BinderPart, PartHandle
-from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone
+from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, WriteKind
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import EventReason, Phase
 from cozystack_gpu.model import ClaimKey
@@ -59,37 +59,35 @@ class Publisher(BinderPart):
 
     def written(self, done: WriteDone) -> None:
         what = done.what
-        if what == "class-status":
+        if what is WriteKind.CLASS_STATUS:
             self._class_writes.discard(done.name)
             if done.ok and done.obj is not None:
                 self.view.apply(keys.GPU_CLASS.kind, done.obj, deleted=False)
-        elif what in ("record", "record-delete"):
-            namespace, name = done.name.split("/", 1)
-            self._record_writes.discard((namespace, name))
+        elif what in (WriteKind.RECORD, WriteKind.RECORD_DELETE):
+            self._record_writes.discard(done.key)
             if done.ok and done.obj is not None:
                 self.view.apply(WORKLOAD_KIND, done.obj, deleted=False)
-            elif done.ok and what == "record-delete":
-                self.view.raw[WORKLOAD_KIND].pop((namespace, name), None)
-        elif what.startswith("meta/"):
-            kind = what.removeprefix("meta/")
-            namespace, name = done.name.split("/", 1)
-            self._meta_writes.discard((kind, (namespace, name)))
+            elif done.ok and what is WriteKind.RECORD_DELETE:
+                self.view.raw[WORKLOAD_KIND].pop(done.key, None)
+        elif what is WriteKind.FINALIZER:
+            kind = done.object_kind
+            self._meta_writes.discard((kind, done.key))
             if done.ok and done.obj is not None:
                 self.view.apply(kind, done.obj, deleted=False)
             elif not done.ok:
                 # A conflict is the VMI webhook writing the same finalizer at attach time:
                 # the next look finds it there.
                 level = logging.DEBUG if done.error.startswith("409") else logging.INFO
-                log.log(level, "finalizer of %s %s not written: %s", kind, done.name, done.error)
+                log.log(level, "finalizer of %s %s not written: %s", kind, done.path, done.error)
                 if kind == keys.GPU_CLAIM.kind:
-                    self._protect_due.add(ClaimKey(namespace, name))
-        elif what == "gpunode-status":
+                    self._protect_due.add(ClaimKey(*done.key))
+        elif what is WriteKind.GPUNODE_STATUS:
             self._gpunode_writes.discard(done.name)
             if done.ok and done.obj is not None:
                 self.view.apply(keys.GPU_NODE.kind, done.obj, deleted=False)
             elif not done.ok:
                 self._gpunodes_due.add(done.name)
-        elif what == "settings":
+        elif what is WriteKind.SETTINGS:
             self._settings_inflight = False
             metrics.SETTINGS_WRITE_FAILING.set(0 if done.ok else 1)
             if not done.ok:
@@ -171,7 +169,7 @@ class Publisher(BinderPart):
                 )
 
         self._meta_writes.add((kind.kind, key))
-        self.writer.call(f"meta/{kind.kind}", f"{namespace}/{name}", request, Priority.BIND)
+        self.writer.call(WriteKind.FINALIZER, namespace, name, request, object_kind=kind.kind)
 
     def publish(self, now: float) -> None:
         if now - self._last_publish < PUBLISH_EVERY_S:
@@ -260,7 +258,7 @@ class Publisher(BinderPart):
                 _request_timeout=REQUEST_TIMEOUT_S,
             )
             self._gpunode_writes.add(name)
-            self.writer.call("gpunode-status", name, request, Priority.STATUS)
+            self.writer.call(WriteKind.GPUNODE_STATUS, "", name, request)
 
     def _publish_settings(self, now: float) -> None:
         if self._settings_inflight:

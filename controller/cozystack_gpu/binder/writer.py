@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 
 from kubernetes import client
@@ -52,6 +52,39 @@ class Priority(IntEnum):
     EVENT = 3  # Events for people
 
 
+class WriteKind(StrEnum):
+    """Every kind of write the binder sends besides claim status (``claim_status``), as its
+    answer names it: who hears the answer is routed by this."""
+
+    CLASS_STATUS = "class-status"
+    RECORD = "record"
+    RECORD_DELETE = "record-delete"
+    FINALIZER = "finalizer"  # a finalizer patch on a claim or a class (``object_kind``)
+    GPUNODE_STATUS = "gpunode-status"
+    SETTINGS = "settings"
+    POD_PIN = "pod-pin"
+    POD_DELETE = "pod-delete"
+    TEMPLATE_CLAIM = "template-claim"
+    VMI_DELETE = "vmi-delete"
+    EVENT = "event"
+
+
+# How soon each kind goes out: placement first, Events for people last.
+PRIORITY: dict[WriteKind, Priority] = {
+    WriteKind.FINALIZER: Priority.BIND,
+    WriteKind.POD_PIN: Priority.BIND,
+    WriteKind.POD_DELETE: Priority.BIND,
+    WriteKind.TEMPLATE_CLAIM: Priority.BIND,
+    WriteKind.VMI_DELETE: Priority.BIND,
+    WriteKind.RECORD: Priority.RECORD,
+    WriteKind.RECORD_DELETE: Priority.RECORD,
+    WriteKind.CLASS_STATUS: Priority.STATUS,
+    WriteKind.GPUNODE_STATUS: Priority.STATUS,
+    WriteKind.SETTINGS: Priority.STATUS,
+    WriteKind.EVENT: Priority.EVENT,
+}
+
+
 class Outcome(IntEnum):
     WRITTEN = 0
     CONFLICT = 1  # the claim changed since the decision; ``obj`` is its fresh state
@@ -74,11 +107,22 @@ class ClaimWriteDone:
 class WriteDone:
     """Any other write finished (class status, record, settings, event)."""
 
-    what: str
+    what: WriteKind
+    namespace: str  # "" for a cluster-scoped object
     name: str
     ok: bool
     obj: dict[str, Any] | None = None
     error: str = ""
+    object_kind: str = ""  # the kind a finalizer patch was written on
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def path(self) -> str:
+        """``namespace/name`` (or ``name``), for logs."""
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
 
 @dataclass(frozen=True)
@@ -204,18 +248,30 @@ class Writer:
             if pause:
                 self._stopped.wait(pause)
 
-    def call(self, what: str, name: str, request: Callable[[], Any], priority: Priority) -> None:
+    def call(
+        self,
+        what: WriteKind,
+        namespace: str,
+        name: str,
+        request: Callable[[], Any],
+        *,
+        object_kind: str = "",
+    ) -> None:
         """Any other write: ``request`` sends it (with ``_request_timeout=REQUEST_TIMEOUT_S``)
-        and its answer, when a dict, comes back as the ``WriteDone``'s ``obj``."""
+        and its answer, when a dict, comes back as the ``WriteDone``'s ``obj``; it goes out at
+        its kind's priority (``PRIORITY``)."""
 
         def run() -> WriteDone:
             answer = request()
-            return WriteDone(what, name, True, answer if isinstance(answer, dict) else None)
+            obj = answer if isinstance(answer, dict) else None
+            return WriteDone(what, namespace, name, True, obj, object_kind=object_kind)
 
         def failed(exc: Exception) -> WriteDone:
-            return WriteDone(what, name, False, error=describe(exc))
+            return WriteDone(
+                what, namespace, name, False, error=describe(exc), object_kind=object_kind
+            )
 
-        self._submit(priority, run, failed)
+        self._submit(PRIORITY[what], run, failed)
 
     # --- claims ------------------------------------------------------------------------
 
@@ -290,12 +346,12 @@ class Writer:
                 body,
                 _request_timeout=REQUEST_TIMEOUT_S,
             )
-            return WriteDone("class-status", name, True, obj)
+            return WriteDone(WriteKind.CLASS_STATUS, "", name, True, obj)
 
         def failed(exc: Exception) -> WriteDone:
-            return WriteDone("class-status", name, False, error=describe(exc))
+            return WriteDone(WriteKind.CLASS_STATUS, "", name, False, error=describe(exc))
 
-        self._submit(Priority.STATUS, run, failed)
+        self._submit(PRIORITY[WriteKind.CLASS_STATUS], run, failed)
 
     def create_record(self, namespace: str, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
@@ -320,14 +376,14 @@ class Writer:
                     {"status": body["status"]},
                     _request_timeout=REQUEST_TIMEOUT_S,
                 )
-            return WriteDone("record", f"{namespace}/{name}", True, obj)
+            return WriteDone(WriteKind.RECORD, namespace, name, True, obj)
 
         def failed(exc: Exception) -> WriteDone:
             # Already there: the watch brings it.
             ok = isinstance(exc, ApiException) and exc.status == 409
-            return WriteDone("record", f"{namespace}/{name}", ok, error=describe(exc))
+            return WriteDone(WriteKind.RECORD, namespace, name, ok, error=describe(exc))
 
-        self._submit(Priority.RECORD, run, failed)
+        self._submit(PRIORITY[WriteKind.RECORD], run, failed)
 
     def delete_record(self, namespace: str, name: str) -> None:
         def run() -> WriteDone:
@@ -339,13 +395,13 @@ class Writer:
                 name,
                 _request_timeout=REQUEST_TIMEOUT_S,
             )
-            return WriteDone("record-delete", f"{namespace}/{name}", True)
+            return WriteDone(WriteKind.RECORD_DELETE, namespace, name, True)
 
         def failed(exc: Exception) -> WriteDone:
             ok = isinstance(exc, ApiException) and exc.status == 404
-            return WriteDone("record-delete", f"{namespace}/{name}", ok, error=describe(exc))
+            return WriteDone(WriteKind.RECORD_DELETE, namespace, name, ok, error=describe(exc))
 
-        self._submit(Priority.RECORD, run, failed)
+        self._submit(PRIORITY[WriteKind.RECORD_DELETE], run, failed)
 
     def delete_vmi(self, namespace: str, name: str) -> None:
         def run() -> WriteDone:
@@ -358,13 +414,13 @@ class Writer:
                 _request_timeout=REQUEST_TIMEOUT_S,
             )
             log.info("deleted VMI %s/%s: its node is gone and it never ran", namespace, name)
-            return WriteDone("vmi-delete", f"{namespace}/{name}", True)
+            return WriteDone(WriteKind.VMI_DELETE, namespace, name, True)
 
         def failed(exc: Exception) -> WriteDone:
             ok = isinstance(exc, ApiException) and exc.status == 404
-            return WriteDone("vmi-delete", f"{namespace}/{name}", ok, error=describe(exc))
+            return WriteDone(WriteKind.VMI_DELETE, namespace, name, ok, error=describe(exc))
 
-        self._submit(Priority.BIND, run, failed)
+        self._submit(PRIORITY[WriteKind.VMI_DELETE], run, failed)
 
     def settings(self, namespace: str, data: dict[str, str]) -> None:
         body = {
@@ -389,12 +445,14 @@ class Writer:
                 self.core.create_namespaced_config_map(
                     namespace, body, _request_timeout=REQUEST_TIMEOUT_S
                 )
-            return WriteDone("settings", keys.SETTINGS_CONFIGMAP, True)
+            return WriteDone(WriteKind.SETTINGS, "", keys.SETTINGS_CONFIGMAP, True)
 
         def failed(exc: Exception) -> WriteDone:
-            return WriteDone("settings", keys.SETTINGS_CONFIGMAP, False, error=describe(exc))
+            return WriteDone(
+                WriteKind.SETTINGS, "", keys.SETTINGS_CONFIGMAP, False, error=describe(exc)
+            )
 
-        self._submit(Priority.STATUS, run, failed)
+        self._submit(PRIORITY[WriteKind.SETTINGS], run, failed)
 
     def event(
         self,
@@ -421,14 +479,14 @@ class Writer:
                 if not created:
                     self._create_event(told)
                 self.events.sent(told)
-            return WriteDone("event", name, True)
+            return WriteDone(WriteKind.EVENT, "", name, True)
 
         def failed(exc: Exception) -> WriteDone:
             self.events.taken(told)  # a later repeat writes it again
             log.debug("event for %s not written: %s", name, describe(exc))
-            return WriteDone("event", name, False, error=describe(exc))
+            return WriteDone(WriteKind.EVENT, "", name, False, error=describe(exc))
 
-        self._submit(Priority.EVENT, run, failed)
+        self._submit(PRIORITY[WriteKind.EVENT], run, failed)
 
     def _create_event(self, told: Told) -> None:
         try:

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from cozystack_gpu import metrics
 from cozystack_gpu.binder import lifecycle
 from cozystack_gpu.binder.publisher import Publisher
-from cozystack_gpu.binder.writer import WriteDone
+from cozystack_gpu.binder.writer import WriteDone, WriteKind
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import ClaimInfo
 
@@ -53,9 +53,11 @@ def test_the_settings_gauge_follows_the_last_write() -> None:
     def failing() -> float | None:
         return REGISTRY.get_sample_value("cozystack_gpu_settings_write_failing")
 
-    publisher.written(WriteDone("settings", "gpu-settings", False, error="403 Forbidden"))
+    publisher.written(
+        WriteDone(WriteKind.SETTINGS, "", "gpu-settings", False, error="403 Forbidden")
+    )
     assert failing() == 1
-    publisher.written(WriteDone("settings", "gpu-settings", True))
+    publisher.written(WriteDone(WriteKind.SETTINGS, "", "gpu-settings", True))
     assert failing() == 0
 
 

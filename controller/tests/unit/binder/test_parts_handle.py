@@ -28,8 +28,8 @@ class RecordingWriter:
     core: Any = None
     custom: Any = None
 
-    def call(self, what: str, name: str, request: Any, priority: Any) -> None:
-        self.writes.append((what, name, None))
+    def call(self, what: str, namespace: str, name: str, request: Any, **kw: Any) -> None:
+        self.writes.append((str(what), f"{namespace}/{name}" if namespace else name, None))
 
     def claim_status(
         self, key: ClaimKey, body: dict[str, Any], purpose: str, priority: Any

@@ -19,7 +19,14 @@ import pytest
 from kubernetes import client
 
 from cozystack_gpu.binder import writer as writer_module
-from cozystack_gpu.binder.writer import ClaimWriteDone, Outcome, Priority, WriteDone, Writer
+from cozystack_gpu.binder.writer import (
+    ClaimWriteDone,
+    Outcome,
+    Priority,
+    WriteDone,
+    WriteKind,
+    Writer,
+)
 from cozystack_gpu.model import ClaimKey
 
 TIMEOUT_S = (0.5, 0.5)
@@ -86,7 +93,9 @@ def send_one_of_each(writer: Writer) -> int:
     writer.delete_vmi("t", "vm")
     writer.settings("cozy-gpu", {"resourceNames": ""})
     writer.event(claim, "Bound", "bound", False)
-    writer.call("meta/GPUClaim", "t/c", writer.custom.get_api_resources, Priority.BIND)
+    writer.call(
+        WriteKind.FINALIZER, "t", "c", writer.custom.get_api_resources, object_kind="GPUClaim"
+    )
     return 9
 
 
@@ -117,7 +126,7 @@ def assert_all_failed(got: list[Any]) -> None:
         "vmi-delete",
         "settings",
         "event",
-        "meta/GPUClaim",
+        "finalizer",
     }
     for other in others.values():
         assert not other.ok and other.error, other
@@ -165,7 +174,7 @@ def test_jobs_still_queued_when_the_writer_stops_report_back_unsent() -> None:
         release.wait(10)
         return {}
 
-    writer.call("slow", "x", slow_request, Priority.BIND)
+    writer.call(WriteKind.POD_PIN, "t", "x", slow_request)
     assert busy.wait(5)
     for i in range(5):
         writer.claim_status(ClaimKey("t", f"c{i}"), {"status": {}}, "Bind", Priority.BIND)
