@@ -31,7 +31,9 @@ log() { echo "cozystack-gpu-guest-license: $*" >&2; }
 mnt=""
 release_disk() {
   [ -n "$mnt" ] || return 0
-  if mountpoint -q "$mnt" && ! umount "$mnt"; then
+  # umount can report a failure of what it does after unmounting (freeing a loop device it
+  # cannot see, in a container): what counts is whether the disk is still mounted.
+  if mountpoint -q "$mnt" && ! umount "$mnt" && mountpoint -q "$mnt"; then
     log "cannot unmount the licence disk from $mnt"
     return 1
   fi
@@ -104,7 +106,7 @@ if ! mount -o ro,nosuid,nodev,noexec "$disk" "$mnt"; then
   exit 1
 fi
 if [ ! -f "$mnt/$key" ]; then
-  log "the licence disk $disk holds no $key (it holds: $(find "$mnt" -mindepth 1 -maxdepth 1 -printf '%f '))"
+  log "the licence disk $disk holds no $key (it holds: $(find "$mnt" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort | paste -sd ' ' -))"
   exit 1
 fi
 # Copied beside its final name and renamed, so gridd never reads half a token.
