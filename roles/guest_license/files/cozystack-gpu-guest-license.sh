@@ -16,12 +16,14 @@ set -u
 # The token is copied under this umask and only then given its mode.
 umask 077
 
-serial=${COZYSTACK_GPU_LICENSE_SERIAL:-cozy-gpu-licence}
+serial=${COZYSTACK_GPU_LICENSE_SERIAL:-gpu-license}
 by_id=${COZYSTACK_GPU_LICENSE_BY_ID_DIR:-/dev/disk/by-id}
 key=${COZYSTACK_GPU_LICENSE_TOKEN_KEY:-client_configuration_token.tok}
 token_dir=${COZYSTACK_GPU_LICENSE_TOKEN_DIR:-/run/nvidia-licence}
 token_mode=${COZYSTACK_GPU_LICENSE_TOKEN_MODE:-0744}
 feature_type=${COZYSTACK_GPU_LICENSE_FEATURE_TYPE:-1}
+# The controller writes the class's FeatureType beside the token; it wins over the image's.
+feature_key=${COZYSTACK_GPU_LICENSE_FEATURE_KEY:-feature-type}
 gridd_conf=${COZYSTACK_GPU_LICENSE_GRIDD_CONF:-/etc/nvidia/gridd.conf}
 gridd_service=${COZYSTACK_GPU_LICENSE_GRIDD_SERVICE:-nvidia-gridd.service}
 settle_timeout=${COZYSTACK_GPU_LICENSE_SETTLE_TIMEOUT:-30}
@@ -116,6 +118,13 @@ if ! { cp "$mnt/$key" "$token_dir/.$key.new" &&
   rm -f "$token_dir/.$key.new"
   log "cannot copy $key into $token_dir"
   exit 1
+fi
+if [ -f "$mnt/$feature_key" ]; then
+  from_disk=$(tr -d ' \t\r\n' <"$mnt/$feature_key")
+  case $from_disk in
+    0 | 1 | 2 | 4) feature_type=$from_disk ;;
+    *) log "ignoring $feature_key '$from_disk' on the licence disk (not 0, 1, 2 or 4): FeatureType $feature_type" ;;
+  esac
 fi
 status=0
 release_disk || status=1
