@@ -20,13 +20,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
 
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder.attachments import ATTACHMENT_STEPS, Attachments
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import Publisher
 from cozystack_gpu.binder.writer import (
@@ -38,9 +39,8 @@ from cozystack_gpu.binder.writer import (
     Writer,
 )
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
-from cozystack_gpu.cluster.view import ClusterView, Key
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
-from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import (
     Action,
     ClaimInfo,
@@ -57,7 +57,6 @@ from cozystack_gpu.objects.translate import meta
 log = logging.getLogger(__name__)
 
 # The decisions metric's steps beside the model's placement steps.
-ATTACHMENT_STEPS = ("Attach", "Detach")
 TICK_S = 0.5  # re-plan at least this often: expiries (attachment grace, rejections) are timed
 # "Why it waits" condition writes a second, at most. Each costs the API server as much as a
 # bind; measured on 2 cores, 100/s behind 10,000 refused orders tripled the bind latency of
@@ -117,15 +116,12 @@ class Binder:
         self.snapshot = Snapshot()
         self.gatekeeper = Gatekeeper(self)
         self.publisher = Publisher(self)
+        self.attachments = Attachments(self)
         # Claims whose placement write is out: no decision touches them until it returns.
         self.inflight: set[ClaimKey] = set()
         # Holds packing is moving off each node: no placement there is sent until their
         # writes are answered (a move refused leaves its hold where the order would go).
         self._vacating: dict[str, set[ClaimKey]] = {}
-        self._vmi_deletes: set[Key] = set()
-        # Attachments judged to stay as they are: the claim version and VMI state they were
-        # judged on, and until when that holds (an attachment waiting for its VMI expires).
-        self._attachments_judged: dict[ClaimKey, tuple[int, Any, float]] = {}
         self._last_staleness = 0.0
         self._waiting_written: dict[ClaimKey, tuple[str, str]] = {}
         self._counted_refusals: set[ClaimKey] = set()
@@ -145,7 +141,7 @@ class Binder:
             WriteKind.POD_PIN: self.gatekeeper.written,
             WriteKind.POD_DELETE: self.gatekeeper.written,
             WriteKind.TEMPLATE_CLAIM: self.gatekeeper.written,
-            WriteKind.VMI_DELETE: self._vmi_deleted,
+            WriteKind.VMI_DELETE: self.attachments.vmi_deleted,
             WriteKind.EVENT: lambda _done: None,  # Events for people: nothing to take back
         }
 
@@ -194,12 +190,12 @@ class Binder:
                 self.stats.loops += 1
                 now = self.clock()
                 self._flush()
-                self._attachments(now)
+                self.attachments.run(now)
                 self.publisher.protect(now)
                 self.gatekeeper.run(now)
                 self.gatekeeper.refusals(now)
                 self._decide(now)
-                self._release_stuck_vmis()
+                self.attachments.release_stuck_vmis()
                 self.publisher.publish(now)
         except Exception as exc:
             log.exception("binder loop failed; stopping so a fresh one can start")
@@ -269,74 +265,6 @@ class Binder:
             self._changed = True
 
     # --- decide and write ------------------------------------------------------------
-
-    def _attachments(self, now: float) -> None:
-        """Bound ⇄ Attached transitions, and attachments that never saw their VMI."""
-        grace = self.config.attachment_grace
-        attachments = self.view.attachments()
-        judged = self._attachments_judged
-        if len(judged) > 2 * sum(len(m) for _v, m in attachments) + 64:
-            attached = {key for _v, members in attachments for key in members}
-            self._attachments_judged = judged = {k: v for k, v in judged.items() if k in attached}
-        for vmi_key, members in attachments:
-            vmi = self.view.vmi(vmi_key)
-            for key in list(members):
-                if self.in_flight((key,)):
-                    continue
-                obj = self.view.claim(key)
-                if obj is None:
-                    continue
-                # Judged already against this very claim version and VMI state, and no
-                # grace ran out since: the answer is the same (every turn would otherwise
-                # judge every attachment again, thousands at a time).
-                version = translate.resource_version(obj)
-                last = judged.get(key)
-                if last is not None and last[0] == version and last[1] == vmi and now < last[2]:
-                    continue
-                seen = self.view.attachment_seen_at(key, now)
-                change = lifecycle.attachment_change(obj, vmi, now, grace, seen)
-                if change is None:
-                    judged[key] = (version, vmi, _judged_until(obj, vmi, grace, seen))
-                    continue
-                body = lifecycle.attachment_patch(obj, change, now)
-                info = self.view.claim_info(key, now)
-                step = (
-                    ATTACHMENT_STEPS[0] if change.phase is Phase.ATTACHED else ATTACHMENT_STEPS[1]
-                )
-                if info is None:  # not in the model yet: only the write
-                    self.send(key, body, step)
-                    continue
-                attached_to = None if change.clear_attachment else info.attached_to
-                self.decide(replace(info, phase=change.phase, attached_to=attached_to), body, step)
-
-    def _release_stuck_vmis(self) -> None:
-        """Delete a VMI pinned to a node that is gone before it ever ran there.
-
-        Its launcher pod can never be scheduled, so it would hold its Lost claims forever;
-        deleted, the VM starts again and its claims move with it.
-        """
-        for vmi_key, members in self.view.attachments():
-            vmi = self.view.vmi(vmi_key)
-            if vmi is None or vmi_key in self._vmi_deletes:
-                continue
-            if not lifecycle.vmi_never_ran(vmi):
-                continue
-            stuck = False
-            for key in members:
-                claim = self.view.claim(key)
-                status = (claim or {}).get("status") or {}
-                # A claim Lost for want of room has no node: its set rebinds (and its pod
-                # starts) once room appears, so that is no reason to delete the VMI.
-                node = status.get("nodeName")
-                if (
-                    status.get("phase") == Phase.LOST.value
-                    and node
-                    and self.view.node(node) is None
-                ):
-                    stuck = True
-            if stuck:
-                self._vmi_deletes.add(vmi_key)
-                self.writer.delete_vmi(*vmi_key)
 
     def _decide(self, now: float) -> None:
         # Decisions also depend on time (rejections and attachments expire): plan at least
@@ -512,22 +440,3 @@ class Binder:
 
     def _written(self, done: WriteDone) -> None:
         self._answers[done.what](done)
-
-    def _vmi_deleted(self, done: WriteDone) -> None:
-        if not done.ok:
-            self._vmi_deletes.discard(done.key)
-
-
-def _judged_until(
-    claim: dict[str, Any], vmi: translate.VMIState | None, grace: float, seen: float | None
-) -> float:
-    """Until when an attachment judged to stay as it is stays so while nothing changes: for
-    ever once its VMI is seen (the VMI's end is an event), until its grace runs out while
-    it waits for its VMI."""
-    attached = translate.attachment_of(claim)
-    if attached is None:
-        return float("inf")
-    if vmi is not None and translate.same_vmi(attached, vmi) is not False:
-        return float("inf")
-    starts = [t for t in (attached.at, seen) if t is not None]
-    return (max(starts) if starts else 0.0) + grace
