@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import json
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +47,7 @@ from cozystack_gpu_testkit.ports import free_port
 
 if TYPE_CHECKING:
     from cozystack_gpu_testkit.cluster import ControlPlane
+    from cozystack_gpu_testkit.objects import Kube
 
 VIRT_CONTROLLER = "virt-controller"
 COMPONENTS_FILE = "kubevirt-components.yaml"
@@ -63,6 +67,13 @@ NODE_LABELS = {"kubevirt.io/schedulable": "true"}
 NODE_DEVICES = {f"devices.kubevirt.io/{name}": "1000" for name in ("kvm", "tun", "vhost-net")}
 TOKEN_SECONDS = 7 * 24 * 3600
 READY_TIMEOUT_S = 120.0
+# Selects every launcher pod virt-controller makes (its ``kubevirt.io`` label).
+LAUNCHER_SELECTOR = "kubevirt.io=virt-launcher"
+# virt-controller renders, start to finish, on a loaded 2-core machine in seconds; the
+# scheduler and the binder add a few. This is the bound before a test calls it broken. A
+# VM whose VMI failed before it ran waits out KubeVirt's start backoff (10 to 15 s after a
+# first failure) before its next VMI: within this bound too.
+START_TIMEOUT_S = 90.0
 
 
 class KubeVirtError(RuntimeError):
@@ -142,6 +153,230 @@ def kubelet_runs(api: Any, namespace: str, pod: str) -> None:
     core.patch_namespaced_pod_status(
         pod, namespace, {"status": running_status(containers, ready=True)}
     )
+
+
+# --- VirtualMachines, as a tenant writes them, and what KubeVirt makes of them ------------
+
+
+def virtual_machine(
+    name: str, request: Mapping[str, Any], *, run_strategy: str = "Always", guest: str = "1Gi"
+) -> dict[str, Any]:
+    """A VirtualMachine as a tenant writes it: the claims annotation (``request`` as JSON)
+    and the reference label on its template (KubeVirt copies both to the VMI), no GPU
+    anywhere in its spec, ``guest`` memory (its launcher pod asks for more: KubeVirt adds
+    its overhead)."""
+    from cozystack_gpu import keys
+
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name},
+        "spec": {
+            "runStrategy": run_strategy,
+            "template": {
+                "metadata": {
+                    "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+                    "annotations": {keys.ANNOTATION_CLAIMS: json.dumps(dict(request))},
+                },
+                "spec": {"domain": {"devices": {}, "memory": {"guest": guest}}},
+            },
+        },
+    }
+
+
+def create_vm(
+    kube: Kube, namespace: str, name: str, request: Mapping[str, Any], **kw: Any
+) -> dict[str, Any]:
+    """Creates ``virtual_machine(name, request, **kw)``; virt-controller starts it."""
+    from cozystack_gpu import keys
+
+    created: dict[str, Any] = kube.custom.create_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        namespace,
+        keys.VM.plural,
+        virtual_machine(name, request, **kw),
+    )
+    return created
+
+
+def get_vm(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    from cozystack_gpu import keys
+
+    found: dict[str, Any] = kube.custom.get_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, namespace, keys.VM.plural, name
+    )
+    return found
+
+
+def set_run_strategy(kube: Kube, namespace: str, name: str, strategy: str) -> None:
+    """What ``virtctl stop`` (``Halted``) and ``virtctl start`` (``Always``) change on a VM
+    run by its runStrategy."""
+    from cozystack_gpu import keys
+
+    kube.custom.patch_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        namespace,
+        keys.VM.plural,
+        name,
+        {"spec": {"runStrategy": strategy}},
+    )
+
+
+def get_vmi(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    from kubernetes.client.rest import ApiException
+
+    from cozystack_gpu import keys
+
+    try:
+        found: dict[str, Any] = kube.custom.get_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return found
+
+
+def wait_vmi(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    *,
+    after: Mapping[str, Any] | None = None,
+    timeout: float = START_TIMEOUT_S,
+) -> dict[str, Any]:
+    """The VMI virt-controller made for VM ``name`` (named after it); with ``after``, the
+    next one: KubeVirt re-creates a VM's VMI under the same name, with another uid."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    old = (after or {}).get("metadata", {}).get("uid")
+
+    def made() -> dict[str, Any] | None:
+        found = get_vmi(kube, namespace, name)
+        return found if found and found["metadata"]["uid"] != old else None
+
+    what = f"virt-controller's {'next ' if old else ''}VMI {namespace}/{name}"
+    result: dict[str, Any] = wait_for(made, timeout, what)
+    return result
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return str(obj["metadata"]["uid"])
+
+
+def launcher_pods(kube: Kube, namespace: str, vmi_uid: str) -> list[dict[str, Any]]:
+    """The launcher pods of one VMI, by its uid: virt-controller labels each with
+    ``kubevirt.io/created-by`` and names it ``virt-launcher-<vm>-<random>``, so the name
+    never tells which VMI of a VM a pod is for."""
+    pods = kube.core.list_namespaced_pod(
+        namespace, label_selector=f"{LAUNCHER_SELECTOR},kubevirt.io/created-by={vmi_uid}"
+    ).items
+    return [kube.api.sanitize_for_serialization(p) for p in pods]
+
+
+def wait_launcher(
+    kube: Kube,
+    namespace: str,
+    vmi: Mapping[str, Any],
+    *,
+    bound: bool = False,
+    timeout: float = START_TIMEOUT_S,
+) -> dict[str, Any]:
+    """The launcher pod virt-controller made for ``vmi``; with ``bound``, once
+    kube-scheduler has bound it to a node."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    def found() -> dict[str, Any] | None:
+        pods = launcher_pods(kube, namespace, uid_of(vmi))
+        return next((p for p in pods if p["spec"].get("nodeName") or not bound), None)
+
+    what = f"the launcher pod of VMI {vmi['metadata']['name']}"
+    result: dict[str, Any] = wait_for(
+        found, timeout, f"{what} bound by kube-scheduler" if bound else what
+    )
+    return result
+
+
+class LauncherWatch:
+    """Every version of a namespace's launcher pods the API server shows, from before
+    virt-controller creates one (start it first), to check how each was updated."""
+
+    def __init__(self, kube: Kube, namespace: str, timeout: float = START_TIMEOUT_S * 2) -> None:
+        from kubernetes import watch
+
+        self.versions: list[dict[str, Any]] = []
+        self._stopping = False
+        self._watch = watch.Watch()
+        self._stream = self._watch.stream(
+            kube.core.list_namespaced_pod,
+            namespace,
+            label_selector=LAUNCHER_SELECTOR,
+            timeout_seconds=int(timeout),
+            deserialize=False,
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._stream:
+                self.versions.append(event["object"])
+        except Exception:  # stop() closes the stream under the reader
+            if not self._stopping:
+                raise
+
+    def stop(self, pod: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Stops watching; the versions seen, only those of ``pod`` (by uid) if given."""
+        self._stopping = True
+        self._watch.stop()
+        self._thread.join(5)
+        if pod is None:
+            return self.versions
+        return [v for v in self.versions if v["metadata"]["uid"] == uid_of(pod)]
+
+
+def runs(kube: Kube, namespace: str, vmi: Mapping[str, Any]) -> dict[str, Any]:
+    """A started VMI brought to Running as a node would: kubelet reports its bound launcher
+    pod running, virt-controller hands the VMI over (Scheduled, on the pod's node), and
+    virt-handler reports it Running there. Returns the VMI as it is then."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    pod = wait_launcher(kube, namespace, vmi, bound=True)
+    kubelet_runs(kube.api, namespace, pod["metadata"]["name"])
+    name = vmi["metadata"]["name"]
+
+    def scheduled() -> dict[str, Any] | None:
+        found = get_vmi(kube, namespace, name)
+        status = (found or {}).get("status") or {}
+        same = found is not None and uid_of(found) == uid_of(vmi)
+        return found if same and status.get("phase") == "Scheduled" else None
+
+    handed = wait_for(scheduled, START_TIMEOUT_S, f"virt-controller to hand VMI {name} over")
+    kube.vmi_phase(namespace, name, "Running", handed["status"]["nodeName"])
+    running = get_vmi(kube, namespace, name)
+    assert running is not None
+    return running
+
+
+def kubelet_removes(kube: Kube, namespace: str) -> list[str]:
+    """What kubelet does once a deleted launcher pod's containers are gone: the pod object
+    goes (nothing runs the pods here, so a deleted pod bound to a node would otherwise
+    stay Terminating for ever). Returns the pods removed."""
+    from cozystack_gpu_testkit.objects import unless
+
+    removed = []
+    for pod in kube.core.list_namespaced_pod(namespace, label_selector=LAUNCHER_SELECTOR).items:
+        if pod.metadata.deletion_timestamp is not None:
+            name: str = pod.metadata.name
+            unless(
+                404,
+                partial(kube.core.delete_namespaced_pod, name, namespace, grace_period_seconds=0),
+            )
+            removed.append(name)
+    return removed
 
 
 def _created(create: Any) -> None:
