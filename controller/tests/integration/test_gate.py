@@ -3,26 +3,30 @@ template claims created and placed with the set, the pin and the ungating in one
 update, a set that cannot be placed kept at the gate, and the rejected-node loop driven by
 the real scheduler's Unschedulable (SPEC.md §6, seed 000).
 
-The tests play KubeVirt and the webhooks: they write the VMI with its claims annotation and
-gpus entries (as the VMI webhook leaves it) and the launcher pod owned by the VMI, with the
-gate on (as the pod webhook leaves it).
+Where the test is about what happens to a VM's start, it runs on KubeVirt's own
+virt-controller (the ``vms`` fixture): the test creates a VirtualMachine, virt-controller
+makes the VMI (under the VM's name, a new uid at each start) and its launcher pod
+(``virt-launcher-<vm>-<random>``), the product's webhooks attach the claims, add the gpus
+entries and gate the pod, and the test plays only kubelet and virt-handler. The tests that
+still write the VMI and its launcher pod by hand (``make_vmi``, ``launcher_pod``) say in
+their docstring why: each needs a shape or an interleaving KubeVirt would not produce.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from admission_env import Replica, order
 from binder_env import Env, condition
-from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate, translate
+from cozystack_gpu_testkit import kubevirt as kubevirt_kit
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import unless, wait_for
 
@@ -32,6 +36,21 @@ pytestmark = pytest.mark.apiserver
 @pytest.fixture(autouse=True)
 def _scheduler(full_control_plane: ControlPlane) -> None:
     """Every test here needs the real kube-scheduler and garbage collector."""
+
+
+@pytest.fixture
+def vms(kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, env: Env) -> Env:
+    """This test's corner on KubeVirt's virt-controller, with the product's webhooks in
+    front of it and this test's binder leading: VirtualMachines it creates become VMIs and
+    gated launcher pods as in a cluster."""
+    return env
+
+
+def start_vm(env: Env, request: dict[str, Any], name: str = "vm") -> dict[str, Any]:
+    """A VirtualMachine (runStrategy Always) naming ``request``'s claims, and the VMI
+    virt-controller made for it, as the VMI webhook left it."""
+    kubevirt_kit.create_vm(env.kube, env.tenant, name, request)
+    return kubevirt_kit.wait_vmi(env.kube, env.tenant, name)
 
 
 def make_vmi(
@@ -128,61 +147,33 @@ def wait_bound_to(env: Env, name: str, node: str) -> dict[str, Any]:
     return result
 
 
-class PodWatch:
-    """Every version of one pod the API server shows, to check how it was updated."""
-
-    def __init__(self, env: Env, name: str) -> None:
-        self.versions: list[dict[str, Any]] = []
-        self._stopping = False
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, args=(env, name), daemon=True)
-        self._thread.start()
-
-    def _run(self, env: Env, name: str) -> None:
-        stream = self._watch.stream(
-            env.kube.core.list_namespaced_pod,
-            env.tenant,
-            field_selector=f"metadata.name={name}",
-            timeout_seconds=60,
-            deserialize=False,
-        )
-        try:
-            for event in stream:
-                self.versions.append(event["object"])
-        except Exception:  # stop() closes the stream under the reader
-            if not self._stopping:
-                raise
-
-    def stop(self) -> list[dict[str, Any]]:
-        self._stopping = True
-        self._watch.stop()
-        self._thread.join(5)
-        return self.versions
-
-
 @pytest.fixture
 def gpu_nodes(env: Env) -> Iterator[tuple[str, str, str]]:
     """Two GPU nodes of 2 units each and a passthrough class serving both."""
     first, second = env.node("n1", 2), env.node("n2", 2)
+    for node in (first, second):
+        kubevirt_kit.as_virt_handler(env.kube.api, node)  # launcher pods may go there
     yield first, second, env.gpu_class(maxCount=2)
 
 
 def test_a_gated_pod_is_pinned_and_ungated_in_one_update_and_bound_to_the_claims_node(
-    env: Env, gpu_nodes: tuple[str, str, str]
+    vms: Env, gpu_nodes: tuple[str, str, str]
 ) -> None:
+    env = vms
     _first, _second, gpu_class = gpu_nodes
-    env.kube.claim(env.tenant, "held", gpu_class, 1)
+    order(env.kube, env.tenant, "held", gpu_class, 1)
     node = env.wait_phase("held", "Bound")["status"]["nodeName"]
-    env.kube.attach(env.tenant, "held", "vm")
-    vmi = make_vmi(env, "vm", claims=["held"], gpus=[env.resource])
-    watcher = PodWatch(env, "virt-launcher-vm")
-    launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 1})
-    bound = wait_bound_to(env, "virt-launcher-vm", node)
+    watcher = kubevirt_kit.LauncherWatch(env.kube, env.tenant)
+    vmi = start_vm(env, {"claims": ["held"]})
+    bound = kubevirt_kit.wait_launcher(env.kube, env.tenant, vmi, bound=True)
+    assert bound["spec"]["nodeName"] == node
     assert gate.pinned_node(bound) == node
     assert not gate.is_gated(bound)
-    versions = watcher.stop()
-    # Never a version ungated and unpinned (the scheduler could have placed it anywhere),
-    # nor one pinned and still gated: the pin and the ungating were one update.
+    versions = watcher.stop(bound)
+    # Gated from the first version the API server stored; never a version ungated and
+    # unpinned (the scheduler could have placed it anywhere), nor one pinned and still
+    # gated: the pin and the ungating were one update.
+    assert gate.is_gated(versions[0]) and gate.pinned_node(versions[0]) is None
     for version in versions:
         assert gate.is_gated(version) == (gate.pinned_node(version) is None), version["metadata"]
     # The claim is told where its VM went after the pod is pinned (a note, not the pin).
@@ -191,6 +182,7 @@ def test_a_gated_pod_is_pinned_and_ungated_in_one_update_and_bound_to_the_claims
         what="the claim's Placed condition",
     )
     assert placed["status"] == "True" and node in placed["message"]
+    assert bound["metadata"]["name"] in placed["message"]
 
 
 def test_template_claims_are_created_placed_with_the_set_and_collected_with_the_vmi(
