@@ -379,6 +379,22 @@ def kubelet_removes(kube: Kube, namespace: str) -> list[str]:
     return removed
 
 
+def stops(kube: Kube, namespace: str, vm: str, timeout: float = START_TIMEOUT_S) -> None:
+    """``virtctl stop``: the VM's runStrategy becomes Halted, virt-controller deletes its
+    VMI and the VMI's launcher pod, kubelet (the kit, ``kubelet_removes``) removes the
+    deleted pod, and virt-controller lets the VMI go. Returns once no VMI of the VM is
+    left."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    set_run_strategy(kube, namespace, vm, "Halted")
+
+    def gone() -> bool:
+        kubelet_removes(kube, namespace)
+        return get_vmi(kube, namespace, vm) is None
+
+    wait_for(gone, timeout, f"VM {namespace}/{vm} stopped, its VMI gone", interval=0.2)
+
+
 def _created(create: Any) -> None:
     from kubernetes.client.rest import ApiException
 

@@ -186,22 +186,19 @@ def test_a_gated_pod_is_pinned_and_ungated_in_one_update_and_bound_to_the_claims
 
 
 def test_template_claims_are_created_placed_with_the_set_and_collected_with_the_vmi(
-    env: Env, gpu_nodes: tuple[str, str, str]
+    vms: Env, gpu_nodes: tuple[str, str, str]
 ) -> None:
+    env = vms
     _first, _second, gpu_class = gpu_nodes
-    env.kube.claim(env.tenant, "held", gpu_class, 1)
+    order(env.kube, env.tenant, "held", gpu_class, 1)
     node = env.wait_phase("held", "Bound")["status"]["nodeName"]
-    env.kube.attach(env.tenant, "held", "vm")
-    vmi = make_vmi(
-        env,
-        "vm",
-        claims=["held"],
-        templates=[{"name": "extra", "class": gpu_class, "count": 1}],
-        gpus=[env.resource, env.resource],
+    vmi = start_vm(
+        env, {"claims": ["held"], "claimTemplates": [{"name": "extra", "class": gpu_class}]}
     )
-    launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 2})
-    bound = wait_bound_to(env, "virt-launcher-vm", node)
-    assert gate.pinned_node(bound) == node
+    bound = kubevirt_kit.wait_launcher(env.kube, env.tenant, vmi, bound=True)
+    assert gate.pinned_node(bound) == bound["spec"]["nodeName"] == node
+    (compute,) = [c for c in bound["spec"]["containers"] if c["name"] == "compute"]
+    assert compute["resources"]["limits"][env.resource] == "2"  # held and template
     template = env.kube.get_claim(env.tenant, keys.template_claim_name("vm", "extra"))
     assert template["metadata"]["labels"][keys.LABEL_TEMPLATE_CLAIM] == "true"
     owner = template["metadata"]["ownerReferences"][0]
@@ -214,31 +211,30 @@ def test_template_claims_are_created_placed_with_the_set_and_collected_with_the_
     assert template["status"]["phase"] == "Attached" and template["status"]["nodeName"] == node
     assert template["status"]["attachedToUID"] == vmi["metadata"]["uid"]
     assert keys.FINALIZER_CLAIM in template["metadata"]["finalizers"]
-    env.kube.delete_vmi(env.tenant, "vm")
+    # The VM is stopped: virt-controller deletes its VMI, and the template claim goes with it.
+    kubevirt_kit.stops(env.kube, env.tenant, "vm")
 
     def collected() -> bool:
         names = {c["metadata"]["name"] for c in env.kube.claims(env.tenant)}
         return keys.template_claim_name("vm", "extra") not in names
 
     wait_for(collected, 30, "the real garbage collector to remove the template claim")
+    # The held claim stays the tenant's, held for the next start.
+    assert env.wait_phase("held", "Bound")["status"]["nodeName"] == node
 
 
 def test_a_set_that_fits_nowhere_stays_gated_and_says_why(
-    env: Env, gpu_nodes: tuple[str, str, str]
+    vms: Env, gpu_nodes: tuple[str, str, str]
 ) -> None:
+    env = vms
     _first, _second, gpu_class = gpu_nodes
-    vmi = make_vmi(
-        env,
-        "vm",
-        templates=[{"name": "big", "class": gpu_class, "count": 2}],
-        gpus=[env.resource] * 2,
-    )
     # One unit held on one node, two on the other: no node has the 2 units the set needs.
-    env.kube.claim(env.tenant, "a", gpu_class, 1)
+    order(env.kube, env.tenant, "a", gpu_class, 1)
     env.wait_phase("a", "Bound")
-    env.kube.claim(env.tenant, "b", gpu_class, 2)
+    order(env.kube, env.tenant, "b", gpu_class, 2)
     env.wait_phase("b", "Bound")
-    launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 2})
+    # A template of 2 is judged with the set at the start, not refused by the VMI webhook.
+    vmi = start_vm(env, {"claimTemplates": [{"name": "big", "class": gpu_class, "count": 2}]})
     template = keys.template_claim_name("vm", "big")
 
     def told() -> dict[str, Any] | None:
@@ -251,12 +247,17 @@ def test_a_set_that_fits_nowhere_stays_gated_and_says_why(
     cond = wait_for(told, 30, "the Placed condition on the template claim")
     assert cond["reason"] == "InsufficientCapacity"
     assert "cannot start anywhere yet" in cond["message"]
-    still = pod(env, "virt-launcher-vm")
-    assert still is not None and gate.is_gated(still) and not still["spec"].get("nodeName")
+    (still,) = kubevirt_kit.launcher_pods(env.kube, env.tenant, vmi["metadata"]["uid"])
+    assert gate.is_gated(still) and not still["spec"].get("nodeName")
     events = env.kube.core.list_namespaced_event(
         env.tenant, field_selector="involvedObject.kind=VirtualMachineInstance"
     )
     assert any(e.reason == "GPUSetNotPlaced" and e.type == "Warning" for e in events.items)
+    # KubeVirt leaves the VMI waiting for its pod: no new VMI, no second pod.
+    assert (
+        kubevirt_kit.get_vmi(env.kube, env.tenant, "vm")["metadata"]["uid"]
+        == vmi["metadata"]["uid"]
+    )
 
 
 def test_a_pinned_pod_the_scheduler_refuses_is_deleted_and_the_next_goes_elsewhere(
