@@ -458,73 +458,81 @@ def test_a_restart_under_the_same_name_keeps_the_claim_attached_to_the_new_vmi(e
     assert keys.FINALIZER_CLAIM in confirmed["metadata"]["finalizers"]
 
 
+def virt_nodes(env: Env, *bases: str, gpus: int = 1) -> list[str]:
+    """GPU nodes virt-handler has made schedulable for launcher pods."""
+    names = [env.node(base, gpus) for base in bases]
+    for name in names:
+        kubevirt_kit.as_virt_handler(env.kube.api, name)
+    return names
+
+
+def rejected_on(env: Env, claim: str, node: str | None = None) -> dict[str, Any] | None:
+    """The claim once a rejectedNodes entry (of ``node``, or any) with its node state is on
+    it; None before (or while the claim does not exist)."""
+    found = unless(404, lambda: env.kube.get_claim(env.tenant, claim))
+    entries = ((found or {}).get("status") or {}).get("rejectedNodes") or []
+    hit = any(e.get("nodeState") and node in (None, e["node"]) for e in entries)
+    return found if hit else None
+
+
 def test_a_pinned_pod_refused_for_memory_rejects_the_node_and_the_set_starts_elsewhere(
-    env: Env,
+    vms: Env,
 ) -> None:
-    env.node("n1", 1)
-    env.node("n2", 1)
+    env = vms
+    virt_nodes(env, "n1", "n2")
     gpu_class = env.gpu_class(maxCount=1)
-    env.kube.claim(env.tenant, "held", gpu_class, 1)
+    order(env.kube, env.tenant, "held", gpu_class, 1)
     node = env.wait_phase("held", "Bound")["status"]["nodeName"]
-    # The claim's node has its GPU free but too little memory for the VM's launcher pod
-    # (KubeVirt asks for the guest's memory and its own overhead).
+    # The claim's node has its GPU free but too little memory for the VM's launcher pod:
+    # KubeVirt asks for the guest's 1Gi and its own overhead on top.
     env.kube.node_status(node, allocatable={env.resource: 1, "memory": "1Gi"})
-    env.kube.attach(env.tenant, "held", "vm")
-    vmi = make_vmi(env, "vm", claims=["held"], gpus=[env.resource])
-    launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 1, "memory": "4Gi"})
-    wait_for(lambda: pod(env, "virt-launcher-vm") is None, 30, "the refused pod deleted")
-
-    def rejected() -> dict[str, Any] | None:
-        claim = env.kube.get_claim(env.tenant, "held")
-        entries = claim["status"].get("rejectedNodes") or []
-        return claim if any(e["node"] == node and e.get("nodeState") for e in entries) else None
-
-    claim = wait_for(rejected, 15, "the node in rejectedNodes with its state")
+    first = start_vm(env, {"claims": ["held"]})
+    claim = wait_for(
+        lambda: rejected_on(env, "held", node), 30, "the node in rejectedNodes with its state"
+    )
     placed = condition(claim, keys.CONDITION_PLACED)
     assert placed["reason"] == keys.ClaimReason.NODE_REFUSED.value
     assert "for lack of memory" in placed["message"]
-    launcher_pod(env, vmi, "virt-launcher-vm-2", {env.resource: 1, "memory": "4Gi"})
-    other = wait_for(
-        lambda: (found := pod(env, "virt-launcher-vm-2")) and found["spec"].get("nodeName"),
-        30,
-        "the next launcher pod bound",
-    )
-    assert other != node
+    assert not kubevirt_kit.launcher_pods(env.kube, env.tenant, first["metadata"]["uid"])
+    # The VMI whose pod went before it ran fails; after KubeVirt's start backoff the VM's
+    # next VMI (same name, another uid) holds the claim again, and the set starts elsewhere.
+    second = kubevirt_kit.wait_vmi(env.kube, env.tenant, "vm", after=first)
+    failure = kubevirt_kit.get_vm(env.kube, env.tenant, "vm")["status"]["startFailure"]
+    assert failure["lastFailedVMIUID"] == first["metadata"]["uid"]
+    pod = kubevirt_kit.wait_launcher(env.kube, env.tenant, second, bound=True)
+    other = pod["spec"]["nodeName"]
+    assert other != node and gate.pinned_node(pod) == other
+    moved = env.kube.get_claim(env.tenant, "held")
+    assert moved["status"]["nodeName"] == other
+    assert moved["status"]["attachedTo"] == "vm"
 
 
 def test_a_vm_of_template_claims_only_does_not_go_back_to_a_node_that_refused_it(
-    env: Env,
+    vms: Env,
 ) -> None:
-    env.node("n1", 1)
-    env.node("n2", 1)
+    env = vms
+    nodes = virt_nodes(env, "n1", "n2")
     gpu_class = env.gpu_class(maxCount=1)
-    for name in (env.name("n1"), env.name("n2")):
+    for name in nodes:
         env.kube.node_status(name, allocatable={env.resource: 1, "memory": "1Gi"})
-    vmi = make_vmi(
-        env, "vm", templates=[{"name": "gpu", "class": gpu_class, "count": 1}], gpus=[env.resource]
-    )
-    launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 1, "memory": "4Gi"})
-    wait_for(lambda: pod(env, "virt-launcher-vm") is None, 30, "the refused pod deleted")
-    first = env.kube.get_claim(env.tenant, keys.template_claim_name("vm", "gpu"))
-    refused_on = first["status"]["rejectedNodes"][0]["node"]
-    # The VMI fails and goes with its template claims; KubeVirt starts the VM again under
-    # the same name, with fresh template claims that carry no rejectedNodes.
-    env.kube.delete_vmi(env.tenant, "vm")
-    wait_for(
-        lambda: not env.kube.claims(env.tenant), 30, "the template claim collected with the VMI"
-    )
-    again = make_vmi(
-        env, "vm", templates=[{"name": "gpu", "class": gpu_class, "count": 1}], gpus=[env.resource]
-    )
-    launcher_pod(env, again, "virt-launcher-vm-2", {env.resource: 1, "memory": "4Gi"})
+    first = start_vm(env, {"claimTemplates": [{"name": "gpu", "class": gpu_class, "count": 1}]})
     name = keys.template_claim_name("vm", "gpu")
-    claim = wait_for(
-        lambda: (
-            (c := unless(404, lambda: env.kube.get_claim(env.tenant, name)))
-            and (c.get("status") or {}).get("nodeName")
-            and c
-        ),
-        30,
-        "the new template claim placed",
-    )
-    assert claim["status"]["nodeName"] != refused_on
+    refused = wait_for(lambda: rejected_on(env, name), 30, "the template claim's rejected node")
+    refused_on = refused["status"]["rejectedNodes"][0]["node"]
+    # The other node gets room for the VM; the refusing one stays as it refused.
+    (other,) = [n for n in nodes if n != refused_on]
+    env.kube.node_status(other, allocatable={env.resource: 1})
+    # The VMI fails and goes with its template claim; after KubeVirt's start backoff the VM
+    # starts again under the same name, with a fresh template claim that carries no
+    # rejectedNodes: only the binder's memory of the VM keeps it off the refusing node.
+    second = kubevirt_kit.wait_vmi(env.kube, env.tenant, "vm", after=first)
+
+    def placed() -> dict[str, Any] | None:
+        c = unless(404, lambda: env.kube.get_claim(env.tenant, name))
+        mine = c and c["metadata"]["ownerReferences"][0]["uid"] == second["metadata"]["uid"]
+        return c if mine and (c.get("status") or {}).get("nodeName") else None
+
+    claim = wait_for(placed, 30, "the new template claim placed")
+    assert claim["status"]["nodeName"] == other != refused_on
+    pod = kubevirt_kit.wait_launcher(env.kube, env.tenant, second, bound=True)
+    assert pod["spec"]["nodeName"] == other
