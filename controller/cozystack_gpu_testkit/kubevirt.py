@@ -159,14 +159,28 @@ def kubelet_runs(api: Any, namespace: str, pod: str) -> None:
 
 
 def virtual_machine(
-    name: str, request: Mapping[str, Any], *, run_strategy: str = "Always", guest: str = "1Gi"
+    name: str,
+    request: Mapping[str, Any],
+    *,
+    run_strategy: str = "Always",
+    guest: str = "1Gi",
+    disks: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A VirtualMachine as a tenant writes it: the claims annotation (``request`` as JSON)
     and the reference label on its template (KubeVirt copies both to the VMI), no GPU
     anywhere in its spec, ``guest`` memory (its launcher pod asks for more: KubeVirt adds
-    its overhead)."""
+    its overhead), and a virtio disk per entry of ``disks`` (disk name: the name of the
+    PersistentVolumeClaim it is)."""
     from cozystack_gpu import keys
 
+    devices: dict[str, Any] = {}
+    spec: dict[str, Any] = {"domain": {"devices": devices, "memory": {"guest": guest}}}
+    if disks:
+        devices["disks"] = [{"name": disk, "disk": {"bus": "virtio"}} for disk in disks]
+        spec["volumes"] = [
+            {"name": disk, "persistentVolumeClaim": {"claimName": pvc}}
+            for disk, pvc in disks.items()
+        ]
     return {
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachine",
@@ -178,7 +192,7 @@ def virtual_machine(
                     "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
                     "annotations": {keys.ANNOTATION_CLAIMS: json.dumps(dict(request))},
                 },
-                "spec": {"domain": {"devices": {}, "memory": {"guest": guest}}},
+                "spec": spec,
             },
         },
     }
