@@ -65,6 +65,8 @@ NODE_LABELS = {"kubevirt.io/schedulable": "true"}
 # What virt-handler's permanent device plugins advertise on its node (1000 each, its
 # --max-devices default); every launcher pod's compute container asks for one of each.
 NODE_DEVICES = {f"devices.kubevirt.io/{name}": "1000" for name in ("kvm", "tun", "vhost-net")}
+# virt-api's VMI finalizer (kubevirt.io/api v1's VirtualMachineInstanceFinalizer).
+VMI_FINALIZER = "foregroundDeleteVirtualMachine"
 TOKEN_SECONDS = 7 * 24 * 3600
 READY_TIMEOUT_S = 120.0
 # Selects every launcher pod virt-controller makes (its ``kubevirt.io`` label).
@@ -274,7 +276,35 @@ def wait_vmi(
 
     what = f"virt-controller's {'next ' if old else ''}VMI {namespace}/{name}"
     result: dict[str, Any] = wait_for(made, timeout, what)
-    return result
+    return as_virt_api(kube, result)
+
+
+def as_virt_api(kube: Kube, vmi: Mapping[str, Any]) -> dict[str, Any]:
+    """What virt-api's VMI mutator adds to every VMI at creation and the plane lacks (no
+    virt-api runs): the finalizer ``foregroundDeleteVirtualMachine``, which virt-controller
+    lifts only once no launcher pod of the VMI is left. Without it a deleted VMI goes while
+    its pod still runs, and the VM's next VMI (same name) starts beside the previous pod:
+    found by the restart test, whose next pod the scheduler refused on the claims' node
+    for the GPUs the previous, terminating pod still held. Returns the VMI as written."""
+    from cozystack_gpu import keys
+
+    finalizers = list(vmi["metadata"].get("finalizers") or [])
+    if VMI_FINALIZER in finalizers:
+        return dict(vmi)
+    written: dict[str, Any] = kube.custom.patch_namespaced_custom_object(
+        keys.VMI.group,
+        keys.VMI.version,
+        vmi["metadata"]["namespace"],
+        keys.VMI.plural,
+        vmi["metadata"]["name"],
+        {
+            "metadata": {
+                "uid": vmi["metadata"]["uid"],
+                "finalizers": [*finalizers, VMI_FINALIZER],
+            }
+        },
+    )
+    return written
 
 
 def uid_of(obj: Mapping[str, Any]) -> str:
@@ -352,6 +382,47 @@ class LauncherWatch:
         return [v for v in self.versions if v["metadata"]["uid"] == uid_of(pod)]
 
 
+def reports(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    phase: str,
+    node: str | None = None,
+    *,
+    gone_ok: bool = False,
+) -> None:
+    """A VMI phase written as virt-handler writes it: the phase (and node) and an entry in
+    ``status.phaseTransitionTimestamps``. KubeVirt's VM controller reads that list, not the
+    phase, to tell whether a VMI ever ran: a final VMI with no Running entry failed early,
+    counts as a start failure and backs off the VM's next start (``startFailure``)."""
+    import datetime
+
+    from cozystack_gpu import keys
+
+    found = get_vmi(kube, namespace, name)
+    if found is None:
+        if gone_ok:
+            return
+        raise AssertionError(f"VMI {namespace}/{name} is gone: no phase {phase} to report")
+    status = found.get("status") or {}
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    moves = [*(status.get("phaseTransitionTimestamps") or [])]
+    moves.append({"phase": phase, "phaseTransitionTimestamp": now})
+    written: dict[str, Any] = {"phase": phase, "phaseTransitionTimestamps": moves}
+    if node:
+        written["nodeName"] = node
+    # KubeVirt's VMI CRD has no status subresource: status is written with the object,
+    # over the version read (a write of virt-controller's in between is not undone).
+    kube.custom.patch_namespaced_custom_object(
+        keys.VMI.group,
+        keys.VMI.version,
+        namespace,
+        keys.VMI.plural,
+        name,
+        {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]}, "status": written},
+    )
+
+
 def runs(kube: Kube, namespace: str, vmi: Mapping[str, Any]) -> dict[str, Any]:
     """A started VMI brought to Running as a node would: kubelet reports its bound launcher
     pod running, virt-controller hands the VMI over (Scheduled, on the pod's node), and
@@ -369,7 +440,9 @@ def runs(kube: Kube, namespace: str, vmi: Mapping[str, Any]) -> dict[str, Any]:
         return found if same and status.get("phase") == "Scheduled" else None
 
     handed = wait_for(scheduled, START_TIMEOUT_S, f"virt-controller to hand VMI {name} over")
-    kube.vmi_phase(namespace, name, "Running", handed["status"]["nodeName"])
+    _retried_on_conflict(
+        lambda: reports(kube, namespace, name, "Running", handed["status"]["nodeName"])
+    )
     running = get_vmi(kube, namespace, name)
     assert running is not None
     return running
@@ -393,20 +466,100 @@ def kubelet_removes(kube: Kube, namespace: str) -> list[str]:
     return removed
 
 
+def shuts_down(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    """What virt-handler and kubelet do for a VMI being deleted: virt-handler shuts its
+    guest down and reports the VMI Succeeded, then kubelet removes its launcher pod
+    (``kubelet_removes``). In that order: a pod gone under a VMI that still runs is a crash
+    to virt-controller (the VMI Failed, which KubeVirt counts as a start failure and
+    backs off the next start for). Returns the VMI as it is then (None once gone)."""
+    vmi = get_vmi(kube, namespace, name)
+    if vmi is None or not vmi["metadata"].get("deletionTimestamp"):
+        return vmi
+    if (vmi.get("status") or {}).get("phase") in ("Scheduled", "Running"):
+        _retried_on_conflict(lambda: reports(kube, namespace, name, "Succeeded", gone_ok=True))
+        return vmi
+    # Final, or not running yet (no guest to shut down): only the pod to remove.
+    kubelet_removes(kube, namespace)
+    return vmi
+
+
 def stops(kube: Kube, namespace: str, vm: str, timeout: float = START_TIMEOUT_S) -> None:
     """``virtctl stop``: the VM's runStrategy becomes Halted, virt-controller deletes its
-    VMI and the VMI's launcher pod, kubelet (the kit, ``kubelet_removes``) removes the
-    deleted pod, and virt-controller lets the VMI go. Returns once no VMI of the VM is
-    left."""
+    VMI and the VMI's launcher pod, virt-handler and kubelet (the kit, ``shuts_down``) stop
+    the guest and remove the pod, and virt-controller lets the VMI go. Returns once no VMI
+    of the VM is left."""
     from cozystack_gpu_testkit.objects import wait_for
 
     set_run_strategy(kube, namespace, vm, "Halted")
 
     def gone() -> bool:
-        kubelet_removes(kube, namespace)
-        return get_vmi(kube, namespace, vm) is None
+        return shuts_down(kube, namespace, vm) is None
 
     wait_for(gone, timeout, f"VM {namespace}/{vm} stopped, its VMI gone", interval=0.2)
+
+
+def restarts(
+    kube: Kube, namespace: str, vmi: Mapping[str, Any], timeout: float = START_TIMEOUT_S
+) -> dict[str, Any]:
+    """``virtctl restart`` of a VM run with runStrategy Always: its VMI is deleted,
+    virt-handler and kubelet (the kit, ``shuts_down``) stop the guest and remove the
+    launcher pod, the VMI goes, and the VM controller makes the next VMI under the same
+    name. Returns that VMI."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    name = vmi["metadata"]["name"]
+    kube.delete_vmi(namespace, name)
+
+    def next_vmi() -> dict[str, Any] | None:
+        found = shuts_down(kube, namespace, name)
+        return found if found and uid_of(found) != uid_of(vmi) else None
+
+    result: dict[str, Any] = wait_for(
+        next_vmi, timeout, f"the next VMI of VM {namespace}/{name}", interval=0.2
+    )
+    return as_virt_api(kube, result)
+
+
+def removes_vms(kube: Kube, namespace: str, timeout: float = START_TIMEOUT_S) -> None:
+    """Deletes a namespace's VirtualMachines and plays virt-handler and kubelet
+    (``shuts_down``) until virt-controller has let every VMI of the namespace go: with
+    virt-api's finalizer (``as_virt_api``) a VMI waits for its pods, which no kubelet
+    removes here."""
+    from cozystack_gpu import keys
+    from cozystack_gpu_testkit.objects import wait_for
+
+    kube.custom.delete_collection_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, namespace, keys.VM.plural
+    )
+
+    def gone() -> bool:
+        listed = kube.custom.list_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural
+        )["items"]
+        for vmi in listed:
+            if not vmi["metadata"].get("deletionTimestamp"):
+                kube.delete_vmi(namespace, vmi["metadata"]["name"])
+            shuts_down(kube, namespace, vmi["metadata"]["name"])
+        return not listed
+
+    wait_for(gone, timeout, f"the VMs and VMIs of {namespace} gone", interval=0.2)
+
+
+def _retried_on_conflict(write: Any, tries: int = 20) -> None:
+    """``write()`` (a read, then a write over that version) again while another writer's
+    update lands in between (409)."""
+    from kubernetes.client.rest import ApiException
+
+    for _ in range(tries - 1):
+        try:
+            write()
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            time.sleep(0.05)
+        else:
+            return
+    write()
 
 
 def _created(create: Any) -> None:

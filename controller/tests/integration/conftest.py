@@ -83,3 +83,16 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         # the control plane stopped.
         if _KUBEVIRT_WEBHOOKS and _uses_kubevirt(item) and not _uses_kubevirt(nextitem):
             _KUBEVIRT_WEBHOOKS.pop().close()
+
+
+@pytest.fixture
+def vms(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, env: Env
+) -> Iterator[Env]:
+    """This test's corner on KubeVirt's virt-controller, with the product's webhooks in
+    front of it and this test's binder leading: VirtualMachines it creates become VMIs and
+    gated launcher pods as in a cluster. Its VMs are deleted after it, the kit playing
+    virt-handler and kubelet until their VMIs are gone (``kubevirt.removes_vms``), before
+    its namespaces go."""
+    yield env
+    kubevirt_kit.removes_vms(env.kube, env.tenant)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from admission_env import Replica, order, refusal
+from admission_env import order, refusal
 from binder_env import Env, condition
 from kubernetes.client.rest import ApiException
 
@@ -36,14 +36,6 @@ pytestmark = pytest.mark.apiserver
 @pytest.fixture(autouse=True)
 def _scheduler(full_control_plane: ControlPlane) -> None:
     """Every test here needs the real kube-scheduler and garbage collector."""
-
-
-@pytest.fixture
-def vms(kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, env: Env) -> Env:
-    """This test's corner on KubeVirt's virt-controller, with the product's webhooks in
-    front of it and this test's binder leading: VirtualMachines it creates become VMIs and
-    gated launcher pods as in a cluster."""
-    return env
 
 
 def start_vm(env: Env, request: dict[str, Any], name: str = "vm") -> dict[str, Any]:
@@ -456,6 +448,51 @@ def test_a_restart_under_the_same_name_keeps_the_claim_attached_to_the_new_vmi(e
     assert confirmed["status"]["phase"] == "Attached"
     assert confirmed["status"]["attachedTo"] == "vm"
     assert keys.FINALIZER_CLAIM in confirmed["metadata"]["finalizers"]
+
+
+def test_a_vm_restarted_under_the_same_name_holds_its_claims_under_its_next_vmi(
+    vms: Env, gpu_nodes: tuple[str, str, str]
+) -> None:
+    """``virtctl restart`` as KubeVirt runs it: the running VMI is deleted and the VM
+    makes the next one under the same name, another uid, as soon as it is gone. The held
+    claim is attached to the next VMI by uid, and the template claim is a new one owned by
+    it (the previous one went with its VMI, never reused)."""
+    env = vms
+    _first, _second, gpu_class = gpu_nodes
+    order(env.kube, env.tenant, "held", gpu_class, 1)
+    node = env.wait_phase("held", "Bound")["status"]["nodeName"]
+    request = {"claims": ["held"], "claimTemplates": [{"name": "extra", "class": gpu_class}]}
+    first = kubevirt_kit.runs(env.kube, env.tenant, start_vm(env, request))
+    assert first["status"]["nodeName"] == node
+    extra = keys.template_claim_name("vm", "extra")
+    first_extra = env.wait_phase(extra, "Attached")["metadata"]["uid"]
+    wait_for(
+        lambda: (
+            env.kube.get_claim(env.tenant, "held")["status"].get("attachedToUID")
+            == kubevirt_kit.uid_of(first)
+        ),
+        30,
+        "the first VMI's uid on the held claim",
+    )
+    second = kubevirt_kit.restarts(env.kube, env.tenant, first)
+    # A VMI that ran and was shut down is no start failure: no backoff before the next.
+    assert "startFailure" not in kubevirt_kit.get_vm(env.kube, env.tenant, "vm")["status"]
+    running = kubevirt_kit.runs(env.kube, env.tenant, second)
+    assert running["status"]["nodeName"] == node
+
+    def held_by_second() -> dict[str, Any] | None:
+        claim = env.kube.get_claim(env.tenant, "held")
+        status = claim.get("status") or {}
+        mine = status.get("attachedToUID") == kubevirt_kit.uid_of(second)
+        return claim if mine and status.get("phase") == "Attached" else None
+
+    held = wait_for(held_by_second, 30, "the held claim attached to the next VMI")
+    assert held["status"]["attachedTo"] == "vm" and held["status"]["nodeName"] == node
+    assert keys.FINALIZER_CLAIM in held["metadata"]["finalizers"]
+    template = env.wait_phase(extra, "Attached")
+    assert template["metadata"]["uid"] != first_extra
+    assert template["metadata"]["ownerReferences"][0]["uid"] == kubevirt_kit.uid_of(second)
+    assert template["status"]["attachedToUID"] == kubevirt_kit.uid_of(second)
 
 
 def virt_nodes(env: Env, *bases: str, gpus: int = 1) -> list[str]:

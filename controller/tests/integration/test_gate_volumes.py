@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from admission_env import Replica, order
+from admission_env import order
 from binder_env import Env, condition
 from kubernetes.client.rest import ApiException
 
@@ -133,13 +133,11 @@ def node_of(env: Env, claim: str) -> str | None:
 
 
 def test_a_gated_pod_waits_for_its_volume_and_starts_where_the_volume_can_be_used(
-    kubevirt: kubevirt_kit.VirtController,
-    kubevirt_webhooks: Replica,
-    env: Env,
-    volumes: list[str],
+    vms: Env, volumes: list[str]
 ) -> None:
     """On KubeVirt's virt-controller: the VM's disk is a PersistentVolumeClaim not bound
     yet, and virt-controller's launcher pod mounts it."""
+    env = vms
     first, second = host(env, "n1", 1), host(env, "n2", 1)
     for node in (first, second):
         kubevirt_kit.as_virt_handler(env.kube.api, node)
