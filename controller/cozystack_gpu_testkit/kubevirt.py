@@ -25,6 +25,18 @@ virt-handler puts on it and the devices its device plugins advertise (``as_virt_
 with no heartbeat annotation virt-controller's node controller leaves it alone. Nothing runs
 a launcher pod either: tests write pod and VMI status as kubelet and virt-handler would
 (virt-controller itself moves a VMI to Scheduled, on the pod's node, once its pod runs).
+Neither does virt-api: of what its VMI mutator adds, the kit adds the one thing the start
+path depends on, the finalizer that keeps a deleted VMI until its pods are gone
+(``as_virt_api``).
+
+The rest of this module is what the start-path tests share: VirtualMachines as a tenant
+writes them (``create_vm``), the VMI virt-controller makes for one, and the next one under
+the same name (``wait_vmi``), its launcher pods by the VMI's uid (``launcher_pods``,
+``wait_launcher``, ``LauncherWatch``), and the node's part: running a VMI (``runs``),
+shutting one down that is deleted (``shuts_down``), ``virtctl stop`` and ``restart``
+(``stops``, ``restarts``) and the clean-up of a test's VMs (``removes_vms``). Phases are
+written as virt-handler writes them (``reports``): KubeVirt reads whether a VMI ran from
+its phase transitions, and a VMI that never ran counts as a start failure.
 """
 
 from __future__ import annotations
