@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from admission_env import Replica, helm_template, refusal
+from admission_env import Replica, helm_template, order, refusal
 from binder_env import Env
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -109,7 +109,7 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
         lambda: raw_pod_refused(env), START_TIMEOUT_S, "the raw-name policy to refuse a raw GPU pod"
     )
     for held in ("a", "b"):
-        kube.claim(env.tenant, held, gpu_class, 1)
+        order(kube, env.tenant, held, gpu_class, 1)
         assert env.wait_phase(held, "Bound", timeout=START_TIMEOUT_S)["status"]["nodeName"] == node
     # A node as free and as schedulable, made after the claims were bound: only the pin
     # keeps the pod off it.
@@ -207,7 +207,7 @@ def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
     node = env.node("n1", 2)
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
-    kube.claim(env.tenant, "a", gpu_class, 1)
+    order(kube, env.tenant, "a", gpu_class, 1)
     # Bound, and at once Attached when the VM controller's next try comes first.
     wait_for(
         lambda: env.phase("a") in ("Bound", "Attached"),
@@ -263,7 +263,7 @@ def test_a_refused_vmi_reaches_its_vm_which_starts_by_itself_once_the_claim_is_b
     assert wait_for(lambda: retried() >= 2, START_TIMEOUT_S, "a second try refused")
     assert kubevirt_kit.get_vmi(kube, env.tenant, "vm") is None
 
-    kube.claim(env.tenant, "a", gpu_class, 1)
+    order(kube, env.tenant, "a", gpu_class, 1)
     # Bound, and at once Attached when the VM controller's next try comes first.
     wait_for(
         lambda: env.phase("a") in ("Bound", "Attached"),
@@ -287,7 +287,7 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
     node = env.node("n1", 2)
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
-    kube.claim(env.tenant, "a", gpu_class, 1)
+    order(kube, env.tenant, "a", gpu_class, 1)
     # Bound, and at once Attached when the VM controller's next try comes first.
     wait_for(
         lambda: env.phase("a") in ("Bound", "Attached"),
