@@ -1,7 +1,7 @@
 """The consequences of a layout change for claims, from API objects, with the binder's model.
 
 The objects are the JSON the API server returns; ``consequences`` builds the binder's own
-view and snapshot from them (``cozystack_gpu.binder.view``, ``cozystack_gpu.model``), so
+view and snapshot from them (``cozystack_gpu.cluster.view``, ``cozystack_gpu.model``), so
 these tests pin what the module reports, not how the binder decides (its tests do that).
 The drain itself runs against the real API server and binder in
 controller/tests/integration/test_layout_drain.py; the Node and GPUNode after a change are
