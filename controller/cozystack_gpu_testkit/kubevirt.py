@@ -25,15 +25,30 @@ virt-handler puts on it and the devices its device plugins advertise (``as_virt_
 with no heartbeat annotation virt-controller's node controller leaves it alone. Nothing runs
 a launcher pod either: tests write pod and VMI status as kubelet and virt-handler would
 (virt-controller itself moves a VMI to Scheduled, on the pod's node, once its pod runs).
+Neither does virt-api: of what its VMI mutator adds, the kit adds the one thing the start
+path depends on, the finalizer that keeps a deleted VMI until its pods are gone
+(``as_virt_api``).
+
+The rest of this module is what the start-path tests share: VirtualMachines as a tenant
+writes them (``create_vm``), the VMI virt-controller makes for one, and the next one under
+the same name (``wait_vmi``), its launcher pods by the VMI's uid (``launcher_pods``,
+``wait_launcher``, ``LauncherWatch``), and the node's part: running a VMI (``runs``),
+shutting one down that is deleted (``shuts_down``), ``virtctl stop`` and ``restart``
+(``stops``, ``restarts``) and the clean-up of a test's VMs (``removes_vms``). Phases are
+written as virt-handler writes them (``reports``): KubeVirt reads whether a VMI ran from
+its phase transitions, and a VMI that never ran counts as a start failure.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +59,7 @@ from cozystack_gpu_testkit.ports import free_port
 
 if TYPE_CHECKING:
     from cozystack_gpu_testkit.cluster import ControlPlane
+    from cozystack_gpu_testkit.objects import Kube
 
 VIRT_CONTROLLER = "virt-controller"
 COMPONENTS_FILE = "kubevirt-components.yaml"
@@ -61,8 +77,17 @@ NODE_LABELS = {"kubevirt.io/schedulable": "true"}
 # What virt-handler's permanent device plugins advertise on its node (1000 each, its
 # --max-devices default); every launcher pod's compute container asks for one of each.
 NODE_DEVICES = {f"devices.kubevirt.io/{name}": "1000" for name in ("kvm", "tun", "vhost-net")}
+# virt-api's VMI finalizer (kubevirt.io/api v1's VirtualMachineInstanceFinalizer).
+VMI_FINALIZER = "foregroundDeleteVirtualMachine"
 TOKEN_SECONDS = 7 * 24 * 3600
 READY_TIMEOUT_S = 120.0
+# Selects every launcher pod virt-controller makes (its ``kubevirt.io`` label).
+LAUNCHER_SELECTOR = "kubevirt.io=virt-launcher"
+# virt-controller renders, start to finish, on a loaded 2-core machine in seconds; the
+# scheduler and the binder add a few. This is the bound before a test calls it broken. A
+# VM whose VMI failed before it ran waits out KubeVirt's start backoff (10 to 15 s after a
+# first failure) before its next VMI: within this bound too.
+START_TIMEOUT_S = 90.0
 
 
 class KubeVirtError(RuntimeError):
@@ -142,6 +167,411 @@ def kubelet_runs(api: Any, namespace: str, pod: str) -> None:
     core.patch_namespaced_pod_status(
         pod, namespace, {"status": running_status(containers, ready=True)}
     )
+
+
+# --- VirtualMachines, as a tenant writes them, and what KubeVirt makes of them ------------
+
+
+def virtual_machine(
+    name: str,
+    request: Mapping[str, Any],
+    *,
+    run_strategy: str = "Always",
+    guest: str = "1Gi",
+    disks: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A VirtualMachine as a tenant writes it: the claims annotation (``request`` as JSON)
+    and the reference label on its template (KubeVirt copies both to the VMI), no GPU
+    anywhere in its spec, ``guest`` memory (its launcher pod asks for more: KubeVirt adds
+    its overhead), and a virtio disk per entry of ``disks`` (disk name: the name of the
+    PersistentVolumeClaim it is)."""
+    from cozystack_gpu import keys
+
+    devices: dict[str, Any] = {}
+    spec: dict[str, Any] = {"domain": {"devices": devices, "memory": {"guest": guest}}}
+    if disks:
+        devices["disks"] = [{"name": disk, "disk": {"bus": "virtio"}} for disk in disks]
+        spec["volumes"] = [
+            {"name": disk, "persistentVolumeClaim": {"claimName": pvc}}
+            for disk, pvc in disks.items()
+        ]
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name},
+        "spec": {
+            "runStrategy": run_strategy,
+            "template": {
+                "metadata": {
+                    "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+                    "annotations": {keys.ANNOTATION_CLAIMS: json.dumps(dict(request))},
+                },
+                "spec": spec,
+            },
+        },
+    }
+
+
+def create_vm(
+    kube: Kube, namespace: str, name: str, request: Mapping[str, Any], **kw: Any
+) -> dict[str, Any]:
+    """Creates ``virtual_machine(name, request, **kw)``; virt-controller starts it."""
+    from cozystack_gpu import keys
+
+    created: dict[str, Any] = kube.custom.create_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        namespace,
+        keys.VM.plural,
+        virtual_machine(name, request, **kw),
+    )
+    return created
+
+
+def get_vm(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    from cozystack_gpu import keys
+
+    found: dict[str, Any] = kube.custom.get_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, namespace, keys.VM.plural, name
+    )
+    return found
+
+
+def set_run_strategy(kube: Kube, namespace: str, name: str, strategy: str) -> None:
+    """What ``virtctl stop`` (``Halted``) and ``virtctl start`` (``Always``) change on a VM
+    run by its runStrategy."""
+    from cozystack_gpu import keys
+
+    kube.custom.patch_namespaced_custom_object(
+        keys.VM.group,
+        keys.VM.version,
+        namespace,
+        keys.VM.plural,
+        name,
+        {"spec": {"runStrategy": strategy}},
+    )
+
+
+def get_vmi(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    from kubernetes.client.rest import ApiException
+
+    from cozystack_gpu import keys
+
+    try:
+        found: dict[str, Any] = kube.custom.get_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return found
+
+
+def wait_vmi(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    *,
+    after: Mapping[str, Any] | None = None,
+    timeout: float = START_TIMEOUT_S,
+) -> dict[str, Any]:
+    """The VMI virt-controller made for VM ``name`` (named after it); with ``after``, the
+    next one: KubeVirt re-creates a VM's VMI under the same name, with another uid."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    old = (after or {}).get("metadata", {}).get("uid")
+
+    def made() -> dict[str, Any] | None:
+        found = get_vmi(kube, namespace, name)
+        return found if found and found["metadata"]["uid"] != old else None
+
+    what = f"virt-controller's {'next ' if old else ''}VMI {namespace}/{name}"
+    result: dict[str, Any] = wait_for(made, timeout, what)
+    return as_virt_api(kube, result)
+
+
+def as_virt_api(kube: Kube, vmi: Mapping[str, Any]) -> dict[str, Any]:
+    """What virt-api's VMI mutator adds to every VMI at creation and the plane lacks (no
+    virt-api runs): the finalizer ``foregroundDeleteVirtualMachine``, which virt-controller
+    lifts only once no launcher pod of the VMI is left. Without it a deleted VMI goes while
+    its pod still runs, and the VM's next VMI (same name) starts beside the previous pod:
+    found by the restart test, whose next pod the scheduler refused on the claims' node
+    for the GPUs the previous, terminating pod still held. Returns the VMI as written."""
+    from cozystack_gpu import keys
+
+    finalizers = list(vmi["metadata"].get("finalizers") or [])
+    if VMI_FINALIZER in finalizers:
+        return dict(vmi)
+    written: dict[str, Any] = kube.custom.patch_namespaced_custom_object(
+        keys.VMI.group,
+        keys.VMI.version,
+        vmi["metadata"]["namespace"],
+        keys.VMI.plural,
+        vmi["metadata"]["name"],
+        {
+            "metadata": {
+                "uid": vmi["metadata"]["uid"],
+                "finalizers": [*finalizers, VMI_FINALIZER],
+            }
+        },
+    )
+    return written
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return str(obj["metadata"]["uid"])
+
+
+def launcher_pods(kube: Kube, namespace: str, vmi_uid: str) -> list[dict[str, Any]]:
+    """The launcher pods of one VMI, by its uid: virt-controller labels each with
+    ``kubevirt.io/created-by`` and names it ``virt-launcher-<vm>-<random>``, so the name
+    never tells which VMI of a VM a pod is for."""
+    pods = kube.core.list_namespaced_pod(
+        namespace, label_selector=f"{LAUNCHER_SELECTOR},kubevirt.io/created-by={vmi_uid}"
+    ).items
+    return [kube.api.sanitize_for_serialization(p) for p in pods]
+
+
+def wait_launcher(
+    kube: Kube,
+    namespace: str,
+    vmi: Mapping[str, Any],
+    *,
+    bound: bool = False,
+    timeout: float = START_TIMEOUT_S,
+) -> dict[str, Any]:
+    """The launcher pod virt-controller made for ``vmi``; with ``bound``, once
+    kube-scheduler has bound it to a node."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    def found() -> dict[str, Any] | None:
+        pods = launcher_pods(kube, namespace, uid_of(vmi))
+        return next((p for p in pods if p["spec"].get("nodeName") or not bound), None)
+
+    what = f"the launcher pod of VMI {vmi['metadata']['name']}"
+    result: dict[str, Any] = wait_for(
+        found, timeout, f"{what} bound by kube-scheduler" if bound else what
+    )
+    return result
+
+
+class LauncherWatch:
+    """Every version of a namespace's launcher pods the API server shows, from before
+    virt-controller creates one (start it first), to check how each was updated."""
+
+    def __init__(self, kube: Kube, namespace: str, timeout: float = START_TIMEOUT_S * 2) -> None:
+        from kubernetes import watch
+
+        self.versions: list[dict[str, Any]] = []
+        self._stopping = False
+        self._watch = watch.Watch()
+        self._stream = self._watch.stream(
+            kube.core.list_namespaced_pod,
+            namespace,
+            label_selector=LAUNCHER_SELECTOR,
+            timeout_seconds=int(timeout),
+            deserialize=False,
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._stream:
+                self.versions.append(event["object"])
+        except Exception:  # stop() closes the stream under the reader
+            if not self._stopping:
+                raise
+
+    def stop(self, pod: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Stops watching; the versions seen, only those of ``pod`` (by uid) if given."""
+        self._stopping = True
+        self._watch.stop()
+        self._thread.join(5)
+        if pod is None:
+            return self.versions
+        return [v for v in self.versions if v["metadata"]["uid"] == uid_of(pod)]
+
+
+def reports(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    phase: str,
+    node: str | None = None,
+    *,
+    gone_ok: bool = False,
+) -> None:
+    """A VMI phase written as virt-handler writes it: the phase (and node) and an entry in
+    ``status.phaseTransitionTimestamps``. KubeVirt's VM controller reads that list, not the
+    phase, to tell whether a VMI ever ran: a final VMI with no Running entry failed early,
+    counts as a start failure and backs off the VM's next start (``startFailure``)."""
+    import datetime
+
+    from cozystack_gpu import keys
+
+    found = get_vmi(kube, namespace, name)
+    if found is None:
+        if gone_ok:
+            return
+        raise AssertionError(f"VMI {namespace}/{name} is gone: no phase {phase} to report")
+    status = found.get("status") or {}
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    moves = [*(status.get("phaseTransitionTimestamps") or [])]
+    moves.append({"phase": phase, "phaseTransitionTimestamp": now})
+    written: dict[str, Any] = {"phase": phase, "phaseTransitionTimestamps": moves}
+    if node:
+        written["nodeName"] = node
+    # KubeVirt's VMI CRD has no status subresource: status is written with the object,
+    # over the version read (a write of virt-controller's in between is not undone).
+    kube.custom.patch_namespaced_custom_object(
+        keys.VMI.group,
+        keys.VMI.version,
+        namespace,
+        keys.VMI.plural,
+        name,
+        {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]}, "status": written},
+    )
+
+
+def runs(kube: Kube, namespace: str, vmi: Mapping[str, Any]) -> dict[str, Any]:
+    """A started VMI brought to Running as a node would: kubelet reports its bound launcher
+    pod running, virt-controller hands the VMI over (Scheduled, on the pod's node), and
+    virt-handler reports it Running there. Returns the VMI as it is then."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    pod = wait_launcher(kube, namespace, vmi, bound=True)
+    kubelet_runs(kube.api, namespace, pod["metadata"]["name"])
+    name = vmi["metadata"]["name"]
+
+    def scheduled() -> dict[str, Any] | None:
+        found = get_vmi(kube, namespace, name)
+        status = (found or {}).get("status") or {}
+        same = found is not None and uid_of(found) == uid_of(vmi)
+        return found if same and status.get("phase") == "Scheduled" else None
+
+    handed = wait_for(scheduled, START_TIMEOUT_S, f"virt-controller to hand VMI {name} over")
+    _retried_on_conflict(
+        lambda: reports(kube, namespace, name, "Running", handed["status"]["nodeName"])
+    )
+    running = get_vmi(kube, namespace, name)
+    assert running is not None
+    return running
+
+
+def kubelet_removes(kube: Kube, namespace: str) -> list[str]:
+    """What kubelet does once a deleted launcher pod's containers are gone: the pod object
+    goes (nothing runs the pods here, so a deleted pod bound to a node would otherwise
+    stay Terminating for ever). Returns the pods removed."""
+    from cozystack_gpu_testkit.objects import unless
+
+    removed = []
+    for pod in kube.core.list_namespaced_pod(namespace, label_selector=LAUNCHER_SELECTOR).items:
+        if pod.metadata.deletion_timestamp is not None:
+            name: str = pod.metadata.name
+            unless(
+                404,
+                partial(kube.core.delete_namespaced_pod, name, namespace, grace_period_seconds=0),
+            )
+            removed.append(name)
+    return removed
+
+
+def shuts_down(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    """What virt-handler and kubelet do for a VMI being deleted: virt-handler shuts its
+    guest down and reports the VMI Succeeded, then kubelet removes its launcher pod
+    (``kubelet_removes``). In that order: a pod gone under a VMI that still runs is a crash
+    to virt-controller (the VMI Failed, which KubeVirt counts as a start failure and
+    backs off the next start for). Returns the VMI as it is then (None once gone)."""
+    vmi = get_vmi(kube, namespace, name)
+    if vmi is None or not vmi["metadata"].get("deletionTimestamp"):
+        return vmi
+    if (vmi.get("status") or {}).get("phase") in ("Scheduled", "Running"):
+        _retried_on_conflict(lambda: reports(kube, namespace, name, "Succeeded", gone_ok=True))
+        return vmi
+    # Final, or not running yet (no guest to shut down): only the pod to remove.
+    kubelet_removes(kube, namespace)
+    return vmi
+
+
+def stops(kube: Kube, namespace: str, vm: str, timeout: float = START_TIMEOUT_S) -> None:
+    """``virtctl stop``: the VM's runStrategy becomes Halted, virt-controller deletes its
+    VMI and the VMI's launcher pod, virt-handler and kubelet (the kit, ``shuts_down``) stop
+    the guest and remove the pod, and virt-controller lets the VMI go. Returns once no VMI
+    of the VM is left."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    set_run_strategy(kube, namespace, vm, "Halted")
+
+    def gone() -> bool:
+        return shuts_down(kube, namespace, vm) is None
+
+    wait_for(gone, timeout, f"VM {namespace}/{vm} stopped, its VMI gone", interval=0.2)
+
+
+def restarts(
+    kube: Kube, namespace: str, vmi: Mapping[str, Any], timeout: float = START_TIMEOUT_S
+) -> dict[str, Any]:
+    """``virtctl restart`` of a VM run with runStrategy Always: its VMI is deleted,
+    virt-handler and kubelet (the kit, ``shuts_down``) stop the guest and remove the
+    launcher pod, the VMI goes, and the VM controller makes the next VMI under the same
+    name. Returns that VMI."""
+    from cozystack_gpu_testkit.objects import wait_for
+
+    name = vmi["metadata"]["name"]
+    kube.delete_vmi(namespace, name)
+
+    def next_vmi() -> dict[str, Any] | None:
+        found = shuts_down(kube, namespace, name)
+        return found if found and uid_of(found) != uid_of(vmi) else None
+
+    result: dict[str, Any] = wait_for(
+        next_vmi, timeout, f"the next VMI of VM {namespace}/{name}", interval=0.2
+    )
+    return as_virt_api(kube, result)
+
+
+def removes_vms(kube: Kube, namespace: str, timeout: float = START_TIMEOUT_S) -> None:
+    """Deletes a namespace's VirtualMachines and plays virt-handler and kubelet
+    (``shuts_down``) until virt-controller has let every VMI of the namespace go: with
+    virt-api's finalizer (``as_virt_api``) a VMI waits for its pods, which no kubelet
+    removes here."""
+    from cozystack_gpu import keys
+    from cozystack_gpu_testkit.objects import wait_for
+
+    kube.custom.delete_collection_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, namespace, keys.VM.plural
+    )
+
+    def gone() -> bool:
+        listed = kube.custom.list_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural
+        )["items"]
+        for vmi in listed:
+            if not vmi["metadata"].get("deletionTimestamp"):
+                kube.delete_vmi(namespace, vmi["metadata"]["name"])
+            shuts_down(kube, namespace, vmi["metadata"]["name"])
+        return not listed
+
+    wait_for(gone, timeout, f"the VMs and VMIs of {namespace} gone", interval=0.2)
+
+
+def _retried_on_conflict(write: Any, tries: int = 20) -> None:
+    """``write()`` (a read, then a write over that version) again while another writer's
+    update lands in between (409)."""
+    from kubernetes.client.rest import ApiException
+
+    for _ in range(tries - 1):
+        try:
+            write()
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            time.sleep(0.05)
+        else:
+            return
+    write()
 
 
 def _created(create: Any) -> None:

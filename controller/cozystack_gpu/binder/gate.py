@@ -236,6 +236,22 @@ def node_may_reject(node: Obj | None, stay_pinned: bool) -> bool:
     return node_ready(node) and not (node.get("spec") or {}).get("unschedulable")
 
 
+def pinned_message(pod: str, node: str) -> str:
+    """The Placed condition's message once a set's launcher pod is pinned."""
+    return f"launcher pod {pod} pinned to node {node}"
+
+
+def says_pinned_to(claim: Obj, node: str) -> bool:
+    """The claim's Placed condition says its VM's launcher pod is pinned to ``node``."""
+    for cond in (claim.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == keys.CONDITION_PLACED:
+            return bool(
+                cond.get("reason") == keys.ClaimReason.PINNED.value
+                and str(cond.get("message", "")).endswith(f" pinned to node {node}")
+            )
+    return False
+
+
 def rejection_patch(
     claim: Obj,
     node: str,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes.client.rest import ApiException
 
@@ -28,6 +28,15 @@ log = logging.getLogger(__name__)
 MAX_VOLUME_LIMITS = 1024  # distinct volume affinities remembered (one per waiting disk)
 
 
+class _Rejection(NamedTuple):
+    """A node's refusal of a VM's pinned launcher pod, kept against the VM: until when, the
+    node's state when it refused, and the NodeRefused condition its claims were told."""
+
+    until: float
+    state: str
+    told: dict[str, Any]
+
+
 class Gatekeeper(BinderPart):
     """The gate's state: pod updates and template-claim creations in flight, what each
     gated pod was last told (a refusal is said once), and the nodes that refused a pinned
@@ -41,7 +50,7 @@ class Gatekeeper(BinderPart):
         # Nodes that refused each VM's pinned launcher pod (VMI key = the VM's name), until
         # when, and the node's state then: a set of template claims loses its claims, and
         # their rejectedNodes, with the failed VMI, so the VM keeps them here (seed 004).
-        self._vm_rejections: dict[Key, dict[str, tuple[float, str]]] = {}
+        self._vm_rejections: dict[Key, dict[str, _Rejection]] = {}
         # Whether this leader has looked at every rejection since it started leading: a
         # node may have changed while no replica led.
         self._rejections_looked = False
@@ -220,11 +229,15 @@ class Gatekeeper(BinderPart):
         entries = self._vm_rejections.get(vmi_key)
         if not entries:
             return set()
-        still: dict[str, tuple[float, str]] = {}
-        for node, (until, state) in entries.items():
+        still: dict[str, _Rejection] = {}
+        for node, entry in entries.items():
             node_obj = self.view.node(node)
-            if until > now and node_obj is not None and gate.node_state(node_obj) == state:
-                still[node] = (until, state)
+            if (
+                entry.until > now
+                and node_obj is not None
+                and gate.node_state(node_obj) == entry.state
+            ):
+                still[node] = entry
         if still:
             self._vm_rejections[vmi_key] = still
         else:
@@ -331,7 +344,7 @@ class Gatekeeper(BinderPart):
         if node is None:
             return
         now = self.clock()
-        message = f"launcher pod {pod_key[1]} pinned to node {node}"
+        message = gate.pinned_message(pod_key[1], node)
         cond = lifecycle.condition(keys.CONDITION_PLACED, True, ClaimReason.PINNED, message, now)
         for key in members:
             self._tell_placed(key, cond)
@@ -386,7 +399,6 @@ class Gatekeeper(BinderPart):
             assert node_obj is not None
             state = gate.node_state(node_obj)
             expires = now + self.config.rejection_ttl
-            self._vm_rejections.setdefault(vmi_key, {})[node] = (expires, state)
             until = translate.rfc3339(expires)
             lacking = ", ".join(refusal.resources)
             said = (
@@ -397,6 +409,7 @@ class Gatekeeper(BinderPart):
             cond = lifecycle.condition(
                 keys.CONDITION_PLACED, False, ClaimReason.NODE_REFUSED, said, now
             )
+            self._vm_rejections.setdefault(vmi_key, {})[node] = _Rejection(expires, state, cond)
             for claim in claims:
                 # The pin's Placed note is over: one still out, or to be sent again after a
                 # race, must not land after this refusal and say the pod is pinned.
@@ -423,7 +436,9 @@ class Gatekeeper(BinderPart):
     def _keep_rejections_written(self, now: float) -> None:
         """A rejection kept against a VM is written on each of its claims that lacks it: the
         write that recorded it can lose a race (a note on the claim in between answers 409)
-        after the refused pod is gone, and nothing would record it again."""
+        after the refused pod is gone, and nothing would record it again. The note that won
+        the race is most often the pin's own Placed note: a claim that still says it is
+        pinned to the refusing node is told the refusal again with the entry."""
         for vmi_key, entries in list(self._vm_rejections.items()):
             vmi = self.view.vmi_object(vmi_key)
             if vmi is None:
@@ -433,16 +448,22 @@ class Gatekeeper(BinderPart):
                 if claim is None or obj is None or self.handle.in_flight((key,)):
                     continue
                 missing = [
-                    (node, until, state)
-                    for node, (until, state) in entries.items()
-                    if until > now and not any(r.node == node for r in claim.rejected)
+                    (node, entry)
+                    for node, entry in entries.items()
+                    if entry.until > now and not any(r.node == node for r in claim.rejected)
                 ]
                 if not missing:
                     continue
-                node, until, state = missing[0]
-                rejected = (*claim.rejected, RejectedNode(node, until))
+                node, entry = missing[0]
+                rejected = (*claim.rejected, RejectedNode(node, entry.until))
+                told = entry.told if gate.says_pinned_to(obj, node) else None
                 body = gate.rejection_patch(
-                    obj, node, translate.rfc3339(until), translate.rfc3339(now), state
+                    obj,
+                    node,
+                    translate.rfc3339(entry.until),
+                    translate.rfc3339(now),
+                    entry.state,
+                    told,
                 )
                 self.handle.decide(replace(claim, rejected=rejected), body, "Reject")
 
@@ -479,7 +500,7 @@ class Gatekeeper(BinderPart):
             states[node] = gate.node_state(node_obj) if node_obj is not None else None
         for vmi_key in list(self._vm_rejections):
             entries = self._vm_rejections[vmi_key]
-            for node in [n for n in entries if n in states and entries[n][1] != states[n]]:
+            for node in [n for n in entries if n in states and entries[n].state != states[n]]:
                 del entries[node]
             if not entries:
                 del self._vm_rejections[vmi_key]

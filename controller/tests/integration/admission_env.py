@@ -273,22 +273,7 @@ class Corner:
         return name
 
     def order(self, namespace: str, name: str, gpu_class: str, count: int = 1) -> dict[str, Any]:
-        """Order a claim through the claim webhook. Right after a node or class is created
-        the replica's watches may not have it yet, and the webhook refuses what it cannot
-        place; an order refused for that is sent again."""
-        outcome: list[dict[str, Any]] = []
-
-        def admitted() -> bool:
-            try:
-                outcome[:] = [self.kube.claim(namespace, name, gpu_class, count)]
-            except ApiException as exc:
-                if exc.status == 403 and "no node serv" in refusal(exc):
-                    return False
-                raise
-            return True
-
-        wait_for(admitted, 15, f"the replica to see what claim {name} needs")
-        return outcome[0]
+        return order(self.kube, namespace, name, gpu_class, count)
 
     def bound(
         self, namespace: str, name: str, gpu_class: str, count: int = 1, *, node: str
@@ -296,6 +281,25 @@ class Corner:
         """Order a claim and bind it to ``node``, as the binder would."""
         self.order(namespace, name, gpu_class, count)
         return bind(self.kube, namespace, name, node)
+
+
+def order(kube: Kube, namespace: str, name: str, gpu_class: str, count: int = 1) -> dict[str, Any]:
+    """Order a claim through the claim webhook. Right after a node or class is created
+    the replica's watches may not have it yet, and the webhook refuses what it cannot
+    place; an order refused for that is sent again."""
+    outcome: list[dict[str, Any]] = []
+
+    def admitted() -> bool:
+        try:
+            outcome[:] = [kube.claim(namespace, name, gpu_class, count)]
+        except ApiException as exc:
+            if exc.status == 403 and "no node serv" in refusal(exc):
+                return False
+            raise
+        return True
+
+    wait_for(admitted, 15, f"the replica to see what claim {name} needs")
+    return outcome[0]
 
 
 def bind(kube: Kube, namespace: str, name: str, node: str, phase: str = "Bound") -> dict[str, Any]:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from admission_env import Replica, serving
 from binder_env import GRACE_S, Corner, Env
 
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu_testkit import kubevirt as kubevirt_kit
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds
+
+_KUBEVIRT_WEBHOOKS: list[contextlib.ExitStack] = []
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +48,51 @@ def env(api_client: Any, kube: Kube) -> Iterator[Env]:
         env.clean_up()
     # A binder loop that died would make every wait above time out for no visible reason.
     assert env.binder.failure is None, f"the binder loop failed: {env.binder.failure}"
+
+
+@pytest.fixture(scope="session")
+def kubevirt_webhooks(
+    kubevirt: kubevirt_kit.VirtController,
+    kube: Kube,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Replica]:
+    """The product's webhooks in front of KubeVirt's virt-controller: one replica (that
+    does not lead: each test's own binder does) with the chart's configurations, from the
+    first test on virt-controller to the last. Those tests run first, together (see the
+    ``kubevirt`` fixture), and the configurations go with virt-controller
+    (``pytest_runtest_teardown``): the tests after them write VMIs and pods by hand, as no
+    webhook would leave them."""
+    with contextlib.ExitStack() as stack:
+        replica = stack.enter_context(
+            serving(kubevirt.plane, kube, tmp_path_factory.mktemp("kubevirt-webhooks"))
+        )
+        _KUBEVIRT_WEBHOOKS.append(stack)
+        yield replica
+
+
+def _uses_kubevirt(item: pytest.Item | None) -> bool:
+    return item is not None and "kubevirt" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        # With no next test, the fixture's own teardown has removed them already, before
+        # the control plane stopped.
+        if _KUBEVIRT_WEBHOOKS and _uses_kubevirt(item) and not _uses_kubevirt(nextitem):
+            _KUBEVIRT_WEBHOOKS.pop().close()
+
+
+@pytest.fixture
+def vms(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, env: Env
+) -> Iterator[Env]:
+    """This test's corner on KubeVirt's virt-controller, with the product's webhooks in
+    front of it and this test's binder leading: VirtualMachines it creates become VMIs and
+    gated launcher pods as in a cluster. Its VMs are deleted after it, the kit playing
+    virt-handler and kubelet until their VMIs are gone (``kubevirt.removes_vms``), before
+    its namespaces go."""
+    yield env
+    kubevirt_kit.removes_vms(env.kube, env.tenant)

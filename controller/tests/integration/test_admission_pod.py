@@ -1,6 +1,12 @@
 """The pod webhook, called by the real kube-apiserver over HTTPS: the virt-launcher pod and
 KubeVirt's temporary WaitForFirstConsumer pod get the scheduling gate (once) and the
-tolerations of the claims' classes; migration targets and unlabelled pods are untouched."""
+tolerations of the claims' classes; migration targets and unlabelled pods are untouched.
+
+The pods are written by hand, after virt-controller's: each test needs a shape this
+platform's virt-controller does not make (a migration target needs virt-handler, the
+temporary pod CDI's DataVolumes; a pod gated already, one no VMI owns, a dry run), and the
+answer is the webhook's alone. The launcher pod virt-controller itself renders, gated with
+the classes' tolerations after KubeVirt's own, is test_kubevirt_start.py's."""
 
 from __future__ import annotations
 

@@ -1,7 +1,13 @@
 """The VMI webhook, called by the real kube-apiserver over HTTPS: a start records the
 attachments and adds one gpus entry per unit; every refusal carries its message; a dry run
 writes nothing; a reinvocation changes nothing. The stored VMIs pass KubeVirt's real CRD
-schema, including VMIs written after KubeVirt's own documentation."""
+schema, including VMIs written after KubeVirt's own documentation.
+
+The VMIs are created directly, as a tenant may create one without a VirtualMachine and as
+virt-controller submits a VM's: the webhook's answer is the same whoever sends it, and
+shapes such as a VMI with its own gpus entries or two VMIs racing for one claim are a
+tenant's to write. What KubeVirt's VM controller does with a refusal (the VM's Failure
+condition, its retries) is test_kubevirt_start.py's."""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ stopped serving): a starting VM whose claims had to leave their node and found n
 went Lost with no node, and the binder deleted its VMI as if "its node is gone": the node
 name it looked up was the string "None". A bare VMI deleted that way is gone for good;
 its Lost claims would rebind and its gated pod start once room appears.
+
+The VMIs are bare (no VirtualMachine, as a tenant may create one) and written by hand with
+no launcher pod: the rule under test is the binder's judgement of a VMI that never ran,
+which virt-controller would not leave podless, and a VM would re-create a deleted VMI.
 """
 
 from __future__ import annotations

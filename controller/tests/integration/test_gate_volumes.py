@@ -1,8 +1,10 @@
 """A VM's volumes against the real API server: the gate starts a VM only where its volumes
 can be used, and waits while one is not bound; a stopped VM's hold stays with its local
 disk. The binder learns of volumes from its watches (it never reads them while deciding);
-the tests play the PV controller (no kube-controller-manager binds volumes here) and
-KubeVirt (the VMI, the VM and the gated launcher pod, as the webhooks leave them).
+the tests play the PV controller (no kube-controller-manager binds volumes here). A
+starting VM runs on KubeVirt's own virt-controller, which renders its launcher pod with the
+disk's PersistentVolumeClaim, behind the product's webhooks; a stopped VM is a
+VirtualMachine with runStrategy Halted, for which KubeVirt makes nothing.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from admission_env import order
 from binder_env import Env, condition
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.model import ClaimKey
 from cozystack_gpu.objects import vmi_pods
+from cozystack_gpu_testkit import kubevirt as kubevirt_kit
 from cozystack_gpu_testkit.objects import unless, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -95,62 +99,6 @@ def bind(env: Env, claim: str, volume: str) -> None:
     )
 
 
-def gated_launcher(env: Env, name: str, claims: list[str], disk: str) -> None:
-    """A VMI holding ``claims`` (attached by the VMI webhook) and its launcher pod, gated,
-    asking for one unit per claim, with the PVC ``disk`` as its volume."""
-    for claim in claims:
-        env.kube.attach(env.tenant, claim, name)
-    annotation = json.dumps({"claims": claims})
-    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
-    vmi: dict[str, Any] = env.kube.custom.create_namespaced_custom_object(
-        keys.VMI.group,
-        keys.VMI.version,
-        env.tenant,
-        keys.VMI.plural,
-        {
-            "apiVersion": keys.VMI.api_version,
-            "kind": keys.VMI.kind,
-            "metadata": {
-                "name": name,
-                "labels": labels,
-                "annotations": {keys.ANNOTATION_CLAIMS: annotation},
-            },
-            "spec": {"domain": {"devices": {}}},
-        },
-    )
-    units = {env.resource: str(len(claims))}
-    env.kube.core.create_namespaced_pod(
-        env.tenant,
-        {
-            "metadata": {
-                "name": f"virt-launcher-{name}",
-                "labels": {"kubevirt.io": "virt-launcher", **labels},
-                "ownerReferences": [
-                    {
-                        "apiVersion": keys.VMI.api_version,
-                        "kind": keys.VMI.kind,
-                        "name": name,
-                        "uid": vmi["metadata"]["uid"],
-                        "controller": True,
-                    }
-                ],
-            },
-            "spec": {
-                "containers": [
-                    {
-                        "name": "compute",
-                        "image": "virt-launcher",
-                        "resources": {"requests": units, "limits": units},
-                        "volumeMounts": [{"name": "disk", "mountPath": "/disk"}],
-                    }
-                ],
-                "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": disk}}],
-                "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
-            },
-        },
-    )
-
-
 def stopped_vm(env: Env, name: str, claims: list[str], disk: str) -> None:
     """A stopped VirtualMachine whose template holds ``claims`` and mounts the PVC ``disk``."""
     env.kube.custom.create_namespaced_custom_object(
@@ -184,22 +132,21 @@ def node_of(env: Env, claim: str) -> str | None:
     return status.get("nodeName")
 
 
-def launcher(env: Env, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = env.kube.api.sanitize_for_serialization(
-        env.kube.core.read_namespaced_pod(f"virt-launcher-{name}", env.tenant)
-    )
-    return found
-
-
 def test_a_gated_pod_waits_for_its_volume_and_starts_where_the_volume_can_be_used(
-    env: Env, volumes: list[str]
+    vms: Env, volumes: list[str]
 ) -> None:
+    """On KubeVirt's virt-controller: the VM's disk is a PersistentVolumeClaim not bound
+    yet, and virt-controller's launcher pod mounts it."""
+    env = vms
     first, second = host(env, "n1", 1), host(env, "n2", 1)
+    for node in (first, second):
+        kubevirt_kit.as_virt_handler(env.kube.api, node)
     gpu_class = env.gpu_class()
-    env.kube.claim(env.tenant, "held", gpu_class, 1)
+    order(env.kube, env.tenant, "held", gpu_class, 1)
     assert env.wait_phase("held", "Bound")["status"]["nodeName"] == first
     pvc(env, "disk")
-    gated_launcher(env, "vm", ["held"], "disk")
+    kubevirt_kit.create_vm(env.kube, env.tenant, "vm", {"claims": ["held"]}, disks={"disk": "disk"})
+    vmi = kubevirt_kit.wait_vmi(env.kube, env.tenant, "vm")
 
     def told() -> dict[str, Any] | None:
         cond = condition(env.kube.get_claim(env.tenant, "held"), keys.CONDITION_PLACED)
@@ -208,19 +155,20 @@ def test_a_gated_pod_waits_for_its_volume_and_starts_where_the_volume_can_be_use
     cond = wait_for(told, 30, "the Placed condition saying the volume is not bound")
     assert cond["reason"] == keys.ClaimReason.VOLUME_NOT_BOUND.value
     assert "disk" in cond["message"]
-    waiting = launcher(env, "vm")
+    waiting = kubevirt_kit.wait_launcher(env.kube, env.tenant, vmi)
     assert vmi_pods.is_gated(waiting) and vmi_pods.pinned_node(waiting) is None
+    claims = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in waiting["spec"]["volumes"]
+        if v.get("persistentVolumeClaim")
+    ]
+    assert claims == ["disk"]
     assert node_of(env, "held") == first
     # The PV controller binds the claim to a local disk on the other node: the binder hears
     # it from its watch and starts the VM there, moving its hold.
     bind(env, "disk", local_pv(env, volumes, second))
-
-    def pinned() -> dict[str, Any] | None:
-        found = launcher(env, "vm")
-        return found if not vmi_pods.is_gated(found) else None
-
-    started = wait_for(pinned, 30, "the launcher pod pinned once its volume is bound")
-    assert vmi_pods.pinned_node(started) == second
+    started = kubevirt_kit.wait_launcher(env.kube, env.tenant, vmi, bound=True)
+    assert vmi_pods.pinned_node(started) == started["spec"]["nodeName"] == second
     assert node_of(env, "held") == second
 
 

@@ -14,14 +14,13 @@ is checked here.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from admission_env import Replica, helm_template, refusal, serving
+from admission_env import Replica, helm_template, order, refusal
 from binder_env import Env
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
@@ -29,8 +28,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.keys import RawNamesPolicy
 from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit import kubevirt as kubevirt_kit
-from cozystack_gpu_testkit.cluster import ControlPlane
-from cozystack_gpu_testkit.objects import Kube, wait_for
+from cozystack_gpu_testkit.objects import wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -41,26 +39,16 @@ HOST_MODEL_TERM = {
     "key": "node-labeller.kubevirt.io/obsolete-host-model",
     "operator": "DoesNotExist",
 }
-# virt-controller renders, start to finish, on a loaded 2-core machine in seconds; the
-# scheduler and the binder add a few. This is the bound before the test calls it broken.
-START_TIMEOUT_S = 90.0
-
-
-@pytest.fixture(scope="module")
-def replica(
-    control_plane: ControlPlane, kube: Kube, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Replica]:
-    """The product's webhooks (a replica that does not lead; the test's binder leads)."""
-    with serving(control_plane, kube, tmp_path_factory.mktemp("kubevirt-admission")) as running:
-        yield running
+START_TIMEOUT_S = kubevirt_kit.START_TIMEOUT_S
 
 
 @pytest.fixture
-def forbidden(env: Env) -> Iterator[Env]:
+def forbidden(vms: Env) -> Iterator[Env]:
     """The test's binder publishing rawResourceNames: forbidden, and the chart's raw-name
     policy bound to its settings, with virt-controller's exception for the user the test
     kit runs virt-controller as (in force for a class's resource name once
     ``raw_pod_refused``)."""
+    env = vms
     env.restart_binder(raw_resource_names=RawNamesPolicy.FORBIDDEN)
     admission = client.AdmissionregistrationV1Api(env.kube.api)
     objects = helm_template(
@@ -108,80 +96,8 @@ def raw_pod_refused(env: Env) -> bool:
     return False
 
 
-def virtual_machine(name: str, request: dict[str, Any]) -> dict[str, Any]:
-    """A VirtualMachine as a tenant writes it: the claims annotation and the reference label
-    on its template (KubeVirt copies both to the VMI), no GPU anywhere in its spec."""
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": name},
-        "spec": {
-            "runStrategy": "Always",
-            "template": {
-                "metadata": {
-                    "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
-                    "annotations": {keys.ANNOTATION_CLAIMS: json.dumps(request)},
-                },
-                "spec": {"domain": {"devices": {}, "memory": {"guest": "1Gi"}}},
-            },
-        },
-    }
-
-
-class LauncherWatch:
-    """Every version of the namespace's launcher pods the API server shows, from before
-    virt-controller creates one, to check what the webhooks and the binder did to it."""
-
-    def __init__(self, kube: Kube, namespace: str) -> None:
-        self.versions: list[dict[str, Any]] = []
-        self._stopping = False
-        self._watch = watch.Watch()
-        self._stream = self._watch.stream(
-            kube.core.list_namespaced_pod,
-            namespace,
-            label_selector="kubevirt.io=virt-launcher",
-            timeout_seconds=int(START_TIMEOUT_S * 2),
-            deserialize=False,
-        )
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for event in self._stream:
-                self.versions.append(event["object"])
-        except Exception:  # stop() closes the stream under the reader
-            if not self._stopping:
-                raise
-
-    def stop(self) -> list[dict[str, Any]]:
-        self._stopping = True
-        self._watch.stop()
-        self._thread.join(5)
-        return self.versions
-
-
-def launcher_pods(kube: Kube, namespace: str, vmi_uid: str) -> list[dict[str, Any]]:
-    pods = kube.core.list_namespaced_pod(
-        namespace, label_selector=f"kubevirt.io=virt-launcher,kubevirt.io/created-by={vmi_uid}"
-    ).items
-    return [kube.api.sanitize_for_serialization(p) for p in pods]
-
-
-def get_vmi(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        found: dict[str, Any] = kube.custom.get_namespaced_custom_object(
-            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return found
-
-
 def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and_bound(
-    kubevirt: kubevirt_kit.VirtController, replica: Replica, forbidden: Env
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, forbidden: Env
 ) -> None:
     env = forbidden
     kube = env.kube
@@ -193,35 +109,25 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
         lambda: raw_pod_refused(env), START_TIMEOUT_S, "the raw-name policy to refuse a raw GPU pod"
     )
     for held in ("a", "b"):
-        kube.claim(env.tenant, held, gpu_class, 1)
+        order(kube, env.tenant, held, gpu_class, 1)
         assert env.wait_phase(held, "Bound", timeout=START_TIMEOUT_S)["status"]["nodeName"] == node
     # A node as free and as schedulable, made after the claims were bound: only the pin
     # keeps the pod off it.
     decoy = env.node("n2", 4, taints=[NODE_TAINT])
     kubevirt_kit.as_virt_handler(kube.api, decoy)
     request = {"claims": ["a", "b"], "claimTemplates": [{"name": "more", "class": gpu_class}]}
-    watcher = LauncherWatch(kube, env.tenant)
-    kube.custom.create_namespaced_custom_object(
-        keys.VM.group, keys.VM.version, env.tenant, keys.VM.plural, virtual_machine("vm", request)
-    )
-
-    vmi = wait_for(
-        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "virt-controller's VMI"
-    )
-
-    def bound_pod() -> dict[str, Any] | None:
-        pods = launcher_pods(kube, env.tenant, vmi["metadata"]["uid"])
-        return next((p for p in pods if p["spec"].get("nodeName")), None)
-
+    watcher = kubevirt_kit.LauncherWatch(kube, env.tenant)
+    kubevirt_kit.create_vm(kube, env.tenant, "vm", request)
+    vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
     try:
-        pod = wait_for(bound_pod, START_TIMEOUT_S, "the launcher pod bound by kube-scheduler")
+        pod = kubevirt_kit.wait_launcher(kube, env.tenant, vmi, bound=True)
     except AssertionError:
-        pods = launcher_pods(kube, env.tenant, vmi["metadata"]["uid"])
+        pods = kubevirt_kit.launcher_pods(kube, env.tenant, vmi["metadata"]["uid"])
         raise AssertionError(
             f"pods: {json.dumps(pods, indent=1)}\nvirt-controller:\n{kubevirt.log_tail()}"
         ) from None
-    versions = [v for v in watcher.stop() if v["metadata"]["uid"] == pod["metadata"]["uid"]]
-    vmi = get_vmi(kube, env.tenant, "vm")
+    versions = watcher.stop(pod)
+    vmi = kubevirt_kit.get_vmi(kube, env.tenant, "vm")
     assert vmi is not None
     spec = pod["spec"]
 
@@ -293,78 +199,53 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
 
 
 def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
-    kubevirt: kubevirt_kit.VirtController, replica: Replica, env: Env
+    vms: Env,
 ) -> None:
     """After the start: kubelet (the test) reports the launcher pod running, virt-controller
     moves the VMI to Scheduled on the pod's node, virt-handler (the test) reports it
     Running; the held claim stays Attached to it on that node."""
+    env = vms
     kube = env.kube
     node = env.node("n1", 2)
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
-    kube.claim(env.tenant, "a", gpu_class, 1)
+    order(kube, env.tenant, "a", gpu_class, 1)
     # Bound, and at once Attached when the VM controller's next try comes first.
     wait_for(
         lambda: env.phase("a") in ("Bound", "Attached"),
         START_TIMEOUT_S,
         "claim a Bound (or already Attached to the VM's next VMI)",
     )
-    kube.custom.create_namespaced_custom_object(
-        keys.VM.group,
-        keys.VM.version,
-        env.tenant,
-        keys.VM.plural,
-        virtual_machine("vm", {"claims": ["a"]}),
-    )
-    vmi = wait_for(
-        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "virt-controller's VMI"
-    )
-
-    def bound_pod() -> dict[str, Any] | None:
-        pods = launcher_pods(kube, env.tenant, vmi["metadata"]["uid"])
-        return next((p for p in pods if p["spec"].get("nodeName")), None)
-
-    pod = wait_for(bound_pod, START_TIMEOUT_S, "the launcher pod bound by kube-scheduler")
+    kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": ["a"]})
+    vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
+    pod = kubevirt_kit.wait_launcher(kube, env.tenant, vmi, bound=True)
     assert pod["spec"]["nodeName"] == node
-    kubevirt_kit.kubelet_runs(kube.api, env.tenant, pod["metadata"]["name"])
-
-    def scheduled() -> dict[str, Any] | None:
-        found = get_vmi(kube, env.tenant, "vm")
-        return found if found and found["status"].get("phase") == "Scheduled" else None
-
-    handed = wait_for(scheduled, START_TIMEOUT_S, "virt-controller to hand the VMI over")
-    assert handed["status"]["nodeName"] == node
-    assert handed["metadata"]["labels"]["kubevirt.io/nodeName"] == node
-    kube.vmi_phase(env.tenant, "vm", "Running", node)
+    # kubelet reports it running; virt-controller hands the VMI over (Scheduled, on the
+    # pod's node); virt-handler reports it Running.
+    running = kubevirt_kit.runs(kube, env.tenant, vmi)
+    assert running["status"]["nodeName"] == node
+    assert running["metadata"]["labels"]["kubevirt.io/nodeName"] == node
     claim = env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)
     assert (claim["status"]["attachedTo"], claim["status"]["nodeName"]) == ("vm", node)
 
 
 def test_a_refused_vmi_reaches_its_vm_which_starts_by_itself_once_the_claim_is_bound(
-    kubevirt: kubevirt_kit.VirtController, replica: Replica, env: Env
+    vms: Env,
 ) -> None:
     """KubeVirt's VM controller, refused by the VMI webhook, reports the refusal on the VM
     (its Failure condition and FailedCreate events, printableStatus Stopped) and tries
     again; once the claim it names is ordered and Bound, the VM starts with no one
     touching it."""
+    env = vms
     kube = env.kube
     node = env.node("n1", 2)
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
-    kube.custom.create_namespaced_custom_object(
-        keys.VM.group,
-        keys.VM.version,
-        env.tenant,
-        keys.VM.plural,
-        virtual_machine("vm", {"claims": ["a"]}),
-    )
+    kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": ["a"]})
     refusal_text = f"GPUClaim a named in {keys.ANNOTATION_CLAIMS} does not exist"
 
     def failure() -> dict[str, Any] | None:
-        vm = kube.custom.get_namespaced_custom_object(
-            keys.VM.group, keys.VM.version, env.tenant, keys.VM.plural, "vm"
-        )
-        status = vm.get("status") or {}
+        status = kubevirt_kit.get_vm(kube, env.tenant, "vm").get("status") or {}
         conditions = {c["type"]: c for c in status.get("conditions") or []}
         return status if "Failure" in conditions else None
 
@@ -382,94 +263,55 @@ def test_a_refused_vmi_reaches_its_vm_which_starts_by_itself_once_the_claim_is_b
         return sum(e.count or 1 for e in events if refusal_text in (e.message or ""))
 
     assert wait_for(lambda: retried() >= 2, START_TIMEOUT_S, "a second try refused")
-    assert get_vmi(kube, env.tenant, "vm") is None
+    assert kubevirt_kit.get_vmi(kube, env.tenant, "vm") is None
 
-    kube.claim(env.tenant, "a", gpu_class, 1)
+    order(kube, env.tenant, "a", gpu_class, 1)
     # Bound, and at once Attached when the VM controller's next try comes first.
     wait_for(
         lambda: env.phase("a") in ("Bound", "Attached"),
         START_TIMEOUT_S,
         "claim a Bound (or already Attached to the VM's next VMI)",
     )
-    vmi = wait_for(
-        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "the VM to start by itself"
-    )
+    vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")  # the VM starts by itself
     assert [g["deviceName"] for g in vmi["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
     assert env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]["attachedTo"] == "vm"
 
 
 def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_claims(
-    kubevirt: kubevirt_kit.VirtController, replica: Replica, env: Env
+    vms: Env,
 ) -> None:
     """runStrategy Always, the running VMI's launcher pod deleted: virt-controller fails the
-    VMI and deletes it, the claim goes back to Bound, and after KubeVirt's start backoff the
-    VM makes a new VMI under the same name (another UID) that holds the claim again, its
-    pod pinned to the claim's node."""
+    VMI and deletes it, the claim goes back to Bound, and the VM makes a new VMI under the
+    same name (another UID) at once (a VMI that ran is no start failure: no backoff) that
+    holds the claim again, its pod pinned to the claim's node."""
+    env = vms
     kube = env.kube
     node = env.node("n1", 2)
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
-    kube.claim(env.tenant, "a", gpu_class, 1)
+    order(kube, env.tenant, "a", gpu_class, 1)
     # Bound, and at once Attached when the VM controller's next try comes first.
     wait_for(
         lambda: env.phase("a") in ("Bound", "Attached"),
         START_TIMEOUT_S,
         "claim a Bound (or already Attached to the VM's next VMI)",
     )
-    kube.custom.create_namespaced_custom_object(
-        keys.VM.group,
-        keys.VM.version,
-        env.tenant,
-        keys.VM.plural,
-        virtual_machine("vm", {"claims": ["a"]}),
-    )
-    first = wait_for(
-        lambda: get_vmi(kube, env.tenant, "vm"), START_TIMEOUT_S, "virt-controller's VMI"
-    )
-    pod = wait_for(
-        lambda: bound_launcher(kube, env.tenant, first["metadata"]["uid"]),
-        START_TIMEOUT_S,
-        "the launcher pod bound by kube-scheduler",
-    )
-    kubevirt_kit.kubelet_runs(kube.api, env.tenant, pod["metadata"]["name"])
-    wait_for(
-        lambda: vmi_phase(kube, env.tenant) == "Scheduled",
-        START_TIMEOUT_S,
-        "virt-controller to hand the VMI over",
-    )
-    kube.vmi_phase(env.tenant, "vm", "Running", node)
+    kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": ["a"]})
+    first = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
+    pod = kubevirt_kit.wait_launcher(kube, env.tenant, first, bound=True)
+    kubevirt_kit.runs(kube, env.tenant, first)
     env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)
 
     kube.core.delete_namespaced_pod(pod["metadata"]["name"], env.tenant, grace_period_seconds=0)
     released = env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
     assert not released["status"].get("attachedTo")
 
-    def second_vmi() -> dict[str, Any] | None:
-        found = get_vmi(kube, env.tenant, "vm")
-        return found if found and found["metadata"]["uid"] != first["metadata"]["uid"] else None
-
-    second = wait_for(second_vmi, START_TIMEOUT_S, "the VM's next VMI")
-    vm = kube.custom.get_namespaced_custom_object(
-        keys.VM.group, keys.VM.version, env.tenant, keys.VM.plural, "vm"
-    )
-    failure = vm["status"]["startFailure"]
-    assert failure["lastFailedVMIUID"] == first["metadata"]["uid"]
-    assert failure["consecutiveFailCount"] == 1
+    second = kubevirt_kit.wait_vmi(kube, env.tenant, "vm", after=first)
+    vm = kubevirt_kit.get_vm(kube, env.tenant, "vm")
+    # The VMI had run (virt-handler's Running entry in its phaseTransitionTimestamps): its
+    # failure is no start failure, and the next VMI came at once, with no backoff.
+    assert "startFailure" not in vm["status"]
     assert [g["deviceName"] for g in second["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
-    again = wait_for(
-        lambda: bound_launcher(kube, env.tenant, second["metadata"]["uid"]),
-        START_TIMEOUT_S,
-        "the next launcher pod bound by kube-scheduler",
-    )
+    again = kubevirt_kit.wait_launcher(kube, env.tenant, second, bound=True)
     assert vmi_pods.pinned_node(again) == again["spec"]["nodeName"] == node
     assert env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]["attachedTo"] == "vm"
-
-
-def bound_launcher(kube: Kube, namespace: str, vmi_uid: str) -> dict[str, Any] | None:
-    pods = launcher_pods(kube, namespace, vmi_uid)
-    return next((p for p in pods if p["spec"].get("nodeName")), None)
-
-
-def vmi_phase(kube: Kube, namespace: str) -> str | None:
-    found = get_vmi(kube, namespace, "vm")
-    return (found or {}).get("status", {}).get("phase")

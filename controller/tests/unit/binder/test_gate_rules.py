@@ -154,6 +154,22 @@ def test_a_rejection_is_recorded_renewed_and_dropped_when_the_node_changes() -> 
     assert gate.without_rejections(claim, ["n9"]) is None
 
 
+def test_a_claim_still_saying_pinned_to_the_refusing_node_is_told_the_refusal_again() -> None:
+    """The pin's Placed note can win the race against the refusal's write (which then
+    answers 409): the rejection written again over it must carry the refusal too."""
+
+    def told(reason: str, message: str) -> dict[str, Any]:
+        cond = {"type": keys.CONDITION_PLACED, "reason": reason, "message": message}
+        return {"status": {"conditions": [cond]}}
+
+    pinned = told(keys.ClaimReason.PINNED.value, gate.pinned_message("virt-launcher-vm-x", "n1"))
+    assert gate.says_pinned_to(pinned, "n1")
+    assert not gate.says_pinned_to(pinned, "n11") and not gate.says_pinned_to(pinned, "n")
+    refused = told(keys.ClaimReason.NODE_REFUSED.value, "node n1 refused … pinned to node n1")
+    assert not gate.says_pinned_to(refused, "n1")
+    assert not gate.says_pinned_to({"status": {}}, "n1")
+
+
 def test_bound_volumes_limit_the_nodes_a_set_may_start_on() -> None:
     nodes = [
         {"metadata": {"name": "n1", "labels": {"zone": "a"}}},
