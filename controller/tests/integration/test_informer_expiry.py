@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from cozystack_gpu.cluster import informer as informer_module
 from cozystack_gpu import keys
+from cozystack_gpu.cluster import informer as informer_module
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
 from cozystack_gpu_testkit import cluster, faults
 from cozystack_gpu_testkit.objects import Kube, wait_for
