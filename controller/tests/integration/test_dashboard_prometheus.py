@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from admission_env import CHART, helm_template
+from binder_env import Corner
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
@@ -121,6 +122,9 @@ def world(control_plane: ControlPlane, api_client: Any, tmp_path: Path) -> Itera
             if part in made:
                 made[part].stop()
         replica.stop()
+        # The cluster is shared: what this test made must not meet the tests after it.
+        Corner(kube, test_id, f"tenant-{test_id}", controller_ns).clean_up()
+        unless(404, lambda: kube.core.delete_namespace(f"poor-{test_id}"))
 
 
 def alert_rules(work: Path) -> Path:
