@@ -26,7 +26,7 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys, metrics
-from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder import claim_status
 from cozystack_gpu.binder.attachments import ATTACHMENT_STEPS, Attachments
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import Publisher
@@ -316,8 +316,8 @@ class Binder:
                 obj = self.view.claim(key)
                 if updated is None or obj is None:
                     continue
-                cond = lifecycle.action_condition(action, updated, now)
-                body = lifecycle.claim_status_patch(obj, updated, cond)
+                cond = claim_status.action_condition(action, updated, now)
+                body = claim_status.claim_status_patch(obj, updated, cond)
                 self.decide(updated, body, str(action.step))
                 self._waiting_written.pop(key, None)
                 self.writer.event(
@@ -330,7 +330,7 @@ class Binder:
                 self._note_waiting(action, now, fresh=fresh)
         metrics.PENDING.set(pending)
         metrics.set_oldest_waiting(
-            lifecycle.oldest_waiting(self.snapshot.claim(key) for key in waiting)
+            claim_status.oldest_waiting(self.snapshot.claim(key) for key in waiting)
         )
 
     def _vacated_in_flight(self, node: str | None) -> bool:
@@ -356,7 +356,7 @@ class Binder:
         if refusal is None or self.inflight or self._note_budget < 1:
             return  # placements first; the next pass (at most REPLAN_S away) says it
         said = (str(refusal.reason), refusal.message)
-        cond = lifecycle.waiting_condition(refusal, now)
+        cond = claim_status.waiting_condition(refusal, now)
         for key in action.claims:
             if self._note_budget < 1:
                 return
@@ -369,13 +369,13 @@ class Binder:
             if key not in self._counted_refusals:
                 self._counted_refusals.add(key)
                 metrics.REFUSALS.labels(str(refusal.reason)).inc()
-            if not lifecycle.waiting_note_due(obj, cond):
+            if not claim_status.waiting_note_due(obj, cond):
                 continue
             self._note_budget -= 1
             # Not a placement: queued behind every bind and not held in flight, so a burst
             # of refusals never delays or blocks a bind.
             self.writer.claim_status(
-                key, lifecycle.waiting_patch(obj, cond), lifecycle.NOTE_WAIT, Priority.STATUS
+                key, claim_status.waiting_patch(obj, cond), claim_status.NOTE_WAIT, Priority.STATUS
             )
 
     # --- what the parts are handed (binder.part.PartHandle) ------------------------------
@@ -400,15 +400,15 @@ class Binder:
         self.writer.claim_status(key, body, purpose, Priority.BIND)
 
     def _claim_written(self, done: ClaimWriteDone) -> None:
-        if done.purpose in lifecycle.NOTES:
+        if done.purpose in claim_status.NOTES:
             if done.obj is not None:  # written, or refused with the claim as it is now
                 self._store_claim(done.key, done.obj)
             written = done.outcome is Outcome.WRITTEN
-            if done.purpose == lifecycle.NOTE_PLACED:
+            if done.purpose == claim_status.NOTE_PLACED:
                 self.gatekeeper.placed_answered(done.key, written)
             elif written:
                 return
-            elif done.purpose == lifecycle.NOTE_WAIT:
+            elif done.purpose == claim_status.NOTE_WAIT:
                 self._waiting_written.pop(done.key, None)
             else:
                 self.publisher.note_failed(done.key)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder import records
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import Publisher
 from cozystack_gpu.cluster.view import ClusterView
@@ -200,5 +200,5 @@ def test_the_reports_write_one_usage_record_per_ordered_held_claim() -> None:
     handle = _handle(BOUND)
     assert handle.config.workload_records, "the default settings keep usage records"
     Publisher(handle).publish(NOW)
-    records = [w for w in handle.writer.writes if w[0] == "record"]
-    assert records == [("record", NS, lifecycle.workload_name("c"))]
+    written = [w for w in handle.writer.writes if w[0] == "record"]
+    assert written == [("record", NS, records.workload_name("c"))]
