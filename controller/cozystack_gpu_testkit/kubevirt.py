@@ -562,7 +562,7 @@ def _retried_on_conflict(write: Any, tries: int = 20) -> None:
     update lands in between (409)."""
     from kubernetes.client.rest import ApiException
 
-    for _ in range(tries - 1):
+    for _attempt in range(tries - 1):
         try:
             write()
         except ApiException as exc:
