@@ -59,7 +59,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.lifecycle import workload_name
+from cozystack_gpu.binder.records import workload_name
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, list_function, source
 from cozystack_gpu.objects import annotation
 from cozystack_gpu.objects.translate import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder import attachment_rules, claim_status
 from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.binder.writer import WriteDone
 from cozystack_gpu.cluster.view import Key
@@ -52,11 +52,11 @@ class Attachments(BinderPart):
                 if last is not None and last[0] == version and last[1] == vmi and now < last[2]:
                     continue
                 seen = self.view.attachment_seen_at(key, now)
-                change = lifecycle.attachment_change(obj, vmi, now, grace, seen)
+                change = attachment_rules.attachment_change(obj, vmi, now, grace, seen)
                 if change is None:
                     judged[key] = (version, vmi, _judged_until(obj, vmi, grace, seen))
                     continue
-                body = lifecycle.attachment_patch(obj, change, now)
+                body = claim_status.attachment_patch(obj, change, now)
                 info = self.view.claim_info(key, now)
                 step = (
                     ATTACHMENT_STEPS[0] if change.phase is Phase.ATTACHED else ATTACHMENT_STEPS[1]
@@ -78,7 +78,7 @@ class Attachments(BinderPart):
             vmi = self.view.vmi(vmi_key)
             if vmi is None or vmi_key in self._vmi_deletes:
                 continue
-            if not lifecycle.vmi_never_ran(vmi):
+            if not attachment_rules.vmi_never_ran(vmi):
                 continue
             stuck = False
             for key in members:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.lifecycle import merge_conditions as lifecycle_merge
+from cozystack_gpu.binder.claim_status import merge_conditions
 from cozystack_gpu.model import VolumeAffinity
 from cozystack_gpu.objects import annotation, translate
 from cozystack_gpu.objects.annotation import ClaimsRequest, TemplateEntry
@@ -273,7 +273,7 @@ def rejection_patch(
         "status": {"rejectedNodes": [*kept, {"node": node, "until": until, "nodeState": state}]},
     }
     if condition is not None:
-        body["status"]["conditions"] = lifecycle_merge(status.get("conditions") or [], condition)
+        body["status"]["conditions"] = merge_conditions(status.get("conditions") or [], condition)
     return body
 
 

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate, lifecycle
+from cozystack_gpu.binder import claim_status, gate
 from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, WriteKind, discard
 from cozystack_gpu.cluster.view import Key
@@ -164,7 +164,7 @@ class Gatekeeper(BinderPart):
                 if obj is None:
                     continue
                 step = Step.BIND if claim.phase is Phase.PENDING else Step.MOVE
-                cond = lifecycle.condition(
+                cond = claim_status.condition(
                     keys.CONDITION_BOUND,
                     True,
                     ClaimReason.BOUND if step is Step.BIND else ClaimReason.MOVED,
@@ -184,11 +184,11 @@ class Gatekeeper(BinderPart):
                         attached_to=vmi_key[1],
                         vmi_live=True,
                     )
-                    body = lifecycle.claim_status_patch(obj, updated, cond)
-                    body["status"].update(lifecycle.attachment_fields(vmi_key[1], vmi_uid, now))
+                    body = claim_status.claim_status_patch(obj, updated, cond)
+                    body["status"].update(claim_status.attachment_fields(vmi_key[1], vmi_uid, now))
                 else:
                     updated = replace(claim, phase=Phase.BOUND, node=target, bound_at=now)
-                    body = lifecycle.claim_status_patch(obj, updated, cond)
+                    body = claim_status.claim_status_patch(obj, updated, cond)
                 self.handle.decide(updated, body, str(step))
             if moving:
                 continue  # pin once the API confirms every claim on the node
@@ -308,15 +308,15 @@ class Gatekeeper(BinderPart):
         self._gate_told[pod_key] = said
         message = f"the VM's GPU set cannot start anywhere yet: {why}"
         self.writer.event(vmi, EventReason.SET_NOT_PLACED.value, message, True, kind=keys.VMI)
-        cond = lifecycle.condition(keys.CONDITION_PLACED, False, reason, message, now)
+        cond = claim_status.condition(keys.CONDITION_PLACED, False, reason, message, now)
         for key in members:
             obj = self.view.claim(key)
             if obj is not None:
                 # A template claim that waits for room shows Pending, as an order does.
                 self.writer.claim_status(
                     key,
-                    lifecycle.waiting_patch(obj, cond),
-                    lifecycle.NOTE_PLACED,
+                    claim_status.waiting_patch(obj, cond),
+                    claim_status.NOTE_PLACED,
                     Priority.STATUS,
                 )
 
@@ -345,19 +345,19 @@ class Gatekeeper(BinderPart):
             return
         now = self.clock()
         message = gate.pinned_message(pod_key[1], node)
-        cond = lifecycle.condition(keys.CONDITION_PLACED, True, ClaimReason.PINNED, message, now)
+        cond = claim_status.condition(keys.CONDITION_PLACED, True, ClaimReason.PINNED, message, now)
         for key in members:
             self._tell_placed(key, cond)
 
     def _tell_placed(self, key: ClaimKey, cond: dict[str, Any]) -> None:
         obj = self.view.claim(key)
-        if obj is None or lifecycle.same_condition(
+        if obj is None or claim_status.same_condition(
             (obj.get("status") or {}).get("conditions") or [], cond
         ):
             return
         self._placed_sent[key] = cond
         self.writer.claim_status(
-            key, lifecycle.condition_patch(obj, cond), lifecycle.NOTE_PLACED, Priority.STATUS
+            key, claim_status.condition_patch(obj, cond), claim_status.NOTE_PLACED, Priority.STATUS
         )
 
     def placed_answered(self, key: ClaimKey, written: bool) -> None:
@@ -406,7 +406,7 @@ class Gatekeeper(BinderPart):
                 f"({refusal.message}); the set skips {node} until {until} or until the "
                 "node's allocatable, taints or readiness change"
             )
-            cond = lifecycle.condition(
+            cond = claim_status.condition(
                 keys.CONDITION_PLACED, False, ClaimReason.NODE_REFUSED, said, now
             )
             self._vm_rejections.setdefault(vmi_key, {})[node] = _Rejection(expires, state, cond)

@@ -26,10 +26,11 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys, metrics
-from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder import claim_status
 from cozystack_gpu.binder.attachments import ATTACHMENT_STEPS, Attachments
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import Publisher
+from cozystack_gpu.binder.waiting_notes import WaitingNotes
 from cozystack_gpu.binder.writer import (
     ClaimWriteDone,
     Outcome,
@@ -61,7 +62,6 @@ TICK_S = 0.5  # re-plan at least this often: expiries (attachment grace, rejecti
 # "Why it waits" condition writes a second, at most. Each costs the API server as much as a
 # bind; measured on 2 cores, 100/s behind 10,000 refused orders tripled the bind latency of
 # the orders that fit. A few refusals are told at once (the bucket holds this many).
-WAIT_NOTES_PER_S = 20
 REPLAN_S = 1.0  # plan at least this often, for time-based rules
 MAX_BATCH = 5000
 PLACING = (Step.BIND, Step.REBIND, Step.MOVE)  # steps that take units on ``action.node``
@@ -117,16 +117,13 @@ class Binder:
         self.gatekeeper = Gatekeeper(self)
         self.publisher = Publisher(self)
         self.attachments = Attachments(self)
+        self.waiting = WaitingNotes(self)
         # Claims whose placement write is out: no decision touches them until it returns.
         self.inflight: set[ClaimKey] = set()
         # Holds packing is moving off each node: no placement there is sent until their
         # writes are answered (a move refused leaves its hold where the order would go).
         self._vacating: dict[str, set[ClaimKey]] = {}
         self._last_staleness = 0.0
-        self._waiting_written: dict[ClaimKey, tuple[str, str]] = {}
-        self._counted_refusals: set[ClaimKey] = set()
-        self._note_budget = float(WAIT_NOTES_PER_S)
-        self._note_refilled = 0.0
         self._last_plan = 0.0
         self._next_plan = 0.0
         self._changed = True
@@ -260,7 +257,7 @@ class Binder:
         self.gatekeeper.nodes_changed(dirty.nodes)
         for key in dirty.claims:
             if self.view.claim(key) is None:
-                self._waiting_written.pop(key, None)
+                self.waiting.forget(key)
         if changed:
             self._changed = True
 
@@ -291,10 +288,7 @@ class Binder:
 
     def _act(self, result: Plan, now: float) -> None:
         pending = 0
-        self._note_budget = min(
-            WAIT_NOTES_PER_S, self._note_budget + (now - self._note_refilled) * WAIT_NOTES_PER_S
-        )
-        self._note_refilled = now
+        self.waiting.refill(now)
         waits: list[Action] = []
         waiting: list[ClaimKey] = []
         for action in result.actions:
@@ -316,21 +310,19 @@ class Binder:
                 obj = self.view.claim(key)
                 if updated is None or obj is None:
                     continue
-                cond = lifecycle.action_condition(action, updated, now)
-                body = lifecycle.claim_status_patch(obj, updated, cond)
+                cond = claim_status.action_condition(action, updated, now)
+                body = claim_status.claim_status_patch(obj, updated, cond)
                 self.decide(updated, body, str(action.step))
-                self._waiting_written.pop(key, None)
+                self.waiting.forget(key)
                 self.writer.event(
                     obj, str(cond["reason"]), str(cond["message"]), action.step is Step.LOSE
                 )
         # Orders never judged before are told first: a new order shows Pending at once, even
         # while a new leader tells a backlog of older waiting claims their changed reasons.
-        for fresh in (True, False):
-            for action in waits:
-                self._note_waiting(action, now, fresh=fresh)
+        self.waiting.tell(waits, now, placing=bool(self.inflight))
         metrics.PENDING.set(pending)
         metrics.set_oldest_waiting(
-            lifecycle.oldest_waiting(self.snapshot.claim(key) for key in waiting)
+            claim_status.oldest_waiting(self.snapshot.claim(key) for key in waiting)
         )
 
     def _vacated_in_flight(self, node: str | None) -> bool:
@@ -343,40 +335,6 @@ class Binder:
         if not moving:
             del self._vacating[node]
         return bool(moving)
-
-    def _note_waiting(self, action: Action, now: float, *, fresh: bool) -> None:
-        """Say on each waiting claim why it waits, once per distinct reason; only on claims
-        with no phase yet when ``fresh``, only on the others when not.
-
-        At most WAIT_NOTES_PER_S such writes a second, and none while a placement write is
-        out: a burst of orders that do not fit must not take the API server's time from
-        the binds. A note not written now is written on a later pass.
-        """
-        refusal = action.refusal
-        if refusal is None or self.inflight or self._note_budget < 1:
-            return  # placements first; the next pass (at most REPLAN_S away) says it
-        said = (str(refusal.reason), refusal.message)
-        cond = lifecycle.waiting_condition(refusal, now)
-        for key in action.claims:
-            if self._note_budget < 1:
-                return
-            if self._waiting_written.get(key) == said:
-                continue
-            obj = self.view.claim(key)
-            if obj is None or fresh == bool((obj.get("status") or {}).get("phase")):
-                continue
-            self._waiting_written[key] = said
-            if key not in self._counted_refusals:
-                self._counted_refusals.add(key)
-                metrics.REFUSALS.labels(str(refusal.reason)).inc()
-            if not lifecycle.waiting_note_due(obj, cond):
-                continue
-            self._note_budget -= 1
-            # Not a placement: queued behind every bind and not held in flight, so a burst
-            # of refusals never delays or blocks a bind.
-            self.writer.claim_status(
-                key, lifecycle.waiting_patch(obj, cond), lifecycle.NOTE_WAIT, Priority.STATUS
-            )
 
     # --- what the parts are handed (binder.part.PartHandle) ------------------------------
 
@@ -400,16 +358,16 @@ class Binder:
         self.writer.claim_status(key, body, purpose, Priority.BIND)
 
     def _claim_written(self, done: ClaimWriteDone) -> None:
-        if done.purpose in lifecycle.NOTES:
+        if done.purpose in claim_status.NOTES:
             if done.obj is not None:  # written, or refused with the claim as it is now
                 self._store_claim(done.key, done.obj)
             written = done.outcome is Outcome.WRITTEN
-            if done.purpose == lifecycle.NOTE_PLACED:
+            if done.purpose == claim_status.NOTE_PLACED:
                 self.gatekeeper.placed_answered(done.key, written)
             elif written:
                 return
-            elif done.purpose == lifecycle.NOTE_WAIT:
-                self._waiting_written.pop(done.key, None)
+            elif done.purpose == claim_status.NOTE_WAIT:
+                self.waiting.forget(done.key)
             else:
                 self.publisher.note_failed(done.key)
             return

@@ -1,7 +1,8 @@
 """What the binder keeps true beside placement, and what it reports: finalizers on
 classes and attached claims, GPUClass status, GPUNode conditions, the settings ConfigMap,
-usage records and metrics. The bodies are built by ``lifecycle``; this is their I/O, run
-from the binder's loop at most every ``PUBLISH_EVERY_S``.
+usage records and metrics. The bodies are built by the pure modules beside it
+(``claim_status``, ``protection``, ``class_status``, ``records``, ``node_reports``); this is
+their I/O, run from the binder's loop at most every ``PUBLISH_EVERY_S``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from functools import partial
 from typing import Any
 
 from cozystack_gpu import keys, metrics
-from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder import claim_status, class_status, node_reports, protection, records
 from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, WriteKind
 from cozystack_gpu.cluster.view import Key
@@ -112,19 +113,19 @@ class Publisher(BinderPart):
             seen = self.view.attachment_seen_at(key, now)
             live = translate.vmi_live(obj, vmi, now, self.config.attachment_grace, seen)
             owner_live = self.view.template_owner_live(key)
-            body = lifecycle.claim_protection(obj, live, owner_live=owner_live)
+            body = protection.claim_protection(obj, live, owner_live=owner_live)
             if body is not None:
                 self._patch_meta(keys.GPU_CLAIM, key, body)
                 continue
-            cond = lifecycle.deletion_waits_condition(obj, now) if live else None
+            cond = protection.deletion_waits_condition(obj, now) if live else None
             if cond is not None and key not in self._deleting_noted:
                 self._deleting_noted.add(key)
                 current = (obj.get("status") or {}).get("conditions") or []
-                if not lifecycle.same_condition(current, cond):
+                if not claim_status.same_condition(current, cond):
                     self.writer.claim_status(
                         key,
-                        lifecycle.condition_patch(obj, cond),
-                        lifecycle.NOTE_DELETING,
+                        claim_status.condition_patch(obj, cond),
+                        claim_status.NOTE_DELETING,
                         Priority.STATUS,
                     )
                     self.writer.event(
@@ -136,7 +137,7 @@ class Publisher(BinderPart):
             class_key = ("", translate.name_of(obj))
             if (keys.GPU_CLASS.kind, class_key) in self._meta_writes:
                 continue
-            body = lifecycle.class_protection(obj, self.snapshot.holds_of_class(class_key[1]))
+            body = protection.class_protection(obj, self.snapshot.holds_of_class(class_key[1]))
             if body is not None:
                 self._patch_meta(keys.GPU_CLASS, class_key, body)
 
@@ -187,13 +188,13 @@ class Publisher(BinderPart):
     def _publish_class_status(self, now: float) -> None:
         for (_cluster_scope, name), obj in self.view.raw[keys.GPU_CLASS.kind].items():
             keeping = None
-            if lifecycle.deleting(obj):
+            if protection.deleting(obj):
                 self._note_withdrawal(name, now)
                 keeping = self._keeping(name)
             if name in self._class_writes:
                 continue
             numbers = self.snapshot.class_status(name)
-            body = lifecycle.class_status_body(obj, numbers, now, keeping)
+            body = class_status.class_status_body(obj, numbers, now, keeping)
             if body is not None:
                 self._class_writes.add(name)
                 self.writer.class_status(name, body)
@@ -203,7 +204,7 @@ class Publisher(BinderPart):
         counts: dict[Phase, int] = {}
         for key in self.snapshot.claims_of_class(class_name):
             claim = self.snapshot.claim(key)
-            if claim is not None and claim.phase in lifecycle.KEEPING_PHASES:
+            if claim is not None and claim.phase in class_status.KEEPING_PHASES:
                 counts[claim.phase] = counts.get(claim.phase, 0) + 1
         return counts
 
@@ -218,13 +219,13 @@ class Publisher(BinderPart):
             if obj is None or claim is None:
                 continue
             self._withdrawal_noted.add(key)
-            cond = lifecycle.withdrawal_condition(class_name, claim.phase, now)
+            cond = class_status.withdrawal_condition(class_name, claim.phase, now)
             current = (obj.get("status") or {}).get("conditions") or []
-            if not lifecycle.same_condition(current, cond):
+            if not claim_status.same_condition(current, cond):
                 self.writer.claim_status(
                     key,
-                    lifecycle.condition_patch(obj, cond),
-                    lifecycle.NOTE_WITHDRAWN,
+                    claim_status.condition_patch(obj, cond),
+                    claim_status.NOTE_WITHDRAWN,
                     Priority.STATUS,
                 )
 
@@ -237,14 +238,14 @@ class Publisher(BinderPart):
                 if name in self._gpunode_writes:
                     self._gpunodes_due.add(name)  # look again once the write is back
                 continue
-            conditions = lifecycle.gpunode_conditions(
+            conditions = node_reports.gpunode_conditions(
                 self.view.node(name),
                 gpunode,
                 self.view.inventory_stale(name),
                 self.config.inventory_stale_after,
                 now,
             )
-            body = lifecycle.gpunode_status_patch(gpunode, conditions)
+            body = node_reports.gpunode_status_patch(gpunode, conditions)
             if body is None:
                 continue
 
@@ -263,7 +264,7 @@ class Publisher(BinderPart):
     def _publish_settings(self, now: float) -> None:
         if self._settings_inflight:
             return
-        data = lifecycle.settings_data(self.view.gpu_names, self.config.raw_resource_names)
+        data = node_reports.settings_data(self.view.gpu_names, self.config.raw_resource_names)
         if data == self._settings_written and now - self._settings_at < SETTINGS_REFRESH_S:
             return
         self._settings_written, self._settings_at = data, now
@@ -274,8 +275,8 @@ class Publisher(BinderPart):
         """One usage record per ordered Bound or Attached claim, as the API confirmed it."""
         wanted: dict[Key, dict[str, Any]] = {}
         for key, claim in self.view.claims():
-            if lifecycle.wants_usage_record(claim):
-                wanted[(key[0], lifecycle.workload_name(key[1]))] = claim
+            if records.wants_usage_record(claim):
+                wanted[(key[0], records.workload_name(key[1]))] = claim
         existing = self.view.raw[WORKLOAD_KIND]
         for record_key, claim in wanted.items():
             if record_key in self._record_writes:
@@ -283,11 +284,11 @@ class Publisher(BinderPart):
             have = existing.get(record_key)
             if have is None:
                 self._record_writes.add(record_key)
-                self.writer.create_record(record_key[0], lifecycle.usage_record(claim))
+                self.writer.create_record(record_key[0], records.usage_record(claim))
         for record_key, record in list(existing.items()):
             if record_key in wanted or record_key in self._record_writes:
                 continue
-            if lifecycle.owned_claim_name(record) is None:
+            if records.owned_claim_name(record) is None:
                 continue  # not ours
             self._record_writes.add(record_key)
             self.writer.delete_record(*record_key)

@@ -9,7 +9,7 @@ from typing import Any, cast
 from prometheus_client import REGISTRY
 
 from cozystack_gpu import metrics
-from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder import claim_status
 from cozystack_gpu.binder.publisher import Publisher
 from cozystack_gpu.binder.writer import WriteDone, WriteKind
 from cozystack_gpu.keys import Phase
@@ -23,7 +23,7 @@ def claim(name: str, class_name: str, created: float) -> ClaimInfo:
 
 
 def test_each_class_reports_its_oldest_waiting_order_lost_claims_aside() -> None:
-    oldest = lifecycle.oldest_waiting(
+    oldest = claim_status.oldest_waiting(
         [
             claim("a", "h100", 200.0),
             claim("b", "h100", 100.0),

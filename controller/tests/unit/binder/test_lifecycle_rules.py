@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder import (
+    attachment_rules,
+    claim_status,
+    class_status,
+    node_reports,
+    protection,
+    records,
+)
 from cozystack_gpu.keys import Phase, RawNamesPolicy
 from cozystack_gpu.model import ClassStatus
 from cozystack_gpu.objects import translate
@@ -38,35 +45,39 @@ def vmi(phase: str, node: str | None = "n1") -> VMIState:
 
 
 def test_bound_claim_becomes_attached_once_its_vmi_runs() -> None:
-    change = lifecycle.attachment_change(claim("Bound", "vm", NOW), vmi("Running"), NOW, GRACE)
+    change = attachment_rules.attachment_change(
+        claim("Bound", "vm", NOW), vmi("Running"), NOW, GRACE
+    )
     assert change is not None and change.phase is Phase.ATTACHED and not change.clear_attachment
 
 
 @pytest.mark.parametrize("final", ["Succeeded", "Failed"])
 def test_attached_claim_returns_to_bound_when_its_vmi_is_final(final: str) -> None:
-    change = lifecycle.attachment_change(claim("Attached", "vm", NOW), vmi(final), NOW, GRACE)
+    change = attachment_rules.attachment_change(
+        claim("Attached", "vm", NOW), vmi(final), NOW, GRACE
+    )
     assert change is not None and change.phase is Phase.BOUND and change.clear_attachment
 
 
 def test_attached_claim_returns_to_bound_when_its_vmi_is_gone() -> None:
-    change = lifecycle.attachment_change(claim("Attached", "vm", NOW), None, NOW, GRACE)
+    change = attachment_rules.attachment_change(claim("Attached", "vm", NOW), None, NOW, GRACE)
     assert change is not None and change.phase is Phase.BOUND and change.reason == "VMIGone"
 
 
 def test_an_attachment_may_precede_its_vmi_for_the_grace_only() -> None:
     fresh = claim("Bound", "vm", NOW - GRACE + 1)
-    assert lifecycle.attachment_change(fresh, None, NOW, GRACE) is None
+    assert attachment_rules.attachment_change(fresh, None, NOW, GRACE) is None
     stale = claim("Bound", "vm", NOW - GRACE - 1)
-    change = lifecycle.attachment_change(stale, None, NOW, GRACE)
+    change = attachment_rules.attachment_change(stale, None, NOW, GRACE)
     assert change is not None and change.reason == "AttachmentExpired" and change.clear_attachment
 
 
 def test_a_running_attached_claim_changes_nothing() -> None:
     assert (
-        lifecycle.attachment_change(claim("Attached", "vm", NOW), vmi("Running"), NOW, GRACE)
+        attachment_rules.attachment_change(claim("Attached", "vm", NOW), vmi("Running"), NOW, GRACE)
         is None
     )
-    assert lifecycle.attachment_change(claim("Bound"), None, NOW, GRACE) is None
+    assert attachment_rules.attachment_change(claim("Bound"), None, NOW, GRACE) is None
 
 
 def test_vmi_liveness_follows_the_phase_of_the_claim() -> None:
@@ -93,11 +104,11 @@ def attached(phase: str, *, uid: str = "", attachment_id: str = "", at: float = 
 
 
 def test_a_running_vmi_records_its_uid_on_the_attachment_it_was_admitted_with() -> None:
-    change = lifecycle.attachment_change(
+    change = attachment_rules.attachment_change(
         attached("Bound", attachment_id="x1"), started("uid-1", attachment_id="x1"), NOW, GRACE
     )
     assert change is not None and change.phase is Phase.ATTACHED and change.uid == "uid-1"
-    body = lifecycle.attachment_patch(attached("Bound", attachment_id="x1"), change, NOW)
+    body = claim_status.attachment_patch(attached("Bound", attachment_id="x1"), change, NOW)
     assert body["status"]["attachedToUID"] == "uid-1"
 
 
@@ -108,36 +119,38 @@ def test_a_restart_racing_the_end_of_the_previous_vmi_keeps_the_new_start_attach
     first = started("uid-1", attachment_id="x1")
     confirmed = attached("Attached", uid="uid-1", attachment_id="x1")
     # 1. The first VMI is Succeeded: its attachment ends.
-    change = lifecycle.attachment_change(confirmed, started("uid-1", "Succeeded", "x1"), NOW, GRACE)
+    change = attachment_rules.attachment_change(
+        confirmed, started("uid-1", "Succeeded", "x1"), NOW, GRACE
+    )
     assert change is not None and change.clear_attachment
     # 2. Before that clear lands, the next VMI's webhook wrote a new attachment (new id, no
     # uid); the view still shows the first VMI, final. The new start is not ended by it.
     rewritten = attached("Attached", attachment_id="x2")
     ended_first = started("uid-1", "Succeeded", "x1")
-    assert lifecycle.attachment_change(rewritten, ended_first, NOW, GRACE) is None
+    assert attachment_rules.attachment_change(rewritten, ended_first, NOW, GRACE) is None
     assert translate.vmi_live(rewritten, ended_first, NOW, GRACE, NOW)
     # ... nor by the first VMI's being gone from the view, nor by the first VMI still
     # running in a view that lags further behind.
-    assert lifecycle.attachment_change(rewritten, None, NOW, GRACE, NOW) is None
-    assert lifecycle.attachment_change(rewritten, first, NOW, GRACE, NOW) is None
+    assert attachment_rules.attachment_change(rewritten, None, NOW, GRACE, NOW) is None
+    assert attachment_rules.attachment_change(rewritten, first, NOW, GRACE, NOW) is None
     # 3. The next VMI shows up: its uid is recorded, and the claim stays Attached.
     second = started("uid-2", attachment_id="x2")
-    change = lifecycle.attachment_change(rewritten, second, NOW, GRACE, NOW)
+    change = attachment_rules.attachment_change(rewritten, second, NOW, GRACE, NOW)
     assert change is not None and not change.clear_attachment and change.uid == "uid-2"
     # 4. From then on only the end of the second VMI ends the attachment: the first one
     # seen in a view that lags (a new leader's first listing) changes nothing, the second
     # one's end does.
     now_second = attached("Attached", uid="uid-2", attachment_id="x2")
-    assert lifecycle.attachment_change(now_second, ended_first, NOW, GRACE) is None
-    assert lifecycle.attachment_change(now_second, second, NOW, GRACE) is None
-    change = lifecycle.attachment_change(now_second, started("uid-2", "Failed"), NOW, GRACE)
+    assert attachment_rules.attachment_change(now_second, ended_first, NOW, GRACE) is None
+    assert attachment_rules.attachment_change(now_second, second, NOW, GRACE) is None
+    change = attachment_rules.attachment_change(now_second, started("uid-2", "Failed"), NOW, GRACE)
     assert change is not None and change.reason == "VMIFinished"
 
 
 def test_a_confirmed_attachment_ends_when_a_vmi_of_the_name_that_does_not_hold_it_runs() -> None:
     confirmed = attached("Attached", uid="uid-1")
     other = VMIState("t", "vm", "Running", "n1", ("other-claim",), True, "uid-2", "")
-    change = lifecycle.attachment_change(confirmed, other, NOW, GRACE)
+    change = attachment_rules.attachment_change(confirmed, other, NOW, GRACE)
     assert change is not None and change.clear_attachment and change.reason == "VMIGone"
     assert not translate.vmi_live(confirmed, other, NOW, GRACE)
 
@@ -146,8 +159,8 @@ def test_an_unconfirmed_attachment_expires_by_the_binders_clock_too() -> None:
     """attachedAt comes from a webhook replica's clock: one far behind the leader's must not
     make a starting VM's attachment expire at once."""
     behind = attached("Bound", attachment_id="x1", at=NOW - 10 * GRACE)
-    assert lifecycle.attachment_change(behind, None, NOW, GRACE, seen_at=NOW - 1) is None
-    change = lifecycle.attachment_change(behind, None, NOW, GRACE, seen_at=NOW - GRACE - 1)
+    assert attachment_rules.attachment_change(behind, None, NOW, GRACE, seen_at=NOW - 1) is None
+    change = attachment_rules.attachment_change(behind, None, NOW, GRACE, seen_at=NOW - GRACE - 1)
     assert change is not None and change.reason == "AttachmentExpired"
 
 
@@ -158,13 +171,13 @@ def test_merged_conditions_keep_other_writers_and_transition_times() -> None:
         {"type": "Bound", "status": "False", "reason": "BudgetExceeded", "message": "old",
          "lastTransitionTime": "2026-01-02T00:00:00Z"},
     ]  # fmt: skip
-    same_status = lifecycle.condition("Bound", False, "InsufficientCapacity", "new", NOW)
-    merged = lifecycle.merge_conditions(current, same_status)
+    same_status = claim_status.condition("Bound", False, "InsufficientCapacity", "new", NOW)
+    merged = claim_status.merge_conditions(current, same_status)
     assert merged[0] == current[0]
     assert merged[1]["message"] == "new"
     assert merged[1]["lastTransitionTime"] == "2026-01-02T00:00:00Z", "status did not change"
-    flipped = lifecycle.merge_conditions(
-        current, lifecycle.condition("Bound", True, "Bound", "x", NOW)
+    flipped = claim_status.merge_conditions(
+        current, claim_status.condition("Bound", True, "Bound", "x", NOW)
     )
     assert flipped[1]["lastTransitionTime"] == translate.rfc3339(NOW)
 
@@ -173,7 +186,7 @@ def test_a_claim_status_patch_carries_the_resource_version_it_was_decided_on() -
     from cozystack_gpu.model import ClaimInfo
 
     updated = ClaimInfo("t", "c", "l40s-24c", 2, phase=Phase.BOUND, node="n1", bound_at=NOW)
-    body = lifecycle.claim_status_patch(claim(None), updated, None)
+    body = claim_status.claim_status_patch(claim(None), updated, None)
     assert body["metadata"]["resourceVersion"] == "7"
     assert body["status"] == {
         "phase": "Bound",
@@ -187,19 +200,19 @@ def test_a_claim_moved_off_the_node_its_pod_was_pinned_to_says_placed_no_more() 
     moved elsewhere (packing, a rebind) it would name a node the claim no longer holds."""
     from cozystack_gpu.model import ClaimInfo
 
-    pinned = lifecycle.condition(
+    pinned = claim_status.condition(
         keys.CONDITION_PLACED, True, keys.ClaimReason.PINNED, "pinned to node n2", NOW
     )
-    bound = lifecycle.condition(keys.CONDITION_BOUND, True, "Bound", "holds on n2", NOW)
+    bound = claim_status.condition(keys.CONDITION_BOUND, True, "Bound", "holds on n2", NOW)
     obj = claim("Bound")
     obj["status"].update(nodeName="n2", conditions=[bound, pinned])
-    moved = lifecycle.condition(keys.CONDITION_BOUND, True, "Moved", "moved to n1", NOW)
+    moved = claim_status.condition(keys.CONDITION_BOUND, True, "Moved", "moved to n1", NOW)
     updated = ClaimInfo("t", "c", "l40s-24c", 2, phase=Phase.BOUND, node="n1", bound_at=NOW)
-    body = lifecycle.claim_status_patch(obj, updated, moved)
+    body = claim_status.claim_status_patch(obj, updated, moved)
     assert [c["type"] for c in body["status"]["conditions"]] == [keys.CONDITION_BOUND]
     # Staying on its node, the claim keeps what its start was told.
     stays = ClaimInfo("t", "c", "l40s-24c", 2, phase=Phase.BOUND, node="n2", bound_at=NOW)
-    kept = lifecycle.claim_status_patch(obj, stays, bound)
+    kept = claim_status.claim_status_patch(obj, stays, bound)
     assert [c["type"] for c in kept["status"]["conditions"]] == [
         keys.CONDITION_BOUND,
         keys.CONDITION_PLACED,
@@ -208,13 +221,13 @@ def test_a_claim_moved_off_the_node_its_pod_was_pinned_to_says_placed_no_more() 
 
 def test_class_status_carries_free_numbers_only_and_skips_unchanged_writes() -> None:
     obj: dict[str, Any] = {"metadata": {"name": "h100"}}
-    body = lifecycle.class_status_body(obj, ClassStatus(free=5, max_free_per_node=3), NOW)
+    body = class_status.class_status_body(obj, ClassStatus(free=5, max_free_per_node=3), NOW)
     assert body is not None
     assert set(body["status"]) == {"free", "maxFreePerNode", "conditions"}
     assert body["status"]["conditions"][0]["status"] == "True"
     obj["status"] = body["status"]
-    assert lifecycle.class_status_body(obj, ClassStatus(5, 3), NOW + 60) is None
-    empty = lifecycle.class_status_body(obj, ClassStatus(0, 0), NOW)
+    assert class_status.class_status_body(obj, ClassStatus(5, 3), NOW + 60) is None
+    empty = class_status.class_status_body(obj, ClassStatus(0, 0), NOW)
     assert empty is not None and empty["status"]["conditions"][0]["reason"] == "NoFreeUnits"
 
 
@@ -227,19 +240,19 @@ def test_usage_records_exist_for_ordered_bound_or_attached_claims(
     phase: str | None, template: bool, wanted: bool
 ) -> None:
     labels = {keys.LABEL_TEMPLATE_CLAIM: "true"} if template else {}
-    assert lifecycle.wants_usage_record(claim(phase, labels=labels)) is wanted
+    assert records.wants_usage_record(claim(phase, labels=labels)) is wanted
 
 
 def test_a_usage_record_is_owned_by_its_claim_and_counts_its_units() -> None:
-    record = lifecycle.usage_record(claim("Bound"))
+    record = records.usage_record(claim("Bound"))
     owner = record["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("GPUClaim", "c", "u-1")
     assert record["status"]["resources"] == {"gpu.cozystack.io/l40s-24c": "2"}
-    assert lifecycle.owned_claim_name(record) == "c"
+    assert records.owned_claim_name(record) == "c"
 
 
 def test_settings_list_every_gpu_name_once_sorted() -> None:
-    data = lifecycle.settings_data(
+    data = node_reports.settings_data(
         ["nvidia.com/B", "nvidia.com/A", "nvidia.com/A", "nvidia.com/C", " nvidia.com/D "],
         RawNamesPolicy.FORBIDDEN,
     )
@@ -312,22 +325,24 @@ def test_whole_quantities(value: Any, units: int | None) -> None:
 
 
 def test_a_waiting_order_shows_the_pending_phase_and_a_waiting_lost_claim_keeps_its_own() -> None:
-    cond = lifecycle.condition(keys.CONDITION_BOUND, False, "InsufficientCapacity", "no room", NOW)
+    cond = claim_status.condition(
+        keys.CONDITION_BOUND, False, "InsufficientCapacity", "no room", NOW
+    )
     order = claim(None)
-    assert lifecycle.waiting_note_due(order, cond)
-    assert lifecycle.waiting_patch(order, cond)["status"]["phase"] == "Pending"
+    assert claim_status.waiting_note_due(order, cond)
+    assert claim_status.waiting_patch(order, cond)["status"]["phase"] == "Pending"
     lost = claim("Lost")
-    assert "phase" not in lifecycle.waiting_patch(lost, cond)["status"]
+    assert "phase" not in claim_status.waiting_patch(lost, cond)["status"]
     # Told once: the same reason on a claim that already shows Pending is not written again.
     told = claim("Pending")
     told["status"]["conditions"] = [cond]
-    assert not lifecycle.waiting_note_due(told, cond)
-    assert lifecycle.waiting_note_due(told, {**cond, "message": "another reason"})
+    assert not claim_status.waiting_note_due(told, cond)
+    assert claim_status.waiting_note_due(told, {**cond, "message": "another reason"})
 
 
 def test_a_live_class_keeps_its_finalizer_and_a_deleted_one_goes_once_nothing_holds_it() -> None:
     live = {"metadata": {"name": "h100", "resourceVersion": "3"}}
-    body = lifecycle.class_protection(live, holding_claims=5)
+    body = protection.class_protection(live, holding_claims=5)
     assert body == {"metadata": {"resourceVersion": "3", "finalizers": [keys.FINALIZER_CLASS]}}
     deleting = {
         "metadata": {
@@ -337,8 +352,8 @@ def test_a_live_class_keeps_its_finalizer_and_a_deleted_one_goes_once_nothing_ho
             "finalizers": ["other.example.com/keep", keys.FINALIZER_CLASS],
         }
     }
-    assert lifecycle.class_protection(deleting, holding_claims=1) is None
-    released = lifecycle.class_protection(deleting, holding_claims=0)
+    assert protection.class_protection(deleting, holding_claims=1) is None
+    released = protection.class_protection(deleting, holding_claims=0)
     assert released == {
         "metadata": {"resourceVersion": "4", "finalizers": ["other.example.com/keep"]}
     }
@@ -346,27 +361,27 @@ def test_a_live_class_keeps_its_finalizer_and_a_deleted_one_goes_once_nothing_ho
 
 def test_an_attached_claim_is_protected_until_its_vmi_is_final_or_gone() -> None:
     attached = claim("Attached", "vm", NOW)
-    assert lifecycle.claim_protection(attached, vmi_live=True) == {
+    assert protection.claim_protection(attached, vmi_live=True) == {
         "metadata": {"resourceVersion": "7", "finalizers": [keys.FINALIZER_CLAIM]}
     }
     protected = claim("Attached", "vm", NOW, finalizers=[keys.FINALIZER_CLAIM])
-    assert lifecycle.claim_protection(protected, vmi_live=True) is None
+    assert protection.claim_protection(protected, vmi_live=True) is None
     deleted = claim(
         "Attached", "vm", NOW, finalizers=[keys.FINALIZER_CLAIM],
         deletionTimestamp="2026-11-30T10:00:00Z",
     )  # fmt: skip
     # Deleting an attached claim only marks it while its VMI runs, and says so.
-    assert lifecycle.claim_protection(deleted, vmi_live=True) is None
-    waits = lifecycle.deletion_waits_condition(deleted, NOW)
+    assert protection.claim_protection(deleted, vmi_live=True) is None
+    waits = protection.deletion_waits_condition(deleted, NOW)
     assert waits is not None and waits["reason"] == "WaitingForVMI" and "VMI vm" in waits["message"]
-    assert lifecycle.claim_protection(deleted, vmi_live=False) == {
+    assert protection.claim_protection(deleted, vmi_live=False) == {
         "metadata": {"resourceVersion": "7", "finalizers": []}
     }
     detached = claim("Bound", finalizers=[keys.FINALIZER_CLAIM])
-    assert lifecycle.claim_protection(detached, vmi_live=False) == {
+    assert protection.claim_protection(detached, vmi_live=False) == {
         "metadata": {"resourceVersion": "7", "finalizers": []}
     }
-    assert lifecycle.claim_protection(claim("Bound"), vmi_live=False) is None
+    assert protection.claim_protection(claim("Bound"), vmi_live=False) is None
 
 
 def _node(ready: bool = True, cordoned: bool = False, state: str | None = None,
@@ -412,7 +427,7 @@ def _gpunode(
 def test_gpunode_ready_says_whether_and_why_the_node_serves(
     node: dict[str, Any] | None, gpunode: dict[str, Any], stale: bool, ready: str, reason: str
 ) -> None:
-    conds = lifecycle.gpunode_conditions(node, gpunode, stale, 300.0, NOW)
+    conds = node_reports.gpunode_conditions(node, gpunode, stale, 300.0, NOW)
     found = {c["type"]: c for c in conds}[keys.CONDITION_READY]
     assert (found["status"], found["reason"]) == (ready, reason)
     assert found["message"]
@@ -420,7 +435,7 @@ def test_gpunode_ready_says_whether_and_why_the_node_serves(
 
 def test_a_name_kubelet_does_not_advertise_is_reported_not_silently_used() -> None:
     gpunode = _gpunode(names=("nvidia.com/A", "nvidia.com/AD102GL_L40"))
-    conds = lifecycle.gpunode_conditions(_node(), gpunode, False, 300.0, NOW)
+    conds = node_reports.gpunode_conditions(_node(), gpunode, False, 300.0, NOW)
     names = {c["type"]: c for c in conds}[keys.CONDITION_NAMES_ADVERTISED]
     assert (names["status"], names["reason"]) == ("False", "NotAdvertised")
     assert "nvidia.com/AD102GL_L40 (0000:11:00.0)" in names["message"]
@@ -429,12 +444,12 @@ def test_a_name_kubelet_does_not_advertise_is_reported_not_silently_used() -> No
 
 def test_gpunode_conditions_are_written_only_when_they_change_and_keep_transition_times() -> None:
     gpunode = _gpunode()
-    conds = lifecycle.gpunode_conditions(_node(), gpunode, False, 300.0, NOW)
-    body = lifecycle.gpunode_status_patch(gpunode, conds)
+    conds = node_reports.gpunode_conditions(_node(), gpunode, False, 300.0, NOW)
+    body = node_reports.gpunode_status_patch(gpunode, conds)
     assert body is not None and set(body["status"]) == {"conditions"}
     gpunode["status"]["conditions"] = body["status"]["conditions"]
-    later = lifecycle.gpunode_conditions(_node(), gpunode, False, 300.0, NOW + 60)
-    assert lifecycle.gpunode_status_patch(gpunode, later) is None
+    later = node_reports.gpunode_conditions(_node(), gpunode, False, 300.0, NOW + 60)
+    assert node_reports.gpunode_status_patch(gpunode, later) is None
 
 
 def test_staleness_needs_a_report_and_a_period() -> None:
@@ -446,14 +461,14 @@ def test_staleness_needs_a_report_and_a_period() -> None:
 
 def test_a_template_claim_is_protected_while_the_vmi_it_was_made_for_lives() -> None:
     made = claim(None, finalizers=[keys.FINALIZER_CLAIM])  # created, not placed yet
-    assert lifecycle.claim_protection(made, vmi_live=False, owner_live=True) is None
-    assert lifecycle.claim_protection(made, vmi_live=False, owner_live=False) == {
+    assert protection.claim_protection(made, vmi_live=False, owner_live=True) is None
+    assert protection.claim_protection(made, vmi_live=False, owner_live=False) == {
         "metadata": {"resourceVersion": "7", "finalizers": []}
     }
 
 
 def test_gpunode_of_a_stale_report_says_its_holds_stay_and_nothing_new_is_placed() -> None:
-    conds = lifecycle.gpunode_conditions(_node(), _gpunode(updated=NOW - 900), True, 300.0, NOW)
+    conds = node_reports.gpunode_conditions(_node(), _gpunode(updated=NOW - 900), True, 300.0, NOW)
     found = {c["type"]: c for c in conds}[keys.CONDITION_READY]
     assert found["reason"] == "InventoryStale"
     assert "holds stay" in found["message"]
@@ -470,7 +485,7 @@ def deleting_class() -> dict[str, Any]:
 
 def test_a_deleted_class_counts_the_claims_that_keep_it_by_phase_and_names_none() -> None:
     keeping = {Phase.BOUND: 2, Phase.ATTACHED: 1, Phase.LOST: 1}
-    body = lifecycle.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, keeping)
+    body = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, keeping)
     assert body is not None
     (cond,) = body["status"]["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == ("Available", "False", "Deleting")
@@ -478,7 +493,7 @@ def test_a_deleted_class_counts_the_claims_that_keep_it_by_phase_and_names_none(
         "the class is being deleted and takes no new orders; it goes once no claim holds "
         "its units: 4 claims keep it (2 Bound, 1 Attached, 1 Lost)"
     )
-    gone = lifecycle.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, {})
+    gone = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, {})
     assert gone is not None
     assert gone["status"]["conditions"][0]["message"] == (
         "the class is being deleted and takes no new orders; no claim holds its units, so "
@@ -487,14 +502,14 @@ def test_a_deleted_class_counts_the_claims_that_keep_it_by_phase_and_names_none(
 
 
 def test_a_claim_of_a_deleted_class_hears_the_offer_is_withdrawn() -> None:
-    held = lifecycle.withdrawal_condition("h100", Phase.BOUND, NOW)
+    held = class_status.withdrawal_condition("h100", Phase.BOUND, NOW)
     assert held["type"] == keys.CONDITION_OFFER_WITHDRAWN
     assert (held["status"], held["reason"]) == ("True", "ClassDeleting")
     assert held["message"] == (
         "class h100 is being deleted: the hoster withdraws this offer; this claim keeps its "
         "units until it is deleted, and once released they cannot be ordered again"
     )
-    pending = lifecycle.withdrawal_condition("h100", Phase.PENDING, NOW)
+    pending = class_status.withdrawal_condition("h100", Phase.PENDING, NOW)
     assert pending["message"] == (
         "class h100 is being deleted: the hoster withdraws this offer; this order will not be "
         "bound: delete it and order another class"

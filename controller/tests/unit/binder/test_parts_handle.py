@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import lifecycle
+from cozystack_gpu.binder import claim_status, records
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import Publisher
+from cozystack_gpu.binder.waiting_notes import WaitingNotes
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
-from cozystack_gpu.model import ClaimInfo, ClaimKey, Snapshot
+from cozystack_gpu.model import Action, ClaimInfo, ClaimKey, Reason, Refusal, Snapshot, Step
 from cozystack_gpu_testkit.objects import binder_config
 
 NS, RES, NOW = "tenant-a", "nvidia.com/X", 1_800_000_000.0
@@ -200,5 +201,22 @@ def test_the_reports_write_one_usage_record_per_ordered_held_claim() -> None:
     handle = _handle(BOUND)
     assert handle.config.workload_records, "the default settings keep usage records"
     Publisher(handle).publish(NOW)
-    records = [w for w in handle.writer.writes if w[0] == "record"]
-    assert records == [("record", NS, lifecycle.workload_name("c"))]
+    written = [w for w in handle.writer.writes if w[0] == "record"]
+    assert written == [("record", NS, records.workload_name("c"))]
+
+
+def test_a_waiting_order_is_told_why_once_and_never_while_a_placement_is_out() -> None:
+    handle = _handle({})
+    notes = WaitingNotes(handle)
+    refusal = Refusal(Reason.INSUFFICIENT_CAPACITY, "no node serving class h100 has 1 free unit")
+    wait = Action(Step.WAIT, (KEY,), refusal=refusal)
+    notes.refill(NOW)
+    notes.tell([wait], NOW, placing=True)
+    assert handle.writer.writes == [], "binds first: nothing while a placement write is out"
+    notes.tell([wait], NOW, placing=False)
+    assert handle.writer.writes == [("claim-status", f"{NS}/c", claim_status.NOTE_WAIT)]
+    notes.tell([wait], NOW + 1, placing=False)
+    assert len(handle.writer.writes) == 1, "the same reason is said once"
+    notes.forget(KEY)  # its note did not land, say
+    notes.tell([wait], NOW + 2, placing=False)
+    assert len(handle.writer.writes) == 2

@@ -1,0 +1,199 @@
+"""A claim's status as the binder writes it: conditions, the status patch of a decision,
+an attachment's fields, and the notes that only tell (why it waits, where its set starts).
+Pure: API objects and the time in, merge patches out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.attachment_rules import AttachmentChange
+from cozystack_gpu.keys import ClaimReason, Phase
+from cozystack_gpu.model import Action, ClaimInfo, Refusal, Step
+from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED
+from cozystack_gpu.objects.translate import (
+    meta,
+    rfc3339,
+)
+
+Obj = Mapping[str, Any]
+
+
+# Status writes that only tell (why a claim waits, why its deletion waits, where its set
+# starts): they are not placements, so they are queued behind every bind and never held in
+# flight.
+NOTE_WAIT = "Wait"
+NOTE_DELETING = "Deleting"
+NOTE_PLACED = "Placed"
+NOTE_WITHDRAWN = "Withdrawn"
+NOTES = frozenset({NOTE_WAIT, NOTE_DELETING, NOTE_PLACED, NOTE_WITHDRAWN})
+
+
+# --- Conditions and status patches -------------------------------------------------------
+
+
+def condition(type_: str, status: bool, reason: str, message: str, now: float) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        # Plain text on the wire: str() of a (str, Enum) member is "Class.MEMBER".
+        "reason": reason.value if isinstance(reason, Enum) else reason,
+        "message": message[:32768],
+        "lastTransitionTime": rfc3339(now),
+    }
+
+
+def merge_conditions(
+    current: Iterable[Mapping[str, Any]], new: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Replace the condition of ``new``'s type, keeping its transition time when the status
+    did not change, and every other writer's conditions as they are."""
+    out: list[dict[str, Any]] = []
+    replaced = False
+    for cond in current:
+        if cond.get("type") == new["type"]:
+            merged = dict(new)
+            if cond.get("status") == new["status"]:
+                merged["lastTransitionTime"] = cond.get(
+                    "lastTransitionTime", new["lastTransitionTime"]
+                )
+            out.append(merged)
+            replaced = True
+        else:
+            out.append(dict(cond))
+    if not replaced:
+        out.append(dict(new))
+    return out
+
+
+def same_condition(current: Iterable[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
+    """True when writing ``new`` would change nothing a reader sees."""
+    for cond in current:
+        if cond.get("type") == new["type"]:
+            return all(cond.get(k) == new[k] for k in ("status", "reason", "message"))
+    return False
+
+
+_ACTION_REASON = {
+    Step.BIND: ClaimReason.BOUND,
+    Step.MOVE: ClaimReason.MOVED,
+    Step.LOSE: ClaimReason.LOST,
+    Step.REBIND: ClaimReason.REBOUND,
+    Step.REATTACH: ClaimReason.REATTACHED,
+}
+
+
+def action_condition(action: Action, updated: ClaimInfo, now: float) -> dict[str, Any]:
+    reason = _ACTION_REASON.get(action.step, str(action.step))
+    if action.step is Step.LOSE:
+        message = f"lost its node: {action.why}" if action.why else "lost its node"
+        return condition(keys.CONDITION_BOUND, False, reason, message, now)
+    message = f"holds {updated.count} unit(s) of class {updated.class_name} on node {updated.node}"
+    if action.why:
+        message += f" ({action.why})"
+    return condition(keys.CONDITION_BOUND, True, reason, message, now)
+
+
+def oldest_waiting(claims: Iterable[ClaimInfo | None]) -> dict[str, float]:
+    """Per class, the creation time of its oldest waiting order: of the claims a pass left
+    waiting, the Pending ones (a Lost claim waiting to rebind has an alert of its own). A
+    claim with no creation time known is left out rather than read as 1970."""
+    oldest: dict[str, float] = {}
+    for claim in claims:
+        if claim is None or claim.phase is not Phase.PENDING or claim.created <= 0:
+            continue
+        have = oldest.get(claim.class_name)
+        if have is None or claim.created < have:
+            oldest[claim.class_name] = claim.created
+    return oldest
+
+
+def waiting_condition(refusal: Refusal, now: float) -> dict[str, Any]:
+    return condition(keys.CONDITION_BOUND, False, str(refusal.reason), refusal.message, now)
+
+
+def claim_status_patch(
+    claim_obj: Obj, updated: ClaimInfo, cond: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A merge patch of the status fields the binder owns, with the resourceVersion the
+    decision was made on, so the write fails (409) instead of acting on stale state."""
+    status: dict[str, Any] = {
+        "phase": updated.phase.value,
+        "nodeName": updated.node,
+        "boundAt": rfc3339(updated.bound_at) if updated.bound_at is not None else None,
+    }
+    current = claim_obj.get("status") or {}
+    if updated.attached_to is None and current.get("attachedTo"):
+        status.update(ATTACHMENT_CLEARED)
+    conditions = list(current.get("conditions") or [])
+    moved = current.get("nodeName") not in (None, updated.node)
+    if moved and any(c.get("type") == keys.CONDITION_PLACED for c in conditions):
+        # Placed told where the VM's launcher pod was pinned: a claim moved off that node
+        # no longer says so (its next start is placed, and told, again).
+        conditions = [c for c in conditions if c.get("type") != keys.CONDITION_PLACED]
+        status["conditions"] = conditions
+    if cond is not None:
+        status["conditions"] = merge_conditions(conditions, cond)
+    return {
+        "metadata": {"resourceVersion": meta(claim_obj).get("resourceVersion")},
+        "status": status,
+    }
+
+
+def attachment_fields(vmi_name: str, vmi_uid: str, now: float) -> dict[str, Any]:
+    """The status fields of an attachment the controller writes itself (a template claim,
+    made for one VMI whose uid it knows)."""
+    return {
+        "attachedTo": vmi_name,
+        "attachedToUID": vmi_uid,
+        "attachmentID": None,
+        "attachedAt": rfc3339(now),
+    }
+
+
+def attachment_patch(claim_obj: Obj, change: AttachmentChange, now: float) -> dict[str, Any]:
+    current = claim_obj.get("status") or {}
+    status: dict[str, Any] = {"phase": change.phase.value}
+    if change.clear_attachment:
+        status.update(ATTACHMENT_CLEARED)
+    elif change.uid:
+        status["attachedToUID"] = change.uid
+    cond = condition(keys.CONDITION_BOUND, True, change.reason, change.message, now)
+    status["conditions"] = merge_conditions(current.get("conditions") or [], cond)
+    return {
+        "metadata": {"resourceVersion": meta(claim_obj).get("resourceVersion")},
+        "status": status,
+    }
+
+
+def condition_patch(claim_obj: Obj, cond: Mapping[str, Any]) -> dict[str, Any]:
+    current = claim_obj.get("status") or {}
+    return {
+        "metadata": {"resourceVersion": meta(claim_obj).get("resourceVersion")},
+        "status": {"conditions": merge_conditions(current.get("conditions") or [], cond)},
+    }
+
+
+def _unbound_order(claim_obj: Obj) -> bool:
+    phase = (claim_obj.get("status") or {}).get("phase")
+    return not phase or phase == Phase.PENDING.value
+
+
+def waiting_note_due(claim_obj: Obj, cond: Mapping[str, Any]) -> bool:
+    """A waiting claim should be told (again): its reason changed, or it is an order that
+    does not show the Pending phase yet."""
+    status = claim_obj.get("status") or {}
+    if _unbound_order(claim_obj) and status.get("phase") != Phase.PENDING.value:
+        return True
+    return not same_condition(status.get("conditions") or [], cond)
+
+
+def waiting_patch(claim_obj: Obj, cond: Mapping[str, Any]) -> dict[str, Any]:
+    """Why a claim waits; an order not bound yet also shows the phase Pending (a Lost claim
+    waiting to rebind keeps its phase)."""
+    body = condition_patch(claim_obj, cond)
+    if _unbound_order(claim_obj):
+        body["status"]["phase"] = Phase.PENDING.value
+    return body
