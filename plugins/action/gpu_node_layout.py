@@ -228,7 +228,9 @@ class ActionModule(ActionBase):
             # Read before the label goes on: the binder moves the first ones at once.
             present = cluster.unattached_on(api, node)
             cluster.set_layout_state(api, node, "pending")
-            left = cluster.wait_for_drain(api, node, task.drain_timeout, task.drain_poll, progress)
+            left = cluster.wait_for_drain(
+                api, node, task.drain_timeout, task.drain_poll, progress, before=present
+            )
             holds["drained"] = sorted(set(present) | set(left))
         except cluster.DrainTimeout as exc:
             return {"failed": True, "changed": True, "msg": str(exc), "drain_log": log}

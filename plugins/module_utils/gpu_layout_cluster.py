@@ -292,10 +292,13 @@ def wait_for_drain(
     progress: Callable[[str], None],
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    before: Iterable[str] = (),
 ) -> list[str]:
     """Wait until no unattached claim is bound to ``node``; the claims that left.
 
-    ``progress`` hears each change of what is left (and at least every 30 s). Raises
+    ``before`` are those bound there before the Node was marked pending: the binder may move
+    them all before the first look here, and the log counts them as moved. ``progress``
+    hears each change of what is left (and at least every 30 s). Raises
     :class:`DrainTimeout` naming what is still there after ``timeout`` seconds.
     """
     deadline = clock() + timeout
@@ -320,5 +323,6 @@ def wait_for_drain(
             )
         sleep(poll)
         left = unattached_on(api_client, node)
-    progress(f"node {node}: drained ({len(first)} claim(s) moved away or Lost)")
+    moved = set(before) | set(first)
+    progress(f"node {node}: drained ({len(moved)} claim(s) moved away or Lost)")
     return first

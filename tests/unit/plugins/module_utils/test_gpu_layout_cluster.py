@@ -253,6 +253,17 @@ def test_the_drain_waits_for_the_binder_and_says_what_is_left(monkeypatch):
     assert drain.told[-1] == "node n1: drained (2 claim(s) moved away or Lost)"
 
 
+def test_a_drain_the_binder_finished_before_the_first_look_counts_what_it_moved(monkeypatch):
+    drain = _Drain([[]])
+    monkeypatch.setattr(cluster, "unattached_on", drain.unattached_on)
+    left = cluster.wait_for_drain(
+        None, "n1", 60.0, 2.0, drain.told.append, sleep=drain.sleep, clock=lambda: drain.now,
+        before=["t/c1", "t/c2"],
+    )
+    assert left == []
+    assert drain.told == ["node n1: drained (2 claim(s) moved away or Lost)"]
+
+
 def test_a_drain_the_binder_never_finishes_names_the_claims_and_the_fix(monkeypatch):
     drain = _Drain([["t/c1"]])
     monkeypatch.setattr(cluster, "unattached_on", drain.unattached_on)
