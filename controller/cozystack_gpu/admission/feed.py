@@ -26,7 +26,7 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys
-from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
+from cozystack_gpu.cluster.informer import Event, EventType, WatchedThread, source
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import ClaimInfo, Decision, Snapshot
@@ -97,35 +97,24 @@ class SnapshotFeed:
         self.failure: str | None = None
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        # Events, and None to wake the thread when it must stop.
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._informers = [
-            Informer(api, source(api, kind), self._queue, self._stop) for kind in watches
-        ]
-        self._thread = threading.Thread(target=self._run, name="admission-feed", daemon=True)
+        sources = [source(api, kind) for kind in watches]
+        self._threads = WatchedThread(
+            api, sources, self._run, "admission-feed", lambda: self.failure
+        )
+        self._stop, self._queue = self._threads.stop_event, self._threads.queue
         self._last_staleness = 0.0
 
     # --- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
-        for informer in self._informers:
-            informer.start()
-        self._thread.start()
+        self._threads.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._queue.put(None)
-        self._thread.join(timeout=10)
-        for informer in self._informers:
-            informer.join(timeout=1)
+        self._threads.stop()
 
     def dead_threads(self) -> list[str]:
         """Threads that should run but do not (empty when healthy or stopped on purpose)."""
-        if self._stop.is_set() and self.failure is None:
-            return []
-        threads = [self._thread, *(i.thread for i in self._informers)]
-        return [t.name for t in threads if t.ident is not None and not t.is_alive()]
+        return self._threads.dead_threads()
 
     # --- reading ---------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import json
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,3 +203,43 @@ class Informer:
                     return
                 log.exception("watch of %s broke; retrying", kind)
                 self._stop.wait(RETRY_DELAY_S)
+
+
+class WatchedThread:
+    """One worker thread fed by informers through one queue: the start, the stop (the
+    queue is woken with None) and the health probe's dead threads, shared by the parts that
+    keep watches of their own (the admission feed, the licence copier)."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        sources: Iterable[Source],
+        target: Callable[[], None],
+        name: str,
+        failure: Callable[[], str | None],
+    ) -> None:
+        self.stop_event = threading.Event()
+        # Events, and None to wake the worker when it must stop.
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.informers = [Informer(api, s, self.queue, self.stop_event) for s in sources]
+        self.thread = threading.Thread(target=target, name=name, daemon=True)
+        self._failure = failure
+
+    def start(self) -> None:
+        for informer in self.informers:
+            informer.start()
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+        for informer in self.informers:
+            informer.join(timeout=1)
+
+    def dead_threads(self) -> list[str]:
+        """Threads that should run but do not (empty when healthy or stopped on purpose)."""
+        if self.stop_event.is_set() and self._failure() is None:
+            return []
+        threads = [self.thread, *(i.thread for i in self.informers)]
+        return [t.name for t in threads if t.ident is not None and not t.is_alive()]

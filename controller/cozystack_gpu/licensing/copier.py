@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.cluster.informer import Event, EventType, Informer, Source, list_function
+from cozystack_gpu.cluster.informer import Event, EventType, Source, WatchedThread, list_function
 from cozystack_gpu.licensing import rules
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,6 @@ class LicenseCopier:
         self.synced = threading.Event()
         self.failure: str | None = None
         self.writes = 0
-        self._stop = threading.Event()
-        self._queue: queue.Queue[Any] = queue.Queue()  # Events; None wakes a stop
         self._raw: dict[str, dict[Key, Obj]] = {
             k: {} for k in (CLASSES, NAMESPACES, SOURCES, COPIES)
         }
@@ -91,28 +89,20 @@ class LicenseCopier:
                 {"label_selector": MANAGED_SELECTOR},
             ),
         ]
-        self._informers = [Informer(api, f, self._queue, self._stop) for f in feeds]
-        self._thread = threading.Thread(target=self._run, name="license-copier", daemon=True)
+        self._threads = WatchedThread(api, feeds, self._run, "license-copier", lambda: self.failure)
+        self._stop, self._queue = self._threads.stop_event, self._threads.queue
 
     # --- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
-        for informer in self._informers:
-            informer.start()
-        self._thread.start()
+        self._threads.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._queue.put(None)
-        self._thread.join(timeout=10)
-        for informer in self._informers:
-            informer.join(timeout=1)
+        self._threads.stop()
 
     def dead_threads(self) -> list[str]:
-        if self._stop.is_set() and self.failure is None:
-            return []
-        threads = [self._thread, *(i.thread for i in self._informers)]
-        return [t.name for t in threads if t.ident is not None and not t.is_alive()]
+        """Threads that should run but do not (empty when healthy or stopped on purpose)."""
+        return self._threads.dead_threads()
 
     # --- the loop --------------------------------------------------------------------
 
