@@ -14,21 +14,20 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.cli import main as kubectl_gpu
 from cozystack_gpu.model import Reason
 from cozystack_gpu.objects import vmi_pods
-from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit import cluster, kubevirt
 from cozystack_gpu_testkit.demo import platform
 from cozystack_gpu_testkit.demo.console import (
     Console,
@@ -778,7 +777,7 @@ def act_vm(demo: Demo) -> None:
     )
     node = demo.claim_nodes["desk"]
     annotation = json.dumps({"claims": ["desk"]})
-    watcher = LauncherWatch(demo.kube, RESEARCH)
+    watcher = kubevirt.LauncherWatch(demo.kube, RESEARCH, timeout=300)
     with console.step(f"VM {VM} names claim desk; virt-controller creates its VMI") as found:
         body = {
             "apiVersion": "kubevirt.io/v1",
@@ -834,7 +833,7 @@ def act_vm(demo: Demo) -> None:
 
     with console.step("virt-controller renders the launcher pod; the webhook gates it") as found:
         first = wait_until(
-            watcher.first,
+            lambda: watcher.versions[0] if watcher.versions else None,
             expected="virt-controller to create the launcher pod",
             saw=lambda: "no launcher pod",
             timeout=60,
@@ -928,41 +927,6 @@ def _license_disk(vmi: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         next((v for v in volumes if v.get("name") == name), {}),
         next((d for d in disks if d.get("name") == name), {}),
     )
-
-
-class LauncherWatch:
-    """The launcher pods of a namespace as the API server stores them, from before KubeVirt
-    creates one: the first version shows what the webhooks made of it at creation."""
-
-    def __init__(self, kube: Kube, namespace: str) -> None:
-        self.versions: list[dict[str, Any]] = []
-        self._stopping = False
-        self._watch = watch.Watch()
-        self._stream = self._watch.stream(
-            kube.core.list_namespaced_pod,
-            namespace,
-            label_selector="kubevirt.io=virt-launcher",
-            timeout_seconds=300,
-            deserialize=False,
-        )
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for event in self._stream:
-                self.versions.append(event["object"])
-        except Exception:  # stop() closes the stream under the reader
-            if not self._stopping:
-                raise
-
-    def first(self) -> dict[str, Any] | None:
-        return self.versions[0] if self.versions else None
-
-    def stop(self) -> None:
-        self._stopping = True
-        self._watch.stop()
-        self._thread.join(5)
 
 
 def _vmi(demo: Demo) -> dict[str, Any] | None:
