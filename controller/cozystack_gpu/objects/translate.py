@@ -292,16 +292,17 @@ class Standing(Enum):
 
     OWN = "own"  # that VMI's (its uid), or no uid to tell: its claims cover the pod
     UNKNOWN = "unknown"  # no VMI of that name is known, nor that the pod's VMI ended
-    ENDED = "ended"  # of an earlier VMI of that name, ended: the pod is finishing
-    FOREIGN = "foreign"  # names the VMI with another uid and is newer: none of it covers
+    ENDED = "ended"  # of a VMI of that name seen to end: the pod is finishing
+    FOREIGN = "foreign"  # names the VMI with another uid: none of its claims cover it
 
 
 def launcher_standing(pod: Obj, vmi: VMIState | None, ended: bool = False) -> Standing:
     """Whose the pod is. KubeVirt names each VMI of a VM alike (a restart makes the next
     under the same name), and removes a VMI only once its domain is gone, so a launcher
-    pod whose VMI ended (``ended``: seen final or deleted) holds nothing any more, and a
-    pod older than the VMI of its name is an earlier VMI's (a launcher pod is made after
-    its VMI). A newer pod naming another uid is nobody's launcher: it is counted whole."""
+    pod whose VMI was seen to end (``ended``: final or deleted) holds nothing any more. A
+    pod naming the VMI with another uid is not that VMI's, and nothing says its own ended
+    (a pod's age proves nothing: a tenant can make one before the VMI it names): it is
+    counted whole."""
     uid = owning_vmi_uid(pod)
     if ended:
         return Standing.ENDED
@@ -309,9 +310,6 @@ def launcher_standing(pod: Obj, vmi: VMIState | None, ended: bool = False) -> St
         return Standing.UNKNOWN
     if not uid or not vmi.uid or uid == vmi.uid:
         return Standing.OWN
-    created = str(meta(pod).get("creationTimestamp") or "")
-    if created and vmi.created and created < vmi.created:
-        return Standing.ENDED
     return Standing.FOREIGN
 
 
@@ -369,7 +367,6 @@ class VMIState:
     uses_claims: bool = False  # it carries the reference label (keys.uses_claims)
     uid: str = ""
     attachment_id: str = ""  # keys.ANNOTATION_ATTACHMENT_ID, written at its admission
-    created: str = ""  # metadata.creationTimestamp (RFC 3339, UTC: ordered as text)
 
     @property
     def final(self) -> bool:
@@ -404,7 +401,6 @@ def vmi_state(vmi: Obj) -> VMIState:
         uses_claims=keys.uses_claims(meta(vmi).get("labels")),
         uid=str(meta(vmi).get("uid") or ""),
         attachment_id=str(annotations.get(keys.ANNOTATION_ATTACHMENT_ID) or ""),
-        created=str(meta(vmi).get("creationTimestamp") or ""),
     )
 
 
