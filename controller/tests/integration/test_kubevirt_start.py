@@ -300,11 +300,24 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
     first = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
     pod = kubevirt_kit.wait_launcher(kube, env.tenant, first, bound=True)
     kubevirt_kit.runs(kube, env.tenant, first)
-    env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)
+    held = env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]
+    assert held["attachedToUID"] == first["metadata"]["uid"]
 
     kube.core.delete_namespaced_pod(pod["metadata"]["name"], env.tenant, grace_period_seconds=0)
-    released = env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)
-    assert not released["status"].get("attachedTo")
+
+    def let_go() -> dict[str, Any] | None:
+        # The first VMI's hold ends: either the binder's release (Bound, no attachment) is
+        # seen, or the VM's next VMI was admitted first and its webhook attachment (another
+        # attachment id, no uid yet) replaced it. A poll cannot promise to see the first.
+        status = env.kube.get_claim(env.tenant, "a").get("status") or {}
+        if status.get("attachedToUID") == first["metadata"]["uid"]:
+            return None
+        if status.get("attachmentID") == held.get("attachmentID") and status.get("attachedTo"):
+            return None
+        return status
+
+    released = wait_for(let_go, START_TIMEOUT_S, "claim a let go of the first VMI")
+    assert released["phase"] in ("Bound", "Attached")
 
     second = kubevirt_kit.wait_vmi(kube, env.tenant, "vm", after=first)
     vm = kubevirt_kit.get_vm(kube, env.tenant, "vm")
@@ -314,4 +327,13 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
     assert [g["deviceName"] for g in second["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
     again = kubevirt_kit.wait_launcher(kube, env.tenant, second, bound=True)
     assert vmi_pods.pinned_node(again) == again["spec"]["nodeName"] == node
-    assert env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]["attachedTo"] == "vm"
+    # Attached may still be the phase the first VMI left when the webhook replaced its
+    # attachment: the hold is the second VMI's once the binder confirms it by uid.
+    wait_for(
+        lambda: (env.kube.get_claim(env.tenant, "a").get("status") or {}).get("attachedToUID")
+        == second["metadata"]["uid"],
+        START_TIMEOUT_S,
+        "claim a held by the second VMI",
+    )
+    holds = env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]
+    assert (holds["attachedTo"], holds["attachedToUID"]) == ("vm", second["metadata"]["uid"])
