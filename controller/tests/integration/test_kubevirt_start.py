@@ -330,8 +330,10 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
     # Attached may still be the phase the first VMI left when the webhook replaced its
     # attachment: the hold is the second VMI's once the binder confirms it by uid.
     wait_for(
-        lambda: (env.kube.get_claim(env.tenant, "a").get("status") or {}).get("attachedToUID")
-        == second["metadata"]["uid"],
+        lambda: (
+            (env.kube.get_claim(env.tenant, "a").get("status") or {}).get("attachedToUID")
+            == second["metadata"]["uid"]
+        ),
         START_TIMEOUT_S,
         "claim a held by the second VMI",
     )
