@@ -23,6 +23,7 @@ from prometheus_client import start_http_server
 
 from cozystack_gpu import config as settings
 from cozystack_gpu.admission import handlers as admission  # registers the webhook handlers
+from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.controller import Controller
 
 log = logging.getLogger("cozystack_gpu")
@@ -72,8 +73,17 @@ def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None
     settings.peering.standalone = True
     settings.posting.level = logging.WARNING
     identity = memo.config.identity
+    # One listing and watch per kind for the whole process, read by the admission feed of
+    # every replica and by the binder of the leader.
+    informers = SharedInformers(
+        api_client(memo.kubeconfig, user_agent=user_agent(identity, "informers"))
+    )
+    memo.informers = informers
+    informers.start()
     controller = Controller(
-        api_client(memo.kubeconfig, user_agent=user_agent(identity, "binder")), memo.config
+        api_client(memo.kubeconfig, user_agent=user_agent(identity, "binder")),
+        memo.config,
+        informers,
     )
     memo.controller = controller
     controller.start()
@@ -84,6 +94,7 @@ def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None
         memo.config,
         settings,
         memo,
+        informers,
     )
 
 
@@ -95,6 +106,9 @@ def _cleanup(memo: kopf.Memo, **_: Any) -> None:
     webhooks = memo.get("admission")
     if webhooks is not None:
         webhooks.stop()
+    informers = memo.get("informers")
+    if informers is not None:
+        informers.stop()
 
 
 @kopf.on.probe(id="binder")

@@ -1,9 +1,12 @@
 """One replica of the controller: a Lease decides whether its binder runs.
 
-Every replica is cheap and stateless apart from the Lease; only the leader watches the
-cluster into a snapshot and binds, and only the leader keeps the vGPU licence copies
-(``licensing.copier``, its own thread and watches beside the binder's). When the Lease is
-lost both are stopped at once, and a new leader starts from a fresh listing.
+Every replica is cheap and stateless apart from the Lease; only the leader turns the
+cluster into a binder's snapshot and binds, and only the leader keeps the vGPU licence
+copies (``licensing.copier``, its own thread beside the binder's). Both read the process's
+one cache (``cluster.informer.SharedInformers``, shared with the admission feed) when
+given one, and keep informers of their own when not (tests that run a binder alone).
+When the Lease is lost both are stopped at once; a new leader's binder starts from its
+replica's cache, listed and watched since the replica started.
 
 A replica whose binder cannot work gives the Lease up. The elector asks ``binder_problem``
 every round while it leads: the binder loop raised, one of the binder's threads (loop,
@@ -28,6 +31,7 @@ from kubernetes import client
 
 from cozystack_gpu import metrics
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import LEASE_NAME_BINDER
 from cozystack_gpu.leader import LeaderElector, LeaseTiming
@@ -42,9 +46,16 @@ STALL_S = 60.0
 
 
 class Controller:
-    def __init__(self, api: client.ApiClient, config: Config) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        config: Config,
+        informers: SharedInformers | None = None,
+    ) -> None:
         self.api = api
         self.config = config
+        # The process's cache, shared with the admission feed; None: each binder keeps its own.
+        self.informers = informers
         self._lock = threading.Lock()
         self.binder: Binder | None = None
         # The leader's other part: the vGPU guest licence copies (SPEC.md §10).
@@ -74,10 +85,15 @@ class Controller:
             if self.binder is not None:
                 return
             metrics.LEADER.set(1)
-            self.binder = Binder(self.api, self.config, is_leader=self.elector.is_leader)
+            self.binder = Binder(
+                self.api, self.config, is_leader=self.elector.is_leader, informers=self.informers
+            )
             self.binder.start()
             self.copier = LicenseCopier(
-                self.api, self.config.namespace, is_leader=self.elector.is_leader
+                self.api,
+                self.config.namespace,
+                is_leader=self.elector.is_leader,
+                informers=self.informers,
             )
             self.copier.start()
             log.info("%s leads: binder started (and the licence copier)", self.config.identity)

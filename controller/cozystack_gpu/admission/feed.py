@@ -3,9 +3,11 @@
 The binder keeps its snapshot in the leader only, and a webhook must answer in every
 replica, so each replica keeps one of its own, built the binder's way: the same watched
 kinds (``keys.BINDER_WATCHES``), the same ``ClusterView`` turning objects into model
-inputs, the same ``Snapshot``. It never decides a bind, so it needs no writer and takes
-none of the binder's own writes into account: a lagging view admits at worst an order the
-binder then keeps Pending with its reason.
+inputs, the same ``Snapshot``. The objects come from the process's one cache
+(``cluster.informer.SharedInformers``), the very dicts the binder's view holds in the
+leader, so the two views read the same fields of the same events. It never decides a
+bind, so it needs no writer and takes none of the binder's own writes into account: a
+lagging view admits at worst an order the binder then keeps Pending with its reason.
 
 One thread applies the watch events to the view and the view's changes to the snapshot;
 the webhook reads the snapshot from kopf's worker threads. ``check_order`` is a read, but
@@ -26,7 +28,13 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys
-from cozystack_gpu.cluster.informer import Event, EventType, WatchedThread, source
+from cozystack_gpu.cluster.informer import (
+    Event,
+    EventType,
+    SharedInformers,
+    WatchedThread,
+    source,
+)
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import ClaimInfo, Decision, Snapshot
@@ -35,49 +43,6 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 2000
 STALENESS_EVERY_S = 1.0  # node agent reports age with time, not with events
-
-
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-
-
-def _slim(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
-    """Keep of an object only what the view reads: every replica holds every claim, pod
-    and node of the cluster, so what it does not need is dropped as it arrives.
-
-    - every kind: ``managedFields`` and kubectl's last-applied copy, often the larger half;
-    - claims: their conditions (the binder's notes to people);
-    - pods: all but their labels, node, phase and container resources (the raw-name usage
-      the view counts), since a pod spec is many times a claim's size.
-    """
-    metadata = obj.get("metadata")
-    if isinstance(metadata, dict):
-        metadata.pop("managedFields", None)
-        annotations = metadata.get("annotations")
-        if isinstance(annotations, dict):
-            annotations.pop(LAST_APPLIED, None)
-    if kind == keys.GPU_CLAIM.kind:
-        status = obj.get("status")
-        if isinstance(status, dict):
-            status.pop("conditions", None)
-    elif kind == keys.POD.kind and isinstance(metadata, dict):
-        spec = obj.get("spec") or {}
-        return {
-            "kind": obj.get("kind"),
-            "metadata": {
-                k: metadata[k]
-                for k in ("name", "namespace", "uid", "resourceVersion", "labels")
-                if k in metadata
-            },
-            "spec": {
-                "nodeName": spec.get("nodeName"),
-                "containers": [
-                    {"name": c.get("name"), "resources": c.get("resources") or {}}
-                    for c in spec.get("containers") or []
-                ],
-            },
-            "status": {"phase": (obj.get("status") or {}).get("phase")},
-        }
-    return obj
 
 
 class SnapshotFeed:
@@ -90,6 +55,7 @@ class SnapshotFeed:
         *,
         clock: Callable[[], float] = time.time,
         watches: tuple[keys.ApiKind, ...] = keys.BINDER_WATCHES,
+        informers: SharedInformers | None = None,
     ) -> None:
         self.clock = clock
         self.view = ClusterView(config, watches)
@@ -99,7 +65,7 @@ class SnapshotFeed:
         self._lock = threading.Lock()
         sources = [source(api, kind) for kind in watches]
         self._threads = WatchedThread(
-            api, sources, self._run, "admission-feed", lambda: self.failure
+            api, sources, self._run, "admission-feed", lambda: self.failure, informers
         )
         self._stop, self._queue = self._threads.stop_event, self._threads.queue
         self._last_staleness = 0.0
@@ -187,11 +153,9 @@ class SnapshotFeed:
 
     def _apply(self, event: Event) -> None:
         if event.type is EventType.LISTED:
-            self.view.relist(event.kind, [_slim(event.kind, o) for o in event.objects])
+            self.view.relist(event.kind, event.objects)
         elif event.obj is not None:
-            self.view.apply(
-                event.kind, _slim(event.kind, event.obj), deleted=event.type is EventType.DELETED
-            )
+            self.view.apply(event.kind, event.obj, deleted=event.type is EventType.DELETED)
 
     def _build(self, now: float) -> None:
         started = time.perf_counter()

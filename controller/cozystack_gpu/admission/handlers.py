@@ -39,6 +39,7 @@ from cozystack_gpu.admission.handle_catalog import ClaimWebhook, ClassWebhook
 from cozystack_gpu.admission.handle_pod import PodWebhook
 from cozystack_gpu.admission.handle_vmi import VMIWebhook
 from cozystack_gpu.admission.server import CertDirWebhookServer, NoWebhookServer
+from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.config import Config
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,12 @@ class Admission:
 
 
 def build(
-    api: client.ApiClient, config: Config, clock: Callable[[], float] = time.time
+    api: client.ApiClient,
+    config: Config,
+    clock: Callable[[], float] = time.time,
+    informers: SharedInformers | None = None,
 ) -> Admission:
-    feed = SnapshotFeed(api, config, clock=clock)
+    feed = SnapshotFeed(api, config, clock=clock, informers=informers)
     access = ApiAccess(api, config.namespace)
     pool = ThreadPoolExecutor(IO_WORKERS, thread_name_prefix="admission-io")
     return Admission(
@@ -81,10 +85,15 @@ def build(
 
 
 def start(
-    api: client.ApiClient, config: Config, settings: kopf.OperatorSettings, memo: kopf.Memo
+    api: client.ApiClient,
+    config: Config,
+    settings: kopf.OperatorSettings,
+    memo: kopf.Memo,
+    informers: SharedInformers | None = None,
 ) -> Admission:
-    """Start this replica's snapshot feed and give kopf its webhook server."""
-    admission = build(api, config)
+    """Start this replica's snapshot feed (on the process's cache, when given) and give
+    kopf its webhook server."""
+    admission = build(api, config, informers=informers)
     metrics.start_at_zero(webhooks=WEBHOOKS)
     admission.feed.start()
     memo.admission = admission

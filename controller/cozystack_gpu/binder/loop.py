@@ -39,7 +39,13 @@ from cozystack_gpu.binder.writer import (
     WriteKind,
     Writer,
 )
-from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
+from cozystack_gpu.cluster.informer import (
+    Event,
+    EventType,
+    SharedInformers,
+    WatchedThread,
+    source,
+)
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import (
@@ -90,6 +96,7 @@ class Binder:
         *,
         clock: Callable[[], float] = time.time,
         is_leader: Callable[[], bool] = lambda: True,
+        informers: SharedInformers | None = None,
     ) -> None:
         metrics.start_at_zero(
             steps=[*(str(s) for s in Step if s is not Step.WAIT), *ATTACHMENT_STEPS],
@@ -103,15 +110,20 @@ class Binder:
         self.synced = threading.Event()
         # Why the loop stopped on its own (an exception), for the health probe and the logs.
         self.failure: str | None = None
-        self._stop = threading.Event()
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self.writer = Writer(api, self._queue, config.write_workers, may_send=is_leader)
         watched = keys.BINDER_WATCHES + ((keys.WORKLOAD,) if config.workload_records else ())
         self.view = ClusterView(config, watched)
-        self._informers = [
-            Informer(api, source(api, kind), self._queue, self._stop) for kind in watched
-        ]
-        self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
+        # The process's shared cache when given (one listing and watch per kind for the
+        # admission feed and the binder), else informers of the binder's own.
+        self._threads = WatchedThread(
+            api,
+            [source(api, kind) for kind in watched],
+            self._run,
+            "binder",
+            lambda: self.failure,
+            informers,
+        )
+        self._stop, self._queue = self._threads.stop_event, self._threads.queue
+        self.writer = Writer(api, self._queue, config.write_workers, may_send=is_leader)
 
         self.snapshot = Snapshot()
         self.gatekeeper = Gatekeeper(self)
@@ -146,26 +158,22 @@ class Binder:
 
     def start(self) -> None:
         self.writer.start()
-        for informer in self._informers:
-            informer.start()
-        self._thread.start()
+        self._threads.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._queue.put(None)
         # The writer first: its queued jobs are dropped at once (a replica that stops
         # leading must not write), even while a hung loop is still being waited for.
         self.writer.stop()
-        self._thread.join(timeout=10)
-        for informer in self._informers:
-            informer.join(timeout=1)
+        self._threads.stop()
 
     def dead_threads(self) -> list[str]:
-        """Names of the binder's threads that should run but do not (empty when healthy)."""
+        """Names of the binder's threads that should run but do not (empty when healthy):
+        its loop, its writers and the informers it reads."""
         if self._stop.is_set() and self.failure is None:
             return []  # stopped on purpose
-        threads = [self._thread, *self.writer.threads, *(i.thread for i in self._informers)]
-        return [t.name for t in threads if t.ident is not None and not t.is_alive()]
+        writers = [t.name for t in self.writer.threads if t.ident is not None and not t.is_alive()]
+        return self._threads.dead_threads() + writers
 
     @property
     def status_writes(self) -> int:

@@ -17,7 +17,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import urllib3
 from kubernetes import client, watch
@@ -106,6 +106,13 @@ class RawWatch(watch.Watch):  # type: ignore[misc]  # the client is untyped
         return None
 
 
+class Sink(Protocol):
+    """Where an informer puts its events: a queue, or the shared informers' fan-out."""
+
+    def put(self, item: Event) -> None:
+        """Take one event (never blocks for long: the informer's thread waits on it)."""
+
+
 class Informer:
     """Feeds one kind into ``sink`` until stopped."""
 
@@ -113,7 +120,7 @@ class Informer:
         self,
         api: client.ApiClient,
         source: Source,
-        sink: queue.Queue[Event],
+        sink: Sink,
         stop: threading.Event,
     ) -> None:
         self._api = api
@@ -137,7 +144,8 @@ class Informer:
         # next event (minutes away, perhaps) ends now.
         if self._watch is not None:
             self._watch.stop()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # never started: nothing to wait for
+            self._thread.join(timeout)
 
     def _list(self) -> str:
         # _preload_content=False keeps the JSON as dicts: the typed models of the client
@@ -205,10 +213,171 @@ class Informer:
                 self._stop.wait(RETRY_DELAY_S)
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """Drop, in place, what no reader of the cache reads and what is often the larger half
+    of an object: ``managedFields`` and kubectl's last-applied copy. Everything else stays:
+    the admission feed and the binder read the same objects, so neither may lose a field
+    the other reads."""
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
+        annotations = metadata.get("annotations")
+        if isinstance(annotations, dict):
+            annotations.pop(LAST_APPLIED, None)
+    return obj
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    metadata = obj.get("metadata") or {}
+    return (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+
+
+class SharedInformers:
+    """One informer per watched kind for the whole process, fanned out to every part that
+    reads the cluster (client-go's shared informer factory, controller-runtime's manager
+    cache).
+
+    The admission feed runs in every replica and the binder in the leader; before, each
+    listed and watched every kind itself, so the leader decoded every event twice and
+    held two copies of every claim and pod. Here each kind is listed and watched once,
+    when a first subscriber asks for it, and kept in a store of the objects as last seen;
+    a subscriber that comes later (a replica that wins the Lease) is handed each kind's
+    store as one LISTED event, then every event after it, in order, with nothing lost or
+    doubled (both happen under one lock). Subscribers get the same dicts and must not
+    change them.
+
+    A binder that starts on this cache decides on what the watches delivered, as
+    kube-scheduler and controller-runtime's controllers do after an election; every write
+    it sends carries the resourceVersion it decided on, so a decision on a lagging cache
+    fails with 409 instead of acting.
+    """
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._started = False
+        # Each informer with its own stop: a kind no subscriber reads any more (the
+        # binder's usage records, the copier's Secrets, once the replica stops leading) is
+        # no longer watched, nor kept.
+        self._informers: dict[str, tuple[Informer, threading.Event]] = {}
+        self._stores: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        self._listed: set[str] = set()
+        self._subscribers: list[tuple[Sink, frozenset[str]]] = []
+
+    def start(self) -> None:
+        with self._lock:
+            self._started = True
+            for informer, _stop in self._informers.values():
+                informer.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            informers = list(self._informers.values())
+        for informer, stop in informers:
+            stop.set()
+            informer.join(timeout=1)
+
+    def subscribe(self, sink: Sink, sources: Iterable[Source]) -> None:
+        """Send ``sink`` every event of these kinds from now on, each kind already listed
+        first as a LISTED event of its store. A kind no one watched yet starts its
+        informer with this ``Source`` (one source per kind name)."""
+        sources = list(sources)
+        wanted = frozenset(s.kind for s in sources)
+        with self._lock:
+            for kind in sorted(wanted & self._listed):
+                objects = tuple(self._stores[kind].values())
+                sink.put(Event(kind, EventType.LISTED, objects=objects))
+            self._subscribers.append((sink, wanted))
+            for src in sources:
+                if src.kind in self._informers:
+                    continue
+                stop = threading.Event()
+                informer = Informer(self._api, src, _From(self, stop), stop)
+                self._informers[src.kind] = (informer, stop)
+                if self._started:
+                    informer.start()
+
+    def unsubscribe(self, sink: Sink) -> None:
+        with self._lock:
+            self._subscribers = [(s, k) for s, k in self._subscribers if s is not sink]
+            read = frozenset().union(*(kinds for _sink, kinds in self._subscribers))
+            unread = [kind for kind in self._informers if kind not in read]
+            ending = [self._informers.pop(kind) for kind in unread]
+            for kind in unread:
+                self._stores.pop(kind, None)
+                self._listed.discard(kind)
+        for informer, stop in ending:
+            stop.set()
+            informer.join(timeout=1)
+
+    def take(self, item: Event, informer: threading.Event | None = None) -> None:
+        """An event of the informer whose stop is ``informer`` (None: the kind's informer
+        now, as tests hand events in): keep the store, then hand the event to each
+        subscriber of its kind."""
+        kind = item.kind
+        if item.type is EventType.LISTED:
+            for obj in item.objects:
+                slim(obj)
+        elif item.obj is not None:
+            slim(item.obj)
+        with self._lock:
+            current = self._informers.get(kind)
+            if current is None or (informer is not None and current[1] is not informer):
+                return  # the last event of an informer stopped: its kind is read no more
+            store = self._stores.setdefault(kind, {})
+            if item.type is EventType.LISTED:
+                store.clear()
+                store.update((_key(o), o) for o in item.objects)
+                self._listed.add(kind)
+            elif item.obj is not None:
+                if item.type is EventType.DELETED:
+                    store.pop(_key(item.obj), None)
+                else:
+                    store[_key(item.obj)] = item.obj
+            for sink, kinds in self._subscribers:
+                if kind in kinds:
+                    sink.put(item)
+
+    def informer(self, kind: str) -> Informer | None:
+        with self._lock:
+            found = self._informers.get(kind)
+        return None if found is None else found[0]
+
+    def watched(self) -> set[str]:
+        """The kinds listed and watched now."""
+        with self._lock:
+            return set(self._informers)
+
+    def dead_threads(self) -> list[str]:
+        """Informer threads that should run but do not (empty when healthy or stopped)."""
+        if self._stop.is_set():
+            return []
+        with self._lock:
+            threads = [i.thread for i, _stop in self._informers.values()]
+        return [t.name for t in threads if t.ident is not None and not t.is_alive()]
+
+
+@dataclass(frozen=True)
+class _From:
+    """One informer's sink into the shared informers, naming the informer it comes from."""
+
+    informers: SharedInformers
+    stop: threading.Event
+
+    def put(self, item: Event) -> None:
+        self.informers.take(item, self.stop)
+
+
 class WatchedThread:
     """One worker thread fed by informers through one queue: the start, the stop (the
     queue is woken with None) and the health probe's dead threads, shared by the parts that
-    keep watches of their own (the admission feed, the licence copier)."""
+    keep watches (the admission feed, the binder, the licence copier). Given the process's
+    ``SharedInformers`` it subscribes to them; without, it keeps informers of its own."""
 
     def __init__(
         self,
@@ -217,29 +386,36 @@ class WatchedThread:
         target: Callable[[], None],
         name: str,
         failure: Callable[[], str | None],
+        informers: SharedInformers | None = None,
     ) -> None:
         self.stop_event = threading.Event()
-        # Events, and None to wake the worker when it must stop.
+        # Events (and, for the binder, its writes' answers), and None to wake the worker
+        # when it must stop.
         self.queue: queue.Queue[Any] = queue.Queue()
-        self.informers = [Informer(api, s, self.queue, self.stop_event) for s in sources]
+        self._own = informers is None
+        self.informers = informers if informers is not None else SharedInformers(api)
+        self._sources = list(sources)
         self.thread = threading.Thread(target=target, name=name, daemon=True)
         self._failure = failure
 
     def start(self) -> None:
-        for informer in self.informers:
-            informer.start()
+        self.informers.subscribe(self.queue, self._sources)
+        if self._own:
+            self.informers.start()
         self.thread.start()
 
     def stop(self) -> None:
         self.stop_event.set()
+        self.informers.unsubscribe(self.queue)
         self.queue.put(None)
         self.thread.join(timeout=10)
-        for informer in self.informers:
-            informer.join(timeout=1)
+        if self._own:
+            self.informers.stop()
 
     def dead_threads(self) -> list[str]:
         """Threads that should run but do not (empty when healthy or stopped on purpose)."""
         if self.stop_event.is_set() and self._failure() is None:
             return []
-        threads = [self.thread, *(i.thread for i in self.informers)]
-        return [t.name for t in threads if t.ident is not None and not t.is_alive()]
+        threads = [self.thread] if self.thread.ident is not None else []
+        dead = [t.name for t in threads if not t.is_alive()]
+        return dead + self.informers.dead_threads()

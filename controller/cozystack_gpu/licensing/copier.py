@@ -27,7 +27,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.cluster.informer import Event, EventType, Source, WatchedThread, list_function
+from cozystack_gpu.cluster.informer import (
+    Event,
+    EventType,
+    SharedInformers,
+    Source,
+    WatchedThread,
+    list_function,
+)
 from cozystack_gpu.licensing import rules
 
 log = logging.getLogger(__name__)
@@ -67,6 +74,7 @@ class LicenseCopier:
         namespace: str,
         *,
         is_leader: Callable[[], bool] = lambda: True,
+        informers: SharedInformers | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -89,7 +97,10 @@ class LicenseCopier:
                 {"label_selector": MANAGED_SELECTOR},
             ),
         ]
-        self._threads = WatchedThread(api, feeds, self._run, "license-copier", lambda: self.failure)
+        # On the process's cache the classes and namespaces are the feed's own watches.
+        self._threads = WatchedThread(
+            api, feeds, self._run, "license-copier", lambda: self.failure, informers
+        )
         self._stop, self._queue = self._threads.stop_event, self._threads.queue
 
     # --- lifecycle -------------------------------------------------------------------

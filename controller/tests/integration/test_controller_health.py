@@ -253,7 +253,8 @@ def test_an_informer_thread_that_dies_hands_the_lease_over(pair: Pair) -> None:
     leader, other, _standby = pair.leader()
     binder = leader.binder
     assert binder is not None
-    [informer] = [i for i in binder._informers if i.thread.name == "informer-GPUClass"]
+    informer = binder._threads.informers.informer(keys.GPU_CLASS.kind)
+    assert informer is not None
     died: list[float] = []
 
     def list_that_kills_its_thread(**kwargs: Any) -> Any:

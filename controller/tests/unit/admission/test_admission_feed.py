@@ -1,5 +1,5 @@
 """Every replica's read-only snapshot: built once every kind is listed, kept current by
-events, lean (no managedFields), and what the claim webhook judges orders with."""
+events, and what the claim webhook judges orders with."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.feed import SnapshotFeed
 from cozystack_gpu.admission.handle_catalog import NOT_SYNCED, ClaimWebhook
 from cozystack_gpu.cluster.informer import Event, EventType
-from cozystack_gpu.model import ClaimInfo, ClaimKey, Placement, Refusal
+from cozystack_gpu.model import ClaimInfo, Placement, Refusal
 from cozystack_gpu_testkit.objects import binder_config
 
 H100 = "nvidia.com/GH100_H100"
@@ -123,23 +123,11 @@ def raw_pod(node_name: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_kept_objects_keep_only_what_the_model_reads(feed: SnapshotFeed) -> None:
-    claim = bound("a", "n1")
-    claim["status"]["conditions"] = [{"type": "Bound", "message": "bound to node n1"}]
-    feed.take(full_listing(claim))
+def test_a_pod_using_the_raw_name_takes_its_unit(feed: SnapshotFeed) -> None:
+    """A pod requesting the class's resource name outside any claim occupies the node (the
+    shared cache drops its managedFields, tests/unit/test_shared_cache.py, nothing more)."""
+    feed.take(full_listing(bound("a", "n1")))
     feed.take([Event(keys.POD.kind, EventType.ADDED, obj=raw_pod("n1"))])
-    assert "managedFields" not in feed.view.node("n1")["metadata"]  # type: ignore[index]
-    assert "conditions" not in feed.view.claim(ClaimKey("tenant-a", "a"))["status"]  # type: ignore[index]
-    assert feed.view.raw[keys.POD.kind][("tenant-a", "raw")] == {
-        "kind": "Pod",
-        "metadata": {"name": "raw", "namespace": "tenant-a", "resourceVersion": "4"},
-        "spec": {
-            "nodeName": "n1",
-            "containers": [{"name": "cuda", "resources": {"limits": {H100: "1"}}}],
-        },
-        "status": {"phase": "Running"},
-    }
-    # What the model needs of the pod is still there: its unit is taken.
     decision = feed.check_order(order(), NOW)
     assert isinstance(decision, Refusal)
     assert decision.message == "no node serving class h100 has 1 free unit; the largest has 0"
