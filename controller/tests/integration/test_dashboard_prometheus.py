@@ -1,16 +1,33 @@
-"""The chart's Grafana dashboard and alerting rules against a real Prometheus.
+"""The chart's Grafana dashboard and every one of its alerting rules against a real Prometheus.
 
 Prometheus (built from source by tools/build-binaries.sh) scrapes a controller replica
 (``python -m cozystack_gpu``) and a node agent (``python -m cozystack_gpu.agent`` on a sysfs
 fixture of eight H100s, with a fake kubelet) every second, labelled as Prometheus
 Operator's ServiceMonitor and PodMonitor would label them (``pod`` on the replica, ``node``
-on the agent). Through a scenario (a claim Lost with its failed node; on the agent's node
-two units Attached and one Bound; an order too big to fit and one over budget) every query
-of the dashboard runs through ``/api/v1/query`` and must return what the scenario implies;
-the chart's rules, rendered by Helm with short thresholds, must turn the Lost claim and the
-waiting order into firing alerts (``/api/v1/alerts``), and nothing else of this class.
+on the agent). The replica runs as its ServiceAccount under the chart's own RBAC
+(``templates/rbac-controller.yaml``, with a token as its pod would have) and serves its
+webhooks over HTTPS. Through a scenario (a claim Lost with its failed node; on the agent's
+node two units Attached and one Bound; an order too big to fit and one over budget) every
+query of the dashboard runs through ``/api/v1/query`` and must return what the scenario
+implies; the chart's rules, rendered by Helm with short thresholds, must turn the Lost
+claim and the waiting order into firing alerts (``/api/v1/alerts``) while the other five
+are quiet (the stale one for the agent's node: the failed node's report ages unrefreshed).
 
-docs/operations.md ("Dashboard and alerts") shows each query with the result seen here.
+Then each of the other five is made to fire by what would cause it in a cluster, never by a
+metric written by hand:
+
+- ``CozystackGPUNodeInventoryStale``: the node agent stops; its GPUNode is not refreshed
+  within the replica's ``--inventory-stale-after``;
+- ``CozystackGPUAdmissionRefusalsHigh``: the chart's webhook configurations point the real
+  kube-apiserver at the replica, and the poor tenant keeps ordering over its budget;
+- ``CozystackGPUSettingsWriteFailing`` and ``CozystackGPUAdmissionErrors``: the replica's
+  Role loses its ConfigMap rule; a new GPU node's resource name cannot be written into
+  gpu-settings, and a hoster's new GPUClass cannot be judged (the class webhook reads and
+  records its admissions in a ConfigMap), so the API server refuses it with a 500;
+- ``CozystackGPUNoBinderLeader``: the only replica is killed.
+
+docs/operations.md ("Dashboard and alerts") shows each query with the result seen here, and
+what made each alert fire.
 """
 
 from __future__ import annotations
@@ -19,14 +36,18 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from admission_env import CHART, helm_template
+from admission_env import CHART, configurations, helm_template, install, refusal, remove
+from admission_env import wait_forgotten as wait_webhooks_forgotten
 from binder_env import Corner
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
@@ -35,6 +56,7 @@ from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 from cozystack_gpu_testkit.objects import Kube, install_extra_crds, unless, wait_for
+from cozystack_gpu_testkit.pki import CertificateAuthority
 from cozystack_gpu_testkit.ports import free_port
 from cozystack_gpu_testkit.prometheus import PrometheusProcess, Target
 
@@ -46,6 +68,11 @@ H100 = "nvidia.com/GH100_H100_SXM5_80GB"
 # ServiceMonitor's 30s); with a 1 s scrape, 5m spans the whole scenario.
 RATE_INTERVAL = "5m"
 REPLICA = "dash-0"
+# The agent writes its GPUNode every AGENT_PERIOD_S; the replica calls a report older than
+# STALE_AFTER_S stale (--inventory-stale-after), so a running agent never is.
+AGENT_PERIOD_S = 2
+STALE_AFTER_S = 10
+ACCOUNT = "cozystack-gpu-controller"  # the chart's ServiceAccount of the controller
 
 
 def dashboard_queries() -> dict[str, list[str]]:
@@ -93,7 +120,7 @@ class Agent:
                     "--poll",
                     "1",
                     "--period",
-                    "10",
+                    str(AGENT_PERIOD_S),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -106,6 +133,152 @@ class Agent:
         self.kubelet.stop()
 
 
+@dataclass
+class Webhooks:
+    """The replica's webhook server as the chart's configurations name it (what
+    ``admission_env.configurations`` reads: ``namespace``, ``port``, ``ca_pem``), with its
+    certificate files in a cert-manager Secret's layout."""
+
+    namespace: str
+    cert_dir: Path
+    port: int = field(default_factory=free_port)
+    ca: CertificateAuthority = field(default_factory=CertificateAuthority)
+    installed: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.cert_dir.mkdir(parents=True, exist_ok=True)
+        pair = self.ca.issue("cozystack-gpu-webhook", ip_addresses=("127.0.0.1",), server=True)
+        pair.write(self.cert_dir / "tls.crt", self.cert_dir / "tls.key")
+        (self.cert_dir / "ca.crt").write_bytes(self.ca.cert_pem)
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self.ca.cert_pem
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return ("--webhook-port", str(self.port), "--webhook-cert-dir", str(self.cert_dir))
+
+    def install(self, kube: Kube, suffix: str) -> None:
+        """The chart's GPUClaim and GPUClass webhooks, pointed at the replica."""
+        only = ("gpuclaim.gpu.cozystack.io", "gpuclass.gpu.cozystack.io")
+        self.installed = configurations(self, suffix, only)
+        install(kube.api, self.installed)
+
+    def remove(self, kube: Kube, probe_namespace: str) -> None:
+        """Until the API server calls them no more: they fail closed, and the cluster is
+        shared with the tests after this one."""
+        if self.installed:
+            remove(kube.api, self.installed)
+            wait_webhooks_forgotten(kube, probe_namespace)
+            self.installed = []
+
+
+class ChartRBAC:
+    """The controller's ServiceAccount, ClusterRole, Role and bindings as the chart renders
+    them in ``namespace`` (cluster-scoped names suffixed: the cluster is shared), and a
+    kubeconfig with a token of that account, as its pod's projected token would give it."""
+
+    def __init__(self, kube: Kube, namespace: str, suffix: str) -> None:
+        self.kube, self.namespace = kube, namespace
+        self.rbac = client.RbacAuthorizationV1Api(kube.api)
+        objects = helm_template("rbac-controller.yaml", namespace)
+        objects += [
+            obj
+            for obj in helm_template("serviceaccounts.yaml", namespace)
+            if obj["metadata"]["name"] == ACCOUNT
+        ]
+        self.cluster_scoped: list[tuple[str, str]] = []
+        for obj in objects:
+            kind = obj["kind"]
+            if kind in ("ClusterRole", "ClusterRoleBinding"):
+                obj["metadata"]["name"] += f"-{suffix}"
+                if kind == "ClusterRoleBinding":
+                    obj["roleRef"]["name"] += f"-{suffix}"
+                self.cluster_scoped.append((kind, obj["metadata"]["name"]))
+            if kind == "Role":
+                self.role = obj
+            create = {
+                "ServiceAccount": lambda o: kube.core.create_namespaced_service_account(
+                    namespace, o
+                ),
+                "ClusterRole": self.rbac.create_cluster_role,
+                "ClusterRoleBinding": self.rbac.create_cluster_role_binding,
+                "Role": lambda o: self.rbac.create_namespaced_role(namespace, o),
+                "RoleBinding": lambda o: self.rbac.create_namespaced_role_binding(namespace, o),
+            }[kind]
+            create(obj)
+        # The API server's authorizer sees new bindings a moment later: the replica would
+        # start by failing to take its Lease.
+        wait_for(lambda: self.allowed("update", "leases", "coordination.k8s.io"), 15, "RBAC")
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{ACCOUNT}"
+
+    def allowed(self, verb: str, resource: str, group: str = "") -> bool:
+        review = client.AuthorizationV1Api(self.kube.api).create_subject_access_review(
+            {
+                "spec": {
+                    "user": self.user,
+                    "groups": [
+                        "system:serviceaccounts",
+                        f"system:serviceaccounts:{self.namespace}",
+                        "system:authenticated",
+                    ],
+                    "resourceAttributes": {
+                        "namespace": self.namespace,
+                        "verb": verb,
+                        "group": group,
+                        "resource": resource,
+                    },
+                }
+            }
+        )
+        return bool(review.status.allowed)
+
+    def kubeconfig(self, plane: ControlPlane, path: Path) -> Path:
+        token = self.kube.core.create_namespaced_service_account_token(
+            ACCOUNT, self.namespace, {"spec": {"expirationSeconds": 3600}}
+        ).status.token
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": plane.server,
+                        "certificate-authority": str(plane.ca_file),
+                    },
+                }
+            ],
+            "users": [{"name": ACCOUNT, "user": {"token": token}}],
+            "contexts": [{"name": ACCOUNT, "context": {"cluster": "local", "user": ACCOUNT}}],
+            "current-context": ACCOUNT,
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def revoke_config_maps(self) -> None:
+        """The Role without its ConfigMap rule (the Lease rule stays): an RBAC edit gone
+        wrong. Returns once the authorizer refuses the account's ConfigMap writes."""
+        rules = [r for r in self.role["rules"] if "configmaps" not in r["resources"]]
+        assert len(rules) < len(self.role["rules"]), self.role["rules"]
+        self.rbac.patch_namespaced_role(
+            self.role["metadata"]["name"], self.namespace, {"rules": rules}
+        )
+        wait_for(lambda: not self.allowed("update", "configmaps"), 15, "the revocation")
+
+    def delete(self) -> None:
+        for kind, name in self.cluster_scoped:
+            if kind == "ClusterRole":
+                unless(404, lambda name=name: self.rbac.delete_cluster_role(name))
+            else:
+                unless(404, lambda name=name: self.rbac.delete_cluster_role_binding(name))
+
+
 @pytest.fixture
 def world(control_plane: ControlPlane, api_client: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     install_extra_crds(api_client)
@@ -113,27 +286,54 @@ def world(control_plane: ControlPlane, api_client: Any, tmp_path: Path) -> Itera
     test_id = uuid.uuid4().hex[:8]
     controller_ns = f"dash-{test_id}"
     kube.namespace(controller_ns)
-    replica = ControllerProcess(control_plane, controller_ns, REPLICA, tmp_path, metrics=True)
-    made: dict[str, Any] = {"kube": kube, "id": test_id, "replica": replica}
+    webhooks = Webhooks(controller_ns, tmp_path / "webhook-certs")
+    made: dict[str, Any] = {"kube": kube, "id": test_id, "webhooks": webhooks}
     try:
+        # The replica as its pod runs it: its ServiceAccount's token, the chart's RBAC.
+        rbac = made["rbac"] = ChartRBAC(kube, controller_ns, test_id)
+        made["replica"] = ControllerProcess(
+            control_plane,
+            controller_ns,
+            REPLICA,
+            tmp_path,
+            "--inventory-stale-after",
+            str(STALE_AFTER_S),
+            *webhooks.args,
+            metrics=True,
+            kubeconfig=rbac.kubeconfig(control_plane, tmp_path / "controller.kubeconfig"),
+        )
         yield made
     finally:
-        for part in ("prometheus", "agent"):
+        # The webhooks go before the replica that answers them (they fail closed).
+        webhooks.remove(kube, controller_ns)
+        for part in ("prometheus", "agent", "replica"):
             if part in made:
                 made[part].stop()
-        replica.stop()
         # The cluster is shared: what this test made must not meet the tests after it.
         Corner(kube, test_id, f"tenant-{test_id}", controller_ns).clean_up()
         unless(404, lambda: kube.core.delete_namespace(f"poor-{test_id}"))
+        if "rbac" in made:
+            made["rbac"].delete()
 
 
 def alert_rules(work: Path) -> Path:
-    """The chart's PrometheusRule as Helm renders it, thresholds short enough for a test."""
+    """The chart's PrometheusRule as Helm renders it, thresholds short enough for a test:
+    each alert fires at its first evaluation over the threshold, and any refusal rate is
+    high."""
+    now = {"for": "0s"}
     values = {
         "metrics": {
             "prometheusRule": {
                 "enabled": True,
-                "alerts": {"lostClaims": {"for": "0s"}, "ordersWaiting": {"afterSeconds": 5}},
+                "alerts": {
+                    "noLeader": now,
+                    "ordersWaiting": {"afterSeconds": 5},
+                    "lostClaims": now,
+                    "inventoryStale": now,
+                    "admissionRefusals": {"perSecond": 0, **now},
+                    "admissionErrors": {"count": 0, **now},
+                    "settingsWrite": now,
+                },
             }
         }
     }
@@ -143,7 +343,60 @@ def alert_rules(work: Path) -> Path:
     return path
 
 
-def test_every_dashboard_query_and_the_alerts_against_a_real_prometheus(
+def firing(prom: PrometheusProcess) -> list[dict[str, str]]:
+    """The labels of every firing alert."""
+    return [a["labels"] for a in prom.alerts() if a["state"] == "firing"]
+
+
+def as_tenant(plane: ControlPlane, kube: Kube, namespace: str) -> Kube:
+    """A tenant admin of ``namespace`` (impersonated), who may order claims there."""
+    user = f"admin@{namespace}"
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "order-gpus"},
+            "rules": [{"apiGroups": [keys.GROUP], "resources": ["gpuclaims"], "verbs": ["create"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "order-gpus"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "order-gpus",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )
+    api = plane.api_client()
+    api.set_default_header("Impersonate-User", user)
+    return Kube(api)
+
+
+def order(kube: Kube, namespace: str, gpu_class: str, dry_run: bool = False) -> str | None:
+    """An order of one unit; the refusal's message, or None when it was admitted."""
+    body = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND_CLAIM,
+        "metadata": {"name": f"again-{uuid.uuid4().hex[:6]}"},
+        "spec": {"class": gpu_class, "count": 1},
+    }
+    extra: Mapping[str, str] = {"dry_run": "All"} if dry_run else {}
+    try:
+        kube.custom.create_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS, body, **extra
+        )
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        return refusal(exc)
+    return None
+
+
+def test_every_dashboard_query_and_every_alert_against_a_real_prometheus(
     world: dict[str, Any], control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     kube: Kube = world["kube"]
@@ -157,7 +410,6 @@ def test_every_dashboard_query_and_the_alerts_against_a_real_prometheus(
     kube.gpu_class(gpu_class, H100, selector=selector)
     kube.quota(poor, {f"gpu.cozystack.io/{gpu_class}": 0})
     agent_node, failing = f"agent-{test_id}", f"failing-{test_id}"
-    kube.gpu_node(failing, H100, 1, labels=selector)
 
     # Scraped from the start, so the counters' rates cover every step below (the agent's
     # target is down until it runs).
@@ -183,7 +435,10 @@ def test_every_dashboard_query_and_the_alerts_against_a_real_prometheus(
     def phase(name: str, namespace: str = tenant) -> str | None:
         return (kube.get_claim(namespace, name).get("status") or {}).get("phase")
 
-    # One claim Attached on the one-GPU node, which then fails: Lost.
+    # One claim Attached on the one-GPU node, which then fails: Lost. Its GPUNode is written
+    # once (no agent runs there) and is stale STALE_AFTER_S later: made now, it is fresh for
+    # the bind.
+    kube.gpu_node(failing, H100, 1, labels=selector)
     kube.claim(tenant, "lost", gpu_class, 1)
     wait_for(lambda: phase("lost") == "Bound", 30, "the first bind")
     kube.attach(tenant, "lost", "vm-lost")
@@ -284,17 +539,110 @@ def test_every_dashboard_query_and_the_alerts_against_a_real_prometheus(
         assert decisions.get((("step", step),), 0) > 0, (step, decisions)
 
     # The alerts: the Lost claim and the order waiting longer than 5 s fire for this class;
-    # a leader exists, so that alert is quiet.
-    def firing() -> set[str]:
+    # a leader exists, so that alert is quiet, and so are those of the causes below.
+    def of_class() -> set[str]:
         return {
-            a["labels"]["alertname"]
-            for a in prom.alerts()
-            if a["state"] == "firing" and a["labels"].get("class") in (gpu_class, None)
+            labels["alertname"]
+            for labels in firing(prom)
+            if labels.get("class") in (gpu_class, None)
         }
 
     wanted = {"CozystackGPUClaimsLost", "CozystackGPUOrdersWaiting"}
     try:
-        got_alerts = wait_for(lambda: wanted <= firing() and firing(), 30, "the alerts to fire")
+        got_alerts = wait_for(lambda: wanted <= of_class() and of_class(), 30, "the alerts to fire")
     finally:
         print(f"alerts: {prom.alerts()}")
     assert "CozystackGPUNoBinderLeader" not in got_alerts
+    quiet = {
+        "CozystackGPUAdmissionRefusalsHigh",
+        "CozystackGPUAdmissionErrors",
+        "CozystackGPUSettingsWriteFailing",
+    }
+    assert not quiet & got_alerts, got_alerts
+    stale = [a for a in firing(prom) if a["alertname"] == "CozystackGPUNodeInventoryStale"]
+    assert agent_node not in {a["node"] for a in stale}, stale
+
+    five_causes_fire_the_other_alerts(
+        world, control_plane, prom, gpu_class, poor=poor, agent_node=agent_node
+    )
+
+
+def five_causes_fire_the_other_alerts(
+    world: dict[str, Any],
+    plane: ControlPlane,
+    prom: PrometheusProcess,
+    gpu_class: str,
+    *,
+    poor: str,
+    agent_node: str,
+) -> None:
+    """The five other alerts, each fired by what causes it in a cluster; each is quiet
+    before (asserted by the caller)."""
+    kube: Kube = world["kube"]
+    replica: ControllerProcess = world["replica"]
+    webhooks: Webhooks = world["webhooks"]
+    rbac: ChartRBAC = world["rbac"]
+    test_id: str = world["id"]
+    expected = {
+        # The agent's last report ages past --inventory-stale-after.
+        "CozystackGPUNodeInventoryStale": {"node": agent_node, "severity": "warning"},
+        "CozystackGPUAdmissionRefusalsHigh": {
+            "webhook": "validate-gpuclaim",
+            "reason": "BudgetExceeded",
+            "severity": "warning",
+        },
+        "CozystackGPUAdmissionErrors": {"webhook": "validate-gpuclass", "severity": "critical"},
+        "CozystackGPUSettingsWriteFailing": {"severity": "warning"},
+        # Still there: the leader's gauges say so.
+        "CozystackGPUClaimsLost": {"class": gpu_class, "severity": "warning"},
+        "CozystackGPUOrdersWaiting": {"class": gpu_class, "severity": "warning"},
+    }
+
+    def seen(want: Mapping[str, Mapping[str, str]]) -> dict[str, bool]:
+        now = firing(prom)
+        return {name: {"alertname": name, **labels} in now for name, labels in want.items()}
+
+    # The node agent stops (its pod gone, its node's kubelet down): its GPUNode ages from
+    # now on, while the steps below run.
+    world["agent"].stop()
+
+    # The chart's claim and class webhooks, pointed at the replica by the real API server.
+    # The poor tenant's orders over budget are refused there, and it keeps sending them.
+    webhooks.install(kube, test_id)
+    tenant = as_tenant(plane, kube, poor)
+    wait_for(lambda: order(tenant, poor, gpu_class, dry_run=True), 30, "the webhooks to be called")
+    refused = order(tenant, poor, gpu_class)
+    assert refused is not None and "budget" in refused, refused
+
+    # The replica's Role loses its ConfigMap rule. A new GPU node's resource name must go
+    # into gpu-settings: that write is refused. A hoster's new class cannot be judged (the
+    # class webhook reads and records the admissions in a ConfigMap): the API server
+    # answers the webhook's 500.
+    rbac.revoke_config_maps()
+    selector = {"test.cozystack.io/id": test_id}  # Corner.clean_up deletes the node
+    kube.gpu_node(f"new-{test_id}", f"nvidia.com/GPU_{test_id}", 1, labels=selector)
+    with pytest.raises(ApiException) as caught:
+        kube.gpu_class(f"l40s-{test_id}", f"nvidia.com/L40S_{test_id}", selector={"none": "x"})
+    assert caught.value.status == 500, caught.value
+    assert "GPU admission could not complete" in refusal(caught.value), refusal(caught.value)
+
+    def all_fire() -> bool:
+        # One more refused order each look: a tenant retrying what the rules refuse.
+        assert order(tenant, poor, gpu_class) is not None
+        return all(seen(expected).values())
+
+    try:
+        wait_for(all_fire, STALE_AFTER_S + 30, "four causes' alerts to fire", interval=0.5)
+    finally:
+        print(f"alerts: {firing(prom)}")
+    assert "settings ConfigMap not written: 403" in replica.log.read_text(), replica.log_tail()
+
+    # The only replica is killed (out of memory, its node lost). The webhooks go first:
+    # they fail closed, and the cluster is shared.
+    webhooks.remove(kube, poor)
+    replica.kill()
+    no_leader = {"CozystackGPUNoBinderLeader": {"severity": "critical"}}
+    try:
+        wait_for(lambda: all(seen(no_leader).values()), 30, "the leader alert", interval=0.5)
+    finally:
+        print(f"alerts: {firing(prom)}")
