@@ -49,6 +49,10 @@ class Publisher(BinderPart):
         self._settings_written: dict[str, str] | None = None
         self._settings_at = 0.0
         self._settings_inflight = False
+        # After a failed settings write (RBAC lost, the server refusing): the next try
+        # waits 1, 2, 4 ... s, at most SETTINGS_REFRESH_S, instead of every publish turn.
+        self._settings_failures = 0
+        self._settings_retry_at = 0.0
         self._last_publish = 0.0
         self._last_metrics = 0.0
 
@@ -91,9 +95,19 @@ class Publisher(BinderPart):
         elif what is WriteKind.SETTINGS:
             self._settings_inflight = False
             metrics.SETTINGS_WRITE_FAILING.set(0 if done.ok else 1)
-            if not done.ok:
+            if done.ok:
+                self._settings_failures = 0
+            else:
                 self._settings_written = None
-                log.warning("settings ConfigMap not written: %s", done.error)
+                self._settings_failures += 1
+                wait = min(SETTINGS_REFRESH_S, 2.0 ** (self._settings_failures - 1))
+                self._settings_retry_at = self._settings_at + wait
+                log.warning(
+                    "settings ConfigMap not written: %s (try %d; the next in %.0f s)",
+                    done.error,
+                    self._settings_failures,
+                    wait,
+                )
 
     def note_failed(self, key: ClaimKey) -> None:
         """A Deleting or OfferWithdrawn note did not reach the claim: judge it again."""
@@ -262,7 +276,7 @@ class Publisher(BinderPart):
             self.writer.call(WriteKind.GPUNODE_STATUS, "", name, request)
 
     def _publish_settings(self, now: float) -> None:
-        if self._settings_inflight:
+        if self._settings_inflight or now < self._settings_retry_at:
             return
         data = node_reports.settings_data(self.view.gpu_names, self.config.raw_resource_names)
         if data == self._settings_written and now - self._settings_at < SETTINGS_REFRESH_S:

@@ -10,8 +10,9 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.binder import claim_status, records
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
-from cozystack_gpu.binder.publisher import Publisher
+from cozystack_gpu.binder.publisher import SETTINGS_REFRESH_S, Publisher
 from cozystack_gpu.binder.waiting_notes import WaitingNotes
+from cozystack_gpu.binder.writer import WriteDone, WriteKind
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
@@ -220,3 +221,32 @@ def test_a_waiting_order_is_told_why_once_and_never_while_a_placement_is_out() -
     notes.forget(KEY)  # its note did not land, say
     notes.tell([wait], NOW + 2, placing=False)
     assert len(handle.writer.writes) == 2
+
+
+def test_a_failing_settings_write_is_retried_with_backoff_not_on_every_turn() -> None:
+    """RBAC lost, say: each publish turn (four a second) must not send the settings write
+    again and log its failure; the retries wait 1, 2, 4 ... s, at most the refresh period,
+    and a write that lands ends the backoff."""
+    handle = _handle(BOUND)
+    publisher = Publisher(handle)
+
+    def settings_writes_at(at: float) -> int:
+        publisher.publish(at)
+        return handle.writer.kinds().count("settings")
+
+    def fails() -> None:
+        publisher.written(WriteDone(WriteKind.SETTINGS, "", "gpu-settings", False, error="403"))
+
+    assert settings_writes_at(NOW) == 1
+    fails()
+    assert settings_writes_at(NOW + 0.5) == 1, "no retry half a second later"
+    assert settings_writes_at(NOW + 1.0) == 2, "the first retry after 1 s"
+    fails()
+    assert settings_writes_at(NOW + 2.5) == 2
+    assert settings_writes_at(NOW + 3.0) == 3, "the second 2 s after the first"
+    for _ in range(10):
+        fails()
+    assert settings_writes_at(NOW + 3.0 + SETTINGS_REFRESH_S - 0.5) == 3, "capped, not hours"
+    assert settings_writes_at(NOW + 3.0 + SETTINGS_REFRESH_S) == 4
+    publisher.written(WriteDone(WriteKind.SETTINGS, "", "gpu-settings", True))
+    assert settings_writes_at(NOW + 3.5 + SETTINGS_REFRESH_S) == 4, "written: nothing to retry"
