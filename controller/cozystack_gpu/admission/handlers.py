@@ -134,9 +134,17 @@ def _refusals(webhook: str) -> Iterator[None]:
         metrics.ADMISSION_REFUSALS.labels(webhook, exc.reason).inc()
         if exc.code >= 500:
             metrics.ADMISSION_ERRORS.labels(webhook).inc()
+            # kopf's own line of it is lowered to INFO with the tenants' refusals.
+            log.warning("webhook %s could not answer: %s", webhook, exc.message)
         raise kopf.AdmissionError(exc.message, code=exc.code) from None
     except ApiException as exc:
         metrics.ADMISSION_ERRORS.labels(webhook).inc()
+        log.warning(
+            "webhook %s could not answer: the API server answered %s %s",
+            webhook,
+            exc.status,
+            exc.reason,
+        )
         raise kopf.AdmissionError(
             f"GPU admission could not complete: the API server answered {exc.status} "
             f"{exc.reason}; try again",

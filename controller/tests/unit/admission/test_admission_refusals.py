@@ -3,6 +3,8 @@ counted by webhook and machine reason."""
 
 from __future__ import annotations
 
+import logging
+
 import kopf
 import pytest
 from prometheus_client import REGISTRY
@@ -66,3 +68,25 @@ def test_an_answer_that_could_not_be_computed_is_counted_as_an_error() -> None:
     with pytest.raises(kopf.AdmissionError), _refusals("mutate-pod"):
         raise Refused("over budget", AdmissionReason.CLAIM_NOT_BOUND, 403)
     assert _errors("mutate-pod") == before + 3
+
+
+def test_an_answer_that_could_not_be_computed_is_a_warning_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The admission-errors alert sends the hoster to the log, and kopf's own line of a
+    refusal is lowered to INFO: the webhook says at WARNING why it could not answer (an API
+    failure, a 5xx refusal), and a tenant's refusal stays out of the warnings."""
+    from kubernetes.client.rest import ApiException
+
+    with caplog.at_level(logging.INFO, logger="cozystack_gpu.admission.handlers"):
+        with pytest.raises(kopf.AdmissionError), _refusals("validate-gpuclass"):
+            raise ApiException(status=403, reason="Forbidden")
+        with pytest.raises(kopf.AdmissionError), _refusals("validate-gpuclaim"):
+            raise Refused("its watch feed stopped", AdmissionReason.CLAIM_NOT_BOUND, 500)
+        with pytest.raises(kopf.AdmissionError), _refusals("validate-gpuclaim"):
+            raise Refused("over budget", AdmissionReason.CLAIM_NOT_BOUND, 403)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "webhook validate-gpuclass could not answer: the API server answered 403 Forbidden",
+        "webhook validate-gpuclaim could not answer: its watch feed stopped",
+    ]
