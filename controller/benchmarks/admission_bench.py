@@ -31,6 +31,7 @@ import gc
 import http.client
 import json
 import os
+import queue
 import ssl
 import statistics
 import tempfile
@@ -46,7 +47,8 @@ from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission.feed import SnapshotFeed
-from cozystack_gpu.cluster.informer import Event, EventType
+from cozystack_gpu.cluster.informer import Event, EventType, SharedInformers, source
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.objects import Kube, binder_config
 
@@ -366,10 +368,35 @@ def memory(claims: int, nodes: int) -> None:
         ]
 
     def fed(events: list[Event]) -> tuple[SnapshotFeed, float]:
-        feed = SnapshotFeed(client.ApiClient(), binder_config("bench"), clock=time.time)
-        took = timed(lambda: feed.take(events))
-        assert feed.synced.is_set()
+        """A standby replica: the process's cache and the feed on it."""
+        feed, took, _cache = cached(events, leader=False)
         return feed, took
+
+    def cached(events: list[Event], leader: bool) -> tuple[Any, float, Any]:
+        """The events through the process's one cache (as its informers hand them over),
+        into the feed and, in a leader, the binder's view and snapshot too."""
+        api = client.ApiClient()
+        cache = SharedInformers(api)
+        sources = [source(api, kind) for kind in keys.BINDER_WATCHES]
+        feed = SnapshotFeed(client.ApiClient(), binder_config("bench"), clock=time.time)
+        feed_sink: queue.Queue[Any] = queue.Queue()
+        cache.subscribe(feed_sink, sources)
+        binder_sink: queue.Queue[Any] = queue.Queue()
+        if leader:
+            cache.subscribe(binder_sink, sources)
+        started = time.perf_counter()
+        for event in events:
+            cache.take(event)
+        feed.take(drained(feed_sink))
+        took = time.perf_counter() - started
+        assert feed.synced.is_set()
+        binder: tuple[Any, ...] = ()
+        if leader:
+            view = ClusterView(binder_config("bench"), keys.BINDER_WATCHES)
+            for event in drained(binder_sink):
+                view.relist(event.kind, event.objects)
+            binder = (view, view.build_snapshot(time.time()))
+        return feed, took, (cache, binder)
 
     # Time without tracing (tracemalloc slows every allocation several times).
     events = listing()
@@ -392,6 +419,14 @@ def memory(claims: int, nodes: int) -> None:
     del feed
     gc.collect()
     base = tracemalloc.get_traced_memory()[0]
+    events = listing()
+    leading = cached(events, leader=True)
+    del events
+    gc.collect()
+    leader = tracemalloc.get_traced_memory()[0] - base
+    del leading
+    gc.collect()
+    base = tracemalloc.get_traced_memory()[0]
     events = listing(with_claims=False)
     feed, _took = fed(events)
     del events
@@ -401,12 +436,21 @@ def memory(claims: int, nodes: int) -> None:
     print(f"  {claims} claims, {nodes} nodes (+ GPUNodes), 4 classes, 500 tenants")
     print(f"  the claims as a watch delivers them (managedFields, conditions): "
           f"{with_managed / 2**20:.0f} MiB")  # fmt: skip
-    print(f"  the feed after its first listing (view, slimmed, + snapshot): "
+    print(f"  a standby: the cache and the feed after the first listing (view + snapshot): "
           f"{kept / 2**20:.0f} MiB, {kept / claims / 1024:.2f} KiB per claim; "
           f"listing to snapshot {took:.1f} s")  # fmt: skip
+    print(f"  the leader: the cache, the feed, the binder's view and snapshot: "
+          f"{leader / 2**20:.0f} MiB")  # fmt: skip
     print(f"  of which the nodes, GPUNodes, classes and tenants alone: {empty / 2**20:.0f} MiB; "
           f"per claim without them: {(kept - empty) / claims / 1024:.2f} KiB")  # fmt: skip
     assert feed.synced.is_set()
+
+
+def drained(sink: queue.Queue[Any]) -> list[Event]:
+    events: list[Event] = []
+    while not sink.empty():
+        events.append(sink.get_nowait())
+    return events
 
 
 def main() -> None:
