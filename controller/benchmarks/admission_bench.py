@@ -404,34 +404,22 @@ def memory(claims: int, nodes: int) -> None:
     del feed, events
     gc.collect()
 
+    def held(make: Callable[[], Any]) -> tuple[Any, int]:
+        """What ``make`` builds and the bytes it holds once its inputs are dropped."""
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        made = make()
+        gc.collect()
+        return made, tracemalloc.get_traced_memory()[0] - base
+
     tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    raw = claim_objects()
-    with_managed = tracemalloc.get_traced_memory()[0] - base
-    del raw
-    gc.collect()
-    base = tracemalloc.get_traced_memory()[0]
-    events = listing()
-    feed, _took = fed(events)
-    del events
-    gc.collect()
-    kept = tracemalloc.get_traced_memory()[0] - base
-    del feed
-    gc.collect()
-    base = tracemalloc.get_traced_memory()[0]
-    events = listing()
-    leading = cached(events, leader=True)
-    del events
-    gc.collect()
-    leader = tracemalloc.get_traced_memory()[0] - base
+    _raw, with_managed = held(claim_objects)
+    del _raw
+    standby, kept = held(lambda: fed(listing())[0])
+    del standby
+    leading, leader = held(lambda: cached(listing(), leader=True))
     del leading
-    gc.collect()
-    base = tracemalloc.get_traced_memory()[0]
-    events = listing(with_claims=False)
-    feed, _took = fed(events)
-    del events
-    gc.collect()
-    empty = tracemalloc.get_traced_memory()[0] - base
+    feed, empty = held(lambda: fed(listing(with_claims=False))[0])
     tracemalloc.stop()
     print(f"  {claims} claims, {nodes} nodes (+ GPUNodes), 4 classes, 500 tenants")
     print(f"  the claims as a watch delivers them (managedFields, conditions): "

@@ -157,6 +157,39 @@ class ControlPlane:
     def version(self) -> str:
         return str(self.get_json("/version")["gitVersion"])
 
+    def service_account_kubeconfig(
+        self, namespace: str, account: str, path: Path, seconds: int = 3600
+    ) -> Path:
+        """A kubeconfig with a token of a ServiceAccount, the identity its pod's projected
+        token would give a component (virt-controller, the controller under the chart's
+        RBAC); its context's namespace is the account's."""
+        from kubernetes import client
+
+        token = (
+            client.CoreV1Api(self.api_client())
+            .create_namespaced_service_account_token(
+                account, namespace, {"spec": {"expirationSeconds": seconds}}
+            )
+            .status.token
+        )
+        context = {"cluster": "local", "user": account, "namespace": namespace}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)},
+                }
+            ],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [{"name": account, "context": context}],
+            "current-context": account,
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
     def api_client(self, pool_size: int = 32) -> Any:
         """A kubernetes.client.ApiClient with the admin identity.
 

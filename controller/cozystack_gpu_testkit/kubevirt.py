@@ -605,38 +605,7 @@ def _deployed_kubevirt(custom: Any) -> None:
 def _token_kubeconfig(plane: ControlPlane, path: Path) -> None:
     """A kubeconfig with a token of virt-controller's ServiceAccount: the identity its pod's
     projected token would give it."""
-    from kubernetes import client
-
-    token = (
-        client.CoreV1Api(plane.api_client())
-        .create_namespaced_service_account_token(
-            SERVICE_ACCOUNT, NAMESPACE, {"spec": {"expirationSeconds": TOKEN_SECONDS}}
-        )
-        .status.token
-    )
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": plane.server,
-                    "certificate-authority": str(plane.ca_file),
-                },
-            }
-        ],
-        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": SERVICE_ACCOUNT,
-                "context": {"cluster": "local", "user": SERVICE_ACCOUNT, "namespace": NAMESPACE},
-            }
-        ],
-        "current-context": SERVICE_ACCOUNT,
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
+    plane.service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT, path, TOKEN_SECONDS)
 
 
 class VirtController:

@@ -238,28 +238,7 @@ class ChartRBAC:
         return bool(review.status.allowed)
 
     def kubeconfig(self, plane: ControlPlane, path: Path) -> Path:
-        token = self.kube.core.create_namespaced_service_account_token(
-            ACCOUNT, self.namespace, {"spec": {"expirationSeconds": 3600}}
-        ).status.token
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "local",
-                    "cluster": {
-                        "server": plane.server,
-                        "certificate-authority": str(plane.ca_file),
-                    },
-                }
-            ],
-            "users": [{"name": ACCOUNT, "user": {"token": token}}],
-            "contexts": [{"name": ACCOUNT, "context": {"cluster": "local", "user": ACCOUNT}}],
-            "current-context": ACCOUNT,
-        }
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        return plane.service_account_kubeconfig(self.namespace, ACCOUNT, path)
 
     def revoke_config_maps(self) -> None:
         """The Role without its ConfigMap rule (the Lease rule stays): an RBAC edit gone
