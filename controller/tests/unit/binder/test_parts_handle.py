@@ -244,7 +244,7 @@ def test_a_failing_settings_write_is_retried_with_backoff_not_on_every_turn() ->
     fails()
     assert settings_writes_at(NOW + 2.5) == 2
     assert settings_writes_at(NOW + 3.0) == 3, "the second 2 s after the first"
-    for _ in range(10):
+    for _try in range(10):
         fails()
     assert settings_writes_at(NOW + 3.0 + SETTINGS_REFRESH_S - 0.5) == 3, "capped, not hours"
     assert settings_writes_at(NOW + 3.0 + SETTINGS_REFRESH_S) == 4
