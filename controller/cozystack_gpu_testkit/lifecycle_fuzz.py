@@ -264,6 +264,16 @@ def raw_entries(vmi: Mapping[str, Any]) -> list[Obj]:
     ]  # fmt: skip
 
 
+def _why(vmi: Mapping[str, Any]) -> str:
+    """What virt-controller wrote in a failed VMI's conditions (reason: message)."""
+    told = [
+        f"{c.get('type')} {c.get('reason')}: {c.get('message')}"
+        for c in (vmi.get("status") or {}).get("conditions") or []
+        if c.get("reason") or c.get("message")
+    ]
+    return f" [{'; '.join(told)}]" if told else ""
+
+
 def _vm_of(pod: str) -> str:
     """The VM (its VMI's name) of launcher pod ``virt-launcher-<VMI>-<random>``."""
     return pod.removeprefix("virt-launcher-").rsplit("-", 1)[0]
@@ -379,15 +389,16 @@ class RealKubeVirt:
         namespace, name, uid = _meta(vmi)["namespace"], _meta(vmi)["name"], _meta(vmi)["uid"]
         phase = str((vmi.get("status") or {}).get("phase") or "")
         args = f"vmi {namespace}/{name}"
+        why = _why(vmi) if phase == "Failed" else ""
         if uid not in self._phases:
             self._phases[uid] = phase
-            self.journal.record("kubevirt", args, f"created uid {uid} ({phase})", {name})
+            self.journal.record("kubevirt", args, f"created uid {uid} ({phase}){why}", {name})
             self._judge_raw(vmi, "VMI")
         elif phase != self._phases[uid] and phase not in ("Running", "Succeeded"):
             self._phases[uid] = phase  # Running and Succeeded are the kit's own writes
             node = (vmi.get("status") or {}).get("nodeName")
             where = f" on {node}" if node and phase == "Scheduled" else ""
-            self.journal.record("kubevirt", args, f"uid {uid[:8]} {phase}{where}", {name})
+            self.journal.record("kubevirt", args, f"uid {uid[:8]} {phase}{where}{why}", {name})
         if _meta(vmi).get("deletionTimestamp") and uid not in self._deleting:
             self._deleting.add(uid)
             self.journal.record("kubevirt", args, f"uid {uid[:8]} deleting ({phase})", {name})
