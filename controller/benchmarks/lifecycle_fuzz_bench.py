@@ -1,5 +1,6 @@
 """The start path's lifecycle fuzz, long form (issue 18, "the proof"): N seeds x M
-operations, each seed on a control plane of its own.
+operations, each seed on a control plane of its own with KubeVirt's own virt-controller
+(see ``cozystack_gpu_testkit.lifecycle_fuzz``).
 
     COZYSTACK_GPU_BIN_DIR=$(cat .cache/bin-dir) .venv/bin/python \
         controller/benchmarks/lifecycle_fuzz_bench.py [--seeds 1,2,3 | --count 5] \

@@ -151,7 +151,7 @@ class State:
     workloads: list[Obj]
     vmis: list[Obj]
     resource_version: str | None = None  # the revision every list was served at
-    read_at: float = field(default_factory=time.time)
+    read_at: float = field(default_factory=time.time)  # when its revision was served
 
 
 _LISTS: dict[str, keys.ApiKind] = {
@@ -178,6 +178,7 @@ def read_state(api: client.ApiClient, at: str | None = None) -> State:
     """
     items: dict[str, list[Obj]] = {}
     revision = at
+    started = time.time()  # the revision is the first list's: the state is of about then
     for name, kind in _LISTS.items():
         at_revision: dict[str, str] = {}
         if revision is not None:
@@ -205,6 +206,7 @@ def read_state(api: client.ApiClient, at: str | None = None) -> State:
         workloads=items["workloads"],
         vmis=items["vmis"],
         resource_version=revision,
+        read_at=started,
     )
 
 
@@ -234,7 +236,8 @@ class Invariants:
         self.looks = 0
         self.checks = 0  # rule evaluations, summed over every look
         self.seen: list[Violation] = []  # every distinct violation of any look
-        self._capacity_lost: dict[str, float] = {}  # node: when it last lost a unit (epoch)
+        # node: when it last lost a unit, and when it got it back (epoch; None: not yet)
+        self._capacity_lost: dict[str, tuple[float, float | None]] = {}
         self.moves = 0  # claims seen on another node by a decision (packing, rebinds)
         self._history: dict[str, _Seen] = {}
         self._lock = threading.Lock()
@@ -329,11 +332,15 @@ class Invariants:
         bound there before the loss (and ``CAPACITY_LOSS_GRACE_S`` after it) may hold more
         than it has without the binder having placed them wrongly."""
         with self._lock:
-            self._capacity_lost[node] = time.time()
+            self._capacity_lost[node] = (time.time(), None)
 
     def capacity_restored(self, node: str) -> None:
+        """The unit is back: a look read from now on is judged without the loss; one read
+        before (the watching thread's, judged a moment later) still with it."""
         with self._lock:
-            self._capacity_lost.pop(node, None)
+            lost = self._capacity_lost.get(node)
+            if lost is not None and lost[1] is None:
+                self._capacity_lost[node] = (lost[0], time.time())
 
     # --- rules at every look -------------------------------------------------------------
 
@@ -398,7 +405,9 @@ class Invariants:
                     if d.get("resourceName") == resource
                 )
                 capacity = min(reported, whole_quantity(allocatable.get(resource, 0)) or 0)
-                lost_at = self._capacity_lost.get(_name(node))
+                lost_at, back_at = self._capacity_lost.get(_name(node), (None, None))
+                if back_at is not None and state.read_at >= back_at:
+                    lost_at = None  # read with the unit back
                 if units > capacity and (
                     lost_at is None
                     or latest_bind[(_name(node), resource)] > lost_at + CAPACITY_LOSS_GRACE_S

@@ -452,7 +452,7 @@ def runs(kube: Kube, namespace: str, vmi: Mapping[str, Any]) -> dict[str, Any]:
         return found if same and status.get("phase") == "Scheduled" else None
 
     handed = wait_for(scheduled, START_TIMEOUT_S, f"virt-controller to hand VMI {name} over")
-    _retried_on_conflict(
+    retried_on_conflict(
         lambda: reports(kube, namespace, name, "Running", handed["status"]["nodeName"])
     )
     running = get_vmi(kube, namespace, name)
@@ -488,7 +488,7 @@ def shuts_down(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     if vmi is None or not vmi["metadata"].get("deletionTimestamp"):
         return vmi
     if (vmi.get("status") or {}).get("phase") in ("Scheduled", "Running"):
-        _retried_on_conflict(lambda: reports(kube, namespace, name, "Succeeded", gone_ok=True))
+        retried_on_conflict(lambda: reports(kube, namespace, name, "Succeeded", gone_ok=True))
         return vmi
     # Final, or not running yet (no guest to shut down): only the pod to remove.
     kubelet_removes(kube, namespace)
@@ -557,7 +557,7 @@ def removes_vms(kube: Kube, namespace: str, timeout: float = START_TIMEOUT_S) ->
     wait_for(gone, timeout, f"the VMs and VMIs of {namespace} gone", interval=0.2)
 
 
-def _retried_on_conflict(write: Any, tries: int = 20) -> None:
+def retried_on_conflict(write: Any, tries: int = 20) -> None:
     """``write()`` (a read, then a write over that version) again while another writer's
     update lands in between (409)."""
     from kubernetes.client.rest import ApiException

@@ -18,21 +18,24 @@ GPUNodes. Each step is one random operation, drawn from the seed:
 - the controller: the leader SIGKILLed and started again (the webhooks' Service then
   routes to the replica left, as a Service with two endpoints would).
 
-KubeVirt has no controller here yet, so ``PlayedKubeVirt`` behaves as virt-controller,
-virt-handler and kubelet do for this path: a VMI per start of a VM (runStrategy Always),
-named after it, created as virt-controller's identity from the VM's template labels and
-annotations and owned by the VM; the launcher pod once the VMI is admitted, owned by the
-VMI (its uid), labelled ``kubevirt.io: virt-launcher`` and with the VMI's labels,
-requesting the VMI's ``gpus`` entries as extended resources plus CPU and memory; a VMI
-whose pod vanished fails, and a failed or finished VMI of a VM that should run is replaced
-under the same name; once the scheduler binds the pod, pod and VMI run there. It sits
-behind ``KubeVirt``, the small interface a real virt-controller takes over later.
+KubeVirt is its own virt-controller (``RealKubeVirt``; ``kubevirt.start``: v1.8.2 built
+from source, as ``system:serviceaccount:kubevirt:kubevirt-controller``, the user the
+chart's raw-name policy, rendered here, exempts): it makes each VM's VMI (named after it,
+owned by it, with its template's labels and annotations), renders the VMI's launcher pod,
+fails a VMI whose pod went and replaces a VMI that ended while its VM should run, with
+KubeVirt's own start backoff. The kit plays, once per step, only what no real component
+runs here (``kubevirt``'s helpers): virt-api's VMI finalizer, kubelet (a bound launcher
+pod running, a deleted one removed) and virt-handler (its node's labels and devices, a VMI
+virt-controller handed over reported Running on the pod's node, with its phase
+transitions; a deleted VMI's guest shut down; a guest powering itself off). All of it sits
+behind ``KubeVirt``, the small interface the driver sees.
 
 ``invariants.Invariants`` (its start-path rules included) looks throughout
 (``watching``) and once the run has settled; the driver adds what only it can see
-(``RAW_ADMITTED``: an odd-annotation VMI with raw GPU entries admitted under
-``forbidden``; ``STRANDED``: a started VM whose pinned pod a Ready, schedulable node
-refused, left as it is). Every operation and its outcome is logged with the seed, so a
+(``RAW_ADMITTED``: a VMI virt-controller made from an odd-annotation VM, or its launcher
+pod, admitted with raw GPU entries under ``forbidden``; ``STRANDED``: a started VM whose
+pinned pod a Ready, schedulable node refused, left as it is). Every operation, what
+KubeVirt did and what the kit played, with its outcome, is logged with the seed, so a
 violation comes with the operations that touched its subject.
 """
 
@@ -55,7 +58,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit import cluster, kubevirt
 from cozystack_gpu_testkit.fault_suite import Run, Service, WebhookSetup
 from cozystack_gpu_testkit.invariants import Invariants, Violation, required_pins
 from cozystack_gpu_testkit.objects import NODE_BASE_RESOURCES, Kube, wait_for
@@ -66,11 +69,10 @@ Obj = dict[str, Any]
 TIMEOUT = (5.0, 20.0)
 FUZZ_LABEL = "fuzz.cozystack.io/run"
 TENANT_ADMIN = "tenant-admin"
-VIRT_CONTROLLER = "system:serviceaccount:kubevirt:kubevirt-controller"
+VIRT_CONTROLLER = kubevirt.USER  # who a cluster's virt-controller is; the kit runs it so
 RAW_ADMITTED = "raw GPU entries admitted without claims"
 STRANDED = "started VM stranded at a refusing node"
 REPORT_EVERY_S = 60.0
-RETRY_S = 2.0  # KubeVirt's backoff between refused VMI or pod creates, roughly
 # Odd claims-annotation shapes (None: no annotation) and whether the reference label goes
 # with them; each VM made of one also carries a raw GPU entry of its own.
 ODD_SHAPES: tuple[tuple[str | None, bool], ...] = (
@@ -108,7 +110,8 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class Entry:
-    """One operation (or something the played KubeVirt did) and what came of it."""
+    """One operation (or what KubeVirt did, or the kit did as kubelet or virt-handler) and
+    what came of it."""
 
     index: int
     at: float  # seconds into the run
@@ -188,8 +191,9 @@ def install_policies(api: Any, objects: Sequence[Obj]) -> None:
 
 
 def grant(run: Run, admission: Admission, tenants: Sequence[str]) -> None:
-    """Tenant admins as the chart grants them (its roles aggregated into ``admin``), VMs
-    as KubeVirt's roles grant them, and virt-controller's rights on VMIs and pods."""
+    """Tenant admins as the chart grants them (its roles aggregated into ``admin``) and VMs
+    as KubeVirt's roles grant them; virt-controller has KubeVirt's own roles
+    (``kubevirt.install``)."""
     rbac = client.RbacAuthorizationV1Api(run.api)
     for obj in admission.render("rbac-tenant.yaml", run.namespace, {}):
         if obj["kind"] == "ClusterRole":
@@ -208,43 +212,7 @@ def grant(run: Run, admission: Admission, tenants: Sequence[str]) -> None:
             ],
         }
     )
-    rbac.create_cluster_role(
-        {
-            "metadata": {"name": "fuzz-virt-controller"},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["pods"],
-                    "verbs": ["get", "list", "create", "delete", "patch"],
-                },
-                {
-                    "apiGroups": [keys.KUBEVIRT_GROUP],
-                    "resources": ["virtualmachineinstances"],
-                    "verbs": ["get", "list", "create", "delete", "patch", "update"],
-                },
-                {  # blockOwnerDeletion on what it creates needs these
-                    "apiGroups": [keys.KUBEVIRT_GROUP],
-                    "resources": [
-                        "virtualmachines/finalizers",
-                        "virtualmachineinstances/finalizers",
-                    ],
-                    "verbs": ["update"],
-                },
-            ],
-        }
-    )
     user = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User"}
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": "fuzz-virt-controller"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "fuzz-virt-controller",
-            },
-            "subjects": [{**user, "name": VIRT_CONTROLLER}],
-        }
-    )
     for tenant in tenants:
         for role in ("admin", "fuzz-vms"):
             rbac.create_namespaced_role_binding(
@@ -273,243 +241,200 @@ def grant(run: Run, admission: Admission, tenants: Sequence[str]) -> None:
 class KubeVirt(Protocol):
     """What KubeVirt does for the fuzz: make each VM's VMI and launcher pod, run them once
     scheduled, replace a VMI that ended while its VM should run. ``reconcile`` is one pass
-    over every VM of the run; the played one below does the work itself, a real
-    virt-controller would only be waited on."""
+    of the parts the kit plays; ``guest_shuts_down`` is a guest powering itself off (the
+    restart operation). What only the driver sees comes back in ``starts`` (VMIs brought
+    to Running), ``running`` (VMIs Running at the last pass) and ``raw_admitted``
+    (``RAW_ADMITTED`` violations, with the journal entry that saw each)."""
+
+    starts: int
+    running: set[tuple[str, str]]
+    raw_admitted: list[tuple[str, int]]
 
     def reconcile(self) -> None: ...
 
-
-def launcher_name(vmi: Mapping[str, Any]) -> str:
-    """virt-controller names a launcher pod after its VMI plus a random suffix, so the pod
-    of a VMI started again under the same name is another pod."""
-    return f"virt-launcher-{_meta(vmi).get('name')}-{str(_meta(vmi).get('uid'))[:5]}"
+    def guest_shuts_down(self, namespace: str, name: str) -> str: ...
 
 
-def launcher_requests(vmi: Mapping[str, Any], memory_mi: int) -> dict[str, str]:
-    """What virt-controller's launcher pod requests: one unit per ``gpus`` and
-    ``hostDevices`` entry of its device name, the guest memory plus an overhead, CPU."""
+def raw_entries(vmi: Mapping[str, Any]) -> list[Obj]:
+    """The VMI's ``gpus`` entries that are not the VMI webhook's (``gpu-cozystack-N``)."""
     devices = ((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}
-    requests: dict[str, int] = {}
-    for entry in [*(devices.get("gpus") or []), *(devices.get("hostDevices") or [])]:
-        name = str(entry.get("deviceName") or "")
-        if name:
-            requests[name] = requests.get(name, 0) + 1
-    return {
-        **{k: str(v) for k, v in requests.items()},
-        "cpu": "100m",
-        "memory": f"{memory_mi + 256}Mi",
-    }
+    return [
+        g for g in devices.get("gpus") or []
+        if not str(g.get("name", "")).startswith(keys.VMI_GPU_NAME_PREFIX)
+    ]  # fmt: skip
 
 
-class PlayedKubeVirt:
-    """virt-controller, virt-handler and kubelet for this path (see the module docstring).
-    virt-controller's creates go as its identity (the raw-name policy's exception names
-    it); status is written as virt-handler and kubelet would, as the admin."""
+def _why(vmi: Mapping[str, Any]) -> str:
+    """What virt-controller wrote in a failed VMI's conditions (reason: message)."""
+    told = [
+        f"{c.get('type')} {c.get('reason')}: {c.get('message')}"
+        for c in (vmi.get("status") or {}).get("conditions") or []
+        if c.get("reason") or c.get("message")
+    ]
+    return f" [{'; '.join(told)}]" if told else ""
+
+
+def _vm_of(pod: str) -> str:
+    """The VM (its VMI's name) of launcher pod ``virt-launcher-<VMI>-<random>``."""
+    return pod.removeprefix("virt-launcher-").rsplit("-", 1)[0]
+
+
+class RealKubeVirt:
+    """KubeVirt's own virt-controller (``kubevirt.start``) on the run's control plane, as
+    ``system:serviceaccount:kubevirt:kubevirt-controller`` (``VIRT_CONTROLLER``, the user
+    the chart's raw-name policy exempts): its VM controller makes each VM's VMI, its VMI
+    controller the launcher pod, fails a VMI whose pod went, and its VM controller replaces
+    a VMI that ended while the VM should run (with KubeVirt's start backoff after a VMI
+    that never ran). Each ``reconcile`` pass plays only what no real component runs here,
+    with ``kubevirt``'s helpers:
+
+    - virt-api: the VMI finalizer its mutator adds (``as_virt_api``), on the first pass
+      that sees the VMI;
+    - kubelet: a bound launcher pod reported running (``kubelet_runs``; virt-controller
+      then hands the VMI over, Scheduled on the pod's node), a deleted one removed
+      (``kubelet_removes``);
+    - virt-handler: its node's labels and devices (``as_virt_handler``, once, at start), a
+      Scheduled VMI whose pod runs reported Running there (``reports``), a deleted VMI's
+      guest shut down (``shuts_down``).
+
+    virt-controller's own doings are journaled as the pass sees them: a new VMI or pod, a
+    VMI's phase changes it wrote, a VM's Failure condition (its VMI refused). Raw GPU
+    entries are judged on each VMI virt-controller got admitted and on each launcher pod
+    of such a VMI."""
 
     def __init__(self, run: Run, journal: Journal, world_id: str) -> None:
-        self.admin = Kube(run.api)
-        self.controller = impersonating(run, VIRT_CONTROLLER)
+        self.kube = run.kube
         self.journal = journal
         self.selector = f"{FUZZ_LABEL}={world_id}"
-        self.pod_made: set[str] = set()  # VMI uids whose launcher pod was created
-        self.retry_at: dict[str, float] = {}
-        self.raw_admitted: list[tuple[str, int]] = []  # violation, journal entry
-        self.running: set[tuple[str, str]] = set()  # VMIs Running at the last pass
+        self.controller = run.plane.start_virt_controller()
+        for node in run.world.nodes:
+            kubevirt.as_virt_handler(run.api, node)
         self.starts = 0
-
-    # --- reading ---------------------------------------------------------------------
-
-    def _list(self, kind: keys.ApiKind, selector: str) -> list[Obj]:
-        custom = self.admin.custom
-        listing = custom.list_cluster_custom_object(
-            kind.group, kind.version, kind.plural, label_selector=selector,
-            _request_timeout=TIMEOUT,
-        )  # fmt: skip
-        return list(listing.get("items") or [])
-
-    def _pods(self) -> list[Obj]:
-        pods = self.admin.core.list_pod_for_all_namespaces(
-            label_selector="kubevirt.io=virt-launcher", _request_timeout=TIMEOUT
-        )
-        items: list[Obj] = self.admin.api.sanitize_for_serialization(pods).get("items") or []
-        return items
+        self.running: set[tuple[str, str]] = set()
+        self.raw_admitted: list[tuple[str, int]] = []
+        self._phases: dict[str, str] = {}  # VMI uid -> the last phase journaled
+        self._deleting: set[str] = set()  # VMI uids seen with a deletionTimestamp
+        self._raw: set[str] = set()  # VMI uids with raw GPU entries
+        self._reported: set[str] = set()  # VMI uids the kit reported Running
+        self._pods: set[str] = set()  # launcher pod uids seen
 
     # --- one pass --------------------------------------------------------------------
 
     def reconcile(self) -> None:
         vms = self._list(keys.VM, self.selector)
-        vmis = {(_meta(v)["namespace"], _meta(v)["name"]): v for v in self._list(keys.VMI, "")}
-        self.running = {
-            k for k, v in vmis.items() if (v.get("status") or {}).get("phase") == "Running"
-        }
-        pods = self._pods()
+        vmis = self._list(keys.VMI, "")
+        listed = self.kube.core.list_pod_for_all_namespaces(
+            label_selector=kubevirt.LAUNCHER_SELECTOR, _request_timeout=TIMEOUT
+        )
+        pods: list[Obj] = self.kube.api.sanitize_for_serialization(listed).get("items") or []
+        for vm in vms:
+            self._vm_refusal(vm)
+        for vmi in vmis:
+            self._seen_vmi(vmi)
         by_vmi: dict[str, list[Obj]] = {}
         for pod in pods:
-            for ref in _meta(pod).get("ownerReferences") or []:
-                if ref.get("kind") == keys.VMI.kind:
-                    by_vmi.setdefault(str(ref.get("uid")), []).append(pod)
-            if _meta(pod).get("deletionTimestamp"):
-                self._kubelet_removes(pod)
-        for vm in vms:
-            key = (_meta(vm)["namespace"], _meta(vm)["name"])
-            try:
-                self._vm(vm, vmis.get(key), by_vmi)
-            except ApiException as exc:  # raced with a deletion, a fault: next pass
-                log.debug("VM %s/%s: %s", *key, _message(exc))
-            except Exception as exc:  # the server away for a moment: next pass
-                log.debug("VM %s/%s: %s", *key, exc)
-
-    def _vm(self, vm: Obj, vmi: Obj | None, pods: Mapping[str, list[Obj]]) -> None:
-        namespace, name = _meta(vm)["namespace"], _meta(vm)["name"]
-        wanted = (vm.get("spec") or {}).get("runStrategy") == "Always" and not _meta(vm).get(
-            "deletionTimestamp"
-        )
-        if vmi is None:
-            if wanted and time.monotonic() >= self.retry_at.get(f"{namespace}/{name}", 0.0):
-                self._create_vmi(vm)
-            return
-        if _meta(vmi).get("deletionTimestamp"):
-            return
-        uid = str(_meta(vmi).get("uid"))
-        phase = (vmi.get("status") or {}).get("phase")
-        own = [p for p in pods.get(uid, []) if not _meta(p).get("deletionTimestamp")]
-        if phase in ("Succeeded", "Failed"):
-            # virt-controller removes a finished VMI; runStrategy Always starts the next.
-            self._delete_vmi(namespace, name, f"VMI {phase}")
-            return
-        if not wanted:
-            self._vmi_status(vmi, "Succeeded")  # virt-handler: the guest shut down
-            for pod in own:
-                self._pod_phase(pod, "Succeeded")
-            return
-        if not own:
-            if uid in self.pod_made:  # its launcher pod went: the VMI fails
-                self._vmi_status(vmi, "Failed")
-                self.journal.record(
-                    "kubevirt", f"vmi {namespace}/{name}", "pod gone: VMI Failed", {name}
-                )
-            elif time.monotonic() >= self.retry_at.get(uid, 0.0):
-                self._create_pod(vm, vmi)
-            return
-        pod = own[0]
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node and phase != "Running":
-            self._pod_phase(pod, "Running")
-            self._vmi_status(vmi, "Running", node)
-            self.starts += 1
-            self.journal.record(
-                "kubevirt", f"vmi {namespace}/{name}", f"Running on {node}", {name, node}
-            )
-
-    # --- virt-controller -------------------------------------------------------------
-
-    def _create_vmi(self, vm: Obj) -> None:
-        namespace, name = _meta(vm)["namespace"], _meta(vm)["name"]
-        template = (vm.get("spec") or {}).get("template") or {}
-        tmeta = template.get("metadata") or {}
-        body = {
-            "apiVersion": keys.VMI.api_version,
-            "kind": keys.VMI.kind,
-            "metadata": {
-                "name": name,
-                "labels": dict(tmeta.get("labels") or {}),
-                "annotations": dict(tmeta.get("annotations") or {}),
-                "ownerReferences": [
-                    {
-                        "apiVersion": keys.VM.api_version,
-                        "kind": keys.VM.kind,
-                        "name": name,
-                        "uid": _meta(vm)["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
-            "spec": template.get("spec") or {},
+            owner = str((_meta(pod).get("labels") or {}).get("kubevirt.io/created-by"))
+            by_vmi.setdefault(owner, []).append(pod)
+            self._seen_pod(pod, owner)
+        self.running = {
+            (_meta(v)["namespace"], _meta(v)["name"])
+            for v in vmis
+            if (v.get("status") or {}).get("phase") == "Running"
         }
-        try:
-            vmi = self.controller.custom.create_namespaced_custom_object(
-                keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, body,
-                _request_timeout=TIMEOUT,
-            )  # fmt: skip
-        except ApiException as exc:
-            if exc.status == 409:
-                return
-            self.retry_at[f"{namespace}/{name}"] = time.monotonic() + RETRY_S
-            self._outcome_once(f"vmi {namespace}/{name}", f"refused: {_message(exc)}", {name})
-            return
-        self.journal.record(
-            "kubevirt", f"vmi {namespace}/{name}", f"created uid {_meta(vmi)['uid']}", {name}
-        )
-        self._judge_raw(vmi, "VMI")
+        # kubelet runs what was bound; virt-handler then shuts down deleted guests before
+        # kubelet removes deleted pods: a pod gone under a guest that still runs is a crash
+        # to virt-controller.
+        for pod in pods:
+            if not _meta(pod).get("deletionTimestamp"):
+                self._pass(self._kubelet_runs, pod)
+        for vmi in vmis:
+            self._pass(self._virt_handler, vmi, by_vmi.get(str(_meta(vmi).get("uid")), []))
+        for namespace in sorted(
+            {_meta(p)["namespace"] for p in pods if _meta(p).get("deletionTimestamp")}
+        ):
+            for removed in kubevirt.kubelet_removes(self.kube, namespace):
+                args = f"pod {namespace}/{removed}"
+                self.journal.record("kubelet", args, "removed", {_vm_of(removed)})
 
-    def _create_pod(self, vm: Obj, vmi: Obj) -> None:
-        namespace, name = _meta(vmi)["namespace"], _meta(vmi)["name"]
-        uid = str(_meta(vmi)["uid"])
-        memory_mi = int(_meta(vm).get("annotations", {}).get("fuzz.cozystack.io/memory-mi", "1024"))
-        requests = launcher_requests(vmi, memory_mi)
-        extended = {k: v for k, v in requests.items() if "/" in k}
-        body = {
-            "metadata": {
-                "name": launcher_name(vmi),
-                "labels": {
-                    **(_meta(vmi).get("labels") or {}),
-                    "kubevirt.io": "virt-launcher",
-                    "kubevirt.io/created-by": uid,
-                },
-                "ownerReferences": [
-                    {
-                        "apiVersion": keys.VMI.api_version,
-                        "kind": keys.VMI.kind,
-                        "name": name,
-                        "uid": uid,
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
-            "spec": {
-                "containers": [
-                    {
-                        "name": "compute",
-                        "image": "virt-launcher",
-                        "resources": {"requests": requests, "limits": extended},
-                    }
-                ],
-            },
-        }
+    def _list(self, kind: keys.ApiKind, selector: str) -> list[Obj]:
+        listing = self.kube.custom.list_cluster_custom_object(
+            kind.group, kind.version, kind.plural, label_selector=selector,
+            _request_timeout=TIMEOUT,
+        )  # fmt: skip
+        return list(listing.get("items") or [])
+
+    def _pass(self, part: Callable[..., None], obj: Obj, *args: Any) -> None:
         try:
-            self.controller.core.create_namespaced_pod(namespace, body, _request_timeout=TIMEOUT)
-        except ApiException as exc:
-            if exc.status == 409:
-                self.pod_made.add(uid)
-                return
-            self.retry_at[uid] = time.monotonic() + RETRY_S
-            self._outcome_once(f"pod of {namespace}/{name}", f"refused: {_message(exc)}", {name})
+            part(obj, *args)
+        except ApiException as exc:  # raced with virt-controller or a deletion: next pass
+            log.debug("%s %s: %s", obj.get("kind"), _meta(obj).get("name"), _message(exc))
+        except AssertionError as exc:  # gone meanwhile (``reports``): next pass
+            log.debug("%s %s: %s", obj.get("kind"), _meta(obj).get("name"), exc)
+
+    # --- what virt-controller did ----------------------------------------------------
+
+    def _vm_refusal(self, vm: Obj) -> None:
+        """A VM's Failure condition: virt-controller's VMI create refused (it retries)."""
+        conditions = (vm.get("status") or {}).get("conditions") or []
+        failure = next(
+            (c for c in conditions if c.get("type") == "Failure" and c.get("status") == "True"),
+            None,
+        )
+        if failure is not None:
+            subject = f"vm {_meta(vm)['namespace']}/{_meta(vm)['name']}"
+            outcome = f"{failure.get('reason')}: {failure.get('message')}"
+            self._outcome_once(subject, outcome, {_meta(vm)["name"]})
+
+    def _seen_vmi(self, vmi: Obj) -> None:
+        namespace, name, uid = _meta(vmi)["namespace"], _meta(vmi)["name"], _meta(vmi)["uid"]
+        phase = str((vmi.get("status") or {}).get("phase") or "")
+        args = f"vmi {namespace}/{name}"
+        why = _why(vmi) if phase == "Failed" else ""
+        if uid not in self._phases:
+            self._phases[uid] = phase
+            self.journal.record("kubevirt", args, f"created uid {uid} ({phase}){why}", {name})
+            self._judge_raw(vmi, "VMI")
+        elif phase != self._phases[uid] and phase not in ("Running", "Succeeded"):
+            self._phases[uid] = phase  # Running and Succeeded are the kit's own writes
+            node = (vmi.get("status") or {}).get("nodeName")
+            where = f" on {node}" if node and phase == "Scheduled" else ""
+            self.journal.record("kubevirt", args, f"uid {uid[:8]} {phase}{where}{why}", {name})
+        if _meta(vmi).get("deletionTimestamp") and uid not in self._deleting:
+            self._deleting.add(uid)
+            self.journal.record("kubevirt", args, f"uid {uid[:8]} deleting ({phase})", {name})
+
+    def _seen_pod(self, pod: Obj, vmi_uid: str) -> None:
+        uid = str(_meta(pod).get("uid"))
+        if uid in self._pods:
             return
-        self.pod_made.add(uid)
-        self.journal.record("kubevirt", f"pod {namespace}/{launcher_name(vmi)}", "created", {name})
-        self._judge_raw(vmi, "launcher pod")
+        self._pods.add(uid)
+        namespace, name = _meta(pod)["namespace"], _meta(pod)["name"]
+        vm = _vm_of(name)
+        args = f"pod {namespace}/{name}"
+        self.journal.record("kubevirt", args, f"created for VMI uid {vmi_uid[:8]}", {vm})
+        if vmi_uid in self._raw:
+            self._raw_violation(namespace, vm, "launcher pod", f"pod {name}")
 
     def _judge_raw(self, vmi: Obj, what: str) -> None:
         """Under ``forbidden`` a VMI with GPU entries of its own and no readable claims may
         not get its GPU: the VMI (or at least its pod) must be refused."""
-        devices = ((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}
-        raw = [
-            g for g in devices.get("gpus") or []
-            if not str(g.get("name", "")).startswith(keys.VMI_GPU_NAME_PREFIX)
-        ]  # fmt: skip
+        raw = raw_entries(vmi)
         if not raw:
             return
+        self._raw.add(str(_meta(vmi)["uid"]))
         note = (_meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
         label = (_meta(vmi).get("labels") or {}).get(keys.LABEL_CLAIMS_REF)
-        subject = f"{_meta(vmi)['namespace']}/{_meta(vmi)['name']}"
-        text = (
-            f"{RAW_ADMITTED}: {subject}: {what} admitted with raw entries "
-            f"{[g.get('deviceName') for g in raw]}, annotation {note!r}, label {label!r}"
+        detail = (
+            f"raw entries {[g.get('deviceName') for g in raw]}, annotation {note!r}, "
+            f"label {label!r}"
         )
+        self._raw_violation(_meta(vmi)["namespace"], _meta(vmi)["name"], what, detail)
+
+    def _raw_violation(self, namespace: str, vm: str, what: str, detail: str) -> None:
+        subject = f"{namespace}/{vm}"
+        text = f"{RAW_ADMITTED}: {subject}: {what} admitted with {detail}"
         entry = self.journal.record(
-            "kubevirt", f"{what} {subject}", "ADMITTED with raw GPU entries", {_meta(vmi)["name"]}
+            "kubevirt", f"{what} {subject}", "ADMITTED with raw GPU entries", {vm}
         )
         self.raw_admitted.append((text, entry.index))
 
@@ -519,48 +444,54 @@ class PlayedKubeVirt:
         if last is None or last.outcome != outcome:
             self.journal.record("kubevirt", args, outcome, names)
 
-    def _delete_vmi(self, namespace: str, name: str, why: str) -> None:
-        try:
-            self.controller.custom.delete_namespaced_custom_object(
-                keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name,
-                _request_timeout=TIMEOUT,
-            )  # fmt: skip
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        self.journal.record("kubevirt", f"vmi {namespace}/{name}", f"deleted ({why})", {name})
+    # --- what the kit plays: kubelet, virt-handler, virt-api -------------------------
 
-    # --- virt-handler and kubelet ----------------------------------------------------
+    def _kubelet_runs(self, pod: Obj) -> None:
+        namespace, name = _meta(pod)["namespace"], _meta(pod)["name"]
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (pod.get("status") or {}).get("phase") != "Running":
+            kubevirt.kubelet_runs(self.kube.api, namespace, name)
+            names = {_vm_of(name), node}
+            self.journal.record("kubelet", f"pod {namespace}/{name}", f"running on {node}", names)
 
-    def _vmi_status(self, vmi: Obj, phase: str, node: str | None = None) -> None:
-        """KubeVirt's VMI CRD has no status subresource: status goes with the object, with
-        the phase transition stamps virt-controller keeps."""
-        stamps = list((vmi.get("status") or {}).get("phaseTransitionTimestamps") or [])
-        stamps.append({"phase": phase, "phaseTransitionTimestamp": _now()})
-        status: Obj = {"phase": phase, "phaseTransitionTimestamps": stamps}
-        if node:
-            status["nodeName"] = node
-        self.admin.custom.patch_namespaced_custom_object(
-            keys.VMI.group, keys.VMI.version, _meta(vmi)["namespace"], keys.VMI.plural,
-            _meta(vmi)["name"], {"status": status}, _request_timeout=TIMEOUT,
-        )  # fmt: skip
+    def _virt_handler(self, vmi: Obj, pods: list[Obj]) -> None:
+        namespace, name, uid = _meta(vmi)["namespace"], _meta(vmi)["name"], _meta(vmi)["uid"]
+        status = vmi.get("status") or {}
+        args = f"vmi {namespace}/{name}"
+        if _meta(vmi).get("deletionTimestamp"):
+            if status.get("phase") in ("Scheduled", "Running"):
+                self.journal.record("virt-handler", args, "guest shut down: Succeeded", {name})
+            kubevirt.shuts_down(self.kube, namespace, name)
+            return
+        if kubevirt.VMI_FINALIZER not in (_meta(vmi).get("finalizers") or []):
+            kubevirt.as_virt_api(self.kube, vmi)
+        node = status.get("nodeName")
+        if status.get("phase") != "Scheduled" or uid in self._reported or not node:
+            return
+        if not any(
+            (p.get("spec") or {}).get("nodeName") == node
+            and (p.get("status") or {}).get("phase") == "Running"
+            and not _meta(p).get("deletionTimestamp")
+            for p in pods
+        ):
+            return
+        kubevirt.reports(self.kube, namespace, name, "Running", node)
+        self._reported.add(uid)
+        self.running.add((namespace, name))
+        self.starts += 1
+        self.journal.record("virt-handler", args, f"uid {uid[:8]} Running on {node}", {name, node})
 
-    def _pod_phase(self, pod: Obj, phase: str) -> None:
-        self.admin.core.patch_namespaced_pod_status(
-            _meta(pod)["name"], _meta(pod)["namespace"], {"status": {"phase": phase}},
-            _request_timeout=TIMEOUT,
-        )  # fmt: skip
-
-    def _kubelet_removes(self, pod: Obj) -> None:
-        """No kubelet confirms a bound pod's end: it goes once deleted at once."""
-        try:
-            self.admin.core.delete_namespaced_pod(
-                _meta(pod)["name"], _meta(pod)["namespace"], grace_period_seconds=0,
-                _request_timeout=TIMEOUT,
-            )  # fmt: skip
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+    def guest_shuts_down(self, namespace: str, name: str) -> str:
+        """The guest powers itself off: virt-handler reports its VMI Succeeded; with
+        runStrategy Always the VM controller then makes the next VMI under the same name."""
+        vmi = kubevirt.get_vmi(self.kube, namespace, name)
+        phase = ((vmi or {}).get("status") or {}).get("phase")
+        if vmi is None or phase != "Running" or _meta(vmi).get("deletionTimestamp"):
+            return f"no guest running (VMI {phase or 'none'})"
+        kubevirt.retried_on_conflict(
+            lambda: kubevirt.reports(self.kube, namespace, name, "Succeeded")
+        )
+        return "guest shut down: VMI Succeeded"
 
 
 # --- the fuzz ----------------------------------------------------------------------------
@@ -681,7 +612,7 @@ class LifecycleFuzz:
         install_policies(run.api, [_as_replicas(p) for p in policies])
         grant(run, self.admission, world.tenants)
         self.tenant = impersonating(run, TENANT_ADMIN)
-        self.kubevirt: KubeVirt = PlayedKubeVirt(run, self.journal, world.id)
+        self.kubevirt: KubeVirt = RealKubeVirt(run, self.journal, world.id)
         self._wait_enforced(run)
         return service
 
@@ -752,7 +683,6 @@ class LifecycleFuzz:
             violations += [str(v) for v in final if str(v) not in violations]
             for v in final:
                 first_seen.setdefault(str(v), self.journal.last)
-            assert isinstance(self.kubevirt, PlayedKubeVirt)
             for text, index in self.kubevirt.raw_admitted:
                 violations.append(text)
                 first_seen.setdefault(text, index)
@@ -878,8 +808,8 @@ class LifecycleFuzz:
         for part in violation.replace(",", " ").replace(":", " ").split():
             name = part.split("/")[-1]
             names.add(name)
-            if name.startswith("virt-launcher-"):  # virt-launcher-<VMI>-<uid prefix>
-                names.add(name.removeprefix("virt-launcher-").rsplit("-", 1)[0])
+            if name.startswith("virt-launcher-"):
+                names.add(_vm_of(name))
         vm_names = {
             vm.name
             for vm in self.vms.values()
@@ -1063,17 +993,17 @@ class LifecycleFuzz:
         return call(keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, *args, **kw)
 
     def _op_restart_vm(self, run: Run) -> tuple[str, str, set[str]]:
-        """The guest shuts itself down: virt-handler marks the VMI Succeeded, and runStrategy
-        Always starts the next VMI under the same name."""
+        """The guest shuts itself down: virt-handler reports the VMI Succeeded, and
+        runStrategy Always starts the next VMI under the same name."""
         vm = self._pick_vm(odd=False)
         if vm is None:
             return "", "no VM", set()
-        patch = {"status": {"phase": "Succeeded"}}
-        self._vmi_call(run.kube.custom.patch_namespaced_custom_object, vm.namespace, vm.name, patch)
-        return f"{vm.namespace}/{vm.name}", "VMI marked Succeeded", self._names(vm)
+        outcome = self.kubevirt.guest_shuts_down(vm.namespace, vm.name)
+        return f"{vm.namespace}/{vm.name}", outcome, self._names(vm)
 
     def _op_delete_vmi(self, run: Run) -> tuple[str, str, set[str]]:
-        """``kubectl delete vmi``: the VM (runStrategy Always) starts a new one at once."""
+        """``kubectl delete vmi``: once its guest is shut down and its pod gone, the VM
+        (runStrategy Always) starts a new one at once."""
         vm = self._pick_vm(odd=False)
         if vm is None:
             return "", "no VM", set()
@@ -1093,7 +1023,6 @@ class LifecycleFuzz:
     def _attached_pick(self) -> tuple[str, str] | None:
         """Most of the time a claim of a running VM (attached to it, or one of its template
         claims): the interesting one; else any."""
-        assert isinstance(self.kubevirt, PlayedKubeVirt)
         running = self.kubevirt.running
         in_use = sorted(
             (ns, n)
@@ -1155,7 +1084,8 @@ class LifecycleFuzz:
     def _op_squat_template(self, run: Run) -> tuple[str, str, set[str]]:
         """The tenant pre-creates a claim named like a VM's template claim, with a bigger
         count: after the VM's VMI is deleted (its own template claim goes with it), before
-        the next VMI's gate runs."""
+        the next VMI's gate runs. virt-controller makes that next VMI as soon as the old one
+        is gone: the squat gets in only when the gate has not yet made its claim."""
         vms = [vm for vm in self.vms.values() if vm.templates and not vm.gone]
         if not vms:
             return "", "no VM with templates", set()
@@ -1163,6 +1093,7 @@ class LifecycleFuzz:
         entry = vm.templates[0]
         name = self._template_name(vm, entry)
         custom = run.kube.custom
+        old = kubevirt.get_vmi(run.kube, vm.namespace, vm.name)
         try:
             self._vmi_call(custom.delete_namespaced_custom_object, vm.namespace, vm.name)
         except ApiException as exc:
@@ -1170,18 +1101,25 @@ class LifecycleFuzz:
                 raise
 
         def claim_gone() -> bool:
+            """The old VMI's template claim gone (or already the next VMI's): meanwhile the
+            nodes go on (the VMI waits for its guest to shut down and its pod to go)."""
             try:
-                self._claim_call(custom.get_namespaced_custom_object, vm.namespace, name)
+                self.kubevirt.reconcile()
+            except Exception as exc:  # the server away for a moment: the next poll
+                log.debug("squat: %s", exc)
+            try:
+                claim = self._claim_call(custom.get_namespaced_custom_object, vm.namespace, name)
             except ApiException as exc:
                 if exc.status == 404:
                     return True
                 raise
-            return False
+            owners = {str(r.get("uid")) for r in _meta(claim).get("ownerReferences") or []}
+            return old is not None and kubevirt.uid_of(old) not in owners
 
         # The garbage collector takes the old VMI's template claim; one still there
         # (protected, or slow) makes the create below say so.
         with contextlib.suppress(AssertionError):
-            wait_for(claim_gone, 20, f"claim {name} collected", 0.2)
+            wait_for(claim_gone, 20, f"claim {name} collected", 0.5)
         owner: list[Obj] = []
         others = [
             v for v in self._vmi_call(custom.list_namespaced_custom_object, vm.namespace)["items"]

@@ -47,6 +47,9 @@ class Gatekeeper(BinderPart):
         self._pod_writes: set[Key] = set()
         self._creating: set[ClaimKey] = set()
         self._gate_told: dict[Key, str] = {}
+        # The gated pod each claim's "cannot start" note is out for: one refused (409, the
+        # claim changed meanwhile) is said again, or the claim would never show why.
+        self._told_out: dict[ClaimKey, Key] = {}
         # Nodes that refused each VM's pinned launcher pod (VMI key = the VM's name), until
         # when, and the node's state then: a set of template claims loses its claims, and
         # their rejectedNodes, with the failed VMI, so the VM keeps them here (seed 004).
@@ -312,6 +315,7 @@ class Gatekeeper(BinderPart):
         for key in members:
             obj = self.view.claim(key)
             if obj is not None:
+                self._told_out[key] = pod_key
                 # A template claim that waits for room shows Pending, as an order does.
                 self.writer.claim_status(
                     key,
@@ -361,11 +365,15 @@ class Gatekeeper(BinderPart):
         )
 
     def placed_answered(self, key: ClaimKey, written: bool) -> None:
-        """A Placed note's answer: one refused (the claim changed meanwhile) is sent again
-        on the next pass, over the claim as it is then."""
+        """A Placed note's answer: one refused (the claim changed meanwhile), a pin's or a
+        set's that cannot start, is sent again on the next pass, over the claim as it is
+        then."""
         cond = self._placed_sent.pop(key, None)
         if cond is not None and not written:
             self._placed_due[key] = cond
+        told = self._told_out.pop(key, None)
+        if told is not None and not written:
+            self._gate_told.pop(told, None)  # the next pass tells it again
 
     def refusals(self, now: float) -> None:
         """A pinned pod the scheduler refuses for lack of any resource it requests (the GPU

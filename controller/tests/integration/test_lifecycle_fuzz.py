@@ -3,7 +3,9 @@ bounded number of random operations (VMs with held and template claims started, 
 restarted and deleted; tenants deleting claims, stripping finalizers, squatting template
 claim names, writing odd annotations; nodes NotReady, cordoned, short of memory or of a
 GPU; the leader killed) on a control plane of its own with two replicas, the chart's
-webhooks and its policies. ``benchmarks/lifecycle_fuzz_bench.py`` is the long form.
+webhooks and its policies, and KubeVirt's own virt-controller making the VMIs and launcher
+pods (the test kit plays only virt-api's finalizer, kubelet and virt-handler).
+``benchmarks/lifecycle_fuzz_bench.py`` is the long form.
 
 It fails on any violation of the invariants (``invariants.Invariants`` with its start-path
 rules, looked at throughout and once settled) or of what only the driver sees (raw GPU

@@ -5,6 +5,7 @@ unit by the hardware's doing under claims bound before the loss."""
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 from kubernetes import client
@@ -102,6 +103,20 @@ def test_a_unit_lost_under_claims_bound_before_is_not_the_binders_doing() -> Non
     # Once the node has its unit back, the loss excuses nothing more.
     checker.capacity_restored(NODE)
     assert _over(checker, _state(1, [_claim("a"), _claim("b")]))
+
+
+def test_a_look_read_while_the_unit_was_lost_is_judged_as_of_then() -> None:
+    """The checker's thread may have read the node short of its unit just before the test
+    gave it back: that look is judged with the loss, whenever its rules run."""
+    checker = Invariants(client.ApiClient())
+    checker.capacity_lost(NODE)
+    read_while_lost = _state(1, [_claim("a"), _claim("b")])
+    read_while_lost.read_at = time.time() - 1.0
+    checker.capacity_restored(NODE)
+    assert not _over(checker, read_while_lost)
+    read_after = _state(1, [_claim("a"), _claim("b")])
+    read_after.read_at = time.time() + 1.0
+    assert _over(checker, read_after)
 
 
 def test_a_launcher_pod_counts_beyond_its_own_vmis_claims_only() -> None:

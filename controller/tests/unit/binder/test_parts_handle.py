@@ -150,11 +150,12 @@ def _objects(claim_status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def _handle(claim_status: dict[str, Any]) -> FakeHandle:
+def _handle(claim_status: dict[str, Any], *, cordoned: bool = False) -> FakeHandle:
     config = binder_config("ctl")
     watched = keys.BINDER_WATCHES + ((keys.WORKLOAD,) if config.workload_records else ())
     view = ClusterView(config, watched)
     given = _objects(claim_status)
+    given[keys.NODE.kind][0]["spec"]["unschedulable"] = cordoned
     for kind in view.kinds:
         view.relist(kind, given.get(kind, []))
     view.refresh_staleness(NOW)
@@ -188,6 +189,23 @@ def test_the_gate_touches_no_set_whose_claim_has_a_write_out() -> None:
     handle.out.add(KEY)
     Gatekeeper(handle).run(NOW)
     assert handle.decided == [] and handle.writer.writes == []
+
+
+def test_a_set_told_it_cannot_start_is_told_again_when_that_note_was_refused() -> None:
+    """The note lost a race (409: another write of the claim's, such as a rejection kept
+    against the VM, came first): the next pass says it again, over the claim as it is then.
+    Found by the lifecycle fuzz on the real virt-controller: a VM's next template claim was
+    left with no phase and no reason for good."""
+    handle = _handle({"phase": "Pending"}, cordoned=True)
+    gate = Gatekeeper(handle)
+    gate.run(NOW)
+    assert ("claim-status", f"{NS}/c", claim_status.NOTE_PLACED) in handle.writer.writes
+    handle.writer.writes.clear()
+    gate.run(NOW + 1)
+    assert handle.writer.writes == [], "said once while it stands"
+    gate.placed_answered(KEY, written=False)
+    gate.run(NOW + 2)
+    assert ("claim-status", f"{NS}/c", claim_status.NOTE_PLACED) in handle.writer.writes
 
 
 def test_the_reports_write_the_class_status_and_the_settings() -> None:
