@@ -25,6 +25,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.keys import ApiKind
+from cozystack_gpu.objects.translate import object_key
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +231,6 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def _key(obj: dict[str, Any]) -> tuple[str, str]:
-    metadata = obj.get("metadata") or {}
-    return (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
-
-
 class SharedInformers:
     """One informer per watched kind for the whole process, fanned out to every part that
     reads the cluster (client-go's shared informer factory, controller-runtime's manager
@@ -332,13 +328,13 @@ class SharedInformers:
             store = self._stores.setdefault(kind, {})
             if item.type is EventType.LISTED:
                 store.clear()
-                store.update((_key(o), o) for o in item.objects)
+                store.update((object_key(o), o) for o in item.objects)
                 self._listed.add(kind)
             elif item.obj is not None:
                 if item.type is EventType.DELETED:
-                    store.pop(_key(item.obj), None)
+                    store.pop(object_key(item.obj), None)
                 else:
-                    store[_key(item.obj)] = item.obj
+                    store[object_key(item.obj)] = item.obj
             for sink, kinds in self._subscribers:
                 if kind in kinds:
                     sink.put(item)

@@ -31,16 +31,12 @@ from cozystack_gpu.model import (
     VolumeAffinity,
 )
 from cozystack_gpu.objects import translate, vmi_pods
-from cozystack_gpu.objects.translate import VMIState, name_of, namespace_of
+from cozystack_gpu.objects.translate import VMIState, object_key
 
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
 MAX_TOMBSTONES = 20_000  # per kind; the oldest half goes when a kind has more
 Obj = dict[str, Any]
 Handler = Callable[[Key, Obj | None, Obj | None], None]
-
-
-def object_key(obj: Mapping[str, Any]) -> Key:
-    return (namespace_of(obj), name_of(obj))
 
 
 @dataclass

@@ -36,6 +36,7 @@ from cozystack_gpu.cluster.informer import (
     list_function,
 )
 from cozystack_gpu.licensing import rules
+from cozystack_gpu.objects.translate import object_key, resource_version
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +52,6 @@ NAMESPACES = keys.NAMESPACE.kind
 SOURCES = "LicenseSource"
 COPIES = "LicenseCopy"
 MANAGED_SELECTOR = f"{keys.LABEL_MANAGED_BY}={keys.MANAGED_BY_CONTROLLER}"
-
-
-def _key(obj: Obj) -> Key:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-def _version(obj: Obj) -> int:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 class LicenseCopier:
@@ -155,13 +144,13 @@ class LicenseCopier:
         store = self._raw[event.kind]
         if event.type is EventType.LISTED:
             store.clear()
-            store.update((_key(obj), obj) for obj in event.objects)
+            store.update((object_key(obj), obj) for obj in event.objects)
             self._listed.add(event.kind)
             return
         obj = event.obj or {}
-        key = _key(obj)
+        key = object_key(obj)
         known = store.get(key)
-        if known is not None and _version(obj) < _version(known):
+        if known is not None and resource_version(obj) < resource_version(known):
             return  # older than what a write of ours already answered
         if event.type is EventType.DELETED:
             store.pop(key, None)

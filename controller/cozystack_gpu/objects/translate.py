@@ -101,6 +101,12 @@ def namespace_of(obj: Obj) -> str:
     return str(meta(obj).get("namespace", ""))
 
 
+def object_key(obj: Obj) -> tuple[str, str]:
+    """(namespace, name): how every reader of the cluster keys an object ("" namespace
+    for a cluster-scoped one)."""
+    return (namespace_of(obj), name_of(obj))
+
+
 def resource_version(obj: Obj) -> int:
     """etcd revisions are integers; the binder orders events of one object by them."""
     try:
