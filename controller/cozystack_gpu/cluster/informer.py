@@ -14,6 +14,7 @@ import enum
 import json
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -215,20 +216,50 @@ class Informer:
 
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# Strings up to this length are shared between objects: keys, names, phases, reasons, the
+# node and class a claim names, timestamps. Longer ones (messages, certificates) are rarely
+# repeated.
+SHARED_STRING_MAX = 64
 
 
 def slim(obj: dict[str, Any]) -> dict[str, Any]:
     """Drop, in place, what no reader of the cache reads and what is often the larger half
     of an object: ``managedFields`` and kubectl's last-applied copy. Everything else stays:
     the admission feed and the binder read the same objects, so neither may lose a field
-    the other reads."""
+    the other reads. What stays shares its keys and short strings with every other cached
+    object (``share_strings``)."""
     metadata = obj.get("metadata")
     if isinstance(metadata, dict):
         metadata.pop("managedFields", None)
         annotations = metadata.get("annotations")
         if isinstance(annotations, dict):
             annotations.pop(LAST_APPLIED, None)
+    share_strings(obj)
     return obj
+
+
+def share_strings(value: dict[str, Any] | list[Any]) -> None:
+    """Replace, in place, every key and every string of up to ``SHARED_STRING_MAX``
+    characters by the process's one copy of it (``sys.intern``). Each watch event is
+    decoded on its own, so every object carries its own copy of "metadata",
+    "lastTransitionTime", "True", its namespace and its node: more than half of what a cached
+    claim holds (BENCHMARKS.md). Equal strings stay equal, so no reader can tell."""
+    if isinstance(value, dict):
+        items = list(value.items())
+        value.clear()
+        for key, item in items:
+            value[sys.intern(key)] = _shared(item)
+    else:
+        for index, item in enumerate(value):
+            value[index] = _shared(item)
+
+
+def _shared(item: Any) -> Any:
+    if type(item) is str:
+        return sys.intern(item) if len(item) <= SHARED_STRING_MAX else item
+    if type(item) is dict or type(item) is list:
+        share_strings(item)
+    return item
 
 
 class SharedInformers:

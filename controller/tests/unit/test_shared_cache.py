@@ -7,6 +7,8 @@ would deliver (``SharedInformers.take``), and drains the subscribers' queues its
 
 from __future__ import annotations
 
+import copy
+import json
 import queue
 from typing import Any
 
@@ -16,7 +18,15 @@ from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission.feed import SnapshotFeed
-from cozystack_gpu.cluster.informer import LAST_APPLIED, Event, EventType, SharedInformers, source
+from cozystack_gpu.cluster.informer import (
+    LAST_APPLIED,
+    SHARED_STRING_MAX,
+    Event,
+    EventType,
+    SharedInformers,
+    slim,
+    source,
+)
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.model import ClaimInfo
 from cozystack_gpu_testkit.objects import binder_config
@@ -192,6 +202,53 @@ def test_the_cache_keeps_every_field_a_reader_reads_and_drops_managed_fields() -
     assert kept is not None and "managedFields" not in kept["metadata"]
     assert kept["metadata"]["ownerReferences"][0]["name"] == "vm1"
     assert kept["spec"]["volumes"] == [{"name": "data", "emptyDir": {}}]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=80),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spec=st.dictionaries(st.text(max_size=12), JSON_VALUES, max_size=5),
+    annotations=st.dictionaries(st.text(max_size=12), st.text(max_size=80), max_size=3),
+)
+def test_the_cache_changes_no_value_it_keeps_and_shares_short_strings_between_objects(
+    spec: dict[str, Any], annotations: dict[str, str]
+) -> None:
+    """Two objects decoded from separate watch events come out of the cache equal to what
+    the API sent, less managedFields and the last-applied copy, and holding one copy of
+    each key and short string they have in common (the memory of a replica watching
+    50,000 claims); longer strings are left alone."""
+    sent = {
+        "metadata": {
+            "name": "c",
+            "annotations": {**annotations, LAST_APPLIED: "{}"},
+            "managedFields": [{"manager": "kubectl"}],
+        },
+        "spec": spec,
+    }
+    expected = copy.deepcopy(sent)
+    del expected["metadata"]["managedFields"]
+    del expected["metadata"]["annotations"][LAST_APPLIED]
+    first, second = (slim(json.loads(json.dumps(sent))) for _ in range(2))
+    assert first == expected and second == expected
+
+    def strings(value: Any) -> list[str]:
+        if isinstance(value, dict):
+            return [s for k, v in value.items() for s in (k, *strings(v))]
+        if isinstance(value, list):
+            return [s for v in value for s in strings(v)]
+        return [value] if isinstance(value, str) else []
+
+    for a, b in zip(strings(first), strings(second), strict=True):
+        assert a == b
+        assert (a is b) == (len(a) <= SHARED_STRING_MAX) or len(a) <= 1
 
 
 def test_a_late_subscriber_gets_each_kind_as_it_is_now_then_every_later_event() -> None:
