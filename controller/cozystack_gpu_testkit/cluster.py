@@ -57,6 +57,8 @@ DEFAULT_STATE_DIR = (
 READY_TIMEOUT_S = 90.0
 KUBEVIRT_CRD_FILE = "kubevirt-crds.yaml"
 SERVICE_CIDR = "10.96.0.0/12"
+# The common name of the API server's front-proxy client certificate (kubeadm's).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
@@ -497,6 +499,15 @@ def start(
     admin = ca.issue(ADMIN_USER, organization="system:masters", client=True)
     admin.write(pki / "admin.crt", pki / "admin.key")
     service_account_keys().write(pki / "sa.pub", pki / "sa.key")
+    # The front proxy's CA and client identity, as kubeadm sets them up: the API server
+    # publishes the CA and the header names in kube-system/extension-apiserver-authentication,
+    # which extension API servers read at start (KubeVirt's virt-api refuses to start
+    # without the CA) and with which they trust the users it forwards.
+    front_proxy = CertificateAuthority("front-proxy-ca")
+    (pki / "front-proxy-ca.crt").write_bytes(front_proxy.cert_pem)
+    front_proxy.issue(FRONT_PROXY_CLIENT, client=True).write(
+        pki / "front-proxy-client.crt", pki / "front-proxy-client.key"
+    )
 
     etcd_client, etcd_peer, secure_port = free_port(), free_port(), free_port()
     server = f"https://127.0.0.1:{secure_port}"
@@ -544,6 +555,13 @@ def start(
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
         "--authorization-mode=Node,RBAC",
         "--allow-privileged=true",
         # Without the controller-manager nobody creates default service accounts, so the
