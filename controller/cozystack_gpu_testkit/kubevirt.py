@@ -4,7 +4,7 @@ them.
 
 virt-operator is not run (it would deploy pods from images); the kit does what it would do
 for virt-controller, from what virt-operator's own generators print at the pinned release
-(``kubevirt-components.yaml``, written by ``tools/build-binaries.sh``):
+(``kubevirt-manifests.yaml``, written by ``tools/build-binaries.sh``):
 
 - the CRDs virt-controller watches that the plane lacks (the plane keeps the VMI, VM and
   instance-type CRDs of ``KUBEVIRT_VERSION``; the rest come from the components' release),
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from cozystack_gpu_testkit.objects import Kube
 
 VIRT_CONTROLLER = "virt-controller"
-COMPONENTS_FILE = "kubevirt-components.yaml"
+MANIFESTS_FILE = "kubevirt-manifests.yaml"
 NAMESPACE = "kubevirt"
 SERVICE_ACCOUNT = "kubevirt-controller"
 USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
@@ -94,12 +94,12 @@ class KubeVirtError(RuntimeError):
     """virt-controller could not be started; the message carries its log tail."""
 
 
-def components_file(bin_dir: Path) -> Path:
-    path = bin_dir / COMPONENTS_FILE
+def manifests_file(bin_dir: Path) -> Path:
+    path = bin_dir / MANIFESTS_FILE
     if not path.is_file():
         raise KubeVirtError(
             f"{path} is missing: run `make binaries` (tools/build-binaries.sh) to build "
-            "KubeVirt's components"
+            "KubeVirt's components and print what virt-operator would install"
         )
     return path
 
@@ -112,7 +112,7 @@ def install(plane: ControlPlane) -> None:
     from cozystack_gpu_testkit import cluster
 
     api = plane.api_client()
-    manifests = cluster.load_manifests(components_file(plane.bin_dir))
+    manifests = cluster.load_manifests(manifests_file(plane.bin_dir))
     ext = client.ApiextensionsV1Api(api)
     present = {crd.metadata.name for crd in ext.list_custom_resource_definition().items}
     missing = [
