@@ -7,8 +7,8 @@
 # Prints the directory holding kube-apiserver, kube-scheduler, kube-controller-manager,
 # kubectl, etcd, helm, prometheus, promtool, kubevirt-crds.yaml (KubeVirt's CRDs as its
 # virt-operator generates them), KubeVirt's virt-controller and virt-api, and
-# kubevirt-components.yaml (what virt-operator would install for virt-controller) on its last
-# line.
+# kubevirt-manifests.yaml (what virt-operator would install for virt-controller and virt-api)
+# on its last line.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -116,10 +116,15 @@ kubevirt_crds() {
 kubevirt_crds
 
 # KubeVirt's own virt-controller and virt-api at KUBEVIRT_COMPONENTS_VERSION (why not
-# KUBEVIRT_VERSION: tools/versions.env), and what virt-operator would install for
-# virt-controller (its CRDs and RBAC, printed by virt-operator's own generators), in a cache
-# directory named after that release. The test kit runs virt-controller in the namespace
-# "kubevirt": the one it picks outside a pod (kubevirt.io/client-go/util.GetNamespace).
+# KUBEVIRT_VERSION: tools/versions.env), and what virt-operator would install for them (CRDs,
+# RBAC, virt-api's webhook configurations, printed by virt-operator's own generators), in a
+# cache directory named after that release. The test kit runs both in the namespace
+# "kubevirt": the one they pick outside a pod (kubevirt.io/client-go/util.GetNamespace).
+#
+# The printer is ours and changes more often than the release: its binary and its output
+# are named after a hash of its source and module files, so a changed printer is built and
+# run again (a cache by file existence alone would keep the old output for ever), and the
+# kit's kubevirt-manifests.yaml links to the output of the printer in this checkout.
 kubevirt_components() {
   local v=$KUBEVIRT_COMPONENTS_VERSION
   local dir="$cache_root/bin/kubevirt-components-$v" mod="$here/kubevirt-components"
@@ -129,11 +134,15 @@ kubevirt_components() {
   mkdir -p "$dir"
   build virt-controller "$mod" kubevirt.io/kubevirt/cmd/virt-controller "$ldflags" "$dir"
   build virt-api "$mod" kubevirt.io/kubevirt/cmd/virt-api "$ldflags" "$dir"
-  build kubevirt-manifests "$mod" ./manifests "-s -w" "$dir"
-  if [ ! -s "$dir/kubevirt-components.yaml" ]; then
-    "$dir/kubevirt-manifests" kubevirt >"$dir/kubevirt-components.yaml.tmp"
-    mv "$dir/kubevirt-components.yaml.tmp" "$dir/kubevirt-components.yaml"
+  local printer
+  printer="kubevirt-manifests-$(cat "$mod"/manifests/*.go "$mod/go.mod" "$mod/go.sum" |
+    sha256sum | cut -c1-12)"
+  build "$printer" "$mod" ./manifests "-s -w" "$dir"
+  if [ ! -s "$dir/$printer.yaml" ]; then
+    "$dir/$printer" kubevirt >"$dir/$printer.yaml.tmp"
+    mv "$dir/$printer.yaml.tmp" "$dir/$printer.yaml"
   fi
+  ln -sfn "$dir/$printer.yaml" "$bin_dir/kubevirt-manifests.yaml"
 }
 kubevirt_components
 # Prometheus and promtool at the pinned release, in a cache directory of their own (named
@@ -174,7 +183,7 @@ prometheus() {
 prometheus
 # The test kit finds everything in one directory.
 ln -sfn "$cache_root/bin/kubevirt-${KUBEVIRT_VERSION}/crds.yaml" "$bin_dir/kubevirt-crds.yaml"
-for f in virt-controller virt-api kubevirt-components.yaml; do
+for f in virt-controller virt-api; do
   ln -sfn "$cache_root/bin/kubevirt-components-${KUBEVIRT_COMPONENTS_VERSION}/$f" "$bin_dir/$f"
 done
 echo "$bin_dir"

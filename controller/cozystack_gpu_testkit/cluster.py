@@ -1,5 +1,6 @@
 """A real local Kubernetes control plane: etcd and kube-apiserver on loopback, and on demand
-kube-scheduler, a kube-controller-manager and KubeVirt's virt-controller (``kubevirt``).
+kube-scheduler, a kube-controller-manager and KubeVirt's virt-controller and virt-api
+(``kubevirt``).
 
 Every test of CRDs, the controller, webhooks and the chart runs against this server; there
 is no mocked Kubernetes API. The binaries come from ``tools/build-binaries.sh`` (built from
@@ -57,10 +58,13 @@ DEFAULT_STATE_DIR = (
 READY_TIMEOUT_S = 90.0
 KUBEVIRT_CRD_FILE = "kubevirt-crds.yaml"
 SERVICE_CIDR = "10.96.0.0/12"
+# The common name of the API server's front-proxy client certificate (kubeadm's).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
 VIRT_CONTROLLER = kubevirt.VIRT_CONTROLLER
+VIRT_API = kubevirt.VIRT_API
 # Only what makes owner references, namespaces and service accounts real. Not the node
 # lifecycle controller: the tests play the kubelets, and it would mark their nodes NotReady
 # and evict their pods.
@@ -74,7 +78,7 @@ CONTROLLERS = (
     "clusterrole-aggregation-controller",
 )
 # Clients first, the API server before its storage.
-STOP_ORDER = (VIRT_CONTROLLER, SCHEDULER, CONTROLLER_MANAGER, "kube-apiserver", "etcd")
+STOP_ORDER = (VIRT_CONTROLLER, VIRT_API, SCHEDULER, CONTROLLER_MANAGER, "kube-apiserver", "etcd")
 # High enough that neither component's client is ever the limit of a test or benchmark
 # (their defaults, 50/100 and 20/30 requests per second, would be).
 CLIENT_QPS = 5000
@@ -331,10 +335,12 @@ class ControlPlane:
         )
 
     def start_virt_controller(self, timeout: float = READY_TIMEOUT_S) -> kubevirt.VirtController:
-        """Starts KubeVirt's own virt-controller, after installing what virt-operator would
-        for it (``kubevirt.start``), and waits until it leads. Call it once per plane."""
-        if self.running(VIRT_CONTROLLER):
-            raise ControlPlaneError("virt-controller already runs on this plane")
+        """Starts KubeVirt's own virt-api, its webhooks registered, and virt-controller,
+        after installing what virt-operator would for them (``kubevirt.start``), and waits
+        until virt-controller leads. Call it once per plane (again only after
+        ``VirtController.stop``)."""
+        if self.running(VIRT_CONTROLLER) or self.running(VIRT_API):
+            raise ControlPlaneError("KubeVirt already runs on this plane")
         return kubevirt.start(self, timeout)
 
     def stop_component(self, name: str, timeout: float = 10.0) -> None:
@@ -497,6 +503,15 @@ def start(
     admin = ca.issue(ADMIN_USER, organization="system:masters", client=True)
     admin.write(pki / "admin.crt", pki / "admin.key")
     service_account_keys().write(pki / "sa.pub", pki / "sa.key")
+    # The front proxy's CA and client identity, as kubeadm sets them up: the API server
+    # publishes the CA and the header names in kube-system/extension-apiserver-authentication,
+    # which extension API servers read at start (KubeVirt's virt-api refuses to start
+    # without the CA) and with which they trust the users it forwards.
+    front_proxy = CertificateAuthority("front-proxy-ca")
+    (pki / "front-proxy-ca.crt").write_bytes(front_proxy.cert_pem)
+    front_proxy.issue(FRONT_PROXY_CLIENT, client=True).write(
+        pki / "front-proxy-client.crt", pki / "front-proxy-client.key"
+    )
 
     etcd_client, etcd_peer, secure_port = free_port(), free_port(), free_port()
     server = f"https://127.0.0.1:{secure_port}"
@@ -544,6 +559,13 @@ def start(
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
         "--authorization-mode=Node,RBAC",
         "--allow-privileged=true",
         # Without the controller-manager nobody creates default service accounts, so the
@@ -677,7 +699,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         shutil.rmtree(state_dir)
     started = time.monotonic()
     full = not args.apiserver_only
-    what = "etcd, kube-apiserver, kube-scheduler, kube-controller-manager and virt-controller"
+    what = (
+        "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, virt-api and "
+        "virt-controller"
+    )
     print(f"# starting {what if full else 'etcd and kube-apiserver'}...", file=sys.stderr)
     bin_dir = binary_dir()
     crds = [] if args.no_crds else [*sorted(CRD_DIR.glob("*.yaml")), kubevirt_crds(bin_dir)]
@@ -695,7 +720,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if crds:
         _hand_crds_to_helm(plane)
     if full and crds:
-        # KubeVirt's own virt-controller, so VirtualMachines start here as in a cluster.
+        # KubeVirt's own virt-api and virt-controller, so VirtualMachines start here as in
+        # a cluster.
         plane.start_virt_controller()
     state = {
         "server": plane.server,
@@ -707,7 +733,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
     print(
         f"# kube-apiserver {plane.version()} ready at {plane.server} "
         f"in {time.monotonic() - started:.1f} s"
-        + (" (with kube-scheduler, kube-controller-manager and virt-controller)" if full else ""),
+        + (
+            " (with kube-scheduler, kube-controller-manager, virt-api and virt-controller)"
+            if full
+            else ""
+        ),
         file=sys.stderr,
     )
     _print_env(state)
@@ -781,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser(
         "up",
         help="start etcd, kube-apiserver, kube-scheduler, kube-controller-manager and "
-        "KubeVirt's virt-controller and print export lines",
+        "KubeVirt's virt-api and virt-controller and print export lines",
     )
     up.add_argument(
         "--no-crds", action="store_true", help="do not install the gpu and KubeVirt CRDs"

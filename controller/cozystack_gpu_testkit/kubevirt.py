@@ -1,33 +1,46 @@
-"""KubeVirt's own virt-controller on the test kit's control plane, so VirtualMachines become
-VMIs and virt-launcher pods the way a cluster renders them, not the way the team pictures
-them.
+"""KubeVirt's own virt-controller and virt-api on the test kit's control plane, so
+VirtualMachines become VMIs and virt-launcher pods the way a cluster renders them, and every
+VM and VMI passes virt-api's webhooks, not the way the team pictures them.
 
 virt-operator is not run (it would deploy pods from images); the kit does what it would do
-for virt-controller, from what virt-operator's own generators print at the pinned release
-(``kubevirt-components.yaml``, written by ``tools/build-binaries.sh``):
+for virt-controller and virt-api, from what virt-operator's own generators print at the
+pinned release (``kubevirt-manifests.yaml``, written by ``tools/build-binaries.sh``):
 
 - the CRDs virt-controller watches that the plane lacks (the plane keeps the VMI, VM and
   instance-type CRDs of ``KUBEVIRT_VERSION``; the rest come from the components' release),
-- the namespace ``kubevirt`` with virt-controller's ServiceAccount, ClusterRole, Role and
-  their bindings (KubeVirt's own rules),
-- a KubeVirt CR with ``status.phase: Deployed`` (virt-controller reads its configuration
-  only from a KubeVirt CR with a phase),
+- the namespace ``kubevirt`` with the ServiceAccounts, ClusterRoles, Roles and bindings of
+  virt-controller, virt-api and virt-handler (KubeVirt's own rules),
+- a KubeVirt CR with ``status.phase: Deployed`` and the default architecture virt-operator
+  writes (virt-controller and virt-api read their configuration only from a KubeVirt CR
+  with a phase; virt-api's mutator gives new VMIs that architecture),
+- KubeVirt's CA in the ConfigMap ``kubevirt-ca`` (a throw-away CA of the kit's), which
+  signs virt-api's serving certificate,
+- virt-api's webhook configurations as generated (``virt-api-mutator``,
+  ``virt-api-validator``, ``virt-launcher-pod-mutator``: rules, failure and reinvocation
+  policies, selectors), each webhook calling virt-api by URL on loopback with the kit's CA
+  instead of through Service ``kubevirt/virt-api`` (no Service routes here), registered
+  once virt-api serves and removed before it stops.
 
-then starts ``virt-controller`` as a process with a token of that ServiceAccount, so the
-API server, our webhooks and the raw-name policy see the user a cluster's virt-controller
-is: ``system:serviceaccount:kubevirt:kubevirt-controller``. Outside a pod virt-controller
-takes the namespace ``kubevirt`` (kubevirt.io/client-go's ``util.GetNamespace`` falls back
-to it when no service-account namespace file exists), hence that namespace rather than
+It starts ``virt-api`` (with the arguments virt-operator's Deployment gives it) and then
+``virt-controller``, each a process with a token of its ServiceAccount, so the API server,
+our webhooks and the raw-name policy see the users a cluster's KubeVirt is:
+``system:serviceaccount:kubevirt:kubevirt-controller`` and ``...:kubevirt-apiserver``.
+virt-api reads the front proxy's CA the plane publishes (``cluster.start``). Outside a pod
+both take the namespace ``kubevirt`` (kubevirt.io/client-go's ``util.GetNamespace`` falls
+back to it when no service-account namespace file exists), hence that namespace rather than
 Cozystack's ``cozy-kubevirt``; tests render the chart's raw-name policy for this user.
+virt-api's aggregated API (``v1.subresources.kubevirt.io``: console, VNC, ``virtctl``'s
+subresources) is not registered: an APIService needs a Service with endpoints, and those
+may not be loopback addresses. Nothing here calls it.
 
 No virt-handler runs: a node is schedulable for launcher pods once it carries the labels
-virt-handler puts on it and the devices its device plugins advertise (``as_virt_handler``);
-with no heartbeat annotation virt-controller's node controller leaves it alone. Nothing runs
-a launcher pod either: tests write pod and VMI status as kubelet and virt-handler would
-(virt-controller itself moves a VMI to Scheduled, on the pod's node, once its pod runs).
-Neither does virt-api: of what its VMI mutator adds, the kit adds the one thing the start
-path depends on, the finalizer that keeps a deleted VMI until its pods are gone
-(``as_virt_api``).
+virt-handler and kubelet put on it and the devices its device plugins advertise
+(``as_virt_handler``); with no heartbeat annotation virt-controller's node controller
+leaves it alone. Nothing runs a launcher pod either: tests write pod and VMI status as
+kubelet and virt-handler would (virt-controller itself moves a VMI to Scheduled, on the
+pod's node, once its pod runs), VMI status with virt-handler's ServiceAccount
+(``virt_handler``): virt-api's mutator puts back a VMI status changed by anyone but
+KubeVirt's own accounts.
 
 The rest of this module is what the start-path tests share: VirtualMachines as a tenant
 writes them (``create_vm``), the VMI virt-controller makes for one, and the next one under
@@ -62,23 +75,59 @@ if TYPE_CHECKING:
     from cozystack_gpu_testkit.objects import Kube
 
 VIRT_CONTROLLER = "virt-controller"
-COMPONENTS_FILE = "kubevirt-components.yaml"
+VIRT_API = "virt-api"
+MANIFESTS_FILE = "kubevirt-manifests.yaml"
 NAMESPACE = "kubevirt"
 SERVICE_ACCOUNT = "kubevirt-controller"
 USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+API_SERVICE_ACCOUNT = "kubevirt-apiserver"
+API_USER = f"system:serviceaccount:{NAMESPACE}:{API_SERVICE_ACCOUNT}"
+HANDLER_SERVICE_ACCOUNT = "kubevirt-handler"
+HANDLER_USER = f"system:serviceaccount:{NAMESPACE}:{HANDLER_SERVICE_ACCOUNT}"
+# virt-api's webhook configurations (KubeVirt's names; the kit registers them as generated
+# but for where they call: virt-api's URL on loopback).
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+VIRT_API_MUTATOR = "virt-api-mutator"
+VIRT_API_VALIDATOR = "virt-api-validator"
+# The ConfigMap of KubeVirt's CA that virt-operator writes and virt-api reads
+# (--ca-configmap-name), under the key it reads.
+CA_CONFIGMAP = "kubevirt-ca"
+CA_BUNDLE_KEY = "ca-bundle"
+# The client identity virt-operator gives virt-api for calling virt-handler (console, VNC:
+# never called here, but virt-api loads it at start).
+HANDLER_CLIENT_CN = "kubevirt.io:system:client:virt-handler"
+# virt-api's readiness probe (virt-operator's), served to anyone.
+VIRT_API_HEALTHZ = "/apis/subresources.kubevirt.io/v1/healthz"
 KUBEVIRT_NAME = "kubevirt"
 # KUBEVIRT_COMPONENTS_VERSION of tools/versions.env: the release virt-controller is built at.
 VERSION = "v1.8.2"
 # The image virt-controller writes into launcher pods (as virt-operator configures it);
 # nothing pulls it here.
 LAUNCHER_IMAGE = f"quay.io/kubevirt/virt-launcher:{VERSION}"
-# Labels virt-handler sets on its node that every launcher pod's nodeSelector asks for.
-NODE_LABELS = {"kubevirt.io/schedulable": "true"}
+
+
+def go_architecture() -> str:
+    """This machine's architecture as Go names it (``runtime.GOARCH``)."""
+    import platform
+
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+# Labels virt-handler sets on its node that every launcher pod's nodeSelector asks for: it
+# is schedulable, and its node labeller lists the machine types its libvirt supports,
+# among them q35 (the type virt-api's mutators give every VM and VMI on x86).
+NODE_LABELS = {"kubevirt.io/schedulable": "true", "machine-type.node.kubevirt.io/q35": "true"}
+# What kubelet labels its node with at registration that launcher pods ask for too: the
+# architecture, which virt-api's mutator gives every VMI (virt-operator's default one).
+KUBELET_LABELS = {"kubernetes.io/arch": go_architecture()}
 # What virt-handler's permanent device plugins advertise on its node (1000 each, its
 # --max-devices default); every launcher pod's compute container asks for one of each.
 NODE_DEVICES = {f"devices.kubevirt.io/{name}": "1000" for name in ("kvm", "tun", "vhost-net")}
-# virt-api's VMI finalizer (kubevirt.io/api v1's VirtualMachineInstanceFinalizer).
-VMI_FINALIZER = "foregroundDeleteVirtualMachine"
+# The finalizer virt-api's mutator gives every new VMI (kubevirt.io/api v1's
+# VirtualMachineInstanceFinalizer; virt-controller also lifts the deprecated name without
+# the prefix). virt-controller lifts it once no launcher pod of the VMI is left.
+VMI_FINALIZER = "kubevirt.io/foregroundDeleteVirtualMachine"
 TOKEN_SECONDS = 7 * 24 * 3600
 READY_TIMEOUT_S = 120.0
 # Selects every launcher pod virt-controller makes (its ``kubevirt.io`` label).
@@ -91,28 +140,30 @@ START_TIMEOUT_S = 90.0
 
 
 class KubeVirtError(RuntimeError):
-    """virt-controller could not be started; the message carries its log tail."""
+    """virt-controller or virt-api could not be started; the message carries its log tail."""
 
 
-def components_file(bin_dir: Path) -> Path:
-    path = bin_dir / COMPONENTS_FILE
+def manifests_file(bin_dir: Path) -> Path:
+    path = bin_dir / MANIFESTS_FILE
     if not path.is_file():
         raise KubeVirtError(
             f"{path} is missing: run `make binaries` (tools/build-binaries.sh) to build "
-            "KubeVirt's components"
+            "KubeVirt's components and print what virt-operator would install"
         )
     return path
 
 
 def install(plane: ControlPlane) -> None:
-    """What virt-operator would install for virt-controller (see the module docstring);
-    objects already there are left as they are, so installing again is cheap."""
+    """What virt-operator would install for virt-controller and virt-api but the webhook
+    configurations (see the module docstring; ``start_virt_api`` registers those once
+    virt-api serves); objects already there are left as they are, so installing again is
+    cheap."""
     from kubernetes import client
 
     from cozystack_gpu_testkit import cluster
 
     api = plane.api_client()
-    manifests = cluster.load_manifests(components_file(plane.bin_dir))
+    manifests = cluster.load_manifests(manifests_file(plane.bin_dir))
     ext = client.ApiextensionsV1Api(api)
     present = {crd.metadata.name for crd in ext.list_custom_resource_definition().items}
     missing = [
@@ -144,11 +195,12 @@ def install(plane: ControlPlane) -> None:
 def as_virt_handler(api: Any, node: str) -> None:
     """What virt-handler does to its node when it starts, as far as scheduling launcher pods
     needs: the ``NODE_LABELS`` and the ``NODE_DEVICES`` its device plugins advertise (written
-    as kubelet reports device plugins, in capacity and allocatable)."""
+    as kubelet reports device plugins, in capacity and allocatable). Also the
+    ``KUBELET_LABELS`` a kubelet registers its node with, which the kit's nodes lack."""
     from kubernetes import client
 
     core = client.CoreV1Api(api)
-    core.patch_node(node, {"metadata": {"labels": NODE_LABELS}})
+    core.patch_node(node, {"metadata": {"labels": {**KUBELET_LABELS, **NODE_LABELS}}})
     core.patch_node_status(
         node, {"status": {"capacity": NODE_DEVICES, "allocatable": NODE_DEVICES}}
     )
@@ -288,35 +340,7 @@ def wait_vmi(
 
     what = f"virt-controller's {'next ' if old else ''}VMI {namespace}/{name}"
     result: dict[str, Any] = wait_for(made, timeout, what)
-    return as_virt_api(kube, result)
-
-
-def as_virt_api(kube: Kube, vmi: Mapping[str, Any]) -> dict[str, Any]:
-    """What virt-api's VMI mutator adds to every VMI at creation and the plane lacks (no
-    virt-api runs): the finalizer ``foregroundDeleteVirtualMachine``, which virt-controller
-    lifts only once no launcher pod of the VMI is left. Without it a deleted VMI goes while
-    its pod still runs, and the VM's next VMI (same name) starts beside the previous pod:
-    found by the restart test, whose next pod the scheduler refused on the claims' node
-    for the GPUs the previous, terminating pod still held. Returns the VMI as written."""
-    from cozystack_gpu import keys
-
-    finalizers = list(vmi["metadata"].get("finalizers") or [])
-    if VMI_FINALIZER in finalizers:
-        return dict(vmi)
-    written: dict[str, Any] = kube.custom.patch_namespaced_custom_object(
-        keys.VMI.group,
-        keys.VMI.version,
-        vmi["metadata"]["namespace"],
-        keys.VMI.plural,
-        vmi["metadata"]["name"],
-        {
-            "metadata": {
-                "uid": vmi["metadata"]["uid"],
-                "finalizers": [*finalizers, VMI_FINALIZER],
-            }
-        },
-    )
-    return written
+    return result
 
 
 def uid_of(obj: Mapping[str, Any]) -> str:
@@ -403,14 +427,19 @@ def reports(
     *,
     gone_ok: bool = False,
 ) -> None:
-    """A VMI phase written as virt-handler writes it: the phase (and node) and an entry in
-    ``status.phaseTransitionTimestamps``. KubeVirt's VM controller reads that list, not the
-    phase, to tell whether a VMI ever ran: a final VMI with no Running entry failed early,
-    counts as a start failure and backs off the VM's next start (``startFailure``)."""
+    """A VMI phase written as virt-handler writes it: by its ServiceAccount
+    (``virt_handler``: virt-api's mutator drops a status change of anyone else), the phase
+    (and node) and an entry in ``status.phaseTransitionTimestamps``. KubeVirt's VM
+    controller reads that list, not the phase, to tell whether a VMI ever ran: a final VMI
+    with no Running entry failed early, counts as a start failure and backs off the VM's
+    next start (``startFailure``)."""
     import datetime
 
     from cozystack_gpu import keys
 
+    # Read as the admin (virt-handler lists and watches VMIs but may not get one), written
+    # as virt-handler.
+    handler = virt_handler(kube)
     found = get_vmi(kube, namespace, name)
     if found is None:
         if gone_ok:
@@ -425,7 +454,7 @@ def reports(
         written["nodeName"] = node
     # KubeVirt's VMI CRD has no status subresource: status is written with the object,
     # over the version read (a write of virt-controller's in between is not undone).
-    kube.custom.patch_namespaced_custom_object(
+    handler.custom.patch_namespaced_custom_object(
         keys.VMI.group,
         keys.VMI.version,
         namespace,
@@ -529,14 +558,14 @@ def restarts(
     result: dict[str, Any] = wait_for(
         next_vmi, timeout, f"the next VMI of VM {namespace}/{name}", interval=0.2
     )
-    return as_virt_api(kube, result)
+    return result
 
 
 def removes_vms(kube: Kube, namespace: str, timeout: float = START_TIMEOUT_S) -> None:
     """Deletes a namespace's VirtualMachines and plays virt-handler and kubelet
     (``shuts_down``) until virt-controller has let every VMI of the namespace go: with
-    virt-api's finalizer (``as_virt_api``) a VMI waits for its pods, which no kubelet
-    removes here."""
+    the finalizer virt-api's mutator adds (``VMI_FINALIZER``) a VMI waits for its pods,
+    which no kubelet removes here."""
     from cozystack_gpu import keys
     from cozystack_gpu_testkit.objects import wait_for
 
@@ -598,22 +627,275 @@ def _deployed_kubevirt(custom: Any) -> None:
             },
         )
     )
-    status = {"status": {"phase": "Deployed", "observedKubeVirtVersion": VERSION}}
+    # virt-operator also writes its own architecture (Go's name for it) as the default
+    # one: virt-api's mutator gives every new VMI that architecture, and its validator
+    # refuses a VMI with none.
+    status = {
+        "status": {
+            "phase": "Deployed",
+            "observedKubeVirtVersion": VERSION,
+            "defaultArchitecture": go_architecture(),
+        }
+    }
     custom.patch_namespaced_custom_object_status(*args, KUBEVIRT_NAME, status)
 
 
-def _token_kubeconfig(plane: ControlPlane, path: Path) -> None:
-    """A kubeconfig with a token of virt-controller's ServiceAccount: the identity its pod's
-    projected token would give it."""
-    plane.service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT, path, TOKEN_SECONDS)
+def _token_kubeconfig(plane: ControlPlane, path: Path, account: str = SERVICE_ACCOUNT) -> None:
+    """A kubeconfig with a token of one of KubeVirt's ServiceAccounts (virt-controller's by
+    default): the identity its pod's projected token would give it."""
+    plane.service_account_kubeconfig(NAMESPACE, account, path, TOKEN_SECONDS)
 
 
-class VirtController:
-    """A running virt-controller: ``leading`` asks its /leader endpoint."""
+# The kit's virt-handler identity on each plane KubeVirt was started on, by API server URL:
+# ``reports`` writes VMI status with it.
+_VIRT_HANDLERS: dict[str, Kube] = {}
+
+
+def virt_handler(kube: Kube) -> Kube:
+    """``kube``'s API server as virt-handler's ServiceAccount (``HANDLER_USER``), the only
+    identity whose VMI status writes virt-api's mutator keeps, besides virt-controller's
+    and its own: it puts a status changed by anyone else back as it was. Known once
+    ``start`` has run on that plane."""
+    server = kube.api.configuration.host
+    try:
+        return _VIRT_HANDLERS[server]
+    except KeyError:
+        raise KubeVirtError(
+            f"no virt-handler identity for {server}: KubeVirt was not started there "
+            "(kubevirt.start)"
+        ) from None
+
+
+class VirtApi:
+    """A running virt-api with its webhooks registered: ``serving`` asks its readiness
+    endpoint; ``stop`` removes the webhooks, then stops it."""
 
     def __init__(self, plane: ControlPlane, port: int, ca: CertificateAuthority) -> None:
         self.plane = plane
         self.port = port
+        self.url = f"https://127.0.0.1:{port}"
+        self.ca_pem = ca.cert_pem.decode()
+
+    def serving(self) -> bool:
+        """Whether it answers its readiness probe: its informers synced, its TLS server up
+        and the API server reachable."""
+        context = ssl.create_default_context(cadata=self.ca_pem)
+        try:
+            with urllib.request.urlopen(
+                self.url + VIRT_API_HEALTHZ, context=context, timeout=2
+            ) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.plane.log_tail(VIRT_API, lines)
+
+    def webhook_configurations(self) -> list[dict[str, Any]]:
+        """virt-api's webhook configurations as virt-operator generates them, each webhook
+        calling this virt-api by URL (there is no Service or kube-proxy to route
+        ``kubevirt/virt-api`` here) with this kit's CA; rules, failure and reinvocation
+        policies, selectors and timeouts as generated."""
+        import base64
+
+        from cozystack_gpu_testkit import cluster
+
+        configurations = [
+            d
+            for d in cluster.load_manifests(manifests_file(self.plane.bin_dir))
+            if d["kind"] in WEBHOOK_KINDS
+        ]
+        bundle = base64.b64encode(self.ca_pem.encode()).decode()
+        for configuration in configurations:
+            for webhook in configuration["webhooks"]:
+                service = webhook["clientConfig"]["service"]
+                if (service["namespace"], service["name"]) != (NAMESPACE, VIRT_API):
+                    raise KubeVirtError(f"{webhook['name']} calls {service}, not virt-api")
+                webhook["clientConfig"] = {
+                    "url": self.url + service.get("path", "/"),
+                    "caBundle": bundle,
+                }
+        return configurations
+
+    def register(self) -> None:
+        """Writes the webhook configurations (replacing those of an earlier virt-api)."""
+        admission = _admission(self.plane)
+        for configuration in self.webhook_configurations():
+            write, remove = _writers(admission, configuration["kind"])
+            _gone(remove, configuration["metadata"]["name"])
+            write(configuration)
+
+    def unregister(self) -> None:
+        admission = _admission(self.plane)
+        for configuration in self.webhook_configurations():
+            _, remove = _writers(admission, configuration["kind"])
+            _gone(remove, configuration["metadata"]["name"])
+
+    def stop(self) -> None:
+        """Removes its webhook configurations, then stops it: with failurePolicy Fail they
+        would refuse every VM and VMI write once it is gone. No-op once the plane has
+        stopped it."""
+        if not self.plane.running(VIRT_API):
+            return
+        self.unregister()
+        self.plane.stop_component(VIRT_API)
+
+
+def _admission(plane: ControlPlane) -> Any:
+    from kubernetes import client
+
+    return client.AdmissionregistrationV1Api(plane.api_client())
+
+
+def _writers(admission: Any, kind: str) -> tuple[Any, Any]:
+    if kind == "MutatingWebhookConfiguration":
+        return (
+            admission.create_mutating_webhook_configuration,
+            admission.delete_mutating_webhook_configuration,
+        )
+    return (
+        admission.create_validating_webhook_configuration,
+        admission.delete_validating_webhook_configuration,
+    )
+
+
+def _gone(delete: Any, *args: str) -> None:
+    """``delete(*args)``, already gone (404) being as good."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        delete(*args)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def _probe_vmi(name: str) -> dict[str, Any]:
+    """A VMI that passes the CRD's schema, for dry runs in KubeVirt's namespace."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"domain": {"devices": {}, "memory": {"guest": "64Mi"}}},
+    }
+
+
+def _webhooks_in_force(plane: ControlPlane) -> bool:
+    """Whether the API server calls virt-api's webhooks yet (it picks new configurations up
+    a moment after they are written): a dry-run VMI comes back with the finalizer its
+    mutator adds, and one with a disk of no volume is refused by its create validator."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from cozystack_gpu import keys
+
+    custom = client.CustomObjectsApi(plane.api_client())
+    args = (keys.VMI.group, keys.VMI.version, NAMESPACE, keys.VMI.plural)
+    try:
+        mutated = custom.create_namespaced_custom_object(
+            *args, _probe_vmi("virt-api-probe"), dry_run="All"
+        )
+    except ApiException:
+        return False
+    if VMI_FINALIZER not in (mutated["metadata"].get("finalizers") or []):
+        return False
+    invalid = _probe_vmi("virt-api-probe-invalid")
+    invalid["spec"]["domain"]["devices"]["disks"] = [{"name": "none", "disk": {}}]
+    try:
+        custom.create_namespaced_custom_object(*args, invalid, dry_run="All")
+    except ApiException as exc:
+        return "virtualmachineinstances-create-validator.kubevirt.io" in str(exc.body)
+    return False
+
+
+def start_virt_api(plane: ControlPlane, timeout: float = READY_TIMEOUT_S) -> VirtApi:
+    """Starts virt-api as ``API_USER`` with the flags virt-operator's Deployment gives it
+    (install first: ``install``), waits until it answers its readiness probe, then
+    registers its webhooks and waits until the API server calls them."""
+    from kubernetes import client
+
+    workdir = plane.workdir / VIRT_API
+    workdir.mkdir(exist_ok=True)
+    kubeconfig = workdir / "kubeconfig"
+    _token_kubeconfig(plane, kubeconfig, API_SERVICE_ACCOUNT)
+    # KubeVirt's own CA (virt-operator's kubevirt-ca): it signs virt-api's serving
+    # certificate, which the webhook configurations trust, and its client certificate for
+    # virt-handler; virt-api reads the CA from the ConfigMap virt-operator publishes it in.
+    ca = CertificateAuthority(CA_CONFIGMAP)
+    ca.issue(
+        VIRT_API,
+        dns_names=(f"{VIRT_API}.{NAMESPACE}.svc",),
+        ip_addresses=("127.0.0.1",),
+        server=True,
+    ).write(workdir / "tls.crt", workdir / "tls.key")
+    ca.issue(HANDLER_CLIENT_CN, client=True).write(
+        workdir / "handler-tls.crt", workdir / "handler-tls.key"
+    )
+    core = client.CoreV1Api(plane.api_client())
+    body = {"metadata": {"name": CA_CONFIGMAP}, "data": {CA_BUNDLE_KEY: ca.cert_pem.decode()}}
+    _gone(core.delete_namespaced_config_map, CA_CONFIGMAP, NAMESPACE)
+    core.create_namespaced_config_map(NAMESPACE, body)
+    port = free_port()
+    plane._spawn(
+        VIRT_API,
+        [
+            str(plane.bin_dir / VIRT_API),
+            f"--kubeconfig={kubeconfig}",
+            "--listen=127.0.0.1",
+            f"--port={port}",
+            # virt-operator's arguments; nothing reaches the console port here.
+            "--console-server-port=8186",
+            "--subresources-only",
+            f"--ca-configmap-name={CA_CONFIGMAP}",
+            f"--tls-cert-file={workdir / 'tls.crt'}",
+            f"--tls-key-file={workdir / 'tls.key'}",
+            f"--handler-cert-file={workdir / 'handler-tls.crt'}",
+            f"--handler-key-file={workdir / 'handler-tls.key'}",
+            "--v=2",
+        ],
+    )
+    api = VirtApi(plane, port, ca)
+    try:
+        _await(plane, VIRT_API, api.serving, timeout, "answer its readiness probe", api.log_tail)
+        api.register()
+        _await(
+            plane, VIRT_API, lambda: _webhooks_in_force(plane), timeout,
+            "have its webhooks called by the API server", api.log_tail,
+        )  # fmt: skip
+    except BaseException:
+        api.stop()
+        raise
+    return api
+
+
+def _await(
+    plane: ControlPlane,
+    component: str,
+    ready: Any,
+    timeout: float,
+    what: str,
+    log_tail: Any,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not plane.running(component):
+            raise KubeVirtError(f"{component} exited:\n{log_tail()}")
+        if ready():
+            return
+        time.sleep(0.2)
+    raise KubeVirtError(f"{component} did not {what} within {timeout:.0f} s:\n{log_tail()}")
+
+
+class VirtController:
+    """A running virt-controller beside its virt-api (``virt_api``): ``leading`` asks its
+    /leader endpoint."""
+
+    def __init__(
+        self, plane: ControlPlane, port: int, ca: CertificateAuthority, virt_api: VirtApi
+    ) -> None:
+        self.plane = plane
+        self.port = port
+        self.virt_api = virt_api
         self._ca_pem = ca.cert_pem.decode()
 
     def leading(self) -> bool:
@@ -634,36 +916,67 @@ class VirtController:
     def stop(self, timeout: float = 60.0) -> None:
         """Stops it once no VirtualMachine or VMI awaits deletion (up to ``timeout``): their
         finalizers are virt-controller's, and without it a deleted namespace holding a VM
-        would never go. No-op once the plane has stopped it."""
+        would never go. Then virt-api, its webhooks removed first (``VirtApi.stop``): the
+        tests after these write VMIs by hand, as no KubeVirt would leave them. No-op for
+        what the plane has stopped already."""
         from kubernetes import client
 
-        if not self.plane.running(VIRT_CONTROLLER):
-            return
-        custom = client.CustomObjectsApi(self.plane.api_client())
+        if self.plane.running(VIRT_CONTROLLER):
+            custom = client.CustomObjectsApi(self.plane.api_client())
 
-        def deleting() -> list[str]:
-            names = []
-            for plural in ("virtualmachines", "virtualmachineinstances"):
-                listed = custom.list_cluster_custom_object("kubevirt.io", "v1", plural)
-                names += [
-                    f"{plural}/{o['metadata']['namespace']}/{o['metadata']['name']}"
-                    for o in listed["items"]
-                    if o["metadata"].get("deletionTimestamp")
-                ]
-            return names
+            def deleting() -> list[str]:
+                names = []
+                for plural in ("virtualmachines", "virtualmachineinstances"):
+                    listed = custom.list_cluster_custom_object("kubevirt.io", "v1", plural)
+                    names += [
+                        f"{plural}/{o['metadata']['namespace']}/{o['metadata']['name']}"
+                        for o in listed["items"]
+                        if o["metadata"].get("deletionTimestamp")
+                    ]
+                return names
 
-        deadline = time.monotonic() + timeout
-        while deleting() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        self.plane.stop_component(VIRT_CONTROLLER)
+            deadline = time.monotonic() + timeout
+            while deleting() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            self.plane.stop_component(VIRT_CONTROLLER)
+        self.virt_api.stop()
+        _VIRT_HANDLERS.pop(self.plane.server, None)
 
 
 def start(plane: ControlPlane, timeout: float = READY_TIMEOUT_S) -> VirtController:
-    """Installs what virt-operator would (``install``), starts virt-controller and waits
-    until it leads with its controllers running."""
+    """Installs what virt-operator would (``install``), starts virt-api with its webhooks
+    (``start_virt_api``: in force before any VMI is made), then virt-controller, and waits
+    until it leads with its controllers running. Also makes the kit's virt-handler identity
+    (``virt_handler``)."""
+    from cozystack_gpu_testkit.objects import Kube
+
     install(plane)
     workdir = plane.workdir / VIRT_CONTROLLER
     workdir.mkdir(exist_ok=True)
+    handler_config = workdir / "virt-handler.kubeconfig"
+    _token_kubeconfig(plane, handler_config, HANDLER_SERVICE_ACCOUNT)
+    virt_api = start_virt_api(plane, timeout)
+    try:
+        controller = _start_virt_controller(plane, workdir, virt_api, timeout)
+    except BaseException:
+        virt_api.stop()
+        raise
+    _VIRT_HANDLERS[plane.server] = Kube(_api_client(handler_config))
+    return controller
+
+
+def _api_client(kubeconfig: Path) -> Any:
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = 16
+    return client.ApiClient(configuration)
+
+
+def _start_virt_controller(
+    plane: ControlPlane, workdir: Path, virt_api: VirtApi, timeout: float
+) -> VirtController:
     kubeconfig = workdir / "kubeconfig"
     _token_kubeconfig(plane, kubeconfig)
     # Its metrics and probe endpoints serve TLS only: a certificate of a CA of its own.
@@ -685,14 +998,13 @@ def start(plane: ControlPlane, timeout: float = READY_TIMEOUT_S) -> VirtControll
             "--v=2",
         ],
     )
-    controller = VirtController(plane, port, ca)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not plane.running(VIRT_CONTROLLER):
-            raise KubeVirtError(f"virt-controller exited:\n{controller.log_tail()}")
-        if controller.leading():
-            return controller
-        time.sleep(0.2)
-    raise KubeVirtError(
-        f"virt-controller did not lead within {timeout:.0f} s:\n{controller.log_tail()}"
-    )
+    controller = VirtController(plane, port, ca, virt_api)
+    try:
+        _await(
+            plane, VIRT_CONTROLLER, controller.leading, timeout,
+            "lead", controller.log_tail,
+        )  # fmt: skip
+    except BaseException:
+        plane.stop_component(VIRT_CONTROLLER)
+        raise
+    return controller

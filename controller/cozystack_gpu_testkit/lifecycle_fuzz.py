@@ -18,14 +18,16 @@ GPUNodes. Each step is one random operation, drawn from the seed:
 - the controller: the leader SIGKILLed and started again (the webhooks' Service then
   routes to the replica left, as a Service with two endpoints would).
 
-KubeVirt is its own virt-controller (``RealKubeVirt``; ``kubevirt.start``: v1.8.2 built
-from source, as ``system:serviceaccount:kubevirt:kubevirt-controller``, the user the
-chart's raw-name policy, rendered here, exempts): it makes each VM's VMI (named after it,
-owned by it, with its template's labels and annotations), renders the VMI's launcher pod,
-fails a VMI whose pod went and replaces a VMI that ended while its VM should run, with
-KubeVirt's own start backoff. The kit plays, once per step, only what no real component
-runs here (``kubevirt``'s helpers): virt-api's VMI finalizer, kubelet (a bound launcher
-pod running, a deleted one removed) and virt-handler (its node's labels and devices, a VMI
+KubeVirt is its own virt-controller and virt-api (``RealKubeVirt``; ``kubevirt.start``:
+v1.8.2 built from source; virt-controller as
+``system:serviceaccount:kubevirt:kubevirt-controller``, the user the chart's raw-name
+policy, rendered here, exempts): virt-controller makes each VM's VMI (named after it, owned
+by it, with its template's labels and annotations), renders the VMI's launcher pod, fails
+a VMI whose pod went and replaces a VMI that ended while its VM should run, with
+KubeVirt's own start backoff; virt-api's webhooks default and judge each VM and VMI. The
+kit plays, once per step, only what no real component runs here (``kubevirt``'s helpers):
+kubelet (a bound launcher pod running, a deleted one removed) and virt-handler (its node's
+labels and devices, a VMI
 virt-controller handed over reported Running on the pod's node, with its phase
 transitions; a deleted VMI's guest shut down; a guest powering itself off). All of it sits
 behind ``KubeVirt``, the small interface the driver sees.
@@ -280,22 +282,22 @@ def _vm_of(pod: str) -> str:
 
 
 class RealKubeVirt:
-    """KubeVirt's own virt-controller (``kubevirt.start``) on the run's control plane, as
-    ``system:serviceaccount:kubevirt:kubevirt-controller`` (``VIRT_CONTROLLER``, the user
-    the chart's raw-name policy exempts): its VM controller makes each VM's VMI, its VMI
-    controller the launcher pod, fails a VMI whose pod went, and its VM controller replaces
-    a VMI that ended while the VM should run (with KubeVirt's start backoff after a VMI
-    that never ran). Each ``reconcile`` pass plays only what no real component runs here,
-    with ``kubevirt``'s helpers:
+    """KubeVirt's own virt-controller and virt-api (``kubevirt.start``) on the run's control
+    plane, virt-controller as ``system:serviceaccount:kubevirt:kubevirt-controller``
+    (``VIRT_CONTROLLER``, the user the chart's raw-name policy exempts): its VM controller
+    makes each VM's VMI, its VMI controller the launcher pod, fails a VMI whose pod went,
+    and its VM controller replaces a VMI that ended while the VM should run (with
+    KubeVirt's start backoff after a VMI that never ran); virt-api's webhooks default and
+    judge every VM and VMI written (its finalizer on each new VMI among what it adds).
+    Each ``reconcile`` pass plays only what no real component runs here, with
+    ``kubevirt``'s helpers:
 
-    - virt-api: the VMI finalizer its mutator adds (``as_virt_api``), on the first pass
-      that sees the VMI;
     - kubelet: a bound launcher pod reported running (``kubelet_runs``; virt-controller
       then hands the VMI over, Scheduled on the pod's node), a deleted one removed
       (``kubelet_removes``);
     - virt-handler: its node's labels and devices (``as_virt_handler``, once, at start), a
-      Scheduled VMI whose pod runs reported Running there (``reports``), a deleted VMI's
-      guest shut down (``shuts_down``).
+      Scheduled VMI whose pod runs reported Running there (``reports``, as virt-handler's
+      ServiceAccount), a deleted VMI's guest shut down (``shuts_down``).
 
     virt-controller's own doings are journaled as the pass sees them: a new VMI or pod, a
     VMI's phase changes it wrote, a VM's Failure condition (its VMI refused). Raw GPU
@@ -444,7 +446,7 @@ class RealKubeVirt:
         if last is None or last.outcome != outcome:
             self.journal.record("kubevirt", args, outcome, names)
 
-    # --- what the kit plays: kubelet, virt-handler, virt-api -------------------------
+    # --- what the kit plays: kubelet, virt-handler ------------------------------------
 
     def _kubelet_runs(self, pod: Obj) -> None:
         namespace, name = _meta(pod)["namespace"], _meta(pod)["name"]
@@ -463,8 +465,6 @@ class RealKubeVirt:
                 self.journal.record("virt-handler", args, "guest shut down: Succeeded", {name})
             kubevirt.shuts_down(self.kube, namespace, name)
             return
-        if kubevirt.VMI_FINALIZER not in (_meta(vmi).get("finalizers") or []):
-            kubevirt.as_virt_api(self.kube, vmi)
         node = status.get("nodeName")
         if status.get("phase") != "Scheduled" or uid in self._reported or not node:
             return

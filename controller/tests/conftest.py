@@ -70,8 +70,9 @@ def _uses_kubevirt(item: pytest.Item | None) -> bool:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests on KubeVirt's virt-controller run first, together: it acts on every VMI of the
     cluster (it would render launcher pods for the VMIs other tests write by hand, or fail
-    them for lacking one), so it runs before any of those exist and stops after the last
-    test that uses it (``pytest_runtest_teardown``)."""
+    them for lacking one), and virt-api's webhooks would default and judge those VMIs, so
+    both run before any of those exist and stop after the last test that uses them
+    (``pytest_runtest_teardown``)."""
     items.sort(key=lambda item: not _uses_kubevirt(item))
 
 
@@ -86,14 +87,17 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture(scope="session")
 def kubevirt(full_control_plane: cluster.ControlPlane) -> kubevirt_kit.VirtController:
-    """KubeVirt's own virt-controller on the session's plane (with what virt-operator would
-    install for it), started once, the first time a test asks, and stopped after the last
-    (these tests run first): VirtualMachines become VMIs and launcher pods as in a cluster.
-    Tests that write their own VMIs and pods never pay for it nor meet it."""
+    """KubeVirt's own virt-api (its webhooks registered) and virt-controller on the
+    session's plane (with what virt-operator would install for them), started once, the
+    first time a test asks, and stopped after the last (these tests run first), virt-api's
+    webhooks removed: VirtualMachines pass virt-api's webhooks and become VMIs and launcher
+    pods as in a cluster. Tests that write their own VMIs and pods never pay for it nor
+    meet it."""
     controller = full_control_plane.start_virt_controller()
     _VIRT_CONTROLLER.append(controller)
     _STARTED.append(
-        f"KubeVirt's virt-controller as {kubevirt_kit.USER} (launcher image "
+        f"KubeVirt's virt-api as {kubevirt_kit.API_USER} with its webhooks and "
+        f"virt-controller as {kubevirt_kit.USER} (launcher image "
         f"{kubevirt_kit.LAUNCHER_IMAGE}), for the tests that ask for it, run first"
     )
     return controller

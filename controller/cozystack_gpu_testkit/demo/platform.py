@@ -196,7 +196,8 @@ def start_plane(directory: Path, bin_dir: Path, *, detach: bool) -> cluster.Cont
         controller_manager=True,
         crds=[cluster.kubevirt_crds(bin_dir)],
     )
-    # KubeVirt's own virt-controller makes the VM act's VMI and launcher pod.
+    # KubeVirt's own virt-api (its webhooks) and virt-controller make the VM act's VMI and
+    # launcher pod.
     plane.start_virt_controller()
     (workdir / "state.json").write_text(
         json.dumps(

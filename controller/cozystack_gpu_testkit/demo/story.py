@@ -886,7 +886,10 @@ def act_vm(demo: Demo) -> None:
 
     with console.step("the VM runs: kubelet starts the pod, virt-handler the VMI") as found:
         devices = demo.kubelets.run_pod(node, RESEARCH, demo.launcher, {L40S_24C: 1})
-        demo.kube.vmi_phase(RESEARCH, VM, "Running", node)
+        # As virt-handler on the kit's own plane: its virt-api keeps no one else's VMI
+        # status write.
+        handler = demo.kube if demo.options.kubeconfig else kubevirt.virt_handler(demo.kube)
+        handler.vmi_phase(RESEARCH, VM, "Running", node)
         attached = wait_until(
             lambda: _phase_is(demo, RESEARCH, "desk", "Attached"),
             expected="claim desk Attached",

@@ -99,6 +99,7 @@ def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> Non
             "kube-apiserver": True,
             "kube-scheduler": True,
             "kube-controller-manager": True,
+            "virt-api": True,
             "virt-controller": True,
         }
         pids = json.loads((state / "state.json").read_text())["pids"]

@@ -165,7 +165,8 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
     assert [c["name"] for c in spec.get("initContainers") or []] == ["guest-console-log"]
 
     # The pod is KubeVirt's: the VMI is its controlling owner; the VMI's labels and the
-    # claims annotation travel with it; it selects nodes virt-handler made schedulable.
+    # claims annotation travel with it; it selects nodes virt-handler made schedulable, of
+    # the architecture and machine type virt-api's mutator gave the VMI.
     (owner,) = pod["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"], owner["controller"]) == (
         "VirtualMachineInstance",
@@ -174,7 +175,7 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
     )
     assert pod["metadata"]["labels"][keys.LABEL_CLAIMS_REF] == keys.LABEL_CLAIMS_REF_VALUE
     assert json.loads(pod["metadata"]["annotations"][keys.ANNOTATION_CLAIMS]) == request
-    assert spec["nodeSelector"] == kubevirt_kit.NODE_LABELS
+    assert spec["nodeSelector"] == {**kubevirt_kit.NODE_LABELS, **kubevirt_kit.KUBELET_LABELS}
 
     # The gate is gone; the class's toleration follows KubeVirt's own (the nodes' taint
     # needs it); the pin is inside KubeVirt's one required term: one term, both
@@ -227,6 +228,56 @@ def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
     assert running["metadata"]["labels"]["kubevirt.io/nodeName"] == node
     claim = env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)
     assert (claim["status"]["attachedTo"], claim["status"]["nodeName"]) == ("vm", node)
+
+
+def test_the_vmi_carries_what_virt_apis_mutators_add_and_the_webhooks_gpus_entries(
+    vms: Env,
+) -> None:
+    """Every VM and VMI passes KubeVirt's own virt-api. Its VM mutator gives the VM's
+    template the architecture and machine type; the VMI virt-controller makes from it passes
+    our VMI webhook first (configuration ``cozystack-gpu-*`` sorts before
+    ``virt-api-mutator``), then virt-api's VMI mutator, which adds its finalizer, the
+    default architecture, machine type, CPU topology and pod network and writes the first
+    phase, Pending; then our webhook again (reinvocationPolicy IfNeeded: virt-api changed
+    the object), which adds nothing twice; then virt-api's create validator, which accepts
+    our gpus entries. docs/start-path.md ("virt-api's webhooks") says what each sees."""
+    env = vms
+    kube = env.kube
+    node = env.node("n1", 2)
+    kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=2)
+    order(kube, env.tenant, "a", gpu_class, 1)
+    wait_for(
+        lambda: env.phase("a") in ("Bound", "Attached"),
+        START_TIMEOUT_S,
+        "claim a Bound (or already Attached to the VM's next VMI)",
+    )
+    kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": ["a"]})
+    vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
+    arch = kubevirt_kit.go_architecture()
+
+    # virt-api's VM mutator on the VM (the tenant wrote neither).
+    template = kubevirt_kit.get_vm(kube, env.tenant, "vm")["spec"]["template"]["spec"]
+    assert template["architecture"] == arch
+    assert template["domain"]["machine"] == {"type": "q35"}
+
+    # virt-api's VMI mutator on the VMI.
+    spec = vmi["spec"]
+    assert kubevirt_kit.VMI_FINALIZER in vmi["metadata"]["finalizers"]
+    assert spec["architecture"] == arch
+    assert spec["domain"]["machine"] == {"type": "q35"}
+    cpu = spec["domain"]["cpu"]
+    assert (cpu["model"], cpu["sockets"], cpu["cores"], cpu["threads"]) == ("host-model", 1, 1, 1)
+    assert spec["networks"] == [{"name": "default", "pod": {}}]
+    assert spec["domain"]["devices"]["interfaces"] == [{"name": "default", "bridge": {}}]
+    first = vmi["status"]["phaseTransitionTimestamps"][0]
+    assert first["phase"] == "Pending"
+
+    # Our VMI webhook's entry, once: virt-api neither dropped nor refused it, and our
+    # reinvocation added nothing twice.
+    gpus = spec["domain"]["devices"]["gpus"]
+    assert gpus == [{"name": f"{keys.VMI_GPU_NAME_PREFIX}0", "deviceName": env.resource}]
+    assert env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]["attachedTo"] == "vm"
 
 
 def test_a_refused_vmi_reaches_its_vm_which_starts_by_itself_once_the_claim_is_bound(

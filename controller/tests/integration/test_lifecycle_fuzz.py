@@ -4,7 +4,7 @@ restarted and deleted; tenants deleting claims, stripping finalizers, squatting 
 claim names, writing odd annotations; nodes NotReady, cordoned, short of memory or of a
 GPU; the leader killed) on a control plane of its own with two replicas, the chart's
 webhooks and its policies, and KubeVirt's own virt-controller making the VMIs and launcher
-pods (the test kit plays only virt-api's finalizer, kubelet and virt-handler).
+pods behind its own virt-api's webhooks (the test kit plays only kubelet and virt-handler).
 ``benchmarks/lifecycle_fuzz_bench.py`` is the long form.
 
 It fails on any violation of the invariants (``invariants.Invariants`` with its start-path

@@ -1,9 +1,12 @@
-// Command kubevirt-manifests prints what virt-operator would install for virt-controller at
-// the pinned KubeVirt release, as one multi-document YAML stream on stdout: every CRD of its
-// install strategy plus the KubeVirt CRD, then virt-controller's ServiceAccount, ClusterRole,
-// Role and their bindings in the namespace given as the only argument. It calls
-// virt-operator's own generators rather than copying their output, so the rules follow the
-// release the test platform runs.
+// Command kubevirt-manifests prints what virt-operator would install for virt-controller and
+// virt-api at the pinned KubeVirt release, as one multi-document YAML stream on stdout: every
+// CRD of its install strategy plus the KubeVirt CRD; the ServiceAccount, ClusterRoles, Role
+// and bindings of virt-controller, virt-api and virt-handler in the namespace given as the
+// only argument (virt-handler's for the identity the test kit writes VMI status with: it
+// plays virt-handler, and virt-api drops status writes of anyone else); and virt-api's
+// mutating and validating webhook configurations and the virt-launcher pod one, pointing at
+// the Service virt-api in that namespace. It calls virt-operator's own generators rather
+// than copying their output, so the rules follow the release the test platform runs.
 package main
 
 import (
@@ -46,9 +49,21 @@ func main() {
 	}
 	// With the NetworkAttachmentDefinition rule, as virt-operator's default (no external
 	// network resource injection) installs it.
-	for _, obj := range rbac.GetAllController(os.Args[1], true) {
+	namespace := os.Args[1]
+	for _, obj := range rbac.GetAllController(namespace, true) {
 		objects = append(objects, obj)
 	}
+	for _, obj := range rbac.GetAllApiServer(namespace) {
+		objects = append(objects, obj)
+	}
+	for _, obj := range rbac.GetAllHandler(namespace) {
+		objects = append(objects, obj)
+	}
+	objects = append(objects,
+		components.NewVirtAPIMutatingWebhookConfiguration(namespace),
+		components.NewVirtAPIValidatingWebhookConfiguration(namespace),
+		components.NewVirtLauncherPodMutatingWebhookConfiguration(namespace),
+	)
 	for _, obj := range objects {
 		out, err := yaml.Marshal(obj)
 		if err != nil {
