@@ -199,13 +199,9 @@ def test_the_pod_virt_controller_renders_is_gated_pinned_inside_its_affinity_and
     assert made["metadata"]["ownerReferences"][0]["uid"] == vmi["metadata"]["uid"]
 
 
-def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
-    vms: Env,
-) -> None:
-    """After the start: kubelet (the test) reports the launcher pod running, virt-controller
-    moves the VMI to Scheduled on the pod's node, virt-handler (the test) reports it
-    Running; the held claim stays Attached to it on that node."""
-    env = vms
+def vm_holding_one_claim(env: Env) -> tuple[str, dict[str, Any]]:
+    """Node ``n1`` as virt-handler labels it, claim ``a`` ordered on it, and VM ``vm``
+    holding it created: the node and the VMI virt-controller made."""
     kube = env.kube
     node = env.node("n1", 2)
     kubevirt_kit.as_virt_handler(kube.api, node)
@@ -218,7 +214,18 @@ def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
         "claim a Bound (or already Attached to the VM's next VMI)",
     )
     kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": ["a"]})
-    vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
+    return node, kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
+
+
+def test_virt_controller_hands_the_vmi_to_the_claims_node_once_its_pod_runs(
+    vms: Env,
+) -> None:
+    """After the start: kubelet (the test) reports the launcher pod running, virt-controller
+    moves the VMI to Scheduled on the pod's node, virt-handler (the test) reports it
+    Running; the held claim stays Attached to it on that node."""
+    env = vms
+    kube = env.kube
+    node, vmi = vm_holding_one_claim(env)
     pod = kubevirt_kit.wait_launcher(kube, env.tenant, vmi, bound=True)
     assert pod["spec"]["nodeName"] == node
     # kubelet reports it running; virt-controller hands the VMI over (Scheduled, on the
@@ -243,17 +250,7 @@ def test_the_vmi_carries_what_virt_apis_mutators_add_and_the_webhooks_gpus_entri
     our gpus entries. docs/start-path.md ("virt-api's webhooks") says what each sees."""
     env = vms
     kube = env.kube
-    node = env.node("n1", 2)
-    kubevirt_kit.as_virt_handler(kube.api, node)
-    gpu_class = env.gpu_class(maxCount=2)
-    order(kube, env.tenant, "a", gpu_class, 1)
-    wait_for(
-        lambda: env.phase("a") in ("Bound", "Attached"),
-        START_TIMEOUT_S,
-        "claim a Bound (or already Attached to the VM's next VMI)",
-    )
-    kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": ["a"]})
-    vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
+    _node, vmi = vm_holding_one_claim(env)
     arch = kubevirt_kit.go_architecture()
 
     # virt-api's VM mutator on the VM (the tenant wrote neither).
