@@ -728,7 +728,7 @@ class VirtApi:
     def unregister(self) -> None:
         admission = _admission(self.plane)
         for configuration in self.webhook_configurations():
-            _, remove = _writers(admission, configuration["kind"])
+            _create, remove = _writers(admission, configuration["kind"])
             _gone(remove, configuration["metadata"]["name"])
 
     def stop(self) -> None:

@@ -255,9 +255,9 @@ def share_strings(value: dict[str, Any] | list[Any]) -> None:
 
 
 def _shared(item: Any) -> Any:
-    if type(item) is str:
+    if isinstance(item, str):
         return sys.intern(item) if len(item) <= SHARED_STRING_MAX else item
-    if type(item) is dict or type(item) is list:
+    if isinstance(item, (dict, list)):
         share_strings(item)
     return item
 

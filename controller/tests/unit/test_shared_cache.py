@@ -236,7 +236,7 @@ def test_the_cache_changes_no_value_it_keeps_and_shares_short_strings_between_ob
     expected = copy.deepcopy(sent)
     del expected["metadata"]["managedFields"]
     del expected["metadata"]["annotations"][LAST_APPLIED]
-    first, second = (slim(json.loads(json.dumps(sent))) for _ in range(2))
+    first, second = (slim(json.loads(json.dumps(sent))) for _copy in range(2))
     assert first == expected and second == expected
 
     def strings(value: Any) -> list[str]:
