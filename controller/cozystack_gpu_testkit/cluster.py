@@ -87,6 +87,17 @@ CLIENT_BURST = 10000
 _PR_SET_PDEATHSIG = 1
 
 
+def kubeconfig_client(kubeconfig: Path | str, pool_size: int = 32) -> Any:
+    """A kubernetes.client.ApiClient with the identity of ``kubeconfig``, its connection
+    pool of ``pool_size``."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
 class ControlPlaneError(RuntimeError):
     """The control plane could not be started; the message carries the server's log tail."""
 
@@ -199,14 +210,7 @@ class ControlPlane:
 
         The pool is sized for the binder's writer threads and informers sharing one client.
         """
-        from kubernetes import client, config
-
-        configuration = client.Configuration()
-        config.load_kube_config(
-            config_file=str(self.kubeconfig), client_configuration=configuration
-        )
-        configuration.connection_pool_maxsize = pool_size
-        return client.ApiClient(configuration)
+        return kubeconfig_client(self.kubeconfig, pool_size)
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -948,6 +948,7 @@ def start(plane: ControlPlane, timeout: float = READY_TIMEOUT_S) -> VirtControll
     (``start_virt_api``: in force before any VMI is made), then virt-controller, and waits
     until it leads with its controllers running. Also makes the kit's virt-handler identity
     (``virt_handler``)."""
+    from cozystack_gpu_testkit import cluster
     from cozystack_gpu_testkit.objects import Kube
 
     install(plane)
@@ -961,17 +962,8 @@ def start(plane: ControlPlane, timeout: float = READY_TIMEOUT_S) -> VirtControll
     except BaseException:
         virt_api.stop()
         raise
-    _VIRT_HANDLERS[plane.server] = Kube(_api_client(handler_config))
+    _VIRT_HANDLERS[plane.server] = Kube(cluster.kubeconfig_client(handler_config, 16))
     return controller
-
-
-def _api_client(kubeconfig: Path) -> Any:
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    configuration.connection_pool_maxsize = 16
-    return client.ApiClient(configuration)
 
 
 def _start_virt_controller(

@@ -213,12 +213,7 @@ def start_plane(directory: Path, bin_dir: Path, *, detach: bool) -> cluster.Cont
 
 
 def admin_client(kubeconfig: str) -> Any:
-    from kubernetes import config
-
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    configuration.connection_pool_maxsize = 16
-    return client.ApiClient(configuration)
+    return cluster.kubeconfig_client(kubeconfig, 16)
 
 
 # --- the chart -------------------------------------------------------------------------------
