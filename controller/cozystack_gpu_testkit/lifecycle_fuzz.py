@@ -28,8 +28,8 @@ KubeVirt's own start backoff; virt-api's webhooks default and judge each VM and 
 kit plays, once per step, only what no real component runs here (``kubevirt``'s helpers):
 kubelet (a bound launcher pod running, a deleted one removed) and virt-handler (its node's
 labels and devices, a VMI virt-controller handed over reported Running on the pod's node,
-with its phase transitions; a deleted VMI's guest shut down; a guest powering itself off). All of it sits
-behind ``KubeVirt``, the small interface the driver sees.
+with its phase transitions; a deleted VMI's guest shut down; a guest powering itself off).
+All of it sits behind ``KubeVirt``, the small interface the driver sees.
 
 ``invariants.Invariants`` (its start-path rules included) looks throughout
 (``watching``) and once the run has settled; the driver adds what only it can see
