@@ -110,6 +110,14 @@ SETTINGS: tuple[Setting, ...] = (
         "directory of the webhook server's tls.crt, tls.key and ca.crt (a cert-manager "
         "Secret's layout); they are read again when they change",
     ),
+    Setting(
+        "--webhook-client-ca",
+        "GPU_WEBHOOK_CLIENT_CA",
+        "",
+        "PEM file of the CA that signed the client certificate kube-apiserver presents to "
+        "webhooks; when set, a caller without such a certificate is refused at the TLS "
+        "handshake (empty: any caller)",
+    ),
 )
 
 
@@ -132,6 +140,8 @@ class Config:
     inventory_stale_after: float = 300.0
     webhook_port: int = 9443
     webhook_cert_dir: str = DEFAULT_WEBHOOK_CERT_DIR
+    # Only callers with a certificate of this CA reach the webhooks (empty: any caller).
+    webhook_client_ca: str = ""
 
 
 def _attr(setting: Setting) -> str:
@@ -204,6 +214,7 @@ def from_arguments(args: argparse.Namespace | None = None) -> Config:
         inventory_stale_after=number("inventory_stale_after"),
         webhook_port=_port("webhook-port", number("webhook_port")),
         webhook_cert_dir=raw["webhook_cert_dir"],
+        webhook_client_ca=raw["webhook_client_ca"],
     )
 
 

@@ -60,6 +60,8 @@ KUBEVIRT_CRD_FILE = "kubevirt-crds.yaml"
 SERVICE_CIDR = "10.96.0.0/12"
 # The common name of the API server's front-proxy client certificate (kubeadm's).
 FRONT_PROXY_CLIENT = "front-proxy-client"
+# The client certificate kube-apiserver presents to the admission webhooks it calls.
+WEBHOOK_CLIENT = "kube-apiserver-webhook-client"
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
@@ -155,6 +157,9 @@ class ControlPlane:
     detach: bool = False
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
     _owns_workdir: bool = field(default=False, repr=False)
+    # The CA of the client certificate kube-apiserver presents to webhooks: a replica given
+    # it (--webhook-client-ca) answers the API server and no one else.
+    webhook_client_ca: Path | None = None
 
     # --- clients ---------------------------------------------------------------------
 
@@ -460,6 +465,41 @@ def _kubeconfig(server: str, ca: bytes, cert: bytes, key: bytes) -> dict[str, An
     }
 
 
+def _webhook_client_config(pki: Path) -> Path:
+    """kube-apiserver's AdmissionConfiguration: both webhook plugins present the client
+    certificate in ``pki`` to every webhook (the kubeconfig's user ``*``)."""
+    users = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "users": [
+            {
+                "name": "*",
+                "user": {
+                    "client-certificate": str(pki / "webhook-client.crt"),
+                    "client-key": str(pki / "webhook-client.key"),
+                },
+            }
+        ],
+    }
+    (pki / "webhook-kubeconfig").write_text(yaml.safe_dump(users))
+    webhooks = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "WebhookAdmissionConfiguration",
+        "kubeConfigFile": str(pki / "webhook-kubeconfig"),
+    }
+    config = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [
+            {"name": plugin, "configuration": webhooks}
+            for plugin in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+        ],
+    }
+    path = pki / "admission-config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def _scratch_parent() -> str | None:
     # etcd on tmpfs: the suite writes thousands of objects and fsync on disk would dominate.
     shm = Path("/dev/shm")
@@ -517,6 +557,16 @@ def start(
         pki / "front-proxy-client.crt", pki / "front-proxy-client.key"
     )
 
+    # kube-apiserver calls webhooks with a client certificate, as a hoster sets it up
+    # (--admission-control-config-file), so the product's replicas can refuse any other
+    # caller (webhook.clientAuth). Signed by the cluster CA, which virt-api's webhooks (they
+    # verify a client certificate when one is given) trust already; a hoster uses a CA that
+    # signs nothing else.
+    ca.issue(WEBHOOK_CLIENT, client=True).write(
+        pki / "webhook-client.crt", pki / "webhook-client.key"
+    )
+    admission_config = _webhook_client_config(pki)
+
     etcd_client, etcd_peer, secure_port = free_port(), free_port(), free_port()
     server = f"https://127.0.0.1:{secure_port}"
     kubeconfig = workdir / "kubeconfig"
@@ -535,6 +585,7 @@ def start(
         client_key=pki / "admin.key",
         detach=detach,
         _owns_workdir=owns,
+        webhook_client_ca=pki / "ca.crt",
     )
 
     etcd_args = [
@@ -570,6 +621,7 @@ def start(
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
         f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        f"--admission-control-config-file={admission_config}",
         "--authorization-mode=Node,RBAC",
         "--allow-privileged=true",
         # Without the controller-manager nobody creates default service accounts, so the

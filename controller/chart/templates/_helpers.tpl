@@ -5,6 +5,7 @@
 {{- define "cozystack-gpu.webhookService" -}}cozystack-gpu-webhook{{- end -}}
 {{- define "cozystack-gpu.webhookSecret" -}}cozystack-gpu-webhook-tls{{- end -}}
 {{- define "cozystack-gpu.webhookCertDir" -}}/var/run/cozystack-gpu/webhook-certs{{- end -}}
+{{- define "cozystack-gpu.webhookClientCADir" -}}/var/run/cozystack-gpu/webhook-client-ca{{- end -}}
 
 {{- define "cozystack-gpu.labels" -}}
 app.kubernetes.io/part-of: cozystack-gpu

@@ -99,7 +99,9 @@ def start(
     memo.admission = admission
     if config.webhook_port:
         settings.admission.server = CertDirWebhookServer(
-            config.webhook_cert_dir, config.webhook_port
+            config.webhook_cert_dir,
+            config.webhook_port,
+            client_ca=config.webhook_client_ca or None,
         )
     else:
         settings.admission.server = NoWebhookServer()

@@ -178,6 +178,31 @@ def test_the_webhook_service_sends_port_443_to_the_webhook_port(helm: Path) -> N
     assert ports["webhook"] == 9443
 
 
+def test_with_client_auth_every_replica_answers_only_the_api_servers_certificate(
+    helm: Path,
+) -> None:
+    """webhook.clientAuth (docs/security.md, G2): the CA reaches every replica as a file
+    its webhook server verifies callers against; without it, any caller is answered."""
+    pod = find(render(helm), "Deployment", "cozystack-gpu-controller")["spec"]["template"]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["GPU_WEBHOOK_CLIENT_CA"] == ""
+    bundle = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    objects = render(helm, {"webhook": {"clientAuth": {"caBundle": bundle}}})
+    assert find(objects, "ConfigMap", "cozystack-gpu-webhook-client-ca")["data"] == {
+        "ca.crt": bundle
+    }
+    pod = find(objects, "Deployment", "cozystack-gpu-controller")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert env["GPU_WEBHOOK_CLIENT_CA"] == f"{mounts['webhook-client-ca']}/ca.crt"
+    assert volumes["webhook-client-ca"]["configMap"]["name"] == "cozystack-gpu-webhook-client-ca"
+    assert "checksum/webhook-client-ca" in pod["metadata"]["annotations"]
+    refused = helm_template(helm, {"webhook": {"clientAuth": {"caBundle": "not a PEM"}}})
+    assert refused.returncode != 0 and "caBundle" in refused.stderr, refused.stderr
+
+
 def test_the_webhook_timeout_follows_its_value(helm: Path) -> None:
     hooks = webhooks(render(helm, {"webhook": {"timeoutSeconds": 5}}))
     assert {h["timeoutSeconds"] for h in hooks.values()} == {5}

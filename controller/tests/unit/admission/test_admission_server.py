@@ -1,5 +1,7 @@
 """The webhook server takes its key pair from the certificate directory, waits for it, and
-serves a rotated pair without a restart (what cert-manager does to the mounted Secret)."""
+serves a rotated pair without a restart (what cert-manager does to the mounted Secret);
+with a client CA it answers only callers holding a certificate of that CA (the API
+server's), never a guest that reaches its port."""
 
 from __future__ import annotations
 
@@ -27,9 +29,14 @@ def _issue(ca: CertificateAuthority, cert_dir: Path) -> int:
     return x509.load_pem_x509_certificate(pair.cert_pem).serial_number
 
 
-def _call(port: int, ca_pem: bytes) -> tuple[int, dict[str, Any]]:
-    """POST one review over TLS; the serial of the served certificate and the answer."""
+def _call(
+    port: int, ca_pem: bytes, client_pair: tuple[Path, Path] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """POST one review over TLS (with a client certificate when given); the serial of the
+    served certificate and the answer."""
     context = ssl.create_default_context(cadata=ca_pem.decode())
+    if client_pair is not None:
+        context.load_cert_chain(*client_pair)
     body = json.dumps({"request": {"uid": "u"}}).encode()
     with (
         socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
@@ -118,3 +125,47 @@ async def test_the_server_waits_for_its_key_pair(tmp_path: Path, ca: Certificate
 async def _drain(events: AsyncIterator[None]) -> None:
     async for _config in events:
         pass
+
+
+async def test_with_a_client_ca_only_the_api_servers_certificate_gets_an_answer(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    """A forged review from a caller without the API server's client certificate (a guest
+    on the pod network) is refused at the handshake; one with a certificate of another CA
+    too; the API server's gets its answer."""
+    _issue(ca, tmp_path)
+    callers = CertificateAuthority("webhook-callers")
+    (tmp_path / "client-ca.crt").write_bytes(callers.cert_pem)
+    apiserver = callers.issue("kube-apiserver-webhook-client", client=True)
+    apiserver.write(tmp_path / "apiserver.crt", tmp_path / "apiserver.key")
+    CertificateAuthority("elsewhere").issue("guest", client=True).write(
+        tmp_path / "guest.crt", tmp_path / "guest.key"
+    )
+    port = free_port()
+    server = CertDirWebhookServer(
+        tmp_path,
+        port,
+        addr="127.0.0.1",
+        file_check_interval=0.1,
+        client_ca=tmp_path / "client-ca.crt",
+    )
+    task = asyncio.create_task(_drain(_serve(server)))
+    pair = (tmp_path / "apiserver.crt", tmp_path / "apiserver.key")
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            try:
+                _serial, answer = await asyncio.to_thread(_call, port, ca.cert_pem, pair)
+                break
+            except OSError:
+                assert asyncio.get_running_loop().time() < deadline, "the server never answered"
+                await asyncio.sleep(0.05)
+        assert answer["response"] == {"uid": "u", "allowed": True}
+        for forged in (None, (tmp_path / "guest.crt", tmp_path / "guest.key")):
+            with pytest.raises((ssl.SSLError, ConnectionError, json.JSONDecodeError, IndexError)):
+                taken = await asyncio.to_thread(_call, port, ca.cert_pem, forged)
+                raise AssertionError(f"a caller with {forged} got an answer: {taken}")
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
