@@ -103,8 +103,10 @@ cluster-down: setup
 # The chart's controller and agents as local processes, three simulated GPU hosts laid out by
 # the host playbook, tenants' orders, a VM's start, a node failure (controller/
 # cozystack_gpu_testkit/demo). The cluster stays up; demo-down stops all of it.
+# CLUSTER=existing runs it on the cluster $KUBECONFIG names; otherwise $KUBECONFIG is ignored.
 demo: setup binaries
-	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.demo up
+	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.demo up \
+		$(if $(filter existing,$(CLUSTER)),--existing-cluster)
 
 demo-down: setup
 	@$(BIN)/python -m cozystack_gpu_testkit.demo down

@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--quiet", action="store_true", help="check every act without showing kubectl tables"
     )
+    up.add_argument(
+        "--existing-cluster",
+        action="store_true",
+        help="run on the cluster $KUBECONFIG names (make demo CLUSTER=existing) instead of a "
+        "local control plane of its own; without it $KUBECONFIG is ignored",
+    )
     sub.add_parser("down", help="stop what the demo started and remove its directory")
     kubelet = sub.add_parser(
         "kubelet",
@@ -45,29 +51,22 @@ def main(argv: list[str] | None = None) -> int:
     if platform.State.load(directory) is not None:
         print(f"# an earlier demo in {directory}: stopping it first", flush=True)
         platform.down(directory)
-    kubeconfig = os.environ.get("KUBECONFIG") or None
-    if kubeconfig:
-        print(
-            "\n".join(
-                [
-                    "!" * 78,
-                    f"! $KUBECONFIG is set: the demo runs against {kubeconfig}",
-                    "! It registers Nodes gpu-h100-01, gpu-l40s-01, gpu-l40s-02, worker-01,",
-                    "! creates namespaces tenant-*, and installs the chart as cozystack-gpu.",
-                    "! Its API server must reach this machine for the webhooks. Unset",
-                    "! KUBECONFIG to run on a local control plane of its own instead.",
-                    "!" * 78,
-                ]
-            ),
-            flush=True,
+    try:
+        kubeconfig, notice = platform.chosen_cluster(
+            os.environ.get("KUBECONFIG") or None, existing=args.existing_cluster
         )
-        if sys.stdout.isatty():
-            print("Starting in 10 s; Ctrl-C stops it.", flush=True)
-            try:
-                time.sleep(10)
-            except KeyboardInterrupt:
-                print("\n# not started", flush=True)
-                return 130
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if notice:
+        print("\n".join(notice), flush=True)
+    if kubeconfig and sys.stdout.isatty():
+        print("Starting in 10 s; Ctrl-C stops it.", flush=True)
+        try:
+            time.sleep(10)
+        except KeyboardInterrupt:
+            print("\n# not started", flush=True)
+            return 130
     try:
         down = (
             "make demo-down"

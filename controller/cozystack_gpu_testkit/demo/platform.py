@@ -146,6 +146,56 @@ def stop_process(state: State, name: str, timeout: float = 10.0) -> None:
     state.save()
 
 
+# What the demo makes in a cluster it did not start (besides the CRDs, which the chart keeps).
+FOREIGN_NODES = ("gpu-h100-01", "gpu-l40s-01", "gpu-l40s-02", "worker-01")
+FOREIGN_NAMESPACES = ("tenant-root", "tenant-acme", "tenant-acme-research")
+FOREIGN_CLASSES = ("h100", "l40s", "l40s-24c")
+FOREIGN_SECRET = "nls-token"
+
+
+def foreign_cleanup() -> list[str]:
+    """The commands that remove what the demo made in a cluster it did not start, in an
+    order that lets the controller release the claims before it goes."""
+    return [
+        f"kubectl delete namespace {' '.join(FOREIGN_NAMESPACES)}",
+        f"kubectl delete gpuclasses.gpu.cozystack.io {' '.join(FOREIGN_CLASSES)}",
+        f"helm uninstall {RELEASE} -n {NAMESPACE}",
+        f"kubectl -n {NAMESPACE} delete secret {FOREIGN_SECRET}",
+        f"kubectl delete node {' '.join(FOREIGN_NODES)}",
+    ]
+
+
+def chosen_cluster(kubeconfig: str | None, *, existing: bool) -> tuple[str | None, list[str]]:
+    """The kubeconfig the demo runs on (None: a local control plane of its own) and what it
+    says about the choice. It never writes to a cluster it did not start unless asked in so
+    many words (``--existing-cluster``, ``make demo CLUSTER=existing``): a $KUBECONFIG left
+    set in a shell would otherwise get fake GPU Nodes and tenants."""
+    if not existing:
+        if kubeconfig is None:
+            return None, []
+        return None, [
+            f"# $KUBECONFIG ({kubeconfig}) is ignored: the demo starts a local control plane",
+            "# of its own. `make demo CLUSTER=existing` runs it on that cluster instead.",
+        ]
+    if kubeconfig is None:
+        raise ValueError(
+            "--existing-cluster (CLUSTER=existing) runs the demo on the cluster $KUBECONFIG "
+            "names, and $KUBECONFIG is not set; set it, or leave the flag out for a local "
+            "control plane"
+        )
+    return kubeconfig, [
+        "!" * 78,
+        f"! CLUSTER=existing: the demo runs against {kubeconfig}",
+        f"! It registers Nodes {', '.join(FOREIGN_NODES)},",
+        f"! creates namespaces {', '.join(FOREIGN_NAMESPACES)}, GPUClasses",
+        f"! {', '.join(FOREIGN_CLASSES)}, the Secret {NAMESPACE}/{FOREIGN_SECRET}, and installs",
+        f"! the chart as {RELEASE}. Its API server must reach this machine for the webhooks.",
+        "! `make demo-down` stops the demo's processes and prints the commands that remove",
+        "! these objects.",
+        "!" * 78,
+    ]
+
+
 def down(directory: Path, say: Any = print) -> int:
     """Stops what a demo in ``directory`` started: its processes, then its own control plane;
     removes the directory. A cluster named by ``$KUBECONFIG`` keeps the demo's objects."""
@@ -169,11 +219,8 @@ def down(directory: Path, say: Any = print) -> int:
         say("# demo stopped: its processes and its control plane")
     else:
         say(
-            "# demo processes stopped. The cluster at $KUBECONFIG keeps what the demo made: "
-            f"helm uninstall {RELEASE} -n {NAMESPACE}; kubectl -n {NAMESPACE} delete secret "
-            "nls-token; kubectl delete namespace "
-            "tenant-root tenant-acme tenant-acme-research; kubectl delete node "
-            "gpu-h100-01 gpu-l40s-01 gpu-l40s-02 worker-01"
+            "# demo processes stopped. The cluster at $KUBECONFIG keeps what the demo made; "
+            "to remove it: " + "; ".join(foreign_cleanup())
         )
         state.path.unlink()
     return 0

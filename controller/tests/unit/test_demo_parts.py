@@ -15,6 +15,7 @@ from cozystack_gpu_testkit.demo.console import Console, DemoFailure, Mismatch, c
 from cozystack_gpu_testkit.demo.hosts import check_socket_paths
 from cozystack_gpu_testkit.demo.platform import (
     Rollout,
+    chosen_cluster,
     expand_vars,
     localize,
     node_matches,
@@ -129,3 +130,20 @@ def test_a_directory_too_deep_for_unix_sockets_is_refused_before_anything_starts
     with pytest.raises(ValueError, match="choose a shorter --dir"):
         check_socket_paths(deep, lambda node: deep / "pods" / node / "agent")
     check_socket_paths(Path("/tmp/cgd-x"), lambda node: Path("/tmp/cgd-x/pods") / node / "agent")
+
+
+def test_the_demo_never_writes_to_a_cluster_it_was_not_told_to_use() -> None:
+    """A $KUBECONFIG left set in the shell is not a request: the demo starts its own plane
+    and says it ignored it; only --existing-cluster uses it, and then says what it makes."""
+    assert chosen_cluster(None, existing=False) == (None, [])
+    kubeconfig, notice = chosen_cluster("/home/hoster/.kube/prod", existing=False)
+    assert kubeconfig is None
+    assert "/home/hoster/.kube/prod) is ignored" in notice[0]
+    assert "CLUSTER=existing" in notice[1]
+    kubeconfig, notice = chosen_cluster("/home/hoster/.kube/prod", existing=True)
+    assert kubeconfig == "/home/hoster/.kube/prod"
+    told = "\n".join(notice)
+    for made in ("gpu-h100-01", "tenant-acme-research", "l40s-24c", "nls-token", "make demo-down"):
+        assert made in told, made
+    with pytest.raises(ValueError, match="KUBECONFIG is not set"):
+        chosen_cluster(None, existing=True)
