@@ -14,14 +14,22 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: test setup binaries image lint alerts pytest sanity units ansible-lint molecule cluster cluster-down demo demo-down build docs
+.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint molecule cluster cluster-down demo demo-down build docs
 
-test: setup binaries image lint alerts pytest sanity units ansible-lint molecule
+test: setup binaries image lint alerts pytest sanity units ansible-lint molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
+
+# `make help`: every target with the text after its `##`.
+help: ## list the targets
+	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+# The unit tests alone (no API server, no binaries), for quick loops: a minute or two.
+test-unit: setup ## the unit tests alone, a minute or two (no binaries, no API server)
+	cd controller && $(BIN)/pytest -p no:cacheprovider -q tests/unit
 
 PROTO := controller/cozystack_gpu/agent/podresources/api.proto
 PROTO_OUT := $(PROTO:.proto=_pb2.py)
 
-setup: $(STAMP) $(PROTO_OUT)
+setup: $(STAMP) $(PROTO_OUT) ## the Python environment (.venv) and the generated pod-resources messages
 
 # kubelet's pod-resources messages are compiled from the .proto, never written by hand.
 $(PROTO_OUT): $(PROTO) $(STAMP)
@@ -37,7 +45,7 @@ $(STAMP):
 
 # kube-apiserver, etcd, kubectl and helm built from source once per machine (cached in
 # ~/.cache/cozystack-gpu); prints progress while a first build runs.
-binaries:
+binaries: ## build the control plane, helm, KubeVirt and Prometheus from source, once per machine
 	@echo "== control plane binaries ==" >&2
 	mkdir -p $(CACHE)
 	tools/build-binaries.sh > $(BIN_DIR_FILE).tmp && mv $(BIN_DIR_FILE).tmp $(BIN_DIR_FILE)
@@ -46,11 +54,11 @@ binaries:
 # The controller image (controller/Containerfile) built with podman from a local Debian base
 # and host-built wheels, once per machine for a given tree (tools/build-image.sh); the
 # image tests in pytest run it. Needs root; a first build takes about 3.5 minutes.
-image: setup
+image: setup ## build the controller's OCI image with podman (needs root)
 	@echo "== controller image ==" >&2
 	tools/build-image.sh >/dev/null
 
-lint: setup
+lint: setup ## ruff, mypy and the import layers
 	@echo "== ruff + mypy + import layers ==" >&2
 	cd controller && $(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/ruff check --config controller/pyproject.toml plugins/module_utils plugins/action
@@ -61,52 +69,52 @@ lint: setup
 
 # The chart's alerting rules as it renders them: promtool check rules, then the rules' unit
 # tests (controller/tests/alerts); about a second.
-alerts: setup binaries
+alerts: setup binaries ## promtool: check and unit-test the chart's alerting rules
 	@echo "== promtool: the chart's alerting rules ==" >&2
 	PYTHON=$(BIN)/python COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/check-alerts.sh
 
-pytest: setup binaries
+pytest: setup binaries ## unit, integration, chart, image and e2e tests against a real API server
 	@echo "== pytest (unit + integration against a real kube-apiserver) ==" >&2
 	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) $(BIN)/pytest -p no:cacheprovider
 
-sanity: setup
+sanity: setup ## ansible-test sanity, offline
 	@echo "== ansible-test sanity (offline, no ignore file) ==" >&2
 	tools/ansible-test.sh sanity --python 3.11
 
-units: setup
+units: setup ## ansible-test units (modules and module_utils)
 	@echo "== ansible-test units (modules and module_utils) ==" >&2
 	tools/ansible-test.sh units --python 3.11 --local
 
-ansible-lint: setup
+ansible-lint: setup ## ansible-lint, production profile
 	@echo "== ansible-lint (production profile, offline) ==" >&2
 	tools/molecule-lint.sh
 
 # Roles in podman containers with real systemd; the platform (podman, runc, a debootstrapped
 # image) is prepared once per machine by tools/molecule-platform.sh. Needs root.
-molecule: setup binaries
+molecule: setup binaries ## the roles in podman containers with real systemd (needs root)
 	@echo "== molecule scenarios ==" >&2
 	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/molecule-test.sh
 
 # docs/api.md is generated from the CRDs (a unit test fails while it is stale).
-docs: setup
+docs: setup ## regenerate docs/api.md from the CRDs
 	$(BIN)/python tools/gen_api_docs.py
 
-build: setup
+build: setup ## the collection tarball
 	$(BIN)/ansible-galaxy collection build --force --output-path $(CACHE)/dist
 
-cluster: setup binaries
+cluster: setup binaries ## a local control plane with KubeVirt, no product; prints export KUBECONFIG=...
 	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.cluster up
 
-cluster-down: setup
+cluster-down: setup ## stop the local control plane
 	@$(BIN)/python -m cozystack_gpu_testkit.cluster down
 
 # The chart's controller and agents as local processes, three simulated GPU hosts laid out by
 # the host playbook, tenants' orders, a VM's start, a node failure (controller/
 # cozystack_gpu_testkit/demo). The cluster stays up; demo-down stops all of it.
 # CLUSTER=existing runs it on the cluster $KUBECONFIG names; otherwise $KUBECONFIG is ignored.
-demo: setup binaries
+demo: setup binaries ## the whole story on a local control plane (CLUSTER=existing: on $KUBECONFIG's)
 	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.demo up \
 		$(if $(filter existing,$(CLUSTER)),--existing-cluster)
 
-demo-down: setup
+demo-down: setup ## stop everything the demo started
 	@$(BIN)/python -m cozystack_gpu_testkit.demo down
