@@ -495,6 +495,37 @@ def _gpunode(name: str) -> dict[str, Any]:
     return {"apiVersion": keys.API_VERSION, "kind": keys.KIND_NODE, "metadata": {"name": name}}
 
 
+def test_kubectl_shows_a_gpunodes_readiness_and_why_and_wide_its_advertising(
+    control_plane: ControlPlane, api: Api, unique: str
+) -> None:
+    """docs/troubleshooting.md sends hosters to `kubectl get gpunodes -o wide` for the Ready
+    and ResourceNamesAdvertised conditions: the columns show them."""
+    name = f"pc-node-{unique}"
+    api.custom.create_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_NODES, _gpunode(name)
+    )
+    now = "2026-12-02T00:00:00Z"
+    conditions = [
+        {"type": "Ready", "status": "False", "reason": "Cordoned", "message": "m",
+         "lastTransitionTime": now},
+        {"type": "ResourceNamesAdvertised", "status": "True", "reason": "Advertised",
+         "message": "m", "lastTransitionTime": now},
+    ]  # fmt: skip
+    api.custom.patch_cluster_custom_object_status(
+        keys.GROUP,
+        keys.VERSION,
+        keys.PLURAL_NODES,
+        name,
+        {"status": {"conditions": conditions, "resourceNames": ["nvidia.com/X"]}},
+    )
+    plain = control_plane.kubectl("get", "gpunodes", name).stdout.splitlines()
+    assert plain[0].split()[:4] == ["NAME", "READY", "REASON", "RESOURCES"], plain
+    assert plain[1].split()[:3] == [name, "False", "Cordoned"], plain
+    wide = control_plane.kubectl("get", "gpunodes", name, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[:5] == ["NAME", "READY", "REASON", "ADVERTISED", "RESOURCES"], wide
+    assert wide[1].split()[:4] == [name, "False", "Cordoned", "True"], wide
+
+
 def test_gpunode_devices_are_keyed_by_a_full_pci_address(api: Api, unique: str) -> None:
     name = f"node-{unique}"
     created = api.custom.create_cluster_custom_object(
