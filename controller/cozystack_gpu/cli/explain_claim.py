@@ -180,6 +180,24 @@ def _headroom(levels: Sequence[Mapping[str, Any]]) -> int | None:
     return max(min(rooms), 0) if rooms else None
 
 
+def _order_passes(
+    c: Mapping[str, Any], count: int, entitled: bool | None, room: int | None
+) -> bool:
+    """Whether an order of ``count`` units of class ``c`` passes the checks the tenant can
+    read: capacity on one node, maxCount (vGPU: one unit unless it says more), the vGPU
+    entitlement, and the room its budget keys leave (``room``; None: no readable key
+    limits it)."""
+    vgpu = c["mode"] == keys.Mode.VGPU.value
+    limit = c["maxCount"] or (1 if vgpu else None)
+    return (
+        not c["deleting"]
+        and c["maxFreePerNode"] >= count
+        and (limit is None or count <= limit)
+        and not (vgpu and entitled is False)
+        and (room is None or count <= room)
+    )
+
+
 def suggestions(
     reason: str | None,
     count: int,
@@ -187,15 +205,19 @@ def suggestions(
     classes: Sequence[Mapping[str, Any]],
     levels: Sequence[Mapping[str, Any]],
     entitled: bool | None,
+    class_rooms: Mapping[str, int | None] | None = None,
 ) -> list[str]:
-    """What the tenant could change, from the reason the binder gave and what it can read."""
+    """What the tenant could change, from the reason the binder gave and what it can read.
+    Another class is offered only when an order of it would pass the same checks
+    (``class_rooms``: what each class's budget keys leave, see ``_headroom``), so following
+    a hint never meets a second refusal the tenant could have been told of."""
     out: list[str] = []
+    rooms = class_rooms or {}
     others = [
         c
         for c in classes
         if klass is None or c["name"] != klass["name"]
-        if not c["deleting"] and c["maxFreePerNode"] >= count
-        if not (c["mode"] == keys.Mode.VGPU.value and entitled is False)
+        if _order_passes(c, count, entitled, rooms.get(c["name"]))
     ]
     room = _headroom(levels)
     if reason in (Reason.BUDGET_EXCEEDED, Reason.RAW_KEY_UNCOVERED):
@@ -291,7 +313,12 @@ def explain(readings: ClaimReadings, config: Config, now: float) -> Report:
     if phase == keys.Phase.PENDING.value and bound is None:
         report["toFit"] = ["wait: the binder has not judged this order yet"]
     elif phase in (keys.Phase.PENDING.value, keys.Phase.LOST.value):
-        report["toFit"] = suggestions(reason, count, klass, summaries, levels, entitled)
+        rooms = {
+            c["name"]: _headroom(budget_levels(readings, chain, c["name"], snap))
+            for c in summaries
+            if c["name"] != class_name
+        }
+        report["toFit"] = suggestions(reason, count, klass, summaries, levels, entitled, rooms)
     if snap is not None and view is not None:
         key = ClaimKey(ns, name)
         info_claim = snap.claim(key)

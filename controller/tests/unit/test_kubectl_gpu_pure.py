@@ -245,3 +245,37 @@ def test_the_console_script_kubectl_gpu_resolves_to_main() -> None:
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     module, _colon, attr = project["project"]["scripts"]["kubectl-gpu"].partition(":")
     assert getattr(importlib.import_module(module), attr) is main.console
+
+
+@pytest.mark.parametrize(
+    ("t4_quota", "vgpu_count", "suggested"),
+    [
+        ("10", 1, {"t4", "l40s"}),  # room under every key: both are offered
+        ("3", 1, {"l40s"}),  # the tenant's own t4 claims use its t4 budget up
+        ("10", 2, {"t4"}),  # a vGPU class takes one unit per VM (maxCount unset)
+    ],
+)  # fmt: skip
+def test_another_class_is_offered_only_when_an_order_of_it_would_pass_the_order_checks(
+    t4_quota: str, vgpu_count: int, suggested: set[str]
+) -> None:
+    """A hint the tenant follows must not meet a second refusal: another class is offered
+    only when the order passes its budget keys, its maxCount, the entitlement and capacity
+    (as far as the tenant can read them)."""
+    waiting = {**WAITING, "message": "no node serving class h100 has the units"}
+    claim = _claim("a", "c", "h100", vgpu_count, conditions=[waiting])
+    used = _claim("a", "t4-held", "t4", 3, phase="Bound")
+    quota = {"spec": {"hard": {keys.quota_key("t4"): t4_quota, keys.QUOTA_KEY_TOTAL: "20"}}}
+    namespace = {
+        "metadata": {"name": "a", "labels": {keys.LABEL_VGPU_ENTITLEMENT: "true"}},
+    }
+    readings = explain_claim.ClaimReadings(
+        claim=claim,
+        classes=[_class("h100", 0, 0), _class("t4", 5, 4), _class("l40s", 9, 9, "vgpu")],
+        namespace=namespace,
+        quotas={"a": [quota]},
+        claims=[claim, used],
+        claims_namespace="a",
+    )
+    hints = explain_claim.explain(readings, CONFIG, 0.0)["toFit"]
+    offered = {h.split(": ", 1)[1].split(" ")[0] for h in hints if h.startswith("another class")}
+    assert offered == suggested, hints
