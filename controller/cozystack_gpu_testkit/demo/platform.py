@@ -151,6 +151,8 @@ FOREIGN_NODES = ("gpu-h100-01", "gpu-l40s-01", "gpu-l40s-02", "worker-01")
 FOREIGN_NAMESPACES = ("tenant-root", "tenant-acme", "tenant-acme-research")
 FOREIGN_CLASSES = ("h100", "l40s", "l40s-24c")
 FOREIGN_SECRET = "nls-token"
+# The equivalent of KubeVirt's kubevirt.io:admin the demo installs where the cluster lacks it.
+DEMO_KUBEVIRT_ADMIN = "cozystack-gpu-demo-kubevirt-admin"
 
 
 def foreign_cleanup() -> list[str]:
@@ -162,6 +164,7 @@ def foreign_cleanup() -> list[str]:
         f"helm uninstall {RELEASE} -n {NAMESPACE}",
         f"kubectl -n {NAMESPACE} delete secret {FOREIGN_SECRET}",
         f"kubectl delete node {' '.join(FOREIGN_NODES)}",
+        f"kubectl delete clusterrole {DEMO_KUBEVIRT_ADMIN} --ignore-not-found",
     ]
 
 
@@ -360,6 +363,7 @@ class Rollout(enum.Enum):
     KEEP = "keep"
     RESTART = "restart"  # its owner's pod template changed: a cluster would roll it
     STOP = "stop"  # its owner is gone: the garbage collector would delete the Pod
+    START = "start"  # its owner is back (helm install after helm uninstall)
 
 
 def template_hash(template: Mapping[str, Any]) -> str:
@@ -369,10 +373,14 @@ def template_hash(template: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
-def rollout(started: str, owner: Mapping[str, Any] | None) -> Rollout:
+def rollout(started: str, owner: Mapping[str, Any] | None, *, stopped: bool = False) -> Rollout:
     """Restart a local pod when its Deployment's or DaemonSet's current pod template is not
     the one (``started``, its hash) its process was started from; stop it when the owner is
-    gone. Only the template counts: replicas, labels or status of the owner roll nothing."""
+    gone; start a ``stopped`` one again when its owner is back (a reinstalled release names
+    its Deployment and DaemonSet as before). Only the template counts: replicas, labels or
+    status of the owner roll nothing."""
+    if stopped:
+        return Rollout.KEEP if owner is None else Rollout.START
     if owner is None:
         return Rollout.STOP
     if template_hash(owner["spec"]["template"]) != started:
@@ -495,29 +503,33 @@ class LocalPods:
     def sync(self) -> list[str]:
         """One pass of the local kubelet over the pods it started: restarts each whose
         owner's pod template changed (stop, then start: one replica on the same ports, where
-        a cluster would surge a new one first), stops each whose owner is gone. Returns a
-        line per pod it acted on."""
+        a cluster would surge a new one first), stops each whose owner is gone, and starts
+        again one whose owner came back (its record stays, so it comes back on its node and
+        ports). Returns a line per pod it acted on."""
         done = []
         for name, record in sorted(self.state.pods.items()):
             owner = self._owner(record)
-            action = rollout(record["template"], owner)
+            action = rollout(record["template"], owner, stopped=bool(record.get("stopped")))
             if action is Rollout.KEEP:
                 continue
             old = self.state.processes.get(f"pod/{name}")
             stop_process(self.state, f"pod/{name}")
             what = f"pod {name}: {record['kind']} {record['owner']}"
             if owner is None:
-                del self.state.pods[name]
+                record["stopped"] = True
                 self.state.save()
                 done.append(f"{what} gone; pid {old} stopped")
                 continue
             pod = self.start(
                 owner, name, record["node"], Path(record["host_root"]), ports=record["ports"]
             )
-            line = (
-                f"{what}'s pod template {record['template']} → "
-                f"{self.state.pods[name]['template']}: pid {old} → {pod.proc.pid}"
-            )
+            if action is Rollout.START:
+                line = f"{what} back: pid {pod.proc.pid}"
+            else:
+                line = (
+                    f"{what}'s pod template {record['template']} → "
+                    f"{self.state.pods[name]['template']}: pid {old} → {pod.proc.pid}"
+                )
             try:
                 self.wait_ready(pod)
             except RuntimeError as exc:

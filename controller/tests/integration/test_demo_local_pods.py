@@ -1,5 +1,7 @@
 """The demo's local kubelet against the real API server: a local pod follows its
-Deployment's pod template as a cluster would roll it (``helm upgrade`` on ``make demo``).
+Deployment's pod template as a cluster would roll it (``helm upgrade`` on ``make demo``),
+stops when the Deployment goes (``helm uninstall``) and starts again when it comes back
+(``helm install`` of the same release).
 
 The Deployment's container is a plain ``python`` that sleeps; no Deployment controller runs
 in the test plane, so only the local kubelet acts on it.
@@ -49,7 +51,7 @@ def _environ(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
 
 
-def test_a_changed_deployment_template_restarts_its_local_pod_and_a_deleted_one_stops_it(
+def test_a_local_pod_follows_its_deployments_template_stops_when_it_goes_and_starts_when_it_returns(
     api_client: Any, control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
     apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
@@ -89,9 +91,19 @@ def test_a_changed_deployment_template_restarts_its_local_pod_and_a_deleted_one_
 
         apps.delete_namespaced_deployment(NAME, namespace)
         (stopped,) = pods.sync()
-        assert f"pod/{NAME}-0" not in state.processes and f"{NAME}-0" not in state.pods
+        assert f"pod/{NAME}-0" not in state.processes
         assert "gone" in stopped
         assert not os.path.exists(f"/proc/{pid}"), "stopped and reaped"
+        assert pods.sync() == [], "nothing to do while the Deployment is gone"
+
+        # helm uninstall, then helm install: the same Deployment again starts its pod again,
+        # on the same local ports (the webhook Service's endpoint stays right).
+        apps.create_namespaced_deployment(namespace, _deployment("120"))
+        (again,) = pods.sync()
+        back = state.processes[f"pod/{NAME}-0"]
+        assert "back" in again and back != pid, again
+        assert "GPU_REJECTION_TTL=120" in _environ(back)
+        assert pods.sync() == [], "the reinstalled template is now the one started from"
     finally:
         for name in list(state.processes):
             platform.stop_process(state, name)

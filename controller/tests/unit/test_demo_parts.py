@@ -90,6 +90,9 @@ def test_a_changed_pod_template_restarts_the_local_pod_and_an_unchanged_one_keep
     assert rollout(started, _deployment(annotated)) is Rollout.RESTART
     # Its Deployment or DaemonSet gone (helm uninstall): the process stops.
     assert rollout(started, None) is Rollout.STOP
+    # Stopped with its owner gone; started again when the owner is back, whatever template.
+    assert rollout(started, None, stopped=True) is Rollout.KEEP
+    assert rollout(started, owner, stopped=True) is Rollout.START
 
 
 def test_a_step_that_sees_something_else_stops_the_demo_naming_it(tmp_path: Path) -> None:
