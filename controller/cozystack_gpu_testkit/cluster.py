@@ -515,6 +515,7 @@ def start(
     scheduler: bool = False,
     controller_manager: bool = False,
     crds: Sequence[Path] = (),
+    webhook_client_auth: bool = False,
 ) -> ControlPlane:
     """Starts etcd and kube-apiserver and waits for /readyz; installs ``crds``; then, when
     asked, kube-scheduler and kube-controller-manager (see ``ControlPlane.start_scheduler``
@@ -528,6 +529,11 @@ def start(
 
     detach=False ties every process to the calling process (they die with it, even on
     SIGKILL); detach=True starts them in their own session for `cluster up`.
+
+    ``webhook_client_auth``: kube-apiserver presents a client certificate to every webhook
+    it calls (``ControlPlane.webhook_client_ca`` is its CA), as a hoster sets it up for
+    ``webhook.clientAuth``. Off by default: virt-api's webhooks verify any client
+    certificate they are given against a CA of their own, and refuse this one.
     """
     bin_dir = bin_dir or binary_dir()
     owns = workdir is None
@@ -557,15 +563,17 @@ def start(
         pki / "front-proxy-client.crt", pki / "front-proxy-client.key"
     )
 
-    # kube-apiserver calls webhooks with a client certificate, as a hoster sets it up
-    # (--admission-control-config-file), so the product's replicas can refuse any other
-    # caller (webhook.clientAuth). Signed by the cluster CA, which virt-api's webhooks (they
-    # verify a client certificate when one is given) trust already; a hoster uses a CA that
-    # signs nothing else.
-    ca.issue(WEBHOOK_CLIENT, client=True).write(
-        pki / "webhook-client.crt", pki / "webhook-client.key"
-    )
-    admission_config = _webhook_client_config(pki)
+    admission_args: tuple[str, ...] = ()
+    webhook_client_ca = None
+    if webhook_client_auth:
+        # A CA that signs nothing else, as a hoster's should be.
+        callers = CertificateAuthority("webhook-client-ca")
+        webhook_client_ca = pki / "webhook-client-ca.crt"
+        webhook_client_ca.write_bytes(callers.cert_pem)
+        callers.issue(WEBHOOK_CLIENT, client=True).write(
+            pki / "webhook-client.crt", pki / "webhook-client.key"
+        )
+        admission_args = (f"--admission-control-config-file={_webhook_client_config(pki)}",)
 
     etcd_client, etcd_peer, secure_port = free_port(), free_port(), free_port()
     server = f"https://127.0.0.1:{secure_port}"
@@ -585,7 +593,7 @@ def start(
         client_key=pki / "admin.key",
         detach=detach,
         _owns_workdir=owns,
-        webhook_client_ca=pki / "ca.crt",
+        webhook_client_ca=webhook_client_ca,
     )
 
     etcd_args = [
@@ -621,7 +629,7 @@ def start(
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
         f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
-        f"--admission-control-config-file={admission_config}",
+        *admission_args,
         "--authorization-mode=Node,RBAC",
         "--allow-privileged=true",
         # Without the controller-manager nobody creates default service accounts, so the
