@@ -56,11 +56,14 @@ WRITE_CONFLICTS = Counter(
     "Claim status writes refused because the claim changed after the decision",
 )
 LEADER = Gauge("cozystack_gpu_binder_leader", "1 while this replica holds the binder Lease")
-PENDING = Gauge("cozystack_gpu_claims_pending", "Ordered claims waiting to be bound")
+PENDING = Gauge(
+    "cozystack_gpu_claims_pending",
+    "Claims waiting for a node: orders not bound yet and VMs' template claims not placed",
+)
 OLDEST_WAITING = Gauge(
     "cozystack_gpu_class_oldest_waiting_order_timestamp_seconds",
-    "Creation time of the class's oldest ordered claim still waiting to be bound (no series "
-    "while none waits)",
+    "Creation time of the class's oldest waiting claim, an order or a VM's template claim "
+    "(no series while none waits)",
     ["class"],
 )
 ADMISSION_ERRORS = Counter(

@@ -97,12 +97,12 @@ def action_condition(action: Action, updated: ClaimInfo, now: float) -> dict[str
 
 
 def oldest_waiting(claims: Iterable[ClaimInfo | None]) -> dict[str, float]:
-    """Per class, the creation time of its oldest waiting order: of the claims a pass left
-    waiting, the Pending ones (a Lost claim waiting to rebind has an alert of its own). A
-    claim with no creation time known is left out rather than read as 1970."""
+    """Per class, the creation time of its oldest waiting claim (``ClaimInfo.waiting``:
+    orders and VMs' template claims; a Lost claim waiting to rebind has an alert of its
+    own). A claim with no creation time known is left out rather than read as 1970."""
     oldest: dict[str, float] = {}
     for claim in claims:
-        if claim is None or claim.phase is not Phase.PENDING or claim.created <= 0:
+        if claim is None or not claim.waiting or claim.created <= 0:
             continue
         have = oldest.get(claim.class_name)
         if have is None or claim.created < have:

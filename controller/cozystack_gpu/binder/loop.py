@@ -295,14 +295,10 @@ class Binder:
         self._act(result, now)
 
     def _act(self, result: Plan, now: float) -> None:
-        pending = 0
         self.waiting.refill(now)
         waits: list[Action] = []
-        waiting: list[ClaimKey] = []
         for action in result.actions:
             if action.step is Step.WAIT:
-                pending += len(action.claims)
-                waiting.extend(action.claims)
                 if action.refusal is not None:
                     waits.append(action)
                 continue
@@ -328,10 +324,11 @@ class Binder:
         # Orders never judged before are told first: a new order shows Pending at once, even
         # while a new leader tells a backlog of older waiting claims their changed reasons.
         self.waiting.tell(waits, now, placing=bool(self.inflight))
-        metrics.PENDING.set(pending)
-        metrics.set_oldest_waiting(
-            claim_status.oldest_waiting(self.snapshot.claim(key) for key in waiting)
-        )
+        # Every waiting claim, the VMs' template claims at the gate too (the plan leaves
+        # those to the gate): what kubectl gpu top counts, the alerts count.
+        waiting_now = [c for c in self.snapshot.claims() if c.waiting]
+        metrics.PENDING.set(len(waiting_now))
+        metrics.set_oldest_waiting(claim_status.oldest_waiting(waiting_now))
 
     def _vacated_in_flight(self, node: str | None) -> bool:
         if node is None:

@@ -103,7 +103,7 @@ def class_rows(listing: whatif.Listing, config: Config, now: float) -> list[Row]
                 "lost": _phase_units(claims, Phase.LOST),
                 "free": status.free,
                 "maxFreePerNode": status.max_free_per_node,
-                "pending": _phase_units(claims, Phase.PENDING),
+                "pending": sum(c.count for c in claims if c.waiting),
                 "raw": sum(n.raw_used.get(res, 0) for n in serving),
                 "deleting": klass.deleting,
             }

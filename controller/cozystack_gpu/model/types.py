@@ -260,6 +260,13 @@ class ClaimInfo:
         return self.phase is not Phase.PENDING
 
     @property
+    def waiting(self) -> bool:
+        """Waiting for a node: an order not bound yet, or a template claim its VM's set has
+        not been placed with. The one definition ``kubectl gpu top``, the pending gauge and
+        the orders-waiting alert share (a Lost claim waiting to rebind has its own)."""
+        return self.phase is Phase.PENDING
+
+    @property
     def holds_node(self) -> bool:
         """Takes capacity on ``node``: Bound, Attached, or Lost while its VMI still runs."""
         if self.node is None:

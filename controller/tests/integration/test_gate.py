@@ -14,6 +14,7 @@ their docstring why: each needs a shape or an interleaving KubeVirt would not pr
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Iterator
@@ -23,13 +24,17 @@ import pytest
 from admission_env import order, refusal
 from binder_env import Env, condition
 from kubernetes.client.rest import ApiException
+from prometheus_client import REGISTRY
 
 from cozystack_gpu import keys
+from cozystack_gpu.cli import main as cli
 from cozystack_gpu.model import Reason
 from cozystack_gpu.objects import translate, vmi_pods
 from cozystack_gpu_testkit import kubevirt as kubevirt_kit
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import unless, wait_for
+
+OLDEST_WAITING = "cozystack_gpu_class_oldest_waiting_order_timestamp_seconds"
 
 pytestmark = pytest.mark.apiserver
 
@@ -219,7 +224,7 @@ def test_template_claims_are_created_placed_with_the_set_and_collected_with_the_
 
 
 def test_a_set_that_fits_nowhere_stays_gated_and_says_why(
-    vms: Env, gpu_nodes: tuple[str, str, str]
+    vms: Env, gpu_nodes: tuple[str, str, str], control_plane: ControlPlane
 ) -> None:
     env = vms
     _first, _second, gpu_class = gpu_nodes
@@ -242,6 +247,20 @@ def test_a_set_that_fits_nowhere_stays_gated_and_says_why(
     cond = wait_for(told, 30, "the Placed condition on the template claim")
     assert cond["reason"] == "InsufficientCapacity"
     assert "cannot start anywhere yet" in cond["message"]
+    # One definition of waiting: the VM's template claim waits as an order does, for
+    # kubectl gpu top, the pending gauge and the orders-waiting alert's series alike.
+    out = io.StringIO()
+    assert cli.main(["--kubeconfig", str(control_plane.kubeconfig), "top", "classes"], out) == 0
+    (row,) = [line.split() for line in out.getvalue().splitlines() if line.startswith(gpu_class)]
+    header = out.getvalue().splitlines()[0].split()
+    assert row[header.index("PENDING")] == "2", out.getvalue()
+
+    def counted() -> bool:
+        return REGISTRY.get_sample_value("cozystack_gpu_claims_pending") == 1 and (
+            REGISTRY.get_sample_value(OLDEST_WAITING, {"class": gpu_class}) is not None
+        )
+
+    wait_for(counted, 10, "the waiting VM in cozystack_gpu_claims_pending and its alert series")
     (still,) = kubevirt_kit.launcher_pods(env.kube, env.tenant, vmi["metadata"]["uid"])
     assert vmi_pods.is_gated(still) and not still["spec"].get("nodeName")
     events = env.kube.core.list_namespaced_event(
