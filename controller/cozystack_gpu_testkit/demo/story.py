@@ -1201,7 +1201,7 @@ def act_day_two(demo: Demo) -> None:
         f"{BURST_TEMPLATE['count']} x {BURST_TEMPLATE['class']}, beyond its budget"
     ) as found:
         _tenant_admin(demo, RESEARCH, TENANT_USER)
-        _start_burst(demo)
+        _start_burst(demo, _as_user(demo, TENANT_USER))
         waiting = wait_until(
             lambda: _placed_reason(demo, claim_name),
             expected=f"template claim {claim_name} Pending, its Placed condition saying why",
@@ -1214,10 +1214,20 @@ def act_day_two(demo: Demo) -> None:
             f"{waiting}",
         )
         found.append(
-            f"RoleBinding {RESEARCH}/{TENANT_USER}-admin: ClusterRole admin (claims aggregate "
-            f"into it) for user {TENANT_USER}"
+            f"RoleBinding {RESEARCH}/{TENANT_USER}-admin: ClusterRole admin (the chart's claim "
+            f"roles and KubeVirt's VM rights aggregate into it) for user {TENANT_USER}, who "
+            f"creates the VM itself"
         )
         found.append(f"GPUClaim {claim_name}: Pending; the launcher pod stays gated")
+
+    with console.step(f"{TENANT_USER} asks about its VM, with its own rights (--as)") as found:
+        argv = ["explain", "vm", BURST, "-n", RESEARCH, "--as", TENANT_USER]
+        code, lines, err = _kubectl_gpu(demo, *argv)
+        check(code == 0, "kubectl gpu explain vm to exit 0", f"exit {code}: {err}")
+        text = "\n".join(lines)
+        check(claim_name in text, f"the VM's claim {claim_name} named", text)
+        found.append("$ kubectl gpu " + " ".join(argv))
+        found.extend("  " + line for line in lines)
 
     with console.step(f"{TENANT_USER} asks why, with its own rights (--as)") as found:
         argv = ["explain", "claim", claim_name, "-n", RESEARCH, "--as", TENANT_USER]
@@ -1250,21 +1260,66 @@ def act_day_two(demo: Demo) -> None:
         found.append(f"as {TENANT_USER}: exit {code}: {err.strip()}")
 
 
+# KubeVirt's own kubevirt.io:admin role aggregates VM rights into admin; the demo's
+# platform has no virt-operator to install it, so the demo installs its equivalent when the
+# cluster lacks it.
+KUBEVIRT_ADMIN = "kubevirt.io:admin"
+DEMO_KUBEVIRT_ADMIN = platform.DEMO_KUBEVIRT_ADMIN
+
+
 def _tenant_admin(demo: Demo, namespace: str, user: str) -> None:
-    """The built-in admin role in ``namespace`` for ``user`` (the chart's claim roles
-    aggregate into it): what a tenant's user has, and no more."""
+    """The built-in admin role in ``namespace`` for ``user`` (the chart's claim roles and
+    KubeVirt's VM rights aggregate into it): what a tenant's user has, and no more."""
+    rbac = client.RbacAuthorizationV1Api(demo.api)
+    if unless(404, lambda: rbac.read_cluster_role(KUBEVIRT_ADMIN)) is None and (
+        unless(404, lambda: rbac.read_cluster_role(DEMO_KUBEVIRT_ADMIN)) is None
+    ):
+        rbac.create_cluster_role(
+            {
+                "metadata": {
+                    "name": DEMO_KUBEVIRT_ADMIN,
+                    "labels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"},
+                },
+                "rules": [
+                    {
+                        "apiGroups": [keys.KUBEVIRT_GROUP],
+                        "resources": ["virtualmachines", "virtualmachineinstances"],
+                        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                    }
+                ],
+            }
+        )
+
+    def aggregated() -> bool:
+        rules = rbac.read_cluster_role("admin").rules or []
+        return any("virtualmachines" in (r.resources or []) for r in rules) and any(
+            keys.PLURAL_CLAIMS in (r.resources or []) for r in rules
+        )
+
+    wait_until(
+        lambda: aggregated() or None,
+        expected="claim and VM rights aggregated into ClusterRole admin",
+        saw=lambda: "not yet",
+        timeout=60,
+    )
     binding = {
         "metadata": {"name": f"{user}-admin"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                     "name": "admin"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
     }  # fmt: skip
-    rbac = client.RbacAuthorizationV1Api(demo.api)
     if unless(404, lambda: rbac.read_namespaced_role_binding(f"{user}-admin", namespace)) is None:
         rbac.create_namespaced_role_binding(namespace, binding)
 
 
-def _start_burst(demo: Demo) -> None:
+def _as_user(demo: Demo, user: str) -> Kube:
+    """The demo's cluster as ``user`` (impersonated: the API server judges its rights)."""
+    api = cluster.kubeconfig_client(demo.state.kubeconfig)
+    api.set_default_header("Impersonate-User", user)
+    return Kube(api)
+
+
+def _start_burst(demo: Demo, tenant: Kube) -> None:
     annotation = json.dumps({"claimTemplates": [BURST_TEMPLATE]})
     body = {
         "apiVersion": "kubevirt.io/v1",
@@ -1281,7 +1336,7 @@ def _start_burst(demo: Demo) -> None:
             },
         },
     }
-    demo.kube.custom.create_namespaced_custom_object(
+    tenant.custom.create_namespaced_custom_object(
         keys.VM.group, keys.VM.version, RESEARCH, keys.VM.plural, body
     )
 

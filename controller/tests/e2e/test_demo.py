@@ -64,6 +64,10 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     ) in text, text
     assert '"serial": "gpu-license"' in text, text
     # kubectl gpu: a tenant's explain of its waiting claim, and the hoster's top.
+    # The tenant's steps are the tenant's: alice creates VM burst herself and asks about
+    # it with her own rights (the chart's claim roles and KubeVirt's VM rights in admin).
+    assert "for user alice, who creates the VM itself" in text, text
+    assert "$ kubectl gpu explain vm burst -n tenant-acme-research --as alice" in text, text
     explain = "$ kubectl gpu explain claim burst-gpu -n tenant-acme-research --as alice"
     assert explain in text, text
     told = text.split(explain, 1)[1].split("  ✓ ", 1)[0]
