@@ -625,6 +625,90 @@ def test_monitoring_objects_follow_their_values(helm: Path) -> None:
     assert not of_kind(render(helm, {"dashboard": {"enabled": False}}), "ConfigMap")
 
 
+def test_the_service_monitor_scrapes_over_https_with_a_reader_token(helm: Path) -> None:
+    enabled = render(helm, {"metrics": {"serviceMonitor": {"enabled": True}}})
+    (endpoint,) = find(enabled, "ServiceMonitor", "cozystack-gpu-controller")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "cozystack-gpu-metrics-scraper-token", "key": "token"},
+    }
+    assert endpoint["tlsConfig"] == {
+        "serverName": f"cozystack-gpu-webhook.{NAMESPACE}.svc",
+        "ca": {"secret": {"name": "cozystack-gpu-webhook-tls", "key": "ca.crt"}},
+    }
+    token = find(enabled, "Secret", "cozystack-gpu-metrics-scraper-token")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": "cozystack-gpu-metrics-scraper"
+    }
+    assert find(enabled, "ServiceAccount", "cozystack-gpu-metrics-scraper")
+    binding = find(enabled, "ClusterRoleBinding", "cozystack-gpu-metrics-reader")
+    assert binding["roleRef"]["name"] == "cozystack-gpu-metrics-reader"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "cozystack-gpu-metrics-scraper", "namespace": NAMESPACE}
+    ]
+    # Prometheus's own token instead, its ServiceAccount bound by the hoster's values.
+    prometheus = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+    own = render(
+        helm,
+        {
+            "metrics": {
+                "serviceMonitor": {"enabled": True, "token": "serviceAccount"},
+                "reader": {"subjects": [prometheus]},
+            }
+        },
+    )
+    (endpoint,) = find(own, "ServiceMonitor", "cozystack-gpu-controller")["spec"]["endpoints"]
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert "authorization" not in endpoint
+    assert not [o for o in own if o["metadata"]["name"].startswith("cozystack-gpu-metrics-scr")]
+    assert find(own, "ClusterRoleBinding", "cozystack-gpu-metrics-reader")["subjects"] == [
+        prometheus
+    ]
+
+
+def test_only_the_metrics_reader_role_grants_metrics_and_nobody_holds_it_by_default(
+    helm: Path,
+) -> None:
+    objects = render(helm)
+    reader = find(objects, "ClusterRole", "cozystack-gpu-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert not [
+        o
+        for o in objects
+        if o["kind"] == "ClusterRoleBinding" and o["roleRef"]["name"] == reader["metadata"]["name"]
+    ]
+    granting = [
+        o["metadata"]["name"]
+        for o in of_kind(objects, "ClusterRole") + of_kind(objects, "Role")
+        if any("nonResourceURLs" in rule for rule in o.get("rules") or [])
+    ]
+    assert granting == ["cozystack-gpu-metrics-reader"]
+    # The controller reviews each scraper's token and access.
+    controller = _rules(find(objects, "ClusterRole", "cozystack-gpu-controller"))
+    assert {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
+    } <= controller
+
+
+def test_the_network_policy_lets_only_named_peers_reach_the_metrics_port(helm: Path) -> None:
+    assert not of_kind(render(helm), "NetworkPolicy")
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    objects = render(helm, {"metrics": {"networkPolicy": {"enabled": True, "from": peers}}})
+    policy = find(objects, "NetworkPolicy", "cozystack-gpu-controller")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "cozystack-gpu",
+        "app.kubernetes.io/component": "controller",
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    open_to_all, metrics_only = policy["spec"]["ingress"]
+    assert "from" not in open_to_all
+    assert {p["port"] for p in open_to_all["ports"]} == {9443, 8080}
+    assert metrics_only == {"ports": [{"port": 9090, "protocol": "TCP"}], "from": peers}
+
+
 # --- the schema --------------------------------------------------------------------------
 
 
@@ -657,6 +741,9 @@ def test_monitoring_objects_follow_their_values(helm: Path) -> None:
             {"metrics": {"prometheusRule": {"alerts": {"ordersWaiting": {"afterSeconds": "1h"}}}}},
             "afterSeconds",
         ),
+        ({"metrics": {"serviceMonitor": {"token": "none"}}}, "token"),
+        ({"metrics": {"networkPolicy": {"enabled": True, "from": []}}}, "from"),
+        ({"metrics": {"reader": {"subjects": [{"kind": "Pod", "name": "x"}]}}}, "kind"),
     ],
 )
 def test_the_schema_refuses_bad_values_by_name(
