@@ -14,6 +14,7 @@ webhooks for the Secret, they are never served without TLS.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import ssl
 import threading
@@ -27,6 +28,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import urllib3
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -104,6 +109,39 @@ class ServingCertificate:
             return
         log.info("/metrics serves the key pair of %s", self.cert_dir)
         self._context, self._seen, self._told = context, stamp, False
+
+
+def self_signed(cert_dir: str | Path, common_name: str, days: int = 3650) -> Path:
+    """A key pair of its own in ``cert_dir`` for a server nobody issued one to (the node
+    agent): the scraper skips verifying it, but the token still travels encrypted and is
+    reviewed like any other. Returns the directory."""
+    directory = Path(cert_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(common_name)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    key_path = directory / KEY_FILE
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key_path.chmod(0o600)
+    (directory / CERT_FILE).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return directory
 
 
 class _Server(ThreadingHTTPServer):
@@ -208,7 +246,7 @@ class MetricsServer:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: client.ApiClient | None,
         cert_dir: str | Path,
         port: int,
         *,
@@ -219,7 +257,11 @@ class MetricsServer:
     ) -> None:
         """``reviewer`` stands in for the API server's reviews (tests)."""
         certificate = ServingCertificate(cert_dir, file_check_interval)
-        access = MetricsAccess(reviewer or TokenReviewer(api), time.monotonic)
+        if reviewer is None:
+            if api is None:
+                raise ValueError("the metrics server needs an API client to review tokens")
+            reviewer = TokenReviewer(api)
+        access = MetricsAccess(reviewer, time.monotonic)
         self._server = _Server((addr, port), certificate, access, registry)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(

@@ -33,6 +33,8 @@ class Target:
     scheme: str = "http"
     token_file: Path | None = None
     ca_file: Path | None = None
+    # A self-signed serving certificate (the node agent's), not verified.
+    insecure: bool = False
 
 
 class PrometheusError(Exception):
@@ -68,6 +70,8 @@ class PrometheusProcess:
                 }
             if target.ca_file is not None:
                 job["tls_config"] = {"ca_file": str(target.ca_file)}
+            if target.insecure:
+                job["tls_config"] = {"insecure_skip_verify": True}
         config = {
             "global": {
                 "scrape_interval": interval,

@@ -361,8 +361,11 @@ def test_the_agent_runs_only_on_gpu_hosts_reading_the_host_read_only(helm: Path)
     assert "--sysfs-root=/host" in container["args"]
     assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in container["args"]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert all(m["readOnly"] for m in mounts.values())
-    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert all(mounts[name]["readOnly"] for name in volumes)
+    # Beside the host's paths only its /tmp (the self-signed key pair of /metrics).
+    others = [v for v in pod["volumes"] if "hostPath" not in v]
+    assert others == [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}]
     assert (volumes["sys"], mounts["sys"]["mountPath"]) == ("/sys", "/host/sys")
     assert (volumes["pod-resources"], mounts["pod-resources"]["mountPath"]) == (
         "/var/lib/kubelet/pod-resources",
@@ -439,9 +442,13 @@ def test_the_agent_writes_only_gpunodes(helm: Path) -> None:
         | _expand(keys.GROUP, ["gpunodes/status"], ["patch"])
         | _expand("", ["nodes"], ["get"])
         | _expand("", ["pods"], ["list"])
+        # Its /metrics scrapers' tokens, reviewed by the API server.
+        | _expand("authentication.k8s.io", ["tokenreviews"], ["create"])
+        | _expand("authorization.k8s.io", ["subjectaccessreviews"], ["create"])
     )
     writes = {r for r in rules if r[2] not in ("get", "list", "watch")}
-    assert {r[1] for r in writes} == {"gpunodes", "gpunodes/status"}
+    reviews = {"tokenreviews", "subjectaccessreviews"}
+    assert {r[1] for r in writes} - reviews == {"gpunodes", "gpunodes/status"}
 
 
 def test_tenant_roles_are_aggregated_and_never_reach_gpunodes_or_status(helm: Path) -> None:
@@ -648,20 +655,18 @@ def test_the_service_monitor_scrapes_over_https_with_a_reader_token(helm: Path) 
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "cozystack-gpu-metrics-scraper", "namespace": NAMESPACE}
     ]
-    # Prometheus's own token instead, its ServiceAccount bound by the hoster's values.
+    # The agents' inventory: HTTPS with the same token (their certificates are their own).
+    (agent,) = find(enabled, "PodMonitor", "cozystack-gpu-agent")["spec"]["podMetricsEndpoints"]
+    assert (agent["port"], agent["scheme"]) == ("metrics", "https")
+    assert agent["authorization"] == endpoint["authorization"]
+    assert agent["tlsConfig"] == {"insecureSkipVerify": True}
+    daemonset = find(enabled, "DaemonSet", "cozystack-gpu-agent")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 8443} in container["ports"]
+    assert "--metrics-listen=0.0.0.0:8443" in container["args"]
+    # A Prometheus configured by hand, bound by the hoster's values.
     prometheus = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
-    own = render(
-        helm,
-        {
-            "metrics": {
-                "serviceMonitor": {"enabled": True, "token": "serviceAccount"},
-                "reader": {"subjects": [prometheus]},
-            }
-        },
-    )
-    (endpoint,) = find(own, "ServiceMonitor", "cozystack-gpu-controller")["spec"]["endpoints"]
-    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    assert "authorization" not in endpoint
+    own = render(helm, {"metrics": {"reader": {"subjects": [prometheus]}}})
     assert not [o for o in own if o["metadata"]["name"].startswith("cozystack-gpu-metrics-scr")]
     assert find(own, "ClusterRoleBinding", "cozystack-gpu-metrics-reader")["subjects"] == [
         prometheus
@@ -741,7 +746,7 @@ def test_the_network_policy_lets_only_named_peers_reach_the_metrics_port(helm: P
             {"metrics": {"prometheusRule": {"alerts": {"ordersWaiting": {"afterSeconds": "1h"}}}}},
             "afterSeconds",
         ),
-        ({"metrics": {"serviceMonitor": {"token": "none"}}}, "token"),
+        ({"metrics": {"serviceMonitor": {"tlsConfig": "insecure"}}}, "tlsConfig"),
         ({"metrics": {"networkPolicy": {"enabled": True, "from": []}}}, "from"),
         ({"metrics": {"reader": {"subjects": [{"kind": "Pod", "name": "x"}]}}}, "kind"),
     ],

@@ -127,6 +127,9 @@ class Agent:
                     "--kubeconfig",
                     str(plane.kubeconfig),
                     "--listen",
+                    f"127.0.0.1:{free_port()}",
+                    # /metrics: HTTPS, its own self-signed pair, reviewed tokens.
+                    "--metrics-listen",
                     f"127.0.0.1:{self.port}",
                     "--poll",
                     "1",
@@ -422,7 +425,14 @@ def test_every_dashboard_query_and_every_alert_against_a_real_prometheus(
                 token_file=token_file,
                 ca_file=world["webhooks"].cert_dir / "ca.crt",
             ),
-            Target("cozystack-gpu-agent", f"127.0.0.1:{agent_port}", {"node": agent_node}),
+            Target(
+                "cozystack-gpu-agent",
+                f"127.0.0.1:{agent_port}",
+                {"node": agent_node},
+                scheme="https",
+                token_file=token_file,
+                insecure=True,
+            ),
         ],
         rule_files=[alert_rules(tmp_path)],
     )
