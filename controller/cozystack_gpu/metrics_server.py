@@ -55,6 +55,8 @@ FILE_CHECK_INTERVAL_S = 10.0
 # A client that opens a connection and says nothing holds a thread only this long.
 HANDSHAKE_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
+# Below Prometheus's scrape timeout: a slow API server fails a scrape, it does not pile up.
+REVIEW_TIMEOUT_S = 5.0
 
 
 class ServingCertificate:
@@ -222,14 +224,17 @@ class TokenReviewer:
             "spec": {"token": token},
         }
         try:
-            review = self.authentication.create_token_review(body)
+            review = self.authentication.create_token_review(
+                body, _request_timeout=REVIEW_TIMEOUT_S
+            )
             status = self.api.sanitize_for_serialization(review.status) or {}
             refused = authenticated(status)
             if refused is not None:
                 return refused
             user = status["user"]
             access = self.authorization.create_subject_access_review(
-                subject_access_review(user, METRICS_PATH, "get")
+                subject_access_review(user, METRICS_PATH, "get"),
+                _request_timeout=REVIEW_TIMEOUT_S,
             )
             allowed = self.api.sanitize_for_serialization(access.status) or {}
         except ApiException as exc:
