@@ -19,12 +19,12 @@ from typing import Any
 import kopf
 from kubernetes import client
 from kubernetes import config as kube_config
-from prometheus_client import start_http_server
 
 from cozystack_gpu import config as settings
 from cozystack_gpu.admission import handlers as admission  # registers the webhook handlers
 from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.controller import Controller
+from cozystack_gpu.metrics_server import MetricsServer
 
 log = logging.getLogger("cozystack_gpu")
 
@@ -160,7 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     if config.metrics_port:
-        start_http_server(config.metrics_port)
+        # HTTPS with the webhooks' key pair; each scraper's token is reviewed by the API
+        # server (the inventory in the metrics is the hoster's, not the tenants').
+        MetricsServer(
+            api_client(args.kubeconfig, user_agent=user_agent(config.identity, "metrics")),
+            config.webhook_cert_dir,
+            config.metrics_port,
+        )
     if args.kubeconfig:
         # kopf logs in on its own (its watches, the webhook server's self-check) from the
         # standard sources: KUBECONFIG makes it use the same file as our own client.

@@ -83,7 +83,12 @@ SETTINGS: tuple[Setting, ...] = (
         "8",
         "status writes in flight at once (decisions stay serial)",
     ),
-    Setting("--metrics-port", "GPU_METRICS_PORT", "9090", "port of /metrics and /healthz (0: off)"),
+    Setting(
+        "--metrics-port",
+        "GPU_METRICS_PORT",
+        "9090",
+        "HTTPS port of /metrics, for a bearer token allowed get on /metrics (0: off)",
+    ),
     Setting(
         "--inventory-stale-after",
         "GPU_INVENTORY_STALE_AFTER",
@@ -107,8 +112,8 @@ SETTINGS: tuple[Setting, ...] = (
         "--webhook-cert-dir",
         "GPU_WEBHOOK_CERT_DIR",
         DEFAULT_WEBHOOK_CERT_DIR,
-        "directory of the webhook server's tls.crt, tls.key and ca.crt (a cert-manager "
-        "Secret's layout); they are read again when they change",
+        "directory of the serving certificate of the webhooks and /metrics: tls.crt, tls.key "
+        "and ca.crt (a cert-manager Secret's layout); they are read again when they change",
     ),
     Setting(
         "--webhook-client-ca",

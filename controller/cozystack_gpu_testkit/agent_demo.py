@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         args.kubeconfig,
         "--listen",
         "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
         "--poll",
         "2",
     ]

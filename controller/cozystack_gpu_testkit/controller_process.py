@@ -1,5 +1,8 @@
 """The controller as its own process (`python -m cozystack_gpu`) against the test kit's
-control plane: what a pod would run, with ports picked free and the log in a file."""
+control plane: what a pod would run, with ports picked free and the log in a file.
+
+/metrics is HTTPS with the replica's serving certificate (``--webhook-cert-dir``): one the
+caller names, or one issued here for 127.0.0.1 by a throw-away CA."""
 
 from __future__ import annotations
 
@@ -12,11 +15,14 @@ import urllib.request
 from pathlib import Path
 
 from cozystack_gpu_testkit.cluster import ControlPlane
+from cozystack_gpu_testkit.metrics_scrape import scrape
+from cozystack_gpu_testkit.pki import CertificateAuthority
 from cozystack_gpu_testkit.ports import free_port
 
 
 class ControllerProcess:
-    """One replica; ``metrics`` and ``health`` fetch its HTTP endpoints.
+    """One replica; ``metrics`` (HTTPS, with a reader's token) and ``health`` fetch its
+    endpoints.
 
     ``kubeconfig`` replaces the plane's (e.g. one whose server is a ``proxy.Proxy``).
     ``restart`` starts the same replica again, on the same ports, logging after its
@@ -38,6 +44,16 @@ class ControllerProcess:
         self.health_port = free_port()
         self.metrics_port = free_port() if metrics else 0
         config = str(kubeconfig or plane.kubeconfig)
+        if "--webhook-cert-dir" in extra:
+            self.cert_dir = Path(extra[list(extra).index("--webhook-cert-dir") + 1])
+        else:
+            self.cert_dir = log_dir / f"{identity}-certs"
+            if metrics:
+                _serving_certificate(self.cert_dir)
+                # The key pair is for /metrics: no webhook server on the default port
+                # (before, one waited for a key pair that never came).
+                webhook = () if "--webhook-port" in extra else ("--webhook-port", "0")
+                extra = ("--webhook-cert-dir", str(self.cert_dir), *webhook, *extra)
         self._args = [
             sys.executable, "-m", "cozystack_gpu",
             "--kubeconfig", config,
@@ -87,10 +103,19 @@ class ControllerProcess:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
 
-    def metrics(self) -> str:
-        status, body = self.get(self.metrics_port, "/metrics")
+    @property
+    def metrics_ca(self) -> bytes:
+        """The CA that signed the serving certificate (``ca.crt`` beside it)."""
+        return (self.cert_dir / "ca.crt").read_bytes()
+
+    def scrape(self, token: str | None) -> tuple[int, str]:
+        """(HTTP status, body) of /metrics over HTTPS with ``token`` (None: no token)."""
+        return scrape(self.metrics_port, token, self.metrics_ca)
+
+    def metrics(self, token: str) -> str:
+        status, body = self.scrape(token)
         if status != 200:
-            raise RuntimeError(f"/metrics answered {status}")
+            raise RuntimeError(f"/metrics answered {status}: {body}")
         return body
 
     def log_tail(self, lines: int = 40) -> str:
@@ -109,3 +134,12 @@ class ControllerProcess:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def _serving_certificate(cert_dir: Path) -> None:
+    """A key pair for 127.0.0.1 in a cert-manager Secret's layout."""
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    ca = CertificateAuthority()
+    pair = ca.issue("cozystack-gpu-webhook", ip_addresses=("127.0.0.1",), server=True)
+    pair.write(cert_dir / "tls.crt", cert_dir / "tls.key")
+    (cert_dir / "ca.crt").write_bytes(ca.cert_pem)

@@ -28,6 +28,13 @@ class Target:
     job: str
     address: str
     labels: Mapping[str, str]
+    # HTTPS as the chart's ServiceMonitor scrapes: a bearer token from a file, the serving
+    # certificate checked against ``ca_file`` (one job's targets share these).
+    scheme: str = "http"
+    token_file: Path | None = None
+    ca_file: Path | None = None
+    # A self-signed serving certificate (the node agent's), not verified.
+    insecure: bool = False
 
 
 class PrometheusError(Exception):
@@ -50,10 +57,21 @@ class PrometheusProcess:
         work_dir.mkdir(parents=True, exist_ok=True)
         self.log = work_dir / "prometheus.log"
         jobs: dict[str, list[dict[str, Any]]] = {}
+        scrape: dict[str, dict[str, Any]] = {}
         for target in targets:
             jobs.setdefault(target.job, []).append(
                 {"targets": [target.address], "labels": dict(target.labels)}
             )
+            job = scrape.setdefault(target.job, {"scheme": target.scheme})
+            if target.token_file is not None:
+                job["authorization"] = {
+                    "type": "Bearer",
+                    "credentials_file": str(target.token_file),
+                }
+            if target.ca_file is not None:
+                job["tls_config"] = {"ca_file": str(target.ca_file)}
+            if target.insecure:
+                job["tls_config"] = {"insecure_skip_verify": True}
         config = {
             "global": {
                 "scrape_interval": interval,
@@ -62,7 +80,8 @@ class PrometheusProcess:
             },
             "rule_files": [str(path) for path in rule_files],
             "scrape_configs": [
-                {"job_name": job, "static_configs": static} for job, static in jobs.items()
+                {"job_name": job, "static_configs": static, **scrape[job]}
+                for job, static in jobs.items()
             ],
         }
         config_file = work_dir / "prometheus.yml"

@@ -4,6 +4,8 @@
 {{- define "cozystack-gpu.agentName" -}}cozystack-gpu-agent{{- end -}}
 {{- define "cozystack-gpu.webhookService" -}}cozystack-gpu-webhook{{- end -}}
 {{- define "cozystack-gpu.webhookSecret" -}}cozystack-gpu-webhook-tls{{- end -}}
+{{- define "cozystack-gpu.metricsReader" -}}cozystack-gpu-metrics-reader{{- end -}}
+{{- define "cozystack-gpu.metricsScraper" -}}cozystack-gpu-metrics-scraper{{- end -}}
 {{- define "cozystack-gpu.webhookCertDir" -}}/var/run/cozystack-gpu/webhook-certs{{- end -}}
 {{- define "cozystack-gpu.webhookClientCADir" -}}/var/run/cozystack-gpu/webhook-client-ca{{- end -}}
 

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 from importlib import metadata
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from cozystack_gpu.agent.podresources import DEFAULT_SOCKET, PodResourcesClient
 from cozystack_gpu.agent.runner import Agent, serve
 from cozystack_gpu.agent.writer import GPUNodeWriter, PodPhases
+from cozystack_gpu.metrics_server import MetricsServer, self_signed
 
 log = logging.getLogger("cozystack_gpu.agent")
 
@@ -56,7 +58,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument("--period", type=float, default=60.0, help="write at least this often (s)")
     parser.add_argument("--poll", type=float, default=5.0, help="look for changes this often (s)")
-    parser.add_argument("--listen", default="0.0.0.0:8080", help="health and metrics (host:port)")
+    parser.add_argument("--listen", default="0.0.0.0:8080", help="/healthz, /readyz (host:port)")
+    parser.add_argument(
+        "--metrics-listen",
+        default="0.0.0.0:8443",
+        help="/metrics over HTTPS, for a bearer token allowed get on /metrics (host:port; "
+        "port 0: off)",
+    )
+    parser.add_argument(
+        "--metrics-cert-dir",
+        default="",
+        help="tls.crt and tls.key of /metrics (empty: a self-signed pair made at start)",
+    )
     parser.add_argument("--once", action="store_true", help="write once and exit")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -88,6 +101,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if result.written else 1
     host, _colon, port = args.listen.rpartition(":")
     server = serve(agent, host or "0.0.0.0", int(port))
+    metrics_host, _colon, metrics_port = args.metrics_listen.rpartition(":")
+    metrics = None
+    if int(metrics_port):
+        cert_dir = args.metrics_cert_dir or self_signed(
+            tempfile.mkdtemp(prefix="agent-metrics-"), f"cozystack-gpu-agent.{args.node}"
+        )
+        metrics = MetricsServer(
+            api,
+            cert_dir,
+            int(metrics_port),
+            addr=metrics_host or "0.0.0.0",
+            registry=agent.metrics.registry,
+        )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -98,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         agent.run(stop)
     finally:
         server.shutdown()
+        if metrics is not None:
+            metrics.stop()
         kubelet.close()
     # A part of the agent ended on its own: exit non-zero so kubelet restarts the agent.
     return 1 if agent.failure else 0

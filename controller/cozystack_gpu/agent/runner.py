@@ -1,4 +1,4 @@
-"""The agent loop: read, compare, write; plus its health and metrics endpoints.
+"""The agent loop: read, compare, write; plus its health endpoints.
 
 Every ``poll`` seconds the agent reads sysfs and kubelet and builds the status it owns; it
 writes when that differs from what it last wrote (a change on the node) and otherwise every
@@ -25,14 +25,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import PodResourcesUnavailable, Snapshot
@@ -260,14 +253,13 @@ class Agent:
 
 
 def serve(agent: Agent, host: str, port: int) -> ThreadingHTTPServer:
-    """/healthz, /readyz and /metrics on a background thread the agent needs."""
+    """/healthz and /readyz (kubelet's probes, plain HTTP) on a background thread the agent
+    needs. /metrics is not here: it carries the node's inventory, so it is served over
+    HTTPS to reviewed tokens only (``cozystack_gpu.metrics_server``, ``--metrics-listen``)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path == "/metrics":
-                body = generate_latest(agent.metrics.registry)
-                self._reply(200, body, CONTENT_TYPE_LATEST)
-            elif self.path == "/healthz":
+            if self.path == "/healthz":
                 problem = agent.problem()
                 if problem is None:
                     self._reply(200, b"ok\n", "text/plain")

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from cozystack_gpu_testkit.demo.hosts import (
     host_root,
     pods_file,
 )
+from cozystack_gpu_testkit.metrics_scrape import scrape
 from cozystack_gpu_testkit.objects import Kube, unless
 from cozystack_gpu_testkit.webhook_route import host_address, route_service
 
@@ -61,6 +61,14 @@ CHART_VALUES: dict[str, Any] = {
     # One local replica; it holds the Lease and serves the webhooks.
     "controller": {"replicas": 1, "logFormat": "text"},
     "rawNamePolicy": {"virtControllerUser": "system:serviceaccount:kubevirt:kubevirt-controller"},
+    # The hoster's Prometheus may read /metrics (capacity is read from there below).
+    "metrics": {
+        "reader": {
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "prometheus", "namespace": platform.NAMESPACE}
+            ]
+        }
+    },
 }
 # Act 6's `helm upgrade`: a setting the hoster changes, so the controller's pod template
 # changes (an env var) and the local kubelet rolls the pod.
@@ -129,6 +137,8 @@ class Demo:
     launcher: str = ""
     # The chart values installed (act 6 upgrades from them).
     chart_values: dict[str, Any] = field(default_factory=dict)
+    # The token the demo's "Prometheus" scrapes /metrics with.
+    metrics_token: str = ""
 
     def connect(self) -> None:
         self.api = platform.admin_client(self.state.kubeconfig)
@@ -604,9 +614,17 @@ def _capacity(demo: Demo) -> dict[str, int]:
     """cozystack_gpu_class_capacity_units from the controller's /metrics (capacity is for the
     hoster only: GPUClass status does not show it)."""
     assert demo.controller is not None
-    port = demo.controller.ports["metrics"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
+    status, text = scrape(
+        demo.controller.ports["metrics"],
+        _metrics_token(demo),
+        base64.b64decode(
+            demo.kube.core.read_namespaced_secret(
+                "cozystack-gpu-webhook-tls", platform.NAMESPACE
+            ).data["ca.crt"]
+        ),
+        server_name=f"cozystack-gpu-webhook.{platform.NAMESPACE}.svc",
+    )
+    check(status == 200, "/metrics to answer the hoster's Prometheus", f"{status} {text}")
     capacity: dict[str, int] = {}
     for line in text.splitlines():
         if line.startswith("cozystack_gpu_class_capacity_units{"):
@@ -614,6 +632,25 @@ def _capacity(demo: Demo) -> dict[str, int]:
             name = labels.split('class="', 1)[1].split('"', 1)[0]
             capacity[name] = int(float(value))
     return capacity
+
+
+def _metrics_token(demo: Demo) -> str:
+    """A token of the ServiceAccount CHART_VALUES binds to the metrics reader role, as the
+    hoster's Prometheus pod would have."""
+    if not demo.metrics_token:
+        account = "prometheus"
+        unless(
+            409,
+            lambda: demo.kube.core.create_namespaced_service_account(
+                platform.NAMESPACE, {"metadata": {"name": account}}
+            ),
+        )
+        demo.metrics_token = str(
+            demo.kube.core.create_namespaced_service_account_token(
+                account, platform.NAMESPACE, {"spec": {"expirationSeconds": 3600}}
+            ).status.token
+        )
+    return demo.metrics_token
 
 
 # --- act 3 -------------------------------------------------------------------------------------

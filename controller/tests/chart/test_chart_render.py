@@ -386,8 +386,11 @@ def test_the_agent_runs_only_on_gpu_hosts_reading_the_host_read_only(helm: Path)
     assert "--sysfs-root=/host" in container["args"]
     assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in container["args"]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert all(m["readOnly"] for m in mounts.values())
-    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert all(mounts[name]["readOnly"] for name in volumes)
+    # Beside the host's paths only its /tmp (the self-signed key pair of /metrics).
+    others = [v for v in pod["volumes"] if "hostPath" not in v]
+    assert others == [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}]
     assert (volumes["sys"], mounts["sys"]["mountPath"]) == ("/sys", "/host/sys")
     assert (volumes["pod-resources"], mounts["pod-resources"]["mountPath"]) == (
         "/var/lib/kubelet/pod-resources",
@@ -464,9 +467,13 @@ def test_the_agent_writes_only_gpunodes(helm: Path) -> None:
         | _expand(keys.GROUP, ["gpunodes/status"], ["patch"])
         | _expand("", ["nodes"], ["get"])
         | _expand("", ["pods"], ["list"])
+        # Its /metrics scrapers' tokens, reviewed by the API server.
+        | _expand("authentication.k8s.io", ["tokenreviews"], ["create"])
+        | _expand("authorization.k8s.io", ["subjectaccessreviews"], ["create"])
     )
     writes = {r for r in rules if r[2] not in ("get", "list", "watch")}
-    assert {r[1] for r in writes} == {"gpunodes", "gpunodes/status"}
+    reviews = {"tokenreviews", "subjectaccessreviews"}
+    assert {r[1] for r in writes} - reviews == {"gpunodes", "gpunodes/status"}
 
 
 def test_tenant_roles_are_aggregated_and_never_reach_gpunodes_or_status(helm: Path) -> None:
@@ -650,6 +657,88 @@ def test_monitoring_objects_follow_their_values(helm: Path) -> None:
     assert not of_kind(render(helm, {"dashboard": {"enabled": False}}), "ConfigMap")
 
 
+def test_the_service_monitor_scrapes_over_https_with_a_reader_token(helm: Path) -> None:
+    enabled = render(helm, {"metrics": {"serviceMonitor": {"enabled": True}}})
+    (endpoint,) = find(enabled, "ServiceMonitor", "cozystack-gpu-controller")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "cozystack-gpu-metrics-scraper-token", "key": "token"},
+    }
+    assert endpoint["tlsConfig"] == {
+        "serverName": f"cozystack-gpu-webhook.{NAMESPACE}.svc",
+        "ca": {"secret": {"name": "cozystack-gpu-webhook-tls", "key": "ca.crt"}},
+    }
+    token = find(enabled, "Secret", "cozystack-gpu-metrics-scraper-token")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": "cozystack-gpu-metrics-scraper"
+    }
+    assert find(enabled, "ServiceAccount", "cozystack-gpu-metrics-scraper")
+    binding = find(enabled, "ClusterRoleBinding", "cozystack-gpu-metrics-reader")
+    assert binding["roleRef"]["name"] == "cozystack-gpu-metrics-reader"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "cozystack-gpu-metrics-scraper", "namespace": NAMESPACE}
+    ]
+    # The agents' inventory: HTTPS with the same token (their certificates are their own).
+    (agent,) = find(enabled, "PodMonitor", "cozystack-gpu-agent")["spec"]["podMetricsEndpoints"]
+    assert (agent["port"], agent["scheme"]) == ("metrics", "https")
+    assert agent["authorization"] == endpoint["authorization"]
+    assert agent["tlsConfig"] == {"insecureSkipVerify": True}
+    daemonset = find(enabled, "DaemonSet", "cozystack-gpu-agent")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 8443} in container["ports"]
+    assert "--metrics-listen=0.0.0.0:8443" in container["args"]
+    # A Prometheus configured by hand, bound by the hoster's values.
+    prometheus = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+    own = render(helm, {"metrics": {"reader": {"subjects": [prometheus]}}})
+    assert not [o for o in own if o["metadata"]["name"].startswith("cozystack-gpu-metrics-scr")]
+    assert find(own, "ClusterRoleBinding", "cozystack-gpu-metrics-reader")["subjects"] == [
+        prometheus
+    ]
+
+
+def test_only_the_metrics_reader_role_grants_metrics_and_nobody_holds_it_by_default(
+    helm: Path,
+) -> None:
+    objects = render(helm)
+    reader = find(objects, "ClusterRole", "cozystack-gpu-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert not [
+        o
+        for o in objects
+        if o["kind"] == "ClusterRoleBinding" and o["roleRef"]["name"] == reader["metadata"]["name"]
+    ]
+    granting = [
+        o["metadata"]["name"]
+        for o in of_kind(objects, "ClusterRole") + of_kind(objects, "Role")
+        if any("nonResourceURLs" in rule for rule in o.get("rules") or [])
+    ]
+    assert granting == ["cozystack-gpu-metrics-reader"]
+    # The controller reviews each scraper's token and access.
+    controller = _rules(find(objects, "ClusterRole", "cozystack-gpu-controller"))
+    assert {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
+    } <= controller
+
+
+def test_the_network_policy_lets_only_named_peers_reach_the_metrics_port(helm: Path) -> None:
+    assert not of_kind(render(helm), "NetworkPolicy")
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    objects = render(helm, {"metrics": {"networkPolicy": {"enabled": True, "from": peers}}})
+    policy = find(objects, "NetworkPolicy", "cozystack-gpu-controller")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "cozystack-gpu",
+        "app.kubernetes.io/component": "controller",
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    open_to_all, metrics_only = policy["spec"]["ingress"]
+    assert "from" not in open_to_all
+    assert {p["port"] for p in open_to_all["ports"]} == {9443, 8080}
+    assert metrics_only == {"ports": [{"port": 9090, "protocol": "TCP"}], "from": peers}
+
+
 # --- the schema --------------------------------------------------------------------------
 
 
@@ -682,6 +771,9 @@ def test_monitoring_objects_follow_their_values(helm: Path) -> None:
             {"metrics": {"prometheusRule": {"alerts": {"ordersWaiting": {"afterSeconds": "1h"}}}}},
             "afterSeconds",
         ),
+        ({"metrics": {"serviceMonitor": {"tlsConfig": "insecure"}}}, "tlsConfig"),
+        ({"metrics": {"networkPolicy": {"enabled": True, "from": []}}}, "from"),
+        ({"metrics": {"reader": {"subjects": [{"kind": "Pod", "name": "x"}]}}}, "kind"),
     ],
 )
 def test_the_schema_refuses_bad_values_by_name(

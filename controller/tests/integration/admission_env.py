@@ -75,6 +75,75 @@ def helm_template(
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+METRICS_READER = "cozystack-gpu-metrics-reader"
+
+
+@dataclass
+class MetricsReader:
+    """A ServiceAccount bound to the chart's ClusterRole ``cozystack-gpu-metrics-reader``
+    by the chart's own ClusterRoleBinding, as a hoster binds its Prometheus
+    (``metrics.reader.subjects``), and a token of it, as its pod would have. The
+    cluster-scoped names get ``suffix``: the cluster is shared."""
+
+    kube: Kube
+    namespace: str
+    suffix: str
+    account: str = "prometheus"
+    token: str = ""
+    cluster_scoped: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        rbac = client.RbacAuthorizationV1Api(self.kube.api)
+        self.kube.core.create_namespaced_service_account(
+            self.namespace, {"metadata": {"name": self.account}}
+        )
+        subject = {"kind": "ServiceAccount", "name": self.account, "namespace": self.namespace}
+        values = {"metrics": {"reader": {"subjects": [subject]}}}
+        for obj in helm_template("rbac-metrics.yaml", self.namespace, values):
+            obj["metadata"]["name"] += f"-{self.suffix}"
+            if obj["kind"] == "ClusterRole":
+                assert obj["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+                rbac.create_cluster_role(obj)
+            else:
+                obj["roleRef"]["name"] += f"-{self.suffix}"
+                rbac.create_cluster_role_binding(obj)
+            self.cluster_scoped.append((obj["kind"], obj["metadata"]["name"]))
+        self.token = self.token_of(self.namespace, self.account)
+        wait_for(lambda: self.may_read(self.user), 15, "the reader's binding to take effect")
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.account}"
+
+    def token_of(self, namespace: str, account: str) -> str:
+        """A bound token of a ServiceAccount, as its pod's projected token."""
+        answer = self.kube.core.create_namespaced_service_account_token(
+            account, namespace, {"spec": {"expirationSeconds": 3600}}
+        )
+        return str(answer.status.token)
+
+    def may_read(self, user: str, groups: tuple[str, ...] = ()) -> bool:
+        review = client.AuthorizationV1Api(self.kube.api).create_subject_access_review(
+            {
+                "spec": {
+                    "user": user,
+                    "groups": list(groups),
+                    "nonResourceAttributes": {"path": "/metrics", "verb": "get"},
+                }
+            }
+        )
+        return bool(review.status.allowed)
+
+    def delete(self) -> None:
+        rbac = client.RbacAuthorizationV1Api(self.kube.api)
+        for kind, name in self.cluster_scoped:
+            with contextlib.suppress(ApiException):
+                if kind == "ClusterRole":
+                    rbac.delete_cluster_role(name)
+                else:
+                    rbac.delete_cluster_role_binding(name)
+
+
 @dataclass
 class Replica:
     """One controller process serving the webhooks on 127.0.0.1:``port``."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from admission_env import MetricsReader
 from prometheus_client.parser import text_string_to_metric_families
 
 from cozystack_gpu import keys
@@ -22,9 +23,9 @@ pytestmark = pytest.mark.apiserver
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(replica: ControllerProcess) -> Samples:
+def scrape(replica: ControllerProcess, token: str) -> Samples:
     samples: Samples = {}
-    for family in text_string_to_metric_families(replica.metrics()):
+    for family in text_string_to_metric_families(replica.metrics(token)):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
@@ -39,19 +40,24 @@ def controller(
     control_plane: ControlPlane, api_client: Any, tmp_path: Path
 ) -> Iterator[tuple[ControllerProcess, str]]:
     install_extra_crds(api_client)
-    namespace = f"ctl-{uuid.uuid4().hex[:8]}"
-    Kube(api_client).namespace(namespace)
+    test_id = uuid.uuid4().hex[:8]
+    namespace = f"ctl-{test_id}"
+    kube = Kube(api_client)
+    kube.namespace(namespace)
+    # Scraped as the hoster's Prometheus: a token bound to the chart's reader role.
+    reader = MetricsReader(kube, namespace, test_id)
     replica = ControllerProcess(control_plane, namespace, "metrics-0", tmp_path, metrics=True)
     try:
-        yield replica, namespace
+        yield replica, reader.token
     finally:
         replica.stop()
+        reader.delete()
 
 
 def test_metrics_tell_the_cluster_the_binder_sees(
     controller: tuple[ControllerProcess, str], api_client: Any
 ) -> None:
-    replica, _namespace = controller
+    replica, token = controller
     kube = Kube(api_client)
     test_id = uuid.uuid4().hex[:8]
     selector = {"test.cozystack.io/id": test_id}
@@ -102,7 +108,7 @@ def test_metrics_tell_the_cluster_the_binder_sees(
     ready_units = 4 if ready == serving else 1
 
     def published() -> Samples | None:
-        samples = scrape(replica)
+        samples = scrape(replica, token)
         wanted = {
             ("cozystack_gpu_class_capacity_units", (("class", gpu_class),)): ready_units,
             ("cozystack_gpu_class_free_units", (("class", gpu_class),)): ready_units - 2,

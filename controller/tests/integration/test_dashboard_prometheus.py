@@ -6,12 +6,15 @@ fixture of eight H100s, with a fake kubelet) every second, labelled as Prometheu
 Operator's ServiceMonitor and PodMonitor would label them (``pod`` on the replica, ``node``
 on the agent). The replica runs as its ServiceAccount under the chart's own RBAC
 (``templates/rbac-controller.yaml``, with a token as its pod would have) and serves its
-webhooks over HTTPS. Through a scenario (a claim Lost with its failed node; on the agent's
-node two units Attached and one Bound; an order too big to fit and one over budget) every
-query of the dashboard runs through ``/api/v1/query`` and must return what the scenario
-implies; the chart's rules, rendered by Helm with short thresholds, must turn the Lost
-claim and the waiting order into firing alerts (``/api/v1/alerts``) while the other five
-are quiet (the stale one for the agent's node: the failed node's report ages unrefreshed).
+webhooks and /metrics over HTTPS; Prometheus scrapes /metrics as the chart's ServiceMonitor
+does, with the token of a ServiceAccount bound to ``cozystack-gpu-metrics-reader``, which the
+replica has the API server review. Through a scenario (a claim Lost with its failed node;
+on the agent's node two units Attached and one Bound; an order too big to fit and one over
+budget) every query of the dashboard runs through ``/api/v1/query`` and must return what
+the scenario implies; the chart's rules, rendered by Helm with short thresholds, must turn
+the Lost claim and the waiting order into firing alerts (``/api/v1/alerts``) while the
+other five are quiet (the stale one for the agent's node: the failed node's report ages
+unrefreshed).
 
 Then each of the other five is made to fire by what would cause it in a cluster, never by a
 metric written by hand:
@@ -43,7 +46,15 @@ from typing import Any
 
 import pytest
 import yaml
-from admission_env import CHART, configurations, helm_template, install, refusal, remove
+from admission_env import (
+    CHART,
+    MetricsReader,
+    configurations,
+    helm_template,
+    install,
+    refusal,
+    remove,
+)
 from admission_env import wait_forgotten as wait_webhooks_forgotten
 from binder_env import Corner
 from kubernetes import client
@@ -116,6 +127,9 @@ class Agent:
                     "--kubeconfig",
                     str(plane.kubeconfig),
                     "--listen",
+                    f"127.0.0.1:{free_port()}",
+                    # /metrics: HTTPS, its own self-signed pair, reviewed tokens.
+                    "--metrics-listen",
                     f"127.0.0.1:{self.port}",
                     "--poll",
                     "1",
@@ -270,6 +284,9 @@ def world(control_plane: ControlPlane, api_client: Any, tmp_path: Path) -> Itera
     try:
         # The replica as its pod runs it: its ServiceAccount's token, the chart's RBAC.
         rbac = made["rbac"] = ChartRBAC(kube, controller_ns, test_id)
+        # Prometheus scrapes as the hoster binds it: a ServiceAccount bound to the chart's
+        # cozystack-gpu-metrics-reader, its token sent over HTTPS.
+        made["reader"] = MetricsReader(kube, controller_ns, test_id)
         made["replica"] = ControllerProcess(
             control_plane,
             controller_ns,
@@ -291,8 +308,9 @@ def world(control_plane: ControlPlane, api_client: Any, tmp_path: Path) -> Itera
         # The cluster is shared: what this test made must not meet the tests after it.
         Corner(kube, test_id, f"tenant-{test_id}", controller_ns).clean_up()
         unless(404, lambda: kube.core.delete_namespace(f"poor-{test_id}"))
-        if "rbac" in made:
-            made["rbac"].delete()
+        for part in ("rbac", "reader"):
+            if part in made:
+                made[part].delete()
 
 
 def alert_rules(work: Path) -> Path:
@@ -393,6 +411,8 @@ def test_every_dashboard_query_and_every_alert_against_a_real_prometheus(
     # Scraped from the start, so the counters' rates cover every step below (the agent's
     # target is down until it runs).
     agent_port = free_port()
+    token_file = tmp_path / "prometheus.token"
+    token_file.write_text(world["reader"].token)
     prom = PrometheusProcess(
         cluster.binary_dir() / "prometheus",
         tmp_path / "prometheus",
@@ -401,8 +421,18 @@ def test_every_dashboard_query_and_every_alert_against_a_real_prometheus(
                 "cozystack-gpu-controller",
                 f"127.0.0.1:{replica.metrics_port}",
                 {"pod": REPLICA, "namespace": "cozy-gpu"},
+                scheme="https",
+                token_file=token_file,
+                ca_file=world["webhooks"].cert_dir / "ca.crt",
             ),
-            Target("cozystack-gpu-agent", f"127.0.0.1:{agent_port}", {"node": agent_node}),
+            Target(
+                "cozystack-gpu-agent",
+                f"127.0.0.1:{agent_port}",
+                {"node": agent_node},
+                scheme="https",
+                token_file=token_file,
+                insecure=True,
+            ),
         ],
         rule_files=[alert_rules(tmp_path)],
     )

@@ -4,6 +4,7 @@ same loop against the real kube-apiserver."""
 
 from __future__ import annotations
 
+import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import PodResourcesClient
 from cozystack_gpu.agent.runner import Agent, serve
+from cozystack_gpu.metrics_access import Decision
+from cozystack_gpu.metrics_server import MetricsServer, self_signed
 from cozystack_gpu_testkit import sysfs_tree as st
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 
@@ -117,7 +120,40 @@ def test_health_and_metrics_are_served(tmp_path: Path, kubelet: FakeKubelet) -> 
         agent.tick()
         assert urllib.request.urlopen(base + "/healthz").status == 200
         assert urllib.request.urlopen(base + "/readyz").status == 200
-        metrics = urllib.request.urlopen(base + "/metrics").read().decode()
+        # The inventory is not on the plain-HTTP probe port.
+        try:
+            urllib.request.urlopen(base + "/metrics")
+            raise AssertionError("/metrics served over plain HTTP")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404
+        certs = self_signed(tmp_path / "certs", "cozystack-gpu-agent.n1")
+        https = MetricsServer(
+            None,
+            certs,
+            0,
+            addr="127.0.0.1",
+            registry=agent.metrics.registry,
+            reviewer=lambda token: Decision(200) if token == "reader" else Decision(403, "no"),
+        )
+        try:
+            insecure = ssl.create_default_context()
+            insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+            request = urllib.request.Request(
+                f"https://127.0.0.1:{https.port}/metrics",
+                headers={"Authorization": "Bearer reader"},
+            )
+            metrics = urllib.request.urlopen(request, context=insecure).read().decode()
+            refused = urllib.request.Request(
+                f"https://127.0.0.1:{https.port}/metrics",
+                headers={"Authorization": "Bearer tenant"},
+            )
+            try:
+                urllib.request.urlopen(refused, context=insecure)
+                raise AssertionError("a refused token read the agent's metrics")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 403
+        finally:
+            https.stop()
     finally:
         server.shutdown()
     assert "cozystack_gpu_agent_devices 11.0" in metrics
