@@ -162,6 +162,9 @@ def tenant_ancestors(namespace_labels: dict[str, str]) -> frozenset[str]:
 
 # --- VMIs, launcher pods and claims ------------------------------------------------------
 
+# The GPUClaim field the CRD makes selectable: a node's claims list by a field selector.
+FIELD_CLAIM_NODE = "status.nodeName"
+
 # VMI annotation naming the claims a VM holds and the claim templates it orders at start.
 # Its value is JSON:
 #   {"claims": ["<GPUClaim name>", ...],

@@ -17,7 +17,7 @@ import yaml
 
 from cozystack_gpu import config as settings
 from cozystack_gpu import keys
-from cozystack_gpu.cli import explain_claim, explain_vm, top
+from cozystack_gpu.cli import explain_claim, explain_vm, list_claims, top
 from cozystack_gpu.cli.kube import EVENT, CliError, Session
 
 OUTPUTS = ("wide", "yaml", "json")
@@ -70,6 +70,25 @@ def parser() -> argparse.ArgumentParser:
         "events.",
     )
     vm.add_argument("name", metavar="NAME", help="the VirtualMachine (or VMI)")
+    list_verb = verbs.add_parser("list", parents=[common], help="GPU claims, filtered")
+    listed = list_verb.add_subparsers(dest="what", metavar="KIND", required=True)
+    claims = listed.add_parser(
+        "claims",
+        parents=[common],
+        help="claims by class, phase, tenant or node, and why a waiting one waits",
+        description="The claims you can list (in the namespace, or every namespace with "
+        "-A), one line each: class, count, phase, node and the reason a waiting claim "
+        "gives. Filters combine.",
+    )
+    claims.add_argument("--class", dest="gpu_class", metavar="CLASS", help="only this class")
+    claims.add_argument("--phase", choices=list_claims.PHASES, help="only claims in this phase")
+    claims.add_argument(
+        "--tenant",
+        metavar="NAMESPACE",
+        help="only the claims of this tenant's namespace and the tenants below it (needs to "
+        "list namespaces)",
+    )
+    claims.add_argument("--node", metavar="NODE", help="only claims held on this node")
     top_verb = verbs.add_parser("top", parents=[common], help="GPU units per node or class")
     show = top_verb.add_subparsers(dest="what", metavar="KIND", required=True)
     show.add_parser(
@@ -161,6 +180,33 @@ def _vm(session: Session, args: argparse.Namespace, now: float) -> Any:
     return explain_vm.explain(readings), explain_vm.render
 
 
+def _list(session: Session, args: argparse.Namespace, now: float) -> Any:
+    filters = list_claims.Filters(
+        gpu_class=_opt(args, "gpu_class"),
+        phase=_opt(args, "phase"),
+        tenant=_opt(args, "tenant"),
+        node=_opt(args, "node"),
+    )
+    tenants = None
+    if filters.tenant is not None:
+        namespaces = session.list_of(keys.NAMESPACE)
+        if namespaces is None:
+            raise CliError(
+                "--tenant needs to list namespaces (their tenant labels say which are below "
+                "it); this user may not: use -n with each namespace instead"
+            )
+        tenants = list_claims.subtree(filters.tenant, namespaces)
+    every = _opt(args, "all_namespaces", False) or filters.tenant is not None
+    namespace = None if every else str(_opt(args, "namespace") or session.default_namespace)
+    claims = session.list_of(keys.GPU_CLAIM, namespace, field_selector=filters.field_selector())
+    if claims is None:
+        where = "in every namespace" if namespace is None else f"in namespace {namespace}"
+        raise CliError(f"this user may not list gpuclaims {where}")
+    scope = "" if namespace is None else f" in namespace {namespace}"
+    report = {"items": list_claims.rows(claims, filters, now, tenants), "scope": scope}
+    return report, list_claims.render
+
+
 def _top(session: Session, args: argparse.Namespace, now: float) -> Any:
     listing = session.listing()
     if listing is None:
@@ -203,6 +249,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         run = _claim if args.verb == "explain" and args.what == "claim" else _vm
         if args.verb == "top":
             run = _top
+        elif args.verb == "list":
+            run = _list
         report, render = run(session, args, time.time())
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -267,6 +267,49 @@ def test_top_shows_each_nodes_and_classes_units_by_phase(
     ]
 
 
+def test_list_claims_filters_by_class_phase_tenant_and_node_within_the_users_rights(
+    env: Env,
+    control_plane: ControlPlane,
+    tenant_user: str,
+    other_tenant: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    names = scene(env, other_tenant)
+    h100 = names["h100"]
+
+    # The tenant: its namespace only, and only what it may list.
+    code, lines = run(control_plane, "list", "claims", "-n", env.tenant, "--as", tenant_user)
+    assert code == 0, lines
+    assert lines[0].split()[:7] == ["NAMESPACE", "NAME", "CLASS", "COUNT", "PHASE", "NODE", "WHY"]
+    assert [ln.split()[:7] for ln in lines[1:]] == [
+        [env.tenant, "a0", h100, "1", "Bound", names["n0"], "-"],
+        [env.tenant, "big", h100, "3", "Pending", "-", "InsufficientCapacity"],
+    ]
+    assert other_tenant not in "\n".join(lines)
+    code, lines = run(control_plane, "list", "claims", "-A", "--as", tenant_user)
+    assert (code, lines) == (1, [])
+    assert "may not list gpuclaims in every namespace" in capsys.readouterr().err
+    code, lines = run(control_plane, "list", "claims", "--tenant", env.tenant, "--as", tenant_user)
+    assert (code, lines) == (1, [])
+    assert "--tenant needs to list namespaces" in capsys.readouterr().err
+
+    # The hoster: a node's claims (a field selector), a tenant's subtree, a phase.
+    code, lines = run(control_plane, "list", "claims", "-A", "--node", names["n0"])
+    assert code == 0
+    assert {(ln.split()[0], ln.split()[1]) for ln in lines[1:]} == {
+        (other_tenant, "bravo-hold"),
+        (env.tenant, "a0"),
+    }
+    code, lines = run(
+        control_plane, "list", "claims", "--tenant", other_tenant, "--phase", "Pending"
+    )
+    assert [ln.split()[:5] for ln in lines[1:]] == [
+        [other_tenant, "bravo-wait", h100, "3", "Pending"]
+    ]
+    code, lines = run(control_plane, "list", "claims", "-A", "--class", names["t4"])
+    assert (code, lines) == (0, ["No GPU claims found."])
+
+
 def test_top_as_a_tenant_fails_with_one_line_and_status_1(
     env: Env, control_plane: ControlPlane, tenant_user: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

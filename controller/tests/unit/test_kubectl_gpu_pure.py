@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.cli import explain_claim, explain_vm, main, text, whatif
+from cozystack_gpu.cli import explain_claim, explain_vm, list_claims, main, text, whatif
 from cozystack_gpu.config import parse
 from cozystack_gpu.keys import Mode, Phase
 from cozystack_gpu.model import ClaimInfo, ClaimKey, ClassInfo, Device, NodeInfo, Snapshot
@@ -279,3 +279,48 @@ def test_another_class_is_offered_only_when_an_order_of_it_would_pass_the_order_
     hints = explain_claim.explain(readings, CONFIG, 0.0)["toFit"]
     offered = {h.split(": ", 1)[1].split(" ")[0] for h in hints if h.startswith("another class")}
     assert offered == suggested, hints
+
+
+def test_list_claims_keeps_what_every_filter_allows_and_says_why_a_claim_waits() -> None:
+    ns = {
+        "root": {},
+        "acme": {"tenant.cozystack.io/root": "", "tenant.cozystack.io/acme": ""},
+        "research": {
+            "tenant.cozystack.io/root": "",
+            "tenant.cozystack.io/acme": "",
+            "tenant.cozystack.io/research": "",
+        },
+        "other": {"tenant.cozystack.io/other": ""},
+    }
+    namespaces = [{"metadata": {"name": n, "labels": labels}} for n, labels in ns.items()]
+    claims = [
+        _claim("acme", "a", "h100", 2, phase="Bound", nodeName="n1"),
+        _claim("research", "r", "h100", 1, conditions=[WAITING]),
+        _claim("research", "l", "l40s", 1, phase="Attached", nodeName="n2", attachedTo="vm"),
+        _claim("other", "o", "h100", 1, phase="Bound", nodeName="n1"),
+    ]
+    subtree = list_claims.subtree("acme", namespaces)
+    assert subtree == {"acme", "research"}
+
+    def names(filters: list_claims.Filters, tenants: frozenset[str] | None = None) -> list[str]:
+        return [
+            f"{r['namespace']}/{r['name']}" for r in list_claims.rows(claims, filters, 0, tenants)
+        ]
+
+    assert names(list_claims.Filters()) == ["acme/a", "other/o", "research/l", "research/r"]
+    assert names(list_claims.Filters(gpu_class="h100", phase="Bound")) == ["acme/a", "other/o"]
+    assert names(list_claims.Filters(node="n1"), subtree) == ["acme/a"]
+    assert names(list_claims.Filters(phase="Pending")) == ["research/r"]
+    (waiting,) = list_claims.rows(claims, list_claims.Filters(phase="Pending"), 0, None)
+    assert waiting["why"] == "InsufficientCapacity"
+    lines = list_claims.render({"items": [waiting]}, wide=True)
+    assert lines[0].split() == [
+        "NAMESPACE", "NAME", "CLASS", "COUNT", "PHASE", "NODE", "ATTACHED", "TEMPLATE", "WHY", "AGE"
+    ]  # fmt: skip
+    assert lines[1].split()[:9] == [
+        "research", "r", "h100", "1", "Pending", "-", "-", "-", "InsufficientCapacity"
+    ]  # fmt: skip
+    assert list_claims.Filters(node="n1").field_selector() == "status.nodeName=n1"
+    assert list_claims.render({"items": [], "scope": " in namespace x"}) == [
+        "No GPU claims found in namespace x."
+    ]
