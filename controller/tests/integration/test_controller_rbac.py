@@ -141,14 +141,21 @@ def test_the_licence_copier_works_with_only_the_shipped_rbac(
     )
     apply_rbac(api_client, namespace)
     kube.core.create_namespaced_secret(
-        namespace, {"metadata": {"name": "nls"}, "data": {"t.tok": "dG9rZW4="}}
+        namespace,
+        {
+            "metadata": {
+                "name": "nls",
+                "labels": {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK},
+            },
+            "data": {keys.LICENSE_TOKEN_KEY: "dG9rZW4="},
+        },
     )
     gpu_class = f"l40s-{test_id}"
     kube.gpu_class(
         gpu_class,
         f"nvidia.com/L40S_{test_id}",
         mode="vgpu",
-        license={"secretRef": {"name": "nls", "key": "t.tok"}},
+        license={"secretRef": {"name": "nls", "key": keys.LICENSE_TOKEN_KEY}},
     )
     controller = Controller(
         impersonating(control_plane, namespace),
