@@ -1,8 +1,9 @@
 """The VMI webhook's work: read, judge (``vmi_rules``), write the attachments.
 
 For a VMI naming claims, every read goes to the API server in parallel (the claims, the
-classes, the settings, the namespace for the vGPU entitlement, the instance type), the
-rules judge, and unless it is a dry run each held claim not yet attached to this VMI gets
+classes, the settings, the namespace for the vGPU entitlement, the instance type, and for
+a licensed class the namespace's licence copy and the hoster's token Secret), the rules
+judge, and unless it is a dry run each held claim not yet attached to this VMI gets
 ``status.attachedTo``/``attachedAt`` (with the resourceVersion read, so a concurrent start
 of another VMI gets 409 and this one is judged again) and the claim-protection finalizer.
 The finalizer is the binder's too; written here it closes the window before the binder

@@ -11,7 +11,8 @@ a fixed order and the first failure is the answer, so one VMI always gets one me
 3. the held claims share one node;
 4. at most one vGPU class in the set;
 5. no class above its maxCount for the set (held and template units together);
-6. vGPU templates need the namespace's vGPU entitlement;
+6. vGPU templates need the namespace's vGPU entitlement, and a licensed class the
+   controller's own licence copy in the namespace (``license_check``);
 7. the VMI carries no GPU entry of its own (``gpus``, ``hostDevices``, resource requests or
    limits, or its instance type's ``gpus``/``hostDevices``) whose name is a GPU resource name.
 
