@@ -697,11 +697,16 @@ def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
     fake = ((keys.LICENSE_FEATURE_TYPE_KEY, "MQ=="), (keys.LICENSE_TOKEN_KEY, "bWluZQ=="))
     forged = licence_rules.Copy(namespace, keys.license_copy_name(gpu_class), gpu_class, fake)
     tenant.core.create_namespaced_secret(namespace, licence_rules.copy_body(forged))
-    with pytest.raises(ApiException) as caught:
-        create_vmi(tenant, namespace, vmi_body("vm", {"claims": ["a"]}))
-    if caught.value.status != 403:
-        raise AssertionError(f"the tenant's VMI was not refused by the webhook: {caught.value}")
-    message = refusal(caught.value)
+    try:
+        started = create_vmi(tenant, namespace, vmi_body("vm", {"claims": ["a"]}))
+    except ApiException as exc:
+        assert exc.status == 403, f"the tenant's VMI was not refused by the webhook: {exc}"
+        message = refusal(exc)
+    else:
+        raise AssertionError(
+            f"the tenant's own Secret {forged.name} licensed a start: VMI admitted with "
+            f"volumes {started['spec'].get('volumes')}"
+        )
     assert f"Secret {forged.name} in namespace {namespace} is not the controller's copy" in (
         message
     ), f"a VMI started licensed by the tenant's own Secret: {message}"
