@@ -260,6 +260,16 @@ LICENSE_COPY_PREFIX = "gpu-license-"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_CONTROLLER = "cozystack-gpu-controller"
 LABEL_LICENSE_CLASS = GROUP + "/license-class"
+# And the sha256 of its data (``licensing.rules.content_hash``). The labels and the hash only
+# say what the copy claims to be: a tenant may write all three on a Secret of its own, so the
+# VMI webhook trusts a copy only when its data is what the hoster's Secret gives now.
+ANNOTATION_LICENSE_CONTENT_HASH = GROUP + "/license-content-sha256"
+# The hoster marks a Secret of the controller's namespace as a licence token with this label
+# (an Opaque Secret holding LICENSE_TOKEN_KEY); a class's secretRef naming any other Secret
+# (the webhook's TLS key, a ServiceAccount token) is refused on the class and never copied.
+LABEL_LICENSE_TOKEN = GROUP + "/license-token"
+LICENSE_TOKEN_MARK = "true"
+LICENSE_SECRET_TYPE = "Opaque"
 # The copy's keys, which become the files of the guest's licence disk: the token (gridd takes
 # a *.tok file from ClientConfigTokenPath) and the class's FeatureType, as decimal text.
 LICENSE_TOKEN_KEY = "client_configuration_token.tok"
@@ -400,6 +410,8 @@ CONDITION_READY = "Ready"  # on GPUNode: written by the binder: does the node se
 CONDITION_NAMES_ADVERTISED = "ResourceNamesAdvertised"
 CONDITION_DELETING = "Deleting"  # on GPUClaim: deletion waits for the VMI to stop
 CONDITION_OFFER_WITHDRAWN = "OfferWithdrawn"  # on GPUClaim: its class is being deleted
+# on a licensed GPUClass: written by the licence copier: is its token Secret copied
+CONDITION_LICENSE_READY = "LicenseReady"
 
 
 # Condition and Event reasons the controller writes, besides the model's refusal reasons
@@ -448,6 +460,17 @@ class ClassReason(str, Enum):
     DELETING = "Deleting"
 
 
+class LicenseReason(str, Enum):
+    """Reasons of a licensed GPUClass's LicenseReady condition (the licence copier's)."""
+
+    COPIED = "TokenCopied"
+    SECRET_MISSING = "LicenseSecretMissing"
+    SECRET_NOT_MARKED = "LicenseSecretNotMarked"
+    SECRET_WRONG_TYPE = "LicenseSecretWrongType"
+    KEY_NOT_TOKEN = "LicenseKeyNotToken"
+    TOKEN_MISSING = "LicenseTokenMissing"
+
+
 class AdmissionReason(str, Enum):
     """Reasons of the admission webhooks' refusals beyond the model's (an order refused for
     budget or capacity, a set of mixed vGPU classes... carries the model's Reason)."""
@@ -471,6 +494,8 @@ class AdmissionReason(str, Enum):
     VMI_EXISTS = "VMIExists"
     TEMPLATE_CLAIM_CONFLICT = "TemplateClaimConflict"
     LICENSE_COPY_MISSING = "LicenseCopyMissing"
+    LICENSE_COPY_UNTRUSTED = "LicenseCopyUntrusted"
+    LICENSE_SECRET_REFUSED = "LicenseSecretRefused"
 
 
 class EventReason(str, Enum):

@@ -106,17 +106,19 @@ class ApiAccess:
             raise
         return dict((ns.get("metadata") or {}).get("labels") or {})
 
-    def secret_exists(self, namespace: str, name: str) -> bool:
-        """Whether a Secret exists (a licence copy); its data is not kept."""
+    def secret(self, namespace: str, name: str) -> Obj | None:
+        """A Secret as it is now (a licence copy, or the hoster's token Secret it must
+        match), or None. Judged and dropped: the webhook keeps no Secret."""
         try:
-            self.core.read_namespaced_secret(
-                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+            return _json(
+                self.core.read_namespaced_secret(
+                    name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+                )
             )
         except ApiException as exc:
             if _missing(exc):
-                return False
+                return None
             raise
-        return True
 
     def get(self, kind: keys.ApiKind, namespace: str, name: str) -> Obj | None:
         """One custom object as it is now (``namespace`` is ignored for a cluster-scoped

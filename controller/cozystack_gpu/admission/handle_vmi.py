@@ -1,8 +1,9 @@
 """The VMI webhook's work: read, judge (``vmi_rules``), write the attachments.
 
 For a VMI naming claims, every read goes to the API server in parallel (the claims, the
-classes, the settings, the namespace for the vGPU entitlement, the instance type), the
-rules judge, and unless it is a dry run each held claim not yet attached to this VMI gets
+classes, the settings, the namespace for the vGPU entitlement, the instance type, and for
+a licensed class the namespace's licence copy and the hoster's token Secret), the rules
+judge, and unless it is a dry run each held claim not yet attached to this VMI gets
 ``status.attachedTo``/``attachedAt`` (with the resourceVersion read, so a concurrent start
 of another VMI gets 409 and this one is judged again) and the claim-protection finalizer.
 The finalizer is the binder's too; written here it closes the window before the binder
@@ -197,8 +198,13 @@ class VMIWebhook:
         wanted = {str((c.get("spec") or {}).get("class", "")) for c in read.values() if c}
         wanted |= {entry.gpu_class for entry in request.templates}
         licensed = vmi_rules.licensed_classes(wanted, known)
-        copies = {
-            n: submit(access.secret_exists, namespace, keys.license_copy_name(n)) for n in licensed
+        # The copy, and the hoster's Secret it must match: a Secret of the copy's name may
+        # be a tenant's own, labels and all.
+        copies = {n: submit(access.secret, namespace, keys.license_copy_name(n)) for n in licensed}
+        sources = {
+            n: submit(access.secret, access.settings_namespace, source)
+            for n in licensed
+            if (source := vmi_rules.license_secret_name(known[n]))
         }
         if licensed and labels is None:
             labels = submit(access.namespace_labels, namespace)
@@ -209,7 +215,8 @@ class VMIWebhook:
             claims=read,
             same_name_vmi=same_name,
             classes=known,
-            license_copies=frozenset(n for n, f in copies.items() if f.result()),
+            license_copies={n: f.result() for n, f in copies.items()},
+            license_sources={n: f.result() for n, f in sources.items()},
             settings_names=settings.result() if settings is not None else names or frozenset(),
             namespace_labels=labels.result() if labels is not None else {},
             instancetype=instancetype,

@@ -11,7 +11,8 @@ a fixed order and the first failure is the answer, so one VMI always gets one me
 3. the held claims share one node;
 4. at most one vGPU class in the set;
 5. no class above its maxCount for the set (held and template units together);
-6. vGPU templates need the namespace's vGPU entitlement;
+6. vGPU templates need the namespace's vGPU entitlement, and a licensed class the
+   controller's own licence copy in the namespace (``license_check``);
 7. the VMI carries no GPU entry of its own (``gpus``, ``hostDevices``, resource requests or
    limits, or its instance type's ``gpus``/``hostDevices``) whose name is a GPU resource name.
 
@@ -31,7 +32,13 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.keys import AdmissionReason, Mode
-from cozystack_gpu.licensing.rules import class_license
+from cozystack_gpu.licensing.rules import (
+    Copy,
+    TokenProblem,
+    class_license,
+    copy_problem,
+    wanted_copy,
+)
 from cozystack_gpu.model import Reason
 from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape
 from cozystack_gpu.objects.annotation import ClaimsRequest
@@ -94,15 +101,58 @@ class VMIFacts:
     # already names this name (read only then): a VMI of this name that still exists means
     # this create is not the one the attachment belongs to, and will fail anyway.
     same_name_vmi: Obj | None = None
-    # The licensed classes of the set whose copy exists in the VMI's namespace (read only
-    # for a set of a licensed vGPU class).
-    license_copies: frozenset[str] = frozenset()
+    # For each licensed class of the set (read only for a set of a licensed vGPU class):
+    # the Secret of its copy's name in the VMI's namespace, and the hoster's token Secret
+    # the class names, in the controller's namespace (None: not found).
+    license_copies: Mapping[str, Obj | None] = field(default_factory=dict)
+    license_sources: Mapping[str, Obj | None] = field(default_factory=dict)
 
 
 def licensed_classes(class_names: Iterable[str], classes: Mapping[str, Obj]) -> list[str]:
     """The classes among ``class_names`` whose guests get a licence (vGPU with license)."""
     return sorted(
         {n for n in class_names if n in classes and class_license(classes[n]) is not None}
+    )
+
+
+def license_secret_name(klass: Obj) -> str | None:
+    """The hoster's token Secret a licensed class names, or None."""
+    lic = class_license(klass)
+    return lic.secret_name if lic is not None else None
+
+
+def license_check(
+    class_name: str, facts: VMIFacts, namespace: str, entitled: bool
+) -> Refusal | None:
+    """A licensed start refused unless the namespace holds the controller's own copy: the
+    copier's labels and hash over data that is the hoster's token now. A tenant may make a
+    Secret of the copy's name (the admin role writes Secrets), labels and hash included; its
+    data is what gives it away."""
+    klass = facts.classes[class_name]
+    if not entitled:
+        return license_refusal(class_name, klass, namespace, entitled)
+    wanted = wanted_copy(klass, namespace, facts.license_sources.get(class_name))
+    if isinstance(wanted, TokenProblem):
+        return Refusal(
+            AdmissionReason.LICENSE_SECRET_REFUSED,
+            f"vGPU class {class_name} is licensed, but its licence cannot be handed out: "
+            f"{wanted.message} (the class's {keys.CONDITION_LICENSE_READY} condition says the "
+            "same); the hoster fixes it, then start again",
+        )
+    assert isinstance(wanted, Copy)
+    found = facts.license_copies.get(class_name)
+    if found is None:
+        return license_refusal(class_name, klass, namespace, entitled)
+    problem = copy_problem(wanted, found)
+    if problem is None:
+        return None
+    return Refusal(
+        AdmissionReason.LICENSE_COPY_UNTRUSTED,
+        f"Secret {wanted.name} in namespace {namespace} is not the controller's copy of the "
+        f"licence of vGPU class {class_name}: {problem}; the guest would boot with it as its "
+        "licence, so the start is refused; a Secret of that name made or edited in the "
+        "namespace is replaced by the controller within moments: delete it if it is yours, "
+        "and start again",
     )
 
 
@@ -211,8 +261,9 @@ def judge(
             )
 
     for class_name in licensed_classes(demand, facts.classes):
-        if class_name not in facts.license_copies:
-            return license_refusal(class_name, facts.classes[class_name], namespace, entitled)
+        licence = license_check(class_name, facts, namespace, entitled)
+        if licence is not None:
+            return licence
 
     gpu_names = facts.settings_names | {
         res for klass in facts.classes.values() if (res := class_resource_name(klass))

@@ -11,7 +11,8 @@ After every batch of changes, and every ``RESYNC_S`` besides (a write that faile
 again then), it decides the whole plan again from what it has seen and writes it; a write's
 answer is taken as the copy's state at once, so the echo of its own write plans nothing.
 A copy's name is the product's (``gpu-license-<class>``): a Secret of that name that is not
-a copy (no managed label) is taken over.
+a copy (no managed label, a tenant's own) is taken over. Each licensed class's LicenseReady
+condition says whether its token is copied, or why its Secret is refused.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class LicenseCopier:
         self.namespace = namespace
         self.is_leader = is_leader
         self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
         self.synced = threading.Event()
         self.failure: str | None = None
         self.writes = 0
@@ -159,7 +161,7 @@ class LicenseCopier:
 
     # --- decide and write --------------------------------------------------------------
 
-    def inputs(self) -> tuple[list[Obj], dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    def inputs(self) -> tuple[list[Obj], dict[str, dict[str, str]], dict[str, Obj]]:
         """The rules' inputs from what the watches saw. A namespace being deleted takes no
         copy (the API server refuses new objects there); its copies go with it."""
         classes = list(self._raw[CLASSES].values())
@@ -168,14 +170,12 @@ class LicenseCopier:
             for (_ns, name), ns in self._raw[NAMESPACES].items()
             if not (ns.get("metadata") or {}).get("deletionTimestamp")
         }
-        sources = {
-            name: dict(secret.get("data") or {})
-            for (_ns, name), secret in self._raw[SOURCES].items()
-        }
+        sources = {name: secret for (_ns, name), secret in self._raw[SOURCES].items()}
         return classes, namespaces, sources
 
     def _reconcile(self) -> None:
-        desired = rules.desired_copies(*self.inputs())
+        classes, namespaces, sources = self.inputs()
+        desired = rules.desired_copies(classes, namespaces, sources)
         plan = rules.plan_copies(desired, self._raw[COPIES])
         for copy in (*plan.creates, *plan.updates):
             if not self.is_leader():
@@ -185,6 +185,37 @@ class LicenseCopier:
             if not self.is_leader():
                 return
             self._delete(namespace, name)
+        now = time.time()
+        for klass in classes:
+            patch = rules.class_condition_patch(klass, sources, now)
+            if patch is not None and self.is_leader():
+                self._report(klass, patch)
+
+    def _report(self, klass: Obj, patch: Obj) -> None:
+        """Write a class's LicenseReady condition; a 409 (another writer's condition came
+        meanwhile) is written again from the watch's next version of the class."""
+        name = str((klass.get("metadata") or {}).get("name", ""))
+        try:
+            written = self.custom.patch_cluster_custom_object_status(
+                keys.GROUP,
+                keys.VERSION,
+                keys.PLURAL_CLASSES,
+                name,
+                patch,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                log.warning(
+                    "licence condition of class %s not written: %s %s; trying again within %.0f s",
+                    name,
+                    exc.status,
+                    exc.reason,
+                    RESYNC_S,
+                )
+            return
+        self.writes += 1
+        self._raw[CLASSES][("", name)] = written
 
     def _write(self, copy: rules.Copy, *, exists: bool) -> None:
         body = rules.copy_body(copy)

@@ -588,9 +588,13 @@ def act_catalog(demo: Demo) -> None:
 
 
 def _token_secret(demo: Demo) -> None:
-    """The hoster's token Secret (kubectl create secret generic ... --from-file=...)."""
+    """The hoster's token Secret (kubectl create secret generic ... --from-file=...), marked
+    as a licence token (kubectl label secret ... gpu.cozystack.io/license-token=true)."""
     body = {
-        "metadata": {"name": TOKEN_SECRET},
+        "metadata": {
+            "name": TOKEN_SECRET,
+            "labels": {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK},
+        },
         "data": {keys.LICENSE_TOKEN_KEY: base64.b64encode(STAND_IN_TOKEN).decode()},
     }
     try:

@@ -520,7 +520,14 @@ def test_the_rbac_matrix_holds_for_every_identity(release: Release) -> None:
     # The hoster's licence token, which no tenant role may read.
     token_secret = f"nls-{uuid.uuid4().hex[:6]}"
     kube.core.create_namespaced_secret(
-        NAMESPACE, {"metadata": {"name": token_secret}, "data": {"t.tok": "dA=="}}
+        NAMESPACE,
+        {
+            "metadata": {
+                "name": token_secret,
+                "labels": {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK},
+            },
+            "data": {keys.LICENSE_TOKEN_KEY: "dA=="},
+        },
     )
     token = f"/api/v1/namespaces/{NAMESPACE}/secrets/{token_secret}"
     rbac = client.RbacAuthorizationV1Api(release.api)

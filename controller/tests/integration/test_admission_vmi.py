@@ -20,6 +20,7 @@ from typing import Any
 import jsonpatch
 import pytest
 from admission_env import Corner, Replica, create_vmi, refusal, serving, vmi_body
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
@@ -551,20 +552,35 @@ def test_a_nic_vf_the_agent_found_to_be_no_gpu_goes_next_to_the_claims(
 # --- the vGPU guest licence --------------------------------------------------------------
 
 
-def licensed_class(corner: Corner, base: str = "l40s") -> str:
-    return corner.gpu_class(
-        base, mode="vgpu", license={"secretRef": {"name": "nls", "key": "t.tok"}}
+def licensed_class(kube: Kube, corner: Corner, replica: Replica, base: str = "l40s") -> str:
+    """A licensed vGPU class and the hoster's token Secret it names, marked, in the
+    replica's (the controller's) namespace."""
+    secret = corner.name("nls")
+    kube.core.create_namespaced_secret(
+        replica.namespace,
+        {
+            "metadata": {
+                "name": secret,
+                "labels": {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK},
+            },
+            "data": {keys.LICENSE_TOKEN_KEY: "dA=="},
+        },
     )
+    ref = {"name": secret, "key": keys.LICENSE_TOKEN_KEY}
+    return corner.gpu_class(base, mode="vgpu", license={"secretRef": ref})
 
 
-def place_copy(kube: Kube, namespace: str, gpu_class: str) -> None:
+def place_copy(kube: Kube, namespace: str, gpu_class: str, replica: Replica) -> None:
     """The copy as the leader's copier writes it (no leader runs here)."""
-    copy = licence_rules.Copy(
-        namespace,
-        keys.license_copy_name(gpu_class),
-        gpu_class,
-        ((keys.LICENSE_TOKEN_KEY, "dA=="), (keys.LICENSE_FEATURE_TYPE_KEY, "MQ==")),
+    klass = kube.custom.get_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class
     )
+    ref = klass["spec"]["license"]["secretRef"]["name"]
+    source = kube.api.sanitize_for_serialization(
+        kube.core.read_namespaced_secret(ref, replica.namespace)
+    )
+    copy = licence_rules.wanted_copy(klass, namespace, source)
+    assert isinstance(copy, licence_rules.Copy), copy
     kube.core.create_namespaced_secret(namespace, licence_rules.copy_body(copy))
 
 
@@ -583,13 +599,13 @@ LICENCE_DISK = {
 
 
 def test_a_licensed_vgpu_start_gets_its_namespace_copy_as_a_disk_with_the_licence_serial(
-    kube: Kube, corner: Corner, namespace: str
+    kube: Kube, corner: Corner, namespace: str, replica: Replica
 ) -> None:
     entitle(kube, namespace)
     node = corner.node("n1", 2)
-    gpu_class = licensed_class(corner)
+    gpu_class = licensed_class(kube, corner, replica)
     corner.bound(namespace, "a", gpu_class, node=node)
-    place_copy(kube, namespace, gpu_class)
+    place_copy(kube, namespace, gpu_class, replica)
     body = vmi_body("vm", {"claims": ["a"]})
     dry = create_vmi(kube, namespace, body, dry_run="All")
     assert dry["spec"]["volumes"] == [licence_volume(gpu_class)]
@@ -604,9 +620,9 @@ def test_a_licensed_start_reinvoked_adds_no_second_disk(
 ) -> None:
     entitle(kube, namespace)
     node = corner.node("n1", 1)
-    gpu_class = licensed_class(corner)
+    gpu_class = licensed_class(kube, corner, replica)
     corner.bound(namespace, "a", gpu_class, node=node)
-    place_copy(kube, namespace, gpu_class)
+    place_copy(kube, namespace, gpu_class, replica)
     body = vmi_body("vm", {"claims": ["a"]})
     body["metadata"]["namespace"] = namespace
     request = {
@@ -649,11 +665,11 @@ def test_unlicensed_and_passthrough_starts_get_no_licence_disk(
 
 
 def test_a_licensed_start_without_its_copy_is_refused_saying_why(
-    kube: Kube, corner: Corner, namespace: str
+    kube: Kube, corner: Corner, namespace: str, replica: Replica
 ) -> None:
     entitle(kube, namespace)
     node = corner.node("n1", 2)
-    gpu_class = licensed_class(corner)
+    gpu_class = licensed_class(kube, corner, replica)
     corner.bound(namespace, "a", gpu_class, node=node)
     copy = keys.license_copy_name(gpu_class)
     message = refused(kube, namespace, vmi_body("vm", {"claims": ["a"]}))
@@ -666,3 +682,73 @@ def test_a_licensed_start_without_its_copy_is_refused_saying_why(
     message = refused(kube, namespace, vmi_body("vm", {"claims": ["a"]}))
     assert f"namespace {namespace} is not entitled to vGPU" in message
     assert "attachedTo" not in status(claim(kube, namespace, "a"))
+
+
+def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
+    control_plane: Any, kube: Kube, corner: Corner, namespace: str, replica: Replica
+) -> None:
+    """A tenant admin may write Secrets in its namespace: one of the copy's name, carrying
+    the copier's labels and a hash right for its own data, is no licence copy (SPEC §10)."""
+    entitle(kube, namespace)
+    node = corner.node("n1", 1)
+    gpu_class = licensed_class(kube, corner, replica)
+    corner.bound(namespace, "a", gpu_class, node=node)
+    tenant = as_tenant_admin(control_plane, kube, namespace)
+    fake = ((keys.LICENSE_FEATURE_TYPE_KEY, "MQ=="), (keys.LICENSE_TOKEN_KEY, "bWluZQ=="))
+    forged = licence_rules.Copy(namespace, keys.license_copy_name(gpu_class), gpu_class, fake)
+    tenant.core.create_namespaced_secret(namespace, licence_rules.copy_body(forged))
+    try:
+        started = create_vmi(tenant, namespace, vmi_body("vm", {"claims": ["a"]}))
+    except ApiException as exc:
+        assert exc.status == 403, f"the tenant's VMI was not refused by the webhook: {exc}"
+        message = refusal(exc)
+    else:
+        raise AssertionError(
+            f"the tenant's own Secret {forged.name} licensed a start: VMI admitted with "
+            f"volumes {started['spec'].get('volumes')}"
+        )
+    assert f"Secret {forged.name} in namespace {namespace} is not the controller's copy" in (
+        message
+    ), f"a VMI started licensed by the tenant's own Secret: {message}"
+    assert "its data is not the hoster's current token" in message
+    assert "attachedTo" not in status(claim(kube, namespace, "a"))
+    # The same Secret without the copier's labels is refused the same way.
+    tenant.core.replace_namespaced_secret(
+        forged.name, namespace, {"metadata": {"name": forged.name}, "data": dict(fake)}
+    )
+    assert "is not the controller's copy" in refused(
+        kube, namespace, vmi_body("vm", {"claims": ["a"]})
+    )
+
+
+def as_tenant_admin(plane: Any, kube: Kube, namespace: str) -> Kube:
+    """The namespace's tenant admin: the built-in admin role (the chart's claim roles
+    aggregate into it) and the right to start VMIs, as KubeVirt's roles give it."""
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    user = f"admin-{namespace}"
+    subject = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "vmis"},
+            "rules": [
+                {
+                    "apiGroups": [keys.VMI.group],
+                    "resources": [keys.VMI.plural],
+                    "verbs": ["create", "get"],
+                }
+            ],
+        },
+    )
+    for kind, role in (("ClusterRole", "admin"), ("Role", "vmis")):
+        rbac.create_namespaced_role_binding(
+            namespace,
+            {
+                "metadata": {"name": f"tenant-{role}"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+                "subjects": subject,
+            },
+        )
+    api = plane.api_client()
+    api.set_default_header("Impersonate-User", user)
+    return Kube(api)

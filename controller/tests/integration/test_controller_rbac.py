@@ -141,14 +141,21 @@ def test_the_licence_copier_works_with_only_the_shipped_rbac(
     )
     apply_rbac(api_client, namespace)
     kube.core.create_namespaced_secret(
-        namespace, {"metadata": {"name": "nls"}, "data": {"t.tok": "dG9rZW4="}}
+        namespace,
+        {
+            "metadata": {
+                "name": "nls",
+                "labels": {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK},
+            },
+            "data": {keys.LICENSE_TOKEN_KEY: "dG9rZW4="},
+        },
     )
     gpu_class = f"l40s-{test_id}"
     kube.gpu_class(
         gpu_class,
         f"nvidia.com/L40S_{test_id}",
         mode="vgpu",
-        license={"secretRef": {"name": "nls", "key": "t.tok"}},
+        license={"secretRef": {"name": "nls", "key": keys.LICENSE_TOKEN_KEY}},
     )
     controller = Controller(
         impersonating(control_plane, namespace),
@@ -171,6 +178,21 @@ def test_the_licence_copier_works_with_only_the_shipped_rbac(
         wait_for(copied, what="the licence copy under the shipped RBAC")
         kube.core.delete_namespaced_secret(name, tenant)
         wait_for(copied, what="the deleted copy put back under the shipped RBAC")
+
+        # The copier's condition and the binder's beside it on one class: each writes the
+        # whole list, and neither may drop the other's for good.
+        def both() -> dict[str, str] | None:
+            obj = kube.custom.get_cluster_custom_object(
+                keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class
+            )
+            conds = {
+                c["type"]: c["reason"] for c in (obj.get("status") or {}).get("conditions") or []
+            }
+            wanted = {keys.CONDITION_AVAILABLE, keys.CONDITION_LICENSE_READY}
+            return conds if wanted <= set(conds) else None
+
+        conds = wait_for(both, what="the class's Available and LicenseReady conditions")
+        assert conds[keys.CONDITION_LICENSE_READY] == keys.LicenseReason.COPIED.value
         assert controller.problems() == []
     finally:
         controller.stop()

@@ -9,17 +9,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from admission_env import helm_template
 from binder_env import Corner
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.licensing import rules
 from cozystack_gpu.licensing.copier import LicenseCopier
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
 pytestmark = pytest.mark.apiserver
 
 ENTITLED = {keys.LABEL_VGPU_ENTITLEMENT: keys.VGPU_ENTITLEMENT_VALUE}
+MARKED = {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK}
+TOKEN = keys.LICENSE_TOKEN_KEY
 
 
 def _b64(text: str) -> str:
@@ -40,14 +44,14 @@ class Licences:
         self.core.create_namespaced_secret(
             corner.controller_ns,
             {
-                "metadata": {"name": self.secret},
-                "data": {"token.tok": _b64("token-1"), "other": _b64("hoster only")},
+                "metadata": {"name": self.secret, "labels": MARKED},
+                "data": {TOKEN: _b64("token-1"), "other": _b64("hoster only")},
             },
         )
         self.gpu_class = corner.gpu_class(
             "l40s",
             mode="vgpu",
-            license={"secretRef": {"name": self.secret, "key": "token.tok"}, "featureType": 4},
+            license={"secretRef": {"name": self.secret, "key": TOKEN}, "featureType": 4},
         )
         self.copy_name = keys.license_copy_name(self.gpu_class)
         self.copier = LicenseCopier(kube.api, corner.controller_ns)
@@ -83,6 +87,66 @@ class Licences:
 
     def wait_token(self, namespace: str, token: str | None, what: str) -> None:
         wait_for(lambda: self.token(namespace) == token, 15, what)
+
+    def wait_controllers_copy(self, namespace: str, what: str) -> None:
+        """Until the namespace holds the copier's own copy: the hoster's token, the
+        copier's labels and its hash annotation (``rules.copy_problem`` finds nothing)."""
+        data = (
+            (keys.LICENSE_FEATURE_TYPE_KEY, _b64("4")),
+            (TOKEN, _b64("token-1")),
+        )
+        wanted = rules.Copy(namespace, self.copy_name, self.gpu_class, data)
+        seen: list[str | None] = []
+
+        def ours() -> bool:
+            found = self.copy(namespace)
+            seen[:] = [rules.copy_problem(wanted, found) if found else "no copy"]
+            return seen[0] is None
+
+        try:
+            wait_for(ours, 15, what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: the Secret {self.copy_name} left: {seen}") from None
+
+    def condition(self, gpu_class: str) -> dict[str, Any] | None:
+        """The class's LicenseReady condition, as the copier wrote it."""
+        obj = self.kube.custom.get_cluster_custom_object(
+            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class
+        )
+        for cond in (obj.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == keys.CONDITION_LICENSE_READY:
+                found: dict[str, Any] = cond
+                return found
+        return None
+
+    def wait_condition(self, gpu_class: str, reason: keys.LicenseReason) -> dict[str, Any]:
+        found: dict[str, Any] = wait_for(
+            lambda: (c := self.condition(gpu_class)) and c["reason"] == reason.value and c,
+            15,
+            f"class {gpu_class}'s {keys.CONDITION_LICENSE_READY} condition {reason.value}",
+        )
+        return found
+
+
+def tenant_admin(plane: Any, kube: Kube, namespace: str, user: str) -> client.CoreV1Api:
+    """A tenant's administrator as Cozystack makes one: the built-in ``admin`` role (the
+    chart's claim roles aggregate into it; it reads and writes the namespace's Secrets),
+    bound in the tenant's namespace only; the API as that user."""
+    client.RbacAuthorizationV1Api(kube.api).create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": f"tenant-admin-{user}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "admin",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )
+    api = plane.api_client()
+    api.set_default_header("Impersonate-User", user)
+    return client.CoreV1Api(api)
 
 
 @pytest.fixture
@@ -142,12 +206,12 @@ def test_license_copies_follow_the_rotation_of_the_hosters_secret(
     kube.core.patch_namespaced_secret(
         licences.secret,
         licences.corner.controller_ns,
-        {"data": {"token.tok": _b64("token-2")}},
+        {"data": {TOKEN: _b64("token-2")}},
     )
     licences.wait_token(licences.entitled, "token-2", "the rotated token copied")
     # The key gone from the hoster's Secret takes the copies with it.
     kube.core.patch_namespaced_secret(
-        licences.secret, licences.corner.controller_ns, {"data": {"token.tok": None}}
+        licences.secret, licences.corner.controller_ns, {"data": {TOKEN: None}}
     )
     licences.wait_token(licences.entitled, None, "the copy gone with the token")
 
@@ -169,7 +233,7 @@ def test_license_copies_go_when_the_class_loses_its_license_or_is_deleted(
         keys.VERSION,
         keys.PLURAL_CLASSES,
         licences.gpu_class,
-        {"spec": {"license": {"secretRef": {"name": licences.secret, "key": "token.tok"}}}},
+        {"spec": {"license": {"secretRef": {"name": licences.secret, "key": TOKEN}}}},
     )
     licences.wait_token(licences.entitled, "token-1", "the copy back with the licence")
     kube.custom.delete_cluster_custom_object(
@@ -246,3 +310,95 @@ def test_no_tenant_role_reads_the_hosters_token_secret(
     admin.set_default_header("Impersonate-User", "admin")
     own = client.CoreV1Api(admin).read_namespaced_secret(licences.copy_name, licences.entitled)
     assert set(own.data) == {keys.LICENSE_TOKEN_KEY, keys.LICENSE_FEATURE_TYPE_KEY}
+
+
+def test_a_class_naming_a_secret_not_marked_as_a_licence_token_gets_no_copy_and_says_why(
+    kube: Kube, licences: Licences
+) -> None:
+    """The controller's namespace holds the webhook's TLS key too: a class naming it (by
+    mistake, or by a hoster operator misled) must not hand it to every entitled tenant."""
+    corner = licences.corner
+    values = {"webhook": {"certificates": {"source": "generated"}}}
+    (tls,) = [
+        obj
+        for obj in helm_template("certificates.yaml", corner.controller_ns, values)
+        if obj["kind"] == "Secret"
+    ]
+    kube.core.create_namespaced_secret(corner.controller_ns, tls)
+    careless = corner.gpu_class(
+        "l40s-tls",
+        mode="vgpu",
+        resource=f"{corner.resource}_TLS",
+        license={"secretRef": {"name": tls["metadata"]["name"], "key": "tls.key"}},
+    )
+    selector = f"{keys.LABEL_LICENSE_CLASS}={careless}"
+
+    def taken() -> list[str]:
+        found = kube.core.list_secret_for_all_namespaces(label_selector=selector).items
+        return sorted(s.metadata.namespace for s in found)
+
+    # The copier's answer to the class, whichever it is: a copy, or the condition. It writes
+    # the condition after the copies of the same pass, so none comes later.
+    wait_for(lambda: taken() or licences.condition(careless), 15, "the copier judging the class")
+    assert not taken(), f"the chart's TLS key was copied to tenant namespaces {taken()}"
+    cond = licences.wait_condition(careless, keys.LicenseReason.SECRET_NOT_MARKED)
+    assert cond["status"] == "False"
+    name = tls["metadata"]["name"]
+    assert f"Secret {name} in the controller's namespace is not marked" in cond["message"]
+
+    # The hoster's own token Secret, once unmarked, takes its copies away and says why.
+    licences.wait_controllers_copy(licences.entitled, "the first copy")
+    assert licences.wait_condition(licences.gpu_class, keys.LicenseReason.COPIED)["status"] == (
+        "True"
+    )
+    secret_patch = {"metadata": {"labels": {keys.LABEL_LICENSE_TOKEN: None}}}
+    kube.core.patch_namespaced_secret(licences.secret, corner.controller_ns, secret_patch)
+    licences.wait_token(licences.entitled, None, "the copy gone with the mark")
+    licences.wait_condition(licences.gpu_class, keys.LicenseReason.SECRET_NOT_MARKED)
+    kube.core.patch_namespaced_secret(
+        licences.secret, corner.controller_ns, {"metadata": {"labels": MARKED}}
+    )
+    licences.wait_controllers_copy(licences.entitled, "the copy back with the mark")
+    licences.wait_condition(licences.gpu_class, keys.LicenseReason.COPIED)
+
+
+def test_a_tenant_admins_own_secret_of_the_copys_name_is_replaced_by_the_controllers(
+    control_plane: Any, kube: Kube, licences: Licences
+) -> None:
+    name = licences.copy_name
+    # Made before the namespace is entitled, without the copier's labels: the copier does
+    # not see it until it writes its own copy there, and then takes the name over.
+    tenant = tenant_admin(control_plane, kube, licences.plain, "tenant-b")
+    tenant.create_namespaced_secret(
+        licences.plain, {"metadata": {"name": name}, "data": {TOKEN: _b64("mine")}}
+    )
+    kube.core.patch_namespace(licences.plain, {"metadata": {"labels": ENTITLED}})
+    licences.wait_controllers_copy(licences.plain, "the tenant's own Secret replaced")
+
+    # Over the controller's copy, with the copier's labels and a hash right for its data.
+    licences.wait_controllers_copy(licences.entitled, "the first copy")
+    owner = tenant_admin(control_plane, kube, licences.entitled, "tenant-a")
+    fake = ((keys.LICENSE_FEATURE_TYPE_KEY, _b64("4")), (TOKEN, _b64("mine")))
+    forged = rules.copy_body(rules.Copy(licences.entitled, name, licences.gpu_class, fake))
+    owner.replace_namespaced_secret(name, licences.entitled, forged)
+    licences.wait_controllers_copy(licences.entitled, "the tenant's forged copy replaced")
+
+
+def test_a_tenant_admin_cannot_read_another_tenants_licence_copy(
+    control_plane: Any, kube: Kube, licences: Licences
+) -> None:
+    licences.wait_controllers_copy(licences.entitled, "the copy")
+    # The admin of a namespace with no entitlement, reaching for an entitled tenant's token.
+    other = tenant_admin(control_plane, kube, licences.plain, "tenant-b")
+    calls: list[tuple[Any, tuple[str, ...]]] = [
+        (other.read_namespaced_secret, (licences.copy_name, licences.entitled)),
+        (other.list_namespaced_secret, (licences.entitled,)),
+        (other.list_secret_for_all_namespaces, ()),
+    ]
+    for call, args in calls:
+        try:
+            call(*args)
+        except ApiException as exc:
+            assert exc.status == 403, f"{call.__name__}{args}: {exc.status}"
+            continue
+        raise AssertionError(f"tenant-b read {call.__name__}{args}: another tenant's token")

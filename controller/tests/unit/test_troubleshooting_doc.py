@@ -19,6 +19,7 @@ REASON_ENUMS: tuple[type[Enum], ...] = (
     keys.ClaimReason,
     keys.NodeReason,
     keys.ClassReason,
+    keys.LicenseReason,
     keys.EventReason,
     keys.AdmissionReason,
 )

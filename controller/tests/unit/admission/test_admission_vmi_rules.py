@@ -17,6 +17,7 @@ from cozystack_gpu.admission.vmi_rules import (
     own_gpu_entries,
     set_gpus,
 )
+from cozystack_gpu.licensing import rules as licence_rules
 from cozystack_gpu.model.budgets import vgpu_not_entitled
 from cozystack_gpu.objects.annotation import ClaimsRequest, TemplateEntry
 
@@ -287,3 +288,72 @@ def test_set_gpus_creates_the_devices_path_on_a_bare_vmi() -> None:
     assert body["spec"]["domain"]["devices"]["gpus"] == [
         {"name": "gpu-cozystack-0", "deviceName": H100}
     ]
+
+
+# --- the licence copy a start trusts ------------------------------------------------------
+
+
+def _licensed() -> dict[str, Any]:
+    klass = gpu_class("l40s-lic", L40S_24C, "vgpu")
+    klass["spec"]["license"] = {
+        "secretRef": {"name": "nls", "key": keys.LICENSE_TOKEN_KEY},
+        "featureType": 1,
+    }
+    return klass
+
+
+def _token_secret(token: str = "cmVhbA==", **labels: str) -> dict[str, Any]:
+    marked = {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK, **labels}
+    return {
+        "metadata": {"labels": marked},
+        "type": "Opaque",
+        "data": {keys.LICENSE_TOKEN_KEY: token},
+    }
+
+
+def _copy_of(source: dict[str, Any]) -> dict[str, Any]:
+    wanted = licence_rules.wanted_copy(_licensed(), "tenant-a", source)
+    assert isinstance(wanted, licence_rules.Copy)
+    return licence_rules.copy_body(wanted)
+
+
+def _licensed_start(copy: dict[str, Any] | None, source: dict[str, Any] | None) -> Refusal | Start:
+    classes = {**CLASSES, "l40s-lic": _licensed()}
+    return judge(
+        vmi(),
+        ClaimsRequest(("a",)),
+        facts(
+            claim("a", "l40s-lic"),
+            classes=classes,
+            license_copies={"l40s-lic": copy},
+            license_sources={"l40s-lic": source},
+        ),
+    )
+
+
+def test_a_licensed_start_with_the_controllers_copy_gets_it() -> None:
+    source = _token_secret()
+    result = _licensed_start(_copy_of(source), source)
+    assert isinstance(result, Start) and result.license_copy == "gpu-license-l40s-lic"
+
+
+def test_a_tenants_secret_of_the_copys_name_is_not_trusted_whatever_it_carries() -> None:
+    forged = _copy_of(_token_secret("bWluZQ=="))  # the copier's labels and a matching hash
+    result = _licensed_start(forged, _token_secret())
+    assert isinstance(result, Refusal), "a forged licence copy was trusted"
+    assert result.reason == keys.AdmissionReason.LICENSE_COPY_UNTRUSTED
+    assert "is not the controller's copy" in result.message
+    assert "its data is not the hoster's current token" in result.message
+
+
+def test_a_licensed_start_whose_hosters_secret_is_refused_says_so() -> None:
+    source = _token_secret()
+    unmarked = {**source, "metadata": {"labels": {}}}
+    result = _licensed_start(_copy_of(source), unmarked)
+    assert isinstance(result, Refusal)
+    assert result.reason == keys.AdmissionReason.LICENSE_SECRET_REFUSED
+    assert "is not marked as a licence token" in result.message
+    missing = _licensed_start(None, None)
+    assert isinstance(missing, Refusal) and "does not exist" in missing.message
+    not_yet = _licensed_start(None, source)
+    assert isinstance(not_yet, Refusal) and "has not been copied" in not_yet.message
