@@ -1,6 +1,7 @@
-"""docs/operations.md gives the command that lets a hoster delete GPUClasses after
-``helm uninstall``: with no controller left, the class-protection finalizer would keep a
-deleted class Terminating for good. The command is run here as the page prints it."""
+"""docs/operations.md gives the commands a hoster runs after ``helm uninstall``: the one that
+lets GPUClasses be deleted (with no controller left, the class-protection finalizer would
+keep a deleted class Terminating for good), and the one that removes the licence copies the
+uninstall keeps on purpose. Each is run here as the page prints it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from cozystack_gpu import keys
+from cozystack_gpu.licensing import rules as licence_rules
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
@@ -17,13 +19,27 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "operations.md"
 MARK = "<!-- command: release the classes after uninstall -->"
 
 
-def documented_command() -> str:
-    """The fenced bash block right after the page's marker."""
+COPIES_MARK = "<!-- command: remove the licence copies after uninstall -->"
+
+
+def documented_command(mark: str = MARK) -> str:
+    """The fenced bash block right after the page's marker (indented in a list or not)."""
     text = DOC.read_text()
-    assert MARK in text, f"docs/operations.md lacks the marked command ({MARK})"
-    found = re.search(r"```bash\n(.*?)```", text[text.index(MARK) :], re.DOTALL)
+    assert mark in text, f"docs/operations.md lacks the marked command ({mark})"
+    found = re.search(r"```bash\n(.*?)```", text[text.index(mark) :], re.DOTALL)
     assert found, "the marker is followed by no bash block"
-    return found.group(1)
+    return "\n".join(line.strip() for line in found.group(1).splitlines())
+
+
+def _bash(plane: ControlPlane, command: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PATH": f"{plane.bin_dir}:{os.environ['PATH']}",
+        "KUBECONFIG": str(plane.kubeconfig),
+    }
+    return subprocess.run(
+        ["bash", "-c", command], env=env, capture_output=True, text=True, check=True
+    )
 
 
 def _class(kube: Kube, name: str, finalizers: list[str]) -> None:
@@ -54,14 +70,7 @@ def test_the_documented_command_lets_deleted_classes_go_after_uninstall(
     _class(kube, ours, [keys.FINALIZER_CLASS])
     _class(kube, shared, [keys.FINALIZER_CLASS, "example.com/keep"])
     try:
-        env = {
-            **os.environ,
-            "PATH": f"{control_plane.bin_dir}:{os.environ['PATH']}",
-            "KUBECONFIG": str(control_plane.kubeconfig),
-        }
-        run = subprocess.run(
-            ["bash", "-c", command], env=env, capture_output=True, text=True, check=True
-        )
+        run = _bash(control_plane, command)
         wait_for(lambda: _get(kube, ours) is None, what="the deleted class gone")
         # A finalizer of someone else's is left alone, and the command says so.
         held = _get(kube, shared)
@@ -80,3 +89,26 @@ def test_the_documented_command_lets_deleted_classes_go_after_uninstall(
                     {"metadata": {"finalizers": None}},
                 ),
             )  # fmt: skip
+
+
+def test_the_documented_command_removes_the_licence_copies_and_nothing_else(
+    control_plane: ControlPlane, api_client: object, namespace: str
+) -> None:
+    """helm uninstall keeps the copies (they are the controller's, not the release's); the
+    page's command removes every copy and leaves the tenant's own Secrets."""
+    kube = Kube(api_client)
+    copy = {
+        "metadata": {
+            "name": keys.license_copy_name("doc-l40s"),
+            "labels": licence_rules.copy_labels("doc-l40s"),
+        },
+        "type": keys.LICENSE_SECRET_TYPE,
+        "stringData": {keys.LICENSE_TOKEN_KEY: "stand-in"},
+    }
+    own = {"metadata": {"name": "tenant-own", "labels": {"app": "x"}}, "stringData": {"k": "v"}}
+    for body in (copy, own):
+        kube.core.create_namespaced_secret(namespace, body)
+    _bash(control_plane, documented_command(COPIES_MARK))
+    left = {s.metadata.name for s in kube.core.list_namespaced_secret(namespace).items}
+    assert keys.license_copy_name("doc-l40s") not in left, left
+    assert "tenant-own" in left, left
