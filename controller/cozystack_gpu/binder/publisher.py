@@ -201,26 +201,25 @@ class Publisher(BinderPart):
 
     def _publish_class_status(self, now: float) -> None:
         for (_cluster_scope, name), obj in self.view.raw[keys.GPU_CLASS.kind].items():
-            keeping = None
+            kept = False
             if protection.deleting(obj):
                 self._note_withdrawal(name, now)
-                keeping = self._keeping(name)
+                kept = self._kept(name)
             if name in self._class_writes:
                 continue
             numbers = self.snapshot.class_status(name)
-            body = class_status.class_status_body(obj, numbers, now, keeping)
+            body = class_status.class_status_body(obj, numbers, now, kept)
             if body is not None:
                 self._class_writes.add(name)
                 self.writer.class_status(name, body)
 
-    def _keeping(self, class_name: str) -> dict[Phase, int]:
-        """Claims of the class per phase that hold its units, for the class's condition."""
-        counts: dict[Phase, int] = {}
+    def _kept(self, class_name: str) -> bool:
+        """Whether a claim of the class still holds its units, for the class's condition."""
         for key in self.snapshot.claims_of_class(class_name):
             claim = self.snapshot.claim(key)
             if claim is not None and claim.phase in class_status.KEEPING_PHASES:
-                counts[claim.phase] = counts.get(claim.phase, 0) + 1
-        return counts
+                return True
+        return False
 
     def _note_withdrawal(self, class_name: str, now: float) -> None:
         """Tell each claim of a class being deleted, once, that the offer is withdrawn: the

@@ -483,17 +483,21 @@ def deleting_class() -> dict[str, Any]:
     return {"metadata": {"name": "h100", "deletionTimestamp": translate.rfc3339(NOW)}}
 
 
-def test_a_deleted_class_counts_the_claims_that_keep_it_by_phase_and_names_none() -> None:
-    keeping = {Phase.BOUND: 2, Phase.ATTACHED: 1, Phase.LOST: 1}
-    body = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, keeping)
+def test_a_deleted_class_says_what_keeps_it_without_counting_claims() -> None:
+    # Every authenticated user reads GPUClass (SPEC §3): its status carries no counts but
+    # free and maxFreePerNode, so the Deleting condition says claims keep it, not how many.
+    body = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, kept=True)
     assert body is not None
     (cond,) = body["status"]["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == ("Available", "False", "Deleting")
     assert cond["message"] == (
-        "the class is being deleted and takes no new orders; it goes once no claim holds "
-        "its units: 4 claims keep it (2 Bound, 1 Attached, 1 Lost)"
+        "the class is being deleted and takes no new orders; claims still hold units of "
+        "this class, and it is removed once none does"
     )
-    gone = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, {})
+    assert not any(ch.isdigit() for ch in cond["message"]), (
+        f"the class's condition leaks claim counts to every user: {cond['message']!r}"
+    )
+    gone = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, kept=False)
     assert gone is not None
     assert gone["status"]["conditions"][0]["message"] == (
         "the class is being deleted and takes no new orders; no claim holds its units, so "
