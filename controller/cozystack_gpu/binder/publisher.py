@@ -70,7 +70,7 @@ class Publisher(BinderPart):
                 self.view.apply(keys.GPU_CLASS.kind, done.obj, deleted=False)
         elif what in (WriteKind.RECORD, WriteKind.RECORD_DELETE):
             self._record_writes.discard(done.key)
-            if done.ok and done.obj is not None:
+            if done.obj is not None:  # written, or read again after a conflict
                 self.view.apply(WORKLOAD_KIND, done.obj, deleted=False)
             elif done.ok and what is WriteKind.RECORD_DELETE:
                 self.view.raw[WORKLOAD_KIND].pop(done.key, None)
@@ -298,6 +298,12 @@ class Publisher(BinderPart):
             if have is None:
                 self._record_writes.add(record_key)
                 self.writer.create_record(record_key[0], records.usage_record(claim))
+            elif records.owned_claim_name(have) == translate.name_of(claim):
+                # Billing reads the status: one edited or never written is written back.
+                repair = records.status_repair(have, claim)
+                if repair is not None:
+                    self._record_writes.add(record_key)
+                    self.writer.record_status(*record_key, repair)
         for record_key, record in list(existing.items()):
             if record_key in wanted or record_key in self._record_writes:
                 continue

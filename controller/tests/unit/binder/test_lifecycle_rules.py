@@ -251,6 +251,33 @@ def test_a_usage_record_is_owned_by_its_claim_and_counts_its_units() -> None:
     assert records.owned_claim_name(record) == "c"
 
 
+def test_a_usage_records_status_is_written_back_when_edited_or_missing() -> None:
+    held = claim("Bound")
+    record = records.usage_record(held)
+    record["metadata"]["resourceVersion"] = "12"
+    assert records.status_repair(record, held) is None, "as it should be: nothing to write"
+    missing = {**record, "status": None}
+    repair = records.status_repair(missing, held)
+    assert repair == {"metadata": {"resourceVersion": "12"}, "status": record["status"]}
+    edited = {
+        **record,
+        "status": {
+            **record["status"],
+            "resources": {"gpu.cozystack.io/l40s-24c": "0", "extra": "1"},
+            "operational": False,
+            "note": "edited",
+        },
+    }
+    repair = records.status_repair(edited, held)
+    assert repair is not None
+    assert repair["metadata"] == {"resourceVersion": "12"}, "only over what was read"
+    assert repair["status"] == {
+        **record["status"],
+        "resources": {"gpu.cozystack.io/l40s-24c": "2", "extra": None},
+        "note": None,
+    }, "a merge patch: keys that do not belong are removed"
+
+
 def test_settings_list_every_gpu_name_once_sorted() -> None:
     data = node_reports.settings_data(
         ["nvidia.com/B", "nvidia.com/A", "nvidia.com/A", "nvidia.com/C", " nvidia.com/D "],
