@@ -302,6 +302,10 @@ class Publisher(BinderPart):
                 # Billing reads the status: one edited or never written is written back.
                 repair = records.status_repair(have, claim)
                 if repair is not None:
+                    log.info(
+                        "usage record %s/%s: its status is not its claim's; writing it back",
+                        *record_key,
+                    )
                     self._record_writes.add(record_key)
                     self.writer.record_status(*record_key, repair)
         for record_key, record in list(existing.items()):
