@@ -378,43 +378,22 @@ def test_a_usage_record_whose_status_was_edited_or_never_written_is_restored(env
         "resources": {keys.quota_key(gpu_class): "2"},
         "operational": True,
     }
-    # A record of the claim made before the binder writes one, without a status.
-    claim = env.kube.claim(env.tenant, "bare", gpu_class, 2)
-    env.kube.custom.create_namespaced_custom_object(
-        keys.WORKLOAD_GROUP,
-        keys.WORKLOAD_VERSION,
-        env.tenant,
-        keys.WORKLOAD_PLURAL,
-        {
-            "apiVersion": keys.WORKLOAD_API_VERSION,
-            "kind": keys.WORKLOAD_KIND,
-            "metadata": {
-                "name": "gpuclaim-bare",
-                "ownerReferences": [
-                    {
-                        "apiVersion": keys.API_VERSION,
-                        "kind": keys.KIND_CLAIM,
-                        "name": "bare",
-                        "uid": claim["metadata"]["uid"],
-                    }
-                ],
-            },
-        },
-    )
+    record = (keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, env.tenant, keys.WORKLOAD_PLURAL)
     env.node("n1", 2)
-    env.wait_phase("bare", "Bound")
+    env.kube.claim(env.tenant, "billed", gpu_class, 2)
+    env.wait_phase("billed", "Bound")
+    wait_for(lambda: _record_status(env, "gpuclaim-billed") == billed, what="the record")
+    # Without a status, as a record whose status write never landed.
+    env.kube.custom.patch_namespaced_custom_object(*record, "gpuclaim-billed", {"status": None})
     wait_for(
-        lambda: _record_status(env, "gpuclaim-bare") == billed,
-        what="the record made without a status to get the claim's (unbilled otherwise)",
+        lambda: _record_status(env, "gpuclaim-billed") == billed,
+        what="the record without a status to get the claim's (unbilled otherwise)",
         timeout=10,
     )
     # Edited: 0 units, not operational, and a key of its own.
     env.kube.custom.patch_namespaced_custom_object(
-        keys.WORKLOAD_GROUP,
-        keys.WORKLOAD_VERSION,
-        env.tenant,
-        keys.WORKLOAD_PLURAL,
-        "gpuclaim-bare",
+        *record,
+        "gpuclaim-billed",
         {
             "status": {
                 "resources": {keys.quota_key(gpu_class): "0", "extra": "1"},
@@ -424,7 +403,7 @@ def test_a_usage_record_whose_status_was_edited_or_never_written_is_restored(env
         },
     )
     wait_for(
-        lambda: _record_status(env, "gpuclaim-bare") == billed,
+        lambda: _record_status(env, "gpuclaim-billed") == billed,
         what="the edited record's status (0 units billed) to be written back",
         timeout=10,
     )
