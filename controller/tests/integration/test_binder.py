@@ -360,9 +360,14 @@ def test_usage_record_follows_the_phase_and_is_owned_by_the_claim(env: Env) -> N
 
 
 def _record_status(env: Env, name: str) -> dict[str, Any] | None:
-    obj = env.kube.custom.get_namespaced_custom_object(
-        keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, env.tenant, keys.WORKLOAD_PLURAL, name
-    )
+    try:
+        obj = env.kube.custom.get_namespaced_custom_object(
+            keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, env.tenant, keys.WORKLOAD_PLURAL, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None  # not written yet
+        raise
     status: dict[str, Any] | None = obj.get("status")
     return status
 
