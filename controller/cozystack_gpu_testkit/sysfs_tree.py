@@ -140,11 +140,24 @@ T4 = CardModel(
         MdevTypeSpec("nvidia-230", "GRID T4-16Q", 1, "num_heads=4, frl_config=60"),
     ),
 )
+# A GPU function of class 0x0380 (display controller, other): a GPU like any 0x03xx one.
+H100_PCIE_OTHER_DISPLAY = CardModel("h100-pcie-other-display", "2331", 80, class_code="0x038000")
 UNLISTED = CardModel("unlisted", "2bff", 24)  # no pci.ids line: named by its raw ID
 NVIDIA_AUDIO = CardModel("nvidia-audio", "22ba", 0, class_code="0x040300")  # not a GPU
 INTEL_NIC = CardModel("intel-nic", "1572", 0, class_code="0x020000", vendor_id="0x8086")
 MODELS = {
-    m.key: m for m in (H100_SXM, A100_SXM, RTX_A6000, L40S, T4, UNLISTED, NVIDIA_AUDIO, INTEL_NIC)
+    m.key: m
+    for m in (
+        H100_SXM,
+        A100_SXM,
+        RTX_A6000,
+        L40S,
+        T4,
+        H100_PCIE_OTHER_DISPLAY,
+        UNLISTED,
+        NVIDIA_AUDIO,
+        INTEL_NIC,
+    )
 }
 
 

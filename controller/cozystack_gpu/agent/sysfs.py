@@ -51,8 +51,9 @@ RESOURCE_NAMESPACE = "nvidia.com"
 VFIO_DRIVERS = frozenset(("vfio-pci", "nvgrace_gpu_vfio_pci"))
 # The host driver SR-IOV vGPU VFs stay on (vfio-pci refuses them).
 NVIDIA_DRIVER = "nvidia"
-# PCI class prefixes of a GPU: VGA compatible controller and 3D controller.
-GPU_CLASS_PREFIXES = ("0300", "0302")
+# PCI base class of a GPU: display controller (0x03), whatever its subclass (VGA 0x00, XGA
+# 0x01, 3D 0x02, other 0x80). SPEC counts every 0x03xx function of the vendor as a GPU.
+GPU_BASE_CLASS = "03"
 
 PCI_DEVICES_DIR = "sys/bus/pci/devices"
 MDEV_DEVICES_DIR = "sys/bus/mdev/devices"
@@ -458,7 +459,7 @@ def _is_gpu(vendor: str | None, class_code: str | None) -> bool:
     """Whether a function may be an NVIDIA GPU. Unknown attributes keep it in, with errors."""
     if vendor is not None and vendor != NVIDIA_VENDOR_ID:
         return False
-    if class_code is not None and not class_code.startswith(GPU_CLASS_PREFIXES):
+    if class_code is not None and not class_code.startswith(GPU_BASE_CLASS):
         return False
     return vendor is not None or class_code is not None
 

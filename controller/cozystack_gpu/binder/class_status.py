@@ -20,8 +20,7 @@ Obj = Mapping[str, Any]
 # --- Class status ------------------------------------------------------------------------
 
 
-# The phases of claims that keep a class being deleted (they hold its units), in the order
-# the class's condition names them.
+# The phases of claims that keep a class being deleted (they hold its units).
 KEEPING_PHASES = (Phase.BOUND, Phase.ATTACHED, Phase.LOST)
 
 
@@ -29,13 +28,13 @@ def class_status_body(
     class_obj: Obj,
     numbers: ClassStatus,
     now: float,
-    keeping: Mapping[Phase, int] | None = None,
+    kept: bool = False,
 ) -> dict[str, Any] | None:
     """The status a class should show, or None when it already does.
 
     Only free, maxFreePerNode and conditions: every authenticated user reads GPUClass, so
     no node names and no other counts go here (they go to metrics). A class being deleted
-    says how many claims of which phase keep it (``keeping``): counts, never names.
+    says whether claims still hold its units (``kept``): neither names nor counts.
     """
     current = class_obj.get("status") or {}
     if meta(class_obj).get("deletionTimestamp"):
@@ -43,7 +42,7 @@ def class_status_body(
             keys.CONDITION_AVAILABLE,
             False,
             ClassReason.DELETING,
-            "the class is being deleted and takes no new orders; " + _kept_by(keeping or {}),
+            "the class is being deleted and takes no new orders; " + _kept_by(kept),
             now,
         )
     elif numbers.free > 0:
@@ -78,14 +77,10 @@ def class_status_body(
     }
 
 
-def _kept_by(keeping: Mapping[Phase, int]) -> str:
-    counts = [(phase, keeping.get(phase, 0)) for phase in KEEPING_PHASES]
-    total = sum(n for _phase, n in counts)
-    if not total:
+def _kept_by(kept: bool) -> str:
+    if not kept:
         return "no claim holds its units, so it goes now"
-    each = ", ".join(f"{n} {phase.value}" for phase, n in counts if n)
-    noun = "claim keeps" if total == 1 else "claims keep"
-    return f"it goes once no claim holds its units: {total} {noun} it ({each})"
+    return "claims still hold units of this class, and it is removed once none does"
 
 
 def withdrawal_condition(class_name: str, phase: Phase, now: float) -> dict[str, Any]:

@@ -70,7 +70,7 @@ class Publisher(BinderPart):
                 self.view.apply(keys.GPU_CLASS.kind, done.obj, deleted=False)
         elif what in (WriteKind.RECORD, WriteKind.RECORD_DELETE):
             self._record_writes.discard(done.key)
-            if done.ok and done.obj is not None:
+            if done.obj is not None:  # written, or read again after a conflict
                 self.view.apply(WORKLOAD_KIND, done.obj, deleted=False)
             elif done.ok and what is WriteKind.RECORD_DELETE:
                 self.view.raw[WORKLOAD_KIND].pop(done.key, None)
@@ -201,26 +201,25 @@ class Publisher(BinderPart):
 
     def _publish_class_status(self, now: float) -> None:
         for (_cluster_scope, name), obj in self.view.raw[keys.GPU_CLASS.kind].items():
-            keeping = None
+            kept = False
             if protection.deleting(obj):
                 self._note_withdrawal(name, now)
-                keeping = self._keeping(name)
+                kept = self._kept(name)
             if name in self._class_writes:
                 continue
             numbers = self.snapshot.class_status(name)
-            body = class_status.class_status_body(obj, numbers, now, keeping)
+            body = class_status.class_status_body(obj, numbers, now, kept)
             if body is not None:
                 self._class_writes.add(name)
                 self.writer.class_status(name, body)
 
-    def _keeping(self, class_name: str) -> dict[Phase, int]:
-        """Claims of the class per phase that hold its units, for the class's condition."""
-        counts: dict[Phase, int] = {}
+    def _kept(self, class_name: str) -> bool:
+        """Whether a claim of the class still holds its units, for the class's condition."""
         for key in self.snapshot.claims_of_class(class_name):
             claim = self.snapshot.claim(key)
             if claim is not None and claim.phase in class_status.KEEPING_PHASES:
-                counts[claim.phase] = counts.get(claim.phase, 0) + 1
-        return counts
+                return True
+        return False
 
     def _note_withdrawal(self, class_name: str, now: float) -> None:
         """Tell each claim of a class being deleted, once, that the offer is withdrawn: the
@@ -299,6 +298,16 @@ class Publisher(BinderPart):
             if have is None:
                 self._record_writes.add(record_key)
                 self.writer.create_record(record_key[0], records.usage_record(claim))
+            elif records.owned_claim_name(have) == translate.name_of(claim):
+                # Billing reads the status: one edited or never written is written back.
+                repair = records.status_repair(have, claim)
+                if repair is not None:
+                    log.info(
+                        "usage record %s/%s: its status is not its claim's; writing it back",
+                        *record_key,
+                    )
+                    self._record_writes.add(record_key)
+                    self.writer.record_status(*record_key, repair)
         for record_key, record in list(existing.items()):
             if record_key in wanted or record_key in self._record_writes:
                 continue

@@ -67,6 +67,32 @@ def usage_status(claim_obj: Obj) -> dict[str, Any]:
     }
 
 
+def status_repair(workload: Obj, claim_obj: Obj) -> dict[str, Any] | None:
+    """The merge patch that writes a record's status back to what its claim says, or None
+    when it already does. Billing reads the status, so one edited (by a hoster, another
+    controller) or never written is repaired; the patch carries the resourceVersion read,
+    so it never overwrites a change it has not seen, and removes keys that do not belong."""
+    want = usage_status(claim_obj)
+    have = workload.get("status")
+    if have == want:
+        return None
+    patch = dict(want)
+    if isinstance(have, Mapping):
+        for key in have:
+            if key not in want:
+                patch[key] = None
+        resources = have.get("resources")
+        if isinstance(resources, Mapping):
+            patch["resources"] = {
+                **{key: None for key in resources if key not in want["resources"]},
+                **want["resources"],
+            }
+    return {
+        "metadata": {"resourceVersion": meta(workload).get("resourceVersion")},
+        "status": patch,
+    }
+
+
 def owned_claim_name(workload: Obj) -> str | None:
     for ref in meta(workload).get("ownerReferences") or []:
         if ref.get("kind") == keys.KIND_CLAIM and ref.get("apiVersion") == keys.API_VERSION:

@@ -385,6 +385,45 @@ class Writer:
 
         self._submit(PRIORITY[WriteKind.RECORD], run, failed)
 
+    def record_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        """Write a record's status back (``body`` a merge patch carrying the resourceVersion
+        read, so a change not yet seen answers 409 and is judged again). Through the status
+        subresource where the Workload CRD has one, else on the object itself."""
+        args = (keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, namespace, keys.WORKLOAD_PLURAL, name)
+
+        def run() -> WriteDone:
+            try:
+                obj = self.custom.patch_namespaced_custom_object_status(
+                    *args, body, _request_timeout=REQUEST_TIMEOUT_S
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    return conflict(exc)
+                if exc.status != 404:
+                    raise
+                # No status subresource (or the record is gone: this answers 404 too).
+                try:
+                    obj = self.custom.patch_namespaced_custom_object(
+                        *args, body, _request_timeout=REQUEST_TIMEOUT_S
+                    )
+                except ApiException as again:
+                    if again.status == 409:
+                        return conflict(again)
+                    raise
+            return WriteDone(WriteKind.RECORD, namespace, name, True, obj)
+
+        def conflict(exc: ApiException) -> WriteDone:
+            # Changed since it was read: the fresh record goes into the view, judged again.
+            fresh = self.custom.get_namespaced_custom_object(
+                *args, _request_timeout=REQUEST_TIMEOUT_S
+            )
+            return WriteDone(WriteKind.RECORD, namespace, name, False, fresh, describe(exc))
+
+        def failed(exc: Exception) -> WriteDone:
+            return WriteDone(WriteKind.RECORD, namespace, name, False, error=describe(exc))
+
+        self._submit(PRIORITY[WriteKind.RECORD], run, failed)
+
     def delete_record(self, namespace: str, name: str) -> None:
         def run() -> WriteDone:
             self.custom.delete_namespaced_custom_object(

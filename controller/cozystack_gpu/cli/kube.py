@@ -15,6 +15,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
+from urllib3 import HTTPHeaderDict
 
 from cozystack_gpu import keys
 
@@ -37,7 +38,8 @@ def _server_message(exc: ApiException) -> str:
 
 class Session:
     """One user's connection: the kubeconfig's context (or ``context``), as ``as_user``
-    when given (kubectl's --as: the API server judges that user's rights)."""
+    and ``as_groups`` when given (kubectl's --as and --as-group: the API server judges
+    that user's rights)."""
 
     def __init__(
         self,
@@ -65,9 +67,10 @@ class Session:
         self.api.user_agent = "kubectl-gpu"
         if as_user:
             self.api.set_default_header("Impersonate-User", as_user)
-        if as_groups:
-            # One header carries one value here; the API server reads each group listed.
-            self.api.set_default_header("Impersonate-Group", ",".join(as_groups))
+        # kubectl sends one Impersonate-Group header per --as-group, and the API server
+        # reads each header value as one group (a comma is part of its name): joined in
+        # one header, "a" and "b" would be the single group "a,b".
+        self._as_groups = tuple(as_groups)
 
     def _path(self, kind: keys.ApiKind, namespace: str | None, name: str | None) -> str:
         base = f"/apis/{kind.group}/{kind.version}" if kind.group else f"/api/{kind.version}"
@@ -84,8 +87,11 @@ class Session:
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
+        sent = HTTPHeaderDict(headers)
+        for group in self._as_groups:
+            sent.add("Impersonate-Group", group)
         try:
-            response = self.api.call_api(method, url, headers, body, post)
+            response = self.api.call_api(method, url, sent, body, post)
             response.read()
         except ApiException:
             raise

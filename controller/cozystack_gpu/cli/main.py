@@ -33,7 +33,11 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument("-o", "--output", choices=OUTPUTS, help="wide, yaml or json")
     common.add_argument("--as", dest="as_user", metavar="USER", help="impersonate this user")
     common.add_argument(
-        "--as-group", dest="as_groups", action="append", metavar="GROUP", help="impersonate group"
+        "--as-group",
+        dest="as_groups",
+        action="append",
+        metavar="GROUP",
+        help="impersonate this group; repeat for more (as kubectl: a comma is part of the name)",
     )
     common.add_argument("--context", help="the kubeconfig context to use")
     common.add_argument("--kubeconfig", help="the kubeconfig file (default: $KUBECONFIG)")

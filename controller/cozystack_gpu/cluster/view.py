@@ -98,6 +98,11 @@ class ClusterView:
         self._name_counts: dict[str, int] = {}
         self._gpu_names: frozenset[str] = frozenset()
         self._set_names(("extra", ""), frozenset(config.extra_resource_names))
+        # Names some node agent found to be other devices' (its GPUNode's
+        # otherResourceNames), counted over GPUNodes: a node without an agent leaves them
+        # out of its allocatable's GPU names.
+        self._other_of: dict[str, frozenset[str]] = {}
+        self._other_counts: dict[str, int] = {}
         # Counts changes of the node set or of any node's labels (not of its status): what
         # is computed from labels alone, such as where a volume can be used, is kept until
         # it moves.
@@ -206,6 +211,10 @@ class ClusterView:
         else:
             self._reported_at[name] = translate.inventory_reported_at(new)
         self._node_names(name)
+        if self._set_other_names(name, frozenset(status.get("otherResourceNames") or [])):
+            for _ns, node in self.raw[keys.NODE.kind]:
+                if self.gpunode(node) is None:
+                    self._node_names(node)
 
     def _on_class(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         self.dirty.classes.add(key[1])
@@ -437,23 +446,45 @@ class ClusterView:
                     }
 
     def _node_names(self, name: str) -> None:
-        """A GPU node (one with a GPUNode) contributes the names it advertises under
-        nvidia.com/ that its agent has not found to be other devices' (a NIC VF, an audio
-        function, an NVSwitch: the GPUNode's ``otherResourceNames``), so raw requests of a
-        GPU name the agent has not seen yet are still caught under ``forbidden``, and a NIC
-        VF may go next to a GPU claim (seed 004)."""
+        """A node contributes the names it advertises under nvidia.com/ (one that lists
+        such a name is a GPU node, even without the layout label and so without an agent),
+        so raw requests of a GPU name no agent has seen are still caught under
+        ``forbidden``. Names found to be other devices' (a NIC VF, an audio function, an
+        NVSwitch) are left out so a NIC VF may go next to a GPU claim (seed 004): by the
+        node's own agent (its GPUNode's ``otherResourceNames``), or, on a node without one,
+        by any agent."""
         node = self.node(name)
         gpunode = self.gpunode(name)
         names: frozenset[str] = frozenset()
-        if node is not None and gpunode is not None:
-            allocatable = (node.get("status") or {}).get("allocatable") or {}
-            other = set((gpunode.get("status") or {}).get("otherResourceNames") or [])
-            names = frozenset(
-                n
-                for n in allocatable
-                if n.startswith(keys.NVIDIA_RESOURCE_PREFIX) and n not in other
-            )
+        if node is not None:
+            if gpunode is not None:
+                other = (gpunode.get("status") or {}).get("otherResourceNames") or []
+            else:
+                other = list(self._other_counts)
+            names = translate.advertised_gpu_names(node, other)
         self._set_names((keys.NODE.kind, name), names)
+
+    def _set_other_names(self, gpunode: str, names: frozenset[str]) -> bool:
+        """Record one GPUNode's other-device names; True when the union changed."""
+        old = self._other_of.get(gpunode, frozenset())
+        if names == old:
+            return False
+        if names:
+            self._other_of[gpunode] = names
+        else:
+            self._other_of.pop(gpunode, None)
+        changed = False
+        for n in old - names:
+            left = self._other_counts[n] - 1
+            if left:
+                self._other_counts[n] = left
+            else:
+                del self._other_counts[n]
+                changed = True
+        for n in names - old:
+            self._other_counts[n] = self._other_counts.get(n, 0) + 1
+            changed = changed or self._other_counts[n] == 1
+        return changed
 
     def _set_names(self, source: tuple[str, str], names: frozenset[str]) -> None:
         old = self._name_sources.get(source, frozenset())
@@ -517,7 +548,8 @@ class ClusterView:
     @property
     def gpu_names(self) -> frozenset[str]:
         """The effective GPU resource-name set: class names, what node agents report, what
-        GPU nodes advertise under nvidia.com/, and the hoster's extra names."""
+        nodes advertise under nvidia.com/ (with an agent or without), and the hoster's
+        extra names."""
         return self._gpu_names
 
     def inventory_stale(self, name: str) -> bool:

@@ -331,6 +331,19 @@ def sum_usage(usages: Iterable[PodUsage], gpu_names: frozenset[str]) -> dict[str
 # --- Classes -----------------------------------------------------------------------------
 
 
+def advertised_gpu_names(node: Obj, not_gpus: Iterable[str]) -> frozenset[str]:
+    """The GPU names a Node's allocatable lists: every name under nvidia.com/ (a node that
+    lists one is a GPU node, with an agent or without), but those known to be other
+    devices' (a NIC VF, an audio function, an NVSwitch: ``not_gpus``)."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    other = frozenset(not_gpus)
+    return frozenset(
+        n
+        for n in allocatable
+        if isinstance(n, str) and n.startswith(keys.NVIDIA_RESOURCE_PREFIX) and n not in other
+    )
+
+
 def class_resource_name(gpu_class: Obj) -> str:
     source = (gpu_class.get("spec") or {}).get("source") or {}
     return str((source.get("devicePlugin") or {}).get("resourceName", ""))

@@ -359,6 +359,61 @@ def test_usage_record_follows_the_phase_and_is_owned_by_the_claim(env: Env) -> N
     wait_for(lambda: not _records(env), what="the record to go with the Lost phase")
 
 
+def _record_status(env: Env, name: str) -> dict[str, Any] | None:
+    try:
+        obj = env.kube.custom.get_namespaced_custom_object(
+            keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, env.tenant, keys.WORKLOAD_PLURAL, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None  # not written yet
+        raise
+    status: dict[str, Any] | None = obj.get("status")
+    return status
+
+
+def test_a_usage_record_whose_status_was_edited_or_never_written_is_restored(env: Env) -> None:
+    """Billing reads the record's status: a careless hoster or another controller that
+    edits it (tenants have no right on Workloads, the chart's tenant roles reach only
+    claims and classes), or a record made without one, is written back to the claim's."""
+    gpu_class = env.gpu_class()
+    billed = {
+        "kind": keys.WORKLOAD_STATUS_KIND,
+        "type": keys.WORKLOAD_STATUS_TYPE,
+        "resources": {keys.quota_key(gpu_class): "2"},
+        "operational": True,
+    }
+    record = (keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, env.tenant, keys.WORKLOAD_PLURAL)
+    env.node("n1", 2)
+    env.kube.claim(env.tenant, "billed", gpu_class, 2)
+    env.wait_phase("billed", "Bound")
+    wait_for(lambda: _record_status(env, "gpuclaim-billed") == billed, what="the record")
+    # Without a status, as a record whose status write never landed.
+    env.kube.custom.patch_namespaced_custom_object(*record, "gpuclaim-billed", {"status": None})
+    wait_for(
+        lambda: _record_status(env, "gpuclaim-billed") == billed,
+        what="the record without a status to get the claim's (unbilled otherwise)",
+        timeout=10,
+    )
+    # Edited: 0 units, not operational, and a key of its own.
+    env.kube.custom.patch_namespaced_custom_object(
+        *record,
+        "gpuclaim-billed",
+        {
+            "status": {
+                "resources": {keys.quota_key(gpu_class): "0", "extra": "1"},
+                "operational": False,
+                "note": "edited",
+            }
+        },
+    )
+    wait_for(
+        lambda: _record_status(env, "gpuclaim-billed") == billed,
+        what="the edited record's status (0 units billed) to be written back",
+        timeout=10,
+    )
+
+
 def test_template_claims_get_no_usage_record(env: Env) -> None:
     env.node("n1", 2)
     gpu_class = env.gpu_class()

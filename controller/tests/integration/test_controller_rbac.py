@@ -98,6 +98,17 @@ def test_the_controller_binds_with_only_the_shipped_rbac(
             what="a usage record under the shipped RBAC",
         )
         assert records[0]["status"]["resources"] == {keys.quota_key(gpu_class): "2"}
+        # An edited record is written back under the same rights.
+        record_args = (keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, tenant, keys.WORKLOAD_PLURAL)
+        kube.custom.patch_namespaced_custom_object(
+            *record_args, "gpuclaim-vm-gpu", {"status": {"operational": False}}
+        )
+
+        def operational() -> bool:
+            record = kube.custom.get_namespaced_custom_object(*record_args, "gpuclaim-vm-gpu")
+            return (record.get("status") or {}).get("operational") is True
+
+        wait_for(operational, what="the edited record written back under the RBAC", timeout=10)
         settings = wait_for(
             lambda: _settings(kube, namespace), what="the settings ConfigMap under RBAC"
         )

@@ -321,6 +321,49 @@ def test_top_as_a_tenant_fails_with_one_line_and_status_1(
     ]
 
 
+def test_as_group_is_kubectls_each_flag_one_group_never_split_or_joined(
+    env: Env, control_plane: ControlPlane, tenant_user: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kubectl's --as-group is repeatable and each one names one group (a string array: a
+    comma is part of the name). The tenant's rights are given to a group here: a user
+    impersonated with --as-group other --as-group readers reads its claim; one group named
+    "other,readers" is not that group."""
+    readers, other, user = f"readers-{env.id}", f"other-{env.id}", f"bob-{env.id}"
+    rbac = client.RbacAuthorizationV1Api(env.kube.api)
+    group = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": readers}
+    ref = {"apiGroup": "rbac.authorization.k8s.io"}
+    rbac.create_namespaced_role_binding(
+        env.tenant,
+        {
+            "metadata": {"name": "tenant-group"},
+            "roleRef": {**ref, "kind": "Role", "name": "tenant"},
+            "subjects": [group],
+        },
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": f"catalog-{readers}"},
+            "roleRef": {**ref, "kind": "ClusterRole", "name": f"catalog-{tenant_user}"},
+            "subjects": [group],
+        }
+    )
+    try:
+        gpu_class = env.gpu_class()
+        env.kube.claim(env.tenant, "mine", gpu_class, 1)
+        as_groups = ("--as", user, "--as-group", other, "--as-group", readers)
+        code, lines = run(control_plane, "explain", "claim", "mine", "-n", env.tenant, *as_groups)
+        err = capsys.readouterr().err
+        assert code == 0, f"groups {other} and {readers} were sent as one: {err}"
+        assert lines[0].startswith(f"Claim:      {env.tenant}/mine "), lines
+        joined = ("--as", user, "--as-group", f"{other},{readers}")
+        code, lines = run(control_plane, "explain", "claim", "mine", "-n", env.tenant, *joined)
+        err = capsys.readouterr().err
+        assert (code, lines) == (1, []), "a comma split one group into two, unlike kubectl"
+        assert "forbidden" in err, err
+    finally:
+        unless(404, lambda: rbac.delete_cluster_role_binding(f"catalog-{readers}"))
+
+
 def test_explain_of_a_missing_claim_names_it_and_exits_1(
     env: Env, control_plane: ControlPlane, tenant_user: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -3,8 +3,10 @@ what-if through the model, the VM's launcher-pod state, and the command line its
 
 from __future__ import annotations
 
+import http.server
 import importlib
 import io
+import threading
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -239,6 +241,52 @@ def test_a_bad_kubeconfig_is_one_line_and_exit_1(
     assert main.main(["top", "nodes", "--kubeconfig", missing], io.StringIO()) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: kubeconfig: ")
+
+
+@pytest.mark.parametrize(
+    ("flags", "groups"),
+    [
+        (["--as-group", "a", "--as-group", "b"], ["a", "b"]),
+        (["--as-group", "a,b"], ["a,b"]),
+    ],
+)
+def test_each_as_group_is_one_impersonate_group_header_as_kubectl_sends(
+    tmp_path: Path, flags: list[str], groups: list[str]
+) -> None:
+    """kubectl's --as-group is a repeatable string array: one Impersonate-Group header per
+    flag, a comma part of the name (the API server reads each header value as one group)."""
+    seen: list[list[str]] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get_all("Impersonate-Group") or [])
+            body = b'{"kind": "Status", "code": 404, "message": "not here"}'
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        config = tmp_path / "kubeconfig"
+        config.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{server.server_port}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: c, context: {cluster: c, user: u, namespace: t}}]\n"
+        )
+        argv = ["explain", "claim", "x", "--kubeconfig", str(config), "--as", "bob", *flags]
+        assert main.main(argv, io.StringIO()) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen and all(sent == groups for sent in seen), seen
 
 
 def test_the_console_script_kubectl_gpu_resolves_to_main() -> None:

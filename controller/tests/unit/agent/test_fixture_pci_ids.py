@@ -19,6 +19,7 @@ EXPECTED = {
     "rtx-a6000": ("GA102GL [RTX A6000]", "nvidia.com/GA102GL_RTX_A6000"),
     "l40s": ("AD102GL [L40S]", "nvidia.com/AD102GL_L40S"),
     "t4": ("TU104GL [Tesla T4]", "nvidia.com/TU104GL_TESLA_T4"),
+    "h100-pcie-other-display": ("GH100 [H100 PCIe]", "nvidia.com/GH100_H100_PCIE"),
     "nvidia-audio": ("AD102 High Definition Audio Controller", None),  # not a GPU
     "unlisted": (None, "nvidia.com/2bff"),  # unknown to pci.ids: the raw ID
     "intel-nic": ("Ethernet Controller X710 for 10GbE SFP+", None),

@@ -83,6 +83,25 @@ def test_mixed_node_keeps_gpus_and_leaves_other_functions_out(tmp_path: Path) ->
     assert inv.to_dict()["functions"][0]["mode"] == "passthrough"
 
 
+def test_every_display_controller_class_of_the_vendor_is_a_gpu_function(tmp_path: Path) -> None:
+    # SPEC: a GPU function is any 0x03xx function of 0x10de, not only VGA (0300) and 3D
+    # (0302); one left out adds no GPU name, so raw requests of it pass under `forbidden`.
+    st.build(
+        tmp_path,
+        [
+            st.Gpu("0000:18:00.0", st.H100_PCIE_OTHER_DISPLAY),
+            st.Gpu("0000:18:00.1", st.NVIDIA_AUDIO),
+        ],
+    )
+    inv = sysfs.read_inventory(str(tmp_path))
+    by = inv.by_address()
+    assert "0000:18:00.0" in by, "the 0x0380 display controller was not taken for a GPU"
+    assert by["0000:18:00.0"].class_code == "038000"
+    assert by["0000:18:00.0"].mode == "passthrough"
+    assert "0000:18:00.1" not in by  # 0x0403 audio: the vendor's, but no display controller
+    assert inv.resource_names() == ["nvidia.com/GH100_H100_PCIE"]
+
+
 def test_without_pci_ids_models_and_names_fall_back_to_the_raw_id(tmp_path: Path) -> None:
     st.build(tmp_path, [st.Gpu("0000:18:00.0", st.H100_SXM)], pci_ids=False)
     inv = sysfs.read_inventory(str(tmp_path), pci_ids_paths=["/nonexistent/pci.ids"])

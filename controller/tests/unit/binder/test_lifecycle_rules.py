@@ -251,6 +251,33 @@ def test_a_usage_record_is_owned_by_its_claim_and_counts_its_units() -> None:
     assert records.owned_claim_name(record) == "c"
 
 
+def test_a_usage_records_status_is_written_back_when_edited_or_missing() -> None:
+    held = claim("Bound")
+    record = records.usage_record(held)
+    record["metadata"]["resourceVersion"] = "12"
+    assert records.status_repair(record, held) is None, "as it should be: nothing to write"
+    missing = {**record, "status": None}
+    repair = records.status_repair(missing, held)
+    assert repair == {"metadata": {"resourceVersion": "12"}, "status": record["status"]}
+    edited = {
+        **record,
+        "status": {
+            **record["status"],
+            "resources": {"gpu.cozystack.io/l40s-24c": "0", "extra": "1"},
+            "operational": False,
+            "note": "edited",
+        },
+    }
+    repair = records.status_repair(edited, held)
+    assert repair is not None
+    assert repair["metadata"] == {"resourceVersion": "12"}, "only over what was read"
+    assert repair["status"] == {
+        **record["status"],
+        "resources": {"gpu.cozystack.io/l40s-24c": "2", "extra": None},
+        "note": None,
+    }, "a merge patch: keys that do not belong are removed"
+
+
 def test_settings_list_every_gpu_name_once_sorted() -> None:
     data = node_reports.settings_data(
         ["nvidia.com/B", "nvidia.com/A", "nvidia.com/A", "nvidia.com/C", " nvidia.com/D "],
@@ -483,17 +510,21 @@ def deleting_class() -> dict[str, Any]:
     return {"metadata": {"name": "h100", "deletionTimestamp": translate.rfc3339(NOW)}}
 
 
-def test_a_deleted_class_counts_the_claims_that_keep_it_by_phase_and_names_none() -> None:
-    keeping = {Phase.BOUND: 2, Phase.ATTACHED: 1, Phase.LOST: 1}
-    body = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, keeping)
+def test_a_deleted_class_says_what_keeps_it_without_counting_claims() -> None:
+    # Every authenticated user reads GPUClass (SPEC §3): its status carries no counts but
+    # free and maxFreePerNode, so the Deleting condition says claims keep it, not how many.
+    body = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, kept=True)
     assert body is not None
     (cond,) = body["status"]["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == ("Available", "False", "Deleting")
     assert cond["message"] == (
-        "the class is being deleted and takes no new orders; it goes once no claim holds "
-        "its units: 4 claims keep it (2 Bound, 1 Attached, 1 Lost)"
+        "the class is being deleted and takes no new orders; claims still hold units of "
+        "this class, and it is removed once none does"
     )
-    gone = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, {})
+    assert not any(ch.isdigit() for ch in cond["message"]), (
+        f"the class's condition leaks claim counts to every user: {cond['message']!r}"
+    )
+    gone = class_status.class_status_body(deleting_class(), ClassStatus(0, 0), NOW, kept=False)
     assert gone is not None
     assert gone["status"]["conditions"][0]["message"] == (
         "the class is being deleted and takes no new orders; no claim holds its units, so "

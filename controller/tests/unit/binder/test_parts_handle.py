@@ -53,6 +53,9 @@ class RecordingWriter:
     def delete_record(self, namespace: str, name: str) -> None:
         self.writes.append(("record-delete", namespace, name))
 
+    def record_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self.writes.append(("record-status", namespace, name, body))
+
     def kinds(self) -> list[str]:
         return [w[0] for w in self.writes]
 
@@ -222,6 +225,25 @@ def test_the_reports_write_one_usage_record_per_ordered_held_claim() -> None:
     Publisher(handle).publish(NOW)
     written = [w for w in handle.writer.writes if w[0] == "record"]
     assert written == [("record", NS, records.workload_name("c"))]
+
+
+def test_the_reports_write_back_a_usage_records_edited_status_once_at_a_time() -> None:
+    handle = _handle(BOUND)
+    claim = handle.view.claim(KEY)
+    assert claim is not None
+    edited = records.usage_record(claim)
+    edited["metadata"]["resourceVersion"] = "40"
+    edited["status"] = {**edited["status"], "operational": False}
+    handle.view.apply(keys.WORKLOAD.kind, edited, deleted=False)
+    publisher = Publisher(handle)
+    publisher.publish(NOW)
+    [write] = [w for w in handle.writer.writes if w[0] == "record-status"]
+    assert write[1:3] == (NS, records.workload_name("c"))
+    assert write[3]["status"]["operational"] is True
+    assert write[3]["metadata"] == {"resourceVersion": "40"}
+    assert "record" not in handle.writer.kinds(), "it exists: no second record"
+    publisher.publish(NOW + 1)
+    assert handle.writer.kinds().count("record-status") == 1, "one write in flight at a time"
 
 
 def test_a_waiting_order_is_told_why_once_and_never_while_a_placement_is_out() -> None:

@@ -288,6 +288,35 @@ def test_a_name_the_agent_found_to_be_another_devices_is_no_gpu_name() -> None:
     assert view.gpu_names == {gpu}
 
 
+def test_a_node_without_agent_that_advertises_an_nvidia_name_adds_a_gpu_name() -> None:
+    """A GPU node without the layout label runs no agent and has no GPUNode, yet kubelet
+    advertises its GPUs: every nvidia.com/ name it lists is a GPU name (so raw requests of
+    it are refused under forbidden), unless an agent elsewhere found that name to be
+    another device's (a NIC VF, seed 004)."""
+    view = _view()
+    gpu, nic = "nvidia.com/FOO", "nvidia.com/MT2910_Family_ConnectX-7_VF"
+    bare = {
+        "metadata": {"name": "bare", "resourceVersion": "1"},
+        "status": {"allocatable": {gpu: "1", nic: "4", "cpu": "64"}},
+    }
+    view.apply(keys.NODE.kind, bare, deleted=False)
+    assert gpu in view.gpu_names, f"a node without agent advertises {gpu}, no GPU name: raw use"
+    assert nic in view.gpu_names, "not judged by any agent yet: a name under the prefix counts"
+    agent_node = {
+        "metadata": {"name": "n1", "resourceVersion": "2"},
+        "status": {"allocatable": {nic: "16"}},
+    }
+    view.apply(keys.NODE.kind, agent_node, deleted=False)
+    judged: dict[str, Any] = {
+        "metadata": {"name": "n1", "resourceVersion": "3"},
+        "status": {"resourceNames": [], "otherResourceNames": [nic]},
+    }
+    view.apply(keys.GPU_NODE.kind, judged, deleted=False)
+    assert view.gpu_names == {gpu}, "an agent found the NIC VF's name to be no GPU's"
+    view.apply(keys.GPU_NODE.kind, judged, deleted=True)
+    assert view.gpu_names == {gpu, nic}, "nobody judges it any more"
+
+
 def _local_pv(name: str, node: str, rv: int = 1) -> dict[str, Any]:
     term = {
         "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]
