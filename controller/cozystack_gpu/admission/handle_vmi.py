@@ -56,6 +56,31 @@ def label_without_annotation(kind: str, name: str) -> str:
     )
 
 
+def admit_vm_template(vm: Obj) -> None:
+    """A VirtualMachine whose template uses claims, refused (``Refused``) at create or
+    update when its VMIs would be: an annotation that cannot be read (malformed, ``{}``, a
+    name shaped ``namespace/name``: claims are named in the VM's own namespace) gets the VMI
+    webhook's own message now, not a VMI refused at each start and a VM that says so only in
+    its status. The claims-label policy already refuses the label and the annotation apart;
+    what they name is judged when the VMI starts."""
+    template = (vm.get("spec") or {}).get("template") or {}
+    metadata = template.get("metadata") or {}
+    if not keys.uses_claims(metadata.get("labels")):
+        return
+    raw = (metadata.get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
+    if raw is None:
+        return  # the claims-label policy refuses it, with its own message
+    try:
+        annotation.parse(str(raw))
+    except annotation.AnnotationError as exc:
+        name = str(meta(vm).get("name", ""))
+        raise Refused(
+            f"VirtualMachine {name} (spec.template): {exc}",
+            AdmissionReason.MALFORMED_ANNOTATION,
+            400,
+        ) from None
+
+
 def instancetype_ref(vmi: Obj) -> tuple[keys.ApiKind, str] | None:
     """The instance type KubeVirt says the VMI was made from, if any."""
     annotations = meta(vmi).get("annotations") or {}

@@ -37,14 +37,20 @@ from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.feed import SnapshotFeed
 from cozystack_gpu.admission.handle_catalog import ClaimWebhook, ClassWebhook
 from cozystack_gpu.admission.handle_pod import PodWebhook
-from cozystack_gpu.admission.handle_vmi import VMIWebhook
+from cozystack_gpu.admission.handle_vmi import VMIWebhook, admit_vm_template
 from cozystack_gpu.admission.server import CertDirWebhookServer, NoWebhookServer
 from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.config import Config
 
 log = logging.getLogger(__name__)
 
-WEBHOOKS = ("validate-gpuclaim", "validate-gpuclass", "mutate-vmi", "mutate-pod")
+WEBHOOKS = (
+    "validate-gpuclaim",
+    "validate-gpuclass",
+    "validate-vm",
+    "mutate-vmi",
+    "mutate-pod",
+)
 # Parallel API reads and writes of the webhooks (a VMI with four claims reads seven objects).
 IO_WORKERS = 32
 
@@ -215,6 +221,17 @@ def mutate_vmi(body: kopf.Body, dryrun: bool, patch: kopf.Patch, memo: kopf.Memo
         vmi_rules.set_license(cast(dict[str, Any], raw), admitted.license_copy)
 
     patch.fns.append(mutate)
+
+
+@kopf.on.validate(
+    keys.VM.group, keys.VM.version, keys.VM.plural, id="validate-vm",
+    operations=["CREATE", "UPDATE"],
+)  # fmt: skip
+def validate_vm(body: kopf.Body, **_: Any) -> None:
+    """A VM whose template's claims annotation its VMIs' webhook would refuse is refused
+    now, with that message. Reads nothing: it answers before the replica has synced."""
+    with _refusals("validate-vm"):
+        admit_vm_template(dict(body))
 
 
 @kopf.on.mutate("", "v1", "pods", id="mutate-pod", operations=["CREATE"])

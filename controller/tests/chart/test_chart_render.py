@@ -126,6 +126,15 @@ CONTRACT = {
         None,
         "None",
     ),
+    ("ValidatingWebhookConfiguration", "vm.gpu.cozystack.io"): (
+        "/validate-vm",
+        keys.VM.group,
+        keys.VM.version,
+        keys.VM.plural,
+        ["CREATE", "UPDATE"],
+        None,
+        "None",
+    ),
 }
 
 

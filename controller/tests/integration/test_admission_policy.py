@@ -556,12 +556,30 @@ def test_under_forbidden_a_vm_template_uses_claims_only_with_the_reference_label
     for annotation in (None, "", " \t"):
         template = shaped(raw_vmi("vm", raw.resource), annotation, labelled=True)
         assert refused_with(create(template)).endswith(WITHOUT_CLAIMS.format(what=what))
-    # JSON that names no claim cannot be read by a policy: the VM is stored, and the VMI
-    # KubeVirt makes from it is refused by the webhook when it starts.
-    template = shaped(raw_vmi("vm", raw.resource), "{}", labelled=True)
+    # JSON that names no claim cannot be read by a policy: the VM webhook refuses the VM
+    # at create with the message its VMI would get, rather than a VMI refused at each start.
+    for annotation in ("{}", '{"claims": ["other-tenant/claim"]}'):
+        template = shaped(raw_vmi("vm", raw.resource), annotation, labelled=True)
+        message = refused_with(create(template))
+        prefix = f"{what}: annotation gpu.cozystack.io/claims is malformed: "
+        assert prefix in message, message
+        problem = message.split(f"{what}: ", 1)[1]
+        vmi_message = refused_with(lambda t=template: create_vmi(tenant, guarded, t))
+        assert vmi_message.endswith(problem), "the VM and its VMI get the same message"
+    # A VM whose template names claims as it may is stored; changing the annotation to one
+    # its VMIs would be refused for is refused too (whoever sends it), other changes pass.
+    template = shaped(raw_vmi("vm", raw.resource), '{"claims": ["a"]}', labelled=True)
     create(template)()
-    message = refused_with(lambda: create_vmi(tenant, guarded, template))
-    assert MALFORMED.format(problem=NO_CLAIMS["{}"]) in message
+    spec = {"spec": {"template": {"metadata": {"annotations": {keys.ANNOTATION_CLAIMS: "{}"}}}}}
+    assert MALFORMED.format(problem=NO_CLAIMS["{}"]) in refused_with(
+        lambda: kube.custom.patch_namespaced_custom_object(
+            keys.VM.group, keys.VM.version, guarded, keys.VM.plural, "vm", spec
+        )
+    )
+    kube.custom.patch_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, guarded, keys.VM.plural, "vm",
+        {"spec": {"runStrategy": "Manual"}},
+    )  # fmt: skip
 
 
 def test_under_forbidden_a_launcher_pod_uses_claims_only_with_the_reference_label(

@@ -18,6 +18,9 @@ CONTRACT = {
     "validate-gpuclass": (
         keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, ["CREATE", "UPDATE"], "validating", False
     ),
+    "validate-vm": (
+        "kubevirt.io", "v1", "virtualmachines", ["CREATE", "UPDATE"], "validating", False
+    ),
     "mutate-vmi": ("kubevirt.io", "v1", "virtualmachineinstances", ["CREATE"], "mutating", True),
     "mutate-pod": ("", "v1", "pods", ["CREATE"], "mutating", False),
 }  # fmt: skip
