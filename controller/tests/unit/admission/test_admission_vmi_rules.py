@@ -287,3 +287,27 @@ def test_set_gpus_creates_the_devices_path_on_a_bare_vmi() -> None:
     assert body["spec"]["domain"]["devices"]["gpus"] == [
         {"name": "gpu-cozystack-0", "deviceName": H100}
     ]
+
+
+@pytest.mark.parametrize(
+    "mark",
+    [
+        {"labels": {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE}},
+        {"annotations": {keys.ANNOTATION_TEMPLATE_VMI_UID: "uid-of-the-old-vmi"}},
+    ],
+)
+def test_a_vm_cannot_hold_a_template_claim_by_name(mark: dict[str, Any]) -> None:
+    """A template claim left over from an earlier VMI (its owner cut) is Bound: held by name
+    it would carry its GPUs into this VM with no usage record."""
+    left_over = claim("old-vm-gpu")
+    left_over["metadata"].update(mark)
+    request = ClaimsRequest(claims=("old-vm-gpu",), templates=())
+    result = judge(vmi(), request, facts(left_over))
+    assert isinstance(result, Refusal), f"a VM took template claim old-vm-gpu: {result}"
+    assert result.reason == keys.AdmissionReason.CLAIM_IS_TEMPLATE
+    assert refusal(result) == (
+        f"GPUClaim old-vm-gpu named in {keys.ANNOTATION_CLAIMS} is a template claim "
+        f"(labelled {keys.LABEL_TEMPLATE_CLAIM}), made by the controller for one VMI from "
+        "its claimTemplates; a VM cannot hold it by name: list the claim template in "
+        "claimTemplates instead, or order a claim of your own"
+    )
