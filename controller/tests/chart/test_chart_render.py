@@ -543,7 +543,8 @@ def test_the_protection_policy_exempts_only_the_controllers_service_account(
         ([keys.GROUP], ["gpuclaims", "gpuclasses"], ["CREATE", "UPDATE"])
     ]
     text = json.dumps(policy["spec"])
-    for key in (keys.FINALIZER_CLAIM, keys.FINALIZER_CLASS, keys.LABEL_TEMPLATE_CLAIM):
+    marks = (keys.LABEL_TEMPLATE_CLAIM, keys.ANNOTATION_TEMPLATE_VMI_UID)
+    for key in (keys.FINALIZER_CLAIM, keys.FINALIZER_CLASS, *marks):
         assert key in text, key
 
 
