@@ -1009,3 +1009,12 @@ def test_a_tenant_admin_cannot_cut_a_template_claim_from_its_vmi(
     controller.custom.patch_namespaced_custom_object(
         *claims, "vm-g", {"metadata": {"ownerReferences": None}}, **MERGE_PATCH
     )
+    # The controller deletes template claims (once their VMI is gone), never an order.
+    message = refused_with(
+        lambda: controller.custom.delete_namespaced_custom_object(*claims, "plain")
+    )
+    assert message.endswith(
+        f"the GPU controller ({protection.controller}) deletes only template claims, once "
+        f"their VMI is gone; GPUClaim {ns}/plain is an order, which only its tenant deletes"
+    ), f"the controller's identity deleted order plain: {message!r}"
+    controller.custom.delete_namespaced_custom_object(*claims, "vm-g")
