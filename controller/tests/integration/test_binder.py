@@ -16,7 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.loop import Binder
-from cozystack_gpu_testkit.objects import Kube, binder_config, wait_for
+from cozystack_gpu_testkit.objects import Kube, binder_config, unless, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -382,7 +382,12 @@ def test_a_template_claim_cut_from_its_vmi_goes_with_that_vmi(env: Env) -> None:
     vmi = env.gated_vmi("vm", json.dumps({"claimTemplates": templates}), units=2)
     claims = (keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_CLAIMS)
     for name in ("vm-a", "vm-b"):
-        made = env.wait_phase(name, "Bound")
+        wait_for(
+            lambda name=name: unless(404, lambda: env.kube.get_claim(env.tenant, name)),
+            15,
+            f"the gate to make template claim {name}",
+        )
+        made = env.wait_phase(name, "Attached")  # attached to its VMI from the start
         uid = made["metadata"]["annotations"][keys.ANNOTATION_TEMPLATE_VMI_UID]
         assert uid == vmi["metadata"]["uid"], made["metadata"]
     mine = env.kube.core.create_namespaced_config_map(env.tenant, {"metadata": {"name": "mine"}})
