@@ -200,6 +200,12 @@ SCHEDULING_GATE_CLAIMS = GROUP + "/claims"
 # name (a VMI name can exceed a label value); the ownerReference names the VMI.
 LABEL_TEMPLATE_CLAIM = GROUP + "/template-claim"
 LABEL_TEMPLATE_CLAIM_VALUE = "true"
+# Annotation the controller writes on each template claim it creates: the uid of the VMI it
+# was made for. The ownerReference says the same, but it is not the controller's alone (the
+# garbage collector cuts it when a VMI is deleted with orphan propagation): what the claim
+# was made for is read from here, and the protection policy keeps anyone else from writing
+# it, the label or the ownerReferences.
+ANNOTATION_TEMPLATE_VMI_UID = GROUP + "/template-vmi-uid"
 
 # Prefix of the gpus entries the VMI webhook adds, one per unit.
 VMI_GPU_NAME_PREFIX = "gpu-cozystack-"
@@ -493,6 +499,7 @@ class AdmissionReason(str, Enum):
     ATTACHMENT_RACE_LOST = "AttachmentRaceLost"
     VMI_EXISTS = "VMIExists"
     TEMPLATE_CLAIM_CONFLICT = "TemplateClaimConflict"
+    CLAIM_IS_TEMPLATE = "ClaimIsTemplateClaim"
     LICENSE_COPY_MISSING = "LicenseCopyMissing"
     LICENSE_COPY_UNTRUSTED = "LicenseCopyUntrusted"
     LICENSE_SECRET_REFUSED = "LicenseSecretRefused"

@@ -42,7 +42,7 @@ from cozystack_gpu.licensing.rules import (
 from cozystack_gpu.model import Reason
 from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape
 from cozystack_gpu.objects.annotation import ClaimsRequest
-from cozystack_gpu.objects.translate import class_resource_name, meta
+from cozystack_gpu.objects.translate import class_resource_name, made_by_template, meta
 
 Obj = Mapping[str, Any]
 
@@ -345,6 +345,17 @@ def held_claim_refusal(
             AdmissionReason.CLAIM_NOT_FOUND,
             f"GPUClaim {claim_name} named in {keys.ANNOTATION_CLAIMS} does not exist in "
             f"namespace {namespace}; order it first, or remove it from the annotation",
+        )
+    if made_by_template(claim):
+        # A template claim serves the one VMI it was made for, which is gone or is another
+        # VMI: held by name, it would carry its GPUs into a VM unbilled (it has no usage
+        # record) and outlive it.
+        return Refusal(
+            AdmissionReason.CLAIM_IS_TEMPLATE,
+            f"GPUClaim {claim_name} named in {keys.ANNOTATION_CLAIMS} is a template claim "
+            f"(labelled {keys.LABEL_TEMPLATE_CLAIM}), made by the controller for one VMI "
+            f"from its claimTemplates; a VM cannot hold it by name: list the claim template "
+            f"in {keys.ANNOTATION_MEMBER_TEMPLATES} instead, or order a claim of your own",
         )
     if meta(claim).get("deletionTimestamp"):
         return Refusal(

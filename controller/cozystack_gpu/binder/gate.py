@@ -69,8 +69,10 @@ def template_claim_names(vmi_name: str, ref: ClaimsRequest) -> tuple[str, ...]:
 
 def template_claim(vmi: Obj, template: TemplateEntry) -> dict[str, Any]:
     """The GPUClaim the controller creates from one claim template: labelled, owned by the
-    VMI (the garbage collector removes it with the VMI), and protected from its creation
-    on: it holds GPUs for that VMI alone, so deleting it must wait until the VMI ends."""
+    VMI (the garbage collector removes it with the VMI), annotated with that VMI's uid (the
+    binder deletes it once no VMI of that uid exists, whatever its owners say by then), and
+    protected from its creation on: it holds GPUs for that VMI alone, so deleting it must
+    wait until the VMI ends."""
     return {
         "apiVersion": keys.API_VERSION,
         "kind": keys.KIND_CLAIM,
@@ -78,6 +80,7 @@ def template_claim(vmi: Obj, template: TemplateEntry) -> dict[str, Any]:
             "name": keys.template_claim_name(name_of(vmi), template.name),
             "namespace": namespace_of(vmi),
             "labels": {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE},
+            "annotations": {keys.ANNOTATION_TEMPLATE_VMI_UID: str(meta(vmi).get("uid") or "")},
             "finalizers": [keys.FINALIZER_CLAIM],
             "ownerReferences": [
                 {

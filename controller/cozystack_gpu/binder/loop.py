@@ -151,6 +151,7 @@ class Binder:
             WriteKind.POD_DELETE: self.gatekeeper.written,
             WriteKind.TEMPLATE_CLAIM: self.gatekeeper.written,
             WriteKind.VMI_DELETE: self.attachments.vmi_deleted,
+            WriteKind.CLAIM_DELETE: self.publisher.written,
             WriteKind.EVENT: lambda _done: None,  # Events for people: nothing to take back
         }
 

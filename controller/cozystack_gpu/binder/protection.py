@@ -1,9 +1,11 @@
-"""The protection finalizers: when a claim or a class keeps its finalizer, and what a claim
-whose deletion waits for its VM is told. Pure."""
+"""The protection finalizers: when a claim or a class keeps its finalizer, what a claim
+whose deletion waits for its VM is told, and when a template claim has outlived the VMI it
+was made for. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
@@ -11,7 +13,10 @@ from cozystack_gpu.binder.claim_status import condition
 from cozystack_gpu.keys import ClaimReason
 from cozystack_gpu.objects.patches import finalizer_patch
 from cozystack_gpu.objects.translate import (
+    made_by_template,
     meta,
+    template_made_for,
+    timestamp,
 )
 
 Obj = Mapping[str, Any]
@@ -64,3 +69,40 @@ def deletion_waits_condition(claim_obj: Obj, now: float) -> dict[str, Any] | Non
         "Succeeded, Failed or deleted; then the claim and its usage record go",
         now,
     )
+
+
+# --- Template claims that outlived their VMI ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class TemplateLeftOver:
+    """What becomes of a template claim: ``delete`` says why it goes (its VMI is gone), or
+    ``judge_at`` says when it can be judged (too young: its VMI's watch event may lag)."""
+
+    delete: str | None = None
+    judge_at: float | None = None
+
+
+def template_left_over(
+    claim: Obj, vmi_exists: Callable[[str], bool], now: float, grace: float
+) -> TemplateLeftOver | None:
+    """A template claim whose VMI (by the uid it was made for, ``template_made_for``) no
+    longer exists is deleted, whatever its labels and owners say now: the garbage
+    collector deletes it only while its VMI ownerReference stays, and a claim left over
+    would hold its GPUs with no usage record (template claims have none), or be taken by a
+    later VM. ``vmi_exists`` tells whether a VMI of a uid exists in the claim's namespace.
+    A claim made less than ``grace`` ago waits: the controller made it for a VMI it saw, and
+    another replica's watch of VMIs may not have brought that VMI yet. None: it stays."""
+    if not made_by_template(claim) or deleting(claim):
+        return None
+    uid = template_made_for(claim)
+    if uid is not None and vmi_exists(uid):
+        return None
+    created = timestamp(meta(claim).get("creationTimestamp"))
+    if created is not None and now < created + grace:
+        return TemplateLeftOver(judge_at=created + grace)
+    if uid is None:
+        why = "it names no VMI it was made for (neither its annotation nor an owner)"
+    else:
+        why = f"VMI uid {uid}, which it was made for, is gone"
+    return TemplateLeftOver(delete=why)

@@ -29,6 +29,10 @@ METRICS_EVERY_S = 5.0
 # the write is one request the API server answers without storing anything.
 SETTINGS_REFRESH_S = 30.0
 WORKLOAD_KIND = keys.WORKLOAD.kind
+# Every template claim is judged again this often for a VMI that is gone: its VMI's end
+# marks it for judging at once, but a claim whose metadata no longer names that VMI is found
+# by this look.
+TEMPLATE_SWEEP_S = 10.0
 
 
 class Publisher(BinderPart):
@@ -40,6 +44,9 @@ class Publisher(BinderPart):
         self._record_writes: set[Key] = set()
         self._meta_writes: set[tuple[str, Key]] = set()  # finalizer patches in flight
         self._protect_due: set[ClaimKey] = set()  # claims whose finalizer may have to change
+        self._claim_deletes: set[ClaimKey] = set()  # left-over template claims being deleted
+        self._left_over_at: dict[ClaimKey, float] = {}  # too young to judge until then
+        self._last_sweep = 0.0
         self._deleting_noted: set[ClaimKey] = set()
         self._withdrawal_noted: set[ClaimKey] = set()  # told their class is being deleted
         self._gpunodes_due: set[str] = set()  # GPUNodes whose conditions may have to change
@@ -86,6 +93,12 @@ class Publisher(BinderPart):
                 log.log(level, "finalizer of %s %s not written: %s", kind, done.path, done.error)
                 if kind == keys.GPU_CLAIM.kind:
                     self._protect_due.add(ClaimKey(*done.key))
+        elif what is WriteKind.CLAIM_DELETE:
+            key = ClaimKey(*done.key)
+            self._claim_deletes.discard(key)
+            if not done.ok:
+                log.warning("left-over template claim %s not deleted: %s", done.path, done.error)
+                self._protect_due.add(key)
         elif what is WriteKind.GPUNODE_STATUS:
             self._gpunode_writes.discard(done.name)
             if done.ok and done.obj is not None:
@@ -119,9 +132,13 @@ class Publisher(BinderPart):
         class-protection finalizer on classes, and the note on a claim whose deletion
         waits for its VMI."""
         due, self._protect_due = self._protect_due, set()
+        due |= self._template_claims_due(now)
         for key in due:
             obj = self.view.claim(key)
-            if obj is None or (keys.GPU_CLAIM.kind, key) in self._meta_writes:
+            if obj is None:
+                continue
+            self._delete_if_left_over(key, obj, now)
+            if (keys.GPU_CLAIM.kind, key) in self._meta_writes:
                 continue
             vmi = self.view.attached_vmi(key)
             seen = self.view.attachment_seen_at(key, now)
@@ -154,6 +171,35 @@ class Publisher(BinderPart):
             body = protection.class_protection(obj, self.snapshot.holds_of_class(class_key[1]))
             if body is not None:
                 self._patch_meta(keys.GPU_CLASS, class_key, body)
+
+    def _template_claims_due(self, now: float) -> set[ClaimKey]:
+        """Template claims whose wait to be judged ran out, and every one at each sweep."""
+        due = {key for key, at in self._left_over_at.items() if at <= now}
+        for key in due:
+            del self._left_over_at[key]
+        if now - self._last_sweep >= TEMPLATE_SWEEP_S:
+            self._last_sweep = now
+            due |= {key for key, obj in self.view.claims() if translate.made_by_template(obj)}
+        return due
+
+    def _delete_if_left_over(self, key: ClaimKey, obj: dict[str, Any], now: float) -> None:
+        """Delete a template claim whose VMI is gone (``protection.template_left_over``)."""
+        if key in self._claim_deletes:
+            return
+        verdict = protection.template_left_over(
+            obj,
+            lambda uid: self.view.vmi_uid_exists(key.namespace, uid),
+            now,
+            self.config.attachment_grace,
+        )
+        if verdict is None:
+            self._left_over_at.pop(key, None)
+        elif verdict.judge_at is not None:
+            self._left_over_at[key] = verdict.judge_at
+        elif verdict.delete is not None:
+            self._claim_deletes.add(key)
+            uid = str(translate.meta(obj).get("uid") or "")
+            self.writer.delete_claim(key.namespace, key.name, uid, verdict.delete)
 
     def _patch_meta(self, kind: keys.ApiKind, key: Key, body: dict[str, Any]) -> None:
         """A metadata merge patch (finalizers) on the main resource of a claim or class."""

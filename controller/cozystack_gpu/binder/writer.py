@@ -66,6 +66,7 @@ class WriteKind(StrEnum):
     POD_DELETE = "pod-delete"
     TEMPLATE_CLAIM = "template-claim"
     VMI_DELETE = "vmi-delete"
+    CLAIM_DELETE = "claim-delete"  # a template claim whose VMI is gone
     EVENT = "event"
 
 
@@ -76,6 +77,7 @@ PRIORITY: dict[WriteKind, Priority] = {
     WriteKind.POD_DELETE: Priority.BIND,
     WriteKind.TEMPLATE_CLAIM: Priority.BIND,
     WriteKind.VMI_DELETE: Priority.BIND,
+    WriteKind.CLAIM_DELETE: Priority.BIND,
     WriteKind.RECORD: Priority.RECORD,
     WriteKind.RECORD_DELETE: Priority.RECORD,
     WriteKind.CLASS_STATUS: Priority.STATUS,
@@ -460,6 +462,29 @@ class Writer:
             return WriteDone(WriteKind.VMI_DELETE, namespace, name, ok, error=describe(exc))
 
         self._submit(PRIORITY[WriteKind.VMI_DELETE], run, failed)
+
+    def delete_claim(self, namespace: str, name: str, uid: str, why: str) -> None:
+        """Delete a claim, only the very one judged (its uid as a precondition): a claim of
+        the same name made since is not touched."""
+
+        def run() -> WriteDone:
+            self.custom.delete_namespaced_custom_object(
+                keys.GROUP,
+                keys.VERSION,
+                namespace,
+                keys.PLURAL_CLAIMS,
+                name,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+            log.info("deleted GPUClaim %s/%s: %s", namespace, name, why)
+            return WriteDone(WriteKind.CLAIM_DELETE, namespace, name, True)
+
+        def failed(exc: Exception) -> WriteDone:
+            ok = isinstance(exc, ApiException) and exc.status == 404
+            return WriteDone(WriteKind.CLAIM_DELETE, namespace, name, ok, error=describe(exc))
+
+        self._submit(PRIORITY[WriteKind.CLAIM_DELETE], run, failed)
 
     def settings(self, namespace: str, data: dict[str, str]) -> None:
         body = {

@@ -67,6 +67,9 @@ class ClusterView:
         self._pods_in_ns: dict[str, set[Key]] = {}
         self._quotas_in_ns: dict[str, set[Key]] = {}
         self._vmis: dict[Key, VMIState] = {}
+        # The uids of the VMIs this view holds, by namespace: a template claim is left over
+        # once the VMI of the uid it was made for is gone, whatever VMI now has that name.
+        self._vmi_uids: set[tuple[str, str]] = set()
         self._claim_vmi: dict[ClaimKey, str] = {}
         self._claim_vm: dict[ClaimKey, str] = {}
         self._attached: dict[Key, set[ClaimKey]] = {}
@@ -375,6 +378,7 @@ class ClusterView:
         if uid and self._has_pod_of(namespace, key[1], uid):
             self._ended_vmis.add((namespace, uid))
         if before is not None:
+            self._vmi_uids.discard((namespace, before.uid))
             for claim in before.held_claims:
                 claim_key = ClaimKey(namespace, claim)
                 if self._claim_vmi.get(claim_key) == key[1]:
@@ -383,6 +387,7 @@ class ClusterView:
         if new is not None:
             state = translate.vmi_state(new)
             self._vmis[key] = state
+            self._vmi_uids.add((namespace, state.uid))
             for claim in state.held_claims:
                 claim_key = ClaimKey(namespace, claim)
                 self._claim_vmi[claim_key] = key[1]
@@ -608,6 +613,10 @@ class ClusterView:
         obj = self.claim(key)
         target = ((obj or {}).get("status") or {}).get("attachedTo")
         return self._vmis.get((key.namespace, str(target))) if target else None
+
+    def vmi_uid_exists(self, namespace: str, uid: str) -> bool:
+        """A VMI of this uid is in the namespace (final or not)."""
+        return (namespace, uid) in self._vmi_uids
 
     def template_owner_live(self, key: ClaimKey) -> bool:
         """A template claim whose own VMI (its controlling owner, by uid) exists and is not

@@ -434,6 +434,27 @@ def is_template_claim(claim: Obj) -> bool:
     return bool(labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE)
 
 
+def made_by_template(claim: Obj) -> bool:
+    """A claim the controller made from a claim template: labelled so, or carrying the uid
+    of the VMI it was made for (a label taken off does not make it an order)."""
+    annotations = meta(claim).get("annotations") or {}
+    return is_template_claim(claim) or keys.ANNOTATION_TEMPLATE_VMI_UID in annotations
+
+
+def template_made_for(claim: Obj) -> str | None:
+    """Uid of the VMI a template claim was made for: the annotation the controller wrote
+    at creation, or (a claim made before it wrote one) its controlling VMI owner's uid;
+    None when the claim says neither."""
+    annotations = meta(claim).get("annotations") or {}
+    uid = str(annotations.get(keys.ANNOTATION_TEMPLATE_VMI_UID) or "")
+    if uid:
+        return uid
+    owner = controlling_vmi(claim)
+    if owner is None or not owner[1]:
+        return None
+    return owner[1]
+
+
 def controlling_vmi(obj: Obj) -> tuple[str, str] | None:
     """(name, uid) of the VMI that controls an object (a template claim, a launcher pod):
     its controller ownerReference of kind VirtualMachineInstance in the kubevirt.io group."""

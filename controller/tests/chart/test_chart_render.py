@@ -584,8 +584,21 @@ def test_the_protection_policy_exempts_only_the_controllers_service_account(
         ([keys.GROUP], ["gpuclaims", "gpuclasses"], ["CREATE", "UPDATE"])
     ]
     text = json.dumps(policy["spec"])
-    for key in (keys.FINALIZER_CLAIM, keys.FINALIZER_CLASS, keys.LABEL_TEMPLATE_CLAIM):
+    marks = (keys.LABEL_TEMPLATE_CLAIM, keys.ANNOTATION_TEMPLATE_VMI_UID)
+    for key in (keys.FINALIZER_CLAIM, keys.FINALIZER_CLASS, *marks):
         assert key in text, key
+    # The controller's own deletes of claims: template claims only.
+    deletes = find(objects, "ValidatingAdmissionPolicy", "cozystack-gpu-controller-claim-deletes")
+    assert deletes["spec"]["failurePolicy"] == "Fail"
+    assert deletes["spec"]["matchConditions"] == [
+        {"name": "the-controller", "expression": f'request.userInfo.username == "{controller}"'}
+    ]
+    rules = deletes["spec"]["matchConstraints"]["resourceRules"]
+    assert [(r["resources"], r["operations"]) for r in rules] == [(["gpuclaims"], ["DELETE"])]
+    text = json.dumps(deletes["spec"]["validations"])
+    assert all(mark in text for mark in marks)
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", deletes["metadata"]["name"])
+    assert binding["spec"]["validationActions"] == ["Deny"]
 
 
 # --- metrics and dashboard -----------------------------------------------------------------

@@ -15,6 +15,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.binder import gate
+from cozystack_gpu.objects.annotation import TemplateEntry
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
@@ -673,11 +675,19 @@ STRIP_CLASS = (
 )
 TEMPLATE_LABEL = (
     "only the GPU controller ({controller}) creates GPUClaims labelled "
-    "gpu.cozystack.io/template-claim, from the claimTemplates of a starting VM; remove the "
-    "label from GPUClaim {name} to order a claim, or name a claim template in the VM's "
-    "gpu.cozystack.io/claims annotation"
+    "gpu.cozystack.io/template-claim or annotated gpu.cozystack.io/template-vmi-uid, from "
+    "the claimTemplates of a starting VM; remove them from GPUClaim {name} to order a claim, "
+    "or name a claim template in the VM's gpu.cozystack.io/claims annotation"
 )
 PLATFORM_ADMIN = "platform-admin"
+TENANT_ADMIN = "tenant-admin"  # bound to the chart's tenant role on claims
+TEMPLATE_CUT = (
+    "only the GPU controller ({controller}) may change the ownerReferences, the label "
+    "gpu.cozystack.io/template-claim or the annotation gpu.cozystack.io/template-vmi-uid of "
+    "GPUClaim {ns}/{name}: it is a template claim, made for one VMI and deleted with it; "
+    "leave them as they are (the claim goes when its VM stops), or order a claim of your "
+    "own for a VM to hold"
+)
 
 
 class Protection:
@@ -742,8 +752,37 @@ class Protection:
                 ],
             }
         )
+        self.tenant_admin_role = self._chart_tenant_admin()
         self.objects = suffixed(helm_template("protection-policy.yaml", self.release), self.id)
         install(kube.api, self.objects)
+
+    def _chart_tenant_admin(self) -> str:
+        """TENANT_ADMIN gets in the tenant namespace what the chart's tenant role (aggregated
+        into ``admin``) grants on claims: its rendered ClusterRole, under a name of this
+        test's, bound there (this plane runs no role aggregation)."""
+        (manage,) = [
+            o
+            for o in helm_template("rbac-tenant.yaml", self.release)
+            if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "cozystack-gpu-claims-manage"
+        ]
+        manage["metadata"] = {"name": f"cozystack-gpu-claims-manage-{self.id}"}
+        rbac = client.RbacAuthorizationV1Api(self.kube.api)
+        rbac.create_cluster_role(manage)
+        rbac.create_namespaced_role_binding(
+            self.tenant_ns,
+            {
+                "metadata": {"name": "chart-tenant-admin"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": manage["metadata"]["name"],
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_ADMIN}
+                ],
+            },
+        )
+        return str(manage["metadata"]["name"])
 
     def close(self) -> None:
         uninstall(self.kube.api, self.objects)
@@ -766,6 +805,7 @@ class Protection:
         rbac = client.RbacAuthorizationV1Api(self.kube.api)
         rbac.delete_cluster_role_binding(self.cluster_role)
         rbac.delete_cluster_role(self.cluster_role)
+        rbac.delete_cluster_role(self.tenant_admin_role)
 
     def protected_claim(self, name: str) -> dict[str, Any]:
         """A claim as the controller keeps one attached to a running VMI: finalizer, phase."""
@@ -926,3 +966,73 @@ def test_only_the_controller_creates_template_claims(
     tenant.custom.create_namespaced_custom_object(*claims, plain)
     controller = as_user(control_plane, protection.controller)
     controller.custom.create_namespaced_custom_object(*claims, template_claim("vm-g"))
+
+
+def test_a_tenant_admin_cannot_cut_a_template_claim_from_its_vmi(
+    kube: Kube, control_plane: ControlPlane, protection: Protection
+) -> None:
+    """Cut from its VMI owner, a template claim outlives its VM: Bound, holding GPUs with no
+    usage record, and ready to be handed to a later VM. Only the controller may change what
+    ties it to its VMI: its owners, its label, its recorded VMI uid."""
+    ns = protection.tenant_ns
+    vmi = create_vmi(kube, ns, vmi_body("vm", {"claimTemplates": [{"name": "g", "class": "h100"}]}))
+    claims = (keys.GROUP, keys.VERSION, ns, keys.PLURAL_CLAIMS)
+    controller = as_user(control_plane, protection.controller)
+    made = gate.template_claim(vmi, TemplateEntry("g", "h100", 1))
+    controller.custom.create_namespaced_custom_object(*claims, made)
+    owners = made["metadata"]["ownerReferences"]
+    mine = kube.core.create_namespaced_config_map(ns, {"metadata": {"name": "mine"}})
+    second = {"apiVersion": "v1", "kind": "ConfigMap", "name": "mine", "uid": mine.metadata.uid}
+    next_vmi = [{**owners[0], "uid": str(uuid.uuid4())}]
+    cuts: dict[str, dict[str, Any]] = {
+        "its owner removed": {"metadata": {"ownerReferences": None}},
+        "a second owner added": {"metadata": {"ownerReferences": [*owners, second]}},
+        "another VMI's uid as owner": {"metadata": {"ownerReferences": next_vmi}},
+        "its template label removed": {"metadata": {"labels": {keys.LABEL_TEMPLATE_CLAIM: None}}},
+        "its recorded VMI uid removed": {
+            "metadata": {"annotations": {keys.ANNOTATION_TEMPLATE_VMI_UID: None}}
+        },
+    }
+    tenant = as_user(control_plane, TENANT_ADMIN)
+    expected = TEMPLATE_CUT.format(controller=protection.controller, ns=ns, name="vm-g")
+    for what, patch in cuts.items():
+        try:
+            tenant.custom.patch_namespaced_custom_object(*claims, "vm-g", patch, **MERGE_PATCH)
+        except ApiException as exc:
+            assert refusal(exc).endswith(expected), (what, refusal(exc))
+            continue
+        raise AssertionError(
+            f"a tenant admin cut template claim vm-g from VMI vm ({what}): it would outlive "
+            "the VM, a Bound hold with no usage record"
+        )
+    stored = kube.get_claim(ns, "vm-g")["metadata"]
+    assert stored["ownerReferences"] == owners
+    assert stored["labels"] == made["metadata"]["labels"]
+    assert stored["annotations"] == made["metadata"]["annotations"]
+    # Nor can an order be turned into a template claim (its budget check skipped).
+    kube.claim(ns, "plain", "h100")
+    labelled = {"metadata": {"labels": {keys.LABEL_TEMPLATE_CLAIM: "true"}}}
+    message = refused_with(
+        lambda: tenant.custom.patch_namespaced_custom_object(
+            *claims, "plain", labelled, **MERGE_PATCH
+        )
+    )
+    assert message.endswith(
+        TEMPLATE_CUT.format(controller=protection.controller, ns=ns, name="plain")
+    ), f"a tenant admin made order plain a template claim: {message!r}"
+    # The tenant's own labels stay the tenant's; the controller may still change the owners.
+    tenant.custom.patch_namespaced_custom_object(
+        *claims, "vm-g", {"metadata": {"labels": {"team": "ml"}}}, **MERGE_PATCH
+    )
+    controller.custom.patch_namespaced_custom_object(
+        *claims, "vm-g", {"metadata": {"ownerReferences": None}}, **MERGE_PATCH
+    )
+    # The controller deletes template claims (once their VMI is gone), never an order.
+    message = refused_with(
+        lambda: controller.custom.delete_namespaced_custom_object(*claims, "plain")
+    )
+    assert message.endswith(
+        f"the GPU controller ({protection.controller}) deletes only template claims, once "
+        f"their VMI is gone; GPUClaim {ns}/plain is an order, which only its tenant deletes"
+    ), f"the controller's identity deleted order plain: {message!r}"
+    controller.custom.delete_namespaced_custom_object(*claims, "vm-g")

@@ -19,14 +19,15 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from admission_env import Corner, Replica, create_vmi, refusal, serving, vmi_body
+from admission_env import Corner, Replica, bind, create_vmi, refusal, serving, vmi_body
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.binder import gate
 from cozystack_gpu.licensing import rules as licence_rules
 from cozystack_gpu.model.budgets import vgpu_not_entitled
-from cozystack_gpu.objects.annotation import EXPECTED_FORMAT
+from cozystack_gpu.objects.annotation import EXPECTED_FORMAT, TemplateEntry
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -217,29 +218,40 @@ def test_a_claim_attached_to_another_vmi_is_refused(
 
 
 def test_a_claim_that_is_not_bound_is_refused(kube: Kube, corner: Corner, namespace: str) -> None:
-    gpu_class = corner.gpu_class("h100")  # no node serves it
-    owner = create_vmi(kube, namespace, vmi_body("owner", labelled=False))
-    # A template claim: admitted without the capacity check, and left Pending by the binder.
-    kube.custom.create_namespaced_custom_object(
-        keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS,
-        {
-            "apiVersion": keys.API_VERSION, "kind": keys.KIND_CLAIM,
-            "metadata": {
-                "name": "waiting",
-                "labels": {keys.LABEL_TEMPLATE_CLAIM: "true"},
-                "ownerReferences": [{
-                    "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                    "name": "owner", "uid": owner["metadata"]["uid"],
-                }],
-            },
-            "spec": {"class": gpu_class, "count": 1},
-        },
-    )  # fmt: skip
+    node = corner.node("n1", 1)
+    corner.order(namespace, "waiting", corner.gpu_class("h100"))
+    bind(kube, namespace, "waiting", node, phase="Pending")  # as the binder leaves a wait
     message = refused(kube, namespace, vmi_body("vm", {"claims": ["waiting"]}))
     assert message.startswith(
         'admission webhook "vmi.gpu.cozystack.io" denied the request: GPUClaim waiting is '
         "Pending, not Bound"
     ), message
+
+
+def test_a_vm_cannot_hold_a_template_claim_by_name(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    """A template claim cut from the VMI it was made for stays Bound with no usage record:
+    named in another VM's claims list it would carry its GPUs there unbilled."""
+    node = corner.node("n1", 1)
+    gpu_class = corner.gpu_class("h100")
+    owner = create_vmi(kube, namespace, vmi_body("owner", labelled=False))
+    made = gate.template_claim(owner, TemplateEntry("gpu", gpu_class, 1))
+    claims = (keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS)
+    kube.custom.create_namespaced_custom_object(*claims, made)
+    # Cut from its VMI, as a tenant admin could before the protection policy refused it.
+    kube.custom.patch_namespaced_custom_object(
+        *claims, "owner-gpu", {"metadata": {"ownerReferences": None}}
+    )
+    bind(kube, namespace, "owner-gpu", node)
+    message = refused(kube, namespace, vmi_body("vm", {"claims": ["owner-gpu"]}))
+    assert message.endswith(
+        "GPUClaim owner-gpu named in gpu.cozystack.io/claims is a template claim (labelled "
+        "gpu.cozystack.io/template-claim), made by the controller for one VMI from its "
+        "claimTemplates; a VM cannot hold it by name: list the claim template in "
+        "claimTemplates instead, or order a claim of your own"
+    ), f"VM vm took template claim owner-gpu: {message!r}"
+    assert "attachedTo" not in status(claim(kube, namespace, "owner-gpu"))
 
 
 def test_claims_on_different_nodes_are_refused(kube: Kube, corner: Corner, namespace: str) -> None:

@@ -6,6 +6,7 @@ binder_env.py).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.loop import Binder
-from cozystack_gpu_testkit.objects import Kube, binder_config, wait_for
+from cozystack_gpu_testkit.objects import Kube, binder_config, unless, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -423,6 +424,50 @@ def test_template_claims_get_no_usage_record(env: Env) -> None:
     wait_for(lambda: _records(env), what="the ordered claim's record")
     names = [r["metadata"]["name"] for r in _records(env)]
     assert names == ["gpuclaim-ordered"]
+
+
+def test_a_template_claim_cut_from_its_vmi_goes_with_that_vmi(env: Env) -> None:
+    """Cut from its VMI owner (or its label taken off), a template claim is no longer the
+    garbage collector's to delete: it would stay Bound after its VM, a hold with no usage
+    record. The binder deletes it once the VMI of the uid it was made for is gone. The
+    cuts are written as the platform admin, past the protection policy."""
+    env.node("n1", 2)
+    gpu_class = env.gpu_class()
+    templates = [{"name": "a", "class": gpu_class}, {"name": "b", "class": gpu_class}]
+    vmi = env.gated_vmi("vm", json.dumps({"claimTemplates": templates}), units=2)
+    claims = (keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_CLAIMS)
+    for name in ("vm-a", "vm-b"):
+        wait_for(
+            lambda name=name: unless(404, lambda: env.kube.get_claim(env.tenant, name)),
+            15,
+            f"the gate to make template claim {name}",
+        )
+        made = env.wait_phase(name, "Attached")  # attached to its VMI from the start
+        uid = made["metadata"]["annotations"][keys.ANNOTATION_TEMPLATE_VMI_UID]
+        assert uid == vmi["metadata"]["uid"], made["metadata"]
+    mine = env.kube.core.create_namespaced_config_map(env.tenant, {"metadata": {"name": "mine"}})
+    second = {"apiVersion": "v1", "kind": "ConfigMap", "name": "mine", "uid": mine.metadata.uid}
+    env.kube.custom.patch_namespaced_custom_object(
+        *claims, "vm-a", {"metadata": {"ownerReferences": None}}
+    )
+    env.kube.custom.patch_namespaced_custom_object(
+        *claims, "vm-b", {"metadata": {"labels": None, "ownerReferences": [second]}}
+    )
+    # Its VMI still there, the claim stays: it was made for that VMI.
+    assert {"vm-a", "vm-b"} <= {c["metadata"]["name"] for c in env.kube.claims(env.tenant)}
+    env.kube.custom.delete_namespaced_custom_object(
+        keys.VMI.group, keys.VMI.version, env.tenant, keys.VMI.plural, "vm"
+    )
+
+    def left() -> set[str]:
+        return {c["metadata"]["name"] for c in env.kube.claims(env.tenant)} & {"vm-a", "vm-b"}
+
+    try:
+        wait_for(lambda: not left(), 15, "the binder to delete the left-over template claims")
+    except AssertionError:
+        raise AssertionError(
+            f"template claims {sorted(left())} outlived VMI vm: Bound holds with no usage record"
+        ) from None
 
 
 def test_settings_configmap_lists_gpu_resource_names_and_raw_policy(env: Env) -> None:

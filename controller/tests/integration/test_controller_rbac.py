@@ -79,12 +79,26 @@ def test_the_controller_binds_with_only_the_shipped_rbac(
             renew_deadline=3.0,
             retry_period=0.5,
             raw_resource_names=RawNamesPolicy.FORBIDDEN,
+            attachment_grace=1.0,
         ),
     )
     controller.start()
     try:
         wait_for(lambda: controller.health()["synced"], timeout=30, what="leader and sync")
         kube.claim(tenant, "vm-gpu", gpu_class, 2)
+        # A template claim whose VMI is gone (here: never was) goes, under this RBAC too.
+        kube.custom.create_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, tenant, keys.PLURAL_CLAIMS,
+            {
+                "apiVersion": keys.API_VERSION, "kind": keys.KIND_CLAIM,
+                "metadata": {
+                    "name": "left-over",
+                    "labels": {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE},
+                    "annotations": {keys.ANNOTATION_TEMPLATE_VMI_UID: str(uuid.uuid4())},
+                },
+                "spec": {"class": gpu_class, "count": 1},
+            },
+        )  # fmt: skip
 
         def bound() -> dict[str, Any] | None:
             obj = kube.get_claim(tenant, "vm-gpu")
@@ -109,6 +123,10 @@ def test_the_controller_binds_with_only_the_shipped_rbac(
             return (record.get("status") or {}).get("operational") is True
 
         wait_for(operational, what="the edited record written back under the RBAC", timeout=10)
+        wait_for(
+            lambda: "left-over" not in {c["metadata"]["name"] for c in kube.claims(tenant)},
+            what="a left-over template claim deleted under the shipped RBAC",
+        )
         settings = wait_for(
             lambda: _settings(kube, namespace), what="the settings ConfigMap under RBAC"
         )

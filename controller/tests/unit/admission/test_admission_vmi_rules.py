@@ -357,3 +357,27 @@ def test_a_licensed_start_whose_hosters_secret_is_refused_says_so() -> None:
     assert isinstance(missing, Refusal) and "does not exist" in missing.message
     not_yet = _licensed_start(None, source)
     assert isinstance(not_yet, Refusal) and "has not been copied" in not_yet.message
+
+
+@pytest.mark.parametrize(
+    "mark",
+    [
+        {"labels": {keys.LABEL_TEMPLATE_CLAIM: keys.LABEL_TEMPLATE_CLAIM_VALUE}},
+        {"annotations": {keys.ANNOTATION_TEMPLATE_VMI_UID: "uid-of-the-old-vmi"}},
+    ],
+)
+def test_a_vm_cannot_hold_a_template_claim_by_name(mark: dict[str, Any]) -> None:
+    """A template claim left over from an earlier VMI (its owner cut) is Bound: held by name
+    it would carry its GPUs into this VM with no usage record."""
+    left_over = claim("old-vm-gpu")
+    left_over["metadata"].update(mark)
+    request = ClaimsRequest(claims=("old-vm-gpu",), templates=())
+    result = judge(vmi(), request, facts(left_over))
+    assert isinstance(result, Refusal), f"a VM took template claim old-vm-gpu: {result}"
+    assert result.reason == keys.AdmissionReason.CLAIM_IS_TEMPLATE
+    assert refusal(result) == (
+        f"GPUClaim old-vm-gpu named in {keys.ANNOTATION_CLAIMS} is a template claim "
+        f"(labelled {keys.LABEL_TEMPLATE_CLAIM}), made by the controller for one VMI from "
+        "its claimTemplates; a VM cannot hold it by name: list the claim template in "
+        "claimTemplates instead, or order a claim of your own"
+    )

@@ -11,6 +11,7 @@ from cozystack_gpu.binder import (
     attachment_rules,
     claim_status,
     class_status,
+    gate,
     node_reports,
     protection,
     records,
@@ -18,6 +19,7 @@ from cozystack_gpu.binder import (
 from cozystack_gpu.keys import Phase, RawNamesPolicy
 from cozystack_gpu.model import ClassStatus
 from cozystack_gpu.objects import translate
+from cozystack_gpu.objects.annotation import TemplateEntry
 from cozystack_gpu.objects.translate import VMIState
 
 NOW = 1_800_000_000.0
@@ -545,3 +547,61 @@ def test_a_claim_of_a_deleted_class_hears_the_offer_is_withdrawn() -> None:
         "class h100 is being deleted: the hoster withdraws this offer; this order will not be "
         "bound: delete it and order another class"
     )
+
+
+# --- template claims that outlived their VMI ----------------------------------------------
+
+
+def _made_for(uid: str, **meta: Any) -> dict[str, Any]:
+    """A template claim as the controller makes one for VMI ``vm`` of ``uid``, an hour ago."""
+    vmi_obj = {"metadata": {"name": "vm", "namespace": "t", "uid": uid}}
+    body = gate.template_claim(vmi_obj, TemplateEntry("gpu", "h100", 1))
+    body["metadata"].update({"uid": "c-1", "creationTimestamp": translate.rfc3339(NOW - 3600)})
+    body["metadata"].update(meta)
+    body["status"] = {"phase": "Bound", "nodeName": "n1"}
+    return body
+
+
+def test_a_template_claim_goes_once_the_vmi_it_was_made_for_is_gone_whatever_its_metadata() -> None:
+    """Its owner cut, a second owner added, the label taken off: what it was made for is
+    still read from the uid the controller recorded, and the claim goes with that VMI."""
+    live = {"vmi-1"}.__contains__
+    gone = set[str]().__contains__
+    ours = _made_for("vmi-1")
+    assert protection.template_left_over(ours, live, NOW, GRACE) is None
+    second_owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "mine", "uid": "cm-1"}
+    cut = [
+        _made_for("vmi-1", ownerReferences=None),
+        _made_for("vmi-1", ownerReferences=[*ours["metadata"]["ownerReferences"], second_owner]),
+        _made_for("vmi-1", labels={}),
+    ]
+    for claim_obj in [ours, *cut]:
+        verdict = protection.template_left_over(claim_obj, gone, NOW, GRACE)
+        assert verdict is not None and verdict.delete is not None, (
+            f"template claim {claim_obj['metadata']} outlives its VMI: a Bound hold unbilled"
+        )
+        assert "VMI uid vmi-1, which it was made for, is gone" in verdict.delete
+    # Given the next VMI's uid as owner: still the VMI it was made for decides.
+    retargeted = _made_for("vmi-1")
+    retargeted["metadata"]["ownerReferences"][0]["uid"] = "vmi-2"
+    verdict = protection.template_left_over(retargeted, {"vmi-2"}.__contains__, NOW, GRACE)
+    assert verdict is not None and verdict.delete is not None
+    # Made before the annotation: the controlling owner says; with neither, it names no VMI.
+    older = _made_for("vmi-1")
+    del older["metadata"]["annotations"]
+    assert protection.template_left_over(older, live, NOW, GRACE) is None
+    older["metadata"]["ownerReferences"] = []
+    verdict = protection.template_left_over(older, live, NOW, GRACE)
+    assert verdict is not None and verdict.delete is not None and "names no VMI" in verdict.delete
+
+
+def test_a_young_template_claim_waits_for_its_vmi_and_an_order_is_never_deleted() -> None:
+    gone = set[str]().__contains__
+    young = _made_for("vmi-1", creationTimestamp=translate.rfc3339(NOW - 1))
+    verdict = protection.template_left_over(young, gone, NOW, GRACE)
+    assert verdict is not None and verdict.delete is None
+    assert verdict.judge_at == pytest.approx(NOW - 1 + GRACE)
+    order = claim("Bound")
+    assert protection.template_left_over(order, gone, NOW, GRACE) is None
+    deleting = _made_for("vmi-1", deletionTimestamp=translate.rfc3339(NOW))
+    assert protection.template_left_over(deleting, gone, NOW, GRACE) is None
