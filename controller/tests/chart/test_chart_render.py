@@ -610,10 +610,9 @@ def test_settings_that_would_enforce_nothing_are_refused_with_the_fix(
 def test_either_toggle_may_go_off_under_allowed(helm: Path) -> None:
     # A test control plane without kubelets, or a first install staged in two steps.
     objects = render(helm, {"webhook": {"enabled": False}, "rawNamePolicy": {"enabled": False}})
-    assert not of_kind(objects, "ValidatingAdmissionPolicyBinding") or all(
-        b["metadata"]["name"] == "cozystack-gpu-protection"
-        for b in of_kind(objects, "ValidatingAdmissionPolicyBinding")
-    )
+    names = {o["metadata"]["name"] for o in of_kind(objects, "ValidatingAdmissionPolicy")}
+    assert "cozystack-gpu-raw-resource-names" not in names
+    assert not of_kind(objects, "ValidatingWebhookConfiguration")
 
 
 def test_the_policies_read_uses_claims_from_the_reference_label_as_keys_py_spells_it(
