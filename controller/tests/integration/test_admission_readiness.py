@@ -120,10 +120,11 @@ def test_a_replica_that_has_not_read_the_cluster_is_not_ready_and_admits_no_orde
 
             slow.give_back()
             wait_for(replica.is_ready, 30, "the replica ready once it could list GPUNodes")
-            # Now judged: the one unit fits, a second order does not.
+            # Now judged: the one unit fits, two do not (the node is the class's largest).
             corner.order(namespace, "first", gpu_class)
             with pytest.raises(ApiException) as over:
                 kube.claim(namespace, "second", gpu_class, 2)
-            assert "free unit" in refusal(over.value), refusal(over.value)
+            assert over.value.status == 403
+            assert "allows at most 1 unit" in refusal(over.value), refusal(over.value)
     finally:
         slow.close()
