@@ -320,23 +320,30 @@ def test_under_forbidden_a_missing_settings_configmap_still_refuses_a_raw_gpu_po
     grant(kube, tenant_ns, TENANT)
     tenant = as_user(control_plane, TENANT)
     pod = launcher("raw", raw.resource, None)
-    try:
-        with pytest.raises(ApiException) as caught:
+    said: list[str] = []
+
+    def refused(because: str) -> bool:
+        said.clear()
+        try:
             tenant.core.create_namespaced_pod(tenant_ns, pod, dry_run="All")
-        assert refusal(caught.value).endswith(RAW_POD.format(ns=tenant_ns))
+        except ApiException as exc:
+            said[:] = [refusal(exc)]
+            return because in said[0]
+        return False
+
+    try:
+        wait_for(lambda: refused(RAW_POD.format(ns=tenant_ns)), 30, "the policy in force")
 
         kube.core.delete_namespaced_config_map(keys.SETTINGS_CONFIGMAP, raw.release)
-        said: list[str] = []
 
         def refused_without_parameter() -> bool:
-            try:
-                tenant.core.create_namespaced_pod(tenant_ns, pod, dry_run="All")
-            except ApiException as exc:
-                said[:] = [refusal(exc)]
-                return "no params found" in said[0]
+            if refused("no params found"):
+                return True
+            if said and said[0].endswith(RAW_POD.format(ns=tenant_ns)):
+                return False  # the API server has not missed the ConfigMap yet
             raise AssertionError(
                 f"a raw GPU pod ({raw.resource}) was admitted in tenant namespace {tenant_ns} "
-                "while gpu-settings was missing"
+                f"while gpu-settings was missing ({said})"
             )
 
         wait_for(refused_without_parameter, 30, "the policy to miss gpu-settings")
