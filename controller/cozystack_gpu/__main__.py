@@ -1,8 +1,9 @@
 """Entry point: ``python -m cozystack_gpu`` (or ``cozystack-gpu-controller``).
 
 kopf runs the operator: start-up and clean-up, the liveness probe, and the admission
-webhooks of every replica (``cozystack_gpu.admission``). The binder starts only in the
-replica that holds the Lease.
+webhooks of every replica (``cozystack_gpu.admission``); the readiness probe (``/readyz``,
+ready once the webhooks' feed has read the cluster) is a server of its own. The binder
+starts only in the replica that holds the Lease.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kubernetes import config as kube_config
 
 from cozystack_gpu import config as settings
 from cozystack_gpu.admission import handlers as admission  # registers the webhook handlers
+from cozystack_gpu.admission.readiness import ReadinessServer
 from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.controller import Controller
 from cozystack_gpu.metrics_server import MetricsServer
@@ -147,6 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings.add_arguments(parser)
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster)")
     parser.add_argument("--health-port", type=int, default=8080, help="port of /healthz (0: off)")
+    parser.add_argument(
+        "--ready-port",
+        type=int,
+        default=8081,
+        help="port of /readyz: 200 once this replica has read the cluster (0: off)",
+    )
     parser.add_argument("--log-format", choices=("json", "text"), default="json")
     args = parser.parse_args(argv)
     try:
@@ -171,14 +179,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         # kopf logs in on its own (its watches, the webhook server's self-check) from the
         # standard sources: KUBECONFIG makes it use the same file as our own client.
         os.environ["KUBECONFIG"] = args.kubeconfig
-    kopf.run(
-        clusterwide=True,
-        standalone=True,
-        liveness_endpoint=(
-            f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
-        ),
-        memo=kopf.Memo(config=config, kubeconfig=args.kubeconfig),
+    memo = kopf.Memo(config=config, kubeconfig=args.kubeconfig)
+    # Not ready (503) from the start until the webhooks' feed has read the cluster.
+    ready = (
+        ReadinessServer(args.ready_port, lambda: admission.not_ready(memo.get("admission")))
+        if args.ready_port
+        else None
     )
+    if ready is not None:
+        ready.start()
+    try:
+        kopf.run(
+            clusterwide=True,
+            standalone=True,
+            liveness_endpoint=(
+                f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
+            ),
+            memo=memo,
+        )
+    finally:
+        if ready is not None:
+            ready.stop()
     return 0
 
 

@@ -496,6 +496,7 @@ class AdmissionReason(str, Enum):
     TEMPLATE_LABEL_MISUSED = "TemplateLabelMisused"
     RESOURCE_NAME_SHARED = "ResourceNameShared"
     REPLICA_CANNOT_CHECK = "ReplicaCannotCheck"
+    REPLICA_NOT_SYNCED = "ReplicaNotSynced"
     ATTACHMENT_RACE_LOST = "AttachmentRaceLost"
     VMI_EXISTS = "VMIExists"
     TEMPLATE_CLAIM_CONFLICT = "TemplateClaimConflict"

@@ -21,8 +21,8 @@ from cozystack_gpu_testkit.ports import free_port
 
 
 class ControllerProcess:
-    """One replica; ``metrics`` (HTTPS, with a reader's token) and ``health`` fetch its
-    endpoints.
+    """One replica; ``metrics`` (HTTPS, with a reader's token), ``health`` and ``ready``
+    fetch its endpoints.
 
     ``kubeconfig`` replaces the plane's (e.g. one whose server is a ``proxy.Proxy``).
     ``restart`` starts the same replica again, on the same ports, logging after its
@@ -42,6 +42,7 @@ class ControllerProcess:
         self.identity = identity
         self.log = log_dir / f"{identity}.log"
         self.health_port = free_port()
+        self.ready_port = free_port()
         self.metrics_port = free_port() if metrics else 0
         config = str(kubeconfig or plane.kubeconfig)
         if "--webhook-cert-dir" in extra:
@@ -61,6 +62,7 @@ class ControllerProcess:
             "--identity", identity,
             "--metrics-port", str(self.metrics_port),
             "--health-port", str(self.health_port),
+            "--ready-port", str(self.ready_port),
             "--log-format", "text",
             *extra,
         ]  # fmt: skip
@@ -81,6 +83,14 @@ class ControllerProcess:
         """(HTTP status, body) of /healthz; (0, reason) when nothing answers."""
         try:
             return self.get(self.health_port, "/healthz", timeout)
+        except OSError as exc:
+            return 0, str(exc)
+
+    def ready(self, timeout: float = 5.0) -> tuple[int, str]:
+        """(HTTP status, body) of /readyz, kubelet's readiness probe; (0, reason) when
+        nothing answers."""
+        try:
+            return self.get(self.ready_port, "/readyz", timeout)
         except OSError as exc:
             return 0, str(exc)
 

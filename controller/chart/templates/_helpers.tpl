@@ -97,3 +97,16 @@ caBundle: {{ get (include "cozystack-gpu.generatedCertificate" . | fromYaml) "ca
 cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include "cozystack-gpu.webhookCertificateName" . }}
 {{- end -}}
 {{- end -}}
+
+{{/* Values that contradict each other are refused before anything is rendered: each would
+     leave rawResourceNames: forbidden promised and unkept, without a word. Included by
+     the controller's Deployment, which every release renders. */}}
+{{- define "cozystack-gpu.refuseContradictions" -}}
+{{- $forbidden := eq .Values.controller.settings.rawResourceNames "forbidden" -}}
+{{- if and $forbidden (not .Values.webhook.enabled) -}}
+{{- fail "controller.settings.rawResourceNames=forbidden needs webhook.enabled=true: without the webhooks (and the claims-label policy that comes with them) a VMI or pod with the label gpu.cozystack.io/claims: \"true\" passes the raw-name policy and nothing checks its claims; set webhook.enabled=true, or rawResourceNames=allowed" -}}
+{{- end -}}
+{{- if and $forbidden (not .Values.rawNamePolicy.enabled) -}}
+{{- fail "controller.settings.rawResourceNames=forbidden needs rawNamePolicy.enabled=true: the raw-name ValidatingAdmissionPolicy is what refuses GPU resource names without claims, and without it nothing does; set rawNamePolicy.enabled=true, or rawResourceNames=allowed" -}}
+{{- end -}}
+{{- end -}}

@@ -88,11 +88,6 @@ class ApiAccess:
                 return None
             raise
 
-    def settings_names(self) -> frozenset[str]:
-        """``resourceNames`` of the settings ConfigMap; empty until the binder writes it."""
-        data = (self._config_map(keys.SETTINGS_CONFIGMAP) or {}).get("data") or {}
-        return keys.parse_resource_names(str(data.get(keys.SETTINGS_KEY_RESOURCE_NAMES, "")))
-
     def namespace_labels(self, name: str) -> dict[str, str]:
         try:
             ns = _json(

@@ -42,6 +42,10 @@ Claim = Mapping[str, Any]
 ATTEMPTS = 3  # writes that lose a race are judged again this often
 # A write that lost a race: 409 (resourceVersion) or 422 (a JSON patch test failed).
 LOST_RACE = frozenset({409, 422})
+VMI_NOT_SYNCED = (
+    "this controller replica is starting and has not finished reading the cluster, so it "
+    "cannot check the VM's GPUs yet; try again in a few seconds (virt-controller does)"
+)
 
 
 def now_rfc3339(clock: Callable[[], float]) -> str:
@@ -114,7 +118,7 @@ class VMIWebhook:
         pool: ThreadPoolExecutor,
         largest_node: Callable[[str], int | None],
         clock: Callable[[], float],
-        gpu_names: Callable[[], frozenset[str] | None] = lambda: None,
+        gpu_names: Callable[[], frozenset[str] | None],
     ) -> None:
         self.access = access
         self.pool = pool
@@ -143,9 +147,15 @@ class VMIWebhook:
             request = annotation.parse(str(raw))
         except annotation.AnnotationError as exc:
             raise Refused(str(exc), AdmissionReason.MALFORMED_ANNOTATION, 400) from None
+        # GPU names and node sizes come from this replica's view (SPEC.md §6): before its
+        # first listing it cannot judge the start, and says so retryably rather than
+        # judging with less (virt-controller creates the VMI again).
+        names = self.gpu_names()
+        if names is None:
+            raise Refused(VMI_NOT_SYNCED, AdmissionReason.REPLICA_NOT_SYNCED, 503)
         carried = vmi_rules.attachment_id_of(vmi)
         for attempt in range(ATTEMPTS):
-            facts = self._read(vmi, namespace, name, request, carried)
+            facts = self._read(vmi, namespace, name, request, carried, names)
             # An id this admission wrote before (a reinvocation) is kept; any other start
             # gets a new one, so no earlier VMI of this name can pass for this one.
             ours = any(
@@ -185,15 +195,14 @@ class VMIWebhook:
         name: str,
         request: annotation.ClaimsRequest,
         attachment_id: str,
+        names: frozenset[str],
     ) -> vmi_rules.VMIFacts:
         access, submit = self.access, self.pool.submit
         claims = {c: submit(access.claim, namespace, c) for c in request.claims}
         classes = submit(access.classes)
-        # The GPU name set changes with classes and inventories, not with claims: this
-        # replica's own view has it (the leader publishes the same set in the settings
-        # ConfigMap), which saves a request; the ConfigMap until the view is ready.
-        names = self.gpu_names()
-        settings = submit(access.settings_names) if names is None else None
+        # The GPU name set (``names``) changes with classes and inventories, not with
+        # claims: this replica's synced view has it (the leader publishes the same set in
+        # the settings ConfigMap), which saves a request.
         labels: Future[dict[str, str]] | None = None
         if request.templates:
             labels = submit(access.namespace_labels, namespace)
@@ -242,7 +251,7 @@ class VMIWebhook:
             classes=known,
             license_copies={n: f.result() for n, f in copies.items()},
             license_sources={n: f.result() for n, f in sources.items()},
-            settings_names=settings.result() if settings is not None else names or frozenset(),
+            settings_names=names,
             namespace_labels=labels.result() if labels is not None else {},
             instancetype=instancetype,
             largest_node=self.largest_node,

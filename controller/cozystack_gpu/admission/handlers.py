@@ -244,6 +244,22 @@ def mutate_pod(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) ->
         patch.fns.append(lambda raw: pod_rules.apply(cast(dict[str, Any], raw), change))
 
 
+def not_ready(admission: Admission | None) -> str | None:
+    """Why this replica must stay out of the webhook Service, or None once it can judge
+    orders and VM starts (its readiness, served on ``/readyz``)."""
+    if admission is None:
+        return "the admission webhooks are starting"
+    feed = admission.feed
+    if feed.failure is not None:
+        return f"the admission snapshot feed stopped ({feed.failure})"
+    dead = feed.dead_threads()
+    if dead:
+        return f"admission snapshot feed stopped: {', '.join(dead)}"
+    if not feed.synced.is_set():
+        return "this replica has not finished reading the cluster (its first listing)"
+    return None
+
+
 @kopf.on.probe(id="admission")
 def admission_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     """Fails /healthz when this replica's snapshot feed died: its claim webhook would

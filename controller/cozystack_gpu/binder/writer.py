@@ -499,9 +499,15 @@ class Writer:
         }
 
         def run() -> WriteDone:
+            # A patch of the data keys only: the chart renders the ConfigMap (the raw-name
+            # policy's binding refuses without it), and Helm's ownership labels and
+            # annotations must survive, or the next `helm upgrade` could not adopt it.
             try:
-                self.core.replace_namespaced_config_map(
-                    keys.SETTINGS_CONFIGMAP, namespace, body, _request_timeout=REQUEST_TIMEOUT_S
+                self.core.patch_namespaced_config_map(
+                    keys.SETTINGS_CONFIGMAP,
+                    namespace,
+                    {"data": data},
+                    _request_timeout=REQUEST_TIMEOUT_S,
                 )
             except ApiException as exc:
                 if exc.status != 404:

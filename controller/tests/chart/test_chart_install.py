@@ -686,6 +686,13 @@ def _secret_data(release: Release) -> dict[str, str]:
 
 def test_helm_upgrade_applies_changed_values_and_keeps_the_certificate(release: Release) -> None:
     before = _secret_data(release)
+    # The GPU names the leader wrote (it patches only the data keys) survive an upgrade.
+    written = keys.format_resource_names({GPU, "nvidia.com/FROM_THE_LEADER"})
+    release.kube.core.patch_namespaced_config_map(
+        keys.SETTINGS_CONFIGMAP,
+        NAMESPACE,
+        {"data": {keys.SETTINGS_KEY_RESOURCE_NAMES: written}},
+    )
     values = {
         **VALUES,
         "controller": {"replicas": 3, "settings": {"rawResourceNames": "forbidden"}},
@@ -704,6 +711,12 @@ def test_helm_upgrade_applies_changed_values_and_keeps_the_certificate(release: 
     with pytest.raises(ApiException) as gone:
         apps.read_namespaced_daemon_set("cozystack-gpu-agent", NAMESPACE)
     assert gone.value.status == 404
+    settings = release.kube.core.read_namespaced_config_map(keys.SETTINGS_CONFIGMAP, NAMESPACE)
+    assert settings.data[keys.SETTINGS_KEY_RAW_RESOURCE_NAMES] == "forbidden"
+    assert settings.data[keys.SETTINGS_KEY_RESOURCE_NAMES] == written, (
+        "helm upgrade cut the GPU names the controller wrote: "
+        f"{settings.data[keys.SETTINGS_KEY_RESOURCE_NAMES]!r}"
+    )
     # The generated certificate survives the upgrade, and so does the webhooks' trust in it.
     assert _secret_data(release) == before
     assert base64.b64decode(hooks[0].client_config.ca_bundle) == base64.b64decode(before["ca.crt"])
@@ -729,6 +742,8 @@ def test_helm_uninstall_leaves_the_crds_and_the_claims(release: Release) -> None
     with pytest.raises(ApiException) as gone:
         admission.read_validating_webhook_configuration("cozystack-gpu")
     assert gone.value.status == 404
+    # gpu-settings is kept, like the CRDs: Helm deletes ConfigMaps before policies.
+    assert release.kube.core.read_namespaced_config_map(keys.SETTINGS_CONFIGMAP, NAMESPACE)
     with pytest.raises(ApiException) as removed:
         client.AppsV1Api(release.api).read_namespaced_deployment(
             "cozystack-gpu-controller", NAMESPACE

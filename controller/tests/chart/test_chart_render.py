@@ -325,14 +325,33 @@ def test_the_controller_runs_two_replicas_with_probes_and_no_privileges(helm: Pa
     (container,) = pod["containers"]
     _restrictive(container)
     assert container["command"] == ["python", "-m", "cozystack_gpu"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     assert "--health-port=8080" in container["args"]
     budget = find(objects, "PodDisruptionBudget", "cozystack-gpu-controller")
     assert budget["spec"]["minAvailable"] == 1
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_a_replica_joins_the_webhook_service_only_once_it_has_read_the_cluster(
+    helm: Path,
+) -> None:
+    """Ready means synced: the readiness probe asks /readyz (200 only after the replica's
+    first listing), not the liveness probe's /healthz, on the port the replica serves it."""
+    container = find(
+        render(helm, {"controller": {"ports": {"ready": 8181}}}),
+        "Deployment",
+        "cozystack-gpu-controller",
+    )["spec"]["template"]["spec"]["containers"][0]
+    probe = container["readinessProbe"]["httpGet"]
+    assert probe == {"path": "/readyz", "port": "ready"}, (
+        f"the readiness probe asks {probe}: a replica that has not read the cluster would "
+        "serve the webhooks"
+    )
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["ready"] == 8181
+    assert "--ready-port=8181" in container["args"]
 
 
 def test_the_chart_sets_every_controller_setting(helm: Path) -> None:
@@ -547,6 +566,96 @@ def test_the_raw_name_policy_takes_the_settings_configmap_as_parameters(helm: Pa
     assert "system:serviceaccount:cozy-kubevirt:kubevirt-controller" in text
 
 
+def test_the_settings_configmap_exists_from_the_start_with_the_values(helm: Path) -> None:
+    """The raw-name policy's parameter is rendered by the chart (before any replica runs),
+    kept on uninstall, with rawResourceNames as the values say and the hoster's names."""
+    values = {
+        "controller": {
+            "settings": {
+                "rawResourceNames": "forbidden",
+                "extraResourceNames": ["nvidia.com/B", "nvidia.com/A"],
+            }
+        }
+    }
+    settings = find(render(helm, values), "ConfigMap", keys.SETTINGS_CONFIGMAP)
+    assert settings["metadata"]["namespace"] == NAMESPACE
+    assert settings["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert settings["data"] == {
+        keys.SETTINGS_KEY_RAW_RESOURCE_NAMES: "forbidden",
+        keys.SETTINGS_KEY_RESOURCE_NAMES: keys.format_resource_names(
+            ["nvidia.com/A", "nvidia.com/B"]
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    ("policy", "action"),
+    [("forbidden", "Deny"), ("allowed", "Allow")],
+)
+def test_the_raw_name_binding_fails_closed_without_its_parameter_under_forbidden(
+    helm: Path, policy: str, action: str
+) -> None:
+    """Under forbidden a missing gpu-settings refuses (nothing unchecked gets a GPU while
+    the policy cannot read its names), sparing only the controller's namespace, so its
+    replicas can start and write it again, and kube-system; under allowed it must not
+    stop pods."""
+    objects = render(helm, {"controller": {"settings": {"rawResourceNames": policy}}})
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", "cozystack-gpu-raw-resource-names")
+    found = binding["spec"]["paramRef"]["parameterNotFoundAction"]
+    assert found == action, (
+        f"rawResourceNames: {policy} with parameterNotFoundAction {found}: while gpu-settings "
+        "is missing the policy enforces nothing"
+    )
+    if policy == "forbidden":
+        (spared,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+        assert spared == {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": [NAMESPACE, "kube-system"],
+        }
+    else:
+        assert "matchResources" not in binding["spec"]
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        (
+            {
+                "controller": {"settings": {"rawResourceNames": "forbidden"}},
+                "webhook": {"enabled": False},
+            },
+            "controller.settings.rawResourceNames=forbidden needs webhook.enabled=true",
+        ),
+        (
+            {
+                "controller": {"settings": {"rawResourceNames": "forbidden"}},
+                "rawNamePolicy": {"enabled": False},
+            },
+            "controller.settings.rawResourceNames=forbidden needs rawNamePolicy.enabled=true",
+        ),
+    ],
+    ids=["without-webhooks", "without-raw-name-policy"],
+)
+def test_settings_that_would_enforce_nothing_are_refused_with_the_fix(
+    helm: Path, values: dict[str, Any], named: str
+) -> None:
+    """rawResourceNames: forbidden promises that nothing unchecked gets a GPU; values that
+    turn off what keeps the promise are refused, naming both and the way out."""
+    result = helm_template(helm, values)
+    assert result.returncode != 0, f"{values} rendered: forbidden would be enforced by nothing"
+    assert named in result.stderr, result.stderr
+    assert "or rawResourceNames=allowed" in result.stderr, result.stderr
+
+
+def test_either_toggle_may_go_off_under_allowed(helm: Path) -> None:
+    # A test control plane without kubelets, or a first install staged in two steps.
+    objects = render(helm, {"webhook": {"enabled": False}, "rawNamePolicy": {"enabled": False}})
+    names = {o["metadata"]["name"] for o in of_kind(objects, "ValidatingAdmissionPolicy")}
+    assert "cozystack-gpu-raw-resource-names" not in names
+    assert not of_kind(objects, "ValidatingWebhookConfiguration")
+
+
 def test_the_policies_read_uses_claims_from_the_reference_label_as_keys_py_spells_it(
     helm: Path,
 ) -> None:
@@ -676,7 +785,11 @@ def test_monitoring_objects_follow_their_values(helm: Path) -> None:
     assert alerts["CozystackGPUClaimsLost"]["for"] == "42m"
     # Prometheus's own templates reach it unrendered by Helm.
     assert "{{ $labels.class }}" in alerts["CozystackGPUClaimsLost"]["annotations"]["summary"]
-    assert not of_kind(render(helm, {"dashboard": {"enabled": False}}), "ConfigMap")
+    assert not [
+        o
+        for o in of_kind(render(helm, {"dashboard": {"enabled": False}}), "ConfigMap")
+        if o["metadata"]["name"] != keys.SETTINGS_CONFIGMAP
+    ]
 
 
 def test_the_service_monitor_scrapes_over_https_with_a_reader_token(helm: Path) -> None:

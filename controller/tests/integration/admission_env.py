@@ -152,9 +152,13 @@ class Replica:
     namespace: str
     log_dir: Path
     args: tuple[str, ...] = ()
+    # The replica's credentials (e.g. a ServiceAccount's); None: the plane's admin.
+    kubeconfig: Path | None = None
     port: int = field(default_factory=free_port)
     ca: CertificateAuthority = field(default_factory=CertificateAuthority)
     process: ControllerProcess | None = None
+    # Whether ``start`` waits for /readyz, as the webhook Service waits for a replica.
+    wait_ready: bool = True
 
     @property
     def cert_dir(self) -> Path:
@@ -180,8 +184,16 @@ class Replica:
             "--webhook-cert-dir",
             str(self.cert_dir),
             *self.args,
+            kubeconfig=self.kubeconfig,
         )
         wait_for(self._serving, 60, f"the webhook server on port {self.port}")
+        if self.wait_ready:
+            # As kubelet's readiness probe keeps it out of the Service until then.
+            wait_for(self.is_ready, 60, "the replica ready (its first listing)")
+
+    def is_ready(self) -> bool:
+        assert self.process is not None
+        return self.process.ready()[0] == 200
 
     def _hold_lease(self) -> None:
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -433,13 +445,19 @@ def serving(
     log_dir: Path,
     only: Iterable[str] | None = None,
     args: tuple[str, ...] = (),
+    *,
+    kubeconfig: Path | None = None,
+    wait_ready: bool = True,
 ) -> Iterator[Replica]:
     """A replica in its own namespace, the chart's configurations pointing at it (``only``
-    some of them), until the block ends; then neither is left behind."""
+    some of them), until the block ends; then neither is left behind. It is called once
+    ready (as the webhook Service waits for it) unless ``wait_ready`` is False."""
     suffix = uuid.uuid4().hex[:6]
     namespace = f"ctl-adm-{suffix}"
     kube.namespace(namespace)
-    replica = Replica(plane, namespace, log_dir, args=args)
+    replica = Replica(
+        plane, namespace, log_dir, args=args, kubeconfig=kubeconfig, wait_ready=wait_ready
+    )
     replica.start()
     objects = configurations(replica, suffix, only)
     install(kube.api, objects)

@@ -99,9 +99,10 @@ def grant(kube: Kube, namespace: str, *users: str) -> None:
 
 class RawNames:
     """The chart's raw-name policy bound to a settings ConfigMap the test writes, as the
-    controller would, in the release namespace."""
+    controller would, in the release namespace; rendered with ``rawResourceNames`` as
+    ``rendered_as`` (a hoster's forbidden makes the binding fail closed)."""
 
-    def __init__(self, kube: Kube, plane: ControlPlane) -> None:
+    def __init__(self, kube: Kube, plane: ControlPlane, rendered_as: str = "allowed") -> None:
         self.kube = kube
         self.id = uuid.uuid4().hex[:8]
         self.release = f"ctl-raw-{self.id}"
@@ -112,11 +113,14 @@ class RawNames:
             helm_template(
                 "raw-names-policy.yaml",
                 self.release,
-                {"rawNamePolicy": {"virtControllerUser": self.virt_controller}},
+                {
+                    "rawNamePolicy": {"virtControllerUser": self.virt_controller},
+                    "controller": {"settings": {"rawResourceNames": rendered_as}},
+                },
             ),
             self.id,
         )
-        self.settings("allowed")
+        self.settings(rendered_as)
         install(kube.api, self.objects)
 
     def settings(self, policy: str) -> None:
@@ -303,6 +307,63 @@ def test_under_forbidden_pods_outside_tenant_namespaces_are_not_judged(
 ) -> None:
     forbidden(raw, kube, tenant_ns)
     kube.core.create_namespaced_pod(namespace, launcher("system", raw.resource, None))
+
+
+def test_under_forbidden_a_missing_settings_configmap_still_refuses_a_raw_gpu_pod(
+    kube: Kube, control_plane: ControlPlane
+) -> None:
+    """As a hoster installs it (rawResourceNames: forbidden), the policy's binding fails
+    closed: with gpu-settings gone (deleted by hand, not yet written again by the leader)
+    a tenant's raw GPU pod is refused, not admitted for want of a parameter. The
+    controller's namespace is spared, so its replicas can start and write it again."""
+    raw = RawNames(kube, control_plane, rendered_as="forbidden")
+    tenant_ns = f"tenant-{raw.id}"
+    kube.namespace(tenant_ns, {f"tenant.cozystack.io/{tenant_ns}": ""})
+    grant(kube, tenant_ns, TENANT)
+    tenant = as_user(control_plane, TENANT)
+    pod = launcher("raw", raw.resource, None)
+    said: list[str] = []
+
+    def refused(because: str) -> bool:
+        said.clear()
+        try:
+            tenant.core.create_namespaced_pod(tenant_ns, pod, dry_run="All")
+        except ApiException as exc:
+            said[:] = [refusal(exc)]
+            return because in said[0]
+        return False
+
+    try:
+        wait_for(lambda: refused(RAW_POD.format(ns=tenant_ns)), 30, "the policy in force")
+
+        kube.core.delete_namespaced_config_map(keys.SETTINGS_CONFIGMAP, raw.release)
+
+        def refused_without_parameter() -> bool:
+            if refused("no params found"):
+                return True
+            if said and said[0].endswith(RAW_POD.format(ns=tenant_ns)):
+                return False  # the API server has not missed the ConfigMap yet
+            raise AssertionError(
+                f"a raw GPU pod ({raw.resource}) was admitted in tenant namespace {tenant_ns} "
+                f"while gpu-settings was missing ({said})"
+            )
+
+        wait_for(refused_without_parameter, 30, "the policy to miss gpu-settings")
+        assert "cozystack-gpu-raw-resource-names" in said[0], said[0]
+        # The controller's namespace is spared: its replicas start while the object is gone.
+        kube.core.create_namespaced_pod(
+            raw.release,
+            {
+                "metadata": {"name": "replica"},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            },
+            dry_run="All",
+        )
+    finally:
+        # Written again, as the leader would within SETTINGS_REFRESH_S: every other pod of
+        # the shared cluster outside the spared namespaces is refused meanwhile.
+        raw.settings("forbidden")
+        raw.close()
 
 
 # --- the claims-label policy -------------------------------------------------------------

@@ -68,5 +68,25 @@ def test_a_settings_configmap_edited_or_deleted_by_hand_is_written_back(
     )
     wait_written("the edited ConfigMap written back")
 
+    # The chart renders the ConfigMap: the binder's writes keep Helm's ownership, or the
+    # next `helm upgrade` could not adopt it.
+    helm = {
+        "labels": {"app.kubernetes.io/managed-by": "Helm"},
+        "annotations": {
+            "meta.helm.sh/release-name": "cozystack-gpu",
+            "meta.helm.sh/release-namespace": env.controller_ns,
+            "helm.sh/resource-policy": "keep",
+        },
+    }
+    env.kube.core.patch_namespaced_config_map(
+        keys.SETTINGS_CONFIGMAP,
+        env.controller_ns,
+        {"metadata": helm, "data": {keys.SETTINGS_KEY_RAW_RESOURCE_NAMES: "forbidden-by-hand"}},
+    )
+    wait_written("the hand-edited policy written back")
+    kept = env.kube.core.read_namespaced_config_map(keys.SETTINGS_CONFIGMAP, env.controller_ns)
+    assert helm["labels"].items() <= (kept.metadata.labels or {}).items(), kept.metadata
+    assert helm["annotations"].items() <= (kept.metadata.annotations or {}).items(), kept.metadata
+
     env.kube.core.delete_namespaced_config_map(keys.SETTINGS_CONFIGMAP, env.controller_ns)
     wait_written("the deleted ConfigMap written back")

@@ -298,6 +298,9 @@ def world(control_plane: ControlPlane, api_client: Any, tmp_path: Path) -> Itera
             metrics=True,
             kubeconfig=rbac.kubeconfig(control_plane, tmp_path / "controller.kubeconfig"),
         )
+        # As the webhook Service waits for it: orders reach a replica that can judge them.
+        replica = made["replica"]
+        wait_for(lambda: replica.ready()[0] == 200, 60, "the replica ready")
         yield made
     finally:
         # The webhooks go before the replica that answers them (they fail closed).

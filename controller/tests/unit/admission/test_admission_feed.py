@@ -3,12 +3,14 @@ events, and what the claim webhook judges orders with."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from cozystack_gpu import keys
+from cozystack_gpu.admission import handle_catalog
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.feed import SnapshotFeed
 from cozystack_gpu.admission.handle_catalog import NOT_SYNCED, ClaimWebhook
@@ -133,16 +135,80 @@ def test_a_pod_using_the_raw_name_takes_its_unit(feed: SnapshotFeed) -> None:
     assert decision.message == "no node serving class h100 has 1 free unit; the largest has 0"
 
 
-def test_an_order_is_admitted_with_a_warning_before_the_replica_has_read_the_cluster(
+def test_a_replica_that_has_not_read_the_cluster_refuses_orders_retryably(
     feed: SnapshotFeed,
 ) -> None:
+    """An order that reaches a replica before its first listing is not admitted unchecked
+    (it could take a budget's last unit twice): it is refused with a code that says "try
+    again", and judged once the replica has read the cluster."""
     webhook = ClaimWebhook(feed, access=None, clock=lambda: NOW)  # type: ignore[arg-type]
     claim = {"metadata": {"name": "c", "namespace": "tenant-a"}, "spec": {"class": "h100"}}
-    assert webhook.admit_create(claim) == [NOT_SYNCED]
+    with pytest.raises(Refused) as refused:
+        webhook.admit_create(claim)
+    assert refused.value.code == 503, "an unchecked order was admitted"
+    assert refused.value.reason == keys.AdmissionReason.REPLICA_NOT_SYNCED
+    assert refused.value.message == NOT_SYNCED
+    assert "try again" in NOT_SYNCED
     feed.take(full_listing(bound("a", "n1"), bound("b", "n1")))
     with pytest.raises(Refused) as refused:
         webhook.admit_create(claim)
     assert refused.value.message == "no node serving class h100 has 1 free unit; the largest has 0"
+
+
+class ClassesAt:
+    """The API server's classes, as the claim webhook reads them to tell a missing class
+    from one this replica has not seen yet."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def classes(self, latest: bool = False) -> dict[str, Any]:
+        return {n: gpu_class(n) for n in self.names}
+
+
+def test_an_order_of_a_class_the_replica_has_not_seen_yet_is_refused_retryably(
+    feed: SnapshotFeed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class created moments ago may not have reached this replica's view: the order
+    is not admitted unchecked but refused with "try again" (after a short wait for it)."""
+    monkeypatch.setattr(handle_catalog, "CLASS_LAG_WAIT_S", 0.0)
+    feed.take(full_listing())
+    webhook = ClaimWebhook(feed, ClassesAt("h100", "a100"), clock=lambda: NOW)  # type: ignore[arg-type]
+    claim = {"metadata": {"name": "c", "namespace": "tenant-a"}, "spec": {"class": "a100"}}
+    with pytest.raises(Refused) as refused:
+        webhook.admit_create(claim)
+    assert refused.value.code == 503, "an order of an unseen class was admitted unchecked"
+    assert refused.value.reason == keys.AdmissionReason.REPLICA_NOT_SYNCED
+    assert refused.value.message == (
+        "this controller replica has not seen GPUClass a100 yet (it was created moments ago), "
+        "so it cannot check the order against budgets and capacity; try again in a few seconds"
+    )
+
+
+def test_an_order_of_a_class_seen_while_waiting_is_judged(
+    feed: SnapshotFeed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(handle_catalog, "CLASS_LAG_WAIT_S", 5.0)
+    feed.take(full_listing())
+    webhook = ClaimWebhook(feed, ClassesAt("h100", "a100"), clock=lambda: NOW)  # type: ignore[arg-type]
+    claim = {
+        "metadata": {"name": "c", "namespace": "tenant-a"},
+        "spec": {"class": "a100", "count": 1},
+    }
+    late = gpu_class("a100")
+    late["spec"]["source"]["devicePlugin"]["resourceName"] = "nvidia.com/GA100"
+    seen = threading.Timer(
+        0.2, lambda: feed.take([Event(keys.GPU_CLASS.kind, EventType.ADDED, obj=late)])
+    )
+    seen.start()
+    try:
+        with pytest.raises(Refused) as refused:
+            webhook.admit_create(claim)
+    finally:
+        seen.join()
+    # Judged by the model once the class is known (no node has its resource name).
+    assert refused.value.code == 403
+    assert refused.value.message.startswith("no node serves class a100"), refused.value
 
 
 def test_orders_are_refused_when_the_feed_has_died(feed: SnapshotFeed) -> None:

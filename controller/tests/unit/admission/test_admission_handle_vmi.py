@@ -45,9 +45,6 @@ class FakeApi:
         spec = {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": H100}}}
         return {"h100": {"metadata": {"name": "h100"}, "spec": spec}}
 
-    def settings_names(self) -> frozenset[str]:
-        return frozenset({H100})
-
     def namespace_labels(self, name: str) -> dict[str, str]:
         return {}
 
@@ -113,8 +110,11 @@ def pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(4)
 
 
-def webhook(api: FakeApi, pool: ThreadPoolExecutor) -> VMIWebhook:
-    return VMIWebhook(api, pool, lambda _name: 8, lambda: NOW)  # type: ignore[arg-type]
+def webhook(
+    api: FakeApi, pool: ThreadPoolExecutor, names: frozenset[str] | None = frozenset({H100})
+) -> VMIWebhook:
+    """The webhook of a replica whose view is synced (GPU names known), or not (None)."""
+    return VMIWebhook(api, pool, lambda _name: 8, lambda: NOW, lambda: names)  # type: ignore[arg-type]
 
 
 def test_a_start_attaches_and_protects_every_held_claim(pool: ThreadPoolExecutor) -> None:
@@ -129,6 +129,20 @@ def test_a_start_attaches_and_protects_every_held_claim(pool: ThreadPoolExecutor
         assert api.claims[name]["status"]["attachedAt"] == "2027-01-15T08:00:00Z"
     assert api.claims["a"]["metadata"]["finalizers"] == [keys.FINALIZER_CLAIM]
     assert api.claims["b"]["metadata"]["finalizers"] == ["example.com/keep", keys.FINALIZER_CLAIM]
+
+
+def test_a_replica_that_has_not_read_the_cluster_refuses_a_start_retryably(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """Before its first listing a replica knows neither the GPU names nor the node sizes it
+    judges a start with: it refuses with "try again", and attaches nothing."""
+    api = FakeApi(bound("a"))
+    with pytest.raises(Refused) as refused:
+        webhook(api, pool, names=None).admit(vmi("vm", "a"), dry_run=False)
+    assert refused.value.code == 503, "a start was judged without the replica's view"
+    assert refused.value.reason == keys.AdmissionReason.REPLICA_NOT_SYNCED
+    assert "try again" in refused.value.message
+    assert api.writes == [], "a replica that cannot judge the start wrote to a claim"
 
 
 def test_a_dry_run_writes_nothing(pool: ThreadPoolExecutor) -> None:
