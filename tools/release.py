@@ -325,7 +325,13 @@ def cut(root: Path, text: str, out: Path, dry_run: bool, skip_image: bool) -> in
     try:
         for path, content in new.items():
             (root / path).write_text(content)
-        _run([_tool("antsibull-changelog"), "release", "--version", str(version)], cwd=root)
+        # antsibull-changelog lists the collection's plugins with ansible-doc, found on PATH.
+        tools_env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        _run(
+            [_tool("antsibull-changelog"), "release", "--version", str(version)],
+            cwd=root,
+            env=tools_env,
+        )
         _git(root, "add", "-A", "--", ".")
         _git(root, "commit", "-q", "-m", f"Release {version}", "-m", "Versions, CHANGELOG.rst.")
         commit = _git(root, "rev-parse", "HEAD").strip()
