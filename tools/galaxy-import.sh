@@ -34,4 +34,12 @@ if ! PATH="$venv/bin:$PATH" GALAXY_IMPORTER_CONFIG="$here/galaxy-importer.cfg" \
   exit 1
 fi
 grep -E '^(ERROR|WARNING)' "$work/log" >&2 || true
+# An ansible-doc error is not a refusal, but Galaxy then shows those plugins undocumented.
+"$venv/bin/python" - "$work/importer_result.json" <<'PY' >&2
+import json, sys
+contents = json.load(open(sys.argv[1]))["contents"]
+bare = [c["name"] for c in contents if c["content_type"] == "module" and not c.get("doc_strings")]
+if bare:
+    print(f"[galaxy-import] WARNING: Galaxy would show these modules without documentation: {bare}")
+PY
 echo "[galaxy-import] $(basename "$tarball"): $(tail -n1 "$work/log")" >&2
