@@ -281,7 +281,10 @@ def _image(tree: Path, version: str, folder: Path) -> None:
     """The release commit's own tools/build-image.sh, tagged with the chart's default image
     reference, saved as an OCI archive a hoster loads or pushes."""
     env = dict(
-        os.environ, COZYSTACK_GPU_PYTHON=os.environ.get("COZYSTACK_GPU_PYTHON", sys.executable)
+        os.environ,
+        COZYSTACK_GPU_PYTHON=os.environ.get("COZYSTACK_GPU_PYTHON", sys.executable),
+        # The developer's test image of the work tree stays; the release's is an extra one.
+        COZYSTACK_GPU_IMAGE_KEEP_OTHERS="1",
     )
     built = _run([str(tree / "tools/build-image.sh")], cwd=tree, env=env).strip().splitlines()[-1]
     reference = f"{_image_repository(tree)}:{version}"
