@@ -168,7 +168,9 @@ def versions_in(files: dict[str, str]) -> dict[str, str]:
         f"{CHART} version": str(chart["version"]),
         f"{CHART} appVersion": str(chart["appVersion"]),
         f"{PACKAGE} project.version": str(tomllib.loads(files[PACKAGE])["project"]["version"]),
-        f"{VALUES} image.tag": str(values["image"]["tag"] or chart["appVersion"]),
+        f"{VALUES} image.tag (empty: appVersion)": str(
+            values["image"]["tag"] or chart["appVersion"]
+        ),
     }
 
 
