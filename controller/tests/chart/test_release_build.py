@@ -85,6 +85,7 @@ def test_a_release_carries_its_version_in_every_artefact_and_is_recorded(
     assert f"v{VERSION}" in changelog
     kept = _git(clone, "ls-tree", "-r", "--name-only", release_commit, "changelogs").split()
     assert [p for p in kept if p.startswith("changelogs/fragments/")] == [], "fragments left"
+    assert "changelogs/.plugin-cache.yaml" not in kept, "antsibull-changelog's cache committed"
 
     folder = tmp_path / "dist" / VERSION
     collection, chart = (
