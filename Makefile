@@ -14,9 +14,9 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint molecule cluster cluster-down demo demo-down build docs
+.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule cluster cluster-down demo demo-down build docs release
 
-test: setup binaries image lint alerts pytest sanity units ansible-lint molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
+test: setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
 
 # `make help`: every target with the text after its `##`.
 help: ## list the targets
@@ -63,6 +63,9 @@ lint: setup ## ruff, mypy and the import layers
 	cd controller && $(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/ruff check --config controller/pyproject.toml plugins/module_utils plugins/action
 	$(BIN)/ruff format --check --config controller/pyproject.toml plugins/module_utils plugins/action
+	$(BIN)/ruff check --config controller/pyproject.toml tools/release.py
+	$(BIN)/ruff format --check --config controller/pyproject.toml tools/release.py
+	$(BIN)/mypy --config-file controller/pyproject.toml tools/release.py
 	cd controller && $(BIN)/mypy cozystack_gpu cozystack_gpu_testkit
 	cd controller && $(BIN)/lint-imports --no-cache
 	$(BIN)/mypy --config-file controller/pyproject.toml plugins/module_utils
@@ -101,6 +104,23 @@ docs: setup ## regenerate docs/api.md from the CRDs
 
 build: setup ## the collection tarball
 	$(BIN)/ansible-galaxy collection build --force --output-path $(CACHE)/dist
+
+# The checks Galaxy runs when the collection is uploaded (galaxy-importer, offline, in a venv
+# of its own made once per machine): a collection Galaxy would refuse fails here, and
+# `make release` runs the same on the release's tarball before recording it.
+galaxy-import: build ## Galaxy's upload checks (galaxy-importer) on the collection tarball
+	@echo "== galaxy-importer on the collection tarball ==" >&2
+	COZYSTACK_GPU_PYTHON=$(PYTHON) tools/galaxy-import.sh \
+	  $(CACHE)/dist/cozystack-gpu-$$(sed -n 's/^version: //p' galaxy.yml).tar.gz
+
+# A release: make release VERSION=x.y.z [DRY_RUN=1] [SKIP_IMAGE=1]. Versions in lockstep,
+# CHANGELOG.rst from the fragments, the release commit, the collection, the chart, the image
+# as an OCI archive and SHA256SUMS in dist/<version>/, and the entry in releases.yaml
+# (tools/release.py; it refuses a version that is not semver or not newer, and a dirty tree).
+release: setup $(if $(DRY_RUN),,binaries) ## cut a release: make release VERSION=x.y.z [DRY_RUN=1] [SKIP_IMAGE=1]
+	$(if $(VERSION),,$(error give the version: make release VERSION=x.y.z))
+	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE) 2>/dev/null || true) $(BIN)/python tools/release.py \
+	  cut $(VERSION) $(if $(DRY_RUN),--dry-run) $(if $(SKIP_IMAGE),--skip-image)
 
 cluster: setup binaries ## a local control plane with KubeVirt, no product; prints export KUBECONFIG=...
 	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.cluster up

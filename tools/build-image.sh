@@ -13,6 +13,7 @@
 #
 # Usage: tools/build-image.sh            (needs root: rootful podman, apt-get on a first run)
 # Environment: COZYSTACK_GPU_IMAGE_BASE  use this base image instead of the local one
+#              COZYSTACK_GPU_IMAGE_KEEP_OTHERS  keep earlier builds (a release's build)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -108,10 +109,13 @@ else
     --build-arg "VERSION=$version" \
     --tag "$image_ref" "$context" >/dev/null
   log "built $image_ref in $((SECONDS - start)) s"
-  # Earlier builds of this image are only disk now.
-  for old in $(podman images --format '{{.Repository}}:{{.Tag}}' "$image_name"); do
-    [ "$old" = "$image_ref" ] || podman rmi "$old" >/dev/null 2>&1 || true
-  done
+  # Earlier builds of this image are only disk now; a release build (tools/release.py sets
+  # COZYSTACK_GPU_IMAGE_KEEP_OTHERS) leaves the tree's test image alone.
+  if [ -z "${COZYSTACK_GPU_IMAGE_KEEP_OTHERS:-}" ]; then
+    for old in $(podman images --format '{{.Repository}}:{{.Tag}}' "$image_name"); do
+      [ "$old" = "$image_ref" ] || podman rmi "$old" >/dev/null 2>&1 || true
+    done
+  fi
 fi
 
 echo "$image_ref"

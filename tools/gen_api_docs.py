@@ -29,6 +29,8 @@ HEADER = """# API reference: group `{group}`
 Generated from the CRDs in `controller/cozystack_gpu/crds/` by `tools/gen_api_docs.py`;
 do not edit by hand (`make docs` rewrites it, and a test fails when it is out of date).
 What each reason in a condition means is in [troubleshooting.md](troubleshooting.md).
+How the API may change between releases, and how the stored version moves when a new version
+(v1alpha2, v1beta1) is needed: [api-evolution.md](api-evolution.md).
 """
 
 

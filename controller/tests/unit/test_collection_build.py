@@ -287,3 +287,23 @@ def test_shared_code_is_owned_by_the_controller_and_linked_from_the_collection()
     for path, target in shared.items():
         assert target.is_relative_to(controller / "cozystack_gpu"), (path, target)
         assert target.is_file(), f"{path} points at {target}, which is missing"
+
+
+def test_every_role_has_a_readme_naming_each_of_its_variables(built: dict[str, Path]) -> None:
+    """Galaxy refuses a collection with a role that has no README ("No role readme found",
+    galaxy-importer; `make galaxy-import` runs it on the tarball); a README that leaves out a
+    variable of the role's argument spec leaves a hoster guessing."""
+    with tarfile.open(built["cozystack.gpu"]) as tar:
+        names = set(tar.getnames())
+    missing: dict[str, list[str]] = {}
+    for role in sorted(p for p in (REPO / "roles").iterdir() if p.is_dir()):
+        if f"roles/{role.name}/README.md" not in names:
+            missing[role.name] = ["README.md"]
+            continue
+        readme = (role / "README.md").read_text()
+        spec = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())
+        options = spec["argument_specs"]["main"]["options"]
+        unnamed = [name for name in options if f"`{name}`" not in readme]
+        if unnamed:
+            missing[role.name] = unnamed
+    assert missing == {}, f"roles whose README is missing or does not name these: {missing}"

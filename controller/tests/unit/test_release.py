@@ -1,0 +1,187 @@
+"""tools/release.py: the version set in lockstep, and the releases it refuses to cut.
+
+Temporary copies of the versioned files and temporary git repositories; no network, no
+build. The recorded releases are checked against this repository's history.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _load_release() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("release", REPO / "tools" / "release.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["release"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+release = _load_release()
+VERSIONED = (release.GALAXY, release.CHART, release.PACKAGE, release.VALUES)
+
+
+def _files() -> dict[str, str]:
+    return {path: (REPO / path).read_text() for path in VERSIONED}
+
+
+def _git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-c", "user.email=t@example.net", "-c", "user.name=t", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository with the versioned files, the release record and the fragments."""
+    root = tmp_path / "repo"
+    for path in (*VERSIONED, release.RECORD):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / path, root / path)
+    shutil.copytree(REPO / release.FRAGMENTS, root / release.FRAGMENTS)
+    _git(tmp_path, "init", "-q", str(root))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "start")
+    return root
+
+
+def test_a_release_sets_the_version_in_lockstep_and_nothing_else() -> None:
+    before = _files()
+    after = release.set_versions(before, "1.2.3")
+    assert set(release.versions_in(after).values()) == {"1.2.3"}, release.versions_in(after)
+    # What the chart test holds: chart version = appVersion = package version.
+    chart = yaml.safe_load(after[release.CHART])
+    package = tomllib.loads(after[release.PACKAGE])["project"]["version"]
+    assert chart["version"] == chart["appVersion"] == package == "1.2.3"
+    changed = {
+        path: [
+            (old, new)
+            for old, new in zip(before[path].splitlines(), after[path].splitlines(), strict=True)
+            if old != new
+        ]
+        for path in VERSIONED
+    }
+    # One line in galaxy.yml and the package, two in Chart.yaml; comments and the package's
+    # other "version" keys (ruff's target-version, mypy's python_version) untouched.
+    assert {path: len(lines) for path, lines in changed.items()} == {
+        release.GALAXY: 1,
+        release.CHART: 2,
+        release.PACKAGE: 1,
+        release.VALUES: 0,
+    }, changed
+
+
+def test_a_pinned_default_image_tag_moves_with_the_release() -> None:
+    files = _files()
+    files[release.VALUES] = files[release.VALUES].replace('  tag: ""', '  tag: "0.1.0"')
+    after = release.set_versions(files, "0.3.0")
+    assert yaml.safe_load(after[release.VALUES])["image"]["tag"] == "0.3.0"
+
+
+@pytest.mark.parametrize("text", ["v0.2.0", "0.2", "0.2.0.1", "01.2.3", "0.2.0+build.5", "", "x"])
+def test_a_version_that_is_not_semver_is_refused(text: str) -> None:
+    with pytest.raises(
+        release.Refused, match=re.escape("is not a semantic version: give MAJOR.MINOR.PATCH")
+    ):
+        release.parse_version(text)
+
+
+def test_versions_are_ordered_as_semver_orders_them() -> None:
+    ordered = ["0.1.0", "0.1.1", "0.2.0-alpha", "0.2.0-rc.2", "0.2.0-rc.10", "0.2.0", "1.0.0"]
+    keys = [release.parse_version(v).key() for v in ordered]
+    assert keys == sorted(keys)
+
+
+@pytest.mark.parametrize("text", ["0.1.0", "0.0.9", "0.1.0-rc.1"])
+def test_a_version_not_newer_than_the_latest_release_is_refused(text: str) -> None:
+    record = {"releases": [{"version": "0.1.0", "commit": "9227b6d" + "0" * 33}]}
+    with pytest.raises(
+        release.Refused, match=re.escape("is not newer than the latest recorded release 0.1.0")
+    ):
+        release.refuse_unless_newer(release.parse_version(text), record)
+    release.refuse_unless_newer(release.parse_version("0.1.1"), record)
+    release.refuse_unless_newer(release.parse_version("0.2.0-rc.1"), record)
+
+
+def test_a_release_is_not_cut_from_a_dirty_tree(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / release.GALAXY).write_text((repo / release.GALAXY).read_text() + "# edited\n")
+    (repo / "stray.txt").write_text("x")
+    assert release.main(["cut", "0.2.0", "--dry-run", "--root", str(repo)]) == 2
+    err = capsys.readouterr().err
+    assert "the work tree has uncommitted changes" in err
+    assert "commit or stash them first" in err
+    assert "galaxy.yml" in err and "stray.txt" in err
+
+
+def test_the_dry_run_says_what_it_would_change_and_changes_nothing(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    head = _git(repo, "rev-parse", "HEAD")
+    assert release.main(["cut", "0.2.0", "--dry-run", "--skip-image", "--root", str(repo)]) == 0
+    out = capsys.readouterr().out
+    assert "galaxy.yml version: 0.1.0 -> 0.2.0" in out
+    assert "controller/chart/Chart.yaml appVersion: 0.1.0 -> 0.2.0" in out
+    assert "controller/pyproject.toml project.version: 0.1.0 -> 0.2.0" in out
+    assert "cozystack-gpu-0.2.0.tar.gz" in out and "cozystack-gpu-0.2.0.tgz" in out
+    assert "SHA256SUMS" in out and ".oci.tar" not in out
+    for fragment in (repo / release.FRAGMENTS).glob("*.yml"):
+        assert fragment.name in out
+    assert _git(repo, "status", "--porcelain") == ""
+    assert _git(repo, "rev-parse", "HEAD") == head
+
+
+def test_the_checksums_file_is_what_sha256sum_checks(tmp_path: Path) -> None:
+    (tmp_path / "a.tar.gz").write_bytes(b"collection")
+    (tmp_path / "b.tgz").write_bytes(b"chart")
+    (tmp_path / "SHA256SUMS").write_text(release.checksums(tmp_path))
+    done = subprocess.run(
+        ["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["a.tar.gz: OK", "b.tgz: OK"]
+
+
+def test_every_recorded_release_is_a_commit_in_history_carrying_its_version() -> None:
+    """A release can be built again only from a commit the history still has; CI's clone
+    has the full history (a shallow one would fail here, saying so)."""
+    entries = release.load_record(REPO)["releases"]
+    assert entries and entries[0] == {
+        "version": "0.1.0",
+        "commit": "9227b6d401a12cbddc6f317da50301f0758fd0db",
+    }
+    shallow = _git(REPO, "rev-parse", "--is-shallow-repository").strip() == "true"
+    for entry in entries:
+        version, commit = str(entry["version"]), str(entry["commit"])
+        release.parse_version(version)
+        assert len(commit) == 40, f"{version}: name the full commit, not {commit!r}"
+        found = subprocess.run(
+            ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO, capture_output=True
+        )
+        assert found.returncode == 0, (
+            f"release {version}'s commit {commit} is not in this repository's history"
+            + (" (a shallow clone: fetch with --unshallow)" if shallow else "")
+        )
+        files = {path: _git(REPO, "show", f"{commit}:{path}") for path in VERSIONED}
+        carried = release.versions_in(files)
+        assert set(carried.values()) == {version}, (version, carried)
