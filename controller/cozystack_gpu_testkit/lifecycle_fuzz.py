@@ -12,7 +12,10 @@ GPUNodes. Each step is one random operation, drawn from the seed:
   claim's finalizers (delete, then a JSON patch removing ``metadata.finalizers``);
   pre-create a claim named like a VM's template claim with a bigger count; create VMs
   whose claims annotation is odd (empty, whitespace, ``{}``, no claims, malformed, label
-  without annotation, annotation without label) with raw GPU entries;
+  without annotation, annotation without label) with raw GPU entries; cut a running VM's
+  template claim from its VMI (owner references removed, a second owner added, the
+  template label or the VMI-uid annotation removed); make a pod of their own that forges a
+  running VMI's launcher pod (its label, its owner reference, a GPU request);
 - nodes: NotReady and back, cordoned and back, short of memory (the scheduler refuses the
   launcher pod for a non-GPU resource) or of one GPU (kubelet reports fewer), and back;
 - the controller: the leader SIGKILLed and started again (the webhooks' Service then
@@ -35,7 +38,9 @@ All of it sits behind ``KubeVirt``, the small interface the driver sees.
 (``watching``) and once the run has settled; the driver adds what only it can see
 (``RAW_ADMITTED``: a VMI virt-controller made from an odd-annotation VM, or its launcher
 pod, admitted with raw GPU entries under ``forbidden``; ``STRANDED``: a started VM whose
-pinned pod a Ready, schedulable node refused, left as it is). Every operation, what
+pinned pod a Ready, schedulable node refused, left as it is; ``FORGED_ADMITTED``: a
+tenant's own pod requesting a GPU admitted under ``forbidden``; ``ORPHANED``, once settled:
+a template claim whose VMI, by the uid it was made for, is gone). Every operation, what
 KubeVirt did and what the kit played, with its outcome, is logged with the seed, so a
 violation comes with the operations that touched its subject.
 """
@@ -59,6 +64,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.objects import translate
 from cozystack_gpu_testkit import cluster, kubevirt
 from cozystack_gpu_testkit.fault_suite import Run, Service, WebhookSetup
 from cozystack_gpu_testkit.invariants import Invariants, Violation, required_pins
@@ -73,6 +79,8 @@ TENANT_ADMIN = "tenant-admin"
 VIRT_CONTROLLER = kubevirt.USER  # who a cluster's virt-controller is; the kit runs it so
 RAW_ADMITTED = "raw GPU entries admitted without claims"
 STRANDED = "started VM stranded at a refusing node"
+ORPHANED = "template claim outlived the VMI it was made for"
+FORGED_ADMITTED = "a tenant's own pod admitted with a GPU under forbidden"
 REPORT_EVERY_S = 60.0
 # Odd claims-annotation shapes (None: no annotation) and whether the reference label goes
 # with them; each VM made of one also carries a raw GPU entry of its own.
@@ -518,6 +526,8 @@ class FuzzSettings:
             "strip_finalizers": 1.5,
             "squat_template": 1.5,
             "odd_vm": 1.0,
+            "cut_owner": 1.2,
+            "forged_pod": 0.8,
             "node_not_ready": 0.7,
             "node_cordon": 0.7,
             "node_memory_short": 0.7,
@@ -585,6 +595,7 @@ class LifecycleFuzz:
         self.killed: list[tuple[str, float]] = []  # replica, restart due (monotonic)
         self.outcomes: dict[str, int] = {}
         self.stranded: dict[str, str] = {}  # pod -> violation
+        self.forged: list[tuple[str, int]] = []  # (violation, journal index)
         self._seq = 0
         self._reported = time.monotonic()
 
@@ -686,6 +697,9 @@ class LifecycleFuzz:
                 violations.append(text)
                 first_seen.setdefault(text, index)
             violations += list(self.stranded.values())
+            for text, index in self.forged:
+                violations.append(text)
+                first_seen.setdefault(text, index)
             findings = [self._finding(v, first_seen.get(v, self.journal.last)) for v in violations]
             return FuzzResult(
                 seed=settings.seed,
@@ -751,13 +765,40 @@ class LifecycleFuzz:
             self._note(checker, first_seen)
             self._look_stranded(run, first_seen)
             try:
-                final = checker.settled()
+                final = checker.settled() + self._orphans(run)
             except Exception as exc:
                 final = [Violation("look", "cluster", f"{type(exc).__name__}: {exc}")]
             now = time.monotonic()
             if (not final and now >= calm_until) or now >= deadline:
                 return final
             time.sleep(1.0)
+
+    def _orphans(self, run: Run) -> list[Violation]:
+        """Template claims whose VMI, by the uid they were made for, is gone: SPEC §7 says
+        the controller deletes them, whatever their metadata says (a cut owner must not
+        leave an unbilled hold). Judged once settled: the binder sweeps them every few
+        seconds, after a grace for a VMI watch that lags."""
+        world = run.world
+        vmis = run.kube.custom.list_cluster_custom_object(
+            keys.VMI.group, keys.VMI.version, keys.VMI.plural, _request_timeout=TIMEOUT
+        )
+        live = {(_meta(v)["namespace"], _meta(v).get("uid")) for v in vmis.get("items") or []}
+        found = []
+        for (namespace, name), claim in sorted(self.claims.items()):
+            if namespace not in world.tenants or not translate.made_by_template(claim):
+                continue
+            uid = translate.template_made_for(claim)
+            if (namespace, uid) not in live:
+                found.append(
+                    Violation(
+                        ORPHANED,
+                        f"{namespace}/{name}",
+                        f"made for VMI uid {uid}, which is gone; phase "
+                        f"{(claim.get('status') or {}).get('phase')}, node "
+                        f"{(claim.get('status') or {}).get('nodeName')}",
+                    )
+                )
+        return found
 
     def _look_stranded(self, run: Run, first_seen: dict[str, int]) -> None:
         """A pinned launcher pod that a Ready, schedulable node has refused for
@@ -1079,6 +1120,97 @@ class LifecycleFuzz:
         except ApiException as exc:
             return args, f"strip refused: {_message(exc)}", {name}
         return args, f"STRIPPED {_meta(current).get('finalizers')}", {name}
+
+    def _op_cut_owner(self, run: Run) -> tuple[str, str, set[str]]:
+        """The tenant cuts a VM's template claim from its VMI, so that the garbage collector
+        would never delete it: its owner references removed, a second owner of its own
+        added, the template label or the VMI-uid annotation taken off. The protection
+        policy refuses each; a cut that passes must still not outlive the VMI
+        (``ORPHANED``)."""
+        running = self.kubevirt.running
+        templates = sorted(
+            (key for key, c in self.claims.items() if translate.made_by_template(c)),
+            key=lambda k: ((k[0], str((self.claims[k].get("status") or {}).get("attachedTo")))
+                           not in running, k),
+        )  # fmt: skip
+        if not templates:
+            return "", "no template claim", set()
+        namespace, name = templates[0] if self.rng.random() < 0.7 else self.rng.choice(templates)
+        mode = self.rng.choice(("owners removed", "second owner", "label removed", "uid removed"))
+        args = f"{namespace}/{name} ({_describe(self.claims[(namespace, name)])}): {mode}"
+        patch: Any
+        content_type = "application/merge-patch+json"
+        if mode == "owners removed":
+            patch = {"metadata": {"ownerReferences": None}}
+        elif mode == "label removed":
+            patch = {"metadata": {"labels": {keys.LABEL_TEMPLATE_CLAIM: None}}}
+        elif mode == "uid removed":
+            patch = {"metadata": {"annotations": {keys.ANNOTATION_TEMPLATE_VMI_UID: None}}}
+        else:
+            holder = self.tenant.core.create_namespaced_config_map(
+                namespace, {"metadata": {"generateName": "holder-"}}, _request_timeout=TIMEOUT
+            )
+            owner = {
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "name": holder.metadata.name, "uid": holder.metadata.uid,
+            }  # fmt: skip
+            patch = [{"op": "add", "path": "/metadata/ownerReferences/-", "value": owner}]
+            content_type = "application/json-patch+json"
+        try:
+            self._claim_call(
+                self.tenant.custom.patch_namespaced_custom_object, namespace, name, patch,
+                _content_type=content_type, _request_timeout=TIMEOUT,
+            )  # fmt: skip
+        except ApiException as exc:
+            return args, f"refused: {_message(exc)}", {name}
+        return args, f"CUT ({mode})", {name}
+
+    def _op_forged_pod(self, run: Run) -> tuple[str, str, set[str]]:
+        """The tenant makes a pod of its own that forges a running VMI's launcher pod: the
+        launcher and claims labels, an owner reference to the VMI, a GPU request. Under
+        forbidden the raw-name policy refuses it (only virt-controller's launcher pods may
+        request a GPU name); admitted, it would be a second pod covered by the same claims."""
+        running = sorted(self.kubevirt.running)
+        if not running:
+            return "", "no running VMI", set()
+        namespace, vm_name = self.rng.choice(running)
+        vmi = kubevirt.get_vmi(run.kube, namespace, vm_name)
+        if vmi is None:
+            return f"{namespace}/{vm_name}", "its VMI is gone", {vm_name}
+        name = self._next("forged")
+        body = {
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubevirt.io": "virt-launcher",
+                    keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE,
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind,
+                        "name": vm_name, "uid": _meta(vmi)["uid"], "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "name": "compute", "image": kubevirt.LAUNCHER_IMAGE,
+                        "resources": {"limits": {run.world.resource: "1"}},
+                    }
+                ]
+            },
+        }  # fmt: skip
+        args = f"{namespace}/{name} forging VMI {vm_name}'s launcher pod, 1 x {run.world.resource}"
+        try:
+            self.tenant.core.create_namespaced_pod(namespace, body, _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            return args, f"refused: {_message(exc)}", {vm_name, name}
+        text = f"{FORGED_ADMITTED}: {namespace}/{name} (forging VMI {vm_name}'s launcher pod)"
+        self.forged.append((text, self.journal.last + 1))
+        log.error("seed %d: %s", self.settings.seed, text)
+        run.kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        return args, "ADMITTED", {vm_name, name}
 
     def _op_squat_template(self, run: Run) -> tuple[str, str, set[str]]:
         """The tenant pre-creates a claim named like a VM's template claim, with a bigger
