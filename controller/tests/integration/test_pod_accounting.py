@@ -73,8 +73,22 @@ def vmi_of(env: Env, name: str = "vm") -> dict[str, Any]:
     return found
 
 
+def free(env: Env, gpu_class: str) -> int | None:
+    obj = env.kube.custom.get_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class
+    )
+    value = (obj.get("status") or {}).get("free")
+    return None if value is None else int(value)
+
+
 def refused_for_capacity(env: Env, gpu_class: str, what: str) -> None:
-    """An order of one unit is refused for capacity: the pod's unit is counted."""
+    """The pod's unit is counted: the class shows no unit free (the binder has seen the
+    pod), and an order of one unit is refused for capacity."""
+    try:
+        wait_for(lambda: free(env, gpu_class) == 0, JUDGED_S, "the class to show no unit free")
+    except AssertionError:
+        raise AssertionError(f"{what}: class {gpu_class} still shows {free(env, gpu_class)} "
+                             "unit(s) free") from None  # fmt: skip
     env.kube.claim(env.tenant, "next", gpu_class, 1)
 
     def judged() -> dict[str, Any] | None:
