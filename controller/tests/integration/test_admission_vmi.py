@@ -554,7 +554,7 @@ def test_a_vmi_with_claims_and_a_network_naming_a_gpu_resource_is_refused(
     """KubeVirt adds a launcher pod request for the resource a multus network's
     NetworkAttachmentDefinition names: one naming the class's GPU name would be a GPU
     beyond the claims. One whose definition does not exist (yet) is the gate's to judge."""
-    node = corner.node("n1", 2)
+    node = corner.node("n1", 3)
     gpu_class = corner.gpu_class("h100")
     for held in ("a", "b", "c"):
         corner.bound(namespace, held, gpu_class, node=node)
