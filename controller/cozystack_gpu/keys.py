@@ -72,6 +72,12 @@ SECRET = ApiKind("Secret", "", "v1", "secrets", True)
 PVC = ApiKind("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims", True)
 PV = ApiKind("PersistentVolume", "", "v1", "persistentvolumes", False)
 STORAGE_CLASS = ApiKind("StorageClass", "storage.k8s.io", "v1", "storageclasses", False)
+# Multus's NetworkAttachmentDefinition: KubeVirt adds to a launcher pod a request for the
+# resource one names (ANNOTATION_NAD_RESOURCE) for every VMI network that uses it.
+NAD = ApiKind(
+    "NetworkAttachmentDefinition", "k8s.cni.cncf.io", "v1", "network-attachment-definitions", True
+)
+ANNOTATION_NAD_RESOURCE = "k8s.v1.cni.cncf.io/resourceName"
 # KubeVirt instance types: a VMI made from one carries its GPU entries too.
 INSTANCETYPE_GROUP = "instancetype.kubevirt.io"
 INSTANCETYPE = ApiKind(
@@ -441,6 +447,10 @@ class ClaimReason(str, Enum):
     NODE_REFUSED = "NodeRefused"  # the scheduler refused the pinned launcher pod on a node
     WAITING_FOR_VMI = "WaitingForVMI"  # deleted while attached: goes when the VMI stops
     VOLUME_NOT_BOUND = "VolumeNotBound"  # (Placed False) its VM's volume is not bound yet
+    # (Placed False) its launcher pod's GPU requests are not exactly what its claims cover
+    REQUESTS_BEYOND_CLAIMS = "GPURequestsBeyondClaims"
+    # (Placed False) another pod naming its VMI is the VMI's launcher pod
+    NOT_THE_LAUNCHER = "NotTheLauncherPod"
 
 
 class NodeReason(str, Enum):
@@ -504,6 +514,7 @@ class AdmissionReason(str, Enum):
     LICENSE_COPY_MISSING = "LicenseCopyMissing"
     LICENSE_COPY_UNTRUSTED = "LicenseCopyUntrusted"
     LICENSE_SECRET_REFUSED = "LicenseSecretRefused"
+    NETWORK_GPU_RESOURCE = "NetworkRequestsGPU"
 
 
 class EventReason(str, Enum):

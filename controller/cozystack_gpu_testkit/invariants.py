@@ -6,9 +6,9 @@ from the API server, never from a controller's memory, and judges two kinds of r
 
 At every look (``check``), whatever is going on:
 - no node holds more units of a resource name than it has (claims Bound or Attached there,
-  Lost claims whose VMI still runs there, raw-name pods, and what running launcher pods use
-  beyond their VMI's claims there, against the smaller of the node's allocatable and its
-  GPUNode devices);
+  Lost claims whose VMI still runs there, raw-name pods (every pod but the one launcher pod
+  of a live VMI with claims), and what those launcher pods use beyond their claims there,
+  against the smaller of the node's allocatable and its GPUNode devices);
 - no budget key of a tenant or any of its ancestors counts more units than its limit;
 - no claim is bound twice: once it holds a node, it keeps that node and its ``boundAt``
   unless a decision moved it (its Bound condition says Moved, Rebound or Reattached: the
@@ -62,13 +62,10 @@ from cozystack_gpu import keys
 from cozystack_gpu.binder.records import workload_name
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, list_function, source
 from cozystack_gpu.objects import annotation
+from cozystack_gpu.objects.launcher import PodRole, launcher_usage, pod_role, raw_usage
 from cozystack_gpu.objects.translate import (
     PodUsage,
-    Standing,
     claims_cover,
-    launcher_standing,
-    launcher_usage,
-    pod_usage,
     template_owner,
     vmi_state,
     whole_quantity,
@@ -378,8 +375,8 @@ class Invariants:
                 who = f"claim {_namespace(claim)}/{_name(claim)} {phase} {status.get('attachedTo')}"
                 add(str(node), resource, _count(claim), who, _epoch(status.get("boundAt")))
         gpu_names = set(resource_of.values())
-        for pod in state.pods:
-            usage = pod_usage(pod)
+        for pod in _raw_pods(state):
+            usage = raw_usage(pod)
             if usage is None or usage.node is None:
                 continue
             for resource, units in usage.requests.items():
@@ -438,8 +435,8 @@ class Invariants:
             if resource:
                 charged += keys.raw_quota_keys(resource)
             charge(_namespace(claim), charged, _count(claim))
-        for pod in state.pods:
-            usage = pod_usage(pod)
+        for pod in _raw_pods(state):
+            usage = raw_usage(pod)
             if usage is None:
                 continue
             for resource, units in usage.requests.items():
@@ -719,30 +716,54 @@ class Invariants:
 # --- reading objects ---------------------------------------------------------------------
 
 
+def _pod_roles(state: State) -> list[tuple[Obj, PodRole]]:
+    """How each pod counts, by the binder's rule (``launcher.pod_role``): the one launcher
+    pod of a live VMI with claims is covered by them; any other pod is raw usage, whatever
+    its labels. The state is one moment and has no history, so a labelled pod of a VMI that
+    is final or gone is taken as that VMI's finishing launcher pod (the binder counts more:
+    only the pod it saw as the launcher when the VMI ended)."""
+    vmis = {(_namespace(v), _name(v)): vmi_state(v) for v in state.vmis}
+    live_uids = {(_namespace(v), _meta(v).get("uid")) for v in state.vmis}
+    siblings: dict[tuple[str, str], list[Obj]] = {}
+    for pod in state.pods:
+        owner = _owning_vmi(pod)
+        if owner is not None:
+            siblings.setdefault((_namespace(pod), owner), []).append(pod)
+    roles: list[tuple[Obj, PodRole]] = []
+    for pod in state.pods:
+        owner = _owning_vmi(pod)
+        vmi = vmis.get((_namespace(pod), owner)) if owner is not None else None
+        uid = (_owner_ref(pod, "VirtualMachineInstance") or {}).get("uid")
+        ended = (vmi is not None and vmi.uid == uid and vmi.final) or (
+            uid and (_namespace(pod), uid) not in live_uids
+        )
+        labelled = keys.uses_claims(_meta(pod).get("labels"))
+        finishing = _name(pod) if ended and labelled else None
+        mates = siblings.get((_namespace(pod), owner), []) if owner is not None else []
+        roles.append((pod, pod_role(pod, vmi, mates, finishing)))
+    return roles
+
+
+def _raw_pods(state: State) -> list[Obj]:
+    return [pod for pod, role in _pod_roles(state) if role is PodRole.RAW]
+
+
 def _uncovered_launcher_usage(
     state: State, resource_of: Mapping[str, str]
 ) -> list[tuple[str, PodUsage]]:
-    """What running launcher pods of VMIs with claims (not final) use beyond the units
-    their VMI's claims hold on their node: a claim deleted by force, moved or stripped
-    leaves the pod using GPUs that no claim counts, and they are still occupied there."""
+    """What the launcher pods of live VMIs with claims use beyond the units their VMI's
+    claims hold on their node: a claim deleted by force, moved or stripped leaves the pod
+    using GPUs that no claim counts, and they are still occupied there."""
     serving: dict[tuple[str, str], list[Obj]] = {}
     for claim in state.claims:
         vmis = {(claim.get("status") or {}).get("attachedTo"), template_owner(claim)}
         for vmi in vmis - {None, ""}:
             serving.setdefault((_namespace(claim), str(vmi)), []).append(claim)
-    vmi_of = {(_namespace(v), _name(v)): vmi_state(v) for v in state.vmis}
     found: list[tuple[str, PodUsage]] = []
-    for pod in state.pods:
+    for pod, role in _pod_roles(state):
         owner = _owning_vmi(pod)
         node = (pod.get("spec") or {}).get("nodeName")
-        if owner is None or not node or not keys.uses_claims(_meta(pod).get("labels")):
-            continue
-        vmi = vmi_of.get((_namespace(pod), owner))
-        # Only the pod of a VMI that exists, is not final and is the pod's own (its uid)
-        # holds what its claims do not cover: the state is one moment, so a pod without its
-        # VMI there is of one that ended, and a VM that stopped leaves its pod finishing.
-        # (The binder counts more: a pod of a VMI it never saw, one naming a VMI falsely.)
-        if vmi is None or vmi.final or launcher_standing(pod, vmi) is not Standing.OWN:
+        if role is not PodRole.COVERED or owner is None or not node:
             continue
         claims = serving.get((_namespace(pod), owner), [])
         usage = launcher_usage(pod, claims_cover(claims, resource_of.get, str(node)))

@@ -231,16 +231,25 @@ def virtual_machine(
     run_strategy: str = "Always",
     guest: str = "1Gi",
     disks: Mapping[str, str] | None = None,
+    networks: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A VirtualMachine as a tenant writes it: the claims annotation (``request`` as JSON)
     and the reference label on its template (KubeVirt copies both to the VMI), no GPU
     anywhere in its spec, ``guest`` memory (its launcher pod asks for more: KubeVirt adds
-    its overhead), and a virtio disk per entry of ``disks`` (disk name: the name of the
-    PersistentVolumeClaim it is)."""
+    its overhead), a virtio disk per entry of ``disks`` (disk name: the name of the
+    PersistentVolumeClaim it is), and beside the pod network a bridged multus network per
+    entry of ``networks`` (network name: the NetworkAttachmentDefinition it uses)."""
     from cozystack_gpu import keys
 
     devices: dict[str, Any] = {}
     spec: dict[str, Any] = {"domain": {"devices": devices, "memory": {"guest": guest}}}
+    if networks:
+        devices["interfaces"] = [{"name": "default", "masquerade": {}}] + [
+            {"name": name, "bridge": {}} for name in networks
+        ]
+        spec["networks"] = [{"name": "default", "pod": {}}] + [
+            {"name": name, "multus": {"networkName": nad}} for name, nad in networks.items()
+        ]
     if disks:
         devices["disks"] = [{"name": disk, "disk": {"bus": "virtio"}} for disk in disks]
         spec["volumes"] = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -21,6 +22,8 @@ from cozystack_gpu.keys import RawNamesPolicy
 from cozystack_gpu_testkit import cluster
 
 WORKLOAD_CRD = cluster.CRD_DIR / "extra" / "workloads.yaml"
+# Multus's NetworkAttachmentDefinition, for tests of networks that name a resource.
+NAD_CRD = Path(__file__).with_name("nad-crd.yaml")
 # Put on every new Node by the TaintNodesByCondition admission plugin; the node lifecycle
 # controller (not run here) lifts it once the kubelet reports Ready.
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -29,9 +32,10 @@ NODE_BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti
 
 
 def install_extra_crds(api: Any) -> None:
-    """Workload (usage records) and KubeVirt's real CRDs (VMI, VM, instance types), as its
-    virt-operator generates them at the pinned release."""
-    cluster.install_crds(api, [WORKLOAD_CRD, cluster.kubevirt_crds()])
+    """Workload (usage records), KubeVirt's real CRDs (VMI, VM, instance types), as its
+    virt-operator generates them at the pinned release, and Multus's
+    NetworkAttachmentDefinition."""
+    cluster.install_crds(api, [WORKLOAD_CRD, cluster.kubevirt_crds(), NAD_CRD])
 
 
 def unless(status: int, call: Callable[[], Any]) -> Any:
@@ -307,6 +311,24 @@ class Kube:
         self.core.create_namespaced_resource_quota(
             namespace,
             {"metadata": {"name": "gpu"}, "spec": {"hard": {k: str(v) for k, v in hard.items()}}},
+        )
+
+    def nad(self, namespace: str, name: str, resource: str | None = None) -> None:
+        """A Multus NetworkAttachmentDefinition naming ``resource`` (the annotation KubeVirt
+        turns into a launcher pod request), or none."""
+        notes = {keys.ANNOTATION_NAD_RESOURCE: resource} if resource else {}
+        config = '{"cniVersion": "0.3.1", "type": "bridge"}'
+        self.custom.create_namespaced_custom_object(
+            keys.NAD.group,
+            keys.NAD.version,
+            namespace,
+            keys.NAD.plural,
+            {
+                "apiVersion": keys.NAD.api_version,
+                "kind": keys.NAD.kind,
+                "metadata": {"name": name, "annotations": notes},
+                "spec": {"config": config},
+            },
         )
 
     # --- VMIs ----------------------------------------------------------------------------

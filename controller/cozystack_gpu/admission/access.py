@@ -13,6 +13,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
 
 from cozystack_gpu import keys
 
@@ -31,6 +32,10 @@ def _patch_type(body: Obj | list[Obj]) -> str:
     return (
         "application/json-patch+json" if isinstance(body, list) else "application/merge-patch+json"
     )
+
+
+def meta_of(obj: Obj) -> Obj:
+    return dict(obj.get("metadata") or {})
 
 
 def _missing(exc: ApiException) -> bool:
@@ -143,6 +148,19 @@ class ApiAccess:
                 return None
             raise
         return _json(response)
+
+    def nad_resource(self, namespace: str, name: str) -> str | None:
+        """The resource a NetworkAttachmentDefinition names (``keys.ANNOTATION_NAD_RESOURCE``;
+        "" when it names none), or None when it cannot be read (absent, Multus not
+        installed, no right, a slow API server): then the gate judges the launcher pod's
+        requests, so the start is not refused for a read."""
+        try:
+            nad = self.get(keys.NAD, namespace, name)
+        except (ApiException, HTTPError, OSError):
+            return None
+        if nad is None:
+            return None
+        return str((meta_of(nad).get("annotations") or {}).get(keys.ANNOTATION_NAD_RESOURCE, ""))
 
     def vmi(self, namespace: str, name: str) -> Obj | None:
         return self.get(keys.VMI, namespace, name)

@@ -242,6 +242,10 @@ class VMIWebhook:
         }
         if licensed and labels is None:
             labels = submit(access.namespace_labels, namespace)
+        networks = {
+            (ns, nad): submit(access.nad_resource, ns, nad)
+            for _index, ns, nad in vmi_rules.network_refs(vmi)
+        }
         same_name = None
         if vmi_rules.needs_same_name_check(read.values(), name, attachment_id):
             same_name = access.vmi(namespace, name)
@@ -255,6 +259,7 @@ class VMIWebhook:
             namespace_labels=labels.result() if labels is not None else {},
             instancetype=instancetype,
             largest_node=self.largest_node,
+            network_resources={ref: f.result() for ref, f in networks.items()},
         )
 
     # --- writes ----------------------------------------------------------------------

@@ -106,6 +106,9 @@ class VMIFacts:
     # the class names, in the controller's namespace (None: not found).
     license_copies: Mapping[str, Obj | None] = field(default_factory=dict)
     license_sources: Mapping[str, Obj | None] = field(default_factory=dict)
+    # The resource each NetworkAttachmentDefinition the VMI's multus networks name carries
+    # (keys.ANNOTATION_NAD_RESOURCE), by (namespace, name): "" none, None not readable.
+    network_resources: Mapping[tuple[str, str], str | None] = field(default_factory=dict)
 
 
 def licensed_classes(class_names: Iterable[str], classes: Mapping[str, Obj]) -> list[str]:
@@ -278,6 +281,17 @@ def judge(
             "those entries",
         )
 
+    through_networks = network_gpu_requests(vmi, facts.network_resources, gpu_names)
+    if through_networks:
+        return Refusal(
+            AdmissionReason.NETWORK_GPU_RESOURCE,
+            f"VirtualMachineInstance {name} holds GPUs through its claims, and networks of it "
+            f"would add GPU requests beyond them: {'; '.join(through_networks)}; KubeVirt adds "
+            "to the launcher pod a request for the resource a NetworkAttachmentDefinition "
+            f"names ({keys.ANNOTATION_NAD_RESOURCE}): remove those networks, or the GPU "
+            "resource name from their NetworkAttachmentDefinitions",
+        )
+
     resources: list[str] = []
     for _claim_name, claim in held:
         spec = claim.get("spec") or {}
@@ -435,6 +449,39 @@ def own_gpu_entries(
             for index, entry in enumerate(instancetype.spec.get(member) or []):
                 if entry.get("deviceName") in gpu_names:
                     found.append(f"{where} spec.{member}[{index}] {entry['deviceName']}")
+    return found
+
+
+def network_refs(vmi: Obj) -> list[tuple[int, str, str]]:
+    """(index in spec.networks, namespace, name) of the NetworkAttachmentDefinition each
+    multus network names ("name" is in the VMI's namespace, "namespace/name" anywhere)."""
+    namespace = str(meta(vmi).get("namespace", ""))
+    found: list[tuple[int, str, str]] = []
+    for index, network in enumerate((vmi.get("spec") or {}).get("networks") or []):
+        target = str((network.get("multus") or {}).get("networkName") or "")
+        if not target:
+            continue
+        ns, _, nad = target.rpartition("/")
+        found.append((index, ns or namespace, nad))
+    return found
+
+
+def network_gpu_requests(
+    vmi: Obj,
+    resources: Mapping[tuple[str, str], str | None],
+    gpu_names: frozenset[str] | set[str],
+) -> list[str]:
+    """Where a VMI's networks would add a GPU request to its launcher pod, as "<path>
+    <NAD> <name>" descriptions. A NetworkAttachmentDefinition that could not be read is
+    left to the gate, which keeps a pod whose requests exceed its claims gated."""
+    found: list[str] = []
+    for index, ns, nad in network_refs(vmi):
+        resource = resources.get((ns, nad))
+        if resource and resource in gpu_names:
+            found.append(
+                f"spec.networks[{index}] uses NetworkAttachmentDefinition {ns}/{nad}, whose "
+                f"{keys.ANNOTATION_NAD_RESOURCE} is {resource}"
+            )
     return found
 
 

@@ -19,13 +19,15 @@ from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, WriteKind, discard
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
-from cozystack_gpu.model import ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
-from cozystack_gpu.objects import translate, vmi_pods
+from cozystack_gpu.model import ClaimInfo, ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
+from cozystack_gpu.objects import launcher, translate, vmi_pods
 from cozystack_gpu.objects.annotation import ClaimsRequest
 
 log = logging.getLogger(__name__)
 
 MAX_VOLUME_LIMITS = 1024  # distinct volume affinities remembered (one per waiting disk)
+# The gated pod waits for a sibling that goes by itself: nothing to tell.
+_SILENT = "silent"
 
 
 class _Rejection(NamedTuple):
@@ -118,6 +120,12 @@ class Gatekeeper(BinderPart):
             if not members:
                 self._pin(pod_key, pod, None, [])  # no claims to place: only ungate
                 continue
+            other = self._other_launcher(pod_key, vmi_key, pod)
+            if other is not None:
+                if other != _SILENT:
+                    reason = ClaimReason.NOT_THE_LAUNCHER.value
+                    self._not_placed(pod_key, vmi, members, reason, other, now)
+                continue
             conflict = self._template_conflict(vmi)
             if conflict is not None:
                 reason = AdmissionReason.TEMPLATE_CLAIM_CONFLICT.value
@@ -142,6 +150,12 @@ class Gatekeeper(BinderPart):
             if any(c is None for c in infos):
                 continue  # seen, but not in the model yet
             claims = [c for c in infos if c is not None]
+            mismatch = self._request_mismatch(pod, claims)
+            if mismatch is not None:
+                # Ungated, the surplus would be a GPU outside every budget and record.
+                reason = ClaimReason.REQUESTS_BEYOND_CLAIMS.value
+                self._not_placed(pod_key, vmi, members, reason, mismatch, now)
+                continue
             allowed, unbound = self._allowed_nodes(pod)
             if unbound:
                 message = (
@@ -209,6 +223,36 @@ class Gatekeeper(BinderPart):
         if vmi is None or translate.meta(vmi).get("uid") != vmi_pods.owning_vmi_uid(pod):
             return None  # not seen yet, or the view still has an earlier VMI of that name
         return vmi_key, vmi, _members(vmi_key, vmi)
+
+    def _other_launcher(self, pod_key: Key, vmi_key: Key, pod: dict[str, Any]) -> str | None:
+        """Why this gated pod is not its VMI's one launcher pod (``launcher.launcher_of``),
+        or None when it is: only that pod is covered by the claims, so only it is pinned.
+        ``_SILENT`` when the launcher is KubeVirt's temporary pod for WaitForFirstConsumer
+        volumes, which goes once the volumes are bound."""
+        chosen = self.view.launcher_pod(vmi_key, vmi_pods.owning_vmi_uid(pod))
+        if chosen is None or chosen == pod_key:
+            return None
+        other = self.view.pod(chosen) or {}
+        annotations = translate.meta(other).get("annotations") or {}
+        if annotations.get(keys.ANNOTATION_EPHEMERAL_PROVISIONING) == "true":
+            return _SILENT
+        return (
+            f"pod {chosen[1]} names VirtualMachineInstance {vmi_key[1]} as its owner too and "
+            f"is older, so it is the VMI's launcher pod and pod {pod_key[1]} is not: only one "
+            "pod of a VMI is covered by its claims; this pod waits at the gate until that "
+            "pod is gone"
+        )
+
+    def _request_mismatch(self, pod: dict[str, Any], claims: list[ClaimInfo]) -> str | None:
+        """Why the GPU names the pod requests (every container) are not exactly what its
+        claims cover, or None (``launcher.request_mismatch``)."""
+        cover: dict[str, int] = {}
+        for claim in claims:
+            klass = self.snapshot.gpu_class(claim.class_name)
+            if klass is None or not klass.resource_name:
+                return None  # a class gone: placement refuses the set and says so
+            cover[klass.resource_name] = cover.get(klass.resource_name, 0) + claim.count
+        return launcher.request_mismatch(pod, self.view.gpu_names, cover)
 
     def _template_conflict(self, vmi: dict[str, Any]) -> str | None:
         """Why a claim named like one of the VMI's template claims is not its template claim

@@ -30,7 +30,7 @@ from cozystack_gpu.model import (
     Snapshot,
     VolumeAffinity,
 )
-from cozystack_gpu.objects import translate, vmi_pods
+from cozystack_gpu.objects import launcher, translate, vmi_pods
 from cozystack_gpu.objects.translate import VMIState, object_key
 
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
@@ -92,9 +92,10 @@ class ClusterView:
         # Pods owned by each VMI: whether a labelled pod's units are its claims' depends on
         # its VMI, so a VMI's change judges its pods again.
         self._pods_of_vmi: dict[Key, set[Key]] = {}
-        # VMIs (namespace, uid) seen final or deleted while a pod of theirs remained: those
-        # pods are finishing and hold nothing, whatever VMI of the same name comes next.
-        self._ended_vmis: set[tuple[str, str]] = set()
+        # VMIs (namespace, uid) seen to end (final, or deleted) while live, with the name of
+        # the launcher pod they had then: that pod is finishing and holds nothing, whatever
+        # VMI of the same name comes next; any other pod naming the uid is raw usage.
+        self._ended_vmis: dict[tuple[str, str], str] = {}
         # GPU resource names and where each comes from (a class, a GPUNode report, a GPU
         # node's allocatable, the hoster's list), counted so one event updates them.
         self._name_sources: dict[tuple[str, str], frozenset[str]] = {}
@@ -258,11 +259,10 @@ class ClusterView:
             self._recount_pods_of(vmi)
 
     def _recount_pods_of(self, vmi: Key) -> None:
-        state = self._vmis.get(vmi)
         for pod_key in list(self._pods_of_vmi.get(vmi, ())):
             pod = self.pod(pod_key)
             if pod is not None:
-                self._count_pod(pod_key, pod, state)
+                self._count_pod(pod_key, pod)
 
     def _on_namespace(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         self.dirty.namespaces.add(key[1])
@@ -275,9 +275,11 @@ class ClusterView:
     def _on_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         self._gated.discard(key)
         self._pinned.discard(key)
+        owners: set[Key] = set()
         for obj in (old, new):
             owner = vmi_pods.owning_vmi(obj) if obj is not None else None
             if owner is not None:
+                owners.add((key[0], owner))
                 members = self._pods_of_vmi.setdefault((key[0], owner), set())
                 (members.add if obj is new else members.discard)(key)
                 if not members:
@@ -286,18 +288,30 @@ class ClusterView:
             uid = vmi_pods.owning_vmi_uid(old)
             owner = vmi_pods.owning_vmi(old)
             if uid and owner and not self._has_pod_of(key[0], owner, uid):
-                self._ended_vmis.discard((key[0], uid))
-        vmi: VMIState | None = None
-        if new is not None and (owner := vmi_pods.owning_vmi(new)) is not None:
-            vmi = self._vmis.get((key[0], owner))
+                self._ended_vmis.pop((key[0], uid), None)
+        if new is not None and vmi_pods.owning_vmi(new) is not None:
             if vmi_pods.is_gated(new):
                 self._gated.add(key)
             elif vmi_pods.pinned_node(new) is not None and not vmi_pods.scheduled(new):
                 self._pinned.add(key)
-        self._count_pod(key, new, vmi)
+        # Which pod of a VMI is its launcher depends on its siblings: a pod that comes,
+        # goes or ends judges them all again.
+        self._count_pod(key, new)
+        for vmi in owners:
+            self._recount_pods_of(vmi)
 
-    def _count_pod(self, key: Key, new: Obj | None, vmi: VMIState | None) -> None:
-        """Take back what the pod counted as raw-name usage, and count it again."""
+    def launcher_pod(self, vmi: Key, uid: str) -> Key | None:
+        """The one launcher pod of the VMI ``vmi`` with ``uid`` (``launcher.launcher_of``
+        over the pods naming it), or None."""
+        pods = [p for k in self._pods_of_vmi.get(vmi, ()) if (p := self.pod(k)) is not None]
+        chosen = launcher.launcher_of(pods, uid)
+        return None if chosen is None else (vmi[0], translate.name_of(chosen))
+
+    def _count_pod(self, key: Key, new: Obj | None) -> None:
+        """Take back what the pod counted, and count it again by ``launcher.pod_role``: the
+        one launcher pod of a live VMI with claims uses what its claims do not cover, on its
+        node; its VMI's launcher at the VMI's end holds nothing; every other pod is raw
+        usage on its node and in its namespace, whatever its labels."""
         previous = self._pods.pop(key, None)
         if previous is not None:
             if previous.node:
@@ -308,26 +322,21 @@ class ClusterView:
         if new is None:
             return
         owner = vmi_pods.owning_vmi(new)
-        standing = translate.Standing.UNKNOWN
+        vmi: VMIState | None = None
+        siblings: list[Obj] = []
         if owner is not None:
-            ended = (key[0], vmi_pods.owning_vmi_uid(new)) in self._ended_vmis
-            standing = translate.launcher_standing(new, vmi, ended)
-            if standing is translate.Standing.ENDED:
-                return  # its VM has stopped: the pod is finishing
-            if standing is translate.Standing.FOREIGN:
-                vmi = None  # not the pod's VMI: nothing of it speaks for the pod
-        covered = None if vmi is None else vmi.uses_claims
-        usage = translate.pod_usage(new, covered_by_claims=covered)
-        raw_name_pod = usage is not None
-        # Once its VMI is final the VM has stopped and the pod is finishing (its claims are
-        # detached and may move): only a pod of a VMI that may still run holds units.
-        if usage is None and covered is not False and owner is not None and not (vmi and vmi.final):
-            cover = (
-                {}
-                if standing is translate.Standing.FOREIGN
-                else self._claims_cover(key[0], owner, new)
-            )
-            usage = translate.launcher_usage(new, cover)
+            vmi = self._vmis.get((key[0], owner))
+            siblings = [p for k in self._pods_of_vmi.get((key[0], owner), ()) if (p := self.pod(k))]
+        ended = self._ended_vmis.get((key[0], vmi_pods.owning_vmi_uid(new)))
+        role = launcher.pod_role(new, vmi, siblings, ended)
+        if role is launcher.PodRole.FINISHING:
+            return  # its VM has stopped: the pod is finishing
+        usage: translate.PodUsage | None
+        if role is launcher.PodRole.COVERED:
+            assert owner is not None
+            usage = launcher.launcher_usage(new, self._claims_cover(key[0], owner, new))
+        else:
+            usage = launcher.raw_usage(new)
         if usage is None:
             return
         self._pods[key] = usage
@@ -336,7 +345,7 @@ class ClusterView:
             self.dirty.nodes.add(usage.node)
         # What a launcher pod uses beyond its claims occupies the node; the tenant's budget
         # is its claims' (and their Lost state), not charged twice.
-        if raw_name_pod:
+        if role is launcher.PodRole.RAW:
             self._pods_in_ns.setdefault(usage.namespace, set()).add(key)
             self.dirty.namespaces.add(usage.namespace)
 
@@ -370,13 +379,16 @@ class ClusterView:
         namespace = key[0]
         before = self._vmis.pop(key, None)
         touched: set[ClaimKey] = set(self._attached.get(key, set()))
-        # A VMI that ends (final, or deleted) leaves its pods finishing.
+        # A live VMI that ends (final, or deleted) leaves its launcher pod finishing; a VMI
+        # first seen ended names none, and its pods count as raw usage until they go.
         ending = new if new is not None and translate.vmi_state(new).final else None
         if new is None:
             ending = old
         uid = str(translate.meta(ending).get("uid") or "") if ending is not None else ""
-        if uid and self._has_pod_of(namespace, key[1], uid):
-            self._ended_vmis.add((namespace, uid))
+        if uid and before is not None and not before.final and before.uid == uid:
+            chosen = self.launcher_pod(key, uid)
+            if chosen is not None and (namespace, uid) not in self._ended_vmis:
+                self._ended_vmis[(namespace, uid)] = chosen[1]
         if before is not None:
             self._vmi_uids.discard((namespace, before.uid))
             for claim in before.held_claims:

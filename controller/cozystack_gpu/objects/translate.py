@@ -31,7 +31,6 @@ from cozystack_gpu.model import (
     merge_quotas,
 )
 from cozystack_gpu.objects import annotation
-from cozystack_gpu.objects.vmi_pods import owning_vmi_uid
 
 Obj = Mapping[str, Any]
 
@@ -189,44 +188,6 @@ class PodUsage:
     requests: Mapping[str, int]
 
 
-def pod_usage(pod: Obj, *, covered_by_claims: bool | None = None) -> PodUsage | None:
-    """The extended-resource requests of a pod that holds no claim, or None.
-
-    Launcher pods of VMIs with claims carry the claims reference label: their units are
-    counted through the claims (and what the claims do not cover by ``launcher_usage``).
-    The label alone is not enough, or any labelled pod
-    would take GPUs uncounted: ``covered_by_claims`` says whether the pod's VMI uses claims
-    (None: its VMI is not known yet, and the label is believed for now; a launcher pod is
-    created after its VMI, so this only lasts until the VMI's event). Pods in a final phase
-    hold nothing.
-    """
-    labelled = keys.uses_claims(meta(pod).get("labels"))
-    if labelled and covered_by_claims is not False:
-        return None
-    if (pod.get("status") or {}).get("phase") in FINAL_POD_PHASES:
-        return None
-    totals = _extended_requests(pod)
-    if not totals:
-        return None
-    return PodUsage(namespace_of(pod), (pod.get("spec") or {}).get("nodeName") or None, totals)
-
-
-def _extended_requests(pod: Obj) -> dict[str, int]:
-    """Units of every extended resource (a name with a "/") the pod's containers request."""
-    totals: dict[str, int] = {}
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        # Extended resources must have requests == limits; either may be written alone.
-        merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        for name, value in merged.items():
-            if "/" not in name:
-                continue
-            units = whole_quantity(value)
-            if units:
-                totals[name] = totals.get(name, 0) + units
-    return totals
-
-
 # Claim phases whose units a launcher pod on the claim's node is using: Bound and Attached
 # claims, and Lost ones (the model counts a Lost claim there while its VMI runs there, and
 # a running launcher pod says it does).
@@ -267,56 +228,6 @@ def claims_cover(
                 (claim.get("spec") or {}).get("count") or 1
             )
     return cover
-
-
-def launcher_usage(pod: Obj, cover: Mapping[str, int]) -> PodUsage | None:
-    """The units a running launcher pod of a VMI with claims uses beyond what its claims
-    hold on its node (``cover``), or None when they cover it all.
-
-    A claim deleted by force, moved or stripped of its protection leaves the pod using
-    GPUs that no claim counts: they are still occupied on that node, and no one else may be
-    bound to them. Counted only once the pod is on a node and until it is final; callers
-    leave out the pod of a final VMI (the VM has stopped, the pod is finishing, and its
-    claims are detached, free to move).
-    """
-    node = (pod.get("spec") or {}).get("nodeName")
-    if not node or (pod.get("status") or {}).get("phase") in FINAL_POD_PHASES:
-        return None
-    requests = _extended_requests(pod)
-    remainder = {
-        name: units - cover.get(name, 0)
-        for name, units in requests.items()
-        if units > cover.get(name, 0)
-    }
-    if not remainder:
-        return None
-    return PodUsage(namespace_of(pod), str(node), remainder)
-
-
-class Standing(Enum):
-    """Whose a launcher pod is, judged against the VMI that now has its owner's name."""
-
-    OWN = "own"  # that VMI's (its uid), or no uid to tell: its claims cover the pod
-    UNKNOWN = "unknown"  # no VMI of that name is known, nor that the pod's VMI ended
-    ENDED = "ended"  # of a VMI of that name seen to end: the pod is finishing
-    FOREIGN = "foreign"  # names the VMI with another uid: none of its claims cover it
-
-
-def launcher_standing(pod: Obj, vmi: VMIState | None, ended: bool = False) -> Standing:
-    """Whose the pod is. KubeVirt names each VMI of a VM alike (a restart makes the next
-    under the same name), and removes a VMI only once its domain is gone, so a launcher
-    pod whose VMI was seen to end (``ended``: final or deleted) holds nothing any more. A
-    pod naming the VMI with another uid is not that VMI's, and nothing says its own ended
-    (a pod's age proves nothing: a tenant can make one before the VMI it names): it is
-    counted whole."""
-    uid = owning_vmi_uid(pod)
-    if ended:
-        return Standing.ENDED
-    if vmi is None:
-        return Standing.UNKNOWN
-    if not uid or not vmi.uid or uid == vmi.uid:
-        return Standing.OWN
-    return Standing.FOREIGN
 
 
 def sum_usage(usages: Iterable[PodUsage], gpu_names: frozenset[str]) -> dict[str, int]:

@@ -561,6 +561,37 @@ def test_a_nic_vf_the_agent_found_to_be_no_gpu_goes_next_to_the_claims(
     assert devices["gpus"] == gpus(corner.resource(), 1)
 
 
+def test_a_vmi_with_claims_and_a_network_naming_a_gpu_resource_is_refused(
+    kube: Kube, corner: Corner, namespace: str
+) -> None:
+    """KubeVirt adds a launcher pod request for the resource a multus network's
+    NetworkAttachmentDefinition names: one naming the class's GPU name would be a GPU
+    beyond the claims. One whose definition does not exist (yet) is the gate's to judge."""
+    node = corner.node("n1", 3)
+    gpu_class = corner.gpu_class("h100")
+    for held in ("a", "b", "c"):
+        corner.bound(namespace, held, gpu_class, node=node)
+    kube.nad(namespace, "gpu-net", corner.resource())
+    kube.nad(namespace, "plain-net")
+    spec = {
+        "domain": {
+            "devices": {"interfaces": [{"name": "default", "masquerade": {}},
+                                       {"name": "n1", "bridge": {}}]},
+            "memory": {"guest": "1Gi"},
+        },
+        "networks": [{"name": "default", "pod": {}},
+                     {"name": "n1", "multus": {"networkName": "gpu-net"}}],
+    }  # fmt: skip
+    message = refused(kube, namespace, vmi_body("vm", {"claims": ["a"]}, spec=spec))
+    assert (
+        f"spec.networks[1] uses NetworkAttachmentDefinition {namespace}/gpu-net, whose "
+        f"{keys.ANNOTATION_NAD_RESOURCE} is {corner.resource()}"
+    ) in message, f"a network adding a GPU beyond the claims was admitted: {message}"
+    for held, nad in (("b", "plain-net"), ("c", "absent-net")):
+        spec["networks"][1]["multus"]["networkName"] = nad
+        create_vmi(kube, namespace, vmi_body(f"vm-{nad}", {"claims": [held]}, spec=spec))
+
+
 # --- the vGPU guest licence --------------------------------------------------------------
 
 

@@ -278,36 +278,57 @@ def test_a_pinned_pod_the_scheduler_refuses_is_deleted_and_the_next_goes_elsewhe
     env: Env, gpu_nodes: tuple[str, str, str]
 ) -> None:
     """Hand-written VMI and launcher pods: the refusal for lack of the GPU itself needs a
-    pod beside them that takes the node's units uncounted by the binder, labelled as a
-    claims user and owned by no VMI. With the webhooks in front of virt-controller no such
-    pod can be created (the pod webhook refuses the label on a pod no VMI owns). The same
-    loop on KubeVirt's own pods, refused for memory, is the test after the next ones."""
+    pod beside them that takes the node's units as the scheduler sees them while the binder
+    counts them as no one's: the launcher pod of a VMI that has ended and is still
+    finishing there. KubeVirt's own pods would not interleave so (the same loop on them,
+    refused for memory, is the test after the next ones)."""
     _first, _second, gpu_class = gpu_nodes
     env.kube.claim(env.tenant, "held", gpu_class, 1)
     node = env.wait_phase("held", "Bound")["status"]["nodeName"]
     env.kube.attach(env.tenant, "held", "vm")
-    # Something the binder does not count takes the node's units as the scheduler sees them
-    # (a pod labelled as a claims user, placed by name): the pinned pod will not fit.
+    # An earlier VM's launcher pod on the node, still running after its VMI ended: the
+    # scheduler counts its units, the binder no longer does (SPEC §7: the launcher pod a
+    # VMI had when it ended is finishing), so the pinned pod will not fit.
+    old = make_vmi(env, "old")
+    env.kube.vmi_phase(env.tenant, "old", "Running", node)
+    units = {env.resource: "2"}
+    owner = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "old"}
     squatter = {
         "metadata": {
             "name": "squatter",
-            "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+            "labels": {"kubevirt.io": "virt-launcher", keys.LABEL_CLAIMS_REF: "true"},
+            "ownerReferences": [{**owner, "uid": old["metadata"]["uid"], "controller": True}],
         },
+        # Off every node until its VMI has ended: counted before, it would move the claim.
         "spec": {
-            "nodeName": node,
+            "nodeSelector": {"example.com/nowhere": "true"},
             "containers": [
-                {
-                    "name": "c",
-                    "image": "x",
-                    "resources": {
-                        "requests": {env.resource: "2"},
-                        "limits": {env.resource: "2"},
-                    },
-                }
+                {"name": "compute", "image": "x", "resources": {"requests": units, "limits": units}}
             ],
         },
     }
     env.kube.core.create_namespaced_pod(env.tenant, squatter)
+    view = env.binder.view  # read only, to order the events as a finishing pod meets them
+    wait_for(lambda: view.pod((env.tenant, "squatter")), 15, "the binder to see the pod")
+    env.kube.vmi_phase(env.tenant, "old", "Succeeded", node)
+    wait_for(
+        lambda: (state := view.vmi((env.tenant, "old"))) is not None and state.final,
+        15,
+        "the binder to see the VMI end",
+    )
+    env.kube.core.create_namespaced_binding(
+        env.tenant,
+        {"metadata": {"name": "squatter"}, "target": {"kind": "Node", "name": node}},
+        _preload_content=False,
+    )
+
+    def free() -> int:
+        obj = env.kube.custom.get_cluster_custom_object(
+            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, gpu_class
+        )
+        return int((obj.get("status") or {}).get("free") or 0)
+
+    wait_for(lambda: free() == 3, 15, "the binder to count the finishing pod as no one's")
     vmi = make_vmi(env, "vm", claims=["held"], gpus=[env.resource])
     launcher_pod(env, vmi, "virt-launcher-vm", {env.resource: 1})
     wait_for(lambda: pod(env, "virt-launcher-vm") is None, 30, "the refused pod to be deleted")

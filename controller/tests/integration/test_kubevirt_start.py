@@ -387,3 +387,45 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
     )
     holds = env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)["status"]
     assert (holds["attachedTo"], holds["attachedToUID"]) == ("vm", second["metadata"]["uid"])
+
+
+def test_a_network_naming_the_gpu_resource_keeps_the_launcher_pod_gated(vms: Env) -> None:
+    """KubeVirt adds to the launcher pod a request for the resource a multus network's
+    NetworkAttachmentDefinition names. Here the definition does not exist yet when the VMI
+    is admitted (so the VMI webhook cannot tell); virt-controller renders the pod once it
+    exists, asking 2 units for a 1-unit claim template: the gate keeps it gated and says
+    how much beyond the claims, from which container."""
+    env = vms
+    kube = env.kube
+    node = env.node("n1", 2)
+    kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=2)
+    request = {"claimTemplates": [{"name": "g", "class": gpu_class}]}
+    kubevirt_kit.create_vm(kube, env.tenant, "vm", request, networks={"gpunet": "gpu-net"})
+    vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
+    kube.nad(env.tenant, "gpu-net", env.resource)
+    pod = kubevirt_kit.wait_launcher(kube, env.tenant, vmi)
+    (compute,) = [c for c in pod["spec"]["containers"] if c["name"] == "compute"]
+    assert compute["resources"]["limits"][env.resource] == "2", compute["resources"]
+    claim_name = keys.template_claim_name("vm", "g")
+
+    def told() -> dict[str, Any] | None:
+        try:
+            obj = kube.get_claim(env.tenant, claim_name)
+        except ApiException:
+            return None
+        cond = next(
+            (c for c in (obj.get("status") or {}).get("conditions") or []
+             if c["type"] == keys.CONDITION_PLACED), None,
+        )  # fmt: skip
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = wait_for(told, START_TIMEOUT_S, "the template claim told why its VM cannot start")
+    assert cond["reason"] == keys.ClaimReason.REQUESTS_BEYOND_CLAIMS.value, cond
+    assert (
+        f"1 unit(s) of {env.resource} beyond its claims, which cover 1 (container compute: 2)"
+        in cond["message"]
+    ), cond["message"]
+    (pod,) = kubevirt_kit.launcher_pods(kube, env.tenant, kubevirt_kit.uid_of(vmi))
+    assert vmi_pods.is_gated(pod), "a launcher pod asking 2 units for a 1-unit claim started"
+    assert vmi_pods.pinned_node(pod) is None and not pod["spec"].get("nodeName")

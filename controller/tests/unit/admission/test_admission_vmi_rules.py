@@ -256,6 +256,45 @@ def test_a_vmi_with_claims_and_gpu_entries_of_its_own_is_refused_naming_each() -
     )
 
 
+def _networked(*names: str) -> dict[str, Any]:
+    networks = [{"name": "default", "pod": {}}] + [
+        {"name": f"net{i}", "multus": {"networkName": n}} for i, n in enumerate(names)
+    ]
+    return {"domain": {"devices": {}}, "networks": networks}
+
+
+def test_a_vmi_with_claims_and_a_network_naming_a_gpu_resource_is_refused() -> None:
+    """KubeVirt adds to the launcher pod a request for the resource a network's
+    NetworkAttachmentDefinition names: one naming a GPU name is a GPU beyond the claims."""
+    result = judge(
+        vmi("vm", _networked("gpu-net", "infra/sriov")),
+        ClaimsRequest(("a",)),
+        facts(
+            claim("a"),
+            network_resources={
+                ("tenant-a", "gpu-net"): H100,
+                ("infra", "sriov"): "nvidia.com/MT2910_CONNECTX7_VF",
+            },
+        ),
+    )
+    assert isinstance(result, Refusal)
+    assert result.reason == keys.AdmissionReason.NETWORK_GPU_RESOURCE
+    assert (
+        "spec.networks[1] uses NetworkAttachmentDefinition tenant-a/gpu-net, whose "
+        f"k8s.v1.cni.cncf.io/resourceName is {H100}" in result.message
+    )
+    assert "infra/sriov" not in result.message, "a NIC's resource name is not a GPU name"
+
+
+def test_a_network_whose_definition_cannot_be_read_is_left_to_the_gate() -> None:
+    result = judge(
+        vmi("vm", _networked("gpu-net")),
+        ClaimsRequest(("a",)),
+        facts(claim("a"), network_resources={("tenant-a", "gpu-net"): None}),
+    )
+    assert isinstance(result, Start)
+
+
 def test_entries_of_names_no_class_or_setting_knows_are_not_gpu_entries() -> None:
     spec = {"domain": {"devices": {"gpus": [{"name": "x", "deviceName": "example.com/fpga"}]}}}
     assert own_gpu_entries(vmi("vm", spec), None, frozenset({H100})) == []

@@ -18,7 +18,7 @@ from cozystack_gpu.binder import (
 )
 from cozystack_gpu.keys import Phase, RawNamesPolicy
 from cozystack_gpu.model import ClassStatus
-from cozystack_gpu.objects import translate
+from cozystack_gpu.objects import launcher, translate
 from cozystack_gpu.objects.annotation import TemplateEntry
 from cozystack_gpu.objects.translate import VMIState
 
@@ -305,16 +305,12 @@ def _pod(labels: dict[str, str] | None = None, phase: str = "Running") -> dict[s
     }
 
 
-def test_raw_name_pods_take_units_but_claim_pods_and_final_pods_do_not() -> None:
-    usage = translate.pod_usage(_pod())
+def test_raw_name_pods_take_units_whatever_their_labels_but_final_pods_do_not() -> None:
+    usage = launcher.raw_usage(_pod())
     assert usage is not None and usage.requests == {"nvidia.com/GH100": 3} and usage.node == "n1"
-    assert translate.pod_usage(_pod({keys.LABEL_CLAIMS_REF: "true"})) is None
-    assert translate.pod_usage(_pod(phase="Succeeded")) is None
-    # The label is believed only for a pod whose VMI uses claims (or is not seen yet).
-    labelled = _pod({keys.LABEL_CLAIMS_REF: "true"})
-    assert translate.pod_usage(labelled, covered_by_claims=True) is None
-    counted = translate.pod_usage(labelled, covered_by_claims=False)
-    assert counted is not None and counted.requests == {"nvidia.com/GH100": 3}
+    labelled = launcher.raw_usage(_pod({keys.LABEL_CLAIMS_REF: "true"}))
+    assert labelled is not None and labelled.requests == {"nvidia.com/GH100": 3}
+    assert launcher.raw_usage(_pod(phase="Succeeded")) is None
     assert translate.sum_usage([usage], frozenset({"nvidia.com/OTHER"})) == {}
 
 
@@ -333,13 +329,13 @@ def test_a_launcher_pod_uses_what_its_claims_do_not_cover_on_its_node() -> None:
         "nvidia.com/GH100": 2
     }
     assert translate.claims_cover([claim_on("n1", 2, "Pending")], resource_of, "n1") == {}
-    used = translate.launcher_usage(pod, {"nvidia.com/GH100": 2})
+    used = launcher.launcher_usage(pod, {"nvidia.com/GH100": 2})
     assert used is not None and used.requests == {"nvidia.com/GH100": 1} and used.node == "n1"
-    assert translate.launcher_usage(pod, {"nvidia.com/GH100": 3}) is None
-    assert translate.launcher_usage(_pod({keys.LABEL_CLAIMS_REF: "true"}, "Failed"), {}) is None
+    assert launcher.launcher_usage(pod, {"nvidia.com/GH100": 3}) is None
+    assert launcher.launcher_usage(_pod({keys.LABEL_CLAIMS_REF: "true"}, "Failed"), {}) is None
     gated = _pod({keys.LABEL_CLAIMS_REF: "true"})
     del gated["spec"]["nodeName"]
-    assert translate.launcher_usage(gated, {}) is None, "not on a node yet"
+    assert launcher.launcher_usage(gated, {}) is None, "not on a node yet"
 
 
 @pytest.mark.parametrize(

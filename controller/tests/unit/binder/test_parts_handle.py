@@ -4,6 +4,7 @@ what each decides and writes, with no API server and no binder loop (binder/part
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,12 +154,18 @@ def _objects(claim_status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def _handle(claim_status: dict[str, Any], *, cordoned: bool = False) -> FakeHandle:
+def _handle(
+    claim_status: dict[str, Any],
+    *,
+    cordoned: bool = False,
+    change: Callable[[dict[str, list[dict[str, Any]]]], None] = lambda _given: None,
+) -> FakeHandle:
     config = binder_config("ctl")
     watched = keys.BINDER_WATCHES + ((keys.WORKLOAD,) if config.workload_records else ())
     view = ClusterView(config, watched)
     given = _objects(claim_status)
     given[keys.NODE.kind][0]["spec"]["unschedulable"] = cordoned
+    change(given)
     for kind in view.kinds:
         view.relist(kind, given.get(kind, []))
     view.refresh_staleness(NOW)
@@ -174,6 +181,38 @@ def test_the_gate_pins_a_gated_pod_whose_claims_are_bound_on_one_node() -> None:
     Gatekeeper(handle).run(NOW)
     assert ("pod-pin", f"{NS}/virt-launcher-vm", None) in handle.writer.writes
     assert handle.decided == [], "the claims stay where they are"
+
+
+def _surplus(given: dict[str, list[dict[str, Any]]]) -> None:
+    """KubeVirt added a request for a network whose NetworkAttachmentDefinition names the
+    class's resource: the launcher pod asks 2 units where its claim covers 1."""
+    [pod] = given[keys.POD.kind]
+    pod["spec"]["containers"][0]["resources"] = {"limits": {RES: "2"}, "requests": {RES: "2"}}
+
+
+def test_the_gate_keeps_a_pod_asking_more_gpus_than_its_claims_cover_gated() -> None:
+    handle = _handle(BOUND, change=_surplus)
+    Gatekeeper(handle).run(NOW)
+    assert "pod-pin" not in handle.writer.kinds(), "a pod asking 2 units for a 1-unit claim started"
+    assert ("claim-status", f"{NS}/c", claim_status.NOTE_PLACED) in handle.writer.writes
+    assert ("event", "vm", keys.EventReason.SET_NOT_PLACED.value) in handle.writer.writes
+
+
+def _forged_older(given: dict[str, list[dict[str, Any]]]) -> None:
+    """A tenant's pod naming the VMI by uid, older than the launcher pod."""
+    [pod] = given[keys.POD.kind]
+    pod["metadata"]["creationTimestamp"] = "2026-12-01T10:00:05Z"
+    forged = json.loads(json.dumps(pod))
+    forged["metadata"].update(name="forged", creationTimestamp="2026-12-01T10:00:02Z")
+    given[keys.POD.kind].append(forged)
+
+
+def test_the_gate_pins_only_the_one_launcher_pod_of_a_vmi() -> None:
+    handle = _handle(BOUND, change=_forged_older)
+    Gatekeeper(handle).run(NOW)
+    pins = [w for w in handle.writer.writes if w[0] == "pod-pin"]
+    assert pins == [("pod-pin", f"{NS}/forged", None)], "two pods pinned under one set of claims"
+    assert ("event", "vm", keys.EventReason.SET_NOT_PLACED.value) in handle.writer.writes
 
 
 def test_the_gate_binds_a_pending_claim_of_a_starting_set_and_pins_only_once_it_is_written() -> (

@@ -81,8 +81,14 @@ def _launcher(
             "namespace": "t",
             "resourceVersion": str(rv),
             "labels": {keys.LABEL_CLAIMS_REF: "true"},
+            "creationTimestamp": "2026-12-01T10:00:01Z",
             "ownerReferences": [
-                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi}
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "name": vmi,
+                    "uid": f"u-{vmi}",
+                }
             ],
         },
         "spec": {
@@ -110,6 +116,7 @@ def test_a_running_launcher_pod_occupies_the_units_its_claims_no_longer_cover() 
         "metadata": {
             "name": "vm",
             "namespace": "t",
+            "uid": "u-vm",
             "resourceVersion": "3",
             "labels": {keys.LABEL_CLAIMS_REF: "true"},
             "annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'},
@@ -145,12 +152,7 @@ def test_a_running_launcher_pod_occupies_the_units_its_claims_no_longer_cover() 
     stopped = {**vmi, "metadata": {**vmi["metadata"], "resourceVersion": "16"}}
     view.apply(keys.VMI.kind, {**stopped, "status": {"phase": "Succeeded"}}, deleted=False)
     assert _node_with_pod_usage(view) == {}
-    view.apply(
-        keys.VMI.kind,
-        {**stopped, "metadata": {**vmi["metadata"], "resourceVersion": "17"}},
-        deleted=False,
-    )
-    assert _node_with_pod_usage(view) == {"nvidia.com/X": 2}
+    assert _ns_usage(view) == {}
     # A final pod uses nothing.
     view.apply(keys.POD.kind, _launcher(phase="Succeeded", rv=20), deleted=False)
     assert _node_with_pod_usage(view) == {}
@@ -225,43 +227,113 @@ def _node_with_pod_usage(view: ClusterView) -> dict[str, int]:
     return dict(info.raw_used)
 
 
-def test_a_labelled_pod_counts_as_raw_usage_unless_its_vmi_uses_claims() -> None:
+def _claims_vmi(uid: str = "u-vm", rv: int = 3, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "vm",
+            "namespace": "t",
+            "uid": uid,
+            "resourceVersion": str(rv),
+            "labels": {keys.LABEL_CLAIMS_REF: "true"},
+            "annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'},
+        },
+        "status": {"phase": phase, "nodeName": "n1"},
+    }
+
+
+def _tenant_view() -> ClusterView:
     view = _view()
     view.apply(keys.GPU_CLASS.kind, _class(1), deleted=False)  # nvidia.com/X is a GPU name
     view.apply(keys.NODE.kind, {"metadata": {"name": "n1", "resourceVersion": "1"}}, deleted=False)
-    pod = {
-        "metadata": {
-            "name": "p",
-            "namespace": "t",
-            "resourceVersion": "2",
-            "labels": {keys.LABEL_CLAIMS_REF: "true"},
-            "ownerReferences": [
-                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm"}
-            ],
-        },
-        "spec": {
-            "nodeName": "n1",
-            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/X": "2"}}}],
-        },
-    }
-    view.apply(keys.POD.kind, pod, deleted=False)
-    assert _node_with_pod_usage(view) == {"nvidia.com/X": 2}, "no claim covers it"
+    view.apply(
+        keys.NAMESPACE.kind, {"metadata": {"name": "t", "resourceVersion": "1"}}, deleted=False
+    )
+    return view
+
+
+def _usage(view: ClusterView) -> tuple[dict[str, int], dict[str, int]]:
+    return _node_with_pod_usage(view), _ns_usage(view)
+
+
+def test_a_pod_is_covered_by_claims_only_as_the_launcher_of_a_live_vmi_with_claims() -> None:
+    """The claims label and an owner reference are the pod's own words: a pod's GPU
+    requests are its claims' only when the VMI it names exists with that uid, is not final
+    and uses claims; until then (and for a VMI without claims) they are raw usage, on the
+    node and in the namespace."""
+    view = _tenant_view()
+    view.apply(keys.POD.kind, _launcher(), deleted=False)
+    raw = ({"nvidia.com/X": 2}, {"nvidia.com/X": 2})
+    assert _usage(view) == raw, "no VMI of that uid is known: the label proves nothing"
     covering = _claim("c", node="n1", count=2, attached_to="vm")
     view.apply(keys.GPU_CLAIM.kind, covering, deleted=False)
-    assert _node_with_pod_usage(view) == {}, "its VMI is not seen yet: the label is believed"
-    vmi = {"metadata": {"name": "vm", "namespace": "t", "resourceVersion": "3"}}
-    view.apply(keys.VMI.kind, vmi, deleted=False)
-    assert _node_with_pod_usage(view) == {"nvidia.com/X": 2}, "a VMI without claims"
-    with_claims = {
-        "metadata": {
-            **vmi["metadata"],
-            "resourceVersion": "4",
-            "labels": {keys.LABEL_CLAIMS_REF: "true"},
-            "annotations": {keys.ANNOTATION_CLAIMS: '{"claims": ["c"]}'},
-        }
+    assert _usage(view) == raw, "a claim attached to the name does not cover a pod of no VMI"
+    without = _claims_vmi(rv=3)
+    del without["metadata"]["annotations"], without["metadata"]["labels"]
+    view.apply(keys.VMI.kind, without, deleted=False)
+    assert _usage(view) == raw, "a VMI without claims"
+    view.apply(keys.VMI.kind, _claims_vmi(rv=4), deleted=False)
+    assert _usage(view) == ({}, {}), "the one launcher pod of a live VMI with claims"
+    view.apply(keys.VMI.kind, _claims_vmi(uid="u-other", rv=5), deleted=False)
+    assert _usage(view) == raw, "the VMI of that name now has another uid"
+
+
+def test_a_claims_label_on_a_raw_gpu_pod_does_not_hide_it() -> None:
+    """A tenant allowed raw names labels its own GPU pod with the claims reference label,
+    with no owner or with its owner reference cut: it is counted whole, on the node and in
+    the namespace."""
+    view = _tenant_view()
+    view.apply(keys.VMI.kind, _claims_vmi(), deleted=False)
+    covering = _claim("c", node="n1", count=2, attached_to="vm")
+    view.apply(keys.GPU_CLAIM.kind, covering, deleted=False)
+    pod = _launcher(rv=5)
+    view.apply(keys.POD.kind, pod, deleted=False)
+    assert _usage(view) == ({}, {})
+    cut = {**pod, "metadata": {**pod["metadata"], "resourceVersion": "6", "ownerReferences": []}}
+    view.apply(keys.POD.kind, cut, deleted=False)
+    assert _usage(view) == ({"nvidia.com/X": 2}, {"nvidia.com/X": 2}), (
+        "a labelled pod whose VMI owner was removed took 2 GPUs uncounted"
+    )
+
+
+def test_a_second_pod_of_a_claims_vmi_is_raw_usage() -> None:
+    """A forged pod naming a running claims VMI by its uid, made after its launcher pod, is
+    not covered by the same claims: it counts whole, and the launcher pod stays covered."""
+    view = _tenant_view()
+    view.apply(keys.VMI.kind, _claims_vmi(), deleted=False)
+    covering = _claim("c", node="n1", count=2, attached_to="vm")
+    view.apply(keys.GPU_CLAIM.kind, covering, deleted=False)
+    view.apply(keys.POD.kind, _launcher(rv=5), deleted=False)
+    forged = _launcher(rv=6)
+    forged["metadata"] = {
+        **forged["metadata"],
+        "name": "forged",
+        "creationTimestamp": "2026-12-01T10:00:09Z",
     }
-    view.apply(keys.VMI.kind, with_claims, deleted=False)
-    assert _node_with_pod_usage(view) == {}, "its units are its claims'"
+    view.apply(keys.POD.kind, forged, deleted=False)
+    assert _usage(view) == ({"nvidia.com/X": 2}, {"nvidia.com/X": 2}), (
+        "a second pod of the VMI took 2 GPUs under the launcher's claims"
+    )
+    assert view.launcher_pod(("t", "vm"), "u-vm") == ("t", "virt-launcher-vm")
+    # The launcher pod ends and goes: the forged one is the VMI's only pod now.
+    view.apply(keys.POD.kind, _launcher(rv=7), deleted=True)
+    assert view.launcher_pod(("t", "vm"), "u-vm") == ("t", "forged")
+
+
+def test_a_pod_naming_an_ended_vmi_is_raw_usage() -> None:
+    """The launcher pod a VMI had when it ended is finishing and holds nothing; a pod made
+    afterwards naming that VMI's uid is counted whole, while the VMI is final and after it
+    is gone."""
+    view = _tenant_view()
+    view.apply(keys.VMI.kind, _claims_vmi(), deleted=False)
+    view.apply(keys.POD.kind, _launcher(units=0, rv=5), deleted=False)
+    view.apply(keys.VMI.kind, _claims_vmi(rv=6, phase="Succeeded"), deleted=False)
+    late = _launcher(rv=7)
+    late["metadata"] = {**late["metadata"], "name": "late"}
+    view.apply(keys.POD.kind, late, deleted=False)
+    raw = ({"nvidia.com/X": 2}, {"nvidia.com/X": 2})
+    assert _usage(view) == raw, "a pod naming a final VMI's uid took 2 GPUs uncounted"
+    view.apply(keys.VMI.kind, _claims_vmi(rv=8, phase="Succeeded"), deleted=True)
+    assert _usage(view) == raw, "a pod naming a deleted VMI's uid took 2 GPUs uncounted"
 
 
 def test_a_name_the_agent_found_to_be_another_devices_is_no_gpu_name() -> None:

@@ -1,0 +1,154 @@
+"""The rule of SPEC §7 as pure functions: a pod is covered by claims only as the one
+launcher pod of a live VMI; every other pod requesting a GPU name is raw usage. And the
+gate's check (SPEC §6) that a launcher pod's GPU requests are exactly what its claims
+cover."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cozystack_gpu import keys
+from cozystack_gpu.objects import launcher
+from cozystack_gpu.objects.launcher import PodRole
+from cozystack_gpu.objects.translate import VMIState
+
+GPU = "nvidia.com/X"
+
+
+def _pod(
+    name: str,
+    uid: str | None = "u1",
+    created: str = "2026-12-01T10:00:01Z",
+    phase: str = "Running",
+    labels: dict[str, str] | None = None,
+    containers: list[dict[str, Any]] | None = None,
+    init: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    refs = (
+        []
+        if uid is None
+        else [
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "name": "vm",
+                "uid": uid,
+            }
+        ]
+    )
+    spec: dict[str, Any] = {
+        "nodeName": "n1",
+        "containers": containers
+        if containers is not None
+        else [{"name": "compute", "resources": {"limits": {GPU: "1"}}}],
+    }
+    if init:
+        spec["initContainers"] = init
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "t",
+            "creationTimestamp": created,
+            "labels": {keys.LABEL_CLAIMS_REF: "true", **(labels or {})},
+            "ownerReferences": refs,
+        },
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def _vmi(uid: str = "u1", phase: str = "Running", uses_claims: bool = True) -> VMIState:
+    return VMIState("t", "vm", phase, "n1", ("c",), uses_claims=uses_claims, uid=uid)
+
+
+def test_only_the_oldest_live_pod_of_a_live_claims_vmi_is_covered() -> None:
+    real = _pod("virt-launcher-vm-abcde")
+    forged = _pod("aaa-forged", created="2026-12-01T10:00:05Z")
+    pods = [forged, real]
+    assert launcher.pod_role(real, _vmi(), pods) is PodRole.COVERED
+    assert launcher.pod_role(forged, _vmi(), pods) is PodRole.RAW, "a second pod of the VMI"
+    target = _pod(
+        "target", created="2026-12-01T09:00:00Z", labels={keys.LABEL_MIGRATION_JOB_UID: "m"}
+    )
+    assert launcher.launcher_of([target, real], "u1") is real, "a migration target is not it"
+    ended = _pod("old", created="2026-12-01T09:00:00Z", phase="Succeeded")
+    assert launcher.launcher_of([ended, real], "u1") is real, "a final pod is not it"
+
+
+def test_a_pod_is_raw_unless_its_vmi_is_live_has_its_uid_and_uses_claims() -> None:
+    pod = _pod("p")
+    assert launcher.pod_role(pod, None, [pod]) is PodRole.RAW, "no such VMI"
+    assert launcher.pod_role(pod, _vmi(uid="u2"), [pod]) is PodRole.RAW, "another uid"
+    assert launcher.pod_role(pod, _vmi(phase="Failed"), [pod]) is PodRole.RAW, "a final VMI"
+    assert launcher.pod_role(pod, _vmi(uses_claims=False), [pod]) is PodRole.RAW
+    unowned = _pod("p", uid=None)
+    assert launcher.pod_role(unowned, _vmi(), [unowned]) is PodRole.RAW, "the label alone"
+    assert launcher.pod_role(pod, _vmi(phase="Failed"), [pod], "p") is PodRole.FINISHING
+    assert launcher.pod_role(pod, _vmi(phase="Failed"), [pod], "other") is PodRole.RAW
+
+
+_pods = st.lists(
+    st.builds(
+        _pod,
+        name=st.sampled_from(["a", "b", "c", "d", "e"]),
+        uid=st.sampled_from(["u1", "u2", None]),
+        created=st.sampled_from(["2026-12-01T10:00:01Z", "2026-12-01T10:00:02Z"]),
+        phase=st.sampled_from(["Pending", "Running", "Succeeded"]),
+        labels=st.sampled_from([{}, {keys.LABEL_MIGRATION_JOB_UID: "m"}]),
+    ),
+    max_size=6,
+    unique_by=lambda p: p["metadata"]["name"],
+)
+
+
+@given(pods=_pods, vmi=st.builds(_vmi, uid=st.sampled_from(["u1", "u2"])), seed=st.randoms())
+def test_at_most_one_pod_of_a_vmi_is_covered_whatever_the_order(
+    pods: list[dict[str, Any]], vmi: VMIState, seed: Any
+) -> None:
+    covered = [
+        p["metadata"]["name"] for p in pods if launcher.pod_role(p, vmi, pods) is PodRole.COVERED
+    ]
+    shuffled = list(pods)
+    seed.shuffle(shuffled)
+    again = [
+        p["metadata"]["name"]
+        for p in pods
+        if launcher.pod_role(p, vmi, shuffled) is PodRole.COVERED
+    ]
+    assert len(covered) <= 1
+    assert covered == again, "the choice does not depend on the order pods are seen in"
+
+
+def test_requests_that_match_the_claims_pass_the_gate() -> None:
+    pod = _pod(
+        "p", containers=[{"name": "compute", "resources": {"limits": {GPU: "2", "cpu": "1"}}}]
+    )
+    assert launcher.request_mismatch(pod, frozenset({GPU}), {GPU: 2}) is None
+
+
+def test_a_network_request_beyond_the_claims_is_named_with_its_container() -> None:
+    pod = _pod(
+        "p",
+        containers=[
+            {"name": "compute", "resources": {"limits": {GPU: "2"}, "requests": {GPU: "2"}}},
+            {"name": "hook", "resources": {"limits": {"nvidia.com/Y": "1"}}},
+        ],
+        init=[{"name": "setup", "resources": {"requests": {GPU: "1"}}}],
+    )
+    why = launcher.request_mismatch(pod, frozenset({GPU, "nvidia.com/Y"}), {GPU: 1})
+    assert why is not None
+    assert f"2 unit(s) of {GPU} beyond its claims, which cover 1" in why
+    assert "init container setup: 1" in why and "container compute: 2" in why
+    assert "1 unit(s) of nvidia.com/Y beyond its claims, which cover 0 (container hook: 1)" in why
+    assert keys.ANNOTATION_NAD_RESOURCE in why
+    # A name that is no GPU name (a NIC VF next to the GPU) is none of the gate's business.
+    assert launcher.request_mismatch(pod, frozenset({"nvidia.com/Z"}), {}) is None
+
+
+def test_requests_short_of_the_claims_keep_the_pod_gated_too() -> None:
+    pod = _pod("p")
+    why = launcher.request_mismatch(pod, frozenset({GPU}), {GPU: 2})
+    assert why is not None and f"1 unit(s) of {GPU} fewer than its claims cover (2" in why
