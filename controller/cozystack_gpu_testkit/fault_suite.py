@@ -38,7 +38,7 @@ from cozystack_gpu_testkit import cluster, faults
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.invariants import NOT_JUDGED, Invariants, Violation
 from cozystack_gpu_testkit.load import Load, LoadSettings, World, build_world
-from cozystack_gpu_testkit.objects import WORKLOAD_CRD, Kube, wait_for
+from cozystack_gpu_testkit.objects import NAD_CRD, WORKLOAD_CRD, Kube, wait_for
 from cozystack_gpu_testkit.pki import CertificateAuthority
 from cozystack_gpu_testkit.ports import free_port
 from cozystack_gpu_testkit.proxy import Proxy
@@ -136,6 +136,7 @@ class Run:
             *sorted(cluster.CRD_DIR.glob("*.yaml")),
             WORKLOAD_CRD,
             cluster.kubevirt_crds(bin_dir),
+            NAD_CRD,
         ]
         self.plane = cluster.start(
             bin_dir=bin_dir,

@@ -15,7 +15,9 @@ GPUNodes. Each step is one random operation, drawn from the seed:
   without annotation, annotation without label) with raw GPU entries; cut a running VM's
   template claim from its VMI (owner references removed, a second owner added, the
   template label or the VMI-uid annotation removed); make a pod of their own that forges a
-  running VMI's launcher pod (its label, its owner reference, a GPU request);
+  running VMI's launcher pod (its label, its owner reference, a GPU request); create VMs
+  with a claim template and a multus network whose NetworkAttachmentDefinition names the
+  GPU resource (KubeVirt then asks a unit more in the launcher pod);
 - nodes: NotReady and back, cordoned and back, short of memory (the scheduler refuses the
   launcher pod for a non-GPU resource) or of one GPU (kubelet reports fewer), and back;
 - the controller: the leader SIGKILLed and started again (the webhooks' Service then
@@ -39,7 +41,8 @@ All of it sits behind ``KubeVirt``, the small interface the driver sees.
 (``RAW_ADMITTED``: a VMI virt-controller made from an odd-annotation VM, or its launcher
 pod, admitted with raw GPU entries under ``forbidden``; ``STRANDED``: a started VM whose
 pinned pod a Ready, schedulable node refused, left as it is; ``FORGED_ADMITTED``: a
-tenant's own pod requesting a GPU admitted under ``forbidden``; ``ORPHANED``, once settled:
+tenant's own pod requesting a GPU admitted under ``forbidden``; ``SURPLUS``: a launcher pod
+ungated while it asks more GPU units than its VMI's claims hold; ``ORPHANED``, once settled:
 a template claim whose VMI, by the uid it was made for, is gone). Every operation, what
 KubeVirt did and what the kit played, with its outcome, is logged with the seed, so a
 violation comes with the operations that touched its subject.
@@ -64,7 +67,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.objects import translate
+from cozystack_gpu.objects import launcher, translate
 from cozystack_gpu_testkit import cluster, kubevirt
 from cozystack_gpu_testkit.fault_suite import Run, Service, WebhookSetup
 from cozystack_gpu_testkit.invariants import Invariants, Violation, required_pins
@@ -81,6 +84,10 @@ RAW_ADMITTED = "raw GPU entries admitted without claims"
 STRANDED = "started VM stranded at a refusing node"
 ORPHANED = "template claim outlived the VMI it was made for"
 FORGED_ADMITTED = "a tenant's own pod admitted with a GPU under forbidden"
+SURPLUS = "launcher pod ungated asking more GPUs than its claims cover"
+# The NetworkAttachmentDefinition of each tenant whose k8s.v1.cni.cncf.io/resourceName is the
+# world's GPU resource: a VM on it would get a launcher pod asking a unit beyond its claims.
+GPU_NAD = "gpu-net"
 REPORT_EVERY_S = 60.0
 # Odd claims-annotation shapes (None: no annotation) and whether the reference label goes
 # with them; each VM made of one also carries a raw GPU entry of its own.
@@ -528,6 +535,7 @@ class FuzzSettings:
             "odd_vm": 1.0,
             "cut_owner": 1.2,
             "forged_pod": 0.8,
+            "nad_vm": 0.8,
             "node_not_ready": 0.7,
             "node_cordon": 0.7,
             "node_memory_short": 0.7,
@@ -596,6 +604,8 @@ class LifecycleFuzz:
         self.outcomes: dict[str, int] = {}
         self.stranded: dict[str, str] = {}  # pod -> violation
         self.forged: list[tuple[str, int]] = []  # (violation, journal index)
+        self.surplus: dict[str, str] = {}  # pod -> violation
+        self._nads: set[tuple[str, str]] = set()
         self._seq = 0
         self._reported = time.monotonic()
 
@@ -684,6 +694,7 @@ class LifecycleFuzz:
                         self._note(checker, first_seen)
                         if _op % 5 == 4:
                             self._look_stranded(run, first_seen)
+                            self._look_surplus(run, first_seen)
                         time.sleep(self.rng.uniform(*settings.pause_s))
                     final = self._settle(run, checker, first_seen)
             finally:
@@ -697,6 +708,7 @@ class LifecycleFuzz:
                 violations.append(text)
                 first_seen.setdefault(text, index)
             violations += list(self.stranded.values())
+            violations += list(self.surplus.values())
             for text, index in self.forged:
                 violations.append(text)
                 first_seen.setdefault(text, index)
@@ -764,6 +776,7 @@ class LifecycleFuzz:
             self._tick(run)
             self._note(checker, first_seen)
             self._look_stranded(run, first_seen)
+            self._look_surplus(run, first_seen)
             try:
                 final = checker.settled() + self._orphans(run)
             except Exception as exc:
@@ -772,6 +785,45 @@ class LifecycleFuzz:
             if (not final and now >= calm_until) or now >= deadline:
                 return final
             time.sleep(1.0)
+
+    def _look_surplus(self, run: Run, first_seen: dict[str, int]) -> None:
+        """An ungated launcher pod of a VMI with claims asks, over all its containers, no
+        more units of the GPU resource than the claims attached to that VMI hold: KubeVirt
+        adds a request per network whose definition names a resource, and the gate must
+        keep such a pod gated (SPEC §6)."""
+        resource = run.world.resource
+        try:
+            pods = run.kube.core.list_pod_for_all_namespaces(
+                label_selector=f"kubevirt.io=virt-launcher,{keys.LABEL_CLAIMS_REF}"
+            )
+        except Exception as exc:  # the server away: the next look
+            log.debug("surplus look: %s", exc)
+            return
+        for pod in pods.items:
+            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            gates = [g.name for g in pod.spec.scheduling_gates or []]
+            if key in self.surplus or keys.SCHEDULING_GATE_CLAIMS in gates:
+                continue
+            owner = next((o for o in pod.metadata.owner_references or [] if o.uid), None)
+            if owner is None:
+                continue
+            asked = launcher.extended_requests(run.api.sanitize_for_serialization(pod)).get(
+                resource, 0
+            )
+            held = sum(
+                int((c.get("spec") or {}).get("count") or 1)
+                for (namespace, _name), c in self.claims.items()
+                if namespace == pod.metadata.namespace
+                and (c.get("status") or {}).get("attachedToUID") == owner.uid
+            )
+            if asked > held:
+                text = (
+                    f"{SURPLUS}: {key} (VMI {owner.name}) asks {asked} x {resource}, its "
+                    f"claims hold {held}"
+                )
+                self.surplus[key] = text
+                first_seen.setdefault(text, self.journal.last)
+                log.error("seed %d: %s", self.settings.seed, text)
 
     def _orphans(self, run: Run) -> list[Violation]:
         """Template claims whose VMI, by the uid they were made for, is gone: SPEC §7 says
@@ -1211,6 +1263,39 @@ class LifecycleFuzz:
         log.error("seed %d: %s", self.settings.seed, text)
         run.kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         return args, "ADMITTED", {vm_name, name}
+
+    def _op_nad_vm(self, run: Run) -> tuple[str, str, set[str]]:
+        """A VM with a claim template and a multus network on the tenant's definition that
+        names the GPU resource: KubeVirt renders a launcher pod asking a unit more than the
+        template. The VMI webhook refuses it (or, the definition unread, the gate keeps the
+        pod gated); a pod that starts so is ``SURPLUS``."""
+        world = run.world
+        namespace = self.rng.choice(world.tenants)
+        if (namespace, GPU_NAD) not in self._nads:
+            run.kube.nad(namespace, GPU_NAD, world.resource)
+            self._nads.add((namespace, GPU_NAD))
+        template = {"name": "gpu", "class": self.rng.choice(world.classes), "count": 1}
+        vm = FuzzVM(namespace, self._next("net"), (), (template,))
+        request = {keys.ANNOTATION_MEMBER_TEMPLATES: [template]}
+        labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+        body = self._vm_body(vm, labels, {keys.ANNOTATION_CLAIMS: json.dumps(request)}, [])
+        spec = body["spec"]["template"]["spec"]
+        spec["domain"]["devices"]["interfaces"] = [
+            {"name": "default", "masquerade": {}},
+            {"name": "gpu-net", "bridge": {}},
+        ]
+        spec["networks"] = [
+            {"name": "default", "pod": {}},
+            {"name": "gpu-net", "multus": {"networkName": GPU_NAD}},
+        ]
+        names = {vm.name, self._template_name(vm, template)}
+        args = f"{namespace}/{vm.name} template {template['class']} x1, network on {GPU_NAD}"
+        try:
+            self._vm_call(self.tenant.custom.create_namespaced_custom_object, namespace, body)
+        except ApiException as exc:
+            return args, f"refused: {_message(exc)}", names
+        self.vms[(namespace, vm.name)] = vm
+        return args, "created", names
 
     def _op_squat_template(self, run: Run) -> tuple[str, str, set[str]]:
         """The tenant pre-creates a claim named like a VM's template claim, with a bigger
