@@ -786,6 +786,12 @@ class LifecycleFuzz:
                 return final
             time.sleep(1.0)
 
+    def _found(self, rule: dict[str, str], key: str, text: str, first_seen: dict[str, int]) -> None:
+        """A violation of one of the driver's own look rules, once per subject."""
+        rule[key] = text
+        first_seen.setdefault(text, self.journal.last)
+        log.error("seed %d: %s", self.settings.seed, text)
+
     def _look_surplus(self, run: Run, first_seen: dict[str, int]) -> None:
         """An ungated launcher pod of a VMI with claims asks, over all its containers, no
         more units of the GPU resource than the claims attached to that VMI hold: KubeVirt
@@ -821,9 +827,7 @@ class LifecycleFuzz:
                     f"{SURPLUS}: {key} (VMI {owner.name}) asks {asked} x {resource}, its "
                     f"claims hold {held}"
                 )
-                self.surplus[key] = text
-                first_seen.setdefault(text, self.journal.last)
-                log.error("seed %d: %s", self.settings.seed, text)
+                self._found(self.surplus, key, text, first_seen)
 
     def _orphans(self, run: Run) -> list[Violation]:
         """Template claims whose VMI, by the uid they were made for, is gone: SPEC §7 says
@@ -891,9 +895,7 @@ class LifecycleFuzz:
                     f"{STRANDED}: {key}: VMI {owner.name if owner else '?'} pinned to "
                     f"{pins[0]} (Ready, schedulable), refused since {since}: {refused.message}"
                 )
-                self.stranded[key] = text
-                first_seen.setdefault(text, self.journal.last)
-                log.error("seed %d: %s", self.settings.seed, text)
+                self._found(self.stranded, key, text, first_seen)
 
     def _finding(self, violation: str, first: int) -> Finding:
         names = set()
