@@ -802,6 +802,13 @@ class LifecycleFuzz:
             pods = run.kube.core.list_pod_for_all_namespaces(
                 label_selector=f"kubevirt.io=virt-launcher,{keys.LABEL_CLAIMS_REF}"
             )
+            # Read after the pods: a pod's claims exist before the gate lets it go.
+            claims = (
+                run.kube.custom.list_cluster_custom_object(
+                    keys.GROUP, keys.VERSION, keys.PLURAL_CLAIMS, _request_timeout=TIMEOUT
+                ).get("items")
+                or []
+            )
         except Exception as exc:  # the server away: the next look
             log.debug("surplus look: %s", exc)
             return
@@ -816,11 +823,19 @@ class LifecycleFuzz:
             asked = launcher.extended_requests(run.api.sanitize_for_serialization(pod)).get(
                 resource, 0
             )
+            # Its claims: held ones attached to it, and the template claims made for it
+            # (attached by the leader a moment after the start).
             held = sum(
                 int((c.get("spec") or {}).get("count") or 1)
-                for (namespace, _name), c in self.claims.items()
-                if namespace == pod.metadata.namespace
-                and (c.get("status") or {}).get("attachedToUID") == owner.uid
+                for c in claims
+                if _meta(c)["namespace"] == pod.metadata.namespace
+                and (
+                    (c.get("status") or {}).get("attachedToUID") == owner.uid
+                    or (
+                        translate.made_by_template(c)
+                        and translate.template_made_for(c) == owner.uid
+                    )
+                )
             )
             if asked > held:
                 text = (
