@@ -14,7 +14,9 @@ At every look (``check``), whatever is going on:
   unless a decision moved it (its Bound condition says Moved, Rebound or Reattached: the
   planner's packing moves unattached holds); a new node shown as a fresh "Bound" is a
   second bind;
-- no attached claim moves: while attached to one VMI it stays on one node;
+- no attached claim moves: while attached to one VMI it stays on the node that VMI was
+  placed on (its launcher pod bound there, or the VMI reporting it); a starting VM's set may
+  be placed again before that (a cordon between the bind and the pin);
 - no started launcher pod runs elsewhere than its claims;
 - the start path (``_start_path``): every running VMI's claims (the held ones its claims
   annotation names, and its template claims) are Attached to it, by name and, where the
@@ -215,6 +217,9 @@ class _Seen:
     node: str | None = None
     bound_at: str | None = None
     attached: tuple[str, str] | None = None  # (VMI, node) while attached
+    # The attachment's VMI was seen placed on its node (its launcher pod bound there, or
+    # the VMI reporting the node): from then on the VM may run there.
+    started: bool = False
 
 
 class Invariants:
@@ -456,7 +461,21 @@ class Invariants:
                     yield Violation(BUDGET, f"{tenant}/{key}", detail)
 
     def _history_rules(self, state: State) -> Iterator[Violation]:
+        placed = {
+            (str((_owner_ref(pod, "VirtualMachineInstance") or {}).get("uid")), node)
+            for pod in state.pods
+            if (node := (pod.get("spec") or {}).get("nodeName"))
+        } | {
+            (str(_meta(vmi).get("uid")), node)
+            for vmi in state.vmis
+            if (node := (vmi.get("status") or {}).get("nodeName"))
+        }
         for claim in state.claims:
+            status = claim.get("status") or {}
+            seen = self._history.get(str(_meta(claim).get("uid")))
+            uid, node = status.get(ATTACHED_TO_UID), status.get("nodeName")
+            if seen is not None and seen.attached is not None and (str(uid), node) in placed:
+                seen.started = seen.started or seen.attached[1] == node
             yield from self._version(claim)
 
     def _version(self, claim: Obj) -> Iterator[Violation]:
@@ -493,12 +512,17 @@ class Invariants:
             vmi = f"{vmi} (uid {status[ATTACHED_TO_UID]})"
         if phase == "Attached" and vmi and node:
             if seen.attached is None or seen.attached[0] != vmi:
-                seen.attached = (str(vmi), str(node))
-            elif seen.attached[1] != node:
+                seen.attached, seen.started = (str(vmi), str(node)), False
+            elif seen.attached[1] != node and seen.started:
                 detail = f"attached to VMI {vmi} on {seen.attached[1]}, now on {node}"
                 yield Violation(ATTACHED_MOVED, seen.name, detail)
+            elif seen.attached[1] != node:
+                # A starting VM's set placed again before its VMI was placed anywhere (a
+                # cordon between the bind and the pin): the gate's to do, nothing ran there.
+                seen.attached = (str(vmi), str(node))
+                self.moves += 1
         elif not vmi:
-            seen.attached = None
+            seen.attached, seen.started = None, False
 
     def _pods(self, state: State) -> Iterator[Violation]:
         """A launcher pod the scheduler placed sits where its VMI's claims are."""

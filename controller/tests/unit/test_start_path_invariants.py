@@ -4,6 +4,7 @@ claims record the attached VMI's uid."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 from typing import Any
@@ -12,6 +13,7 @@ from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.invariants import (
+    ATTACHED_MOVED,
     FOREIGN_TEMPLATE,
     NOT_ATTACHED,
     SERVES_TWO,
@@ -207,3 +209,32 @@ def test_a_running_vms_template_claim_moved_to_another_node_is_flagged_at_once()
     moved = claim("vm-gpu", phase="Bound", attached=None, template_of="u1")
     moved["status"]["nodeName"] = "n2"
     assert (NOT_ATTACHED, f"{NS}/vm-gpu") in rules(state([running], [moved]))
+
+
+def test_an_attached_claim_moves_only_before_its_vmi_was_placed_on_its_node() -> None:
+    """A starting VM's template claim is Attached in the write that binds it, before the
+    pin: a cordon between the two lets the gate place the set again elsewhere, and nothing
+    ran on the first node. Once the VMI's launcher pod was bound there, a move is the
+    broken promise."""
+    starting = vmi(uid="u1")
+    starting["status"] = {"phase": "Scheduling"}
+    gated = pod(starting, pin=None, gated=True)
+    checker = Invariants(client.ApiClient())
+
+    def look(obj: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
+        found = checker.check(state([starting], [obj], pods=pods))
+        return {v.rule for v in found}
+
+    first = claim("vm-gpu", uid="u1", template_of="u1")
+    assert ATTACHED_MOVED not in look(first, [gated])
+    elsewhere = copy.deepcopy(first)
+    elsewhere["status"]["nodeName"] = "n3"
+    assert ATTACHED_MOVED not in look(elsewhere, [gated]), "a set placed again before its start"
+
+    # Now its pod is bound on n3, where the claim is: moving it again breaks the rule.
+    bound = pod(starting)
+    bound["spec"]["nodeName"] = "n3"
+    assert ATTACHED_MOVED not in look(elsewhere, [bound])
+    back = copy.deepcopy(elsewhere)
+    back["status"]["nodeName"] = NODE
+    assert ATTACHED_MOVED in look(back, [bound])
