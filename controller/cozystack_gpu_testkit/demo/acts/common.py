@@ -24,12 +24,8 @@ from cozystack_gpu_testkit.demo.hosts import Kubelets
 from cozystack_gpu_testkit.objects import Kube, unless
 
 ANSIBLE_DIR = Path(__file__).parent.with_name("ansible")  # demo/ansible, beside acts/
-
-
 # Seconds a playbook may take before the demo gives up on it (it takes about 20 on 2 cores).
 ANSIBLE_TIMEOUT = 600
-
-
 # The demo's chart values: what a hoster would set for this cluster.
 CHART_VALUES: dict[str, Any] = {
     # No Cozystack here: the chart brings the Workload CRD of the usage records.
@@ -46,24 +42,14 @@ CHART_VALUES: dict[str, Any] = {
         }
     },
 }
-
-
 # Act 6's `helm upgrade`: a setting the hoster changes, so the controller's pod template
 # changes (an env var) and the local kubelet rolls the pod.
 UPGRADE_SETTING = ("rejectionTTLSeconds", "GPU_REJECTION_TTL", 300)
-
-
 # Act 6's tenant: a user with the built-in admin role in its namespace (as Cozystack grants a
 # tenant's users), and its VM whose claim template asks for more than its budget leaves.
 TENANT_USER = "alice"
-
-
 BURST = "burst"
-
-
 BURST_TEMPLATE = {"name": "gpu", "class": "h100", "count": 1}
-
-
 TENANTS = (
     # (namespace, ancestors, budget keys, vGPU entitlement)
     ("tenant-root", (), {keys.QUOTA_KEY_TOTAL: 12}, False),
@@ -75,14 +61,8 @@ TENANTS = (
         True,
     ),
 )
-
-
 RESEARCH = "tenant-acme-research"
-
-
 ACME = "tenant-acme"
-
-
 ORDERS = (
     # (namespace, claim, class, count)
     (RESEARCH, "train", "h100", 2),
@@ -90,25 +70,13 @@ ORDERS = (
     (RESEARCH, "spare", "l40s-24c", 1),
     (ACME, "render", "l40s", 1),
 )
-
-
 VM = "desk-vm"
-
-
 # The licensed vGPU class and the hoster's token Secret it names (ansible/inventory.yml).
 LICENSED = "l40s-24c"
-
-
 TOKEN_SECRET = "nls-token"
-
-
 # A stand-in: a real one is the .tok file from the NVIDIA Licensing Portal.
 STAND_IN_TOKEN = b"stand-in client configuration token (a real one comes from NVIDIA)\n"
-
-
 FREE_AT_START = {"h100": 4, "l40s": 1, "l40s-24c": 6}
-
-
 FREE_AT_END = {"h100": 2, "l40s": 0, "l40s-24c": 4}
 
 
@@ -261,6 +229,9 @@ class Demo:
         )
         warnings = [ln for ln in text.splitlines() if ln.startswith("[WARNING]")]
         return [" ".join(line.split()) for line in recap if line.strip()] + warnings
+
+
+# --- reads more than one act checks with: webhooks, Lease, GPUNodes, claims, the VMI ----------
 
 
 def _webhook_probe(demo: Demo) -> str | None:

@@ -153,8 +153,6 @@ def act_day_two(demo: Demo) -> None:
 # platform has no virt-operator to install it, so the demo installs its equivalent when the
 # cluster lacks it.
 KUBEVIRT_ADMIN = "kubevirt.io:admin"
-
-
 DEMO_KUBEVIRT_ADMIN = platform.DEMO_KUBEVIRT_ADMIN
 
 
