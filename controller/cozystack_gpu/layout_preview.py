@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -286,63 +286,14 @@ def consequences(
     classes = sorted(before.snapshot.classes(), key=lambda k: k.name)
     units_before = _class_units(before.node_info(node_name), classes)
     units_after = _class_units(after.node_info(node_name), classes)
-    class_report = [
-        {
-            "class": k.name,
-            "resource": k.resource_name,
-            "before": units_before[k.name],
-            "after": units_after[k.name],
-        }
-        for k in classes
-        if units_before[k.name] or units_after[k.name]
-    ]
     losing = {k.name for k in classes if units_after[k.name] < units_before[k.name]}
-
-    def feeds(devices: Mapping[str, int], units: Mapping[str, int]) -> list[str]:
-        return sorted(k.name for k in classes if k.resource_name in devices and units[k.name])
-
-    function_report = [
-        {
-            "address": f["address"],
-            "gpu": f.get("gpu"),
-            "before": dict((f.get("before") or {}).get("devices") or {}),
-            "after": dict((f.get("after") or {}).get("devices") or {}),
-            "classes_before": feeds((f.get("before") or {}).get("devices") or {}, units_before),
-            "classes_after": feeds((f.get("after") or {}).get("devices") or {}, units_after),
-            "users": list(f.get("users") or []),
-        }
-        for f in functions
-        if f.get("changed")
-    ]
-
-    already = {tuple(a.claims) for a in _leaving(before, node_name, now)}
-    affected = [
-        _set_entry(after, a)
-        for a in _leaving(after, node_name, now)
-        if tuple(a.claims) not in already
-    ]
-    attached = []
-    for claim in _claims_on(objects, node_name):
-        status = claim.get("status") or {}
-        vmi = status.get("attachedTo")
-        if not vmi or status.get("phase") not in ("Attached", "Bound"):
-            continue
-        klass = str((claim.get("spec") or {}).get("class", ""))
-        namespace = (claim.get("metadata") or {}).get("namespace", "")
-        attached.append(
-            {
-                "claim": _key(claim),
-                "class": klass,
-                "vmi": f"{namespace}/{vmi}",
-                "phase": status.get("phase"),
-                "affected": klass in losing,
-            }
-        )
+    affected = _affected_report(before, after, node_name, now)
+    attached = _attached_report(objects, node_name, losing)
     holds: dict[str, Any] = {
         "known": True,
         "node": node_name,
-        "classes": class_report,
-        "functions": function_report,
+        "classes": _class_report(classes, units_before, units_after),
+        "functions": _function_report(functions, classes, units_before, units_after),
         "affected": affected,
         "attached": attached,
         "drain": bool(affected) or any(a["affected"] for a in attached),
@@ -362,17 +313,109 @@ def consequences(
             now,
             {"Node": _with_state(node, keys.LayoutState.PENDING.value)},
         )
-        drain = plan(pending.snapshot, now)
-        # The node once applied, after the drain: can it take a Lost set back?
-        for updated in drain.updates.values():
-            after.snapshot.upsert_claim(updated)
-        for action in _leaving(pending, node_name, now, drain):
-            entry = _set_entry(pending, action)
-            if action.step == Step.MOVE:
-                holds["moves"].append(entry)
-                continue
-            lost = [c for k in action.claims if (c := after.snapshot.claim(k)) is not None]
-            back = after.snapshot.place_set(lost, now, nodes=(node_name,)) if lost else None
-            entry["fits_after"] = isinstance(back, Placement)
-            holds["lost"].append(entry)
+        holds["moves"], holds["lost"] = _drain_report(pending, after, node_name, now)
     return holds
+
+
+def _class_report(
+    classes: Sequence[ClassInfo], units_before: Mapping[str, int], units_after: Mapping[str, int]
+) -> list[dict[str, Any]]:
+    """Per class on the node, its units before and after (classes with none either way
+    left out)."""
+    return [
+        {
+            "class": k.name,
+            "resource": k.resource_name,
+            "before": units_before[k.name],
+            "after": units_after[k.name],
+        }
+        for k in classes
+        if units_before[k.name] or units_after[k.name]
+    ]
+
+
+def _function_report(
+    functions: Sequence[Mapping[str, Any]],
+    classes: Sequence[ClassInfo],
+    units_before: Mapping[str, int],
+    units_after: Mapping[str, int],
+) -> list[dict[str, Any]]:
+    """Per changed function, its devices and the classes they feed, before and after."""
+
+    def feeds(devices: Mapping[str, int], units: Mapping[str, int]) -> list[str]:
+        return sorted(k.name for k in classes if k.resource_name in devices and units[k.name])
+
+    return [
+        {
+            "address": f["address"],
+            "gpu": f.get("gpu"),
+            "before": dict((f.get("before") or {}).get("devices") or {}),
+            "after": dict((f.get("after") or {}).get("devices") or {}),
+            "classes_before": feeds((f.get("before") or {}).get("devices") or {}, units_before),
+            "classes_after": feeds((f.get("after") or {}).get("devices") or {}, units_after),
+            "users": list(f.get("users") or []),
+        }
+        for f in functions
+        if f.get("changed")
+    ]
+
+
+def _affected_report(
+    before: _World, after: _World, node_name: str, now: float
+) -> list[dict[str, Any]]:
+    """The sets the change itself pushes off the node: those the binder's pass moves off it
+    as it will be, less those it moves off already."""
+    already = {tuple(a.claims) for a in _leaving(before, node_name, now)}
+    return [
+        _set_entry(after, a)
+        for a in _leaving(after, node_name, now)
+        if tuple(a.claims) not in already
+    ]
+
+
+def _attached_report(
+    objects: Listing, node_name: str, losing: Collection[str]
+) -> list[dict[str, Any]]:
+    """Claims on the node attached to a VMI, ``affected`` when their class loses units."""
+    attached = []
+    for claim in _claims_on(objects, node_name):
+        status = claim.get("status") or {}
+        vmi = status.get("attachedTo")
+        if not vmi or status.get("phase") not in ("Attached", "Bound"):
+            continue
+        klass = str((claim.get("spec") or {}).get("class", ""))
+        namespace = (claim.get("metadata") or {}).get("namespace", "")
+        attached.append(
+            {
+                "claim": _key(claim),
+                "class": klass,
+                "vmi": f"{namespace}/{vmi}",
+                "phase": status.get("phase"),
+                "affected": klass in losing,
+            }
+        )
+    return attached
+
+
+def _drain_report(
+    pending: _World, after: _World, node_name: str, now: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Where the drain (the binder's pass with the node pending) moves the node's sets, and
+    which go Lost, each with ``fits_after``: whether the node once changed takes it back.
+    Records the drain's updates in ``after``."""
+    moves: list[dict[str, Any]] = []
+    lost_sets: list[dict[str, Any]] = []
+    drain = plan(pending.snapshot, now)
+    # The node once applied, after the drain: can it take a Lost set back?
+    for updated in drain.updates.values():
+        after.snapshot.upsert_claim(updated)
+    for action in _leaving(pending, node_name, now, drain):
+        entry = _set_entry(pending, action)
+        if action.step == Step.MOVE:
+            moves.append(entry)
+            continue
+        lost = [c for k in action.claims if (c := after.snapshot.claim(k)) is not None]
+        back = after.snapshot.place_set(lost, now, nodes=(node_name,)) if lost else None
+        entry["fits_after"] = isinstance(back, Placement)
+        lost_sets.append(entry)
+    return moves, lost_sets

@@ -6,8 +6,8 @@ scan); per node and resource name, the units claims hold; per tenant and budget 
 units its subtree uses (the budget ``Ledger``). Every ``upsert_*``/``remove_*`` call keeps
 them exact, so a decision costs the same at 500 nodes as at 50,000, and ``Snapshot.build`` of
 the same objects gives the same indexes (the model tests compare an incremental snapshot with
-a rebuild through the public reads). Node search is in ``search``, budget arithmetic in
-``budgets``.
+a rebuild through the public reads). Node search is in ``search``, set placement in
+``set_placement``, budget arithmetic in ``budgets``.
 
 Nothing here does I/O or reads a clock: ``now`` is passed to every call whose answer depends
 on time (rejected-node expiry).
@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from cozystack_gpu.keys import OnCordon, Phase, effective_max_count
+from cozystack_gpu.keys import Phase, effective_max_count
+from cozystack_gpu.model import set_placement
 from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.budgets import Charge, Ledger, bump
 from cozystack_gpu.model.eligibility import (
@@ -30,8 +31,6 @@ from cozystack_gpu.model.eligibility import (
     takes_new,
     why_not_placeable,
 )
-from cozystack_gpu.model.search import find_node
-from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape
 from cozystack_gpu.model.types import (
     ClaimInfo,
     ClaimKey,
@@ -40,9 +39,6 @@ from cozystack_gpu.model.types import (
     Decision,
     NamespaceInfo,
     NodeInfo,
-    Placement,
-    Reason,
-    Refusal,
 )
 
 
@@ -427,58 +423,9 @@ class Snapshot:
         whose agent report is stale starts there too: its holds stay, and nothing new is
         placed there. ``exclude`` leaves out nodes that refused the VM's launcher pod before
         (its template claims' rejections die with their VMI; the binder keeps them against
-        the VM).
+        the VM). The rules are in ``set_placement``.
         """
-        pinned = self._pinned_node(claims, now, nodes)
-        if pinned is not None and pinned in exclude:
-            pinned = None
-        if pinned is None:
-            return self.place_set(claims, now, nodes, exclude=exclude)
-        if not self._nodes[pinned].unschedulable:
-            return Placement(pinned)  # only stale: the set keeps its node
-        if any(self._classes[c.class_name].on_cordon is OnCordon.STAY for c in claims):
-            return Placement(pinned)
-        elsewhere = self.place_set(claims, now, nodes, exclude=(pinned, *exclude))
-        return Placement(pinned) if isinstance(elsewhere, Refusal) else elsewhere
-
-    def _pinned_node(
-        self, claims: Sequence[ClaimInfo], now: float, nodes: Collection[str] | None
-    ) -> str | None:
-        """The cordoned (or stale) node a set is held on whole, when nothing but the cordon
-        (and, under a Stay class, NotReady) or a stale inventory says it should leave, and
-        its other members fit there (on a stale node: the set has no member to add)."""
-        held = {c.node for c in claims if c.holds_node and c.node is not None}
-        if len(held) != 1 or any(c.counts_budget and not c.holds_node for c in claims):
-            return None
-        name = next(iter(held))
-        node = self._nodes.get(name)
-        if node is None or not (node.unschedulable or node.inventory_stale):
-            return None
-        if nodes is not None and name not in nodes:
-            return None
-        if any(r.node == name and r.until > now for c in claims for r in c.rejected):
-            return None
-        classes = [self._classes.get(c.class_name) for c in claims]
-        if any(k is None or self.why_not_placeable(node, k) is not None for k in classes):
-            return None
-        stay = any(k is not None and k.on_cordon is OnCordon.STAY for k in classes)
-        if not node.ready and not (node.unschedulable and stay):
-            return None
-        if self.over_capacity(name):
-            return None  # the node lost capacity: every pin gives way
-        need: dict[str, int] = {}
-        for claim in claims:
-            if not claim.holds_node:
-                res = self._classes[claim.class_name].resource_name
-                need[res] = need.get(res, 0) + claim.count
-        if need and node.inventory_stale:
-            return None  # a stale node takes no new units
-        if any(self.free(name, res) < units for res, units in need.items()):
-            return None
-        waiting = [c for c in claims if not c.counts_budget]
-        if self._ledger.check_orders(waiting, self._classes) is not None:
-            return None
-        return name
+        return set_placement.place_for_start(self, claims, now, nodes, exclude)
 
     def place_set(
         self,
@@ -493,41 +440,10 @@ class Snapshot:
         ``exclude`` leaves nodes out (a set that must leave its node). Rejected nodes of any
         claim in the set are skipped until their ``until``. Pending claims are judged by
         budget in order, each counted as Bound before the next. A set whose members hold
-        units on one node that still takes them all stays there.
+        units on one node that still takes them all stays there. The rules are in
+        ``set_placement``.
         """
-        if not claims:
-            raise ValueError("place_set needs at least one claim")
-        members = [
-            SetMember(claim.class_name, claim.count, order=claim.phase is Phase.PENDING)
-            for claim in claims
-        ]
-        shapes = {
-            name: ClassShape(klass.mode, klass.deleting, self.max_count(name))
-            for name in {claim.class_name for claim in claims}
-            if (klass := self._classes.get(name)) is not None
-        }
-        # maxCount judges orders; a move or rebind of units already held is judged by
-        # capacity alone (see set_shape).
-        ordering = any(not c.counts_budget for c in claims)
-        demand, refusal = judge_set_shape(members, shapes, max_count=ordering)
-        if refusal is not None:
-            return refusal
-        refusal = self._ledger.check_orders(
-            [c for c in claims if not c.counts_budget], self._classes
-        )
-        if refusal is not None:
-            return refusal
-        decision = find_node(self._classes, self._idx, demand, claims, now, nodes, exclude)
-        # A set's classes may each have serving nodes, just none in common: no words then.
-        if (
-            isinstance(decision, Refusal)
-            and decision.reason is Reason.NO_NODE_SERVES
-            and len(demand) == 1
-            and self._nodes
-        ):
-            why = self.why_no_node_serves(next(iter(demand)))
-            return Refusal(Reason.NO_NODE_SERVES, f"{decision.message}: {why}")
-        return decision
+        return set_placement.place_set(self, claims, now, nodes, exclude)
 
     # --- bookkeeping -----------------------------------------------------------------------
 

@@ -6,6 +6,7 @@
 A platform (control plane, the chart, the controller replica), then six acts: hosts laid out
 by the host playbook and reported by their agents, the catalog, tenants' orders (and
 refusals), a VM's start, life (cordon, node failure, rebind, usage records) and the end. The
-story is :mod:`.story`; what it runs on, :mod:`.platform` and :mod:`.hosts`; how it reports,
-:mod:`.console`. ``controller/tests/e2e/test_demo.py`` runs it without its tables.
+story is :mod:`.story`, each act a module of :mod:`.acts`; what it runs on, :mod:`.platform`
+and :mod:`.hosts`; how it reports, :mod:`.console`. ``controller/tests/e2e/test_demo.py`` runs
+it without its tables.
 """

@@ -1,0 +1,126 @@
+"""Where one VM's set of claims goes: a best fit, or the node it already holds.
+
+The rules behind ``Snapshot.place_set``, ``Snapshot.check_order`` and
+``Snapshot.place_for_start``: the set's shape and budgets are judged first, then one node
+that serves every class of the set is found (``search``); at a VM's start, a set held whole
+on a cordoned or stale node may be pinned where it is. These functions read the snapshot's
+indexes and never change them; they live beside it, not in it, so the snapshot keeps only
+the bookkeeping.
+
+Nothing here does I/O or reads a clock: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
+
+from cozystack_gpu.keys import OnCordon, Phase
+from cozystack_gpu.model.search import find_node
+from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape
+from cozystack_gpu.model.types import ClaimInfo, Decision, Placement, Reason, Refusal
+
+if TYPE_CHECKING:
+    from cozystack_gpu.model.snapshot import Snapshot
+
+
+def place_for_start(
+    snap: Snapshot,
+    claims: Sequence[ClaimInfo],
+    now: float,
+    nodes: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+) -> Decision:
+    """See ``Snapshot.place_for_start``."""
+    pinned = _pinned_node(snap, claims, now, nodes)
+    if pinned is not None and pinned in exclude:
+        pinned = None
+    if pinned is None:
+        return place_set(snap, claims, now, nodes, exclude=exclude)
+    if not snap._nodes[pinned].unschedulable:
+        return Placement(pinned)  # only stale: the set keeps its node
+    if any(snap._classes[c.class_name].on_cordon is OnCordon.STAY for c in claims):
+        return Placement(pinned)
+    elsewhere = place_set(snap, claims, now, nodes, exclude=(pinned, *exclude))
+    return Placement(pinned) if isinstance(elsewhere, Refusal) else elsewhere
+
+
+def _pinned_node(
+    snap: Snapshot, claims: Sequence[ClaimInfo], now: float, nodes: Collection[str] | None
+) -> str | None:
+    """The cordoned (or stale) node a set is held on whole, when nothing but the cordon
+    (and, under a Stay class, NotReady) or a stale inventory says it should leave, and
+    its other members fit there (on a stale node: the set has no member to add)."""
+    held = {c.node for c in claims if c.holds_node and c.node is not None}
+    if len(held) != 1 or any(c.counts_budget and not c.holds_node for c in claims):
+        return None
+    name = next(iter(held))
+    node = snap._nodes.get(name)
+    if node is None or not (node.unschedulable or node.inventory_stale):
+        return None
+    if nodes is not None and name not in nodes:
+        return None
+    if any(r.node == name and r.until > now for c in claims for r in c.rejected):
+        return None
+    classes = [snap._classes.get(c.class_name) for c in claims]
+    if any(k is None or snap.why_not_placeable(node, k) is not None for k in classes):
+        return None
+    stay = any(k is not None and k.on_cordon is OnCordon.STAY for k in classes)
+    if not node.ready and not (node.unschedulable and stay):
+        return None
+    if snap.over_capacity(name):
+        return None  # the node lost capacity: every pin gives way
+    need: dict[str, int] = {}
+    for claim in claims:
+        if not claim.holds_node:
+            res = snap._classes[claim.class_name].resource_name
+            need[res] = need.get(res, 0) + claim.count
+    if need and node.inventory_stale:
+        return None  # a stale node takes no new units
+    if any(snap.free(name, res) < units for res, units in need.items()):
+        return None
+    waiting = [c for c in claims if not c.counts_budget]
+    if snap._ledger.check_orders(waiting, snap._classes) is not None:
+        return None
+    return name
+
+
+def place_set(
+    snap: Snapshot,
+    claims: Sequence[ClaimInfo],
+    now: float,
+    nodes: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+) -> Decision:
+    """See ``Snapshot.place_set``."""
+    if not claims:
+        raise ValueError("place_set needs at least one claim")
+    members = [
+        SetMember(claim.class_name, claim.count, order=claim.phase is Phase.PENDING)
+        for claim in claims
+    ]
+    shapes = {
+        name: ClassShape(klass.mode, klass.deleting, snap.max_count(name))
+        for name in {claim.class_name for claim in claims}
+        if (klass := snap._classes.get(name)) is not None
+    }
+    # maxCount judges orders; a move or rebind of units already held is judged by
+    # capacity alone (see set_shape).
+    ordering = any(not c.counts_budget for c in claims)
+    demand, refusal = judge_set_shape(members, shapes, max_count=ordering)
+    if refusal is not None:
+        return refusal
+    refusal = snap._ledger.check_orders([c for c in claims if not c.counts_budget], snap._classes)
+    if refusal is not None:
+        return refusal
+    decision = find_node(snap._classes, snap._idx, demand, claims, now, nodes, exclude)
+    # A set's classes may each have serving nodes, just none in common: no words then.
+    if (
+        isinstance(decision, Refusal)
+        and decision.reason is Reason.NO_NODE_SERVES
+        and len(demand) == 1
+        and snap._nodes
+    ):
+        why = snap.why_no_node_serves(next(iter(demand)))
+        return Refusal(Reason.NO_NODE_SERVES, f"{decision.message}: {why}")
+    return decision

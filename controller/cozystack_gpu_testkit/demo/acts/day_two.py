@@ -1,0 +1,272 @@
+"""Act 6, Day two: upgrades, a tenant admin's own rights, a claim template."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from cozystack_gpu import keys
+from cozystack_gpu.cli import main as kubectl_gpu
+from cozystack_gpu.model import Reason
+from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo.acts.common import (
+    ACME,
+    BURST,
+    BURST_TEMPLATE,
+    RESEARCH,
+    TENANT_USER,
+    UPGRADE_SETTING,
+    Demo,
+    _condition,
+    _lease_holder,
+    _phase_is,
+    _webhook_answers,
+    _webhook_error,
+    summary,
+)
+from cozystack_gpu_testkit.demo.console import check, wait_until
+from cozystack_gpu_testkit.demo.hosts import HOSTS, WORKER
+from cozystack_gpu_testkit.objects import Kube, unless
+
+
+def act_day_two(demo: Demo) -> None:
+    console = demo.console
+    console.act(
+        6,
+        "Day two",
+        "The hoster upgrades the chart; a tenant asks why its VM waits; the hoster looks at "
+        "the nodes.",
+    )
+    value_name, env_name, value = UPGRADE_SETTING
+    assert demo.controller is not None
+    pod_name = demo.controller.name
+    with console.step(
+        f"helm upgrade --set controller.settings.{value_name}={value}: the pod is rolled"
+    ) as found:
+        old_pid = _local_pid(demo, pod_name)
+        old_value = _process_env(old_pid).get(env_name)
+        values = json.loads(json.dumps(demo.chart_values))
+        values["controller"].setdefault("settings", {})[value_name] = value
+        output = platform.helm_install(demo.state, values, demo.logs / "helm.log")
+        revision = next((ln for ln in output.splitlines() if ln.startswith("REVISION:")), "")
+        new_pid = wait_until(
+            lambda: _rolled(demo, pod_name, old_pid),
+            expected=f"the local kubelet to restart pod {pod_name} from the new template, Ready",
+            saw=lambda: (
+                f"pid {_local_pid(demo, pod_name)}; the local kubelet's log:\n"
+                + _tail(demo.logs / "local-kubelet.log")
+            ),
+            timeout=60,
+        )
+        new_value = _process_env(new_pid).get(env_name)
+        check(new_value == str(value), f"{env_name}={value} in the new process", f"{new_value}")
+        wait_until(
+            lambda: _webhook_answers(demo),
+            expected="the webhooks answered by the new process (the Service's port is kept)",
+            saw=lambda: _webhook_error(demo),
+            timeout=60,
+        )
+        lease = wait_until(
+            lambda: _lease_holder(demo),
+            expected="the new process to hold the binder Lease",
+            saw=lambda: f"holder {_lease_holder(demo)!r}",
+            timeout=60,
+        )
+        found.append(f"{revision}; the Deployment's pod template changed ({env_name})")
+        found.append(
+            f"{pod_name}: pid {old_pid} → {new_pid}, {env_name} {old_value} → {new_value}; "
+            f"Ready, Lease held by {lease}, webhooks answering"
+        )
+
+    claim_name = keys.template_claim_name(BURST, str(BURST_TEMPLATE["name"]))
+    with console.step(
+        f"{TENANT_USER} ({RESEARCH}'s admin) starts VM {BURST}: a claim template of "
+        f"{BURST_TEMPLATE['count']} x {BURST_TEMPLATE['class']}, beyond its budget"
+    ) as found:
+        _tenant_admin(demo, RESEARCH, TENANT_USER)
+        _start_burst(demo, _as_user(demo, TENANT_USER))
+        waiting = wait_until(
+            lambda: _placed_reason(demo, claim_name),
+            expected=f"template claim {claim_name} Pending, its Placed condition saying why",
+            saw=summary(demo, RESEARCH, claim_name),
+            timeout=60,
+        )
+        check(
+            waiting.get("reason") == Reason.BUDGET_EXCEEDED.value,
+            f"{claim_name} waiting on its budget ({Reason.BUDGET_EXCEEDED.value})",
+            f"{waiting}",
+        )
+        found.append(
+            f"RoleBinding {RESEARCH}/{TENANT_USER}-admin: ClusterRole admin (the chart's claim "
+            f"roles and KubeVirt's VM rights aggregate into it) for user {TENANT_USER}, who "
+            f"creates the VM itself"
+        )
+        found.append(f"GPUClaim {claim_name}: Pending; the launcher pod stays gated")
+
+    with console.step(f"{TENANT_USER} asks about its VM, with its own rights (--as)") as found:
+        argv = ["explain", "vm", BURST, "-n", RESEARCH, "--as", TENANT_USER]
+        code, lines, err = _kubectl_gpu(demo, *argv)
+        check(code == 0, "kubectl gpu explain vm to exit 0", f"exit {code}: {err}")
+        text = "\n".join(lines)
+        check(claim_name in text, f"the VM's claim {claim_name} named", text)
+        found.append("$ kubectl gpu " + " ".join(argv))
+        found.extend("  " + line for line in lines)
+
+    with console.step(f"{TENANT_USER} asks why, with its own rights (--as)") as found:
+        argv = ["explain", "claim", claim_name, "-n", RESEARCH, "--as", TENANT_USER]
+        code, lines, err = _kubectl_gpu(demo, *argv)
+        check(code == 0, "kubectl gpu explain to exit 0", f"exit {code}: {err}")
+        text = "\n".join(lines)
+        check(
+            "Phase:      Pending" in text and Reason.BUDGET_EXCEEDED.value in text,
+            "the claim's phase and its reason",
+            text,
+        )
+        seen = [n for n in (*(h.name for h in HOSTS), WORKER, "render", ACME + "/") if n in text]
+        check(not seen, "no node and no other tenant's claim named to a tenant", f"{seen}")
+        found.append("$ kubectl gpu " + " ".join(argv))
+        found.extend("  " + line for line in lines)
+
+    with console.step("the hoster looks at the nodes") as found:
+        code, lines, err = _kubectl_gpu(demo, "top", "nodes")
+        check(code == 0, "kubectl gpu top nodes to exit 0", f"exit {code}: {err}")
+        listed = {line.split()[0] for line in lines[1:] if line.split()}
+        check(
+            listed == {h.name for h in HOSTS},
+            "a row per GPU node and class",
+            "\n".join(lines),
+        )
+        found.append("$ kubectl gpu top nodes")
+        found.extend("  " + line for line in lines)
+        code, _lines, err = _kubectl_gpu(demo, "top", "nodes", "--as", TENANT_USER)
+        check(code == 1, f"top as {TENANT_USER} refused (exit 1)", f"exit {code}")
+        found.append(f"as {TENANT_USER}: exit {code}: {err.strip()}")
+
+
+# KubeVirt's own kubevirt.io:admin role aggregates VM rights into admin; the demo's
+# platform has no virt-operator to install it, so the demo installs its equivalent when the
+# cluster lacks it.
+KUBEVIRT_ADMIN = "kubevirt.io:admin"
+DEMO_KUBEVIRT_ADMIN = platform.DEMO_KUBEVIRT_ADMIN
+
+
+def _tenant_admin(demo: Demo, namespace: str, user: str) -> None:
+    """The built-in admin role in ``namespace`` for ``user`` (the chart's claim roles and
+    KubeVirt's VM rights aggregate into it): what a tenant's user has, and no more."""
+    rbac = client.RbacAuthorizationV1Api(demo.api)
+    if unless(404, lambda: rbac.read_cluster_role(KUBEVIRT_ADMIN)) is None and (
+        unless(404, lambda: rbac.read_cluster_role(DEMO_KUBEVIRT_ADMIN)) is None
+    ):
+        rbac.create_cluster_role(
+            {
+                "metadata": {
+                    "name": DEMO_KUBEVIRT_ADMIN,
+                    "labels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"},
+                },
+                "rules": [
+                    {
+                        "apiGroups": [keys.KUBEVIRT_GROUP],
+                        "resources": ["virtualmachines", "virtualmachineinstances"],
+                        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                    }
+                ],
+            }
+        )
+
+    def aggregated() -> bool:
+        rules = rbac.read_cluster_role("admin").rules or []
+        return any("virtualmachines" in (r.resources or []) for r in rules) and any(
+            keys.PLURAL_CLAIMS in (r.resources or []) for r in rules
+        )
+
+    wait_until(
+        lambda: aggregated() or None,
+        expected="claim and VM rights aggregated into ClusterRole admin",
+        saw=lambda: "not yet",
+        timeout=60,
+    )
+    binding = {
+        "metadata": {"name": f"{user}-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }  # fmt: skip
+    if unless(404, lambda: rbac.read_namespaced_role_binding(f"{user}-admin", namespace)) is None:
+        rbac.create_namespaced_role_binding(namespace, binding)
+
+
+def _as_user(demo: Demo, user: str) -> Kube:
+    """The demo's cluster as ``user`` (impersonated: the API server judges its rights)."""
+    api = cluster.kubeconfig_client(demo.state.kubeconfig)
+    api.set_default_header("Impersonate-User", user)
+    return Kube(api)
+
+
+def _start_burst(demo: Demo, tenant: Kube) -> None:
+    annotation = json.dumps({"claimTemplates": [BURST_TEMPLATE]})
+    body = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": BURST},
+        "spec": {
+            "runStrategy": "Always",
+            "template": {
+                "metadata": {
+                    "labels": {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
+                    "annotations": {keys.ANNOTATION_CLAIMS: annotation},
+                },
+                "spec": {"domain": {"devices": {}, "memory": {"guest": "16Gi"}}},
+            },
+        },
+    }
+    tenant.custom.create_namespaced_custom_object(
+        keys.VM.group, keys.VM.version, RESEARCH, keys.VM.plural, body
+    )
+
+
+def _placed_reason(demo: Demo, name: str) -> dict[str, Any] | None:
+    """A Pending claim's Placed condition once the binder has judged its VM's set."""
+    claim = _phase_is(demo, RESEARCH, name, "Pending")
+    placed = _condition(claim, keys.CONDITION_PLACED)
+    return placed if placed.get("status") == "False" and placed.get("reason") else None
+
+
+def _kubectl_gpu(demo: Demo, *argv: str) -> tuple[int, list[str], str]:
+    """``kubectl gpu ...`` (the plugin's main, in this process) with the demo's kubeconfig:
+    its exit status, its output lines and what it wrote to stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = kubectl_gpu.main(["--kubeconfig", demo.state.kubeconfig, *argv], out)
+    return code, out.getvalue().splitlines(), err.getvalue()
+
+
+def _local_pid(demo: Demo, pod: str) -> int | None:
+    """The pid of a local pod's process now (the local kubelet writes the state)."""
+    state = platform.State.load(demo.dir)
+    return None if state is None else state.processes.get(f"pod/{pod}")
+
+
+def _rolled(demo: Demo, pod: str, old: int | None) -> int | None:
+    pid = _local_pid(demo, pod)
+    obj = demo.pod(platform.NAMESPACE, pod)
+    ready = _condition(obj, "Ready").get("status") == "True"
+    return pid if pid is not None and pid != old and ready else None
+
+
+def _process_env(pid: int | None) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
+
+
+def _tail(path: Path, lines: int = 10) -> str:
+    text = path.read_text(errors="replace") if path.exists() else "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
