@@ -793,8 +793,8 @@ class LifecycleFuzz:
         log.error("seed %d: %s", self.settings.seed, text)
 
     def _look_surplus(self, run: Run, first_seen: dict[str, int]) -> None:
-        """An ungated launcher pod of a VMI with claims asks, over all its containers, no
-        more units of the GPU resource than the claims attached to that VMI hold: KubeVirt
+        """An ungated launcher pod of a live VMI with claims asks, over all its containers,
+        no more units of the GPU resource than the claims attached to that VMI hold: KubeVirt
         adds a request per network whose definition names a resource, and the gate must
         keep such a pod gated (SPEC §6)."""
         resource = run.world.resource
@@ -803,23 +803,35 @@ class LifecycleFuzz:
                 label_selector=f"kubevirt.io=virt-launcher,{keys.LABEL_CLAIMS_REF}"
             )
             # Read after the pods: a pod's claims exist before the gate lets it go.
-            claims = (
+            claims = _items(
                 run.kube.custom.list_cluster_custom_object(
                     keys.GROUP, keys.VERSION, keys.PLURAL_CLAIMS, _request_timeout=TIMEOUT
-                ).get("items")
-                or []
+                )
+            )
+            vmis = _items(
+                run.kube.custom.list_cluster_custom_object(
+                    keys.VMI.group, keys.VMI.version, keys.VMI.plural, _request_timeout=TIMEOUT
+                )
             )
         except Exception as exc:  # the server away: the next look
             log.debug("surplus look: %s", exc)
             return
+        live = {
+            _meta(v).get("uid")
+            for v in vmis
+            if (v.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            and not _meta(v).get("deletionTimestamp")
+        }
         for pod in pods.items:
             key = f"{pod.metadata.namespace}/{pod.metadata.name}"
             gates = [g.name for g in pod.spec.scheduling_gates or []]
             if key in self.surplus or keys.SCHEDULING_GATE_CLAIMS in gates:
                 continue
             owner = next((o for o in pod.metadata.owner_references or [] if o.uid), None)
-            if owner is None:
+            if owner is None or pod.metadata.deletion_timestamp:
                 continue
+            if pod.status.phase in ("Succeeded", "Failed") or owner.uid not in live:
+                continue  # a finishing pod: its claims let go when its VMI ended
             asked = launcher.extended_requests(run.api.sanitize_for_serialization(pod)).get(
                 resource, 0
             )
@@ -1487,6 +1499,10 @@ class LifecycleFuzz:
 def _labelled_template(claim: Mapping[str, Any]) -> bool:
     labels = _meta(claim).get("labels") or {}
     return bool(labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE)
+
+
+def _items(listing: Mapping[str, Any]) -> list[Obj]:
+    return list(listing.get("items") or [])
 
 
 def _describe(claim: Mapping[str, Any]) -> str:
