@@ -68,7 +68,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.objects import launcher, translate
-from cozystack_gpu_testkit import cluster, kubevirt
+from cozystack_gpu_testkit import cluster, kubevirt, tenants
 from cozystack_gpu_testkit.fault_suite import Run, Service, WebhookSetup
 from cozystack_gpu_testkit.invariants import Invariants, Violation, required_pins
 from cozystack_gpu_testkit.objects import NODE_BASE_RESOURCES, Kube, wait_for
@@ -183,9 +183,7 @@ class Journal:
 
 
 def impersonating(run: Run, user: str) -> Kube:
-    api = run.plane.api_client()
-    api.set_default_header("Impersonate-User", user)
-    return Kube(api)
+    return tenants.impersonating(run.plane.api_client(), user)
 
 
 @dataclass(frozen=True)
@@ -206,49 +204,12 @@ def install_policies(api: Any, objects: Sequence[Obj]) -> None:
             admission.create_validating_admission_policy_binding(obj)
 
 
-def grant(run: Run, admission: Admission, tenants: Sequence[str]) -> None:
+def grant(run: Run, admission: Admission, namespaces: Sequence[str]) -> None:
     """Tenant admins as the chart grants them (its roles aggregated into ``admin``) and VMs
     as KubeVirt's roles grant them; virt-controller has KubeVirt's own roles
     (``kubevirt.install``)."""
-    rbac = client.RbacAuthorizationV1Api(run.api)
-    for obj in admission.render("rbac-tenant.yaml", run.namespace, {}):
-        if obj["kind"] == "ClusterRole":
-            rbac.create_cluster_role(obj)
-        elif obj["kind"] == "ClusterRoleBinding":
-            rbac.create_cluster_role_binding(obj)
-    rbac.create_cluster_role(
-        {
-            "metadata": {"name": "fuzz-vms"},
-            "rules": [
-                {
-                    "apiGroups": [keys.KUBEVIRT_GROUP],
-                    "resources": ["virtualmachines"],
-                    "verbs": ["get", "list", "create", "patch", "update", "delete"],
-                }
-            ],
-        }
-    )
-    user = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User"}
-    for tenant in tenants:
-        for role in ("admin", "fuzz-vms"):
-            rbac.create_namespaced_role_binding(
-                tenant,
-                {
-                    "metadata": {"name": f"tenant-{role}"},
-                    "roleRef": {
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRole",
-                        "name": role,
-                    },
-                    "subjects": [{**user, "name": TENANT_ADMIN}],
-                },
-            )
-
-    def aggregated() -> bool:
-        admin = rbac.read_cluster_role("admin")
-        return any(keys.PLURAL_CLAIMS in (r.resources or []) for r in admin.rules or [])
-
-    wait_for(aggregated, 60, "the chart's claim rights aggregated into admin", 0.2)
+    chart_roles = admission.render("rbac-tenant.yaml", run.namespace, {})
+    tenants.grant_tenant_admin(run.api, chart_roles, TENANT_ADMIN, namespaces)
 
 
 # --- KubeVirt ----------------------------------------------------------------------------

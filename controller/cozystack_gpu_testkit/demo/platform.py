@@ -55,7 +55,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit import cluster, tenants
 from cozystack_gpu_testkit.demo.hosts import running_status
 from cozystack_gpu_testkit.ports import free_port
 from cozystack_gpu_testkit.webhook_route import host_address
@@ -151,8 +151,6 @@ FOREIGN_NODES = ("gpu-h100-01", "gpu-l40s-01", "gpu-l40s-02", "worker-01")
 FOREIGN_NAMESPACES = ("tenant-root", "tenant-acme", "tenant-acme-research")
 FOREIGN_CLASSES = ("h100", "l40s", "l40s-24c")
 FOREIGN_SECRET = "nls-token"
-# The equivalent of KubeVirt's kubevirt.io:admin the demo installs where the cluster lacks it.
-DEMO_KUBEVIRT_ADMIN = "cozystack-gpu-demo-kubevirt-admin"
 
 
 def foreign_cleanup() -> list[str]:
@@ -164,7 +162,7 @@ def foreign_cleanup() -> list[str]:
         f"helm uninstall {RELEASE} -n {NAMESPACE}",
         f"kubectl -n {NAMESPACE} delete secret {FOREIGN_SECRET}",
         f"kubectl delete node {' '.join(FOREIGN_NODES)}",
-        f"kubectl delete clusterrole {DEMO_KUBEVIRT_ADMIN} --ignore-not-found",
+        f"kubectl delete clusterrole {tenants.KUBEVIRT_ADMIN_STAND_IN} --ignore-not-found",
     ]
 
 

@@ -19,8 +19,16 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from admission_env import Corner, Replica, bind, create_vmi, refusal, serving, vmi_body
-from kubernetes import client
+from admission_env import (
+    Corner,
+    Replica,
+    bind,
+    create_vmi,
+    helm_template,
+    refusal,
+    serving,
+    vmi_body,
+)
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
@@ -28,6 +36,7 @@ from cozystack_gpu.binder import gate
 from cozystack_gpu.licensing import rules as licence_rules
 from cozystack_gpu.model.budgets import vgpu_not_entitled
 from cozystack_gpu.objects.annotation import EXPECTED_FORMAT, TemplateEntry
+from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -765,33 +774,9 @@ def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
 
 
 def as_tenant_admin(plane: Any, kube: Kube, namespace: str) -> Kube:
-    """The namespace's tenant admin: the built-in admin role (the chart's claim roles
-    aggregate into it) and the right to start VMIs, as KubeVirt's roles give it."""
-    rbac = client.RbacAuthorizationV1Api(kube.api)
+    """The namespace's tenant admin: the built-in admin role, with the chart's claim roles
+    and KubeVirt's VM rights aggregated into it."""
     user = f"admin-{namespace}"
-    subject = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
-    rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": "vmis"},
-            "rules": [
-                {
-                    "apiGroups": [keys.VMI.group],
-                    "resources": [keys.VMI.plural],
-                    "verbs": ["create", "get"],
-                }
-            ],
-        },
-    )
-    for kind, role in (("ClusterRole", "admin"), ("Role", "vmis")):
-        rbac.create_namespaced_role_binding(
-            namespace,
-            {
-                "metadata": {"name": f"tenant-{role}"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
-                "subjects": subject,
-            },
-        )
-    api = plane.api_client()
-    api.set_default_header("Impersonate-User", user)
-    return Kube(api)
+    roles = helm_template("rbac-tenant.yaml", "cozy-gpu")
+    tenants.grant_tenant_admin(kube.api, roles, user, [namespace])
+    return tenants.impersonating(plane.api_client(), user)

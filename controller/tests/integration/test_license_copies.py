@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.licensing import rules
 from cozystack_gpu.licensing.copier import LicenseCopier
+from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -132,21 +133,9 @@ def tenant_admin(plane: Any, kube: Kube, namespace: str, user: str) -> client.Co
     """A tenant's administrator as Cozystack makes one: the built-in ``admin`` role (the
     chart's claim roles aggregate into it; it reads and writes the namespace's Secrets),
     bound in the tenant's namespace only; the API as that user."""
-    client.RbacAuthorizationV1Api(kube.api).create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": f"tenant-admin-{user}"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "admin",
-            },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        },
-    )
-    api = plane.api_client()
-    api.set_default_header("Impersonate-User", user)
-    return client.CoreV1Api(api)
+    roles = helm_template("rbac-tenant.yaml", "cozy-gpu")
+    tenants.grant_tenant_admin(kube.api, roles, user, [namespace])
+    return tenants.impersonating(plane.api_client(), user).core
 
 
 @pytest.fixture

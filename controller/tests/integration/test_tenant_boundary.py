@@ -24,14 +24,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from admission_env import Corner, Replica, create_vmi, refusal, serving, vmi_body
-from identities import tenant_admin
+from admission_env import Corner, Replica, create_vmi, helm_template, refusal, serving, vmi_body
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube
+from cozystack_gpu_testkit.tenants import grant_tenant_admin, impersonating
 
 pytestmark = pytest.mark.apiserver
 
@@ -71,7 +71,9 @@ def tenants(
     own, other = corner.name("own"), corner.name("other")
     for namespace in (own, other):
         kube.namespace(namespace, {f"tenant.cozystack.io/{namespace}": ""})
-    attacker = tenant_admin(control_plane, kube, f"{ATTACKER}-{corner.id}", own)
+    user = f"{ATTACKER}-{corner.id}"
+    grant_tenant_admin(kube.api, helm_template("rbac-tenant.yaml", "cozy-gpu"), user, [own])
+    attacker = impersonating(control_plane.api_client(), user)
     return attacker, own, other, corner
 
 

@@ -8,12 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-
 from cozystack_gpu import keys
 from cozystack_gpu.cli import main as kubectl_gpu
 from cozystack_gpu.model import Reason
-from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit import cluster, tenants
 from cozystack_gpu_testkit.demo import platform
 from cozystack_gpu_testkit.demo.acts.common import (
     ACME,
@@ -32,7 +30,7 @@ from cozystack_gpu_testkit.demo.acts.common import (
 )
 from cozystack_gpu_testkit.demo.console import check, wait_until
 from cozystack_gpu_testkit.demo.hosts import HOSTS, WORKER
-from cozystack_gpu_testkit.objects import Kube, unless
+from cozystack_gpu_testkit.objects import Kube
 
 
 def act_day_two(demo: Demo) -> None:
@@ -149,63 +147,16 @@ def act_day_two(demo: Demo) -> None:
         found.append(f"as {TENANT_USER}: exit {code}: {err.strip()}")
 
 
-# KubeVirt's own kubevirt.io:admin role aggregates VM rights into admin; the demo's
-# platform has no virt-operator to install it, so the demo installs its equivalent when the
-# cluster lacks it.
-KUBEVIRT_ADMIN = "kubevirt.io:admin"
-DEMO_KUBEVIRT_ADMIN = platform.DEMO_KUBEVIRT_ADMIN
-
-
 def _tenant_admin(demo: Demo, namespace: str, user: str) -> None:
     """The built-in admin role in ``namespace`` for ``user`` (the chart's claim roles and
-    KubeVirt's VM rights aggregate into it): what a tenant's user has, and no more."""
-    rbac = client.RbacAuthorizationV1Api(demo.api)
-    if unless(404, lambda: rbac.read_cluster_role(KUBEVIRT_ADMIN)) is None and (
-        unless(404, lambda: rbac.read_cluster_role(DEMO_KUBEVIRT_ADMIN)) is None
-    ):
-        rbac.create_cluster_role(
-            {
-                "metadata": {
-                    "name": DEMO_KUBEVIRT_ADMIN,
-                    "labels": {"rbac.authorization.k8s.io/aggregate-to-admin": "true"},
-                },
-                "rules": [
-                    {
-                        "apiGroups": [keys.KUBEVIRT_GROUP],
-                        "resources": ["virtualmachines", "virtualmachineinstances"],
-                        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-                    }
-                ],
-            }
-        )
-
-    def aggregated() -> bool:
-        rules = rbac.read_cluster_role("admin").rules or []
-        return any("virtualmachines" in (r.resources or []) for r in rules) and any(
-            keys.PLURAL_CLAIMS in (r.resources or []) for r in rules
-        )
-
-    wait_until(
-        lambda: aggregated() or None,
-        expected="claim and VM rights aggregated into ClusterRole admin",
-        saw=lambda: "not yet",
-        timeout=60,
-    )
-    binding = {
-        "metadata": {"name": f"{user}-admin"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "admin"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }  # fmt: skip
-    if unless(404, lambda: rbac.read_namespaced_role_binding(f"{user}-admin", namespace)) is None:
-        rbac.create_namespaced_role_binding(namespace, binding)
+    KubeVirt's VM rights aggregate into it): what a tenant's user has, and no more. The
+    chart installed its roles; KubeVirt's are stood in for where it has none."""
+    tenants.grant_tenant_admin(demo.api, (), user, [namespace])
 
 
 def _as_user(demo: Demo, user: str) -> Kube:
     """The demo's cluster as ``user`` (impersonated: the API server judges its rights)."""
-    api = cluster.kubeconfig_client(demo.state.kubeconfig)
-    api.set_default_header("Impersonate-User", user)
-    return Kube(api)
+    return tenants.impersonating(cluster.kubeconfig_client(demo.state.kubeconfig), user)
 
 
 def _start_burst(demo: Demo, tenant: Kube) -> None:

@@ -1,0 +1,79 @@
+"""Tenants as a cluster makes them: a user bound to the built-in ``admin`` role in its own
+namespaces, into which the chart's claim roles and KubeVirt's VM rights aggregate. One way
+for the demo, the lifecycle fuzz and the attack tests to act as a tenant, through the API
+server (impersonation), so what a tenant can do is what the API server lets it do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kubernetes import client
+
+from cozystack_gpu import keys
+from cozystack_gpu_testkit.objects import Kube, unless, wait_for
+
+RBAC = "rbac.authorization.k8s.io"
+# KubeVirt's virt-operator installs kubevirt.io:admin, aggregated into admin; a platform
+# without it (the test plane, the demo's) gets this equivalent.
+KUBEVIRT_ADMIN = "kubevirt.io:admin"
+KUBEVIRT_ADMIN_STAND_IN = "cozystack-gpu-kubevirt-admin"
+
+
+def impersonating(api: client.ApiClient, user: str) -> Kube:
+    """``api`` (a client of its own: the header stays on it) acting as ``user``."""
+    api.set_default_header("Impersonate-User", user)
+    return Kube(api)
+
+
+def _create(create: Any, body: Mapping[str, Any]) -> None:
+    """Create an object that is the same for every caller, once (409: already there)."""
+    unless(409, lambda: create(dict(body)))
+
+
+def grant_tenant_admin(
+    api: client.ApiClient, chart_roles: Iterable[Mapping[str, Any]], user: str,
+    namespaces: Iterable[str],
+) -> None:  # fmt: skip
+    """``user`` as the administrator of ``namespaces``: ``admin`` bound there, with the
+    chart's tenant roles (``chart_roles``, ``rbac-tenant.yaml`` as helm renders it) and
+    KubeVirt's VM rights aggregated into it, as they are in a cluster."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    for obj in chart_roles:
+        if obj["kind"] == "ClusterRole":
+            _create(rbac.create_cluster_role, obj)
+        elif obj["kind"] == "ClusterRoleBinding":
+            _create(rbac.create_cluster_role_binding, obj)
+    if unless(404, lambda: rbac.read_cluster_role(KUBEVIRT_ADMIN)) is None:
+        _create(
+            rbac.create_cluster_role,
+            {
+                "metadata": {
+                    "name": KUBEVIRT_ADMIN_STAND_IN,
+                    "labels": {f"{RBAC}/aggregate-to-admin": "true"},
+                },
+                "rules": [
+                    {
+                        "apiGroups": [keys.KUBEVIRT_GROUP],
+                        "resources": ["virtualmachines", "virtualmachineinstances"],
+                        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                    }
+                ],
+            },
+        )
+    for namespace in namespaces:
+        _create(
+            lambda body, namespace=namespace: rbac.create_namespaced_role_binding(namespace, body),
+            {
+                "metadata": {"name": f"{user}-admin"},
+                "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "admin"},
+                "subjects": [{"apiGroup": RBAC, "kind": "User", "name": user}],
+            },
+        )
+
+    def aggregated() -> bool:
+        rules = rbac.read_cluster_role("admin").rules or []
+        resources = {r for rule in rules for r in rule.resources or []}
+        return {keys.PLURAL_CLAIMS, "virtualmachines"} <= resources
+
+    wait_for(aggregated, 60, "the chart's claim rights and VM rights aggregated into admin", 0.2)
