@@ -981,6 +981,17 @@ class LifecycleFuzz:
             },
         }
 
+    def _submit_vm(
+        self, vm: FuzzVM, body: Obj, args: str, names: set[str]
+    ) -> tuple[str, str, set[str]]:
+        """The tenant creates the VM; one it is refused is not the fuzz's to drive."""
+        try:
+            self._vm_call(self.tenant.custom.create_namespaced_custom_object, vm.namespace, body)
+        except ApiException as exc:
+            return args, f"refused: {_message(exc)}", names
+        self.vms[(vm.namespace, vm.name)] = vm
+        return args, "created", names
+
     def _op_create_vm(self, run: Run) -> tuple[str, str, set[str]]:
         """A VM that holds some of its tenant's claims and/or orders from templates."""
         world = run.world
@@ -1020,12 +1031,7 @@ class LifecycleFuzz:
         body = self._vm_body(vm, labels, notes, [])
         names = {vm.name, *held, *(self._template_name(vm, t) for t in templates)}
         args = f"{namespace}/{vm.name} {json.dumps(request, sort_keys=True)}"
-        try:
-            self._vm_call(self.tenant.custom.create_namespaced_custom_object, namespace, body)
-        except ApiException as exc:
-            return args, f"refused: {_message(exc)}", names
-        self.vms[(namespace, vm.name)] = vm
-        return args, "created", names
+        return self._submit_vm(vm, body, args, names)
 
     def _op_odd_vm(self, run: Run) -> tuple[str, str, set[str]]:
         world = run.world
@@ -1037,12 +1043,7 @@ class LifecycleFuzz:
         gpus = [{"name": "raw0", "deviceName": world.resource}]
         body = self._vm_body(vm, labels, notes, gpus)
         args = f"{namespace}/{vm.name} annotation {note!r} label {labelled} raw gpus 1"
-        try:
-            self._vm_call(self.tenant.custom.create_namespaced_custom_object, namespace, body)
-        except ApiException as exc:
-            return args, f"refused: {_message(exc)}", {vm.name}
-        self.vms[(namespace, vm.name)] = vm
-        return args, "created", {vm.name}
+        return self._submit_vm(vm, body, args, {vm.name})
 
     def _pick_vm(self, odd: bool = True) -> FuzzVM | None:
         vms = [vm for vm in self.vms.values() if not vm.gone and (odd or not vm.odd)]
@@ -1280,12 +1281,7 @@ class LifecycleFuzz:
         ]
         names = {vm.name, self._template_name(vm, template)}
         args = f"{namespace}/{vm.name} template {template['class']} x1, network on {GPU_NAD}"
-        try:
-            self._vm_call(self.tenant.custom.create_namespaced_custom_object, namespace, body)
-        except ApiException as exc:
-            return args, f"refused: {_message(exc)}", names
-        self.vms[(namespace, vm.name)] = vm
-        return args, "created", names
+        return self._submit_vm(vm, body, args, names)
 
     def _op_squat_template(self, run: Run) -> tuple[str, str, set[str]]:
         """The tenant pre-creates a claim named like a VM's template claim, with a bigger
