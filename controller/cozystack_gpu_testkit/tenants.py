@@ -39,11 +39,14 @@ def grant_tenant_admin(
     chart's tenant roles (``chart_roles``, ``rbac-tenant.yaml`` as helm renders it) and
     KubeVirt's VM rights aggregated into it, as they are in a cluster."""
     rbac = client.RbacAuthorizationV1Api(api)
+    # The chart's aggregated roles only: its ClusterRoleBinding of the catalog to
+    # system:authenticated is every user's, not a tenant admin's, and left behind on a
+    # shared plane it would let any user read GPUClass.
     for obj in chart_roles:
-        if obj["kind"] == "ClusterRole":
-            _create(rbac.create_cluster_role, obj)
-        elif obj["kind"] == "ClusterRoleBinding":
-            _create(rbac.create_cluster_role_binding, obj)
+        if obj["kind"] == "ClusterRole" and "aggregationRule" not in obj:
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if any(k.startswith(f"{RBAC}/aggregate-to-") for k in labels):
+                _create(rbac.create_cluster_role, obj)
     if unless(404, lambda: rbac.read_cluster_role(KUBEVIRT_ADMIN)) is None:
         _create(
             rbac.create_cluster_role,

@@ -499,14 +499,17 @@ class Writer:
         }
 
         def run() -> WriteDone:
-            # A patch of the data keys only: the chart renders the ConfigMap (the raw-name
-            # policy's binding refuses without it), and Helm's ownership labels and
-            # annotations must survive, or the next `helm upgrade` could not adopt it.
+            # The data written whole, the metadata left alone: the chart renders the
+            # ConfigMap (the raw-name policy's binding refuses without it), and Helm's
+            # ownership labels and annotations must survive, or the next `helm upgrade`
+            # could not adopt it; a key someone added by hand goes (a merge patch would
+            # keep it). JSON Patch's add replaces /data where it exists.
             try:
                 self.core.patch_namespaced_config_map(
                     keys.SETTINGS_CONFIGMAP,
                     namespace,
-                    {"data": data},
+                    [{"op": "add", "path": "/data", "value": data}],
+                    _content_type="application/json-patch+json",
                     _request_timeout=REQUEST_TIMEOUT_S,
                 )
             except ApiException as exc:
