@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Cuts a release of cozystack.gpu, or builds a recorded one again from its commit.
 
     tools/release.py cut 0.2.0 [--dry-run] [--skip-image] [--out DIR]
@@ -191,7 +190,9 @@ def checksums(folder: Path) -> str:
 
 def _run(argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> str:
     print("+ " + " ".join(argv), file=sys.stderr)
-    done = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        list(argv), cwd=cwd, env=env, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"{argv[0]} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     return done.stdout
@@ -377,7 +378,7 @@ def rebuild(root: Path, text: str, out: Path, skip_image: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("cut", "rebuild"):
         command = sub.add_parser(name)
