@@ -68,6 +68,7 @@ lint: setup ## ruff, mypy and the import layers
 	$(BIN)/mypy --config-file controller/pyproject.toml tools/release.py
 	cd controller && $(BIN)/mypy cozystack_gpu cozystack_gpu_testkit
 	cd controller && $(BIN)/lint-imports --no-cache
+	BIN=$(BIN) tools/module-utils-imports.sh
 	$(BIN)/mypy --config-file controller/pyproject.toml plugins/module_utils
 
 # The chart's alerting rules as it renders them: promtool check rules, then the rules' unit
