@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import enum
+import functools
 import hashlib
 import json
 import logging
@@ -55,8 +56,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, tenants
 from cozystack_gpu_testkit.demo.hosts import running_status
+from cozystack_gpu_testkit.objects import unless
 from cozystack_gpu_testkit.ports import free_port
 from cozystack_gpu_testkit.webhook_route import host_address
 
@@ -153,17 +156,114 @@ FOREIGN_CLASSES = ("h100", "l40s", "l40s-24c")
 FOREIGN_SECRET = "nls-token"
 
 
-def foreign_cleanup() -> list[str]:
-    """The commands that remove what the demo made in a cluster it did not start, in an
-    order that lets the controller release the claims before it goes."""
+# How long `make demo-down` waits for each kind of the demo's objects to go from a cluster it
+# did not start (a namespace goes once the controller has released its claims).
+FOREIGN_REMOVAL_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Removal:
+    """One kind of object the demo made in a cluster it did not start: the command that
+    removes it by hand, and how down removes it and sees it gone."""
+
+    command: str
+    delete: Any  # (ApiClient) -> None; a 404 is already gone
+    gone: Any  # (ApiClient) -> bool
+
+
+def _absent(read: Any) -> bool:
+    return unless(404, read) is None
+
+
+def foreign_removals(bin_dir: str, kubeconfig: str) -> list[Removal]:
+    """What the demo made in a cluster it did not start, in the order that lets the
+    controller release the claims' finalizers while their namespaces go, before it goes."""
+    core, rbac, custom = client.CoreV1Api, client.RbacAuthorizationV1Api, client.CustomObjectsApi
+    helm = [str(Path(bin_dir) / "helm"), "--kubeconfig", kubeconfig]
+
+    def uninstall(_api: Any) -> None:
+        done = subprocess.run(
+            [*helm, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0 and "not found" not in done.stderr:
+            raise RuntimeError(done.stderr.strip())
+
+    def released(_api: Any) -> bool:
+        done = subprocess.run(
+            [*helm, "status", RELEASE, "-n", NAMESPACE], capture_output=True, check=False
+        )
+        return done.returncode != 0
+
+    def each(delete: Any, names: tuple[str, ...]) -> Any:
+        def run(api: Any) -> None:
+            for name in names:
+                unless(404, functools.partial(delete, api, name))
+
+        return run
+
+    def none_of(read: Any, names: tuple[str, ...]) -> Any:
+        return lambda api: all(_absent(functools.partial(read, api, n)) for n in names)
+
+    def gpu_class(verb: str) -> Any:
+        return lambda api, name: getattr(custom(api), f"{verb}_cluster_custom_object")(
+            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name
+        )
+
+    secret = (FOREIGN_SECRET,)
+    stand_in = (tenants.KUBEVIRT_ADMIN_STAND_IN,)
     return [
-        f"kubectl delete namespace {' '.join(FOREIGN_NAMESPACES)}",
-        f"kubectl delete gpuclasses.gpu.cozystack.io {' '.join(FOREIGN_CLASSES)}",
-        f"helm uninstall {RELEASE} -n {NAMESPACE}",
-        f"kubectl -n {NAMESPACE} delete secret {FOREIGN_SECRET}",
-        f"kubectl delete node {' '.join(FOREIGN_NODES)}",
-        f"kubectl delete clusterrole {tenants.KUBEVIRT_ADMIN_STAND_IN} --ignore-not-found",
+        Removal(
+            f"kubectl delete namespace {' '.join(FOREIGN_NAMESPACES)}",
+            each(lambda api, n: core(api).delete_namespace(n), FOREIGN_NAMESPACES),
+            none_of(lambda api, n: core(api).read_namespace(n), FOREIGN_NAMESPACES),
+        ),
+        Removal(
+            f"kubectl delete gpuclasses.gpu.cozystack.io {' '.join(FOREIGN_CLASSES)}",
+            each(gpu_class("delete"), FOREIGN_CLASSES),
+            none_of(gpu_class("get"), FOREIGN_CLASSES),
+        ),
+        Removal(f"helm uninstall {RELEASE} -n {NAMESPACE}", uninstall, released),
+        Removal(
+            f"kubectl -n {NAMESPACE} delete secret {FOREIGN_SECRET}",
+            each(lambda api, n: core(api).delete_namespaced_secret(n, NAMESPACE), secret),
+            none_of(lambda api, n: core(api).read_namespaced_secret(n, NAMESPACE), secret),
+        ),
+        Removal(
+            f"kubectl delete node {' '.join(FOREIGN_NODES)}",
+            each(lambda api, n: core(api).delete_node(n), FOREIGN_NODES),
+            none_of(lambda api, n: core(api).read_node(n), FOREIGN_NODES),
+        ),
+        Removal(
+            f"kubectl delete clusterrole {tenants.KUBEVIRT_ADMIN_STAND_IN} --ignore-not-found",
+            each(lambda api, n: rbac(api).delete_cluster_role(n), stand_in),
+            none_of(lambda api, n: rbac(api).read_cluster_role(n), stand_in),
+        ),
     ]
+
+
+def remove_foreign(
+    state: State, say: Any = print, timeout: float = FOREIGN_REMOVAL_TIMEOUT
+) -> list[str]:
+    """Removes what the demo made in the cluster ``state`` names (not its own plane), kind
+    by kind, each waited for; returns the commands of what is left, with why, for a person
+    to finish. The demo's processes must still run: the controller releases the claims."""
+    api = admin_client(state.kubeconfig)
+    left: list[str] = []
+    for removal in foreign_removals(state.bin_dir, state.kubeconfig):
+        try:
+            removal.delete(api)
+            deadline = time.monotonic() + timeout
+            while not removal.gone(api):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"still there after {timeout:.0f} s")
+                time.sleep(0.5)
+        except (ApiException, RuntimeError, TimeoutError) as exc:
+            reason = exc.reason if isinstance(exc, ApiException) else str(exc)
+            left.append(f"{removal.command}  # {reason}")
+            continue
+        say(f"# removed: {removal.command}")
+    return left
 
 
 def chosen_cluster(kubeconfig: str | None, *, existing: bool) -> tuple[str | None, list[str]]:
@@ -191,19 +291,21 @@ def chosen_cluster(kubeconfig: str | None, *, existing: bool) -> tuple[str | Non
         f"! creates namespaces {', '.join(FOREIGN_NAMESPACES)}, GPUClasses",
         f"! {', '.join(FOREIGN_CLASSES)}, the Secret {NAMESPACE}/{FOREIGN_SECRET}, and installs",
         f"! the chart as {RELEASE}. Its API server must reach this machine for the webhooks.",
-        "! `make demo-down` stops the demo's processes and prints the commands that remove",
-        "! these objects.",
+        "! `make demo-down` removes these objects (the namespaces first, while the",
+        "! controller releases their claims), then stops the demo's processes.",
         "!" * 78,
     ]
 
 
 def down(directory: Path, say: Any = print) -> int:
-    """Stops what a demo in ``directory`` started: its processes, then its own control plane;
-    removes the directory. A cluster named by ``$KUBECONFIG`` keeps the demo's objects."""
+    """Stops what a demo in ``directory`` started: its processes, then its own control plane,
+    and removes the directory. In a cluster it did not start it first removes the objects it
+    made there (:func:`remove_foreign`); it exits 1 naming what it could not."""
     state = State.load(directory)
     if state is None:
         say(f"# no demo in {directory}")
         return 0
+    left = [] if state.own_plane else remove_foreign(state, say)
     pid = state.processes.get(LOCAL_KUBELET)
     if pid is not None:
         # First, and read the state again after it: it may have restarted pods since.
@@ -219,27 +321,90 @@ def down(directory: Path, say: Any = print) -> int:
         shutil.rmtree(directory, ignore_errors=True)
         say("# demo stopped: its processes and its control plane")
     else:
-        say(
-            "# demo processes stopped. The cluster at $KUBECONFIG keeps what the demo made; "
-            "to remove it: " + "; ".join(foreign_cleanup())
-        )
         state.path.unlink()
+        if left:
+            say("# demo processes stopped; what could not be removed, to remove by hand:")
+            for command in left:
+                say(f"  {command}")
+            return 1
+        say(f"# demo stopped: its processes, and what it made in the cluster at {state.kubeconfig}")
     return 0
 
 
 # --- the control plane -----------------------------------------------------------------------
+
+# Who wrote the objects a tenant owns in the story (claims, VMs), as the API server judged it:
+# its audit log, in the plane's directory. Metadata only, and nothing else is logged.
+AUDIT_LOG = "audit.log"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "verbs": ["create", "update", "patch", "delete"],
+            "resources": [
+                {"group": keys.GROUP, "resources": [keys.PLURAL_CLAIMS]},
+                {"group": keys.KUBEVIRT_GROUP, "resources": [keys.VM.plural]},
+            ],
+        },
+        {"level": "None"},
+    ],
+}
+
+
+@dataclass(frozen=True)
+class AuditedWrite:
+    verb: str
+    resource: str
+    namespace: str
+    name: str
+    # The user whose rights the API server judged: the impersonated one where there is one.
+    user: str
+    code: int
+
+
+def audited_writes(directory: Path) -> list[AuditedWrite]:
+    """The writes of claims and VMs the demo's own plane in ``directory`` logged, in order."""
+    path = directory / "cluster" / AUDIT_LOG
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        event = json.loads(line)
+        if event.get("stage") != "ResponseComplete":
+            continue
+        ref = event.get("objectRef") or {}
+        user = (event.get("impersonatedUser") or event.get("user") or {}).get("username", "")
+        found.append(
+            AuditedWrite(
+                verb=event["verb"],
+                resource=ref.get("resource", ""),
+                namespace=ref.get("namespace", ""),
+                name=ref.get("name", ""),
+                user=user,
+                code=(event.get("responseStatus") or {}).get("code", 0),
+            )
+        )
+    return found
 
 
 def start_plane(directory: Path, bin_dir: Path, *, detach: bool) -> cluster.ControlPlane:
     """The test kit's control plane in ``directory/cluster``, with KubeVirt's CRDs (the
     chart brings its own), recorded so the test kit's ``cluster down`` stops it too."""
     workdir = directory / "cluster"
+    workdir.mkdir(parents=True, exist_ok=True)
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     plane = cluster.start(
         workdir,
         bin_dir=bin_dir,
         detach=detach,
-        # The webhook Service is called at its EndpointSlice address: a local process.
-        extra_apiserver_args=("--enable-aggregator-routing=true",),
+        extra_apiserver_args=(
+            # The webhook Service is called at its EndpointSlice address: a local process.
+            "--enable-aggregator-routing=true",
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={workdir / AUDIT_LOG}",
+        ),
         scheduler=True,
         controller_manager=True,
         crds=[cluster.kubevirt_crds(bin_dir)],

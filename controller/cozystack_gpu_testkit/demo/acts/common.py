@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit import cluster, tenants
 from cozystack_gpu_testkit.demo import platform
 from cozystack_gpu_testkit.demo.console import Console, check
 from cozystack_gpu_testkit.demo.hosts import Kubelets
@@ -45,9 +45,7 @@ CHART_VALUES: dict[str, Any] = {
 # Act 6's `helm upgrade`: a setting the hoster changes, so the controller's pod template
 # changes (an env var) and the local kubelet rolls the pod.
 UPGRADE_SETTING = ("rejectionTTLSeconds", "GPU_REJECTION_TTL", 300)
-# Act 6's tenant: a user with the built-in admin role in its namespace (as Cozystack grants a
-# tenant's users), and its VM whose claim template asks for more than its budget leaves.
-TENANT_USER = "alice"
+# Act 6's VM, whose claim template asks for more than its tenant's budget leaves.
 BURST = "burst"
 BURST_TEMPLATE = {"name": "gpu", "class": "h100", "count": 1}
 TENANTS = (
@@ -63,6 +61,11 @@ TENANTS = (
 )
 RESEARCH = "tenant-acme-research"
 ACME = "tenant-acme"
+# Each ordering tenant's user: the built-in admin role in its namespace (as Cozystack grants a
+# tenant's users), into which the chart's claim roles and KubeVirt's VM rights aggregate.
+# Every tenant step of the story is that user's, judged by the API server (impersonation).
+TENANT_USER = "alice"
+TENANT_USERS = {RESEARCH: TENANT_USER, ACME: "bob"}
 ORDERS = (
     # (namespace, claim, class, count)
     (RESEARCH, "train", "h100", 2),
@@ -111,12 +114,23 @@ class Demo:
     chart_values: dict[str, Any] = field(default_factory=dict)
     # The token the demo's "Prometheus" scrapes /metrics with.
     metrics_token: str = ""
+    # The clients acting as each tenant's user, by user.
+    tenant_clients: dict[str, Kube] = field(default_factory=dict)
 
     def connect(self) -> None:
         self.api = platform.admin_client(self.state.kubeconfig)
         self.kube = Kube(self.api)
         self.kubelets = Kubelets(self.kube, self.dir)
         self.pods = platform.LocalPods(self.state, self.api, self.options.detach)
+
+    def as_tenant(self, namespace: str) -> Kube:
+        """The demo's cluster as ``namespace``'s user (impersonated: the API server judges
+        its rights, and its audit log names that user)."""
+        user = TENANT_USERS[namespace]
+        if user not in self.tenant_clients:
+            api = cluster.kubeconfig_client(self.state.kubeconfig)
+            self.tenant_clients[user] = tenants.impersonating(api, user)
+        return self.tenant_clients[user]
 
     @property
     def dir(self) -> Path:

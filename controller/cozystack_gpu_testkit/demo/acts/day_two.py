@@ -11,7 +11,6 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.cli import main as kubectl_gpu
 from cozystack_gpu.model import Reason
-from cozystack_gpu_testkit import cluster, tenants
 from cozystack_gpu_testkit.demo import platform
 from cozystack_gpu_testkit.demo.acts.common import (
     ACME,
@@ -87,8 +86,7 @@ def act_day_two(demo: Demo) -> None:
         f"{TENANT_USER} ({RESEARCH}'s admin) starts VM {BURST}: a claim template of "
         f"{BURST_TEMPLATE['count']} x {BURST_TEMPLATE['class']}, beyond its budget"
     ) as found:
-        _tenant_admin(demo, RESEARCH, TENANT_USER)
-        _start_burst(demo, _as_user(demo, TENANT_USER))
+        _start_burst(demo, demo.as_tenant(RESEARCH))
         waiting = wait_until(
             lambda: _placed_reason(demo, claim_name),
             expected=f"template claim {claim_name} Pending, its Placed condition saying why",
@@ -100,11 +98,7 @@ def act_day_two(demo: Demo) -> None:
             f"{claim_name} waiting on its budget ({Reason.BUDGET_EXCEEDED.value})",
             f"{waiting}",
         )
-        found.append(
-            f"RoleBinding {RESEARCH}/{TENANT_USER}-admin: ClusterRole admin (the chart's claim "
-            f"roles and KubeVirt's VM rights aggregate into it) for user {TENANT_USER}, who "
-            f"creates the VM itself"
-        )
+        found.append(f"{TENANT_USER} creates the VM with its own rights (ClusterRole admin)")
         found.append(f"GPUClaim {claim_name}: Pending; the launcher pod stays gated")
 
     with console.step(f"{TENANT_USER} asks about its VM, with its own rights (--as)") as found:
@@ -145,18 +139,6 @@ def act_day_two(demo: Demo) -> None:
         code, _lines, err = _kubectl_gpu(demo, "top", "nodes", "--as", TENANT_USER)
         check(code == 1, f"top as {TENANT_USER} refused (exit 1)", f"exit {code}")
         found.append(f"as {TENANT_USER}: exit {code}: {err.strip()}")
-
-
-def _tenant_admin(demo: Demo, namespace: str, user: str) -> None:
-    """The built-in admin role in ``namespace`` for ``user`` (the chart's claim roles and
-    KubeVirt's VM rights aggregate into it): what a tenant's user has, and no more. The
-    chart installed its roles; KubeVirt's are stood in for where it has none."""
-    tenants.grant_tenant_admin(demo.api, (), user, [namespace])
-
-
-def _as_user(demo: Demo, user: str) -> Kube:
-    """The demo's cluster as ``user`` (impersonated: the API server judges its rights)."""
-    return tenants.impersonating(cluster.kubeconfig_client(demo.state.kubeconfig), user)
 
 
 def _start_burst(demo: Demo, tenant: Kube) -> None:

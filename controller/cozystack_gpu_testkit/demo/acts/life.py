@@ -8,6 +8,7 @@ from cozystack_gpu import keys
 from cozystack_gpu_testkit.demo.acts.common import (
     ORDERS,
     RESEARCH,
+    TENANT_USERS,
     VM,
     Demo,
     _claim_summary,
@@ -104,13 +105,16 @@ def act_life(demo: Demo) -> None:
         vmi_wait = _condition(demo.claim(RESEARCH, "desk"), keys.CONDITION_BOUND)
         found.append(f"desk waits: {vmi_wait.get('reason')}: {vmi_wait.get('message')}")
 
-    with console.step(f"the operator stops VM {VM} (its node is dead)") as found:
-        # virtctl stop: runStrategy Halted; virt-controller deletes the VMI.
-        demo.kube.custom.patch_namespaced_custom_object(
+    user = TENANT_USERS[RESEARCH]
+    with console.step(
+        f"{user} stops VM {VM}; the hoster clears its pod off the dead node"
+    ) as found:
+        # virtctl stop, by the VM's owner: runStrategy Halted; virt-controller deletes the VMI.
+        demo.as_tenant(RESEARCH).custom.patch_namespaced_custom_object(
             keys.VM.group, keys.VM.version, RESEARCH, keys.VM.plural, VM,
             {"spec": {"runStrategy": "Halted"}},
         )  # fmt: skip
-        # Nothing on a dead node confirms the pod's end: forced, as an operator would.
+        # Nothing on a dead node confirms the pod's end: forced, as the hoster would.
         demo.kube.core.delete_namespaced_pod(demo.launcher, RESEARCH, grace_period_seconds=0)
         demo.kubelets.forget_pod(RESEARCH, demo.launcher)
         wait_until(
@@ -119,7 +123,7 @@ def act_life(demo: Demo) -> None:
             saw=lambda: f"VMI {VM} phase {((_vmi(demo) or {}).get('status') or {}).get('phase')}",
             timeout=60,
         )
-        found.append(f"runStrategy Halted: virt-controller deleted VMI {VM}")
+        found.append(f"{user}: runStrategy Halted; virt-controller deleted VMI {VM}")
         rebound = wait_until(
             lambda: _phase_is(demo, RESEARCH, "desk", "Bound"),
             expected="claim desk rebound once its VMI is gone",

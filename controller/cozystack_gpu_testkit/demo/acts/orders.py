@@ -7,12 +7,14 @@ import base64
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.demo.acts.common import (
     ACME,
     LICENSED,
     ORDERS,
     RESEARCH,
     STAND_IN_TOKEN,
+    TENANT_USERS,
     TENANTS,
     TOKEN_SECRET,
     Demo,
@@ -47,6 +49,16 @@ def act_orders(demo: Demo) -> None:
                 + (", vGPU entitled" if vgpu else "")
             )
 
+    with console.step("each ordering tenant's user: the built-in admin role there") as found:
+        for namespace, user in TENANT_USERS.items():
+            # The chart installed its claim roles; KubeVirt's are stood in for where it has none.
+            tenants.grant_tenant_admin(demo.api, (), user, [namespace])
+            found.append(
+                f"RoleBinding {namespace}/{user}-admin: ClusterRole admin (the chart's claim "
+                f"roles and KubeVirt's VM rights aggregate into it) for user {user}"
+            )
+        found.append("every order, VM and question of a tenant below is that user's own")
+
     copy = keys.license_copy_name(LICENSED)
     with console.step(f"class {LICENSED}'s licence reaches the vGPU-entitled tenant only") as found:
         entitled = [ns for ns, _a, _b, vgpu in TENANTS if vgpu]
@@ -71,8 +83,9 @@ def act_orders(demo: Demo) -> None:
         found.append(f"no copy in {', '.join(others)} (not entitled)")
 
     for namespace, name, cls, count in ORDERS:
-        with console.step(f"{namespace} orders {name}: {count} x {cls}") as found:
-            demo.kube.claim(namespace, name, cls, count)
+        user = TENANT_USERS[namespace]
+        with console.step(f"{user} ({namespace}) orders {name}: {count} x {cls}") as found:
+            demo.as_tenant(namespace).claim(namespace, name, cls, count)
             bound = wait_until(
                 in_phase(demo, namespace, name, "Bound"),
                 expected=f"GPUClaim {namespace}/{name} Bound",
@@ -92,7 +105,7 @@ def act_orders(demo: Demo) -> None:
                 f"usage record gpuclaim-{name}"
             )
 
-    with console.step(f"{RESEARCH} orders 1 more h100: over its budget") as found:
+    with console.step(f"{TENANT_USERS[RESEARCH]} orders 1 more h100: over its budget") as found:
         message = _refused(demo, RESEARCH, "more", "h100", 1)
         wanted = (
             f"budget {keys.quota_key('h100')} of {RESEARCH} (this namespace's own quota) "
@@ -101,7 +114,9 @@ def act_orders(demo: Demo) -> None:
         check(wanted in message, f"a refusal saying '{wanted}…'", message)
         found.append(f"refused at create time: {message}")
 
-    with console.step(f"{ACME} orders 4 x h100: more than any node has free") as found:
+    with console.step(
+        f"{TENANT_USERS[ACME]} ({ACME}) orders 4 x h100: more than any node has free"
+    ) as found:
         message = _refused(demo, ACME, "big", "h100", 4)
         wanted = "no node serving class h100 has 4 free units; the largest has 2"
         check(wanted in message, f"a refusal saying '{wanted}'", message)
@@ -124,7 +139,7 @@ def _has_secret(demo: Demo, namespace: str, name: str) -> bool:
 def _refused(demo: Demo, namespace: str, name: str, cls: str, count: int) -> str:
     """The create-time refusal of an order (the claim webhook's message)."""
     try:
-        demo.kube.claim(namespace, name, cls, count)
+        demo.as_tenant(namespace).claim(namespace, name, cls, count)
     except ApiException as exc:
         message = _message(exc)
         prefix = "denied the request: "

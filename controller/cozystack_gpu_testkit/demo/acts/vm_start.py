@@ -11,6 +11,7 @@ from cozystack_gpu_testkit import kubevirt
 from cozystack_gpu_testkit.demo.acts.common import (
     LICENSED,
     RESEARCH,
+    TENANT_USERS,
     VM,
     Demo,
     _claim_summary,
@@ -33,7 +34,10 @@ def act_vm(demo: Demo) -> None:
     node = demo.claim_nodes["desk"]
     annotation = json.dumps({"claims": ["desk"]})
     watcher = kubevirt.LauncherWatch(demo.kube, RESEARCH, timeout=300)
-    with console.step(f"VM {VM} names claim desk; virt-controller creates its VMI") as found:
+    user = TENANT_USERS[RESEARCH]
+    with console.step(
+        f"{user} creates VM {VM}, naming claim desk; virt-controller makes its VMI"
+    ) as found:
         body = {
             "apiVersion": "kubevirt.io/v1",
             "kind": "VirtualMachine",
@@ -49,7 +53,7 @@ def act_vm(demo: Demo) -> None:
                 },
             },
         }
-        demo.kube.custom.create_namespaced_custom_object(
+        demo.as_tenant(RESEARCH).custom.create_namespaced_custom_object(
             keys.VM.group, keys.VM.version, RESEARCH, keys.VM.plural, body
         )
         vmi = wait_until(
