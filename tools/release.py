@@ -190,9 +190,7 @@ def checksums(folder: Path) -> str:
 
 def _run(argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> str:
     print("+ " + " ".join(argv), file=sys.stderr)
-    done = subprocess.run(
-        list(argv), cwd=cwd, env=env, capture_output=True, text=True, check=False
-    )
+    done = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{argv[0]} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     return done.stdout

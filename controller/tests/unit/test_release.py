@@ -176,7 +176,10 @@ def test_every_recorded_release_is_a_commit_in_history_carrying_its_version() ->
         release.parse_version(version)
         assert len(commit) == 40, f"{version}: name the full commit, not {commit!r}"
         found = subprocess.run(
-            ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO, capture_output=True, check=False
+            ["git", "cat-file", "-e", f"{commit}^{{commit}}"],
+            cwd=REPO,
+            capture_output=True,
+            check=False,
         )
         assert found.returncode == 0, (
             f"release {version}'s commit {commit} is not in this repository's history"
