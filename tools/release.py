@@ -14,6 +14,11 @@ The artefacts, all under DIR/<version>/ (default dist/<version>/, git-ignored):
     cozystack-gpu-<version>.tar.gz                    the collection (ansible-galaxy)
     cozystack-gpu-<version>.tgz                       the chart (helm package)
     cozystack-gpu-controller-<version>.oci.tar        the image (podman save, oci-archive)
+    cozystack-gpu-device-plugin-recipe-<version>.tar.gz
+                                                      deploy/device-plugin: the patch, the
+                                                      Containerfile and build.sh that build
+                                                      the device plugin image from NVIDIA's
+                                                      source (the hoster builds it)
     SHA256SUMS                                        sha256sum -c checks them
 They are always built from a clean checkout of the release commit (a temporary git
 worktree), never from the work tree, so `rebuild` of a recorded release gives what `cut` gave.
@@ -28,12 +33,15 @@ antsibull-changelog next to this Python; podman for the image (as root).
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +58,9 @@ VALUES = "controller/chart/values.yaml"
 PACKAGE = "controller/pyproject.toml"
 FRAGMENTS = "changelogs/fragments"
 IMAGE_NAME = "cozystack-gpu-controller"
+# The device plugin image recipe, shipped as it is: NVIDIA's source is the hoster's to fetch.
+RECIPE = "deploy/device-plugin"
+RECIPE_NAME = "cozystack-gpu-device-plugin-recipe"
 
 # semver.org 2.0.0, without build metadata (a release is named by what precedes it).
 SEMVER = re.compile(
@@ -173,6 +184,39 @@ def versions_in(files: dict[str, str]) -> dict[str, str]:
     }
 
 
+def recipe_archive(recipe: Path, version: str, folder: Path, mtime: int) -> Path:
+    """The recipe's files in one folder named for the release, as a tarball that is the same
+    bytes whenever it is built from the same files and ``mtime`` (the release commit's time):
+    sorted, owned by root, no build time in the tar or gzip headers."""
+    top = f"{RECIPE_NAME}-{version}"
+    archive = folder / f"{top}.tar.gz"
+    files = sorted(p for p in recipe.rglob("*") if p.is_file())
+    if not files:
+        raise Refused(f"{recipe} holds no files: the device plugin recipe is missing")
+
+    def entry(
+        name: str, mode: int, size: int = 0, kind: bytes = tarfile.REGTYPE
+    ) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.mode, info.size, info.type, info.mtime = mode, size, kind, mtime
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    with (
+        archive.open("wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=mtime) as packed,
+        tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        tar.addfile(entry(top, 0o755, kind=tarfile.DIRTYPE))
+        for path in files:
+            relative = path.relative_to(recipe).as_posix()
+            mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            data = path.read_bytes()
+            tar.addfile(entry(f"{top}/{relative}", mode, len(data)), io.BytesIO(data))
+    return archive
+
+
 def checksums(folder: Path) -> str:
     """SHA256SUMS in sha256sum's format, for every file in ``folder`` but itself."""
     lines = []
@@ -270,6 +314,10 @@ def build(
                 )
                 _run([check, str(collection)], cwd=root)
             _run([_helm(root), "package", str(tree / "controller/chart"), "-d", str(folder)], tree)
+            # Releases before the recipe existed are rebuilt without it.
+            if (tree / RECIPE).is_dir():
+                mtime = int(_git(root, "show", "-s", "--format=%ct", commit).strip())
+                recipe_archive(tree / RECIPE, version, folder, mtime)
             if not skip_image:
                 _image(tree, version, folder)
         finally:
@@ -355,7 +403,11 @@ def cut(root: Path, text: str, out: Path, dry_run: bool, skip_image: bool) -> in
 
 
 def _artefact_names(version: str, skip_image: bool) -> list[str]:
-    names = [f"cozystack-gpu-{version}.tar.gz", f"cozystack-gpu-{version}.tgz"]
+    names = [
+        f"cozystack-gpu-{version}.tar.gz",
+        f"cozystack-gpu-{version}.tgz",
+        f"{RECIPE_NAME}-{version}.tar.gz",
+    ]
     if not skip_image:
         names.append(f"{IMAGE_NAME}-{version}.oci.tar")
     return [*names, "SHA256SUMS"]

@@ -1,6 +1,7 @@
 """`tools/release.py cut` on a clone of this repository: the artefacts, the commits, the record.
 
-The image is left out (--skip-image: `make release` builds it with podman, minutes), and
+The image is left out (--skip-image: `make release` builds it with podman, minutes); the
+device plugin recipe ships as its own tarball (the hoster builds that image), and
 galaxy-importer is stood in for by a script that records which tarball it was given (`make
 galaxy-import` runs the real one on the same tarball).
 """
@@ -88,21 +89,31 @@ def test_a_release_carries_its_version_in_every_artefact_and_is_recorded(
     assert "changelogs/.plugin-cache.yaml" not in kept, "antsibull-changelog's cache committed"
 
     folder = tmp_path / "dist" / VERSION
-    collection, chart = (
+    collection, chart, recipe = (
         folder / f"cozystack-gpu-{VERSION}.tar.gz",
         folder / f"cozystack-gpu-{VERSION}.tgz",
+        folder / f"cozystack-gpu-device-plugin-recipe-{VERSION}.tar.gz",
     )
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [collection.name, chart.name, "SHA256SUMS"]
+        [collection.name, chart.name, recipe.name, "SHA256SUMS"]
     )
     checked = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True)
     assert checked.returncode == 0, checked.stdout
+    listed = [line.split()[1] for line in (folder / "SHA256SUMS").read_text().splitlines()]
+    assert sorted(listed) == sorted([collection.name, chart.name, recipe.name])
+    # The recipe as the release commit has it, and never inside the collection.
+    with tarfile.open(recipe) as tar:
+        shipped = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    committed = _git(clone, "ls-tree", "-r", "--name-only", release_commit, "deploy/device-plugin")
+    assert shipped == {p.removeprefix("deploy/device-plugin/") for p in committed.split()}
+    assert {"Containerfile", "build.sh"} <= shipped and any(n.endswith(".patch") for n in shipped)
     assert (tmp_path / "galaxy-checked").read_text().split() == [str(collection)]
 
     with tarfile.open(collection) as tar:
         manifest = tar.extractfile("MANIFEST.json")
         assert manifest is not None
         assert json.load(manifest)["collection_info"]["version"] == VERSION
+        assert not [n for n in tar.getnames() if n.startswith("deploy")], "recipe in collection"
     shown = yaml.safe_load(
         subprocess.run(
             [str(helm), "show", "chart", str(chart)], capture_output=True, text=True

@@ -7,10 +7,12 @@ build. The recorded releases are checked against this repository's history.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -144,6 +146,7 @@ def test_the_dry_run_says_what_it_would_change_and_changes_nothing(
     assert "controller/chart/Chart.yaml appVersion: 0.1.0 -> 0.2.0" in out
     assert "controller/pyproject.toml project.version: 0.1.0 -> 0.2.0" in out
     assert "cozystack-gpu-0.2.0.tar.gz" in out and "cozystack-gpu-0.2.0.tgz" in out
+    assert "cozystack-gpu-device-plugin-recipe-0.2.0.tar.gz" in out
     assert "SHA256SUMS" in out and ".oci.tar" not in out
     for fragment in (repo / release.FRAGMENTS).glob("*.yml"):
         assert fragment.name in out
@@ -160,6 +163,72 @@ def test_the_checksums_file_is_what_sha256sum_checks(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["a.tar.gz: OK", "b.tgz: OK"]
+
+
+def _recipe_files() -> dict[str, bytes]:
+    recipe = REPO / release.RECIPE
+    return {
+        p.relative_to(recipe).as_posix(): p.read_bytes()
+        for p in sorted(recipe.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_the_device_plugin_recipe_ships_whole_in_one_reproducible_tarball(tmp_path: Path) -> None:
+    """Every file of deploy/device-plugin under one folder named for the release, build.sh
+    executable, the same bytes when built again from the same commit (rebuild), and listed
+    in SHA256SUMS."""
+    files = _recipe_files()
+    assert {"Containerfile", "build.sh", "README.md"} <= set(files), sorted(files)
+    assert any(name.endswith(".patch") for name in files), sorted(files)
+    built = []
+    for attempt in ("first", "again"):
+        folder = tmp_path / attempt
+        folder.mkdir()
+        built.append(release.recipe_archive(REPO / release.RECIPE, "1.2.3", folder, 1700000000))
+    assert built[0].name == "cozystack-gpu-device-plugin-recipe-1.2.3.tar.gz"
+    assert built[0].read_bytes() == built[1].read_bytes(), "the recipe tarball is not reproducible"
+    top = "cozystack-gpu-device-plugin-recipe-1.2.3"
+    with tarfile.open(built[0]) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert sorted(members) == sorted([top, *(f"{top}/{name}" for name in files)])
+        for name, data in files.items():
+            member = members[f"{top}/{name}"]
+            extracted = tar.extractfile(member)
+            assert extracted is not None and extracted.read() == data, name
+            assert (member.uid, member.gid, member.mtime) == (0, 0, 1700000000), name
+            assert member.mode == (0o755 if name == "build.sh" else 0o644), (name, oct(member.mode))
+    (built[0].parent / "SHA256SUMS").write_text(release.checksums(built[0].parent))
+    assert built[0].name in (built[0].parent / "SHA256SUMS").read_text()
+
+
+def test_the_unpacked_recipe_is_complete_enough_for_its_script_to_run(tmp_path: Path) -> None:
+    """build.sh, run from the unpacked tarball, finds its patch and Containerfile and goes on
+    to check the source (here a folder that is not NVIDIA's, which it refuses)."""
+    archive = release.recipe_archive(REPO / release.RECIPE, "1.2.3", tmp_path, 1700000000)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    script = tmp_path / "unpacked" / "cozystack-gpu-device-plugin-recipe-1.2.3" / "build.sh"
+    pinned = re.search(r"^readonly PINNED_TAG=(\S+)$", script.read_text(), re.MULTILINE)
+    assert pinned is not None
+    (tmp_path / "not-nvidia").mkdir()
+    done = subprocess.run(
+        [str(script), str(tmp_path / "not-nvidia"), pinned.group(1)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "the recipe is incomplete" not in done.stderr, done.stderr
+    assert "is not kubevirt-gpu-device-plugin" in done.stderr, done.stderr
+
+
+def test_a_recipe_folder_without_files_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "recipe").mkdir()
+    with pytest.raises(release.Refused, match="the device plugin recipe is missing"):
+        release.recipe_archive(tmp_path / "recipe", "1.2.3", tmp_path, 0)
 
 
 def test_every_recorded_release_is_a_commit_in_history_carrying_its_version() -> None:
