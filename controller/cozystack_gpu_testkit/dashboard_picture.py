@@ -322,6 +322,8 @@ def draw_legend(canvas: Canvas, group: ET.Element, body: Box, shown: list[Row], 
     name_px = min(body.w * 0.5, max(len(r.name) for r in shown) * MONO_CHAR_PX + 16)
     bar_x = body.x + name_px + 8
     bar_room = body.w - name_px - 8 - VALUE_PX
+    # The legend table's column head, on the title's line.
+    canvas.text(group, body.x + body.w, body.y - TITLE_PX + 21, "Last *", 11, MUTED, end=True)
     for i, row in enumerate(fitting(canvas, group, body, shown)):
         top = body.y + i * LINE_PX
         colour = PALETTE[i % len(PALETTE)]
