@@ -34,7 +34,8 @@ ROW_PX = 30  # Grafana's grid row height
 GAP_PX = 8
 MARGIN_PX = 16
 HEADER_PX = 52
-LINE_PX = 18
+LINE_PX = 18  # a legend row
+MIN_LINE_PX = 14  # rows closer together before any is left out
 TITLE_PX = 34  # a panel's title band
 FONT = "Helvetica, Arial, sans-serif"
 MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
@@ -304,14 +305,18 @@ def draw_panel(
         draw_legend(canvas, group, body, shown, unit)
 
 
-def fitting(canvas: Canvas, group: ET.Element, body: Box, shown: list[Row]) -> list[Row]:
-    """The rows that fit the body, the last line saying how many did not."""
-    room = max(1, int(body.h // LINE_PX))
+def fitting(
+    canvas: Canvas, group: ET.Element, body: Box, shown: list[Row]
+) -> tuple[list[Row], float]:
+    """The rows that fit the body and the height of a row: closer together when many, down
+    to MIN_LINE_PX; past that, the last line says how many were left out."""
+    line = min(LINE_PX, max(MIN_LINE_PX, body.h // max(1, len(shown))))
+    room = max(1, int(body.h // line))
     if len(shown) <= room:
-        return shown
+        return shown, line
     more = f"+ {len(shown) - room + 1} more series"
-    canvas.text(group, body.x, body.y + room * LINE_PX - 5, more, 11, MUTED)
-    return shown[: room - 1]
+    canvas.text(group, body.x, body.y + (room - 1) * line + 13, more, 11, MUTED)
+    return shown[: room - 1], line
 
 
 def draw_legend(canvas: Canvas, group: ET.Element, body: Box, shown: list[Row], unit: str) -> None:
@@ -319,13 +324,14 @@ def draw_legend(canvas: Canvas, group: ET.Element, body: Box, shown: list[Row], 
     value against the panel's largest, the value."""
     numbers = [abs(r.value) for r in shown if not isinstance(r.value, str)]
     largest = max((v for v in numbers if math.isfinite(v)), default=0.0)
-    name_px = min(body.w * 0.5, max(len(r.name) for r in shown) * MONO_CHAR_PX + 16)
+    name_px = min(body.w * 0.65, max(len(r.name) for r in shown) * MONO_CHAR_PX + 16)
     bar_x = body.x + name_px + 8
     bar_room = body.w - name_px - 8 - VALUE_PX
     # The legend table's column head, on the title's line.
     canvas.text(group, body.x + body.w, body.y - TITLE_PX + 21, "Last *", 11, MUTED, end=True)
-    for i, row in enumerate(fitting(canvas, group, body, shown)):
-        top = body.y + i * LINE_PX
+    kept, line = fitting(canvas, group, body, shown)
+    for i, row in enumerate(kept):
+        top = body.y + i * line
         colour = PALETTE[i % len(PALETTE)]
         canvas.rect(group, body.x, top + 4, 3, 10, fill=colour)
         name = cut(row.name, name_px - 8, MONO_CHAR_PX)
@@ -344,8 +350,9 @@ def draw_stat(canvas: Canvas, group: ET.Element, body: Box, shown: list[Row], un
         middle = (body.x + body.w / 2, body.y + body.h / 2 + 14)
         canvas.text(group, *middle, value, 40, PALETTE[0], bold=True, middle=True)
         return
-    for i, row in enumerate(fitting(canvas, group, body, shown)):
-        top = body.y + i * LINE_PX
+    kept, line = fitting(canvas, group, body, shown)
+    for i, row in enumerate(kept):
+        top = body.y + i * line
         name = cut(row.name, body.w - VALUE_PX, MONO_CHAR_PX)
         canvas.text(group, body.x, top + 13, name, mono=True)
         value = formatted(row.value, unit)
@@ -361,8 +368,9 @@ def draw_table(canvas: Canvas, group: ET.Element, body: Box, shown: list[Row], u
         canvas.text(group, body.x + c * col_px, body.y + 13, head, 12, MUTED, bold=True)
     canvas.text(group, body.x + body.w, body.y + 13, "Value", 12, MUTED, bold=True, end=True)
     below = Box(body.x, body.y + LINE_PX, body.w, body.h - LINE_PX)
-    for i, row in enumerate(fitting(canvas, group, below, shown)):
-        top = below.y + i * LINE_PX
+    kept, line = fitting(canvas, group, below, shown)
+    for i, row in enumerate(kept):
+        top = below.y + i * line
         labels = dict(row.labels)
         for c, name in enumerate(names):
             cell = cut(labels.get(name, ""), col_px - 6, MONO_CHAR_PX)
