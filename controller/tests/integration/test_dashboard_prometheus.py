@@ -30,16 +30,20 @@ metric written by hand:
 - ``CozystackGPUNoBinderLeader``: the only replica is killed.
 
 docs/operations.md ("Dashboard and alerts") shows each query with the result seen here, and
-what made each alert fire.
+what made each alert fire, and the dashboard's picture (docs/images/dashboard.svg), drawn
+here from the queries' results and compared byte for byte with the committed one:
+``COZYSTACK_GPU_UPDATE_PICTURES=1`` writes it instead.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +66,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
-from cozystack_gpu_testkit import cluster, sysfs_tree
+from cozystack_gpu_testkit import cluster, dashboard_picture, sysfs_tree
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
@@ -84,6 +88,36 @@ REPLICA = "dash-0"
 AGENT_PERIOD_S = 2
 STALE_AFTER_S = 10
 ACCOUNT = "cozystack-gpu-controller"  # the chart's ServiceAccount of the controller
+PICTURE = Path(__file__).resolve().parents[3] / "docs" / "images" / "dashboard.svg"
+UPDATE_PICTURES = "COZYSTACK_GPU_UPDATE_PICTURES"
+
+
+def zero_or_not(value: float) -> str:
+    return "0" if value == 0 else "> 0"
+
+
+# What differs from run to run is drawn as what the scenario fixes about it (what the test
+# asserts), each such panel's note saying so: per panel title, the note and the value drawn.
+# - Pending claims count every claim waiting in the cluster, which is shared with the tests
+#   before this one: the scenario's two orders are among them.
+# - The bind latency quantiles are of this run's three binds, timed on a busy machine.
+# - A rate over the window depends on when the scrapes fell, but whether it is 0 does not:
+#   every labelled counter starts at 0, and the scenario makes the same events each run.
+STAND_INS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "Pending claims": (
+        "all claims waiting in the test cluster: at least the scenario's two orders",
+        lambda _value: "≥ 2",
+    ),
+    "Bind latency": (
+        "this run's three binds, which vary: 0 < p50 ≤ p95 ≤ p99 ≤ 60 s",
+        lambda _value: "> 0 s",
+    ),
+    "Refusals by reason": ("rates vary with the scrapes' timing: shown as 0 or > 0", zero_or_not),
+    "Binder decisions by step": (
+        "rates vary with the scrapes' timing: shown as 0 or > 0",
+        zero_or_not,
+    ),
+}
 
 
 def dashboard_queries() -> dict[str, list[str]]:
@@ -99,6 +133,62 @@ def dashboard_queries() -> dict[str, list[str]]:
 
 def vector(prom: PrometheusProcess, expr: str) -> dict[tuple[tuple[str, str], ...], float]:
     return {tuple(sorted(s["metric"].items())): float(s["value"][1]) for s in prom.query(expr)}
+
+
+def stand_in(title: str, value: float) -> float | str:
+    """A value as the picture draws it: as it came where the scenario fixes it, else what
+    the scenario fixes about it (STAND_INS)."""
+    return STAND_INS[title][1](value) if title in STAND_INS else value
+
+
+def draw_dashboard(
+    results: Mapping[str, list[dict[tuple[tuple[str, str], ...], float]]],
+    ours: Callable[[dict[str, str]], bool],
+    test_id: str,
+) -> str:
+    """The dashboard's picture from each query's result: this test's series only (the
+    cluster is shared), named without the test's id (``h100-<id>`` is ``h100``), values
+    that vary from run to run replaced by what the scenario fixes about them."""
+
+    def named(labels: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        return tuple((k, v.replace(f"-{test_id}", "")) for k, v in labels)
+
+    drawn = {
+        title: [
+            {named(k): stand_in(title, v) for k, v in result.items() if ours(dict(k))}
+            for result in per_target
+        ]
+        for title, per_target in results.items()
+    }
+    caption = (
+        f"Each query against a real Prometheus in the scenario of "
+        f"controller/tests/integration/{Path(__file__).name} (rate interval {RATE_INTERVAL})"
+    )
+    board = json.loads(DASHBOARD.read_text())
+    notes = {title: note for title, (note, _shown) in STAND_INS.items()}
+    return dashboard_picture.render(board, drawn, notes, caption)
+
+
+def compare_picture(svg: str, work: Path) -> None:
+    """The committed picture is the one just drawn, or is written when asked to."""
+    if os.environ.get(UPDATE_PICTURES) == "1":
+        PICTURE.parent.mkdir(parents=True, exist_ok=True)
+        PICTURE.write_text(svg, encoding="utf-8")
+        return
+    committed = PICTURE.read_text(encoding="utf-8") if PICTURE.exists() else ""
+    if committed != svg:
+        fresh = work / PICTURE.name
+        fresh.write_text(svg, encoding="utf-8")
+        diff = difflib.unified_diff(
+            committed.splitlines(), svg.splitlines(), "committed", "drawn", lineterm=""
+        )
+        pytest.fail(
+            f"docs/images/{PICTURE.name} is not the dashboard as drawn from this run's "
+            f"queries (drawn: {fresh}). If the dashboard or the scenario changed on purpose, "
+            f"draw it again with {UPDATE_PICTURES}=1 pytest "
+            f"tests/integration/{Path(__file__).name}, look at it, and commit it:\n"
+            + "\n".join(list(diff)[:60])
+        )
 
 
 class Agent:
@@ -496,7 +586,11 @@ def test_every_dashboard_query_and_every_alert_against_a_real_prometheus(
             (("class", gpu_class), ("phase", "Bound")): 1,
             (("class", gpu_class), ("phase", "Lost")): 1,
         },
-        "Per-node occupancy (units held / capacity)": {(("node", agent_node),): 3 / 8},
+        # The failed node's one unit is still held by its Lost claim.
+        "Per-node occupancy (units held / capacity)": {
+            (("node", agent_node),): 3 / 8,
+            (("node", failing),): 1,
+        },
         "Per-node allocatable devices (node agent)": {
             (("node", agent_node), ("resource_name", H100)): 8
         },
@@ -549,6 +643,10 @@ def test_every_dashboard_query_and_every_alert_against_a_real_prometheus(
     decisions = vector(prom, queries["Binder decisions by step"][0])
     for step in ("Bind", "Attach", "Lose"):
         assert decisions.get((("step", step),), 0) > 0, (step, decisions)
+
+    # The picture, from the same queries asked again now that each has its scenario result.
+    results = {title: [vector(prom, q) for q in qs] for title, qs in queries.items()}
+    compare_picture(draw_dashboard(results, ours_only, test_id), tmp_path)
 
     # The alerts: the Lost claim and the order waiting longer than 5 s fire for this class;
     # a leader exists, so that alert is quiet, and so are those of the causes below.
