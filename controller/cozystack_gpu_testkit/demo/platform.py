@@ -89,6 +89,10 @@ class State:
     # (owner kind and name, node, host root, the hash of the template it was started from,
     # its local ports).
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What a node would pull: the code (a directory for $PYTHONPATH) behind an image
+    # reference, e.g. a recorded release's tree behind its tag. An image not named here
+    # runs this checkout's code.
+    images: dict[str, str] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
@@ -432,26 +436,42 @@ def admin_client(kubeconfig: str) -> Any:
 # --- the chart -------------------------------------------------------------------------------
 
 
-def helm_install(state: State, values: dict[str, Any], log: Path) -> str:
-    """``helm install`` of the chart (``upgrade --install``: a rerun converges); returns
-    helm's output."""
+def helm_install(
+    state: State,
+    values: dict[str, Any],
+    log: Path,
+    chart: Path = CHART,
+    *,
+    take_ownership: bool = False,
+) -> str:
+    """``helm install`` of ``chart`` (``upgrade --install``: a rerun converges, and with
+    another chart it is an upgrade); returns helm's output. ``take_ownership``: adopt
+    objects the chart now renders that the cluster already has (an upgrade from 0.1.0,
+    whose controller made gpu-settings itself)."""
+    args = ["upgrade", "--install", RELEASE, str(chart), "--create-namespace", "--values", "-"]
+    return _helm(
+        state, [*args, *(["--take-ownership"] if take_ownership else [])], log,
+        yaml.safe_dump(values),
+    )  # fmt: skip
+
+
+def helm_rollback(state: State, revision: int, log: Path) -> str:
+    """``helm rollback`` of the release to ``revision``; returns helm's output."""
+    return _helm(state, ["rollback", RELEASE, str(revision)], log)
+
+
+def _helm(state: State, args: list[str], log: Path, stdin: str | None = None) -> str:
     command = [
         str(Path(state.bin_dir) / "helm"),
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(CHART),
+        *args,
         "--namespace",
         NAMESPACE,
-        "--create-namespace",
         "--kubeconfig",
         state.kubeconfig,
-        "--values",
-        "-",
     ]
     result = subprocess.run(
         command,
-        input=yaml.safe_dump(values),
+        input=stdin,
         capture_output=True,
         text=True,
         check=False,
@@ -460,7 +480,7 @@ def helm_install(state: State, values: dict[str, Any], log: Path) -> str:
     with log.open("a") as out:
         out.write(f"$ {' '.join(command)}\n{result.stdout}{result.stderr}\n")
     if result.returncode != 0:
-        raise RuntimeError(f"helm install failed: {result.stderr.strip()}")
+        raise RuntimeError(f"helm {args[0]} failed: {result.stderr.strip()}")
     return result.stdout
 
 
@@ -632,12 +652,14 @@ class LocalPods:
         ]
         if argv[0] in ("python", "python3"):
             argv[0] = sys.executable  # the image's interpreter: this environment's
+        # The image's code: a release's tree where the state names one for the image, else
+        # this checkout's (the import path the demo runs with).
+        code = self.state.images.get(str(container.get("image")), os.environ.get("PYTHONPATH"))
         process_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(root),
             "LANG": "C.UTF-8",
-            # The image's code is this checkout's: the import path the demo runs with.
-            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
+            **({"PYTHONPATH": code} if code else {}),
             **env,
             "KUBECONFIG": str(kubeconfig),
         }

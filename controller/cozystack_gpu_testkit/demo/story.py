@@ -62,6 +62,7 @@ def prepare(options: Options) -> Demo:
         kubeconfig=options.kubeconfig or "",
         bin_dir=str(cluster.binary_dir()),
         own_plane=options.kubeconfig is None,
+        images=dict(options.images),
     )
     state.save()
     console = Console(directory / "logs", out=options.out, show_output=options.show)

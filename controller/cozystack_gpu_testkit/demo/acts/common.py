@@ -94,6 +94,10 @@ class Options:
     kubeconfig: str | None = None
     # What stops the demo, as the closing lines say it.
     down_command: str = "make demo-down"
+    # The chart to install, and the code behind image references (platform.State.images):
+    # a recorded release's, for the upgrade test; this checkout's by default.
+    chart: Path = platform.CHART
+    images: dict[str, str] = field(default_factory=dict)
     out: TextIO = field(default_factory=lambda: sys.stdout)
 
 

@@ -50,7 +50,9 @@ def act_day_two(demo: Demo) -> None:
         old_value = _process_env(old_pid).get(env_name)
         values = json.loads(json.dumps(demo.chart_values))
         values["controller"].setdefault("settings", {})[value_name] = value
-        output = platform.helm_install(demo.state, values, demo.logs / "helm.log")
+        output = platform.helm_install(
+            demo.state, values, demo.logs / "helm.log", demo.options.chart
+        )
         revision = next((ln for ln in output.splitlines() if ln.startswith("REVISION:")), "")
         new_pid = wait_until(
             lambda: _rolled(demo, pod_name, old_pid),

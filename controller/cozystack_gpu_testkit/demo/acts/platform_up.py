@@ -49,7 +49,7 @@ def platform_act(demo: Demo) -> None:
         values = json.loads(json.dumps(CHART_VALUES))
         if demo.options.kubeconfig and _foreign_workload_crd(demo):
             values["crds"]["workloads"] = False  # Cozystack's own, left alone
-        output = platform.helm_install(state, values, demo.logs / "helm.log")
+        output = platform.helm_install(state, values, demo.logs / "helm.log", demo.options.chart)
         status = next((ln for ln in output.splitlines() if ln.startswith("STATUS:")), "")
         check(status == "STATUS: deployed", "the release deployed", output)
         demo.chart_values = values
