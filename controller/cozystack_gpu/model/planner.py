@@ -114,6 +114,9 @@ class _Planner:
         self.actions: list[Action] = []
         self.updates: dict[ClaimKey, ClaimInfo] = {}
         self._undo: list[tuple[ClaimKey, ClaimInfo]] = []
+        # Orders bound by this pass (step 6), by key: where their Bind is in ``actions``.
+        # Not written yet, so packing may place one elsewhere instead of moving it later.
+        self._fresh_binds: dict[ClaimKey, int] = {}
 
     def put(self, claim: ClaimInfo) -> None:
         old = self.snap.claim(claim.key)
@@ -386,16 +389,16 @@ class _Planner:
                     self.now,
                     decision,
                     max_moves=self.max_moves,
-                    frozen=self.updates.keys(),
+                    frozen=self.updates.keys() - self._fresh_binds.keys(),
                 )
                 if isinstance(room, Room):
-                    decision = self.make_room(claim, room)
-                    after = tuple(k for move in room.moves for k in move.claims)
+                    decision, after = self.make_room(claim, room)
                     packed = True
                 elif room is not None:
                     decision = room
             if isinstance(decision, Placement):
                 self.put(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
+                self._fresh_binds[key] = len(self.actions)
                 self.actions.append(Action(Step.BIND, (key,), node=decision.node, after=after))
             elif shape is not None:
                 refused[shape] = decision
@@ -406,11 +409,18 @@ class _Planner:
             waits.append(Action(Step.WAIT, tuple(keys), refusal=refused[shape]))
         return waits, packed
 
-    def make_room(self, order: ClaimInfo, room: Room) -> Placement:
-        """Carry out packing's moves, then place the order on the node they freed."""
+    def make_room(self, order: ClaimInfo, room: Room) -> tuple[Placement, tuple[ClaimKey, ...]]:
+        """Carry out packing's moves, then place the order on the node they freed; returns
+        the placement and the moved claims whose writes its bind must follow. An order this
+        pass bound is not moved but bound where the move would take it: nothing was
+        written yet, and a bind followed by a move next pass would write it twice."""
         # The moved holds' tenants read this: it names no other tenant's order.
         why = f"makes room on node {room.node} for a larger order"
+        after: list[ClaimKey] = []
         for move in room.moves:
+            if self._rebind_fresh(move.claims, move.to_node):
+                continue
+            after.extend(move.claims)
             for key in move.claims:
                 held = self.snap.claim(key)
                 assert held is not None and held.node == move.from_node
@@ -428,4 +438,17 @@ class _Planner:
             )
         decision = self.snap.check_order(order, self.now, nodes=(room.node,))
         assert isinstance(decision, Placement), decision
-        return decision
+        return decision, tuple(after)
+
+    def _rebind_fresh(self, keys: tuple[ClaimKey, ...], node: str) -> bool:
+        """Binds ``keys`` on ``node`` instead, when they are one order this pass bound."""
+        (key,) = keys if len(keys) == 1 else (None,)
+        if key is None or key not in self._fresh_binds:
+            return False
+        index = self._fresh_binds[key]
+        bind = self.actions[index]
+        held = self.snap.claim(key)
+        assert bind.step is Step.BIND and bind.claims == keys and held is not None
+        self.put(replace(held, node=node))
+        self.actions[index] = replace(bind, node=node)
+        return True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import random
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from model_digest import digest
 from model_world import N_OPS, Checker, Op, oracle_best_fit, random_world
@@ -115,6 +115,9 @@ cordon_ops = st.lists(
 
 @model_settings
 @given(seed=st.integers(0, 2**32), ops=cordon_ops)
+# A pass bound an order on the one node a later order (which skips another node) could use,
+# and the next pass moved it away to bind the later one: the pass now binds it elsewhere.
+@example(seed=803796621, ops=[(0, 0, 1, 0)])
 def test_cordon_never_loses_a_hold_and_a_stay_pin_gives_way_only_to_lost_capacity(
     seed: int, ops: list[Op]
 ) -> None:
