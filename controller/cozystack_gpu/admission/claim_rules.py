@@ -17,16 +17,12 @@ Pure: no kopf, no client; the snapshot is passed in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.model import Refusal, Snapshot
-from cozystack_gpu.objects import translate
+from cozystack_gpu.objects import Obj, translate
 from cozystack_gpu.objects.translate import meta
-
-Obj = Mapping[str, Any]
 
 SPEC_IMMUTABLE = "spec is immutable; delete the claim and order a new one"
 

@@ -12,8 +12,7 @@ each other.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from kubernetes.client.rest import ApiException
 
@@ -29,10 +28,8 @@ from cozystack_gpu.class_rules import (
 )
 from cozystack_gpu.keys import AdmissionReason
 from cozystack_gpu.model import Reason, Refusal
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import meta
-
-Obj = Mapping[str, Any]
-
 
 ADMISSION_ATTEMPTS = 3
 # How long an order of a class the API server has but this replica's view lacks waits for

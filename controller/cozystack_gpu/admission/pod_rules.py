@@ -14,14 +14,13 @@ Pure: the caller reads the VMI, its claims and their classes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import meta
-
-Obj = Mapping[str, Any]
 
 
 @dataclass(frozen=True)

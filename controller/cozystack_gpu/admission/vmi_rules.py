@@ -41,10 +41,9 @@ from cozystack_gpu.licensing.rules import (
 )
 from cozystack_gpu.model import Reason
 from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.annotation import ClaimsRequest
 from cozystack_gpu.objects.translate import class_resource_name, made_by_template, meta
-
-Obj = Mapping[str, Any]
 
 
 @dataclass(frozen=True)

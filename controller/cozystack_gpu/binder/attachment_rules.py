@@ -3,20 +3,15 @@ binder's attachments part applies (pure: API objects and the time in, a change o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from cozystack_gpu.keys import ClaimReason, Phase
-from cozystack_gpu.objects import translate
+from cozystack_gpu.objects import Obj, translate
 from cozystack_gpu.objects.translate import (
     VMIState,
     name_of,
     timestamp,
 )
-
-Obj = Mapping[str, Any]
-
 
 # --- Attachment --------------------------------------------------------------------------
 

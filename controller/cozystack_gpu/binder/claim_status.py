@@ -11,6 +11,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.binder.attachment_rules import AttachmentChange
 from cozystack_gpu.keys import ClaimReason, Phase
 from cozystack_gpu.model import Action, ClaimInfo, Refusal, Step
+from cozystack_gpu.objects import Obj
 
 # Re-exported: the binder's parts build their conditions through this module.
 from cozystack_gpu.objects.conditions import condition as condition
@@ -21,9 +22,6 @@ from cozystack_gpu.objects.translate import (
     meta,
     rfc3339,
 )
-
-Obj = Mapping[str, Any]
-
 
 # Status writes that only tell (why a claim waits, why its deletion waits, where its set
 # starts): they are not placements, so they are queued behind every bind and never held in

@@ -3,19 +3,16 @@ its tenants' claims get while it is withdrawn. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.claim_status import condition, merge_conditions, same_condition
 from cozystack_gpu.keys import ClassReason, Phase
 from cozystack_gpu.model import ClassStatus, Reason
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import (
     meta,
 )
-
-Obj = Mapping[str, Any]
-
 
 # --- Class status ------------------------------------------------------------------------
 

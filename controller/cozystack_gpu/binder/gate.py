@@ -24,7 +24,7 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.binder.claim_status import merge_conditions
 from cozystack_gpu.model import VolumeAffinity
-from cozystack_gpu.objects import annotation, translate
+from cozystack_gpu.objects import Obj, annotation, translate
 from cozystack_gpu.objects.annotation import ClaimsRequest, TemplateEntry
 from cozystack_gpu.objects.translate import (
     binds_at_first_consumer,
@@ -41,8 +41,6 @@ from cozystack_gpu.objects.vmi_pods import (
     NODE_NAME_FIELD,
     required_terms,
 )
-
-Obj = Mapping[str, Any]
 
 _INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9./_-]+)")
 _TOO_MANY_PODS = "Too many pods"

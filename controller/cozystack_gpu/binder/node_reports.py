@@ -9,6 +9,7 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.binder.claim_status import condition, merge_conditions, same_condition
 from cozystack_gpu.keys import NodeReason
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import (
     meta,
     name_of,
@@ -16,9 +17,6 @@ from cozystack_gpu.objects.translate import (
     timestamp,
 )
 from cozystack_gpu.objects.translate import node_ready as translate_node_ready
-
-Obj = Mapping[str, Any]
-
 
 # --- Settings ----------------------------------------------------------------------------
 

@@ -4,13 +4,14 @@ was made for. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.claim_status import condition
 from cozystack_gpu.keys import ClaimReason
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.patches import finalizer_patch
 from cozystack_gpu.objects.translate import (
     made_by_template,
@@ -18,9 +19,6 @@ from cozystack_gpu.objects.translate import (
     template_made_for,
     timestamp,
 )
-
-Obj = Mapping[str, Any]
-
 
 # --- Finalizers --------------------------------------------------------------------------
 

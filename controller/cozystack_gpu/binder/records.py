@@ -7,14 +7,12 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.keys import Phase
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import (
     meta,
     name_of,
     namespace_of,
 )
-
-Obj = Mapping[str, Any]
-
 
 # --- Usage records -----------------------------------------------------------------------
 

@@ -19,10 +19,9 @@ from cozystack_gpu import keys
 from cozystack_gpu.cli import text, whatif
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import ClaimKey, Reason, Snapshot, merge_quotas
-from cozystack_gpu.objects import translate
+from cozystack_gpu.objects import Obj, translate
 from cozystack_gpu.objects.translate import name_of, namespace_of
 
-Obj = Mapping[str, Any]
 Report = dict[str, Any]
 
 

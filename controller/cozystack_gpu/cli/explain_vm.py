@@ -17,10 +17,9 @@ from cozystack_gpu import keys
 from cozystack_gpu.binder import gate
 from cozystack_gpu.cli import text
 from cozystack_gpu.cli.explain_claim import condition_of, phase_of
-from cozystack_gpu.objects import vmi_pods
+from cozystack_gpu.objects import Obj, vmi_pods
 from cozystack_gpu.objects.translate import meta, name_of
 
-Obj = Mapping[str, Any]
 Report = dict[str, Any]
 EVENTS_SHOWN = 8  # the last ones; -o wide shows every one
 

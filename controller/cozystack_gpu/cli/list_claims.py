@@ -14,9 +14,8 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.cli import text
-from cozystack_gpu.objects import translate
+from cozystack_gpu.objects import Obj, translate
 
-Obj = Mapping[str, Any]
 PHASES = tuple(p.value for p in keys.Phase)
 
 

@@ -24,8 +24,8 @@ from cozystack_gpu.model import (
     Snapshot,
     make_room,
 )
+from cozystack_gpu.objects import Obj
 
-Obj = Mapping[str, Any]
 # Objects per kind name (keys.ApiKind.kind), as listed; a kind left out counts as empty.
 Listing = Mapping[str, Iterable[Obj]]
 

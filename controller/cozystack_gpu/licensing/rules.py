@@ -28,9 +28,9 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.keys import LicenseReason
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.conditions import condition, merge_conditions, same_condition
 
-Obj = Mapping[str, Any]
 CopyKey = tuple[str, str]  # (namespace, name)
 SECRET_TYPE = keys.LICENSE_SECRET_TYPE
 

@@ -2,3 +2,9 @@
 annotation, launcher pod readers, finalizer patches, and the translation of objects into
 the model's inputs. Below the admission webhooks and the binder, which both speak it; it
 imports only the keys and the model."""
+
+from collections.abc import Mapping
+from typing import Any
+
+# An API object as the API server returns it, read and never changed in place.
+Obj = Mapping[str, Any]

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from cozystack_gpu import keys
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import (
     FINAL_POD_PHASES,
     PodUsage,
@@ -28,9 +28,6 @@ from cozystack_gpu.objects.translate import (
     whole_quantity,
 )
 from cozystack_gpu.objects.vmi_pods import owning_vmi_uid
-
-Obj = Mapping[str, Any]
-
 
 # --- what a pod asks for ------------------------------------------------------------------
 

@@ -3,12 +3,10 @@ finalizer added or removed."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import meta
-
-Obj = Mapping[str, Any]
 
 # The status fields of an attachment, as a merge patch that clears them all.
 ATTACHMENT_CLEARED: dict[str, Any] = {

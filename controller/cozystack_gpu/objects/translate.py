@@ -30,9 +30,7 @@ from cozystack_gpu.model import (
     VolumeAffinity,
     merge_quotas,
 )
-from cozystack_gpu.objects import annotation
-
-Obj = Mapping[str, Any]
+from cozystack_gpu.objects import Obj, annotation
 
 FINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
 FINAL_VMI_PHASES = frozenset({"Succeeded", "Failed"})

@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cozystack_gpu import keys
-
-Obj = Mapping[str, Any]
+from cozystack_gpu.objects import Obj
 
 # The node selector field KubeVirt's scheduler-facing pods can be pinned with (matchFields
 # supports only metadata.name).
