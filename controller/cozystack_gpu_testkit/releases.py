@@ -83,3 +83,15 @@ def tree(release: Release) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)
     return path
+
+
+def git(cwd: Path, *args: str) -> str:
+    """``git args`` in ``cwd`` as a test's own committer; its output. A failure stops the
+    test with git's words."""
+    done = subprocess.run(
+        ["git", "-c", "user.email=t@example.net", "-c", "user.name=t", *args],
+        cwd=cwd, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)}: {done.stderr}")
+    return done.stdout

@@ -19,23 +19,19 @@ import pytest
 import yaml
 from chartkit import kube_version
 
+from cozystack_gpu_testkit.releases import git
+
 REPO = Path(__file__).resolve().parents[3]
 VERSION = "9.9.9"
-
-
-def _git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, f"git {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 @pytest.fixture
 def clone(tmp_path: Path) -> Path:
     """This repository as CI clones it: the committed tree with its history."""
     path = tmp_path / "repo"
-    _git(tmp_path, "clone", "--quiet", "--no-hardlinks", str(REPO), str(path))
-    _git(path, "config", "user.email", "release@example.net")
-    _git(path, "config", "user.name", "release test")
+    git(tmp_path, "clone", "--quiet", "--no-hardlinks", str(REPO), str(path))
+    git(path, "config", "user.email", "release@example.net")
+    git(path, "config", "user.name", "release test")
     return path
 
 
@@ -68,12 +64,12 @@ def _cut(clone: Path, out: Path, helm: Path, check: Path) -> subprocess.Complete
 def test_a_release_carries_its_version_in_every_artefact_and_is_recorded(
     clone: Path, tmp_path: Path, helm: Path
 ) -> None:
-    start = _git(clone, "rev-parse", "HEAD").strip()
+    start = git(clone, "rev-parse", "HEAD").strip()
     done = _cut(clone, tmp_path / "dist", helm, _galaxy_stand_in(tmp_path, 0))
     assert done.returncode == 0, done.stdout + done.stderr
 
     # Two commits: the release (versions, changelog), then its record.
-    log = _git(clone, "log", "--format=%H %s", f"{start}..HEAD").splitlines()
+    log = git(clone, "log", "--format=%H %s", f"{start}..HEAD").splitlines()
     assert [line.split(" ", 1)[1] for line in log] == [
         f"Record release {VERSION} ({log[1][:12]})",
         f"Release {VERSION}",
@@ -81,10 +77,10 @@ def test_a_release_carries_its_version_in_every_artefact_and_is_recorded(
     release_commit = log[1].split()[0]
     record = yaml.safe_load((clone / "releases.yaml").read_text())["releases"]
     assert record[-1] == {"version": VERSION, "commit": release_commit}
-    assert _git(clone, "status", "--porcelain") == ""
-    changelog = _git(clone, "show", f"{release_commit}:CHANGELOG.rst")
+    assert git(clone, "status", "--porcelain") == ""
+    changelog = git(clone, "show", f"{release_commit}:CHANGELOG.rst")
     assert f"v{VERSION}" in changelog
-    kept = _git(clone, "ls-tree", "-r", "--name-only", release_commit, "changelogs").split()
+    kept = git(clone, "ls-tree", "-r", "--name-only", release_commit, "changelogs").split()
     assert [p for p in kept if p.startswith("changelogs/fragments/")] == [], "fragments left"
     assert "changelogs/.plugin-cache.yaml" not in kept, "antsibull-changelog's cache committed"
 
@@ -104,7 +100,7 @@ def test_a_release_carries_its_version_in_every_artefact_and_is_recorded(
     # The recipe as the release commit has it, and never inside the collection.
     with tarfile.open(recipe) as tar:
         shipped = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    committed = _git(clone, "ls-tree", "-r", "--name-only", release_commit, "deploy/device-plugin")
+    committed = git(clone, "ls-tree", "-r", "--name-only", release_commit, "deploy/device-plugin")
     assert shipped == {p.removeprefix("deploy/device-plugin/") for p in committed.split()}
     assert {"Containerfile", "build.sh"} <= shipped and any(n.endswith(".patch") for n in shipped)
     assert (tmp_path / "galaxy-checked").read_text().split() == [str(collection)]
@@ -146,11 +142,11 @@ def test_a_release_carries_its_version_in_every_artefact_and_is_recorded(
 
 
 def test_a_release_galaxy_would_refuse_is_not_cut(clone: Path, tmp_path: Path, helm: Path) -> None:
-    start = _git(clone, "rev-parse", "HEAD").strip()
+    start = git(clone, "rev-parse", "HEAD").strip()
     done = _cut(clone, tmp_path / "dist", helm, _galaxy_stand_in(tmp_path, 1))
     assert done.returncode != 0, "a release was cut although Galaxy's checks failed"
     assert f"release {VERSION} not cut: the tree is back at {start[:12]}" in done.stderr
-    assert _git(clone, "rev-parse", "HEAD").strip() == start
-    assert _git(clone, "status", "--porcelain") == "", "the failed release left changes"
+    assert git(clone, "rev-parse", "HEAD").strip() == start
+    assert git(clone, "status", "--porcelain") == "", "the failed release left changes"
     record = yaml.safe_load((clone / "releases.yaml").read_text())["releases"]
     assert VERSION not in [str(e["version"]) for e in record]

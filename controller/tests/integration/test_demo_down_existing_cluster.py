@@ -16,7 +16,7 @@ from kubernetes import client
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, tenants
 from cozystack_gpu_testkit.demo import platform
-from cozystack_gpu_testkit.objects import unless, wait_for
+from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -43,22 +43,7 @@ def _what_the_demo_made(api: client.ApiClient) -> None:
     stand_in = {"metadata": {"name": tenants.KUBEVIRT_ADMIN_STAND_IN}, "rules": []}
     unless(409, lambda: rbac.create_cluster_role(stand_in))
     for name in platform.FOREIGN_CLASSES:
-        client.CustomObjectsApi(api).create_cluster_custom_object(
-            keys.GROUP,
-            keys.VERSION,
-            keys.PLURAL_CLASSES,
-            {
-                "apiVersion": keys.API_VERSION,
-                "kind": keys.KIND_CLASS,
-                "metadata": {"name": name},
-                "spec": {
-                    "vendor": "NVIDIA",
-                    "model": name,
-                    "mode": "passthrough",
-                    "source": {"devicePlugin": {"resourceName": f"nvidia.com/{name}"}},
-                },
-            },
-        )
+        Kube(api).gpu_class(name, f"nvidia.com/{name}", model=name)
     secret = {"metadata": {"name": platform.FOREIGN_SECRET}, "stringData": {"t": "stand-in"}}
     core.create_namespaced_secret(platform.NAMESPACE, secret)
     for name in platform.FOREIGN_NODES:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from cozystack_gpu.agent import sysfs
+from cozystack_gpu_testkit.releases import git
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPE = REPO / "deploy" / "device-plugin"
@@ -50,18 +51,6 @@ def _pinned(name: str) -> str:
     return match.group(1)
 
 
-def _git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.email=t@example.net", "-c", "user.name=t", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, f"git {' '.join(args)}: {done.stderr}"
-    return done.stdout
-
-
 def test_the_patch_is_a_git_diff_that_adds_the_vf_discovery_and_touches_nothing_else(
     tmp_path: Path,
 ) -> None:
@@ -69,15 +58,15 @@ def test_the_patch_is_a_git_diff_that_adds_the_vf_discovery_and_touches_nothing_
     hooks the discovery into the plugin's start and adds its code, NVML loader and tests.
     It adds no Go module either (go.mod, go.sum, vendor/), so NVIDIA's vendored tree still
     builds offline, as the Containerfile asks (GOPROXY=off)."""
-    _git(tmp_path, "init", "-q")
+    git(tmp_path, "init", "-q")
     touched: dict[str, tuple[int, int]] = {}
     created: set[str] = set()
     for patch in _patches():
-        numstat = _git(tmp_path, "apply", "--numstat", str(patch))
+        numstat = git(tmp_path, "apply", "--numstat", str(patch))
         for line in numstat.splitlines():
             added, removed, path = line.split("\t")
             touched[path] = (int(added), int(removed))
-        summary = _git(tmp_path, "apply", "--summary", str(patch))
+        summary = git(tmp_path, "apply", "--summary", str(patch))
         created |= set(re.findall(r"^ create mode 100644 (\S+)$", summary, re.MULTILINE))
     assert set(touched) == {
         f"{PLUGIN_DIR}/device_plugin.go",
@@ -249,20 +238,20 @@ def test_the_build_script_refuses_a_clone_whose_tag_is_not_nvidias_commit(
 ) -> None:
     tag = _pinned("PINNED_TAG")
     clone = _fake_upstream(tmp_path / "clone", tag)
-    _git(clone, "init", "-q")
-    _git(clone, "add", "-A")
-    _git(clone, "commit", "-q", "-m", "not NVIDIA's")
+    git(clone, "init", "-q")
+    git(clone, "add", "-A")
+    git(clone, "commit", "-q", "-m", "not NVIDIA's")
     done = _build(no_build, str(clone), tag)
     assert done.returncode == 1
     assert "has no tag" in done.stderr and "fetch --tags" in done.stderr
-    _git(clone, "tag", tag)
-    commit = _git(clone, "rev-parse", "HEAD").strip()
+    git(clone, "tag", tag)
+    commit = git(clone, "rev-parse", "HEAD").strip()
     done = _build(no_build, str(clone), tag)
     assert done.returncode == 1
     assert f"is commit {commit}, but NVIDIA's {tag} is {_pinned('PINNED_COMMIT')}" in done.stderr
     # A git-archive tarball of that commit names it in its header, and is refused alike.
     tarball = tmp_path / "fake.tar.gz"
-    _git(clone, "archive", "--format=tar.gz", "--prefix=fake/", "-o", str(tarball), tag)
+    git(clone, "archive", "--format=tar.gz", "--prefix=fake/", "-o", str(tarball), tag)
     done = _build(no_build, str(tarball), tag)
     assert done.returncode == 1
     assert f"the tarball is commit {commit}" in done.stderr

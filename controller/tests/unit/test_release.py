@@ -20,6 +20,8 @@ from types import ModuleType
 import pytest
 import yaml
 
+from cozystack_gpu_testkit.releases import git
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -40,18 +42,6 @@ def _files() -> dict[str, str]:
     return {path: (REPO / path).read_text() for path in VERSIONED}
 
 
-def _git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.email=t@example.net", "-c", "user.name=t", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A git repository with the versioned files, the release record and the fragments."""
@@ -60,9 +50,9 @@ def repo(tmp_path: Path) -> Path:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, root / path)
     shutil.copytree(REPO / release.FRAGMENTS, root / release.FRAGMENTS)
-    _git(tmp_path, "init", "-q", str(root))
-    _git(root, "add", "-A")
-    _git(root, "commit", "-q", "-m", "start")
+    git(tmp_path, "init", "-q", str(root))
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "start")
     return root
 
 
@@ -139,7 +129,7 @@ def test_a_release_is_not_cut_from_a_dirty_tree(
 def test_the_dry_run_says_what_it_would_change_and_changes_nothing(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    head = _git(repo, "rev-parse", "HEAD")
+    head = git(repo, "rev-parse", "HEAD")
     assert release.main(["cut", "0.2.0", "--dry-run", "--skip-image", "--root", str(repo)]) == 0
     out = capsys.readouterr().out
     assert "galaxy.yml version: 0.1.0 -> 0.2.0" in out
@@ -150,8 +140,8 @@ def test_the_dry_run_says_what_it_would_change_and_changes_nothing(
     assert "SHA256SUMS" in out and ".oci.tar" not in out
     for fragment in (repo / release.FRAGMENTS).glob("*.yml"):
         assert fragment.name in out
-    assert _git(repo, "status", "--porcelain") == ""
-    assert _git(repo, "rev-parse", "HEAD") == head
+    assert git(repo, "status", "--porcelain") == ""
+    assert git(repo, "rev-parse", "HEAD") == head
 
 
 def test_the_checksums_file_is_what_sha256sum_checks(tmp_path: Path) -> None:
@@ -239,7 +229,7 @@ def test_every_recorded_release_is_a_commit_in_history_carrying_its_version() ->
         "version": "0.1.0",
         "commit": "9227b6d401a12cbddc6f317da50301f0758fd0db",
     }
-    shallow = _git(REPO, "rev-parse", "--is-shallow-repository").strip() == "true"
+    shallow = git(REPO, "rev-parse", "--is-shallow-repository").strip() == "true"
     for entry in entries:
         version, commit = str(entry["version"]), str(entry["commit"])
         release.parse_version(version)
@@ -254,6 +244,6 @@ def test_every_recorded_release_is_a_commit_in_history_carrying_its_version() ->
             f"release {version}'s commit {commit} is not in this repository's history"
             + (" (a shallow clone: fetch with --unshallow)" if shallow else "")
         )
-        files = {path: _git(REPO, "show", f"{commit}:{path}") for path in VERSIONED}
+        files = {path: git(REPO, "show", f"{commit}:{path}") for path in VERSIONED}
         carried = release.versions_in(files)
         assert set(carried.values()) == {version}, (version, carried)
