@@ -15,9 +15,8 @@ from cozystack_gpu import keys
 from cozystack_gpu.admission import pod_rules
 from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
-from cozystack_gpu.admission.handle_vmi import label_without_annotation
+from cozystack_gpu.admission.handle_vmi import vmi_claims_request
 from cozystack_gpu.keys import AdmissionReason
-from cozystack_gpu.objects import annotation
 from cozystack_gpu.objects.translate import meta
 
 Obj = dict[str, Any]
@@ -62,17 +61,7 @@ class PodWebhook:
                 AdmissionReason.LABEL_ON_FOREIGN_POD,
                 400,
             )
-        raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
-        if raw is None:
-            raise Refused(
-                label_without_annotation("VirtualMachineInstance", vmi_name),
-                AdmissionReason.LABEL_WITHOUT_ANNOTATION,
-                400,
-            )
-        try:
-            request = annotation.parse(str(raw))
-        except annotation.AnnotationError as exc:
-            raise Refused(str(exc), AdmissionReason.MALFORMED_ANNOTATION, 400) from None
+        request = vmi_claims_request(vmi)
         claims = [self.pool.submit(self.access.claim, namespace, c) for c in request.claims]
         classes = self.access.classes()
         names = {t.gpu_class for t in request.templates}

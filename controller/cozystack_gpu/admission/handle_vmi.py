@@ -16,7 +16,6 @@ Nothing here creates a claim or waits for one.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -32,8 +31,8 @@ from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.keys import AdmissionReason
 from cozystack_gpu.objects import annotation
-from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, finalizer_patch
-from cozystack_gpu.objects.translate import meta
+from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, attachment, finalizer_patch
+from cozystack_gpu.objects.translate import meta, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +47,29 @@ VMI_NOT_SYNCED = (
 )
 
 
-def now_rfc3339(clock: Callable[[], float]) -> str:
-    return datetime.datetime.fromtimestamp(clock(), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def label_without_annotation(kind: str, name: str) -> str:
     return (
         f"{kind} {name} carries the label {keys.LABEL_CLAIMS_REF}="
         f"{keys.LABEL_CLAIMS_REF_VALUE} but no {keys.ANNOTATION_CLAIMS} annotation naming its "
         "GPU claims; add the annotation, or remove the label"
     )
+
+
+def vmi_claims_request(vmi: Obj) -> annotation.ClaimsRequest:
+    """What a labelled VMI's claims annotation asks for, or the refusal both the VMI and
+    the pod webhook give when it has none or it cannot be read."""
+    name = str(meta(vmi).get("name", ""))
+    raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
+    if raw is None:
+        raise Refused(
+            label_without_annotation("VirtualMachineInstance", name),
+            AdmissionReason.LABEL_WITHOUT_ANNOTATION,
+            400,
+        )
+    try:
+        return annotation.parse(str(raw))
+    except annotation.AnnotationError as exc:
+        raise Refused(str(exc), AdmissionReason.MALFORMED_ANNOTATION, 400) from None
 
 
 def admit_vm_template(vm: Obj) -> None:
@@ -136,17 +148,7 @@ class VMIWebhook:
         """
         name = str(meta(vmi).get("name", ""))
         namespace = str(meta(vmi).get("namespace", ""))
-        raw = (meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
-        if raw is None:
-            raise Refused(
-                label_without_annotation("VirtualMachineInstance", name),
-                AdmissionReason.LABEL_WITHOUT_ANNOTATION,
-                400,
-            )
-        try:
-            request = annotation.parse(str(raw))
-        except annotation.AnnotationError as exc:
-            raise Refused(str(exc), AdmissionReason.MALFORMED_ANNOTATION, 400) from None
+        request = vmi_claims_request(vmi)
         # GPU names and node sizes come from this replica's view (SPEC.md §6): before its
         # first listing it cannot judge the start, and says so retryably rather than
         # judging with less (virt-controller creates the VMI again).
@@ -311,28 +313,23 @@ class VMIWebhook:
         time). Any earlier attachment of this name (an earlier VMI of the VM) is replaced,
         its recorded uid with it; a claim changed meanwhile raises ``_LostRace``."""
         status = dict(obj.get("status") or {})
-        ops: list[Obj] = [
-            {"op": "test", "path": "/status", "value": status},
-            {"op": "add", "path": "/status/attachedTo", "value": vmi_name},
-            {"op": "add", "path": "/status/attachmentID", "value": attachment_id},
-            {"op": "add", "path": "/status/attachedAt", "value": now_rfc3339(self.clock)},
-        ]
-        if "attachedToUID" in status:
-            ops.append({"op": "remove", "path": "/status/attachedToUID"})
+        fields = attachment(vmi_name, attachment_id=attachment_id, at=rfc3339(self.clock()))
+        ops: list[Obj] = [{"op": "test", "path": "/status", "value": status}]
+        for field, value in fields.items():
+            if value is not None:
+                ops.append({"op": "add", "path": f"/status/{field}", "value": value})
+            elif field in status:
+                ops.append({"op": "remove", "path": f"/status/{field}"})
         if not status:
             # A claim no controller has written yet has no status object to test or add to.
-            ops = [{"op": "test", "path": "/metadata/uid", "value": meta(obj).get("uid")}]
-            ops.append(
+            ops = [
+                {"op": "test", "path": "/metadata/uid", "value": meta(obj).get("uid")},
                 {
                     "op": "add",
                     "path": "/status",
-                    "value": {
-                        "attachedTo": vmi_name,
-                        "attachmentID": attachment_id,
-                        "attachedAt": now_rfc3339(self.clock),
-                    },
-                }
-            )
+                    "value": {k: v for k, v in fields.items() if v is not None},
+                },
+            ]
         try:
             return self.access.claim_status(namespace, claim_name, ops)
         except ApiException as exc:

@@ -17,7 +17,7 @@ from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.conditions import condition as condition
 from cozystack_gpu.objects.conditions import merge_conditions as merge_conditions
 from cozystack_gpu.objects.conditions import same_condition as same_condition
-from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED
+from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, attachment
 from cozystack_gpu.objects.translate import (
     meta,
     rfc3339,
@@ -105,12 +105,7 @@ def claim_status_patch(
 def attachment_fields(vmi_name: str, vmi_uid: str, now: float) -> dict[str, Any]:
     """The status fields of an attachment the controller writes itself (a template claim,
     made for one VMI whose uid it knows)."""
-    return {
-        "attachedTo": vmi_name,
-        "attachedToUID": vmi_uid,
-        "attachmentID": None,
-        "attachedAt": rfc3339(now),
-    }
+    return attachment(vmi_name, uid=vmi_uid, at=rfc3339(now))
 
 
 def attachment_patch(claim_obj: Obj, change: AttachmentChange, now: float) -> dict[str, Any]:

@@ -8,13 +8,23 @@ from typing import Any
 from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import meta
 
+
+def attachment(
+    vmi_name: str | None,
+    *,
+    uid: str | None = None,
+    attachment_id: str | None = None,
+    at: str | None = None,
+) -> dict[str, Any]:
+    """A claim's attachment status fields, every one of them; None is a field not set. The
+    VMI webhook writes an attachment with its attachment id (the VMI has no uid yet), the
+    binder a template claim's with its VMI's uid; both say when."""
+    return {"attachedTo": vmi_name, "attachedToUID": uid, "attachmentID": attachment_id,
+            "attachedAt": at}  # fmt: skip
+
+
 # The status fields of an attachment, as a merge patch that clears them all.
-ATTACHMENT_CLEARED: dict[str, Any] = {
-    "attachedTo": None,
-    "attachedToUID": None,
-    "attachmentID": None,
-    "attachedAt": None,
-}
+ATTACHMENT_CLEARED: dict[str, Any] = attachment(None)
 
 
 def finalizers_of(obj: Obj) -> list[str]:
