@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -30,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import PodResourcesUnavailable, Snapshot
 from cozystack_gpu.agent.report import NodeReport, PhaseOf, build_report
+from cozystack_gpu.objects.translate import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class Agent:
             self.metrics.refreshes.labels(result="unchanged").inc()
             return TickResult(False, report, "unchanged")
         fields = dict(status)
-        fields["updatedAt"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        fields["updatedAt"] = rfc3339(time.time())
         fields["agentVersion"] = self.version
         try:
             self.writer.patch_status(fields)

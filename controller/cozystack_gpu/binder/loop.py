@@ -63,12 +63,10 @@ from cozystack_gpu.objects.translate import meta
 
 log = logging.getLogger(__name__)
 
-# The decisions metric's steps beside the model's placement steps.
-TICK_S = 0.5  # re-plan at least this often: expiries (attachment grace, rejections) are timed
-# "Why it waits" condition writes a second, at most. Each costs the API server as much as a
-# bind; measured on 2 cores, 100/s behind 10,000 refused orders tripled the bind latency of
-# the orders that fit. A few refusals are told at once (the bucket holds this many).
-REPLAN_S = 1.0  # plan at least this often, for time-based rules
+# The loop wakes at least every TICK_S to look at timed rules (attachment grace, rejections
+# expiring), and plans at least every REPLAN_S even when nothing changed, for those rules.
+TICK_S = 0.5
+REPLAN_S = 1.0
 MAX_BATCH = 5000
 PLACING = (Step.BIND, Step.REBIND, Step.MOVE)  # steps that take units on ``action.node``
 

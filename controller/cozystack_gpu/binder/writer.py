@@ -30,14 +30,13 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder.events import EventBook, Told
+from cozystack_gpu.cluster.informer import WRITE_TIMEOUT_S
 from cozystack_gpu.model import ClaimKey
 
 log = logging.getLogger(__name__)
 
-# (connect, read) seconds of every request. A server that is down refuses the connection at
-# once; a loaded one answers a write within a few seconds (BENCHMARKS.md: p99 of 2-4 s behind
-# 10,000 waiting orders on 2 cores), so 30 s only ends a request that will never answer.
-REQUEST_TIMEOUT_S = (5.0, 30.0)
+# (connect, read) seconds of every request: the loops' write timeouts.
+REQUEST_TIMEOUT_S = WRITE_TIMEOUT_S
 # After a request that did not reach the server (or a 429/5xx), a worker pauses before its
 # next job, doubling up to the maximum: while the server restarts, the loop's re-decided
 # writes are not fired at it in a tight loop. Any answer resets the pause.

@@ -40,6 +40,11 @@ RETRY_DELAY_S = 1.0
 # (e.g. the API server went away without closing it) and is listed again.
 LIST_TIMEOUT_S = (5.0, 60.0)
 WATCH_READ_TIMEOUT_S = (5.0, WATCH_TIMEOUT_S + 30.0)
+# (connect, read) seconds of a write of the controller's loops (the binder's writer, the
+# licence copier). A server that is down refuses the connection at once; a loaded one
+# answers a write within a few seconds (BENCHMARKS.md: p99 of 2-4 s behind 10,000 waiting
+# orders on 2 cores), so 30 s only ends a request that will never answer.
+WRITE_TIMEOUT_S = (5.0, 30.0)
 
 
 class EventType(enum.Enum):

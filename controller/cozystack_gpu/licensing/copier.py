@@ -29,6 +29,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.informer import (
+    WRITE_TIMEOUT_S,
     Event,
     EventType,
     SharedInformers,
@@ -46,7 +47,6 @@ Key = tuple[str, str]
 
 RESYNC_S = 30.0
 TICK_S = 0.5
-REQUEST_TIMEOUT_S = (5.0, 30.0)
 
 CLASSES = keys.GPU_CLASS.kind
 NAMESPACES = keys.NAMESPACE.kind
@@ -202,7 +202,7 @@ class LicenseCopier:
                 keys.PLURAL_CLASSES,
                 name,
                 patch,
-                _request_timeout=REQUEST_TIMEOUT_S,
+                _request_timeout=WRITE_TIMEOUT_S,
             )
         except ApiException as exc:
             if exc.status not in (404, 409):
@@ -246,7 +246,7 @@ class LicenseCopier:
 
     def _create(self, copy: rules.Copy, body: Obj) -> Obj:
         created = self.core.create_namespaced_secret(
-            copy.namespace, body, _request_timeout=REQUEST_TIMEOUT_S
+            copy.namespace, body, _request_timeout=WRITE_TIMEOUT_S
         )
         result: Obj = self.api.sanitize_for_serialization(created)
         return result
@@ -255,14 +255,14 @@ class LicenseCopier:
         # An unconditional replace: the copy is the controller's alone, so whatever changed
         # it since it was read is overwritten.
         replaced = self.core.replace_namespaced_secret(
-            copy.name, copy.namespace, body, _request_timeout=REQUEST_TIMEOUT_S
+            copy.name, copy.namespace, body, _request_timeout=WRITE_TIMEOUT_S
         )
         result: Obj = self.api.sanitize_for_serialization(replaced)
         return result
 
     def _delete(self, namespace: str, name: str) -> None:
         try:
-            self.core.delete_namespaced_secret(name, namespace, _request_timeout=REQUEST_TIMEOUT_S)
+            self.core.delete_namespaced_secret(name, namespace, _request_timeout=WRITE_TIMEOUT_S)
         except ApiException as exc:
             if exc.status != 404:
                 log.warning(
