@@ -65,13 +65,8 @@ from cozystack_gpu.binder.records import workload_name
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, list_function, source
 from cozystack_gpu.objects import annotation
 from cozystack_gpu.objects.launcher import PodRole, launcher_usage, pod_role, raw_usage
-from cozystack_gpu.objects.translate import (
-    PodUsage,
-    claims_cover,
-    template_owner,
-    vmi_state,
-    whole_quantity,
-)
+from cozystack_gpu.objects.pod_usage import PodUsage, claims_cover, template_owner
+from cozystack_gpu.objects.translate import vmi_state, whole_quantity
 
 log = logging.getLogger(__name__)
 

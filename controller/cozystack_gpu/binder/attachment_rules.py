@@ -6,12 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cozystack_gpu.keys import ClaimReason, Phase
-from cozystack_gpu.objects import Obj, translate
-from cozystack_gpu.objects.translate import (
-    VMIState,
-    name_of,
-    timestamp,
-)
+from cozystack_gpu.objects import Obj, attachment
+from cozystack_gpu.objects.translate import VMIState, name_of, timestamp
 
 # --- Attachment --------------------------------------------------------------------------
 
@@ -34,7 +30,7 @@ def attachment_change(
     name is another start of the VM: it ends a confirmed attachment (its VMI is gone) and
     leaves an unconfirmed one waiting for its own VMI. An attachment whose VMI never
     appeared within the grace is cleared (a later admission step refused the VMI)."""
-    attached = translate.attachment_of(claim)
+    attached = attachment.attachment_of(claim)
     if attached is None:
         return None
     phase = (claim.get("status") or {}).get("phase")
@@ -42,11 +38,11 @@ def attachment_change(
         return None
     legacy = not attached.uid and not attached.attachment_id
     if vmi is None and legacy and phase == Phase.ATTACHED.value:
-        verdict = translate.Verdict.GONE  # its VMI existed: once it is not seen, it is gone
+        verdict = attachment.Verdict.GONE  # its VMI existed: once it is not seen, it is gone
     else:
-        verdict = translate.attachment_verdict(attached, vmi, now, grace, seen_at, name_of(claim))
+        verdict = attachment.attachment_verdict(attached, vmi, now, grace, seen_at, name_of(claim))
     name = attached.vmi
-    if verdict is translate.Verdict.RUNS:
+    if verdict is attachment.Verdict.RUNS:
         assert vmi is not None
         uid = vmi.uid if not attached.uid else ""
         if phase == Phase.BOUND.value or uid:
@@ -54,14 +50,14 @@ def attachment_change(
                 Phase.ATTACHED, False, ClaimReason.ATTACHED, f"attached to VMI {name}", uid=uid
             )
         return None
-    if verdict is translate.Verdict.STARTING:
+    if verdict is attachment.Verdict.STARTING:
         return None
-    if verdict is translate.Verdict.FINISHED:
+    if verdict is attachment.Verdict.FINISHED:
         assert vmi is not None
         return AttachmentChange(
             Phase.BOUND, True, ClaimReason.VMI_FINISHED, f"VMI {name} is {vmi.phase}"
         )
-    if verdict is translate.Verdict.GONE:
+    if verdict is attachment.Verdict.GONE:
         which = f" (uid {attached.uid})" if attached.uid else ""
         return AttachmentChange(
             Phase.BOUND, True, ClaimReason.VMI_GONE, f"VMI {name}{which} is gone"

@@ -14,7 +14,7 @@ from cozystack_gpu.binder.writer import WriteDone
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import ClaimKey
-from cozystack_gpu.objects import translate
+from cozystack_gpu.objects import attachment, translate
 
 # The decision steps of attachments, beside the planner's (metrics and status writes).
 ATTACHMENT_STEPS = ("Attach", "Detach")
@@ -108,10 +108,10 @@ def _judged_until(
     """Until when an attachment judged to stay as it is stays so while nothing changes: for
     ever once its VMI is seen (the VMI's end is an event), until its grace runs out while
     it waits for its VMI."""
-    attached = translate.attachment_of(claim)
+    attached = attachment.attachment_of(claim)
     if attached is None:
         return float("inf")
-    if vmi is not None and translate.same_vmi(attached, vmi) is not False:
+    if vmi is not None and attachment.same_vmi(attached, vmi) is not False:
         return float("inf")
     starts = [t for t in (attached.at, seen) if t is not None]
     return (max(starts) if starts else 0.0) + grace

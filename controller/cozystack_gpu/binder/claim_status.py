@@ -18,10 +18,7 @@ from cozystack_gpu.objects.conditions import condition as condition
 from cozystack_gpu.objects.conditions import merge_conditions as merge_conditions
 from cozystack_gpu.objects.conditions import same_condition as same_condition
 from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, attachment
-from cozystack_gpu.objects.translate import (
-    meta,
-    rfc3339,
-)
+from cozystack_gpu.objects.translate import meta, rfc3339
 
 # Status writes that only tell (why a claim waits, why its deletion waits, where its set
 # starts): they are not placements, so they are queued behind every bind and never held in

@@ -10,9 +10,7 @@ from cozystack_gpu.binder.claim_status import condition, merge_conditions, same_
 from cozystack_gpu.keys import ClassReason, Phase
 from cozystack_gpu.model import ClassStatus, Reason
 from cozystack_gpu.objects import Obj
-from cozystack_gpu.objects.translate import (
-    meta,
-)
+from cozystack_gpu.objects.translate import meta
 
 # --- Class status ------------------------------------------------------------------------
 

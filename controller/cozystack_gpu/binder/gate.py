@@ -26,20 +26,17 @@ from cozystack_gpu.binder.claim_status import merge_conditions
 from cozystack_gpu.model import VolumeAffinity
 from cozystack_gpu.objects import Obj, annotation, translate
 from cozystack_gpu.objects.annotation import ClaimsRequest, TemplateEntry
-from cozystack_gpu.objects.translate import (
+from cozystack_gpu.objects.translate import meta, name_of, namespace_of, node_ready
+from cozystack_gpu.objects.vmi_pods import (
+    NODE_NAME_FIELD,
+    required_terms,
+)
+from cozystack_gpu.objects.volumes import (
     binds_at_first_consumer,
-    meta,
-    name_of,
-    namespace_of,
-    node_ready,
     pod_volume_claims,
     pvc_storage_class,
     pvc_volume_name,
     volume_affinity,
-)
-from cozystack_gpu.objects.vmi_pods import (
-    NODE_NAME_FIELD,
-    required_terms,
 )
 
 _INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9./_-]+)")

@@ -13,12 +13,7 @@ from cozystack_gpu.binder.claim_status import condition
 from cozystack_gpu.keys import ClaimReason
 from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.patches import finalizer_patch
-from cozystack_gpu.objects.translate import (
-    made_by_template,
-    meta,
-    template_made_for,
-    timestamp,
-)
+from cozystack_gpu.objects.translate import made_by_template, meta, template_made_for, timestamp
 
 # --- Finalizers --------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, 
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import EventReason, Phase
 from cozystack_gpu.model import ClaimKey
-from cozystack_gpu.objects import translate
+from cozystack_gpu.objects import attachment, translate
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class Publisher(BinderPart):
                 continue
             vmi = self.view.attached_vmi(key)
             seen = self.view.attachment_seen_at(key, now)
-            live = translate.vmi_live(obj, vmi, now, self.config.attachment_grace, seen)
+            live = attachment.vmi_live(obj, vmi, now, self.config.attachment_grace, seen)
             owner_live = self.view.template_owner_live(key)
             body = protection.claim_protection(obj, live, owner_live=owner_live)
             if body is not None:

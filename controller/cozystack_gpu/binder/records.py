@@ -8,11 +8,7 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.objects import Obj
-from cozystack_gpu.objects.translate import (
-    meta,
-    name_of,
-    namespace_of,
-)
+from cozystack_gpu.objects.translate import meta, name_of, namespace_of
 
 # --- Usage records -----------------------------------------------------------------------
 

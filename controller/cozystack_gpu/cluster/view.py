@@ -30,7 +30,7 @@ from cozystack_gpu.model import (
     Snapshot,
     VolumeAffinity,
 )
-from cozystack_gpu.objects import launcher, translate, vmi_pods
+from cozystack_gpu.objects import attachment, launcher, pod_usage, translate, vmi_pods, volumes
 from cozystack_gpu.objects.translate import VMIState, object_key
 
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
@@ -62,7 +62,7 @@ class ClusterView:
         self._tombstones: dict[str, dict[Key, int]] = {kind: {} for kind in self.kinds}
         self.listed: set[str] = set()
         self.dirty = Dirty()
-        self._pods: dict[Key, translate.PodUsage] = {}
+        self._pods: dict[Key, pod_usage.PodUsage] = {}
         self._pods_on_node: dict[str, set[Key]] = {}
         self._pods_in_ns: dict[str, set[Key]] = {}
         self._quotas_in_ns: dict[str, set[Key]] = {}
@@ -243,7 +243,7 @@ class ClusterView:
                 if not index:
                     del self._attached[(key[0], target)]
                 served.add((key[0], str(target)))
-            owner = translate.template_owner(obj)
+            owner = pod_usage.template_owner(obj)
             if owner is not None:
                 owned = self._templates_of.setdefault((key[0], owner), set())
                 (owned.add if add else owned.discard)(claim_key)
@@ -331,7 +331,7 @@ class ClusterView:
         role = launcher.pod_role(new, vmi, siblings, ended)
         if role is launcher.PodRole.FINISHING:
             return  # its VM has stopped: the pod is finishing
-        usage: translate.PodUsage | None
+        usage: pod_usage.PodUsage | None
         if role is launcher.PodRole.COVERED:
             assert owner is not None
             usage = launcher.launcher_usage(new, self._claims_cover(key[0], owner, new))
@@ -366,14 +366,14 @@ class ClusterView:
             obj
             for claim_key in members
             if (obj := self.claim(claim_key)) is not None
-            and translate.claim_serves_vmi(obj, vmi_name)
+            and pod_usage.claim_serves_vmi(obj, vmi_name)
         ]
 
         def resource_of(class_name: str) -> str | None:
             obj = self.gpu_class(class_name)
             return translate.class_resource_name(obj) if obj is not None else None
 
-        return translate.claims_cover(claims, resource_of, str(node))
+        return pod_usage.claims_cover(claims, resource_of, str(node))
 
     def _on_vmi(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         namespace = key[0]
@@ -428,7 +428,7 @@ class ClusterView:
                 self._claim_vm[ClaimKey(namespace, claim)] = key[1]
         for name in self._vm_pvcs.pop(key, ()):
             _unindex(self._pvc_vms, (namespace, name), key)
-        pvcs = translate.vm_volume_claims(new) if new is not None else ()
+        pvcs = volumes.vm_volume_claims(new) if new is not None else ()
         if pvcs:
             self._vm_pvcs[key] = pvcs
             for name in pvcs:
@@ -439,7 +439,7 @@ class ClusterView:
         before = self._pvc_pv.pop(key, None)
         if before is not None:
             _unindex(self._pv_pvcs, before, key)
-        volume = translate.pvc_volume_name(new) if new is not None else None
+        volume = volumes.pvc_volume_name(new) if new is not None else None
         if volume is not None:
             self._pvc_pv[key] = volume
             self._pv_pvcs.setdefault(volume, set()).add(key)
@@ -447,8 +447,8 @@ class ClusterView:
             self._volumes_changed({key})
 
     def _on_pv(self, key: Key, old: Obj | None, new: Obj | None) -> None:
-        old_affinity = translate.volume_affinity(old) if old is not None else None
-        new_affinity = translate.volume_affinity(new) if new is not None else None
+        old_affinity = volumes.volume_affinity(old) if old is not None else None
+        new_affinity = volumes.volume_affinity(new) if new is not None else None
         if old_affinity != new_affinity:
             self._volumes_changed(self._pv_pvcs.get(key[1], set()))
 
@@ -593,7 +593,7 @@ class ClusterView:
         for name in self._vm_pvcs.get(vm, ()):
             volume = self._pvc_pv.get((vm[0], name))
             pv = self.pv(volume) if volume is not None else None
-            affinity = translate.volume_affinity(pv) if pv is not None else None
+            affinity = volumes.volume_affinity(pv) if pv is not None else None
             if affinity is not None:
                 found.append(affinity)
         return tuple(found)
@@ -611,7 +611,7 @@ class ClusterView:
         """When this binder first saw the claim's current attachment (``now`` if this is
         the first look), or None when it has none."""
         obj = self.claim(key)
-        attached = translate.attachment_of(obj) if obj is not None else None
+        attached = attachment.attachment_of(obj) if obj is not None else None
         if attached is None:
             return None
         seen = self._attachment_seen.get(key)
@@ -656,7 +656,7 @@ class ClusterView:
         return translate.node_info(
             node,
             self.gpunode(name),
-            translate.sum_usage(usage, self._gpu_names),
+            pod_usage.sum_usage(usage, self._gpu_names),
             stale=name in self._stale,
         )
 
@@ -667,7 +667,7 @@ class ClusterView:
         quotas = [self.raw[keys.RESOURCE_QUOTA.kind][k] for k in self._quotas_in_ns.get(name, ())]
         usage = [self._pods[k] for k in self._pods_in_ns.get(name, ())]
         return translate.namespace_info(
-            namespace, quotas, translate.sum_usage(usage, self._gpu_names)
+            namespace, quotas, pod_usage.sum_usage(usage, self._gpu_names)
         )
 
     def class_info(self, name: str) -> ClassInfo | None:
@@ -683,7 +683,7 @@ class ClusterView:
         vm = self._claim_vm.get(key)
         return translate.claim_info(
             obj,
-            vmi_live_now=translate.vmi_live(obj, vmi, now, self.config.attachment_grace, seen),
+            vmi_live_now=attachment.vmi_live(obj, vmi, now, self.config.attachment_grace, seen),
             set_id=translate.set_id_for(obj, self._claim_vmi.get(key), vm),
             volumes=self.vm_volumes((key.namespace, vm)) if vm is not None else (),
         )

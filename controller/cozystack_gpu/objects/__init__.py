@@ -1,6 +1,6 @@
 """The vocabulary of the API objects every part reads: accessors, timestamps, the claims
-annotation, launcher pod readers, finalizer patches, and the translation of objects into
-the model's inputs. Below the admission webhooks and the binder, which both speak it; it
+annotation, launcher pod readers, finalizer and attachment patches, attachments and their
+verdicts, pod usage, volumes, and the translation of objects into the model's inputs. Below the admission webhooks and the binder, which both speak it; it
 imports only the keys and the model."""
 
 from collections.abc import Mapping

@@ -18,9 +18,9 @@ from enum import Enum
 
 from cozystack_gpu import keys
 from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects.pod_usage import PodUsage
 from cozystack_gpu.objects.translate import (
     FINAL_POD_PHASES,
-    PodUsage,
     VMIState,
     meta,
     name_of,

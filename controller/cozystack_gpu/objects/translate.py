@@ -1,8 +1,10 @@
 """API objects (the JSON dicts the informers deliver) → the model's input dataclasses.
 
-Pure: no client, no clock; the caller passes ``now`` where a rule depends on time. This is
-the only place that knows which fields of a Node, Pod, GPUNode, GPUClass, GPUClaim,
-Namespace, ResourceQuota, VMI, VM, PVC, PV or StorageClass the binder reads.
+Pure: no client, no clock; the caller passes ``now`` where a rule depends on time. With its
+neighbours (``attachment``: a claim's attachment and its VMI's verdict; ``pod_usage``: what
+pods use and claims cover; ``volumes``: PVCs, PVs and StorageClasses) it is the only place
+that knows which fields of a Node, Pod, GPUNode, GPUClass, GPUClaim, Namespace,
+ResourceQuota, VMI, VM, PVC, PV or StorageClass the binder reads.
 """
 
 from __future__ import annotations
@@ -10,9 +12,8 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from cozystack_gpu import keys
@@ -23,7 +24,6 @@ from cozystack_gpu.model import (
     Device,
     NamespaceInfo,
     NodeInfo,
-    NodeRequirement,
     RejectedNode,
     Taint,
     Toleration,
@@ -174,69 +174,6 @@ def node_health(node: Obj) -> tuple[Any, ...]:
     )
 
 
-# --- Pods (raw-name usage) ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PodUsage:
-    """Extended resources one running pod requests, and where."""
-
-    namespace: str
-    node: str | None
-    requests: Mapping[str, int]
-
-
-# Claim phases whose units a launcher pod on the claim's node is using: Bound and Attached
-# claims, and Lost ones (the model counts a Lost claim there while its VMI runs there, and
-# a running launcher pod says it does).
-_COVERING_PHASES = frozenset({Phase.BOUND.value, Phase.ATTACHED.value, Phase.LOST.value})
-
-
-def claim_serves_vmi(claim: Obj, vmi_name: str) -> bool:
-    """The claim's units are the VMI's: attached to it (``status.attachedTo``), or a
-    template claim it owns (the controller creates those, owned by the VMI)."""
-    return (claim.get("status") or {}).get("attachedTo") == vmi_name or (
-        template_owner(claim) == vmi_name
-    )
-
-
-def template_owner(claim: Obj) -> str | None:
-    """The VMI that owns a template claim (the controller makes them so), or None."""
-    if not is_template_claim(claim):
-        return None
-    for ref in meta(claim).get("ownerReferences") or []:
-        if ref.get("kind") == keys.VMI.kind and ref.get("name"):
-            return str(ref["name"])
-    return None
-
-
-def claims_cover(
-    claims: Iterable[Obj], resource_of: Callable[[str], str | None], node: str
-) -> dict[str, int]:
-    """Units, by resource name, that one VMI's claims (see ``claim_serves_vmi``) hold on
-    ``node``: what its launcher pod there may use without taking anyone else's."""
-    cover: dict[str, int] = {}
-    for claim in claims:
-        status = claim.get("status") or {}
-        if status.get("nodeName") != node or status.get("phase") not in _COVERING_PHASES:
-            continue
-        resource = resource_of(str((claim.get("spec") or {}).get("class", "")))
-        if resource:
-            cover[resource] = cover.get(resource, 0) + int(
-                (claim.get("spec") or {}).get("count") or 1
-            )
-    return cover
-
-
-def sum_usage(usages: Iterable[PodUsage], gpu_names: frozenset[str]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for usage in usages:
-        for name, units in usage.requests.items():
-            if name in gpu_names:
-                total[name] = total.get(name, 0) + units
-    return total
-
-
 # --- Classes -----------------------------------------------------------------------------
 
 
@@ -377,80 +314,6 @@ def controlling_vmi(obj: Obj) -> tuple[str, str] | None:
     return None
 
 
-def vm_volume_claims(vm: Obj) -> tuple[str, ...]:
-    """PVC names of a VirtualMachine's volumes: ``persistentVolumeClaim.claimName``, and
-    ``dataVolume.name`` (a DataVolume makes a PVC of its own name)."""
-    spec = ((vm.get("spec") or {}).get("template") or {}).get("spec") or {}
-    names: list[str] = []
-    for volume in spec.get("volumes") or []:
-        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-        data = (volume.get("dataVolume") or {}).get("name")
-        for name in (claim, data):
-            if name and str(name) not in names:
-                names.append(str(name))
-    return tuple(names)
-
-
-def pod_volume_claims(pod: Obj) -> tuple[str, ...]:
-    """PVC names of a pod's volumes (KubeVirt renders DataVolumes as their PVCs)."""
-    return tuple(
-        str(v["persistentVolumeClaim"]["claimName"])
-        for v in (pod.get("spec") or {}).get("volumes") or []
-        if (v.get("persistentVolumeClaim") or {}).get("claimName")
-    )
-
-
-def pvc_volume_name(pvc: Obj) -> str | None:
-    """The PV a PVC is bound to (``spec.volumeName``, set by the binding), or None."""
-    return (pvc.get("spec") or {}).get("volumeName") or None
-
-
-def binds_at_first_consumer(storage_class: Obj | None) -> bool:
-    """An unbound PVC whose StorageClass binds WaitForFirstConsumer: the scheduler binds it
-    where its first pod goes, so it limits nothing before."""
-    return (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
-
-
-def pvc_storage_class(pvc: Obj) -> str:
-    return str((pvc.get("spec") or {}).get("storageClassName") or "")
-
-
-def volume_affinity(pv: Obj) -> VolumeAffinity | None:
-    """A PV's required node affinity (local and topology-bound volumes have one), or None
-    when it may be used from any node."""
-    required = ((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {}
-    terms = []
-    for term in required.get("nodeSelectorTerms") or []:
-        requirements = [
-            NodeRequirement(
-                str(e.get("key", "")),
-                str(e.get("operator", "")),
-                tuple(str(v) for v in e.get("values") or []),
-            )
-            for e in term.get("matchExpressions") or []
-        ]
-        for field in term.get("matchFields") or []:
-            if field.get("key") != "metadata.name":
-                # No other field can be matched: the term matches no node.
-                requirements.append(NodeRequirement("", "In", (), True))
-                continue
-            requirements.append(
-                NodeRequirement(
-                    "",
-                    str(field.get("operator", "")),
-                    tuple(str(v) for v in field.get("values") or []),
-                    True,
-                )
-            )
-        if not requirements:
-            # An empty term matches no node (as kube-scheduler reads it).
-            requirements.append(NodeRequirement("", "In", (), True))
-        terms.append(tuple(requirements))
-    if not terms:
-        return None
-    return VolumeAffinity(name_of(pv), tuple(terms))
-
-
 def set_id_for(claim: Obj, vmi_of_claim: str | None, vm_of_claim: str | None) -> str | None:
     """Claims of one VM share a set id: the VM (or VMI) that names them, or the VMI that
     owns a template claim."""
@@ -462,122 +325,6 @@ def set_id_for(claim: Obj, vmi_of_claim: str | None, vm_of_claim: str | None) ->
     if vmi_of_claim:
         return "vm/" + vmi_of_claim
     return None
-
-
-@dataclass(frozen=True)
-class Attachment:
-    """A claim's attachment: the VMI's name, its uid once the controller recorded it, the
-    id the VMI webhook wrote with it (and into the VMI), and when it was written."""
-
-    vmi: str
-    uid: str
-    attachment_id: str
-    at: float | None
-
-    @property
-    def confirmed(self) -> bool:
-        return bool(self.uid)
-
-    @property
-    def token(self) -> tuple[str, str, str]:
-        """What changes when the attachment is written anew (a new start, or the uid)."""
-        return (self.vmi, self.attachment_id, str(self.at))
-
-
-def attachment_of(claim: Obj) -> Attachment | None:
-    status = claim.get("status") or {}
-    target = status.get("attachedTo")
-    if not target:
-        return None
-    return Attachment(
-        vmi=str(target),
-        uid=str(status.get("attachedToUID") or ""),
-        attachment_id=str(status.get("attachmentID") or ""),
-        at=timestamp(status.get("attachedAt")),
-    )
-
-
-class Verdict(Enum):
-    """Where a claim's attachment stands against the VMI of that name the binder sees."""
-
-    RUNS = "runs"  # that very VMI exists and is not final
-    STARTING = "starting"  # not seen yet (or only another VMI of that name), within the grace
-    FINISHED = "finished"  # that very VMI is Succeeded or Failed
-    GONE = "gone"  # that VMI was seen and is gone (or replaced by another of the same name)
-    EXPIRED = "expired"  # never seen within the grace: a later admission step refused it
-
-
-def same_vmi(attached: Attachment, vmi: VMIState) -> bool | None:
-    """Is ``vmi`` the incarnation the attachment names? True or False when the attachment
-    says (by uid, else by the webhook's attachment id); None for an attachment that carries
-    neither (written before either existed): the name is all there is."""
-    if attached.uid:
-        return vmi.uid == attached.uid
-    if attached.attachment_id:
-        return vmi.attachment_id == attached.attachment_id
-    return None
-
-
-def attachment_verdict(
-    attached: Attachment,
-    vmi: VMIState | None,
-    now: float,
-    grace: float,
-    seen_at: float | None,
-    claim_name: str = "",
-) -> Verdict:
-    """Whether the attachment's VMI runs, may still appear, or has ended.
-
-    A VMI is known by its uid once the controller has recorded it: only the end of that VMI
-    ends the attachment, so a stop and a start of the same VM racing each other never clear
-    the new start's claims. Before that, the webhook's attachment id says which VMI the
-    attachment was admitted with; another VMI of the same name (the previous start, still in
-    a lagging view) is no answer, and the attachment waits for its own within the grace.
-
-    The grace counts from the later of the webhook's ``attachedAt`` and ``seen_at`` (when
-    this binder first saw the attachment): a webhook replica whose clock runs behind the
-    leader's must not make a starting VM's attachment expire early.
-    """
-    if vmi is not None:
-        same = same_vmi(attached, vmi)
-        if same is None or same:
-            return Verdict.FINISHED if vmi.final else Verdict.RUNS
-        if attached.confirmed and claim_name not in vmi.held_claims:
-            return Verdict.GONE  # a VMI of that name that does not hold the claim
-        if attached.confirmed:
-            # Another VMI of that name that names this claim: a newer one would have been
-            # admitted with it and have written a new attachment, so this is an older one
-            # in a view that lags (a new leader's first listing): wait for the view.
-            return Verdict.STARTING
-    elif attached.confirmed:
-        return Verdict.GONE
-    starts = [t for t in (attached.at, seen_at) if t is not None]
-    if starts and now < max(starts) + grace:
-        return Verdict.STARTING
-    return Verdict.EXPIRED
-
-
-LIVE_VERDICTS = frozenset({Verdict.RUNS, Verdict.STARTING})
-
-
-def vmi_live(
-    claim: Obj, vmi: VMIState | None, now: float, grace: float, seen_at: float | None = None
-) -> bool:
-    """The VMI a claim is attached to runs, or may still appear (``attachment_verdict``).
-
-    An Attached or Lost claim whose attachment carries neither uid nor attachment id (written
-    before this controller recorded them) keeps the old rule: its VMI existed, so once no VMI
-    of that name is seen it is gone.
-    """
-    attached = attachment_of(claim)
-    if attached is None:
-        return False
-    phase = (claim.get("status") or {}).get("phase")
-    legacy = not attached.uid and not attached.attachment_id
-    if vmi is None and legacy and phase != Phase.BOUND.value:
-        return False
-    verdict = attachment_verdict(attached, vmi, now, grace, seen_at, name_of(claim))
-    return verdict in LIVE_VERDICTS
 
 
 def claim_info(

@@ -11,7 +11,7 @@ import pytest
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate
 from cozystack_gpu.model import VolumeAffinity
-from cozystack_gpu.objects import translate, vmi_pods
+from cozystack_gpu.objects import vmi_pods, volumes
 from cozystack_gpu.objects.annotation import TemplateEntry
 
 
@@ -204,7 +204,7 @@ def test_bound_volumes_limit_the_nodes_a_set_may_start_on() -> None:
     }
 
     def limits(*pvs: dict[str, Any]) -> list[VolumeAffinity]:
-        return [a for pv in pvs if (a := translate.volume_affinity(pv)) is not None]
+        return [a for pv in pvs if (a := volumes.volume_affinity(pv)) is not None]
 
     assert gate.volume_nodes(limits(), nodes) is None
     assert gate.volume_nodes(limits({"spec": {}}), nodes) is None

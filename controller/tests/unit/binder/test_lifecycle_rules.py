@@ -18,7 +18,7 @@ from cozystack_gpu.binder import (
 )
 from cozystack_gpu.keys import Phase, RawNamesPolicy
 from cozystack_gpu.model import ClassStatus
-from cozystack_gpu.objects import launcher, translate
+from cozystack_gpu.objects import attachment, launcher, pod_usage, translate
 from cozystack_gpu.objects.annotation import TemplateEntry
 from cozystack_gpu.objects.translate import VMIState
 
@@ -83,12 +83,12 @@ def test_a_running_attached_claim_changes_nothing() -> None:
 
 
 def test_vmi_liveness_follows_the_phase_of_the_claim() -> None:
-    assert translate.vmi_live(claim("Lost", "vm", NOW), vmi("Running"), NOW, GRACE)
-    assert not translate.vmi_live(claim("Lost", "vm", NOW), vmi("Failed"), NOW, GRACE)
+    assert attachment.vmi_live(claim("Lost", "vm", NOW), vmi("Running"), NOW, GRACE)
+    assert not attachment.vmi_live(claim("Lost", "vm", NOW), vmi("Failed"), NOW, GRACE)
     # A Lost claim's VMI existed: gone is gone, whatever the grace says.
-    assert not translate.vmi_live(claim("Lost", "vm", NOW), None, NOW, GRACE)
-    assert translate.vmi_live(claim("Bound", "vm", NOW), None, NOW, GRACE)
-    assert not translate.vmi_live(claim("Bound", "vm", NOW - GRACE), None, NOW, GRACE)
+    assert not attachment.vmi_live(claim("Lost", "vm", NOW), None, NOW, GRACE)
+    assert attachment.vmi_live(claim("Bound", "vm", NOW), None, NOW, GRACE)
+    assert not attachment.vmi_live(claim("Bound", "vm", NOW - GRACE), None, NOW, GRACE)
 
 
 def started(uid: str, phase: str = "Running", attachment_id: str = "") -> VMIState:
@@ -130,7 +130,7 @@ def test_a_restart_racing_the_end_of_the_previous_vmi_keeps_the_new_start_attach
     rewritten = attached("Attached", attachment_id="x2")
     ended_first = started("uid-1", "Succeeded", "x1")
     assert attachment_rules.attachment_change(rewritten, ended_first, NOW, GRACE) is None
-    assert translate.vmi_live(rewritten, ended_first, NOW, GRACE, NOW)
+    assert attachment.vmi_live(rewritten, ended_first, NOW, GRACE, NOW)
     # ... nor by the first VMI's being gone from the view, nor by the first VMI still
     # running in a view that lags further behind.
     assert attachment_rules.attachment_change(rewritten, None, NOW, GRACE, NOW) is None
@@ -154,7 +154,7 @@ def test_a_confirmed_attachment_ends_when_a_vmi_of_the_name_that_does_not_hold_i
     other = VMIState("t", "vm", "Running", "n1", ("other-claim",), True, "uid-2", "")
     change = attachment_rules.attachment_change(confirmed, other, NOW, GRACE)
     assert change is not None and change.clear_attachment and change.reason == "VMIGone"
-    assert not translate.vmi_live(confirmed, other, NOW, GRACE)
+    assert not attachment.vmi_live(confirmed, other, NOW, GRACE)
 
 
 def test_an_unconfirmed_attachment_expires_by_the_binders_clock_too() -> None:
@@ -311,7 +311,7 @@ def test_raw_name_pods_take_units_whatever_their_labels_but_final_pods_do_not() 
     labelled = launcher.raw_usage(_pod({keys.LABEL_CLAIMS_REF: "true"}))
     assert labelled is not None and labelled.requests == {"nvidia.com/GH100": 3}
     assert launcher.raw_usage(_pod(phase="Succeeded")) is None
-    assert translate.sum_usage([usage], frozenset({"nvidia.com/OTHER"})) == {}
+    assert pod_usage.sum_usage([usage], frozenset({"nvidia.com/OTHER"})) == {}
 
 
 def test_a_launcher_pod_uses_what_its_claims_do_not_cover_on_its_node() -> None:
@@ -325,10 +325,10 @@ def test_a_launcher_pod_uses_what_its_claims_do_not_cover_on_its_node() -> None:
             "status": {"phase": phase, "nodeName": node, "attachedTo": "vm"},
         }
 
-    assert translate.claims_cover([claim_on("n1", 2), claim_on("n2", 1)], resource_of, "n1") == {
+    assert pod_usage.claims_cover([claim_on("n1", 2), claim_on("n2", 1)], resource_of, "n1") == {
         "nvidia.com/GH100": 2
     }
-    assert translate.claims_cover([claim_on("n1", 2, "Pending")], resource_of, "n1") == {}
+    assert pod_usage.claims_cover([claim_on("n1", 2, "Pending")], resource_of, "n1") == {}
     used = launcher.launcher_usage(pod, {"nvidia.com/GH100": 2})
     assert used is not None and used.requests == {"nvidia.com/GH100": 1} and used.node == "n1"
     assert launcher.launcher_usage(pod, {"nvidia.com/GH100": 3}) is None

@@ -1,0 +1,127 @@
+"""A claim's attachment to a VMI, and whether that VMI runs, may still appear, or has
+ended: what the binder judges attachments by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from cozystack_gpu.keys import Phase
+from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects.translate import VMIState, name_of, timestamp
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A claim's attachment: the VMI's name, its uid once the controller recorded it, the
+    id the VMI webhook wrote with it (and into the VMI), and when it was written."""
+
+    vmi: str
+    uid: str
+    attachment_id: str
+    at: float | None
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.uid)
+
+    @property
+    def token(self) -> tuple[str, str, str]:
+        """What changes when the attachment is written anew (a new start, or the uid)."""
+        return (self.vmi, self.attachment_id, str(self.at))
+
+
+def attachment_of(claim: Obj) -> Attachment | None:
+    status = claim.get("status") or {}
+    target = status.get("attachedTo")
+    if not target:
+        return None
+    return Attachment(
+        vmi=str(target),
+        uid=str(status.get("attachedToUID") or ""),
+        attachment_id=str(status.get("attachmentID") or ""),
+        at=timestamp(status.get("attachedAt")),
+    )
+
+
+class Verdict(Enum):
+    """Where a claim's attachment stands against the VMI of that name the binder sees."""
+
+    RUNS = "runs"  # that very VMI exists and is not final
+    STARTING = "starting"  # not seen yet (or only another VMI of that name), within the grace
+    FINISHED = "finished"  # that very VMI is Succeeded or Failed
+    GONE = "gone"  # that VMI was seen and is gone (or replaced by another of the same name)
+    EXPIRED = "expired"  # never seen within the grace: a later admission step refused it
+
+
+def same_vmi(attached: Attachment, vmi: VMIState) -> bool | None:
+    """Is ``vmi`` the incarnation the attachment names? True or False when the attachment
+    says (by uid, else by the webhook's attachment id); None for an attachment that carries
+    neither (written before either existed): the name is all there is."""
+    if attached.uid:
+        return vmi.uid == attached.uid
+    if attached.attachment_id:
+        return vmi.attachment_id == attached.attachment_id
+    return None
+
+
+def attachment_verdict(
+    attached: Attachment,
+    vmi: VMIState | None,
+    now: float,
+    grace: float,
+    seen_at: float | None,
+    claim_name: str = "",
+) -> Verdict:
+    """Whether the attachment's VMI runs, may still appear, or has ended.
+
+    A VMI is known by its uid once the controller has recorded it: only the end of that VMI
+    ends the attachment, so a stop and a start of the same VM racing each other never clear
+    the new start's claims. Before that, the webhook's attachment id says which VMI the
+    attachment was admitted with; another VMI of the same name (the previous start, still in
+    a lagging view) is no answer, and the attachment waits for its own within the grace.
+
+    The grace counts from the later of the webhook's ``attachedAt`` and ``seen_at`` (when
+    this binder first saw the attachment): a webhook replica whose clock runs behind the
+    leader's must not make a starting VM's attachment expire early.
+    """
+    if vmi is not None:
+        same = same_vmi(attached, vmi)
+        if same is None or same:
+            return Verdict.FINISHED if vmi.final else Verdict.RUNS
+        if attached.confirmed and claim_name not in vmi.held_claims:
+            return Verdict.GONE  # a VMI of that name that does not hold the claim
+        if attached.confirmed:
+            # Another VMI of that name that names this claim: a newer one would have been
+            # admitted with it and have written a new attachment, so this is an older one
+            # in a view that lags (a new leader's first listing): wait for the view.
+            return Verdict.STARTING
+    elif attached.confirmed:
+        return Verdict.GONE
+    starts = [t for t in (attached.at, seen_at) if t is not None]
+    if starts and now < max(starts) + grace:
+        return Verdict.STARTING
+    return Verdict.EXPIRED
+
+
+LIVE_VERDICTS = frozenset({Verdict.RUNS, Verdict.STARTING})
+
+
+def vmi_live(
+    claim: Obj, vmi: VMIState | None, now: float, grace: float, seen_at: float | None = None
+) -> bool:
+    """The VMI a claim is attached to runs, or may still appear (``attachment_verdict``).
+
+    An Attached or Lost claim whose attachment carries neither uid nor attachment id (written
+    before this controller recorded them) keeps the old rule: its VMI existed, so once no VMI
+    of that name is seen it is gone.
+    """
+    attached = attachment_of(claim)
+    if attached is None:
+        return False
+    phase = (claim.get("status") or {}).get("phase")
+    legacy = not attached.uid and not attached.attachment_id
+    if vmi is None and legacy and phase != Phase.BOUND.value:
+        return False
+    verdict = attachment_verdict(attached, vmi, now, grace, seen_at, name_of(claim))
+    return verdict in LIVE_VERDICTS
