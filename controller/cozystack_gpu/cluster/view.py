@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cozystack_gpu import keys
+from cozystack_gpu.cluster.counted_union import CountedUnion
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import (
     ClaimInfo,
@@ -98,15 +99,13 @@ class ClusterView:
         self._ended_vmis: dict[tuple[str, str], str] = {}
         # GPU resource names and where each comes from (a class, a GPUNode report, a GPU
         # node's allocatable, the hoster's list), counted so one event updates them.
-        self._name_sources: dict[tuple[str, str], frozenset[str]] = {}
-        self._name_counts: dict[str, int] = {}
+        self._names = CountedUnion()
         self._gpu_names: frozenset[str] = frozenset()
         self._set_names(("extra", ""), frozenset(config.extra_resource_names))
         # Names some node agent found to be other devices' (its GPUNode's
         # otherResourceNames), counted over GPUNodes: a node without an agent leaves them
         # out of its allocatable's GPU names.
-        self._other_of: dict[str, frozenset[str]] = {}
-        self._other_counts: dict[str, int] = {}
+        self._others = CountedUnion()
         # Counts changes of the node set or of any node's labels (not of its status): what
         # is computed from labels alone, such as where a volume can be used, is kept until
         # it moves.
@@ -477,53 +476,17 @@ class ClusterView:
             if gpunode is not None:
                 other = (gpunode.get("status") or {}).get("otherResourceNames") or []
             else:
-                other = list(self._other_counts)
+                other = list(self._others)
             names = translate.advertised_gpu_names(node, other)
         self._set_names((keys.NODE.kind, name), names)
 
     def _set_other_names(self, gpunode: str, names: frozenset[str]) -> bool:
         """Record one GPUNode's other-device names; True when the union changed."""
-        old = self._other_of.get(gpunode, frozenset())
-        if names == old:
-            return False
-        if names:
-            self._other_of[gpunode] = names
-        else:
-            self._other_of.pop(gpunode, None)
-        changed = False
-        for n in old - names:
-            left = self._other_counts[n] - 1
-            if left:
-                self._other_counts[n] = left
-            else:
-                del self._other_counts[n]
-                changed = True
-        for n in names - old:
-            self._other_counts[n] = self._other_counts.get(n, 0) + 1
-            changed = changed or self._other_counts[n] == 1
-        return changed
+        return self._others.set(gpunode, names)
 
     def _set_names(self, source: tuple[str, str], names: frozenset[str]) -> None:
-        old = self._name_sources.get(source, frozenset())
-        if names == old:
-            return
-        if names:
-            self._name_sources[source] = names
-        else:
-            self._name_sources.pop(source, None)
-        changed = False
-        for name in old - names:
-            left = self._name_counts[name] - 1
-            if left:
-                self._name_counts[name] = left
-            else:
-                del self._name_counts[name]
-                changed = True
-        for name in names - old:
-            self._name_counts[name] = self._name_counts.get(name, 0) + 1
-            changed = changed or self._name_counts[name] == 1
-        if changed:
-            self._gpu_names = frozenset(self._name_counts)
+        if self._names.set(source, names):
+            self._gpu_names = self._names.members()
             # Raw-name usage is counted over GPU names only: re-read every user of it.
             self.dirty.nodes |= set(self._pods_on_node)
             self.dirty.namespaces |= set(self._pods_in_ns)

@@ -1,7 +1,8 @@
 """The vocabulary of the API objects every part reads: accessors, timestamps, the claims
 annotation, launcher pod readers, finalizer and attachment patches, attachments and their
-verdicts, pod usage, volumes, and the translation of objects into the model's inputs. Below the admission webhooks and the binder, which both speak it; it
-imports only the keys and the model."""
+verdicts, pod usage, volumes, and the translation of objects into the model's inputs.
+Below the admission webhooks and the binder, which both speak it; it imports only the keys
+and the model."""
 
 from collections.abc import Mapping
 from typing import Any
