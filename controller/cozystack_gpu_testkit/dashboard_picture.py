@@ -337,8 +337,8 @@ def draw_legend(canvas: Canvas, group: ET.Element, body: Box, shown: list[Row], 
         name = cut(row.name, name_px - 8, MONO_CHAR_PX)
         canvas.text(group, body.x + 8, top + 13, name, mono=True)
         if not isinstance(row.value, str) and math.isfinite(row.value) and largest > 0:
-            bar = bar_room * abs(row.value) / largest
-            canvas.rect(group, bar_x, top + 4, bar, 10, fill=colour, opacity="0.8")
+            length = bar_room * abs(row.value) / largest
+            canvas.rect(group, bar_x, top + 4, length, 10, fill=colour, opacity="0.8")
         value = formatted(row.value, unit)
         canvas.text(group, body.x + body.w, top + 13, value, mono=True, end=True)
 

@@ -460,7 +460,7 @@ def network_refs(vmi: Obj) -> list[tuple[int, str, str]]:
         target = str((network.get("multus") or {}).get("networkName") or "")
         if not target:
             continue
-        ns, _, nad = target.rpartition("/")
+        ns, _slash, nad = target.rpartition("/")
         found.append((index, ns or namespace, nad))
     return found
 

@@ -12,13 +12,31 @@ from cozystack_gpu.binder.attachment_rules import AttachmentChange
 from cozystack_gpu.keys import ClaimReason, Phase
 from cozystack_gpu.model import Action, ClaimInfo, Refusal, Step
 from cozystack_gpu.objects import Obj
-
-# Re-exported: the binder's parts build their conditions through this module.
-from cozystack_gpu.objects.conditions import condition as condition
-from cozystack_gpu.objects.conditions import merge_conditions as merge_conditions
-from cozystack_gpu.objects.conditions import same_condition as same_condition
+from cozystack_gpu.objects.conditions import condition, merge_conditions, same_condition
 from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, attachment
 from cozystack_gpu.objects.translate import meta, rfc3339
+
+# condition, merge_conditions and same_condition are re-exported: the binder's parts build
+# their conditions through this module.
+__all__ = [
+    "NOTES",
+    "NOTE_DELETING",
+    "NOTE_PLACED",
+    "NOTE_WAIT",
+    "NOTE_WITHDRAWN",
+    "action_condition",
+    "attachment_fields",
+    "attachment_patch",
+    "claim_status_patch",
+    "condition",
+    "condition_patch",
+    "merge_conditions",
+    "oldest_waiting",
+    "same_condition",
+    "waiting_condition",
+    "waiting_note_due",
+    "waiting_patch",
+]
 
 # Status writes that only tell (why a claim waits, why its deletion waits, where its set
 # starts): they are not placements, so they are queued behind every bind and never held in

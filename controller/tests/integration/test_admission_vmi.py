@@ -749,6 +749,7 @@ def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
     fake = ((keys.LICENSE_FEATURE_TYPE_KEY, "MQ=="), (keys.LICENSE_TOKEN_KEY, "bWluZQ=="))
     forged = licence_rules.Copy(namespace, keys.license_copy_name(gpu_class), gpu_class, fake)
     tenant.core.create_namespaced_secret(namespace, licence_rules.copy_body(forged))
+    message = ""
     try:
         started = create_vmi(tenant, namespace, vmi_body("vm", {"claims": ["a"]}))
     except ApiException as exc:

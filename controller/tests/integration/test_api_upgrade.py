@@ -54,7 +54,7 @@ def _released_crds(commit: str, into: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def released_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.ControlPlane]:
-    _, commit = _latest_release()
+    _version, commit = _latest_release()
     crds = _released_crds(commit, tmp_path_factory.mktemp("released-crds"))
     plane = cluster.start(crds=crds)
     try:

@@ -39,7 +39,7 @@ def test_every_relative_link_of_the_docs_resolves_inside_the_repository() -> Non
         for target in LINK.findall(prose(page)):
             if re.match(r"[a-z]+:", target):
                 continue  # https:, mailto:: outside the repository by intent
-            path, _, fragment = target.partition("#")
+            path, _hash, fragment = target.partition("#")
             resolved = (page.parent / path).resolve() if path else page
             if not resolved.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")

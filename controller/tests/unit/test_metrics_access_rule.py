@@ -66,7 +66,7 @@ def test_a_scrape_every_15_s_asks_the_api_server_once_a_minute() -> None:
     clock = Clock()
     reviews = Reviews({"good": Decision(200)})
     access = MetricsAccess(reviews, clock)
-    for _ in range(4):  # 0, 15, 30, 45 s
+    for _look in range(4):  # 0, 15, 30, 45 s
         assert access.check("Bearer good").allowed
         clock.now += 15
     assert reviews.asked == ["good"]
