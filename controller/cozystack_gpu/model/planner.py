@@ -117,6 +117,9 @@ class _Planner:
         # Orders bound by this pass (step 6), by key: where their Bind is in ``actions``.
         # Not written yet, so packing may place one elsewhere instead of moving it later.
         self._fresh_binds: dict[ClaimKey, int] = {}
+        # Those alone in their set: a set's member moves only with the others, which would
+        # take a Move written after its Bind, so it stays where this pass bound it.
+        self._movable_fresh: set[ClaimKey] = set()
 
     def put(self, claim: ClaimInfo) -> None:
         old = self.snap.claim(claim.key)
@@ -389,7 +392,7 @@ class _Planner:
                     self.now,
                     decision,
                     max_moves=self.max_moves,
-                    frozen=self.updates.keys() - self._fresh_binds.keys(),
+                    frozen=self.updates.keys() - self._movable_fresh,
                 )
                 if isinstance(room, Room):
                     decision, after = self.make_room(claim, room)
@@ -399,6 +402,8 @@ class _Planner:
             if isinstance(decision, Placement):
                 self.put(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
                 self._fresh_binds[key] = len(self.actions)
+                if claim.set_id is None:
+                    self._movable_fresh.add(key)
                 self.actions.append(Action(Step.BIND, (key,), node=decision.node, after=after))
             elif shape is not None:
                 refused[shape] = decision
