@@ -16,28 +16,6 @@ from cozystack_gpu.objects.conditions import condition, merge_conditions, same_c
 from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, attachment
 from cozystack_gpu.objects.translate import meta, rfc3339
 
-# condition, merge_conditions and same_condition are re-exported: the binder's parts build
-# their conditions through this module.
-__all__ = [
-    "NOTES",
-    "NOTE_DELETING",
-    "NOTE_PLACED",
-    "NOTE_WAIT",
-    "NOTE_WITHDRAWN",
-    "action_condition",
-    "attachment_fields",
-    "attachment_patch",
-    "claim_status_patch",
-    "condition",
-    "condition_patch",
-    "merge_conditions",
-    "oldest_waiting",
-    "same_condition",
-    "waiting_condition",
-    "waiting_note_due",
-    "waiting_patch",
-]
-
 # Status writes that only tell (why a claim waits, why its deletion waits, where its set
 # starts): they are not placements, so they are queued behind every bind and never held in
 # flight.

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.claim_status import condition, merge_conditions, same_condition
 from cozystack_gpu.keys import ClassReason, Phase
 from cozystack_gpu.model import ClassStatus, Reason
 from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects.conditions import condition, merge_conditions, same_condition
 from cozystack_gpu.objects.translate import meta
 
 # --- Class status ------------------------------------------------------------------------

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.claim_status import merge_conditions
 from cozystack_gpu.model import VolumeAffinity
 from cozystack_gpu.objects import Obj, annotation, translate
 from cozystack_gpu.objects.annotation import ClaimsRequest, TemplateEntry
+from cozystack_gpu.objects.conditions import merge_conditions
 from cozystack_gpu.objects.translate import meta, name_of, namespace_of, node_ready
 from cozystack_gpu.objects.vmi_pods import (
     NODE_NAME_FIELD,

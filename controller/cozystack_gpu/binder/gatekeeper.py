@@ -20,7 +20,7 @@ from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, 
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
 from cozystack_gpu.model import ClaimInfo, ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
-from cozystack_gpu.objects import launcher, translate, vmi_pods
+from cozystack_gpu.objects import conditions, launcher, translate, vmi_pods
 from cozystack_gpu.objects.annotation import ClaimsRequest
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class Gatekeeper(BinderPart):
                 if obj is None:
                     continue
                 step = Step.BIND if claim.phase is Phase.PENDING else Step.MOVE
-                cond = claim_status.condition(
+                cond = conditions.condition(
                     keys.CONDITION_BOUND,
                     True,
                     ClaimReason.BOUND if step is Step.BIND else ClaimReason.MOVED,
@@ -355,7 +355,7 @@ class Gatekeeper(BinderPart):
         self._gate_told[pod_key] = said
         message = f"the VM's GPU set cannot start anywhere yet: {why}"
         self.writer.event(vmi, EventReason.SET_NOT_PLACED.value, message, True, kind=keys.VMI)
-        cond = claim_status.condition(keys.CONDITION_PLACED, False, reason, message, now)
+        cond = conditions.condition(keys.CONDITION_PLACED, False, reason, message, now)
         for key in members:
             obj = self.view.claim(key)
             if obj is not None:
@@ -393,13 +393,13 @@ class Gatekeeper(BinderPart):
             return
         now = self.clock()
         message = gate.pinned_message(pod_key[1], node)
-        cond = claim_status.condition(keys.CONDITION_PLACED, True, ClaimReason.PINNED, message, now)
+        cond = conditions.condition(keys.CONDITION_PLACED, True, ClaimReason.PINNED, message, now)
         for key in members:
             self._tell_placed(key, cond)
 
     def _tell_placed(self, key: ClaimKey, cond: dict[str, Any]) -> None:
         obj = self.view.claim(key)
-        if obj is None or claim_status.same_condition(
+        if obj is None or conditions.same_condition(
             (obj.get("status") or {}).get("conditions") or [], cond
         ):
             return
@@ -458,7 +458,7 @@ class Gatekeeper(BinderPart):
                 f"({refusal.message}); the set skips {node} until {until} or until the "
                 "node's allocatable, taints or readiness change"
             )
-            cond = claim_status.condition(
+            cond = conditions.condition(
                 keys.CONDITION_PLACED, False, ClaimReason.NODE_REFUSED, said, now
             )
             self._vm_rejections.setdefault(vmi_key, {})[node] = _Rejection(expires, state, cond)

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.claim_status import condition, merge_conditions, same_condition
 from cozystack_gpu.keys import NodeReason
 from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects.conditions import condition, merge_conditions, same_condition
 from cozystack_gpu.objects.translate import meta, name_of, rfc3339, timestamp
 from cozystack_gpu.objects.translate import node_ready as translate_node_ready
 

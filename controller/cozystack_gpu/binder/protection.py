@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.claim_status import condition
 from cozystack_gpu.keys import ClaimReason
 from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects.conditions import condition
 from cozystack_gpu.objects.patches import finalizer_patch
 from cozystack_gpu.objects.translate import made_by_template, meta, template_made_for, timestamp
 

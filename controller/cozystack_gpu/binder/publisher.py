@@ -18,7 +18,7 @@ from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, 
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import EventReason, Phase
 from cozystack_gpu.model import ClaimKey
-from cozystack_gpu.objects import attachment, translate
+from cozystack_gpu.objects import attachment, conditions, translate
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class Publisher(BinderPart):
             if cond is not None and key not in self._deleting_noted:
                 self._deleting_noted.add(key)
                 current = (obj.get("status") or {}).get("conditions") or []
-                if not claim_status.same_condition(current, cond):
+                if not conditions.same_condition(current, cond):
                     self.writer.claim_status(
                         key,
                         claim_status.condition_patch(obj, cond),
@@ -280,7 +280,7 @@ class Publisher(BinderPart):
             self._withdrawal_noted.add(key)
             cond = class_status.withdrawal_condition(class_name, claim.phase, now)
             current = (obj.get("status") or {}).get("conditions") or []
-            if not claim_status.same_condition(current, cond):
+            if not conditions.same_condition(current, cond):
                 self.writer.claim_status(
                     key,
                     claim_status.condition_patch(obj, cond),
@@ -297,14 +297,14 @@ class Publisher(BinderPart):
                 if name in self._gpunode_writes:
                     self._gpunodes_due.add(name)  # look again once the write is back
                 continue
-            conditions = node_reports.gpunode_conditions(
+            wanted = node_reports.gpunode_conditions(
                 self.view.node(name),
                 gpunode,
                 self.view.inventory_stale(name),
                 self.config.inventory_stale_after,
                 now,
             )
-            body = node_reports.gpunode_status_patch(gpunode, conditions)
+            body = node_reports.gpunode_status_patch(gpunode, wanted)
             if body is None:
                 continue
 

@@ -18,7 +18,7 @@ from cozystack_gpu.binder import (
 )
 from cozystack_gpu.keys import Phase, RawNamesPolicy
 from cozystack_gpu.model import ClassStatus
-from cozystack_gpu.objects import attachment, launcher, pod_usage, translate
+from cozystack_gpu.objects import attachment, conditions, launcher, pod_usage, translate
 from cozystack_gpu.objects.annotation import TemplateEntry
 from cozystack_gpu.objects.translate import VMIState
 
@@ -173,13 +173,13 @@ def test_merged_conditions_keep_other_writers_and_transition_times() -> None:
         {"type": "Bound", "status": "False", "reason": "BudgetExceeded", "message": "old",
          "lastTransitionTime": "2026-01-02T00:00:00Z"},
     ]  # fmt: skip
-    same_status = claim_status.condition("Bound", False, "InsufficientCapacity", "new", NOW)
-    merged = claim_status.merge_conditions(current, same_status)
+    same_status = conditions.condition("Bound", False, "InsufficientCapacity", "new", NOW)
+    merged = conditions.merge_conditions(current, same_status)
     assert merged[0] == current[0]
     assert merged[1]["message"] == "new"
     assert merged[1]["lastTransitionTime"] == "2026-01-02T00:00:00Z", "status did not change"
-    flipped = claim_status.merge_conditions(
-        current, claim_status.condition("Bound", True, "Bound", "x", NOW)
+    flipped = conditions.merge_conditions(
+        current, conditions.condition("Bound", True, "Bound", "x", NOW)
     )
     assert flipped[1]["lastTransitionTime"] == translate.rfc3339(NOW)
 
@@ -202,13 +202,13 @@ def test_a_claim_moved_off_the_node_its_pod_was_pinned_to_says_placed_no_more() 
     moved elsewhere (packing, a rebind) it would name a node the claim no longer holds."""
     from cozystack_gpu.model import ClaimInfo
 
-    pinned = claim_status.condition(
+    pinned = conditions.condition(
         keys.CONDITION_PLACED, True, keys.ClaimReason.PINNED, "pinned to node n2", NOW
     )
-    bound = claim_status.condition(keys.CONDITION_BOUND, True, "Bound", "holds on n2", NOW)
+    bound = conditions.condition(keys.CONDITION_BOUND, True, "Bound", "holds on n2", NOW)
     obj = claim("Bound")
     obj["status"].update(nodeName="n2", conditions=[bound, pinned])
-    moved = claim_status.condition(keys.CONDITION_BOUND, True, "Moved", "moved to n1", NOW)
+    moved = conditions.condition(keys.CONDITION_BOUND, True, "Moved", "moved to n1", NOW)
     updated = ClaimInfo("t", "c", "l40s-24c", 2, phase=Phase.BOUND, node="n1", bound_at=NOW)
     body = claim_status.claim_status_patch(obj, updated, moved)
     assert [c["type"] for c in body["status"]["conditions"]] == [keys.CONDITION_BOUND]
@@ -350,9 +350,7 @@ def test_whole_quantities(value: Any, units: int | None) -> None:
 
 
 def test_a_waiting_order_shows_the_pending_phase_and_a_waiting_lost_claim_keeps_its_own() -> None:
-    cond = claim_status.condition(
-        keys.CONDITION_BOUND, False, "InsufficientCapacity", "no room", NOW
-    )
+    cond = conditions.condition(keys.CONDITION_BOUND, False, "InsufficientCapacity", "no room", NOW)
     order = claim(None)
     assert claim_status.waiting_note_due(order, cond)
     assert claim_status.waiting_patch(order, cond)["status"]["phase"] == "Pending"
