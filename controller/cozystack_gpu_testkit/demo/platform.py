@@ -35,7 +35,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import enum
-import functools
 import hashlib
 import json
 import logging
@@ -59,7 +58,6 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, tenants
 from cozystack_gpu_testkit.demo.hosts import running_status
-from cozystack_gpu_testkit.objects import unless
 from cozystack_gpu_testkit.ports import free_port
 from cozystack_gpu_testkit.webhook_route import host_address
 
@@ -165,108 +163,43 @@ FOREIGN_SECRET = "nls-token"
 FOREIGN_REMOVAL_TIMEOUT = 120.0
 
 
-@dataclass(frozen=True)
-class Removal:
-    """One kind of object the demo made in a cluster it did not start: the command that
-    removes it by hand, and how down removes it and sees it gone."""
-
-    command: str
-    delete: Any  # (ApiClient) -> None; a 404 is already gone
-    gone: Any  # (ApiClient) -> bool
-
-
-def _absent(read: Any) -> bool:
-    return unless(404, read) is None
-
-
-def foreign_removals(bin_dir: str, kubeconfig: str) -> list[Removal]:
-    """What the demo made in a cluster it did not start, in the order that lets the
-    controller release the claims' finalizers while their namespaces go, before it goes."""
-    core, rbac, custom = client.CoreV1Api, client.RbacAuthorizationV1Api, client.CustomObjectsApi
-    helm = [str(Path(bin_dir) / "helm"), "--kubeconfig", kubeconfig]
-
-    def uninstall(_api: Any) -> None:
-        done = subprocess.run(
-            [*helm, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if done.returncode != 0 and "not found" not in done.stderr:
-            raise RuntimeError(done.stderr.strip())
-
-    def released(_api: Any) -> bool:
-        done = subprocess.run(
-            [*helm, "status", RELEASE, "-n", NAMESPACE], capture_output=True, check=False
-        )
-        return done.returncode != 0
-
-    def each(delete: Any, names: tuple[str, ...]) -> Any:
-        def run(api: Any) -> None:
-            for name in names:
-                unless(404, functools.partial(delete, api, name))
-
-        return run
-
-    def none_of(read: Any, names: tuple[str, ...]) -> Any:
-        return lambda api: all(_absent(functools.partial(read, api, n)) for n in names)
-
-    def gpu_class(verb: str) -> Any:
-        return lambda api, name: getattr(custom(api), f"{verb}_cluster_custom_object")(
-            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name
-        )
-
-    secret = (FOREIGN_SECRET,)
-    stand_in = (tenants.KUBEVIRT_ADMIN_STAND_IN,)
-    return [
-        Removal(
-            f"kubectl delete namespace {' '.join(FOREIGN_NAMESPACES)}",
-            each(lambda api, n: core(api).delete_namespace(n), FOREIGN_NAMESPACES),
-            none_of(lambda api, n: core(api).read_namespace(n), FOREIGN_NAMESPACES),
-        ),
-        Removal(
-            f"kubectl delete gpuclasses.gpu.cozystack.io {' '.join(FOREIGN_CLASSES)}",
-            each(gpu_class("delete"), FOREIGN_CLASSES),
-            none_of(gpu_class("get"), FOREIGN_CLASSES),
-        ),
-        Removal(f"helm uninstall {RELEASE} -n {NAMESPACE}", uninstall, released),
-        Removal(
-            f"kubectl -n {NAMESPACE} delete secret {FOREIGN_SECRET}",
-            each(lambda api, n: core(api).delete_namespaced_secret(n, NAMESPACE), secret),
-            none_of(lambda api, n: core(api).read_namespaced_secret(n, NAMESPACE), secret),
-        ),
-        Removal(
-            f"kubectl delete node {' '.join(FOREIGN_NODES)}",
-            each(lambda api, n: core(api).delete_node(n), FOREIGN_NODES),
-            none_of(lambda api, n: core(api).read_node(n), FOREIGN_NODES),
-        ),
-        Removal(
-            f"kubectl delete clusterrole {tenants.KUBEVIRT_ADMIN_STAND_IN} --ignore-not-found",
-            each(lambda api, n: rbac(api).delete_cluster_role(n), stand_in),
-            none_of(lambda api, n: rbac(api).read_cluster_role(n), stand_in),
-        ),
-    ]
+# What the demo made in a cluster it did not start, as the commands that remove it, in the
+# order that lets the controller release the claims' finalizers while their namespaces go,
+# before it goes itself.
+FOREIGN_REMOVALS: tuple[tuple[str, ...], ...] = (
+    ("kubectl", "delete", "namespace", *FOREIGN_NAMESPACES),
+    ("kubectl", "delete", "gpuclasses.gpu.cozystack.io", *FOREIGN_CLASSES),
+    ("helm", "uninstall", RELEASE, "-n", NAMESPACE, "--wait"),
+    ("kubectl", "-n", NAMESPACE, "delete", "secret", FOREIGN_SECRET),
+    ("kubectl", "delete", "node", *FOREIGN_NODES),
+    ("kubectl", "delete", "clusterrole", tenants.KUBEVIRT_ADMIN_STAND_IN),
+)
 
 
 def remove_foreign(
     state: State, say: Any = print, timeout: float = FOREIGN_REMOVAL_TIMEOUT
 ) -> list[str]:
-    """Removes what the demo made in the cluster ``state`` names (not its own plane), kind
-    by kind, each waited for; returns the commands of what is left, with why, for a person
-    to finish. The demo's processes must still run: the controller releases the claims."""
-    api = admin_client(state.kubeconfig)
+    """Runs each of ``FOREIGN_REMOVALS`` on the cluster ``state`` names (not its own plane),
+    each waiting up to ``timeout`` for what it deletes to be gone; returns the commands that
+    did not finish, with why, for a person to finish. The demo's processes must still run:
+    the controller releases the claims."""
     left: list[str] = []
-    for removal in foreign_removals(state.bin_dir, state.kubeconfig):
-        try:
-            removal.delete(api)
-            deadline = time.monotonic() + timeout
-            while not removal.gone(api):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"still there after {timeout:.0f} s")
-                time.sleep(0.5)
-        except (ApiException, RuntimeError, TimeoutError) as exc:
-            reason = exc.reason if isinstance(exc, ApiException) else str(exc)
-            left.append(f"{removal.command}  # {reason}")
-            continue
-        say(f"# removed: {removal.command}")
+    for argv in FOREIGN_REMOVALS:
+        tool, *args = argv
+        extra = ["--timeout", f"{timeout:.0f}s", "--kubeconfig", state.kubeconfig]
+        if tool == "kubectl":
+            extra += ["--ignore-not-found", "--wait"]
+        done = subprocess.run(
+            [str(Path(state.bin_dir) / tool), *args, *extra],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        command = " ".join(argv)
+        gone = done.returncode == 0 or (tool == "helm" and "not found" in done.stderr)
+        if gone:
+            say(f"# removed: {command}")
+        else:
+            reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            left.append(f"{command}  # {reason}")
     return left
 
 
