@@ -823,6 +823,21 @@ class LocalPods:
             target.symlink_to(source)
 
 
+def local_pid(directory: Path, pod: str) -> int | None:
+    """The pid of a local pod's process now (the local kubelet writes the state)."""
+    state = State.load(directory)
+    return None if state is None else state.processes.get(f"pod/{pod}")
+
+
+def process_env(pid: int | None) -> dict[str, str]:
+    """A local process's environment as it was started (empty once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
+
+
 def start_local_kubelet(state: State, *, detach: bool) -> int:
     """Starts the local kubelet process over the pods started so far; returns its pid. From
     then on it alone writes the state (the story starts no more pods)."""

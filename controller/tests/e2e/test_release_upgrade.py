@@ -249,16 +249,7 @@ class Cluster:
         )
 
     def controller_pid(self) -> int | None:
-        state = platform.State.load(self.directory)
-        return None if state is None else state.processes.get(f"pod/{CONTROLLER_POD}")
-
-    def pythonpath(self, pid: int | None) -> str | None:
-        try:
-            raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-        except OSError:
-            return None
-        env = dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
-        return env.get("PYTHONPATH")
+        return platform.local_pid(self.directory, CONTROLLER_POD)
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +324,7 @@ def _create_vm(kube: Kube, namespace: str, body: dict[str, Any]) -> None:
 def _rolled(c: Cluster, old_pid: int | None, code: Path) -> int | None:
     """The controller's new process, once it runs ``code`` and is ready."""
     pid = c.controller_pid()
-    if pid is None or pid == old_pid or c.pythonpath(pid) != str(code):
+    if pid is None or pid == old_pid or platform.process_env(pid).get("PYTHONPATH") != str(code):
         return None
     pod = c.demo.pod(platform.NAMESPACE, CONTROLLER_POD) or {}
     ready = [x for x in (pod.get("status") or {}).get("conditions") or [] if x["type"] == "Ready"]

@@ -46,8 +46,8 @@ def act_day_two(demo: Demo) -> None:
     with console.step(
         f"helm upgrade --set controller.settings.{value_name}={value}: the pod is rolled"
     ) as found:
-        old_pid = _local_pid(demo, pod_name)
-        old_value = _process_env(old_pid).get(env_name)
+        old_pid = platform.local_pid(demo.dir, pod_name)
+        old_value = platform.process_env(old_pid).get(env_name)
         values = json.loads(json.dumps(demo.chart_values))
         values["controller"].setdefault("settings", {})[value_name] = value
         output = platform.helm_install(
@@ -58,12 +58,12 @@ def act_day_two(demo: Demo) -> None:
             lambda: _rolled(demo, pod_name, old_pid),
             expected=f"the local kubelet to restart pod {pod_name} from the new template, Ready",
             saw=lambda: (
-                f"pid {_local_pid(demo, pod_name)}; the local kubelet's log:\n"
+                f"pid {platform.local_pid(demo.dir, pod_name)}; the local kubelet's log:\n"
                 + _tail(demo.logs / "local-kubelet.log")
             ),
             timeout=60,
         )
-        new_value = _process_env(new_pid).get(env_name)
+        new_value = platform.process_env(new_pid).get(env_name)
         check(new_value == str(value), f"{env_name}={value} in the new process", f"{new_value}")
         wait_until(
             lambda: _webhook_answers(demo),
@@ -181,25 +181,11 @@ def _kubectl_gpu(demo: Demo, *argv: str) -> tuple[int, list[str], str]:
     return code, out.getvalue().splitlines(), err.getvalue()
 
 
-def _local_pid(demo: Demo, pod: str) -> int | None:
-    """The pid of a local pod's process now (the local kubelet writes the state)."""
-    state = platform.State.load(demo.dir)
-    return None if state is None else state.processes.get(f"pod/{pod}")
-
-
 def _rolled(demo: Demo, pod: str, old: int | None) -> int | None:
-    pid = _local_pid(demo, pod)
+    pid = platform.local_pid(demo.dir, pod)
     obj = demo.pod(platform.NAMESPACE, pod)
     ready = _condition(obj, "Ready").get("status") == "True"
     return pid if pid is not None and pid != old and ready else None
-
-
-def _process_env(pid: int | None) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-    except OSError:
-        return {}
-    return dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
 
 
 def _tail(path: Path, lines: int = 10) -> str:
