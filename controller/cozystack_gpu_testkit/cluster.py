@@ -35,7 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,6 +160,8 @@ class ControlPlane:
     # The CA of the client certificate kube-apiserver presents to webhooks: a replica given
     # it (--webhook-client-ca) answers the API server and no one else.
     webhook_client_ca: Path | None = None
+    # kube-apiserver's audit log, when ``start`` was given rules to log.
+    audit_log: Path | None = None
 
     # --- clients ---------------------------------------------------------------------
 
@@ -516,6 +518,7 @@ def start(
     controller_manager: bool = False,
     crds: Sequence[Path] = (),
     webhook_client_auth: bool = False,
+    audit: Sequence[Mapping[str, Any]] = (),
 ) -> ControlPlane:
     """Starts etcd and kube-apiserver and waits for /readyz; installs ``crds``; then, when
     asked, kube-scheduler and kube-controller-manager (see ``ControlPlane.start_scheduler``
@@ -529,6 +532,9 @@ def start(
 
     detach=False ties every process to the calling process (they die with it, even on
     SIGKILL); detach=True starts them in their own session for `cluster up`.
+
+    ``audit``: audit policy rules; what they match is logged to ``ControlPlane.audit_log``
+    (every later stage than RequestReceived), and nothing else.
 
     ``webhook_client_auth``: kube-apiserver presents a client certificate to every webhook
     it calls (``ControlPlane.webhook_client_ca`` is its CA), as a hoster sets it up for
@@ -575,6 +581,23 @@ def start(
         )
         admission_args = (f"--admission-control-config-file={_webhook_client_config(pki)}",)
 
+    audit_args: tuple[str, ...] = ()
+    audit_log = None
+    if audit:
+        policy = workdir / "audit-policy.yaml"
+        policy.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived"],
+                    "rules": [*audit, {"level": "None"}],
+                }
+            )
+        )
+        audit_log = workdir / "audit.log"
+        audit_args = (f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}")
+
     etcd_client, etcd_peer, secure_port = free_port(), free_port(), free_port()
     server = f"https://127.0.0.1:{secure_port}"
     kubeconfig = workdir / "kubeconfig"
@@ -594,6 +617,7 @@ def start(
         detach=detach,
         _owns_workdir=owns,
         webhook_client_ca=webhook_client_ca,
+        audit_log=audit_log,
     )
 
     etcd_args = [
@@ -640,6 +664,7 @@ def start(
         "--endpoint-reconciler-type=none",
         "--profiling=false",
         "--v=0",
+        *audit_args,
         *extra_apiserver_args,
     ]
     try:

@@ -54,24 +54,18 @@ LEASE_ARGS = (
 # Claim status writes (what the partition and slow-server scenarios read back), and the
 # controller's claim lists and watches (what tells an order never judged from one never
 # seen).
-AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [
-        {
-            "level": "Metadata",
-            "verbs": ["patch", "update"],
-            "resources": [{"group": keys.GROUP, "resources": [f"{keys.PLURAL_CLAIMS}/status"]}],
-        },
-        {
-            "level": "Metadata",
-            "verbs": ["list", "watch"],
-            "resources": [{"group": keys.GROUP, "resources": [keys.PLURAL_CLAIMS]}],
-        },
-        {"level": "None"},
-    ],
-}
+AUDIT_RULES = [
+    {
+        "level": "Metadata",
+        "verbs": ["patch", "update"],
+        "resources": [{"group": keys.GROUP, "resources": [f"{keys.PLURAL_CLAIMS}/status"]}],
+    },
+    {
+        "level": "Metadata",
+        "verbs": ["list", "watch"],
+        "resources": [{"group": keys.GROUP, "resources": [keys.PLURAL_CLAIMS]}],
+    },
+]
 SETTLE_S = 120.0
 LATE_S = 5.0  # a partition's held requests reach the server within this of the heal
 
@@ -128,9 +122,6 @@ class Run:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
-        self.audit_log = workdir / "audit.log"
-        policy = workdir / "audit-policy.yaml"
-        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         bin_dir = cluster.binary_dir()
         crds = [
             *sorted(cluster.CRD_DIR.glob("*.yaml")),
@@ -143,12 +134,11 @@ class Run:
             scheduler=True,
             controller_manager=True,
             crds=crds,
-            extra_apiserver_args=(
-                f"--audit-policy-file={policy}",
-                f"--audit-log-path={self.audit_log}",
-                *apiserver_args,
-            ),
+            audit=AUDIT_RULES,
+            extra_apiserver_args=tuple(apiserver_args),
         )
+        assert self.plane.audit_log is not None
+        self.audit_log = self.plane.audit_log
         self.proxies: dict[str, Proxy] = {}
         self.replicas: dict[str, ControllerProcess] = {}
         # Every replica serves the admission webhooks when asked, with one CA's pair.

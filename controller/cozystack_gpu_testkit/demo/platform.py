@@ -272,23 +272,16 @@ def down(directory: Path, say: Any = print) -> int:
 
 # Who wrote the objects a tenant owns in the story (claims, VMs), as the API server judged it:
 # its audit log, in the plane's directory. Metadata only, and nothing else is logged.
-AUDIT_LOG = "audit.log"
-AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [
-        {
-            "level": "Metadata",
-            "verbs": ["create", "update", "patch", "delete"],
-            "resources": [
-                {"group": keys.GROUP, "resources": [keys.PLURAL_CLAIMS]},
-                {"group": keys.KUBEVIRT_GROUP, "resources": [keys.VM.plural]},
-            ],
-        },
-        {"level": "None"},
-    ],
-}
+AUDIT_RULES = [
+    {
+        "level": "Metadata",
+        "verbs": ["create", "update", "patch", "delete"],
+        "resources": [
+            {"group": keys.GROUP, "resources": [keys.PLURAL_CLAIMS]},
+            {"group": keys.KUBEVIRT_GROUP, "resources": [keys.VM.plural]},
+        ],
+    },
+]
 
 
 @dataclass(frozen=True)
@@ -304,7 +297,7 @@ class AuditedWrite:
 
 def audited_writes(directory: Path) -> list[AuditedWrite]:
     """The writes of claims and VMs the demo's own plane in ``directory`` logged, in order."""
-    path = directory / "cluster" / AUDIT_LOG
+    path = directory / "cluster" / "audit.log"  # the plane's (cluster.start's audit)
     found = []
     for line in path.read_text().splitlines() if path.exists() else []:
         event = json.loads(line)
@@ -329,19 +322,13 @@ def start_plane(directory: Path, bin_dir: Path, *, detach: bool) -> cluster.Cont
     """The test kit's control plane in ``directory/cluster``, with KubeVirt's CRDs (the
     chart brings its own), recorded so the test kit's ``cluster down`` stops it too."""
     workdir = directory / "cluster"
-    workdir.mkdir(parents=True, exist_ok=True)
-    policy = workdir / "audit-policy.yaml"
-    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     plane = cluster.start(
         workdir,
         bin_dir=bin_dir,
         detach=detach,
-        extra_apiserver_args=(
-            # The webhook Service is called at its EndpointSlice address: a local process.
-            "--enable-aggregator-routing=true",
-            f"--audit-policy-file={policy}",
-            f"--audit-log-path={workdir / AUDIT_LOG}",
-        ),
+        # The webhook Service is called at its EndpointSlice address: a local process.
+        extra_apiserver_args=("--enable-aggregator-routing=true",),
+        audit=AUDIT_RULES,
         scheduler=True,
         controller_manager=True,
         crds=[cluster.kubevirt_crds(bin_dir)],
