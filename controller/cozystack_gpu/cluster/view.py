@@ -1,10 +1,11 @@
 """The cluster as the binder's watches deliver it, and the model inputs built from it.
 
 The view keeps every watched object as the API has it (or as the binder's own writes
-returned it), the indexes derived from them (pods per node and namespace, VMIs and the
-claims they name, attachments per VMI), and the names of what changed since the binder last
-read it into its model. It decides nothing and writes nothing: the loop asks it for model
-inputs (``node_info``, ``claim_info``...) of what is dirty and feeds them to the snapshot.
+returned it), the indexes derived from them (VMIs and the claims they name, attachments per
+VMI; what pods use per node and namespace in its ``PodIndex``, VMs' volumes in its
+``VolumeIndex``), and the names of what changed since the binder last read it into its
+model. It decides nothing and writes nothing: the loop asks it for model inputs
+(``node_info``, ``claim_info``...) of what is dirty and feeds them to the snapshot.
 
 Events older than what the view already holds of an object are dropped (etcd revisions are
 integers and grow), so the echo of an old watch event never undoes the binder's own write.
@@ -21,6 +22,8 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.counted_union import CountedUnion
+from cozystack_gpu.cluster.pod_index import PodIndex
+from cozystack_gpu.cluster.volume_index import VolumeIndex
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import (
     ClaimInfo,
@@ -31,7 +34,7 @@ from cozystack_gpu.model import (
     Snapshot,
     VolumeAffinity,
 )
-from cozystack_gpu.objects import attachment, launcher, pod_usage, translate, vmi_pods, volumes
+from cozystack_gpu.objects import attachment, pod_usage, translate
 from cozystack_gpu.objects.translate import VMIState, object_key
 
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
@@ -63,9 +66,6 @@ class ClusterView:
         self._tombstones: dict[str, dict[Key, int]] = {kind: {} for kind in self.kinds}
         self.listed: set[str] = set()
         self.dirty = Dirty()
-        self._pods: dict[Key, pod_usage.PodUsage] = {}
-        self._pods_on_node: dict[str, set[Key]] = {}
-        self._pods_in_ns: dict[str, set[Key]] = {}
         self._quotas_in_ns: dict[str, set[Key]] = {}
         self._vmis: dict[Key, VMIState] = {}
         # The uids of the VMIs this view holds, by namespace: a template claim is left over
@@ -77,26 +77,20 @@ class ClusterView:
         # When this binder first saw each claim's current attachment: its grace counts from
         # then too, whatever clock the webhook replica that wrote attachedAt has.
         self._attachment_seen: dict[ClaimKey, tuple[tuple[str, str, str], float]] = {}
-        # Where VMs' disks are: each VM's PVC names, the VMs that use each PVC, and the PVCs
-        # bound to each PV, so a binding or a PV change re-reads the claims of those VMs.
-        self._vm_pvcs: dict[Key, tuple[str, ...]] = {}
-        self._pvc_vms: dict[Key, set[Key]] = {}
-        self._pvc_pv: dict[Key, str] = {}
-        self._pv_pvcs: dict[str, set[Key]] = {}
+        # Where VMs' disks are, so a binding or a PV change re-reads the claims of those VMs.
+        self._volumes = VolumeIndex(self.pv)
         # Template claims by the VMI that owns them: with the attached ones, what covers the
         # GPU requests of the VMI's launcher pods.
         self._templates_of: dict[Key, set[ClaimKey]] = {}
-        # Launcher pods the gate controller looks after: waiting at the gate, and pinned
-        # but not yet bound by the scheduler (a refusal may come).
-        self._gated: set[Key] = set()
-        self._pinned: set[Key] = set()
-        # Pods owned by each VMI: whether a labelled pod's units are its claims' depends on
-        # its VMI, so a VMI's change judges its pods again.
-        self._pods_of_vmi: dict[Key, set[Key]] = {}
-        # VMIs (namespace, uid) seen to end (final, or deleted) while live, with the name of
-        # the launcher pod they had then: that pod is finishing and holds nothing, whatever
-        # VMI of the same name comes next; any other pod naming the uid is raw usage.
-        self._ended_vmis: dict[tuple[str, str], str] = {}
+        # What pods use, by node and namespace, and which pod is each VMI's launcher: the
+        # pods and VMIs stay here, the index counts them.
+        self._pod_index = PodIndex(
+            pod=self.pod,
+            vmi=self.vmi,
+            claims_of=self._claims_of_vmi,
+            resource_of=self._class_resource,
+            dirty=lambda: self.dirty,
+        )
         # GPU resource names and where each comes from (a class, a GPUNode report, a GPU
         # node's allocatable, the hoster's list), counted so one event updates them.
         self._names = CountedUnion()
@@ -121,7 +115,7 @@ class ClusterView:
             keys.GPU_CLAIM.kind: self._on_claim,
             keys.NAMESPACE.kind: self._on_namespace,
             keys.RESOURCE_QUOTA.kind: self._on_quota,
-            keys.POD.kind: self._on_pod,
+            keys.POD.kind: self._pod_index.on_pod,
             keys.VMI.kind: self._on_vmi,
             keys.VM.kind: self._on_vm,
             keys.PVC.kind: self._on_pvc,
@@ -226,8 +220,7 @@ class ClusterView:
         before = translate.class_resource_name(old) if old is not None else ""
         if resource != before:
             # What the claims of the class cover on their launcher pods' nodes changed.
-            for vmi in list(self._pods_of_vmi):
-                self._recount_pods_of(vmi)
+            self._pod_index.recount_all()
 
     def _on_claim(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         claim_key = ClaimKey(*key)
@@ -255,13 +248,16 @@ class ClusterView:
         # A claim deleted, moved or detached leaves its VMI's launcher pod using units that
         # no claim covers any more (and one bound covers them again).
         for vmi in served:
-            self._recount_pods_of(vmi)
+            self._pod_index.recount_pods_of(vmi)
 
-    def _recount_pods_of(self, vmi: Key) -> None:
-        for pod_key in list(self._pods_of_vmi.get(vmi, ())):
-            pod = self.pod(pod_key)
-            if pod is not None:
-                self._count_pod(pod_key, pod)
+    def _claims_of_vmi(self, vmi: Key) -> list[Obj]:
+        """The claims attached to the VMI or owned by it as templates."""
+        members = self._attached.get(vmi, set()) | self._templates_of.get(vmi, set())
+        return [obj for claim_key in members if (obj := self.claim(claim_key)) is not None]
+
+    def _class_resource(self, class_name: str) -> str | None:
+        obj = self.gpu_class(class_name)
+        return translate.class_resource_name(obj) if obj is not None else None
 
     def _on_namespace(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         self.dirty.namespaces.add(key[1])
@@ -270,109 +266,6 @@ class ClusterView:
         members = self._quotas_in_ns.setdefault(key[0], set())
         (members.add if new is not None else members.discard)(key)
         self.dirty.namespaces.add(key[0])
-
-    def _on_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
-        self._gated.discard(key)
-        self._pinned.discard(key)
-        owners: set[Key] = set()
-        for obj in (old, new):
-            owner = vmi_pods.owning_vmi(obj) if obj is not None else None
-            if owner is not None:
-                owners.add((key[0], owner))
-                members = self._pods_of_vmi.setdefault((key[0], owner), set())
-                (members.add if obj is new else members.discard)(key)
-                if not members:
-                    del self._pods_of_vmi[(key[0], owner)]
-        if new is None and old is not None:
-            uid = vmi_pods.owning_vmi_uid(old)
-            owner = vmi_pods.owning_vmi(old)
-            if uid and owner and not self._has_pod_of(key[0], owner, uid):
-                self._ended_vmis.pop((key[0], uid), None)
-        if new is not None and vmi_pods.owning_vmi(new) is not None:
-            if vmi_pods.is_gated(new):
-                self._gated.add(key)
-            elif vmi_pods.pinned_node(new) is not None and not vmi_pods.scheduled(new):
-                self._pinned.add(key)
-        # Which pod of a VMI is its launcher depends on its siblings: a pod that comes,
-        # goes or ends judges them all again.
-        self._count_pod(key, new)
-        for vmi in owners:
-            self._recount_pods_of(vmi)
-
-    def launcher_pod(self, vmi: Key, uid: str) -> Key | None:
-        """The one launcher pod of the VMI ``vmi`` with ``uid`` (``launcher.launcher_of``
-        over the pods naming it), or None."""
-        pods = [p for k in self._pods_of_vmi.get(vmi, ()) if (p := self.pod(k)) is not None]
-        chosen = launcher.launcher_of(pods, uid)
-        return None if chosen is None else (vmi[0], translate.name_of(chosen))
-
-    def _count_pod(self, key: Key, new: Obj | None) -> None:
-        """Take back what the pod counted, and count it again by ``launcher.pod_role``: the
-        one launcher pod of a live VMI with claims uses what its claims do not cover, on its
-        node; its VMI's launcher at the VMI's end holds nothing; every other pod is raw
-        usage on its node and in its namespace, whatever its labels."""
-        previous = self._pods.pop(key, None)
-        if previous is not None:
-            if previous.node:
-                self._pods_on_node.get(previous.node, set()).discard(key)
-                self.dirty.nodes.add(previous.node)
-            self._pods_in_ns.get(previous.namespace, set()).discard(key)
-            self.dirty.namespaces.add(previous.namespace)
-        if new is None:
-            return
-        owner = vmi_pods.owning_vmi(new)
-        vmi: VMIState | None = None
-        siblings: list[Obj] = []
-        if owner is not None:
-            vmi = self._vmis.get((key[0], owner))
-            siblings = [p for k in self._pods_of_vmi.get((key[0], owner), ()) if (p := self.pod(k))]
-        ended = self._ended_vmis.get((key[0], vmi_pods.owning_vmi_uid(new)))
-        role = launcher.pod_role(new, vmi, siblings, ended)
-        if role is launcher.PodRole.FINISHING:
-            return  # its VM has stopped: the pod is finishing
-        usage: pod_usage.PodUsage | None
-        if role is launcher.PodRole.COVERED:
-            assert owner is not None
-            usage = launcher.launcher_usage(new, self._claims_cover(key[0], owner, new))
-        else:
-            usage = launcher.raw_usage(new)
-        if usage is None:
-            return
-        self._pods[key] = usage
-        if usage.node:
-            self._pods_on_node.setdefault(usage.node, set()).add(key)
-            self.dirty.nodes.add(usage.node)
-        # What a launcher pod uses beyond its claims occupies the node; the tenant's budget
-        # is its claims' (and their Lost state), not charged twice.
-        if role is launcher.PodRole.RAW:
-            self._pods_in_ns.setdefault(usage.namespace, set()).add(key)
-            self.dirty.namespaces.add(usage.namespace)
-
-    def _has_pod_of(self, namespace: str, vmi_name: str, uid: str) -> bool:
-        return any(
-            (pod := self.pod(pod_key)) is not None and vmi_pods.owning_vmi_uid(pod) == uid
-            for pod_key in self._pods_of_vmi.get((namespace, vmi_name), ())
-        )
-
-    def _claims_cover(self, namespace: str, vmi_name: str, pod: Obj) -> dict[str, int]:
-        """Units the VMI's claims hold on the pod's node, by resource name."""
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node:
-            return {}
-        vmi = (namespace, vmi_name)
-        members = self._attached.get(vmi, set()) | self._templates_of.get(vmi, set())
-        claims = [
-            obj
-            for claim_key in members
-            if (obj := self.claim(claim_key)) is not None
-            and pod_usage.claim_serves_vmi(obj, vmi_name)
-        ]
-
-        def resource_of(class_name: str) -> str | None:
-            obj = self.gpu_class(class_name)
-            return translate.class_resource_name(obj) if obj is not None else None
-
-        return pod_usage.claims_cover(claims, resource_of, str(node))
 
     def _on_vmi(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         namespace = key[0]
@@ -385,9 +278,7 @@ class ClusterView:
             ending = old
         uid = str(translate.meta(ending).get("uid") or "") if ending is not None else ""
         if uid and before is not None and not before.final and before.uid == uid:
-            chosen = self.launcher_pod(key, uid)
-            if chosen is not None and (namespace, uid) not in self._ended_vmis:
-                self._ended_vmis[(namespace, uid)] = chosen[1]
+            self._pod_index.vmi_ended(key, uid)
         if before is not None:
             self._vmi_uids.discard((namespace, before.uid))
             for claim in before.held_claims:
@@ -409,7 +300,7 @@ class ClusterView:
             if obj is not None:
                 touched |= {ClaimKey(namespace, n) for n in translate.template_claim_names(obj)}
         self.dirty.claims |= touched
-        self._recount_pods_of(key)
+        self._pod_index.recount_pods_of(key)
 
     def _on_vm(self, key: Key, old: Obj | None, new: Obj | None) -> None:
         namespace = key[0]
@@ -425,41 +316,21 @@ class ClusterView:
         if new is not None:
             for claim in translate.vm_held_claims(new):
                 self._claim_vm[ClaimKey(namespace, claim)] = key[1]
-        for name in self._vm_pvcs.pop(key, ()):
-            _unindex(self._pvc_vms, (namespace, name), key)
-        pvcs = volumes.vm_volume_claims(new) if new is not None else ()
-        if pvcs:
-            self._vm_pvcs[key] = pvcs
-            for name in pvcs:
-                self._pvc_vms.setdefault((namespace, name), set()).add(key)
+        self._volumes.on_vm(key, new)
         self.dirty.claims |= touched
 
     def _on_pvc(self, key: Key, old: Obj | None, new: Obj | None) -> None:
-        before = self._pvc_pv.pop(key, None)
-        if before is not None:
-            _unindex(self._pv_pvcs, before, key)
-        volume = volumes.pvc_volume_name(new) if new is not None else None
-        if volume is not None:
-            self._pvc_pv[key] = volume
-            self._pv_pvcs.setdefault(volume, set()).add(key)
-        if before != volume:
-            self._volumes_changed({key})
+        self._volumes_changed(self._volumes.on_pvc(key, new))
 
     def _on_pv(self, key: Key, old: Obj | None, new: Obj | None) -> None:
-        old_affinity = volumes.volume_affinity(old) if old is not None else None
-        new_affinity = volumes.volume_affinity(new) if new is not None else None
-        if old_affinity != new_affinity:
-            self._volumes_changed(self._pv_pvcs.get(key[1], set()))
+        self._volumes_changed(self._volumes.on_pv(key, old, new))
 
-    def _volumes_changed(self, pvcs: Iterable[Key]) -> None:
-        """The held claims of the VMs using these PVCs are read into the model again."""
-        for pvc in pvcs:
-            for vm_key in self._pvc_vms.get(pvc, ()):
-                vm = self.raw[keys.VM.kind].get(vm_key)
-                if vm is not None:
-                    self.dirty.claims |= {
-                        ClaimKey(vm_key[0], c) for c in translate.vm_held_claims(vm)
-                    }
+    def _volumes_changed(self, vms: Iterable[Key]) -> None:
+        """The held claims of these VMs (their volumes moved) are read into the model again."""
+        for vm_key in vms:
+            vm = self.raw[keys.VM.kind].get(vm_key)
+            if vm is not None:
+                self.dirty.claims |= {ClaimKey(vm_key[0], c) for c in translate.vm_held_claims(vm)}
 
     def _node_names(self, name: str) -> None:
         """A node contributes the names it advertises under nvidia.com/ (one that lists
@@ -488,8 +359,8 @@ class ClusterView:
         if self._names.set(source, names):
             self._gpu_names = self._names.members()
             # Raw-name usage is counted over GPU names only: re-read every user of it.
-            self.dirty.nodes |= set(self._pods_on_node)
-            self.dirty.namespaces |= set(self._pods_in_ns)
+            self.dirty.nodes |= self._pod_index.nodes()
+            self.dirty.namespaces |= self._pod_index.namespaces()
 
     def refresh_staleness(self, now: float) -> None:
         """Nodes whose agent report turned stale (or fresh again) since the last look must
@@ -552,20 +423,18 @@ class ClusterView:
 
     def vm_volumes(self, vm: Key) -> tuple[VolumeAffinity, ...]:
         """The node affinity of each bound PV among a VirtualMachine's volumes."""
-        found = []
-        for name in self._vm_pvcs.get(vm, ()):
-            volume = self._pvc_pv.get((vm[0], name))
-            pv = self.pv(volume) if volume is not None else None
-            affinity = volumes.volume_affinity(pv) if pv is not None else None
-            if affinity is not None:
-                found.append(affinity)
-        return tuple(found)
+        return self._volumes.vm_volumes(vm)
+
+    def launcher_pod(self, vmi: Key, uid: str) -> Key | None:
+        """The one launcher pod of the VMI ``vmi`` with ``uid`` (``launcher.launcher_of``
+        over the pods naming it), or None."""
+        return self._pod_index.launcher_pod(vmi, uid)
 
     def gated_pods(self) -> list[Key]:
-        return sorted(self._gated)
+        return self._pod_index.gated_pods()
 
     def pinned_pods(self) -> list[Key]:
-        return sorted(self._pinned)
+        return self._pod_index.pinned_pods()
 
     def vmi(self, key: Key) -> VMIState | None:
         return self._vmis.get(key)
@@ -615,7 +484,7 @@ class ClusterView:
         node = self.node(name)
         if node is None:
             return None
-        usage = [self._pods[k] for k in self._pods_on_node.get(name, ())]
+        usage = self._pod_index.usage_on_node(name)
         return translate.node_info(
             node,
             self.gpunode(name),
@@ -628,7 +497,7 @@ class ClusterView:
         if namespace is None:
             return None
         quotas = [self.raw[keys.RESOURCE_QUOTA.kind][k] for k in self._quotas_in_ns.get(name, ())]
-        usage = [self._pods[k] for k in self._pods_in_ns.get(name, ())]
+        usage = self._pod_index.usage_in_namespace(name)
         return translate.namespace_info(
             namespace, quotas, pod_usage.sum_usage(usage, self._gpu_names)
         )
@@ -694,14 +563,6 @@ class ClusterView:
                 snap.upsert_claim(claim)
                 changed = True
         return changed, dirty
-
-
-def _unindex(table: dict[Any, set[Key]], key: Any, item: Key) -> None:
-    members = table.get(key)
-    if members is not None:
-        members.discard(item)
-        if not members:
-            del table[key]
 
 
 def _sync(
