@@ -824,6 +824,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("root")
     p.add_argument("vf")
     p.add_argument("type_id", type=int)
+    p = sub.add_parser("start-vm", help="a QEMU process of VM NAME holding DEVICES open")
+    p.add_argument("root")
+    p.add_argument("name")
+    p.add_argument("devices", nargs="+")
+    p = sub.add_parser("stop-vm", help="the QEMU process of start-vm ends")
+    p.add_argument("root")
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
@@ -832,6 +838,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(SysfsTree.open(args.root).enable_vfs(args.pf, args.count)))
         elif args.command == "disable-vfs":
             SysfsTree.open(args.root).disable_vfs(args.pf)
+        elif args.command == "start-vm":
+            SysfsTree.open(args.root).start_vm(args.name, args.devices)
+        elif args.command == "stop-vm":
+            SysfsTree.open(args.root).stop_vm()
         else:
             SysfsTree.open(args.root).set_vgpu_type(args.vf, args.type_id)
     except OSError as exc:

@@ -35,6 +35,10 @@ if [ "$dkms" = yes ] && ! command -v dkms >/dev/null 2>&1; then
   echo "ERROR: Failed to run \`dkms\`: install DKMS (and the kernel headers) first" >&2
   exit 1
 fi
+if [ "$dkms" = yes ]; then
+  dkms add -m nvidia -v 550.54.16
+  dkms install -m nvidia -v 550.54.16 -k "$(uname -r)"
+fi
 line=$(awk '/^__PAYLOAD__$/ { print NR + 1; exit }' "$0")
 tail -n "+$line" "$0" | tar -xz --no-same-permissions --keep-directory-symlink -C /
 if [ -r /etc/cozystack-gpu-stand-in/root ]; then

@@ -14,6 +14,10 @@ description:
     mdev types and mdevs, and the device-plugin resource name it is advertised under.
   - Uses the same sysfs reader as the node agent of the cozystack.gpu controller, so the
     host layer and the cluster agree on what a GPU is and what it is called.
+  - Says which running VMs use the GPUs (C(users), C(vms)), that is the processes holding a
+    GPU function's or mdev's VFIO device open, named by QEMU's C(-name), read as the
+    M(cozystack.gpu.gpu_node_layout) guard reads them. The host driver role and the
+    C(cozystack.gpu.upgrade_hosts) playbook wait on and refuse by the same list.
   - Sets the fact C(cozystack_gpu). Reads only; never changes the host.
   - "Resource names are B(predictions). The device plugin names passthrough GPUs from the
     C(pci.ids) bundled in its own image (C(/usr/pci.ids)), never from the host's, so a name
@@ -132,6 +136,19 @@ ansible_facts:
           type: str
           returned: always
           sample: "2025.06.09"
+        users:
+          description:
+            - Per PCI address or mdev UUID in use, who uses it (a VM as C(VM <name> (pid N)),
+              KubeVirt naming its domains C(<namespace>_<vmi>)).
+          type: dict
+          returned: always
+          sample: {"0000:41:00.4": ["VM tenant-a_vm-1 (pid 4242)"]}
+        vms:
+          description: Every user of C(users) once, sorted; empty on a host drained of GPU VMs.
+          type: list
+          elements: str
+          returned: always
+          sample: ["VM tenant-a_vm-1 (pid 4242)"]
         errors:
           description: Problems that belong to no single function.
           type: list
@@ -140,7 +157,11 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cozystack.gpu.plugins.module_utils import gpu_node_labels, gpu_sysfs
+from ansible_collections.cozystack.gpu.plugins.module_utils import (
+    gpu_layout,
+    gpu_node_labels,
+    gpu_sysfs,
+)
 
 
 def argument_spec():
@@ -158,6 +179,9 @@ def run_module(module):
     inventory = gpu_sysfs.read_inventory(params["root"], pci_ids_paths=paths)
     facts = inventory.to_dict()
     facts["node_labels"] = gpu_node_labels.gpu_labels(inventory)
+    users = gpu_layout.read_users(params["root"], inventory)
+    facts["users"] = users
+    facts["vms"] = sorted({name for names in users.values() for name in names})
     module.exit_json(changed=False, ansible_facts={"cozystack_gpu": facts})
 
 

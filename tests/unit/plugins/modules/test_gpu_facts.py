@@ -49,3 +49,15 @@ def test_the_facts_say_which_pci_ids_named_the_devices(build, run_module, tmp_pa
     facts = predicted["ansible_facts"]["cozystack_gpu"]
     assert (facts["pci_ids_path"], facts["pci_ids_version"]) == (str(plugins), "2023.04.10")
     assert facts["resource_names"] == ["nvidia.com/GH100H100_SXM5_80GB"]
+
+
+def test_the_facts_name_the_vms_that_use_the_gpus_and_none_once_they_stop(build, run_module):
+    tree = build(scenario="mixed")
+    tree.start_vm("tenant-a_vm-1", ["0000:41:00.4", "0000:18:00.0"])
+    facts = run_module(gpu_facts, {"root": str(tree.root)})["ansible_facts"]["cozystack_gpu"]
+    named = ["VM tenant-a_vm-1 (pid 4242)"]
+    assert facts["users"] == {"0000:41:00.4": named, "0000:18:00.0": named}
+    assert facts["vms"] == named
+    tree.stop_vm()
+    facts = run_module(gpu_facts, {"root": str(tree.root)})["ansible_facts"]["cozystack_gpu"]
+    assert (facts["users"], facts["vms"]) == ({}, [])
