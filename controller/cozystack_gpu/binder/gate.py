@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.model import VolumeAffinity
+from cozystack_gpu.model import ClaimKey, VolumeAffinity
 from cozystack_gpu.objects import Obj, annotation, translate
 from cozystack_gpu.objects.annotation import ClaimsRequest, TemplateEntry
 from cozystack_gpu.objects.conditions import merge_conditions
@@ -60,6 +60,13 @@ def claims_ref_problem(vmi: Obj) -> str | None:
 
 def template_claim_names(vmi_name: str, ref: ClaimsRequest) -> tuple[str, ...]:
     return tuple(keys.template_claim_name(vmi_name, t.name) for t in ref.templates)
+
+
+def claim_keys(vmi_key: tuple[str, str], vmi: Obj) -> list[ClaimKey]:
+    """The keys of a VMI's claims: the held ones and those of its claim templates."""
+    ref = claims_ref_of(vmi) or ClaimsRequest()
+    names = [*ref.claims, *template_claim_names(vmi_key[1], ref)]
+    return [ClaimKey(vmi_key[0], n) for n in names]
 
 
 def template_claim(vmi: Obj, template: TemplateEntry) -> dict[str, Any]:
@@ -133,6 +140,23 @@ def template_claim_conflict(
         f"{template.name} of VMI {vmi_name}, but {'; '.join(problems)}: the VM waits at the "
         f"gate; {fix}"
     )
+
+
+def template_claims_conflict(vmi: Obj, claim_of: Callable[[ClaimKey], Obj | None]) -> str | None:
+    """Why a claim named like one of the VMI's template claims is not its template claim
+    (see ``template_claim_conflict``), or None."""
+    ref = claims_ref_of(vmi) or ClaimsRequest()
+    name, uid = translate.name_of(vmi), str(translate.meta(vmi).get("uid") or "")
+    namespace = translate.namespace_of(vmi)
+    for template in ref.templates:
+        key = ClaimKey(namespace, keys.template_claim_name(name, template.name))
+        existing = claim_of(key)
+        if existing is None:
+            continue
+        problem = template_claim_conflict(existing, name, uid, template)
+        if problem is not None:
+            return problem
+    return None
 
 
 # --- launcher pods -----------------------------------------------------------------------
@@ -248,6 +272,15 @@ def says_pinned_to(claim: Obj, node: str) -> bool:
                 and str(cond.get("message", "")).endswith(f" pinned to node {node}")
             )
     return False
+
+
+def bound_on(claim: Obj | None, node: str) -> bool:
+    """The API has the claim bound (or attached) on ``node``."""
+    status = (claim or {}).get("status") or {}
+    return status.get("nodeName") == node and status.get("phase") in (
+        keys.Phase.BOUND.value,
+        keys.Phase.ATTACHED.value,
+    )
 
 
 def rejection_patch(

@@ -7,6 +7,7 @@ run from the binder's loop on the binder's snapshot and writer.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
 from typing import Any, NamedTuple
@@ -37,6 +38,16 @@ class _Rejection(NamedTuple):
     until: float
     state: str
     told: dict[str, Any]
+
+
+class _StartSet(NamedTuple):
+    """A launcher pod, the VMI it starts and the keys of the VMI's claims."""
+
+    pod_key: Key
+    pod: dict[str, Any]
+    vmi_key: Key
+    vmi: dict[str, Any]
+    members: list[ClaimKey]
 
 
 class Gatekeeper(BinderPart):
@@ -95,9 +106,35 @@ class Gatekeeper(BinderPart):
     def run(self, now: float) -> None:
         """Gated launcher pods: create the template claims, place the whole set on one
         node, and pin and ungate the pod in one update once every claim is bound there."""
+        self._resend_placed()
+        for pod_key, pod in self._gated_due():
+            at = self._start_set(pod_key, pod)
+            if at is None:
+                continue  # its VMI is not known yet
+            if self._unreadable(at, now):
+                continue
+            if not at.members:
+                self._pin(at, None)  # no claims to place: only ungate
+                continue
+            if self._not_its_set(at, now) or self._create_templates(at.vmi, at.members):
+                continue
+            claims = self._claims_ready(at, now)
+            if claims is None:
+                continue
+            target = self._place(at, claims, now)
+            if target is None or self._bind(at, claims, target, now):
+                continue  # no node yet, or pin once the API confirms every claim on it
+            if all(gate.bound_on(self.view.claim(k), target) for k in at.members):
+                self._pin(at, target)
+
+    def _resend_placed(self) -> None:
+        """Placed notes refused on the last pass, sent again over the claims as they are."""
         due, self._placed_due = self._placed_due, {}
         for key, cond in due.items():
             self._tell_placed(key, cond)
+
+    def _gated_due(self) -> Iterator[tuple[Key, dict[str, Any]]]:
+        """The gated pods to judge, each read as the pass reaches it: seen, no update of it out."""
         gated = self.view.gated_pods()
         if len(self._gate_told) > len(gated):
             # What a pod was told matters only while it waits at the gate.
@@ -105,114 +142,112 @@ class Gatekeeper(BinderPart):
             self._gate_told = {k: v for k, v in self._gate_told.items() if k in waiting}
         for pod_key in gated:
             pod = self.view.pod(pod_key)
-            if pod is None or pod_key in self._pod_writes:
-                continue
-            found = self._start_set(pod)
-            if found is None:
-                continue  # its VMI is not known yet
-            vmi_key, vmi, members = found
-            problem = gate.claims_ref_problem(vmi)
-            if problem is not None:
-                # Ungated, its GPU requests would reach the scheduler uncounted: it waits.
-                reason = AdmissionReason.MALFORMED_ANNOTATION.value
-                self._not_placed(pod_key, vmi, [], reason, problem, now)
-                continue
-            if not members:
-                self._pin(pod_key, pod, None, [])  # no claims to place: only ungate
-                continue
-            other = self._other_launcher(pod_key, vmi_key, pod)
-            if other is not None:
-                if other != _SILENT:
-                    reason = ClaimReason.NOT_THE_LAUNCHER.value
-                    self._not_placed(pod_key, vmi, members, reason, other, now)
-                continue
-            conflict = self._template_conflict(vmi)
-            if conflict is not None:
-                reason = AdmissionReason.TEMPLATE_CLAIM_CONFLICT.value
-                self._not_placed(pod_key, vmi, members, reason, conflict, now)
-                continue
-            if self._create_templates(vmi, members):
-                continue
-            infos = [self.snapshot.claim(k) for k in members]
-            if self.handle.in_flight(members):
-                continue  # a write about one of its claims is still out
-            # Claims it holds that do not exist (its templates do by now) are told, not
-            # waited for in silence.
-            absent = [k.name for k in members if self.view.claim(k) is None]
-            if absent:
-                message = (
-                    f"GPUClaim {', '.join(absent)} named in {keys.ANNOTATION_CLAIMS} does not "
-                    f"exist in namespace {vmi_key[0]}; order it, or remove it from the annotation"
-                )
-                reason = AdmissionReason.CLAIM_NOT_FOUND.value
-                self._not_placed(pod_key, vmi, members, reason, message, now)
-                continue
-            if any(c is None for c in infos):
-                continue  # seen, but not in the model yet
-            claims = [c for c in infos if c is not None]
-            mismatch = self._request_mismatch(pod, claims)
-            if mismatch is not None:
-                # Ungated, the surplus would be a GPU outside every budget and record.
-                reason = ClaimReason.REQUESTS_BEYOND_CLAIMS.value
-                self._not_placed(pod_key, vmi, members, reason, mismatch, now)
-                continue
-            allowed, unbound = self._allowed_nodes(pod)
-            if unbound:
-                message = (
-                    f"PersistentVolumeClaim {', '.join(unbound)} of launcher pod {pod_key[1]} "
-                    "is not bound to a volume yet; the VM starts once it is, on a node the "
-                    "volume can be used from"
-                )
-                reason = ClaimReason.VOLUME_NOT_BOUND.value
-                self._not_placed(pod_key, vmi, members, reason, message, now)
-                continue
-            decision = self.snapshot.place_for_start(
-                claims, now, allowed, exclude=self._vm_refused(vmi_key, now)
-            )
-            if isinstance(decision, Refusal):
-                reason = str(decision.reason)
-                self._not_placed(pod_key, vmi, members, reason, decision.message, now)
-                continue
-            target = decision.node
-            vmi_uid = vmi_pods.owning_vmi_uid(pod)
-            moving = [c for c in claims if not (c.holds_node and c.node == target)]
-            for claim in moving:
-                obj = self.view.claim(claim.key)
-                if obj is None:
-                    continue
-                step = Step.BIND if claim.phase is Phase.PENDING else Step.MOVE
-                cond = conditions.condition(
-                    keys.CONDITION_BOUND,
-                    True,
-                    ClaimReason.BOUND if step is Step.BIND else ClaimReason.MOVED,
-                    f"holds {claim.count} unit(s) of class {claim.class_name} on node {target} "
-                    f"for the start of VMI {vmi_key[1]}",
-                    now,
-                )
-                if claim.template:
-                    # A template claim exists for this VMI alone: it is attached to it (by
-                    # uid) in the same write that binds it, so from then on it is held,
-                    # protected and counted as the running VM's like any attached claim.
-                    updated = replace(
-                        claim,
-                        phase=Phase.ATTACHED,
-                        node=target,
-                        bound_at=now,
-                        attached_to=vmi_key[1],
-                        vmi_live=True,
-                    )
-                    body = claim_status.claim_status_patch(obj, updated, cond)
-                    body["status"].update(claim_status.attachment_fields(vmi_key[1], vmi_uid, now))
-                else:
-                    updated = replace(claim, phase=Phase.BOUND, node=target, bound_at=now)
-                    body = claim_status.claim_status_patch(obj, updated, cond)
-                self.handle.decide(updated, body, str(step))
-            if moving:
-                continue  # pin once the API confirms every claim on the node
-            if all(_bound_on(self.view.claim(k), target) for k in members):
-                self._pin(pod_key, pod, target, members)
+            if pod is not None and pod_key not in self._pod_writes:
+                yield pod_key, pod
 
-    def _start_set(self, pod: dict[str, Any]) -> tuple[Key, dict[str, Any], list[ClaimKey]] | None:
+    def _unreadable(self, at: _StartSet, now: float) -> bool:
+        """Whether the VMI's claims annotation cannot be read (it names no claim then), said."""
+        problem = gate.claims_ref_problem(at.vmi)
+        if problem is not None:
+            # Ungated, its GPU requests would reach the scheduler uncounted: it waits.
+            self._not_placed(at, AdmissionReason.MALFORMED_ANNOTATION.value, problem, now)
+        return problem is not None
+
+    def _not_its_set(self, at: _StartSet, now: float) -> bool:
+        """Whether another pod is the VMI's launcher or a claim stands in a template's way."""
+        other = self._other_launcher(at.pod_key, at.vmi_key, at.pod)
+        if other is not None:
+            if other != _SILENT:
+                self._not_placed(at, ClaimReason.NOT_THE_LAUNCHER.value, other, now)
+            return True
+        conflict = gate.template_claims_conflict(at.vmi, self.view.claim)
+        if conflict is not None:
+            self._not_placed(at, AdmissionReason.TEMPLATE_CLAIM_CONFLICT.value, conflict, now)
+        return conflict is not None
+
+    def _claims_ready(self, at: _StartSet, now: float) -> list[ClaimInfo] | None:
+        """The set's claims once all exist, are in the model, have no write out and cover
+        exactly what the pod requests; None until then, said where it is not silent."""
+        infos = [self.snapshot.claim(k) for k in at.members]
+        if self.handle.in_flight(at.members):
+            return None  # a write about one of its claims is still out
+        # Claims it holds that do not exist (its templates do by now) are told, not
+        # waited for in silence.
+        absent = [k.name for k in at.members if self.view.claim(k) is None]
+        if absent:
+            message = (
+                f"GPUClaim {', '.join(absent)} named in {keys.ANNOTATION_CLAIMS} does not "
+                f"exist in namespace {at.vmi_key[0]}; order it, or remove it from the annotation"
+            )
+            self._not_placed(at, AdmissionReason.CLAIM_NOT_FOUND.value, message, now)
+            return None
+        if any(c is None for c in infos):
+            return None  # seen, but not in the model yet
+        claims = [c for c in infos if c is not None]
+        mismatch = self._request_mismatch(at.pod, claims)
+        if mismatch is not None:
+            # Ungated, the surplus would be a GPU outside every budget and record.
+            self._not_placed(at, ClaimReason.REQUESTS_BEYOND_CLAIMS.value, mismatch, now)
+            return None
+        return claims
+
+    def _place(self, at: _StartSet, claims: list[ClaimInfo], now: float) -> str | None:
+        """The node the whole set starts on, where its volumes can be used; None, said, if none."""
+        allowed, unbound = self._allowed_nodes(at.pod)
+        if unbound:
+            message = (
+                f"PersistentVolumeClaim {', '.join(unbound)} of launcher pod {at.pod_key[1]} "
+                "is not bound to a volume yet; the VM starts once it is, on a node the "
+                "volume can be used from"
+            )
+            self._not_placed(at, ClaimReason.VOLUME_NOT_BOUND.value, message, now)
+            return None
+        decision = self.snapshot.place_for_start(
+            claims, now, allowed, exclude=self._vm_refused(at.vmi_key, now)
+        )
+        if isinstance(decision, Refusal):
+            self._not_placed(at, str(decision.reason), decision.message, now)
+            return None
+        return decision.node
+
+    def _bind(self, at: _StartSet, claims: list[ClaimInfo], target: str, now: float) -> bool:
+        """Bind (or move) to ``target`` each claim not held there yet; True when any was."""
+        vmi_key, vmi_uid = at.vmi_key, vmi_pods.owning_vmi_uid(at.pod)
+        moving = [c for c in claims if not (c.holds_node and c.node == target)]
+        for claim in moving:
+            obj = self.view.claim(claim.key)
+            if obj is None:
+                continue
+            step = Step.BIND if claim.phase is Phase.PENDING else Step.MOVE
+            cond = conditions.condition(
+                keys.CONDITION_BOUND,
+                True,
+                ClaimReason.BOUND if step is Step.BIND else ClaimReason.MOVED,
+                f"holds {claim.count} unit(s) of class {claim.class_name} on node {target} "
+                f"for the start of VMI {vmi_key[1]}",
+                now,
+            )
+            if claim.template:
+                # A template claim exists for this VMI alone: it is attached to it (by
+                # uid) in the same write that binds it, so from then on it is held,
+                # protected and counted as the running VM's like any attached claim.
+                updated = replace(
+                    claim,
+                    phase=Phase.ATTACHED,
+                    node=target,
+                    bound_at=now,
+                    attached_to=vmi_key[1],
+                    vmi_live=True,
+                )
+                body = claim_status.claim_status_patch(obj, updated, cond)
+                body["status"].update(claim_status.attachment_fields(vmi_key[1], vmi_uid, now))
+            else:
+                updated = replace(claim, phase=Phase.BOUND, node=target, bound_at=now)
+                body = claim_status.claim_status_patch(obj, updated, cond)
+            self.handle.decide(updated, body, str(step))
+        return bool(moving)
+
+    def _start_set(self, pod_key: Key, pod: dict[str, Any]) -> _StartSet | None:
         """The VMI a launcher pod starts and the keys of its claims (held ones and those of
         its claim templates), or None when the pod is not one of ours."""
         vmi_name = vmi_pods.owning_vmi(pod)
@@ -222,7 +257,7 @@ class Gatekeeper(BinderPart):
         vmi = self.view.vmi_object(vmi_key)
         if vmi is None or translate.meta(vmi).get("uid") != vmi_pods.owning_vmi_uid(pod):
             return None  # not seen yet, or the view still has an earlier VMI of that name
-        return vmi_key, vmi, _members(vmi_key, vmi)
+        return _StartSet(pod_key, pod, vmi_key, vmi, gate.claim_keys(vmi_key, vmi))
 
     def _other_launcher(self, pod_key: Key, vmi_key: Key, pod: dict[str, Any]) -> str | None:
         """Why this gated pod is not its VMI's one launcher pod (``launcher.launcher_of``),
@@ -253,22 +288,6 @@ class Gatekeeper(BinderPart):
                 return None  # a class gone: placement refuses the set and says so
             cover[klass.resource_name] = cover.get(klass.resource_name, 0) + claim.count
         return launcher.request_mismatch(pod, self.view.gpu_names, cover)
-
-    def _template_conflict(self, vmi: dict[str, Any]) -> str | None:
-        """Why a claim named like one of the VMI's template claims is not its template claim
-        (see ``gate.template_claim_conflict``), or None."""
-        ref = gate.claims_ref_of(vmi) or ClaimsRequest()
-        name, uid = translate.name_of(vmi), str(translate.meta(vmi).get("uid") or "")
-        namespace = translate.namespace_of(vmi)
-        for template in ref.templates:
-            key = ClaimKey(namespace, keys.template_claim_name(name, template.name))
-            existing = self.view.claim(key)
-            if existing is None:
-                continue
-            problem = gate.template_claim_conflict(existing, name, uid, template)
-            if problem is not None:
-                return problem
-        return None
 
     def _vm_refused(self, vmi_key: Key, now: float) -> set[str]:
         """Nodes that refused this VM's launcher pod and have not changed since, within the
@@ -338,28 +357,20 @@ class Gatekeeper(BinderPart):
             self._volume_nodes[volumes.volumes] = None if nodes is None else frozenset(nodes)
         return self._volume_nodes[volumes.volumes], volumes.unbound
 
-    def _not_placed(
-        self,
-        pod_key: Key,
-        vmi: dict[str, Any],
-        members: list[ClaimKey],
-        reason: str,
-        why: str,
-        now: float,
-    ) -> None:
+    def _not_placed(self, at: _StartSet, reason: str, why: str, now: float) -> None:
         """A set with nowhere to go keeps its pod gated; say so once per reason, on the
         claims (condition Placed) and on the VMI (a Warning event)."""
         said = f"{reason}: {why}"
-        if self._gate_told.get(pod_key) == said:
+        if self._gate_told.get(at.pod_key) == said:
             return
-        self._gate_told[pod_key] = said
+        self._gate_told[at.pod_key] = said
         message = f"the VM's GPU set cannot start anywhere yet: {why}"
-        self.writer.event(vmi, EventReason.SET_NOT_PLACED.value, message, True, kind=keys.VMI)
+        self.writer.event(at.vmi, EventReason.SET_NOT_PLACED.value, message, True, kind=keys.VMI)
         cond = conditions.condition(keys.CONDITION_PLACED, False, reason, message, now)
-        for key in members:
+        for key in at.members:
             obj = self.view.claim(key)
             if obj is not None:
-                self._told_out[key] = pod_key
+                self._told_out[key] = at.pod_key
                 # A template claim that waits for room shows Pending, as an order does.
                 self.writer.claim_status(
                     key,
@@ -368,11 +379,10 @@ class Gatekeeper(BinderPart):
                     Priority.STATUS,
                 )
 
-    def _pin(
-        self, pod_key: Key, pod: dict[str, Any], node: str | None, members: list[ClaimKey]
-    ) -> None:
+    def _pin(self, at: _StartSet, node: str | None) -> None:
         """The one pod update: pin to ``node`` (every required term gains the requirement)
         and remove the gate; without a node, only remove the gate."""
+        pod_key, pod = at.pod_key, at.pod
         body = gate.pin_and_ungate(pod, node) if node else gate.ungate(pod)
         core = self.writer.core
 
@@ -394,7 +404,7 @@ class Gatekeeper(BinderPart):
         now = self.clock()
         message = gate.pinned_message(pod_key[1], node)
         cond = conditions.condition(keys.CONDITION_PLACED, True, ClaimReason.PINNED, message, now)
-        for key in members:
+        for key in at.members:
             self._tell_placed(key, cond)
 
     def _tell_placed(self, key: ClaimKey, cond: dict[str, Any]) -> None:
@@ -430,11 +440,11 @@ class Gatekeeper(BinderPart):
             pod = self.view.pod(pod_key)
             if pod is None or pod_key in self._pod_writes:
                 continue
-            found = self._start_set(pod)
+            found = self._start_set(pod_key, pod)
             node = vmi_pods.pinned_node(pod)
-            if found is None or node is None or not found[2]:
+            if found is None or node is None or not found.members:
                 continue
-            vmi_key, vmi, members = found
+            _, _, vmi_key, vmi, members = found
             claims = [c for k in members if (c := self.snapshot.claim(k)) is not None]
             if len(claims) != len(members) or self.handle.in_flight(members):
                 continue
@@ -495,7 +505,7 @@ class Gatekeeper(BinderPart):
             vmi = self.view.vmi_object(vmi_key)
             if vmi is None:
                 continue
-            for key in _members(vmi_key, vmi):
+            for key in gate.claim_keys(vmi_key, vmi):
                 claim, obj = self.snapshot.claim(key), self.view.claim(key)
                 if claim is None or obj is None or self.handle.in_flight((key,)):
                     continue
@@ -569,13 +579,6 @@ class Gatekeeper(BinderPart):
                 self.handle.decide(replace(claim, rejected=kept), body, "Unreject")
 
 
-def _members(vmi_key: Key, vmi: dict[str, Any]) -> list[ClaimKey]:
-    """The keys of a VMI's claims: the held ones and those of its claim templates."""
-    ref = gate.claims_ref_of(vmi) or ClaimsRequest()
-    names = [*ref.claims, *gate.template_claim_names(vmi_key[1], ref)]
-    return [ClaimKey(vmi_key[0], n) for n in names]
-
-
 def _create_claim(custom: Any, namespace: str, body: dict[str, Any]) -> Any:
     """Create a template claim; one created before (409) is brought by the watch."""
     try:
@@ -591,12 +594,3 @@ def _create_claim(custom: Any, namespace: str, body: dict[str, Any]) -> Any:
         if exc.status == 409:
             return None
         raise
-
-
-def _bound_on(claim: dict[str, Any] | None, node: str) -> bool:
-    """The API has the claim bound (or attached) on ``node``."""
-    status = (claim or {}).get("status") or {}
-    return status.get("nodeName") == node and status.get("phase") in (
-        Phase.BOUND.value,
-        Phase.ATTACHED.value,
-    )
