@@ -49,7 +49,7 @@ from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, releases, tenants
 from cozystack_gpu_testkit.cluster import _alive
 from cozystack_gpu_testkit.demo import platform
-from cozystack_gpu_testkit.demo.acts.common import Demo, Options, _webhook_answers
+from cozystack_gpu_testkit.demo.acts.common import Demo, Options
 from cozystack_gpu_testkit.demo.console import Console
 from cozystack_gpu_testkit.demo.hosts import H100, L40S_24C
 from cozystack_gpu_testkit.invariants import Invariants
@@ -95,11 +95,31 @@ def _held(claim: dict[str, Any]) -> Held:
     )
 
 
+def _order_webhook_answers(tenant: Any) -> bool:
+    """Whether the claim webhook answered a dry-run order of ``tenant``'s: the webhook the
+    orders in flight go through, under the same identity. A refusal on the merits (a budget,
+    capacity) is an answer; only a call that never reached a replica is not."""
+    body = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND_CLAIM,
+        "metadata": {"name": "webhook-probe"},
+        "spec": {"class": ORDER_CLASS, "count": 1},
+    }
+    try:
+        tenant.custom.create_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, RESEARCH, keys.PLURAL_CLAIMS, body, dry_run="All"
+        )
+    except ApiException as exc:
+        return "failed calling webhook" not in str(exc.body)
+    return True
+
+
 @dataclass
 class Gap:
-    """Probes of the webhooks (a dry-run offer of a class, as the demo probes them) while a
-    rollout runs: the longest run of refusals, from the first refused probe to the next
-    answered one."""
+    """Probes of the claim webhook (a dry-run order, the orders' own path) while a
+    rollout runs: the longest time without an answer, from one answered probe to the next.
+    Measured between answers, not over refusals: a probe sent to a process that is going
+    away can hang until the next one answers it, and that is gap too."""
 
     answered: Callable[[], bool]
     longest_s: float = 0.0
@@ -119,17 +139,20 @@ class Gap:
         self._thread.join(10)
 
     def _run(self) -> None:
-        began: float | None = None
+        last_answer = time.monotonic()
         while not self._stop.is_set():
-            now = time.monotonic()
             self.probes += 1
-            if self.answered():
-                if began is not None:
-                    self.longest_s = max(self.longest_s, now - began)
-                began = None
+            try:
+                answered = self.answered()
+            except Exception:  # a probe that breaks answered nothing
+                answered = False
+            now = time.monotonic()
+            if answered:
+                # Two prompt answers are a probe period apart: that much is no gap.
+                self.longest_s = max(self.longest_s, now - last_answer - PROBE_S)
+                last_answer = now
             else:
                 self.refused += 1
-                began = now if began is None else began
             time.sleep(PROBE_S)
 
 
@@ -360,7 +383,7 @@ def _roll(c: Cluster, change: Any, code: Path, order: str, vm: str | None) -> Ro
     old_lease = c.lease()
     alice, bob = c.tenant[RESEARCH], c.tenant[ACME]
     invariants = Invariants(c.demo.api)
-    answered = functools.partial(_webhook_answers, c.demo)
+    answered = functools.partial(_order_webhook_answers, alice)
     with invariants.watching(), Gap(answered) as gap, Exit(old_pid) as exited:
         began = time.monotonic()
         change()
@@ -440,8 +463,8 @@ def test_an_upgrade_and_its_rollback_keep_every_hold_attachment_and_record(
     revision = _revision(c)
 
     def upgrade() -> None:
-        # The documented upgrade from 0.1.0 (docs/operations.md): its controller made
-        # gpu-settings itself, and this chart renders it, so Helm adopts it once.
+        # The documented upgrade (docs/operations.md): from 0.1.0, whose controller made
+        # gpu-settings itself, Helm adopts it once; from later releases the flag is a no-op.
         platform.helm_install(
             c.state, _values(c, {"image": {"tag": THIS_TAG}}), log, take_ownership=True
         )

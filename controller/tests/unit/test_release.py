@@ -36,6 +36,10 @@ def _load_release() -> ModuleType:
 
 release = _load_release()
 VERSIONED = (release.GALAXY, release.CHART, release.PACKAGE, release.VALUES)
+# The tree's version (the latest release's) and the next one up, which a cut would make.
+CURRENT = str(yaml.safe_load((REPO / release.GALAXY).read_text())["version"])
+_current = release.parse_version(CURRENT)
+NEXT = f"{_current.major}.{_current.minor + 1}.0"
 
 
 def _files() -> dict[str, str]:
@@ -119,7 +123,7 @@ def test_a_release_is_not_cut_from_a_dirty_tree(
 ) -> None:
     (repo / release.GALAXY).write_text((repo / release.GALAXY).read_text() + "# edited\n")
     (repo / "stray.txt").write_text("x")
-    assert release.main(["cut", "0.2.0", "--dry-run", "--root", str(repo)]) == 2
+    assert release.main(["cut", NEXT, "--dry-run", "--root", str(repo)]) == 2
     err = capsys.readouterr().err
     assert "the work tree has uncommitted changes" in err
     assert "commit or stash them first" in err
@@ -130,13 +134,13 @@ def test_the_dry_run_says_what_it_would_change_and_changes_nothing(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     head = git(repo, "rev-parse", "HEAD")
-    assert release.main(["cut", "0.2.0", "--dry-run", "--skip-image", "--root", str(repo)]) == 0
+    assert release.main(["cut", NEXT, "--dry-run", "--skip-image", "--root", str(repo)]) == 0
     out = capsys.readouterr().out
-    assert "galaxy.yml version: 0.1.0 -> 0.2.0" in out
-    assert "controller/chart/Chart.yaml appVersion: 0.1.0 -> 0.2.0" in out
-    assert "controller/pyproject.toml project.version: 0.1.0 -> 0.2.0" in out
-    assert "cozystack-gpu-0.2.0.tar.gz" in out and "cozystack-gpu-0.2.0.tgz" in out
-    assert "cozystack-gpu-device-plugin-recipe-0.2.0.tar.gz" in out
+    assert f"galaxy.yml version: {CURRENT} -> {NEXT}" in out
+    assert f"controller/chart/Chart.yaml appVersion: {CURRENT} -> {NEXT}" in out
+    assert f"controller/pyproject.toml project.version: {CURRENT} -> {NEXT}" in out
+    assert f"cozystack-gpu-{NEXT}.tar.gz" in out and f"cozystack-gpu-{NEXT}.tgz" in out
+    assert f"cozystack-gpu-device-plugin-recipe-{NEXT}.tar.gz" in out
     assert "SHA256SUMS" in out and ".oci.tar" not in out
     for fragment in (repo / release.FRAGMENTS).glob("*.yml"):
         assert fragment.name in out
