@@ -53,7 +53,11 @@ def repo(tmp_path: Path) -> Path:
     for path in (*VERSIONED, release.RECORD):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, root / path)
-    shutil.copytree(REPO / release.FRAGMENTS, root / release.FRAGMENTS)
+    # Right after a release the fragments are gone, and git keeps no empty folder.
+    if (REPO / release.FRAGMENTS).is_dir():
+        shutil.copytree(REPO / release.FRAGMENTS, root / release.FRAGMENTS)
+    else:
+        (root / release.FRAGMENTS).mkdir(parents=True)
     git(tmp_path, "init", "-q", str(root))
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "start")
