@@ -444,7 +444,7 @@ class Gatekeeper(BinderPart):
             node = vmi_pods.pinned_node(pod)
             if found is None or node is None or not found.members:
                 continue
-            _, _, vmi_key, vmi, members = found
+            vmi_key, vmi, members = found.vmi_key, found.vmi, found.members
             claims = [c for k in members if (c := self.snapshot.claim(k)) is not None]
             if len(claims) != len(members) or self.handle.in_flight(members):
                 continue
