@@ -6,11 +6,12 @@ elsewhere with its claims."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from cozystack_gpu.binder import attachment_rules, claim_status
+from cozystack_gpu.binder.calls import Answer, Decision, VmiDelete
 from cozystack_gpu.binder.part import BinderPart, PartHandle
-from cozystack_gpu.binder.writer import WriteDone
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import ClaimKey
@@ -26,7 +27,9 @@ class Attachments(BinderPart):
         # Attachments judged to stay as they are: the claim version and VMI state they were
         # judged on, and until when that holds (an attachment waiting for its VMI expires).
         self._judged: dict[ClaimKey, tuple[int, Any, float]] = {}
-        self._vmi_deletes: set[Key] = set()
+        # VMIs deleted (by uid): one is deleted once, though the view shows it until the
+        # watch brings its end (KubeVirt's finalizers keep it a while).
+        self._vmi_deletes: set[tuple[Key, str]] = set()
 
     def run(self, now: float) -> None:
         """Bound ⇄ Attached transitions, and attachments that never saw their VMI."""
@@ -65,7 +68,8 @@ class Attachments(BinderPart):
                     continue  # gone since it was read above
                 attached_to = None if change.clear_attachment else info.attached_to
                 self.handle.decide(
-                    replace(info, phase=change.phase, attached_to=attached_to), body, step
+                    replace(info, phase=change.phase, attached_to=attached_to),
+                    Decision(key.namespace, key.name, body, step),
                 )
 
     def release_stuck_vmis(self) -> None:
@@ -74,9 +78,11 @@ class Attachments(BinderPart):
         Its launcher pod can never be scheduled, so it would hold its Lost claims forever;
         deleted, the VM starts again and its claims move with it.
         """
+        if self._vmi_deletes:  # forget those the watch saw go
+            self._vmi_deletes = {d for d in self._vmi_deletes if self.view.vmi(d[0]) is not None}
         for vmi_key, members in self.view.attachments():
             vmi = self.view.vmi(vmi_key)
-            if vmi is None or vmi_key in self._vmi_deletes:
+            if vmi is None or (vmi_key, vmi.uid) in self._vmi_deletes:
                 continue
             if not attachment_rules.vmi_never_ran(vmi):
                 continue
@@ -94,12 +100,13 @@ class Attachments(BinderPart):
                 ):
                     stuck = True
             if stuck:
-                self._vmi_deletes.add(vmi_key)
-                self.writer.delete_vmi(*vmi_key)
+                sent = (vmi_key, vmi.uid)
+                self._vmi_deletes.add(sent)
+                self.handle.send(VmiDelete(*vmi_key, heard=partial(self._vmi_deleted, sent)))
 
-    def vmi_deleted(self, done: WriteDone) -> None:
-        if not done.ok:
-            self._vmi_deletes.discard(done.key)
+    def _vmi_deleted(self, sent: tuple[Key, str], answer: Answer) -> None:
+        if not answer.ok:
+            self._vmi_deletes.discard(sent)  # tried again on the next turn
 
 
 def _judged_until(

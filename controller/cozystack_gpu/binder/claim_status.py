@@ -16,16 +16,6 @@ from cozystack_gpu.objects.conditions import condition, merge_conditions, same_c
 from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, attachment
 from cozystack_gpu.objects.translate import meta, rfc3339
 
-# Status writes that only tell (why a claim waits, why its deletion waits, where its set
-# starts): they are not placements, so they are queued behind every bind and never held in
-# flight.
-NOTE_WAIT = "Wait"
-NOTE_DELETING = "Deleting"
-NOTE_PLACED = "Placed"
-NOTE_WITHDRAWN = "Withdrawn"
-NOTES = frozenset({NOTE_WAIT, NOTE_DELETING, NOTE_PLACED, NOTE_WITHDRAWN})
-
-
 # --- Conditions and status patches -------------------------------------------------------
 
 

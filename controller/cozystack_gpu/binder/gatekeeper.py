@@ -1,7 +1,7 @@
 """The launcher-pod gate, as the leader runs it: template claims created, the whole set
 placed on one node, the pod pinned and ungated in one update, and a pinned pod the scheduler
 refuses turned into a rejected node (seed 000). The rules are in ``gate``; this is their I/O,
-run from the binder's loop on the binder's snapshot and writer.
+run from the binder's loop on the binder's snapshot, written as typed calls.
 """
 
 from __future__ import annotations
@@ -9,15 +9,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
-from functools import partial
 from typing import Any, NamedTuple
-
-from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import claim_status, gate
+from cozystack_gpu.binder.calls import (
+    Answer,
+    ClaimNote,
+    Decision,
+    Note,
+    PodDelete,
+    PodPin,
+    TemplateClaimCreate,
+)
 from cozystack_gpu.binder.part import BinderPart, PartHandle
-from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, WriteKind, discard
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
 from cozystack_gpu.model import ClaimInfo, ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
@@ -51,14 +56,11 @@ class _StartSet(NamedTuple):
 
 
 class Gatekeeper(BinderPart):
-    """The gate's state: pod updates and template-claim creations in flight, what each
-    gated pod was last told (a refusal is said once), and the nodes that refused a pinned
-    pod with the node state they refused in."""
+    """The gate's state: what each gated pod was last told (a refusal is said once), and
+    the nodes that refused a pinned pod with the node state they refused in."""
 
     def __init__(self, handle: PartHandle) -> None:
         super().__init__(handle)
-        self._pod_writes: set[Key] = set()
-        self._creating: set[ClaimKey] = set()
         self._gate_told: dict[Key, str] = {}
         # The gated pod each claim's "cannot start" note is out for: one refused (409, the
         # claim changed meanwhile) is said again, or the claim would never show why.
@@ -88,20 +90,6 @@ class Gatekeeper(BinderPart):
             nodes = nodes | {name for _ns, name in self.view.raw[keys.NODE.kind]}
         if nodes:
             self.forget_rejections(nodes)
-
-    def written(self, done: WriteDone) -> None:
-        if done.what is WriteKind.TEMPLATE_CLAIM:
-            self._creating.discard(ClaimKey(*done.key))
-            if done.ok and done.obj is not None:
-                self.view.apply(keys.GPU_CLAIM.kind, done.obj, deleted=False)
-            elif not done.ok:
-                log.warning("template claim %s not created: %s", done.path, done.error)
-            return
-        self._pod_writes.discard(done.key)
-        if done.ok and done.obj is not None:
-            self.view.apply(keys.POD.kind, done.obj, deleted=False)
-        elif not done.ok:
-            log.warning("launcher pod %s not updated: %s", done.path, done.error)
 
     def run(self, now: float) -> None:
         """Gated launcher pods: create the template claims, place the whole set on one
@@ -142,7 +130,7 @@ class Gatekeeper(BinderPart):
             self._gate_told = {k: v for k, v in self._gate_told.items() if k in waiting}
         for pod_key in gated:
             pod = self.view.pod(pod_key)
-            if pod is not None and pod_key not in self._pod_writes:
+            if pod is not None and not self.handle.writing((PodPin.what, *pod_key)):
                 yield pod_key, pod
 
     def _unreadable(self, at: _StartSet, now: float) -> bool:
@@ -244,7 +232,7 @@ class Gatekeeper(BinderPart):
             else:
                 updated = replace(claim, phase=Phase.BOUND, node=target, bound_at=now)
                 body = claim_status.claim_status_patch(obj, updated, cond)
-            self.handle.decide(updated, body, str(step))
+            self.handle.decide(updated, Decision(*claim.key, body, str(step)))
         return bool(moving)
 
     def _start_set(self, pod_key: Key, pod: dict[str, Any]) -> _StartSet | None:
@@ -315,23 +303,14 @@ class Gatekeeper(BinderPart):
         missing. Their budget and capacity are judged with the set, at placement."""
         ref = gate.claims_ref_of(vmi) or ClaimsRequest()
         missing = False
-        custom = self.writer.custom
         for template in ref.templates:
             body = gate.template_claim(vmi, template)
             key = ClaimKey(translate.namespace_of(vmi), body["metadata"]["name"])
             if self.view.claim(key) is not None:
                 continue
             missing = True
-            if key in self._creating:
-                continue
-
-            self._creating.add(key)
-            self.writer.call(
-                WriteKind.TEMPLATE_CLAIM,
-                key.namespace,
-                key.name,
-                partial(_create_claim, custom, key.namespace, body),
-            )
+            if not self.handle.writing((TemplateClaimCreate.what, *key)):
+                self.handle.send(TemplateClaimCreate(*key, body))
         return missing
 
     def _allowed_nodes(self, pod: dict[str, Any]) -> tuple[frozenset[str] | None, tuple[str, ...]]:
@@ -365,40 +344,23 @@ class Gatekeeper(BinderPart):
             return
         self._gate_told[at.pod_key] = said
         message = f"the VM's GPU set cannot start anywhere yet: {why}"
-        self.writer.event(at.vmi, EventReason.SET_NOT_PLACED.value, message, True, kind=keys.VMI)
+        self.handle.event(at.vmi, EventReason.SET_NOT_PLACED.value, message, True, kind=keys.VMI)
         cond = conditions.condition(keys.CONDITION_PLACED, False, reason, message, now)
         for key in at.members:
             obj = self.view.claim(key)
             if obj is not None:
                 self._told_out[key] = at.pod_key
                 # A template claim that waits for room shows Pending, as an order does.
-                self.writer.claim_status(
-                    key,
-                    claim_status.waiting_patch(obj, cond),
-                    claim_status.NOTE_PLACED,
-                    Priority.STATUS,
-                )
+                body = claim_status.waiting_patch(obj, cond)
+                self.handle.send(ClaimNote(*key, body, Note.PLACED, heard=self._placed_heard))
 
     def _pin(self, at: _StartSet, node: str | None) -> None:
         """The one pod update: pin to ``node`` (every required term gains the requirement)
         and remove the gate; without a node, only remove the gate."""
         pod_key, pod = at.pod_key, at.pod
         body = gate.pin_and_ungate(pod, node) if node else gate.ungate(pod)
-        core = self.writer.core
-
-        def request() -> Any:
-            return core.patch_namespaced_pod(
-                pod_key[1],
-                pod_key[0],
-                body,
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            ).json()
-
-        self._pod_writes.add(pod_key)
         self._gate_told.pop(pod_key, None)
-        self.writer.call(WriteKind.POD_PIN, pod_key[0], pod_key[1], request)
+        self.handle.send(PodPin(*pod_key, body))
         if node is None:
             return
         now = self.clock()
@@ -414,9 +376,12 @@ class Gatekeeper(BinderPart):
         ):
             return
         self._placed_sent[key] = cond
-        self.writer.claim_status(
-            key, claim_status.condition_patch(obj, cond), claim_status.NOTE_PLACED, Priority.STATUS
-        )
+        body = claim_status.condition_patch(obj, cond)
+        self.handle.send(ClaimNote(*key, body, Note.PLACED, heard=self._placed_heard))
+
+    def _placed_heard(self, answer: Answer) -> None:
+        if isinstance(answer.call, ClaimNote):
+            self.placed_answered(answer.call.claim, answer.ok)
 
     def placed_answered(self, key: ClaimKey, written: bool) -> None:
         """A Placed note's answer: one refused (the claim changed meanwhile), a pin's or a
@@ -438,7 +403,7 @@ class Gatekeeper(BinderPart):
         self._keep_rejections_written(now)
         for pod_key in self.view.pinned_pods():
             pod = self.view.pod(pod_key)
-            if pod is None or pod_key in self._pod_writes:
+            if pod is None or self.handle.writing((PodPin.what, *pod_key)):
                 continue
             found = self._start_set(pod_key, pod)
             node = vmi_pods.pinned_node(pod)
@@ -482,8 +447,10 @@ class Gatekeeper(BinderPart):
                     continue
                 rejected = (*claim.rejected, RejectedNode(node, expires))
                 body = gate.rejection_patch(obj, node, until, translate.rfc3339(now), state, cond)
-                self.handle.decide(replace(claim, rejected=rejected), body, "Reject")
-            self.writer.event(
+                self.handle.decide(
+                    replace(claim, rejected=rejected), Decision(*claim.key, body, "Reject")
+                )
+            self.handle.event(
                 vmi,
                 EventReason.NODE_REJECTED.value,
                 f"the scheduler refused launcher pod {pod_key[1]} on node {node} for lack of "
@@ -527,30 +494,12 @@ class Gatekeeper(BinderPart):
                     entry.state,
                     told,
                 )
-                self.handle.decide(replace(claim, rejected=rejected), body, "Reject")
+                self.handle.decide(
+                    replace(claim, rejected=rejected), Decision(*key, body, "Reject")
+                )
 
     def _delete_pod(self, pod_key: Key, pod: dict[str, Any]) -> None:
-        core = self.writer.core
-        uid = translate.meta(pod).get("uid")
-
-        def request() -> Any:
-            try:
-                discard(
-                    core.delete_namespaced_pod(
-                        pod_key[1],
-                        pod_key[0],
-                        body={"preconditions": {"uid": uid}},
-                        _preload_content=False,
-                        _request_timeout=REQUEST_TIMEOUT_S,
-                    )
-                )
-            except ApiException as exc:
-                if exc.status not in (404, 409):
-                    raise
-            return None
-
-        self._pod_writes.add(pod_key)
-        self.writer.call(WriteKind.POD_DELETE, pod_key[0], pod_key[1], request)
+        self.handle.send(PodDelete(*pod_key, translate.meta(pod).get("uid")))
 
     def forget_rejections(self, nodes: set[str]) -> None:
         """Rejections of nodes whose allocatable, taints or readiness changed since they
@@ -576,21 +525,6 @@ class Gatekeeper(BinderPart):
             body = gate.without_rejections(obj, changed) if obj is not None and changed else None
             if body is not None:
                 kept = tuple(r for r in claim.rejected if r.node not in changed)
-                self.handle.decide(replace(claim, rejected=kept), body, "Unreject")
-
-
-def _create_claim(custom: Any, namespace: str, body: dict[str, Any]) -> Any:
-    """Create a template claim; one created before (409) is brought by the watch."""
-    try:
-        return custom.create_namespaced_custom_object(
-            keys.GPU_CLAIM.group,
-            keys.GPU_CLAIM.version,
-            namespace,
-            keys.GPU_CLAIM.plural,
-            body,
-            _request_timeout=REQUEST_TIMEOUT_S,
-        )
-    except ApiException as exc:
-        if exc.status == 409:
-            return None
-        raise
+                self.handle.decide(
+                    replace(claim, rejected=kept), Decision(*claim.key, body, "Unreject")
+                )

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,17 +30,12 @@ from kubernetes import client
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import claim_status
 from cozystack_gpu.binder.attachments import ATTACHMENT_STEPS, Attachments
+from cozystack_gpu.binder.calls import Answer, Call, CallKey, Decision, EventWrite, Outcome
+from cozystack_gpu.binder.events import EventBook
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import Publisher
 from cozystack_gpu.binder.waiting_notes import WaitingNotes
-from cozystack_gpu.binder.writer import (
-    ClaimWriteDone,
-    Outcome,
-    Priority,
-    WriteDone,
-    WriteKind,
-    Writer,
-)
+from cozystack_gpu.binder.writer import Writer
 from cozystack_gpu.cluster.informer import (
     Event,
     EventType,
@@ -46,7 +43,7 @@ from cozystack_gpu.cluster.informer import (
     WatchedThread,
     source,
 )
-from cozystack_gpu.cluster.view import ClusterView
+from cozystack_gpu.cluster.view import ClusterView, Obj
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import (
     Action,
@@ -122,6 +119,11 @@ class Binder:
         )
         self._stop, self._queue = self._threads.stop_event, self._threads.queue
         self.writer = Writer(api, self._queue, config.write_workers, may_send=is_leader)
+        # The reporting instance of its Events: this replica, by its hostname (the pod's
+        # name in a cluster, as the Lease identity defaults to).
+        self.events = EventBook(socket.gethostname())
+        # Calls out by key (sent, not answered): a part asks before writing an object again.
+        self._out: Counter[CallKey] = Counter()
 
         self.snapshot = Snapshot()
         self.gatekeeper = Gatekeeper(self)
@@ -137,21 +139,6 @@ class Binder:
         self._last_plan = 0.0
         self._next_plan = 0.0
         self._changed = True
-        # Who hears the answer of each kind of write.
-        self._answers: dict[WriteKind, Callable[[WriteDone], None]] = {
-            WriteKind.CLASS_STATUS: self.publisher.written,
-            WriteKind.RECORD: self.publisher.written,
-            WriteKind.RECORD_DELETE: self.publisher.written,
-            WriteKind.FINALIZER: self.publisher.written,
-            WriteKind.GPUNODE_STATUS: self.publisher.written,
-            WriteKind.SETTINGS: self.publisher.written,
-            WriteKind.POD_PIN: self.gatekeeper.written,
-            WriteKind.POD_DELETE: self.gatekeeper.written,
-            WriteKind.TEMPLATE_CLAIM: self.gatekeeper.written,
-            WriteKind.VMI_DELETE: self.attachments.vmi_deleted,
-            WriteKind.CLAIM_DELETE: self.publisher.written,
-            WriteKind.EVENT: lambda _done: None,  # Events for people: nothing to take back
-        }
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -231,10 +218,8 @@ class Binder:
                 self.view.relist(item.kind, item.objects)
             elif item.obj is not None:
                 self.view.apply(item.kind, item.obj, deleted=item.type is EventType.DELETED)
-        elif isinstance(item, ClaimWriteDone):
-            self._claim_written(item)
-        elif isinstance(item, WriteDone):
-            self._written(item)
+        elif isinstance(item, Answer):
+            self._answered(item)
 
     def _initial_build(self) -> None:
         started = time.perf_counter()
@@ -315,11 +300,9 @@ class Binder:
                     continue
                 cond = claim_status.action_condition(action, updated, now)
                 body = claim_status.claim_status_patch(obj, updated, cond)
-                self.decide(updated, body, str(action.step))
+                self.decide(updated, Decision(key.namespace, key.name, body, str(action.step)))
                 self.waiting.forget(key)
-                self.writer.event(
-                    obj, str(cond["reason"]), str(cond["message"]), action.step is Step.LOSE
-                )
+                self.event(obj, str(cond["reason"]), str(cond["message"]), action.step is Step.LOSE)
         # Orders never judged before are told first: a new order shows Pending at once, even
         # while a new leader tells a backlog of older waiting claims their changed reasons.
         self.waiting.tell(waits, now, placing=bool(self.inflight))
@@ -347,58 +330,67 @@ class Binder:
         touches such a claim until its write is answered."""
         return any(key in self.inflight for key in keys)
 
-    def decide(self, claim: ClaimInfo, body: dict[str, Any], purpose: str) -> None:
+    def decide(self, claim: ClaimInfo, call: Decision) -> bool:
         """A decision: recorded in the snapshot when it is sent, so the rest of the turn
-        judges on it, and its write sent (answered in ``_claim_written``)."""
+        judges on it, and its write sent (answered in ``_decided``). None while a placement
+        write of the claim is out: the claim is decided again once it is answered."""
+        if claim.key in self.inflight:
+            return False
         self.snapshot.upsert_claim(claim)
-        self.send(claim.key, body, purpose)
-
-    def send(self, key: ClaimKey, body: dict[str, Any], purpose: str) -> None:
         # Sent even when the Lease lapsed since the top of this turn: the writer asks again
         # before sending and answers a write it holds back as failed, so the claim is judged
         # again. Dropped here, it would stay decided in the snapshot and never be written
         # (an order left with no phase for good, found by the fault suite's slow server).
-        self.inflight.add(key)
-        self.writer.claim_status(key, body, purpose, Priority.BIND)
+        self.inflight.add(claim.key)
+        self.send(call)
+        return True
 
-    def _claim_written(self, done: ClaimWriteDone) -> None:
-        if done.purpose in claim_status.NOTES:
-            if done.obj is not None:  # written, or refused with the claim as it is now
-                self._store_claim(done.key, done.obj)
-            written = done.outcome is Outcome.WRITTEN
-            if done.purpose == claim_status.NOTE_PLACED:
-                self.gatekeeper.placed_answered(done.key, written)
-            elif written:
-                return
-            elif done.purpose == claim_status.NOTE_WAIT:
-                self.waiting.forget(done.key)
-            else:
-                self.publisher.note_failed(done.key)
-            return
-        self.inflight.discard(done.key)
-        self.view.dirty.claims.add(done.key)
-        if done.outcome is not Outcome.WRITTEN:
-            self._changed = True
-        if done.outcome is Outcome.WRITTEN and done.obj is not None:
-            self._store_claim(done.key, done.obj)
-            self.stats.decisions[done.purpose] = self.stats.decisions.get(done.purpose, 0) + 1
-            metrics.DECISIONS.labels(done.purpose).inc()
-            if done.purpose == str(Step.BIND):
+    def send(self, call: Call) -> None:
+        self._out[call.key] += 1
+        self.writer.send(call)
+
+    def writing(self, key: CallKey) -> bool:
+        return key in self._out
+
+    def event(
+        self,
+        obj: Obj,
+        reason: str,
+        message: str,
+        warning: bool,
+        kind: keys.ApiKind = keys.GPU_CLAIM,
+    ) -> None:
+        told, needs_write = self.events.tell(obj, kind, reason, message, warning, time.time())
+        if needs_write:  # else the write still queued for this Event carries the repeat
+            self.send(EventWrite(told, self.events))
+
+    def _answered(self, answer: Answer) -> None:
+        """Every answer, applied here: the view takes what the server said, the claim of a
+        decision is released, and the part that keeps books on the call is told."""
+        call = answer.call
+        self._out[call.key] -= 1
+        if self._out[call.key] <= 0:
+            del self._out[call.key]
+        if answer.outcome is Outcome.SUPERSEDED:
+            return  # the newer call queued behind it answers for both
+        call.apply(answer, self.view)
+        if isinstance(call, Decision):
+            self._decided(call, answer)
+        if call.heard is not None:
+            call.heard(answer)
+
+    def _decided(self, call: Decision, answer: Answer) -> None:
+        self.inflight.discard(call.claim)
+        if answer.outcome is Outcome.WRITTEN and answer.obj is not None:
+            self.stats.decisions[call.step] = self.stats.decisions.get(call.step, 0) + 1
+            metrics.DECISIONS.labels(call.step).inc()
+            if call.step == str(Step.BIND):
                 self.stats.binds += 1
-                created = translate.timestamp(meta(done.obj).get("creationTimestamp"))
+                created = translate.timestamp(meta(answer.obj).get("creationTimestamp"))
                 if created is not None:
                     metrics.BIND_LATENCY.observe(max(self.clock() - created, 0.0))
-        elif done.outcome is Outcome.GONE:
-            self.view.forget_claim(done.key)
-        else:
+            return
+        self._changed = True
+        if answer.outcome is not Outcome.GONE:
             self.stats.conflicts += 1
             metrics.WRITE_CONFLICTS.inc()
-            if done.obj is not None:
-                self._store_claim(done.key, done.obj)
-
-    def _store_claim(self, key: ClaimKey, obj: dict[str, Any]) -> None:
-        obj.setdefault("kind", keys.KIND_CLAIM)
-        self.view.apply(keys.GPU_CLAIM.kind, obj, deleted=False)
-
-    def _written(self, done: WriteDone) -> None:
-        self._answers[done.what](done)

@@ -1,34 +1,70 @@
-"""What the binder hands its parts (the gate, the reports): a narrow handle, not the binder.
+"""What the binder hands its parts (the gate, the reports, attachments, waiting notes): a
+narrow handle, not the binder.
 
-A part reads the cluster view, the snapshot, the writer, the settings and the clock, and
-changes claims only through ``decide``, which records the decision in the snapshot and
-sends its write in one step; ``in_flight`` says which claims have a write still out, and a
-part touches none of those. Those two rules each live in one method of the binder, and a
-part can be tested against a fake handle (tests/unit/binder/test_parts_handle.py).
+A part reads the cluster view (``ViewReader``, the reading half of ``ClusterView``), the
+snapshot, the settings and the clock, and writes only by handing typed calls
+(``binder.calls``) to ``send``, or to ``decide`` for a placement, which records it in the
+snapshot and sends it in one step and refuses a claim whose placement write is still out.
+The loop applies every answer to the view; a part never holds an API client. A part can be
+tested against a fake handle that records the calls (tests/unit/binder/test_parts_handle.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol
 
-from cozystack_gpu.binder.writer import Writer
-from cozystack_gpu.cluster.view import ClusterView
+from cozystack_gpu import keys
+from cozystack_gpu.binder.calls import Call, CallKey, Decision
+from cozystack_gpu.cluster.view import Key, Obj
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import ClaimInfo, ClaimKey, Snapshot
+from cozystack_gpu.objects.translate import VMIState
+
+
+class ViewReader(Protocol):
+    """The cluster view as a part may use it: reads only."""
+
+    @property
+    def raw(self) -> Mapping[str, Mapping[Key, Obj]]: ...
+
+    @property
+    def gpu_names(self) -> frozenset[str]: ...
+
+    @property
+    def node_labels_version(self) -> int: ...
+
+    def node(self, name: str) -> Obj | None: ...
+    def gpunode(self, name: str) -> Obj | None: ...
+    def claim(self, key: ClaimKey) -> Obj | None: ...
+    def claims(self) -> Iterator[tuple[ClaimKey, Obj]]: ...
+    def classes(self) -> Iterable[Obj]: ...
+    def inventory_stale(self, name: str) -> bool: ...
+    def pod(self, key: Key) -> Obj | None: ...
+    def vmi_object(self, key: Key) -> Obj | None: ...
+    def pvc(self, namespace: str, name: str) -> Obj | None: ...
+    def pv(self, name: str) -> Obj | None: ...
+    def storage_class(self, name: str) -> Obj | None: ...
+    def launcher_pod(self, vmi: Key, uid: str) -> Key | None: ...
+    def gated_pods(self) -> list[Key]: ...
+    def pinned_pods(self) -> list[Key]: ...
+    def vmi(self, key: Key) -> VMIState | None: ...
+    def attachment_seen_at(self, key: ClaimKey, now: float) -> float | None: ...
+    def attached_vmi(self, key: ClaimKey) -> VMIState | None: ...
+    def vmi_uid_exists(self, namespace: str, uid: str) -> bool: ...
+    def template_owner_live(self, key: ClaimKey) -> bool: ...
+    def attachments(self) -> list[tuple[Key, frozenset[ClaimKey]]]: ...
+    def claim_info(self, key: ClaimKey, now: float) -> ClaimInfo | None: ...
 
 
 class PartHandle(Protocol):
     """The binder as its parts see it."""
 
     @property
-    def view(self) -> ClusterView: ...
+    def view(self) -> ViewReader: ...
 
     @property
     def snapshot(self) -> Snapshot: ...  # rebuilt on a fresh listing: read it each time
-
-    @property
-    def writer(self) -> Writer: ...
 
     @property
     def config(self) -> Config: ...
@@ -38,8 +74,26 @@ class PartHandle(Protocol):
     def in_flight(self, keys: Iterable[ClaimKey]) -> bool:
         """Whether a placement write about any of these claims is still out."""
 
-    def decide(self, claim: ClaimInfo, body: dict[str, Any], purpose: str) -> None:
-        """Record ``claim`` as decided in the snapshot and send its status write."""
+    def decide(self, claim: ClaimInfo, call: Decision) -> bool:
+        """Record ``claim`` as decided in the snapshot and send ``call``, its status write;
+        False, and nothing done, while a placement write of the claim is out."""
+
+    def send(self, call: Call) -> None:
+        """Send any other write."""
+
+    def writing(self, key: CallKey) -> bool:
+        """Whether a call of this key is out (sent and not answered)."""
+
+    def event(
+        self,
+        obj: Obj,
+        reason: str,
+        message: str,
+        warning: bool,
+        kind: keys.ApiKind = keys.GPU_CLAIM,
+    ) -> None:
+        """An Event for people about ``obj`` (a claim unless ``kind`` says otherwise); a
+        repeat raises the count of the Event already written (``events``)."""
 
 
 class BinderPart:
@@ -47,16 +101,12 @@ class BinderPart:
         self.handle = handle
 
     @property
-    def view(self) -> ClusterView:
+    def view(self) -> ViewReader:
         return self.handle.view
 
     @property
     def snapshot(self) -> Snapshot:
         return self.handle.snapshot
-
-    @property
-    def writer(self) -> Writer:
-        return self.handle.writer
 
     @property
     def config(self) -> Config:

@@ -8,13 +8,24 @@ their I/O, run from the binder's loop at most every ``PUBLISH_EVERY_S``.
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any
 
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import claim_status, class_status, node_reports, protection, records
+from cozystack_gpu.binder.calls import (
+    Answer,
+    ClaimDelete,
+    ClaimNote,
+    ClassStatus,
+    Finalizer,
+    GpuNodeStatus,
+    Note,
+    RecordCreate,
+    RecordDelete,
+    RecordStatus,
+    Settings,
+)
 from cozystack_gpu.binder.part import BinderPart, PartHandle
-from cozystack_gpu.binder.writer import REQUEST_TIMEOUT_S, Priority, WriteDone, WriteKind
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import EventReason, Phase
 from cozystack_gpu.model import ClaimKey
@@ -36,26 +47,20 @@ TEMPLATE_SWEEP_S = 10.0
 
 
 class Publisher(BinderPart):
-    """Finalizers, statuses, records, settings and metrics, with the writes in flight."""
+    """Finalizers, statuses, records, settings and metrics, and what is due to be judged."""
 
     def __init__(self, handle: PartHandle) -> None:
         super().__init__(handle)
-        self._class_writes: set[str] = set()
-        self._record_writes: set[Key] = set()
-        self._meta_writes: set[tuple[str, Key]] = set()  # finalizer patches in flight
         self._protect_due: set[ClaimKey] = set()  # claims whose finalizer may have to change
-        self._claim_deletes: set[ClaimKey] = set()  # left-over template claims being deleted
         self._left_over_at: dict[ClaimKey, float] = {}  # too young to judge until then
         self._last_sweep = 0.0
         self._deleting_noted: set[ClaimKey] = set()
         self._withdrawal_noted: set[ClaimKey] = set()  # told their class is being deleted
         self._gpunodes_due: set[str] = set()  # GPUNodes whose conditions may have to change
-        self._gpunode_writes: set[str] = set()
         self._published_nodes: set[tuple[str, str]] = set()  # (node, resource) in metrics
         self._stale_published: set[str] = set()  # nodes in the inventory-stale metric
         self._settings_written: dict[str, str] | None = None
         self._settings_at = 0.0
-        self._settings_inflight = False
         # After a failed settings write (RBAC lost, the server refusing): the next try
         # waits 1, 2, 4 ... s, at most SETTINGS_REFRESH_S, instead of every publish turn.
         self._settings_failures = 0
@@ -69,58 +74,34 @@ class Publisher(BinderPart):
         self._protect_due |= claims
         self._gpunodes_due |= nodes
 
-    def written(self, done: WriteDone) -> None:
-        what = done.what
-        if what is WriteKind.CLASS_STATUS:
-            self._class_writes.discard(done.name)
-            if done.ok and done.obj is not None:
-                self.view.apply(keys.GPU_CLASS.kind, done.obj, deleted=False)
-        elif what in (WriteKind.RECORD, WriteKind.RECORD_DELETE):
-            self._record_writes.discard(done.key)
-            if done.obj is not None:  # written, or read again after a conflict
-                self.view.apply(WORKLOAD_KIND, done.obj, deleted=False)
-            elif done.ok and what is WriteKind.RECORD_DELETE:
-                self.view.raw[WORKLOAD_KIND].pop(done.key, None)
-        elif what is WriteKind.FINALIZER:
-            kind = done.object_kind
-            self._meta_writes.discard((kind, done.key))
-            if done.ok and done.obj is not None:
-                self.view.apply(kind, done.obj, deleted=False)
-            elif not done.ok:
-                # A conflict is the VMI webhook writing the same finalizer at attach time:
-                # the next look finds it there.
-                level = logging.DEBUG if done.error.startswith("409") else logging.INFO
-                log.log(level, "finalizer of %s %s not written: %s", kind, done.path, done.error)
-                if kind == keys.GPU_CLAIM.kind:
-                    self._protect_due.add(ClaimKey(*done.key))
-        elif what is WriteKind.CLAIM_DELETE:
-            key = ClaimKey(*done.key)
-            self._claim_deletes.discard(key)
-            if not done.ok:
-                log.warning("left-over template claim %s not deleted: %s", done.path, done.error)
-                self._protect_due.add(key)
-        elif what is WriteKind.GPUNODE_STATUS:
-            self._gpunode_writes.discard(done.name)
-            if done.ok and done.obj is not None:
-                self.view.apply(keys.GPU_NODE.kind, done.obj, deleted=False)
-            elif not done.ok:
-                self._gpunodes_due.add(done.name)
-        elif what is WriteKind.SETTINGS:
-            self._settings_inflight = False
-            metrics.SETTINGS_WRITE_FAILING.set(0 if done.ok else 1)
-            if done.ok:
-                self._settings_failures = 0
-            else:
-                self._settings_written = None
-                self._settings_failures += 1
-                wait = min(SETTINGS_REFRESH_S, 2.0 ** (self._settings_failures - 1))
-                self._settings_retry_at = self._settings_at + wait
-                log.warning(
-                    "settings ConfigMap not written: %s (try %d; the next in %.0f s)",
-                    done.error,
-                    self._settings_failures,
-                    wait,
-                )
+    def _settings_heard(self, answer: Answer) -> None:
+        if answer.ok:
+            self._settings_failures = 0
+            return
+        self._settings_written = None
+        self._settings_failures += 1
+        wait = min(SETTINGS_REFRESH_S, 2.0 ** (self._settings_failures - 1))
+        self._settings_retry_at = self._settings_at + wait
+        log.warning(
+            "settings ConfigMap not written: %s (try %d; the next in %.0f s)",
+            answer.error,
+            self._settings_failures,
+            wait,
+        )
+
+    def _claim_heard(self, answer: Answer) -> None:
+        """A finalizer, a note or a delete of a claim that did not land: judge it again."""
+        if answer.ok:
+            return
+        call = answer.call
+        if isinstance(call, ClaimNote):
+            self.note_failed(call.claim)
+        elif not isinstance(call, Finalizer) or call.kind is keys.GPU_CLAIM:
+            self._protect_due.add(ClaimKey(call.namespace, call.name))
+
+    def _gpunode_heard(self, answer: Answer) -> None:
+        if not answer.ok:
+            self._gpunodes_due.add(answer.call.name)
 
     def note_failed(self, key: ClaimKey) -> None:
         """A Deleting or OfferWithdrawn note did not reach the claim: judge it again."""
@@ -138,7 +119,7 @@ class Publisher(BinderPart):
             if obj is None:
                 continue
             self._delete_if_left_over(key, obj, now)
-            if (keys.GPU_CLAIM.kind, key) in self._meta_writes:
+            if self.handle.writing(Finalizer.key_of(keys.GPU_CLAIM, key)):
                 continue
             vmi = self.view.attached_vmi(key)
             seen = self.view.attachment_seen_at(key, now)
@@ -153,20 +134,16 @@ class Publisher(BinderPart):
                 self._deleting_noted.add(key)
                 current = (obj.get("status") or {}).get("conditions") or []
                 if not conditions.same_condition(current, cond):
-                    self.writer.claim_status(
-                        key,
-                        claim_status.condition_patch(obj, cond),
-                        claim_status.NOTE_DELETING,
-                        Priority.STATUS,
-                    )
-                    self.writer.event(
+                    body = claim_status.condition_patch(obj, cond)
+                    self.handle.send(ClaimNote(*key, body, Note.DELETING, heard=self._claim_heard))
+                    self.handle.event(
                         obj, EventReason.DELETION_WAITS.value, str(cond["message"]), False
                     )
         if now - self._last_publish < PUBLISH_EVERY_S:
             return
         for obj in self.view.classes():
             class_key = ("", translate.name_of(obj))
-            if (keys.GPU_CLASS.kind, class_key) in self._meta_writes:
+            if self.handle.writing(Finalizer.key_of(keys.GPU_CLASS, class_key)):
                 continue
             body = protection.class_protection(obj, self.snapshot.holds_of_class(class_key[1]))
             if body is not None:
@@ -184,7 +161,7 @@ class Publisher(BinderPart):
 
     def _delete_if_left_over(self, key: ClaimKey, obj: dict[str, Any], now: float) -> None:
         """Delete a template claim whose VMI is gone (``protection.template_left_over``)."""
-        if key in self._claim_deletes:
+        if self.handle.writing((ClaimDelete.what, *key)):
             return
         verdict = protection.template_left_over(
             obj,
@@ -197,40 +174,12 @@ class Publisher(BinderPart):
         elif verdict.judge_at is not None:
             self._left_over_at[key] = verdict.judge_at
         elif verdict.delete is not None:
-            self._claim_deletes.add(key)
             uid = str(translate.meta(obj).get("uid") or "")
-            self.writer.delete_claim(key.namespace, key.name, uid, verdict.delete)
+            self.handle.send(ClaimDelete(*key, uid, verdict.delete, heard=self._claim_heard))
 
     def _patch_meta(self, kind: keys.ApiKind, key: Key, body: dict[str, Any]) -> None:
         """A metadata merge patch (finalizers) on the main resource of a claim or class."""
-        namespace, name = key
-        custom = self.writer.custom
-        if kind.namespaced:
-
-            def request() -> Any:
-                return custom.patch_namespaced_custom_object(
-                    kind.group,
-                    kind.version,
-                    namespace,
-                    kind.plural,
-                    name,
-                    body,
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                )
-        else:
-
-            def request() -> Any:
-                return custom.patch_cluster_custom_object(
-                    kind.group,
-                    kind.version,
-                    kind.plural,
-                    name,
-                    body,
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                )
-
-        self._meta_writes.add((kind.kind, key))
-        self.writer.call(WriteKind.FINALIZER, namespace, name, request, object_kind=kind.kind)
+        self.handle.send(Finalizer(kind, *key, body, heard=self._claim_heard))
 
     def publish(self, now: float) -> None:
         if now - self._last_publish < PUBLISH_EVERY_S:
@@ -251,13 +200,12 @@ class Publisher(BinderPart):
             if protection.deleting(obj):
                 self._note_withdrawal(name, now)
                 kept = self._kept(name)
-            if name in self._class_writes:
+            if self.handle.writing((ClassStatus.what, "", name)):
                 continue
             numbers = self.snapshot.class_status(name)
             body = class_status.class_status_body(obj, numbers, now, kept)
             if body is not None:
-                self._class_writes.add(name)
-                self.writer.class_status(name, body)
+                self.handle.send(ClassStatus(name, body))
 
     def _kept(self, class_name: str) -> bool:
         """Whether a claim of the class still holds its units, for the class's condition."""
@@ -281,21 +229,17 @@ class Publisher(BinderPart):
             cond = class_status.withdrawal_condition(class_name, claim.phase, now)
             current = (obj.get("status") or {}).get("conditions") or []
             if not conditions.same_condition(current, cond):
-                self.writer.claim_status(
-                    key,
-                    claim_status.condition_patch(obj, cond),
-                    claim_status.NOTE_WITHDRAWN,
-                    Priority.STATUS,
-                )
+                body = claim_status.condition_patch(obj, cond)
+                self.handle.send(ClaimNote(*key, body, Note.WITHDRAWN, heard=self._claim_heard))
 
     def _publish_gpunode_conditions(self, now: float) -> None:
         due, self._gpunodes_due = self._gpunodes_due, set()
-        custom = self.writer.custom
         for name in due:
             gpunode = self.view.gpunode(name)
-            if gpunode is None or name in self._gpunode_writes:
-                if name in self._gpunode_writes:
-                    self._gpunodes_due.add(name)  # look again once the write is back
+            if self.handle.writing((GpuNodeStatus.what, "", name)):
+                self._gpunodes_due.add(name)  # look again once the write is back
+                continue
+            if gpunode is None:
                 continue
             wanted = node_reports.gpunode_conditions(
                 self.view.node(name),
@@ -305,30 +249,20 @@ class Publisher(BinderPart):
                 now,
             )
             body = node_reports.gpunode_status_patch(gpunode, wanted)
-            if body is None:
-                continue
-
-            request = partial(
-                custom.patch_cluster_custom_object_status,
-                keys.GPU_NODE.group,
-                keys.GPU_NODE.version,
-                keys.GPU_NODE.plural,
-                name,
-                body,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
-            self._gpunode_writes.add(name)
-            self.writer.call(WriteKind.GPUNODE_STATUS, "", name, request)
+            if body is not None:
+                self.handle.send(GpuNodeStatus(name, body, heard=self._gpunode_heard))
 
     def _publish_settings(self, now: float) -> None:
-        if self._settings_inflight or now < self._settings_retry_at:
+        namespace = self.config.namespace
+        if self.handle.writing((Settings.what, namespace, keys.SETTINGS_CONFIGMAP)):
+            return
+        if now < self._settings_retry_at:
             return
         data = node_reports.settings_data(self.view.gpu_names, self.config.raw_resource_names)
         if data == self._settings_written and now - self._settings_at < SETTINGS_REFRESH_S:
             return
         self._settings_written, self._settings_at = data, now
-        self._settings_inflight = True
-        self.writer.settings(self.config.namespace, data)
+        self.handle.send(Settings(namespace, data, heard=self._settings_heard))
 
     def _publish_records(self) -> None:
         """One usage record per ordered Bound or Attached claim, as the API confirmed it."""
@@ -338,12 +272,11 @@ class Publisher(BinderPart):
                 wanted[(key[0], records.workload_name(key[1]))] = claim
         existing = self.view.raw[WORKLOAD_KIND]
         for record_key, claim in wanted.items():
-            if record_key in self._record_writes:
+            if self.handle.writing((RecordCreate.what, *record_key)):
                 continue
             have = existing.get(record_key)
             if have is None:
-                self._record_writes.add(record_key)
-                self.writer.create_record(record_key[0], records.usage_record(claim))
+                self.handle.send(RecordCreate(record_key[0], records.usage_record(claim)))
             elif records.owned_claim_name(have) == translate.name_of(claim):
                 # Billing reads the status: one edited or never written is written back.
                 repair = records.status_repair(have, claim)
@@ -352,15 +285,13 @@ class Publisher(BinderPart):
                         "usage record %s/%s: its status is not its claim's; writing it back",
                         *record_key,
                     )
-                    self._record_writes.add(record_key)
-                    self.writer.record_status(*record_key, repair)
+                    self.handle.send(RecordStatus(*record_key, repair))
         for record_key, record in list(existing.items()):
-            if record_key in wanted or record_key in self._record_writes:
+            if record_key in wanted or self.handle.writing((RecordDelete.what, *record_key)):
                 continue
             if records.owned_claim_name(record) is None:
                 continue  # not ours
-            self._record_writes.add(record_key)
-            self.writer.delete_record(*record_key)
+            self.handle.send(RecordDelete(*record_key))
 
     def _publish_metrics(self) -> None:
         snap = self.snapshot

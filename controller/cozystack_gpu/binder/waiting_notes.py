@@ -10,8 +10,8 @@ from collections.abc import Iterable
 
 from cozystack_gpu import metrics
 from cozystack_gpu.binder import claim_status
+from cozystack_gpu.binder.calls import Answer, ClaimNote, Note
 from cozystack_gpu.binder.part import BinderPart, PartHandle
-from cozystack_gpu.binder.writer import Priority
 from cozystack_gpu.model import Action, ClaimKey
 
 # "Why it waits" condition writes a second, at most; a few refusals are told at once (the
@@ -78,6 +78,9 @@ class WaitingNotes(BinderPart):
             self._budget -= 1
             # Not a placement: queued behind every bind and not held in flight, so a burst
             # of refusals never delays or blocks a bind.
-            self.writer.claim_status(
-                key, claim_status.waiting_patch(obj, cond), claim_status.NOTE_WAIT, Priority.STATUS
-            )
+            body = claim_status.waiting_patch(obj, cond)
+            self.handle.send(ClaimNote(*key, body, Note.WAIT, heard=self._heard))
+
+    def _heard(self, answer: Answer) -> None:
+        if not answer.ok and isinstance(answer.call, ClaimNote):
+            self.forget(answer.call.claim)

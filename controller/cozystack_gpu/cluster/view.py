@@ -172,6 +172,10 @@ class ClusterView:
         obj = {"metadata": {"namespace": key.namespace, "name": key.name}}
         self.apply(keys.GPU_CLAIM.kind, obj, deleted=True)
 
+    def drop(self, kind: str, key: Key) -> None:
+        """An object the API said it deleted, whose watch event may come later."""
+        self.raw[kind].pop(key, None)
+
     def take_dirty(self) -> Dirty:
         dirty, self.dirty = self.dirty, Dirty()
         return dirty
@@ -551,26 +555,23 @@ class ClusterView:
             snap.remove_namespace,
         )
         changed |= _sync(dirty.nodes, self.node_info, snap.node, snap.upsert_node, snap.remove_node)
-        for key in dirty.claims:
-            if key in held:
-                self.dirty.claims.add(key)
-                continue
-            claim = self.claim_info(key, now)
-            if claim is None:
-                changed |= snap.claim(key) is not None
-                snap.remove_claim(key)
-            elif snap.claim(key) != claim:
-                snap.upsert_claim(claim)
-                changed = True
+        self.dirty.claims |= dirty.claims & set(held)
+        changed |= _sync(
+            (key for key in dirty.claims if key not in held),
+            lambda key: self.claim_info(key, now),
+            snap.claim,
+            snap.upsert_claim,
+            snap.remove_claim,
+        )
         return changed, dirty
 
 
 def _sync(
-    names: Iterable[str],
-    build: Callable[[str], Any],
-    current: Callable[[str], Any],
+    names: Iterable[Any],
+    build: Callable[[Any], Any],
+    current: Callable[[Any], Any],
     upsert: Callable[[Any], None],
-    remove: Callable[[str], None],
+    remove: Callable[[Any], None],
 ) -> bool:
     """Bring one kind of model input up to date; True when the model saw a change."""
     changed = False

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import queue
 import re
+import time
 from typing import Any
 
 from binder_env import Env
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.writer import WriteDone, Writer
+from cozystack_gpu.binder.calls import Answer, EventWrite
+from cozystack_gpu.binder.events import EventBook
+from cozystack_gpu.binder.writer import Writer
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
@@ -47,15 +50,21 @@ def get_events_rows(plane: ControlPlane, namespace: str) -> list[dict[str, str]]
     ]
 
 
-def send(writer: Writer, results: queue.Queue[Any], obj: dict[str, Any], reason: str) -> None:
-    writer.event(obj, reason, f"{reason} happened", warning=False)
+def send(
+    writer: Writer, results: queue.Queue[Any], book: EventBook, obj: dict[str, Any], reason: str
+) -> None:
+    told, needs_write = book.tell(
+        obj, keys.GPU_CLAIM, reason, f"{reason} happened", False, time.time()
+    )
+    assert needs_write, "each repeat is sent once the one before is written"
+    writer.send(EventWrite(told, book))
 
     def written() -> bool:
         try:
             done = results.get(timeout=0.1)
         except queue.Empty:
             return False
-        assert isinstance(done, WriteDone) and done.ok, done
+        assert isinstance(done, Answer) and done.ok, done
         return True
 
     wait_for(written, 15, f"the {reason} event written")
@@ -67,12 +76,12 @@ def test_binder_events_show_their_age_and_repeats_aggregate(
     kube = Kube(api_client)
     claim = {"metadata": {"name": "c", "namespace": namespace, "uid": "uid-c"}}
     results: queue.Queue[Any] = queue.Queue()
-    writer = Writer(api_client, results, workers=2, instance="replica-a")
+    writer, book = Writer(api_client, results, workers=2), EventBook("replica-a")
     writer.start()
     try:
         for _time in range(3):
-            send(writer, results, claim, "Bound")
-        send(writer, results, claim, "Moved")
+            send(writer, results, book, claim, "Bound")
+        send(writer, results, book, claim, "Moved")
     finally:
         writer.stop()
 

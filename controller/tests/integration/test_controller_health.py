@@ -229,7 +229,7 @@ def test_a_writer_thread_that_dies_hands_the_lease_over(pair: Pair) -> None:
     binder = leader.binder
     assert binder is not None
     writer = binder.writer
-    real_patch = writer.custom.patch_namespaced_custom_object_status
+    real_patch = writer.clients.custom.patch_namespaced_custom_object_status
     died: list[float] = []
 
     def patch_that_kills_its_thread(*args: Any, **kwargs: Any) -> Any:
@@ -238,7 +238,7 @@ def test_a_writer_thread_that_dies_hands_the_lease_over(pair: Pair) -> None:
             raise Fatal("a writer thread ends")
         return real_patch(*args, **kwargs)
 
-    writer.custom.patch_namespaced_custom_object_status = patch_that_kills_its_thread
+    writer.clients.custom.patch_namespaced_custom_object_status = patch_that_kills_its_thread
     pair.order("trigger")
     wait_for(lambda: died, 10, "the writer's death")
     took = assert_handed_over(pair, leader, other, died[0])

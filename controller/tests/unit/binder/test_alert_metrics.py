@@ -10,8 +10,7 @@ from prometheus_client import REGISTRY
 
 from cozystack_gpu import metrics
 from cozystack_gpu.binder import claim_status
-from cozystack_gpu.binder.publisher import Publisher
-from cozystack_gpu.binder.writer import WriteDone, WriteKind
+from cozystack_gpu.binder.calls import Answer, Outcome, Settings
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import ClaimInfo
 
@@ -48,16 +47,15 @@ def test_a_class_nothing_waits_for_any_more_loses_its_series() -> None:
 
 
 def test_the_settings_gauge_follows_the_last_write() -> None:
-    publisher = Publisher(cast(Any, object()))  # ``written`` reads no binder state
+    call = Settings("cozy-gpu", {})
+    view = cast(Any, object())  # a settings answer changes nothing in the view
 
     def failing() -> float | None:
         return REGISTRY.get_sample_value("cozystack_gpu_settings_write_failing")
 
-    publisher.written(
-        WriteDone(WriteKind.SETTINGS, "", "gpu-settings", False, error="403 Forbidden")
-    )
+    call.apply(Answer(call, Outcome.FAILED, error="403 Forbidden"), view)
     assert failing() == 1
-    publisher.written(WriteDone(WriteKind.SETTINGS, "", "gpu-settings", True))
+    call.apply(Answer(call, Outcome.WRITTEN), view)
     assert failing() == 0
 
 

@@ -9,11 +9,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import claim_status, records
+from cozystack_gpu.binder import records
+from cozystack_gpu.binder.calls import (
+    Answer,
+    Call,
+    CallKey,
+    ClaimNote,
+    ClassStatus,
+    Decision,
+    Note,
+    Outcome,
+    PodPin,
+    RecordCreate,
+    RecordStatus,
+    Settings,
+)
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import SETTINGS_REFRESH_S, Publisher
 from cozystack_gpu.binder.waiting_notes import WaitingNotes
-from cozystack_gpu.binder.writer import WriteDone, WriteKind
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
@@ -24,54 +37,19 @@ NS, RES, NOW = "tenant-a", "nvidia.com/X", 1_800_000_000.0
 
 
 @dataclass
-class RecordingWriter:
-    """Every write a part asks for, in order, as (kind, name, detail); nothing is sent."""
-
-    writes: list[tuple[str, str, Any]] = field(default_factory=list)
-    core: Any = None
-    custom: Any = None
-
-    def call(self, what: str, namespace: str, name: str, request: Any, **kw: Any) -> None:
-        self.writes.append((str(what), f"{namespace}/{name}" if namespace else name, None))
-
-    def claim_status(
-        self, key: ClaimKey, body: dict[str, Any], purpose: str, priority: Any
-    ) -> None:
-        self.writes.append(("claim-status", f"{key.namespace}/{key.name}", purpose))
-
-    def event(self, obj: Any, reason: str, message: str, warning: bool, **kw: Any) -> None:
-        self.writes.append(("event", str(obj["metadata"]["name"]), reason))
-
-    def class_status(self, name: str, body: dict[str, Any]) -> None:
-        self.writes.append(("class-status", name, body["status"]))
-
-    def settings(self, namespace: str, data: dict[str, str]) -> None:
-        self.writes.append(("settings", namespace, data))
-
-    def create_record(self, namespace: str, body: dict[str, Any]) -> None:
-        self.writes.append(("record", namespace, body["metadata"]["name"]))
-
-    def delete_record(self, namespace: str, name: str) -> None:
-        self.writes.append(("record-delete", namespace, name))
-
-    def record_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        self.writes.append(("record-status", namespace, name, body))
-
-    def kinds(self) -> list[str]:
-        return [w[0] for w in self.writes]
-
-
-@dataclass
 class FakeHandle:
     """What the binder hands its parts (binder.part.PartHandle), over a real view and
-    snapshot built from hand-made objects."""
+    snapshot built from hand-made objects: every call a part sends is recorded, none is
+    sent, and each stays out until the test answers it (``answer``)."""
 
     view: ClusterView
     snapshot: Snapshot
-    writer: RecordingWriter
     config: Config
     out: set[ClaimKey] = field(default_factory=set)
-    decided: list[tuple[ClaimInfo, str]] = field(default_factory=list)
+    decided: list[tuple[ClaimInfo, Decision]] = field(default_factory=list)
+    sent: list[Call] = field(default_factory=list)
+    events: list[tuple[str, str]] = field(default_factory=list)  # (object name, reason)
+    unanswered: list[Call] = field(default_factory=list)
 
     def clock(self) -> float:
         return NOW
@@ -79,10 +57,34 @@ class FakeHandle:
     def in_flight(self, keys_: Any) -> bool:
         return any(k in self.out for k in keys_)
 
-    def decide(self, claim: ClaimInfo, body: dict[str, Any], purpose: str) -> None:
+    def decide(self, claim: ClaimInfo, call: Decision) -> bool:
+        if claim.key in self.out:
+            return False
         self.snapshot.upsert_claim(claim)
-        self.decided.append((claim, purpose))
+        self.decided.append((claim, call))
         self.out.add(claim.key)
+        self.send(call)
+        return True
+
+    def send(self, call: Call) -> None:
+        self.sent.append(call)
+        self.unanswered.append(call)
+
+    def writing(self, key: CallKey) -> bool:
+        return any(c.key == key for c in self.unanswered)
+
+    def event(self, obj: Any, reason: str, message: str, warning: bool, **kw: Any) -> None:
+        self.events.append((str(obj["metadata"]["name"]), reason))
+
+    def answer(self, call: Call, outcome: Outcome, error: str = "") -> None:
+        """The API's answer, as the loop takes it: the call is no longer out and the part
+        that keeps books on it is told."""
+        self.unanswered.remove(call)
+        if call.heard is not None:
+            call.heard(Answer(call, outcome, error=error))
+
+    def of(self, kind: type[Call]) -> list[Any]:
+        return [c for c in self.sent if isinstance(c, kind)]
 
 
 def _meta(name: str, namespace: str = "", **more: Any) -> dict[str, Any]:
@@ -169,17 +171,32 @@ def _handle(
     for kind in view.kinds:
         view.relist(kind, given.get(kind, []))
     view.refresh_staleness(NOW)
-    return FakeHandle(view, view.build_snapshot(NOW), RecordingWriter(), config)
+    return FakeHandle(view, view.build_snapshot(NOW), config)
 
 
 BOUND = {"phase": "Bound", "nodeName": "n1", "boundAt": "2026-12-01T10:00:01Z"}
 KEY = ClaimKey(NS, "c")
 
 
+def _conditions(call: Any) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in call.body["status"]["conditions"]}
+
+
 def test_the_gate_pins_a_gated_pod_whose_claims_are_bound_on_one_node() -> None:
     handle = _handle(BOUND)
     Gatekeeper(handle).run(NOW)
-    assert ("pod-pin", f"{NS}/virt-launcher-vm", None) in handle.writer.writes
+    [pin] = handle.of(PodPin)
+    assert (pin.namespace, pin.name) == (NS, "virt-launcher-vm")
+    assert pin.body["metadata"] == {"resourceVersion": "1"}, "written over the pod it read"
+    assert pin.body["spec"]["schedulingGates"] is None, "the gate goes in the same update"
+    terms = pin.body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    ], "pinned to the claims' node by name"
+    [placed] = handle.of(ClaimNote)
+    assert placed.note is Note.PLACED and _conditions(placed)["Placed"]["reason"] == "Pinned"
     assert handle.decided == [], "the claims stay where they are"
 
 
@@ -193,9 +210,13 @@ def _surplus(given: dict[str, list[dict[str, Any]]]) -> None:
 def test_the_gate_keeps_a_pod_asking_more_gpus_than_its_claims_cover_gated() -> None:
     handle = _handle(BOUND, change=_surplus)
     Gatekeeper(handle).run(NOW)
-    assert "pod-pin" not in handle.writer.kinds(), "a pod asking 2 units for a 1-unit claim started"
-    assert ("claim-status", f"{NS}/c", claim_status.NOTE_PLACED) in handle.writer.writes
-    assert ("event", "vm", keys.EventReason.SET_NOT_PLACED.value) in handle.writer.writes
+    assert handle.of(PodPin) == [], "a pod asking 2 units for a 1-unit claim started"
+    [note] = handle.of(ClaimNote)
+    assert (note.namespace, note.name, note.note) == (NS, "c", Note.PLACED)
+    placed = _conditions(note)["Placed"]
+    assert (placed["status"], placed["reason"]) == ("False", keys.ClaimReason.REQUESTS_BEYOND_CLAIMS.value)
+    assert RES in placed["message"]
+    assert ("vm", keys.EventReason.SET_NOT_PLACED.value) in handle.events
 
 
 def _forged_older(given: dict[str, list[dict[str, Any]]]) -> None:
@@ -210,9 +231,8 @@ def _forged_older(given: dict[str, list[dict[str, Any]]]) -> None:
 def test_the_gate_pins_only_the_one_launcher_pod_of_a_vmi() -> None:
     handle = _handle(BOUND, change=_forged_older)
     Gatekeeper(handle).run(NOW)
-    pins = [w for w in handle.writer.writes if w[0] == "pod-pin"]
-    assert pins == [("pod-pin", f"{NS}/forged", None)], "two pods pinned under one set of claims"
-    assert ("event", "vm", keys.EventReason.SET_NOT_PLACED.value) in handle.writer.writes
+    assert [p.name for p in handle.of(PodPin)] == ["forged"], "two pods pinned under one set"
+    assert ("vm", keys.EventReason.SET_NOT_PLACED.value) in handle.events
 
 
 def test_the_gate_binds_a_pending_claim_of_a_starting_set_and_pins_only_once_it_is_written() -> (
@@ -220,17 +240,31 @@ def test_the_gate_binds_a_pending_claim_of_a_starting_set_and_pins_only_once_it_
 ):
     handle = _handle({"phase": "Pending"})
     Gatekeeper(handle).run(NOW)
-    [(decided, purpose)] = handle.decided
-    assert (decided.key, decided.phase, decided.node, purpose) == (KEY, Phase.BOUND, "n1", "Bind")
+    [(decided, call)] = handle.decided
+    assert (decided.key, decided.phase, decided.node, call.step) == (KEY, Phase.BOUND, "n1", "Bind")
+    assert call.body["metadata"] == {"resourceVersion": "1"}, "written over the claim it read"
+    assert (call.body["status"]["phase"], call.body["status"]["nodeName"]) == ("Bound", "n1")
+    assert _conditions(call)["Bound"]["reason"] == "Bound"
     assert handle.snapshot.claim(KEY) == decided, "recorded in the snapshot when sent"
-    assert "pod-pin" not in handle.writer.kinds(), "pinned once the API confirms the bind"
+    assert handle.of(PodPin) == [], "pinned once the API confirms the bind"
 
 
 def test_the_gate_touches_no_set_whose_claim_has_a_write_out() -> None:
     handle = _handle({"phase": "Pending"})
     handle.out.add(KEY)
     Gatekeeper(handle).run(NOW)
-    assert handle.decided == [] and handle.writer.writes == []
+    assert handle.decided == [] and handle.sent == []
+
+
+def test_a_decision_about_a_claim_with_a_write_out_is_refused_by_the_handle() -> None:
+    """The rule lives in ``decide``, not at each call site: a part that forgot to ask
+    ``in_flight`` still cannot send a second placement over the first."""
+    handle = _handle({"phase": "Pending"})
+    Gatekeeper(handle).run(NOW)
+    [(claim, _call)] = handle.decided
+    again = Decision(NS, "c", {"status": {}}, "Bind")
+    assert handle.decide(claim, again) is False
+    assert again not in handle.sent
 
 
 def test_a_set_told_it_cannot_start_is_told_again_when_that_note_was_refused() -> None:
@@ -241,29 +275,40 @@ def test_a_set_told_it_cannot_start_is_told_again_when_that_note_was_refused() -
     handle = _handle({"phase": "Pending"}, cordoned=True)
     gate = Gatekeeper(handle)
     gate.run(NOW)
-    assert ("claim-status", f"{NS}/c", claim_status.NOTE_PLACED) in handle.writer.writes
-    handle.writer.writes.clear()
+    [note] = handle.of(ClaimNote)
+    assert note.note is Note.PLACED and note.body["status"]["phase"] == "Pending"
+    assert _conditions(note)["Placed"]["status"] == "False"
     gate.run(NOW + 1)
-    assert handle.writer.writes == [], "said once while it stands"
-    gate.placed_answered(KEY, written=False)
+    assert handle.of(ClaimNote) == [note], "said once while it stands"
+    handle.answer(note, Outcome.CONFLICT, "409 Conflict")
     gate.run(NOW + 2)
-    assert ("claim-status", f"{NS}/c", claim_status.NOTE_PLACED) in handle.writer.writes
+    assert len(handle.of(ClaimNote)) == 2, "told again after the refusal"
+    again = _conditions(handle.of(ClaimNote)[1])["Placed"]
+    assert (again["reason"], again["message"]) == (
+        _conditions(note)["Placed"]["reason"],
+        _conditions(note)["Placed"]["message"],
+    ), "the same reason, said again"
 
 
 def test_the_reports_write_the_class_status_and_the_settings() -> None:
     handle = _handle(BOUND)
     Publisher(handle).publish(NOW)
-    [status] = [w for w in handle.writer.writes if w[0] == "class-status"]
-    assert status[1] == "h100" and status[2]["free"] == 1 and status[2]["maxFreePerNode"] == 1
-    assert "settings" in handle.writer.kinds()
+    [status] = handle.of(ClassStatus)
+    assert status.name == "h100"
+    numbers = status.body["status"]
+    assert numbers["free"] == 1 and numbers["maxFreePerNode"] == 1
+    [settings] = handle.of(Settings)
+    assert settings.namespace == handle.config.namespace
+    assert RES in settings.data["resourceNames"]
 
 
 def test_the_reports_write_one_usage_record_per_ordered_held_claim() -> None:
     handle = _handle(BOUND)
     assert handle.config.workload_records, "the default settings keep usage records"
     Publisher(handle).publish(NOW)
-    written = [w for w in handle.writer.writes if w[0] == "record"]
-    assert written == [("record", NS, records.workload_name("c"))]
+    [record] = handle.of(RecordCreate)
+    assert (record.namespace, record.name) == (NS, records.workload_name("c"))
+    assert record.body["status"]["operational"] is True
 
 
 def test_the_reports_write_back_a_usage_records_edited_status_once_at_a_time() -> None:
@@ -276,13 +321,13 @@ def test_the_reports_write_back_a_usage_records_edited_status_once_at_a_time() -
     handle.view.apply(keys.WORKLOAD.kind, edited, deleted=False)
     publisher = Publisher(handle)
     publisher.publish(NOW)
-    [write] = [w for w in handle.writer.writes if w[0] == "record-status"]
-    assert write[1:3] == (NS, records.workload_name("c"))
-    assert write[3]["status"]["operational"] is True
-    assert write[3]["metadata"] == {"resourceVersion": "40"}
-    assert "record" not in handle.writer.kinds(), "it exists: no second record"
+    [write] = handle.of(RecordStatus)
+    assert (write.namespace, write.name) == (NS, records.workload_name("c"))
+    assert write.body["status"]["operational"] is True
+    assert write.body["metadata"] == {"resourceVersion": "40"}
+    assert handle.of(RecordCreate) == [], "it exists: no second record"
     publisher.publish(NOW + 1)
-    assert handle.writer.kinds().count("record-status") == 1, "one write in flight at a time"
+    assert len(handle.of(RecordStatus)) == 1, "one write in flight at a time"
 
 
 def test_a_waiting_order_is_told_why_once_and_never_while_a_placement_is_out() -> None:
@@ -292,14 +337,18 @@ def test_a_waiting_order_is_told_why_once_and_never_while_a_placement_is_out() -
     wait = Action(Step.WAIT, (KEY,), refusal=refusal)
     notes.refill(NOW)
     notes.tell([wait], NOW, placing=True)
-    assert handle.writer.writes == [], "binds first: nothing while a placement write is out"
+    assert handle.sent == [], "binds first: nothing while a placement write is out"
     notes.tell([wait], NOW, placing=False)
-    assert handle.writer.writes == [("claim-status", f"{NS}/c", claim_status.NOTE_WAIT)]
+    [note] = handle.of(ClaimNote)
+    assert (note.name, note.note, note.body["status"]["phase"]) == ("c", Note.WAIT, "Pending")
+    bound = _conditions(note)["Bound"]
+    assert (bound["status"], bound["reason"]) == ("False", "InsufficientCapacity")
+    assert bound["message"] == refusal.message
     notes.tell([wait], NOW + 1, placing=False)
-    assert len(handle.writer.writes) == 1, "the same reason is said once"
-    notes.forget(KEY)  # its note did not land, say
+    assert len(handle.sent) == 1, "the same reason is said once"
+    handle.answer(note, Outcome.CONFLICT, "409 Conflict")  # its note did not land
     notes.tell([wait], NOW + 2, placing=False)
-    assert len(handle.writer.writes) == 2
+    assert len(handle.sent) == 2
 
 
 def test_a_failing_settings_write_is_retried_with_backoff_not_on_every_turn() -> None:
@@ -311,21 +360,29 @@ def test_a_failing_settings_write_is_retried_with_backoff_not_on_every_turn() ->
 
     def settings_writes_at(at: float) -> int:
         publisher.publish(at)
-        return handle.writer.kinds().count("settings")
+        return len(handle.of(Settings))
+
+    def answered(outcome: Outcome) -> None:
+        for call in [c for c in handle.unanswered if isinstance(c, Settings)]:
+            handle.answer(call, outcome, "" if outcome is Outcome.WRITTEN else "403 Forbidden")
 
     def fails() -> None:
-        publisher.written(WriteDone(WriteKind.SETTINGS, "", "gpu-settings", False, error="403"))
+        answered(Outcome.FAILED)
 
     assert settings_writes_at(NOW) == 1
+    assert settings_writes_at(NOW + 0.4) == 1, "one at a time while it is out"
     fails()
     assert settings_writes_at(NOW + 0.5) == 1, "no retry half a second later"
     assert settings_writes_at(NOW + 1.0) == 2, "the first retry after 1 s"
     fails()
     assert settings_writes_at(NOW + 2.5) == 2
     assert settings_writes_at(NOW + 3.0) == 3, "the second 2 s after the first"
-    for _try in range(10):
-        fails()
+    fails()
+    [*_earlier, last] = handle.of(Settings)
+    assert last.heard is not None
+    for _try in range(9):  # as if each of these retries failed too
+        last.heard(Answer(last, Outcome.FAILED, error="403 Forbidden"))
     assert settings_writes_at(NOW + 3.0 + SETTINGS_REFRESH_S - 0.5) == 3, "capped, not hours"
     assert settings_writes_at(NOW + 3.0 + SETTINGS_REFRESH_S) == 4
-    publisher.written(WriteDone(WriteKind.SETTINGS, "", "gpu-settings", True))
+    answered(Outcome.WRITTEN)
     assert settings_writes_at(NOW + 3.5 + SETTINGS_REFRESH_S) == 4, "written: nothing to retry"

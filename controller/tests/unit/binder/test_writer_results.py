@@ -18,16 +18,33 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from cozystack_gpu.binder import writer as writer_module
-from cozystack_gpu.binder.writer import (
-    ClaimWriteDone,
+from cozystack_gpu import keys
+from cozystack_gpu.binder import calls
+from cozystack_gpu.binder.calls import (
+    Answer,
+    Call,
+    ClaimDelete,
+    ClaimNote,
+    ClassStatus,
+    Clients,
+    Decision,
+    EventWrite,
+    Finalizer,
+    GpuNodeStatus,
+    Note,
     Outcome,
+    PodDelete,
+    PodPin,
     Priority,
-    WriteDone,
-    WriteKind,
-    Writer,
+    RecordCreate,
+    RecordDelete,
+    RecordStatus,
+    Settings,
+    TemplateClaimCreate,
+    VmiDelete,
 )
-from cozystack_gpu.model import ClaimKey
+from cozystack_gpu.binder.events import EventBook
+from cozystack_gpu.binder.writer import Writer
 
 TIMEOUT_S = (0.5, 0.5)
 
@@ -83,20 +100,36 @@ def silent() -> Iterator[SilentServer]:
         server.close()
 
 
-def send_one_of_each(writer: Writer) -> int:
+def one_of_each() -> list[Call]:
+    """One call of every type the binder sends."""
     claim = {"metadata": {"name": "c", "namespace": "t", "uid": "u"}}
-    writer.claim_status(ClaimKey("t", "c"), {"status": {}}, "Bind", Priority.BIND)
-    writer.claim_status(ClaimKey("t", "w"), {"status": {}}, "Wait", Priority.STATUS)
-    writer.class_status("h100", {"status": {}})
-    writer.create_record("t", {"metadata": {"name": "r"}, "status": {}})
-    writer.delete_record("t", "r")
-    writer.delete_vmi("t", "vm")
-    writer.settings("cozy-gpu", {"resourceNames": ""})
-    writer.event(claim, "Bound", "bound", False)
-    writer.call(
-        WriteKind.FINALIZER, "t", "c", writer.custom.get_api_resources, object_kind="GPUClaim"
+    told, _needs_write = EventBook("test").tell(
+        claim, keys.GPU_CLAIM, "Bound", "bound", False, 1_800_000_000.0
     )
-    return 9
+    return [
+        Decision("t", "c", {"status": {}}, "Bind"),
+        ClaimNote("t", "w", {"status": {}}, Note.WAIT),
+        PodPin("t", "virt-launcher-vm", {"spec": {}}),
+        PodDelete("t", "virt-launcher-old", "uid-old"),
+        TemplateClaimCreate("t", "vm-gpu", {"metadata": {"name": "vm-gpu"}}),
+        VmiDelete("t", "vm"),
+        ClaimDelete("t", "vm-gpu", "uid-gpu", "its VMI is gone"),
+        Finalizer(keys.GPU_CLAIM, "t", "c", {"metadata": {"finalizers": []}}),
+        ClassStatus("h100", {"status": {}}),
+        GpuNodeStatus("n1", {"status": {}}),
+        Settings("cozy-gpu", {"resourceNames": ""}),
+        RecordCreate("t", {"metadata": {"name": "r"}, "status": {}}),
+        RecordStatus("t", "r2", {"status": {}}),
+        RecordDelete("t", "r3"),
+        EventWrite(told, EventBook("test")),
+    ]
+
+
+def send_one_of_each(writer: Writer) -> int:
+    sent = one_of_each()
+    for call in sent:
+        writer.send(call)
+    return len(sent)
 
 
 def results_of(results: queue.Queue[Any], count: int, timeout: float) -> list[Any]:
@@ -113,23 +146,13 @@ def results_of(results: queue.Queue[Any], count: int, timeout: float) -> list[An
 
 
 def assert_all_failed(got: list[Any]) -> None:
-    claims = {r.key.name: r for r in got if isinstance(r, ClaimWriteDone)}
-    others = {r.what: r for r in got if isinstance(r, WriteDone)}
-    assert set(claims) == {"c", "w"}
-    for done in claims.values():
-        assert done.outcome is Outcome.FAILED and done.obj is None, done
-        assert done.error, "a failure says what went wrong"
-    assert set(others) == {
-        "class-status",
-        "record",
-        "record-delete",
-        "vmi-delete",
-        "settings",
-        "event",
-        "finalizer",
-    }
-    for other in others.values():
-        assert not other.ok and other.error, other
+    assert all(isinstance(a, Answer) for a in got), got
+    assert sorted(type(a.call).__name__ for a in got) == sorted(
+        type(c).__name__ for c in one_of_each()
+    ), "one answer per call"
+    for answer in got:
+        assert answer.outcome is Outcome.FAILED and answer.obj is None, answer
+        assert answer.error, "a failure says what went wrong"
 
 
 def test_every_write_reports_back_when_the_server_refuses_connections() -> None:
@@ -142,13 +165,13 @@ def test_every_write_reports_back_when_the_server_refuses_connections() -> None:
     finally:
         writer.stop()
     assert_all_failed(got)
-    assert "MaxRetryError" in next(r for r in got if isinstance(r, ClaimWriteDone)).error
+    assert "MaxRetryError" in next(a for a in got if isinstance(a.call, Decision)).error
 
 
 def test_every_write_reports_back_when_the_server_never_answers(
     silent: SilentServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(writer_module, "REQUEST_TIMEOUT_S", TIMEOUT_S)
+    monkeypatch.setattr(calls, "REQUEST_TIMEOUT_S", TIMEOUT_S)
     results: queue.Queue[Any] = queue.Queue()
     writer = Writer(api_at(silent.port), results, workers=9)
     writer.start()
@@ -163,29 +186,69 @@ def test_every_write_reports_back_when_the_server_never_answers(
     assert time.monotonic() - started < 10
 
 
+class Slow(Call):
+    """A call whose request waits until it is released."""
+
+    what = "slow"
+    priority = Priority.BIND
+    namespace, name = "t", "x"
+
+    def __init__(self) -> None:
+        self.busy, self.release = threading.Event(), threading.Event()
+
+    def request(self, api: Clients) -> dict[str, Any]:
+        self.busy.set()
+        self.release.wait(10)
+        return {}
+
+
 def test_jobs_still_queued_when_the_writer_stops_report_back_unsent() -> None:
     results: queue.Queue[Any] = queue.Queue()
     writer = Writer(api_at(closed_port()), results, workers=1)
     writer.start()
-    busy, release = threading.Event(), threading.Event()
-
-    def slow_request() -> dict[str, Any]:
-        busy.set()
-        release.wait(10)
-        return {}
-
-    writer.call(WriteKind.POD_PIN, "t", "x", slow_request)
-    assert busy.wait(5)
+    slow = Slow()
+    writer.send(slow)
+    assert slow.busy.wait(5)
     for i in range(5):
-        writer.claim_status(ClaimKey("t", f"c{i}"), {"status": {}}, "Bind", Priority.BIND)
+        writer.send(Decision("t", f"c{i}", {"status": {}}, "Bind"))
     stopping = threading.Thread(target=writer.stop)
     stopping.start()
     time.sleep(0.2)  # stop() has marked the writer stopped before the worker is free
-    release.set()
+    slow.release.set()
     stopping.join(10)
     got = results_of(results, 6, timeout=10)
-    claims = [r for r in got if isinstance(r, ClaimWriteDone)]
+    claims = [a for a in got if isinstance(a.call, Decision)]
     assert len(claims) == 5
-    for done in claims:
-        assert done.outcome is Outcome.FAILED, done
-        assert done.error.startswith("WriterStopped"), done
+    for answer in claims:
+        assert answer.outcome is Outcome.FAILED, answer
+        assert answer.error.startswith("WriterStopped"), answer
+        assert answer.obj is None, "a call never sent reads nothing again"
+
+
+def test_a_queued_call_a_newer_one_of_its_key_supersedes_goes_unsent() -> None:
+    """Three class statuses queued behind a busy worker: the two older are answered
+    SUPERSEDED without a request, and only the newest is sent."""
+    results: queue.Queue[Any] = queue.Queue()
+    writer = Writer(api_at(closed_port()), results, workers=1)
+    writer.start()
+    slow = Slow()
+    try:
+        writer.send(slow)
+        assert slow.busy.wait(5)
+        for free in (3, 2, 1):
+            writer.send(ClassStatus("h100", {"status": {"free": free}}))
+        writer.send(Decision("t", "c", {"status": {}}, "Bind"))  # placements never supersede
+        slow.release.set()
+        got = results_of(results, 5, timeout=30)
+    finally:
+        writer.stop()
+    statuses = [a for a in got if isinstance(a.call, ClassStatus)]
+    assert [a.outcome for a in statuses] == [
+        Outcome.SUPERSEDED,
+        Outcome.SUPERSEDED,
+        Outcome.FAILED,
+    ]
+    assert statuses[-1].call == ClassStatus("h100", {"status": {"free": 1}}), "the newest is sent"
+    assert writer.sent["class-status"] == 1
+    [bind] = [a for a in got if isinstance(a.call, Decision)]
+    assert bind.outcome is Outcome.FAILED, "a placement is always sent"
