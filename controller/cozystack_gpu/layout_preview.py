@@ -24,6 +24,7 @@ from cozystack_gpu import config, keys
 from cozystack_gpu.cluster.view import ClusterView, view_of_listing
 from cozystack_gpu.model import Action, ClassInfo, NodeInfo, Placement, Plan, Snapshot, Step, plan
 from cozystack_gpu.model.eligibility import why_not_placeable
+from cozystack_gpu.objects import MutableObj
 
 if TYPE_CHECKING:
     from kubernetes import client
@@ -35,7 +36,6 @@ __all__ = [
     "read_cluster",
 ]
 
-Obj = dict[str, Any]
 # Objects per kind name (keys.ApiKind.kind), as listed; a kind left out counts as empty.
 Listing = Mapping[str, Sequence[Mapping[str, Any]]]
 
@@ -47,13 +47,13 @@ VFIO_DRIVERS = frozenset({"vfio-pci", "nvgrace_gpu_vfio_pci"})
 # --- reading -------------------------------------------------------------------------------
 
 
-def read_cluster(api_client: client.ApiClient) -> dict[str, list[Obj]]:
+def read_cluster(api_client: client.ApiClient) -> dict[str, list[MutableObj]]:
     """Every object the binder watches, by kind, as the API returns them (a kind whose CRD
     is not installed, such as KubeVirt's on a cluster without it, is empty)."""
     # Only here: judging a change needs no client, listing does.
     from cozystack_gpu.cluster import informer
 
-    objects: dict[str, list[Obj]] = {}
+    objects: dict[str, list[MutableObj]] = {}
     for kind in keys.BINDER_WATCHES:
         list_fn = informer.list_function(api_client, kind)
         try:
@@ -74,8 +74,8 @@ def _name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
 
 
-def _with_state(node: Mapping[str, Any], state: str) -> Obj:
-    changed: Obj = copy.deepcopy(dict(node))
+def _with_state(node: Mapping[str, Any], state: str) -> MutableObj:
+    changed: MutableObj = copy.deepcopy(dict(node))
     changed.setdefault("metadata", {}).setdefault("labels", {})[keys.LABEL_NODE_LAYOUT_STATE] = (
         state
     )
@@ -104,20 +104,22 @@ def after_objects(
     labels: Mapping[str, str],
     known_names: Mapping[str, str],
     vfio: frozenset[str] = VFIO_DRIVERS,
-) -> tuple[Obj, Obj]:
+) -> tuple[MutableObj, MutableObj]:
     """The Node and GPUNode as kubelet and the node agent will report them after the change.
 
     Changed functions get the devices the host part predicts (a passthrough name as kubelet
     already advertises that device ID elsewhere, when it does); the Node's allocatable moves
     by the same number of units per resource name; labels are ``labels``.
     """
-    node_after: Obj = copy.deepcopy(dict(node))
+    node_after: MutableObj = copy.deepcopy(dict(node))
     node_after.setdefault("metadata", {})["labels"] = dict(labels)
-    gpunode_after: Obj = (
+    gpunode_after: MutableObj = (
         copy.deepcopy(dict(gpunode)) if gpunode else {"metadata": {"name": _name(node)}}
     )
-    status: Obj = gpunode_after.setdefault("status", {})
-    devices: dict[str, Obj] = {str(d.get("pciAddress")): d for d in status.get("devices") or []}
+    status: MutableObj = gpunode_after.setdefault("status", {})
+    devices: dict[str, MutableObj] = {
+        str(d.get("pciAddress")): d for d in status.get("devices") or []
+    }
     delta: dict[str, int] = {}
     for function in functions:
         if not function.get("changed"):
@@ -174,7 +176,7 @@ def _world(
     settings: config.Config,
     objects: Listing,
     now: float,
-    replace: Mapping[str, Obj] | None = None,
+    replace: Mapping[str, MutableObj] | None = None,
 ) -> _World:
     """The binder's view and snapshot of ``objects``, with objects of ``replace`` (by kind)
     standing in for the ones of the same name."""

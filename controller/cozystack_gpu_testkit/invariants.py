@@ -63,14 +63,13 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.binder.records import workload_name
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, list_function, source
-from cozystack_gpu.objects import annotation
+from cozystack_gpu.objects import MutableObj, annotation
 from cozystack_gpu.objects.launcher import PodRole, launcher_usage, pod_role, raw_usage
 from cozystack_gpu.objects.pod_usage import PodUsage, claims_cover, template_owner
 from cozystack_gpu.objects.translate import vmi_state, whole_quantity
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 
 CAPACITY = "node over capacity"
 BUDGET = "budget over its limit"
@@ -124,7 +123,7 @@ class Scope:
     def has_namespace(self, name: str) -> bool:
         return self.namespaces is None or name in self.namespaces
 
-    def has_node(self, node: Obj) -> bool:
+    def has_node(self, node: MutableObj) -> bool:
         if self.node_labels is None:
             return True
         labels = _meta(node).get("labels") or {}
@@ -135,15 +134,15 @@ class Scope:
 class State:
     """Everything the rules read, as the API server held it at one revision."""
 
-    nodes: list[Obj]
-    gpunodes: list[Obj]
-    classes: list[Obj]
-    claims: list[Obj]
-    namespaces: list[Obj]
-    quotas: list[Obj]
-    pods: list[Obj]
-    workloads: list[Obj]
-    vmis: list[Obj]
+    nodes: list[MutableObj]
+    gpunodes: list[MutableObj]
+    classes: list[MutableObj]
+    claims: list[MutableObj]
+    namespaces: list[MutableObj]
+    quotas: list[MutableObj]
+    pods: list[MutableObj]
+    workloads: list[MutableObj]
+    vmis: list[MutableObj]
     resource_version: str | None = None  # the revision every list was served at
     read_at: float = field(default_factory=time.time)  # when its revision was served
 
@@ -170,7 +169,7 @@ def read_state(api: client.ApiClient, at: str | None = None) -> State:
     read one after another would see a VM start between them (its claims before they were
     attached, its launcher pod after it was bound) and call the pod's units held twice.
     """
-    items: dict[str, list[Obj]] = {}
+    items: dict[str, list[MutableObj]] = {}
     revision = at
     started = time.time()  # the revision is the first list's: the state is of about then
     for name, kind in _LISTS.items():
@@ -473,7 +472,7 @@ class Invariants:
                 seen.started = seen.started or seen.attached[1] == node
             yield from self._version(claim)
 
-    def _version(self, claim: Obj) -> Iterator[Violation]:
+    def _version(self, claim: MutableObj) -> Iterator[Violation]:
         """One version of a claim, against what earlier versions showed (call under the
         lock). A claim that holds a node keeps it and its ``boundAt`` unless a decision
         says it moved (Moved, Rebound, Reattached); one that shows a new node as a fresh
@@ -694,7 +693,7 @@ class Invariants:
                 yield Violation(NOT_JUDGED, subject, detail)
 
     def _records(self, state: State) -> Iterator[Violation]:
-        wanted: dict[tuple[str, str], Obj] = {}
+        wanted: dict[tuple[str, str], MutableObj] = {}
         for claim in state.claims:
             phase = (claim.get("status") or {}).get("phase")
             if phase in HOLDING and not _template(claim):
@@ -735,7 +734,7 @@ class Invariants:
 # --- reading objects ---------------------------------------------------------------------
 
 
-def _pod_roles(state: State) -> list[tuple[Obj, PodRole]]:
+def _pod_roles(state: State) -> list[tuple[MutableObj, PodRole]]:
     """How each pod counts, by the binder's rule (``launcher.pod_role``): the one launcher
     pod of a live VMI with claims is covered by them; any other pod is raw usage, whatever
     its labels. The state is one moment and has no history, so a labelled pod of a VMI that
@@ -743,12 +742,12 @@ def _pod_roles(state: State) -> list[tuple[Obj, PodRole]]:
     only the pod it saw as the launcher when the VMI ended)."""
     vmis = {(_namespace(v), _name(v)): vmi_state(v) for v in state.vmis}
     live_uids = {(_namespace(v), _meta(v).get("uid")) for v in state.vmis}
-    siblings: dict[tuple[str, str], list[Obj]] = {}
+    siblings: dict[tuple[str, str], list[MutableObj]] = {}
     for pod in state.pods:
         owner = _owning_vmi(pod)
         if owner is not None:
             siblings.setdefault((_namespace(pod), owner), []).append(pod)
-    roles: list[tuple[Obj, PodRole]] = []
+    roles: list[tuple[MutableObj, PodRole]] = []
     for pod in state.pods:
         owner = _owning_vmi(pod)
         vmi = vmis.get((_namespace(pod), owner)) if owner is not None else None
@@ -763,7 +762,7 @@ def _pod_roles(state: State) -> list[tuple[Obj, PodRole]]:
     return roles
 
 
-def _raw_pods(state: State) -> list[Obj]:
+def _raw_pods(state: State) -> list[MutableObj]:
     return [pod for pod, role in _pod_roles(state) if role is PodRole.RAW]
 
 
@@ -773,7 +772,7 @@ def _uncovered_launcher_usage(
     """What the launcher pods of live VMIs with claims use beyond the units their VMI's
     claims hold on their node: a claim deleted by force, moved or stripped leaves the pod
     using GPUs that no claim counts, and they are still occupied there."""
-    serving: dict[tuple[str, str], list[Obj]] = {}
+    serving: dict[tuple[str, str], list[MutableObj]] = {}
     for claim in state.claims:
         vmis = {(claim.get("status") or {}).get("attachedTo"), template_owner(claim)}
         for vmi in vmis - {None, ""}:
@@ -859,7 +858,7 @@ def _claims_request(vmi: Mapping[str, Any]) -> annotation.ClaimsRequest | None:
         return None
 
 
-def _running_vmis(state: State) -> Iterator[tuple[Obj, str]]:
+def _running_vmis(state: State) -> Iterator[tuple[MutableObj, str]]:
     """(VMI, node) for every VMI marked Running whose launcher pod (owned by its uid) is
     bound to a node."""
     bound: dict[tuple[str, str], str] = {}

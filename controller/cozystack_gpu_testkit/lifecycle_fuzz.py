@@ -67,7 +67,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.objects import launcher, translate
+from cozystack_gpu.objects import MutableObj, launcher, translate
 from cozystack_gpu_testkit import cluster, kubevirt, tenants
 from cozystack_gpu_testkit.fault_suite import Run, Service, WebhookSetup
 from cozystack_gpu_testkit.invariants import Invariants, Violation, required_pins
@@ -75,7 +75,6 @@ from cozystack_gpu_testkit.objects import NODE_BASE_RESOURCES, Kube, wait_for
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 TIMEOUT = (5.0, 20.0)
 FUZZ_LABEL = "fuzz.cozystack.io/run"
 TENANT_ADMIN = "tenant-admin"
@@ -192,10 +191,10 @@ class Admission:
     ``render(template, namespace, values)``, ``helm template`` of one chart template."""
 
     webhooks: WebhookSetup
-    render: Callable[[str, str, Mapping[str, Any]], list[Obj]]
+    render: Callable[[str, str, Mapping[str, Any]], list[MutableObj]]
 
 
-def install_policies(api: Any, objects: Sequence[Obj]) -> None:
+def install_policies(api: Any, objects: Sequence[MutableObj]) -> None:
     admission = client.AdmissionregistrationV1Api(api)
     for obj in objects:
         if obj["kind"] == "ValidatingAdmissionPolicy":
@@ -232,7 +231,7 @@ class KubeVirt(Protocol):
     def guest_shuts_down(self, namespace: str, name: str) -> str: ...
 
 
-def raw_entries(vmi: Mapping[str, Any]) -> list[Obj]:
+def raw_entries(vmi: Mapping[str, Any]) -> list[MutableObj]:
     """The VMI's ``gpus`` entries that are not the VMI webhook's (``gpu-cozystack-N``)."""
     devices = ((vmi.get("spec") or {}).get("domain") or {}).get("devices") or {}
     return [
@@ -303,12 +302,12 @@ class RealKubeVirt:
         listed = self.kube.core.list_pod_for_all_namespaces(
             label_selector=kubevirt.LAUNCHER_SELECTOR, _request_timeout=TIMEOUT
         )
-        pods: list[Obj] = self.kube.api.sanitize_for_serialization(listed).get("items") or []
+        pods: list[MutableObj] = self.kube.api.sanitize_for_serialization(listed).get("items") or []
         for vm in vms:
             self._vm_refusal(vm)
         for vmi in vmis:
             self._seen_vmi(vmi)
-        by_vmi: dict[str, list[Obj]] = {}
+        by_vmi: dict[str, list[MutableObj]] = {}
         for pod in pods:
             owner = str((_meta(pod).get("labels") or {}).get("kubevirt.io/created-by"))
             by_vmi.setdefault(owner, []).append(pod)
@@ -333,14 +332,14 @@ class RealKubeVirt:
                 args = f"pod {namespace}/{removed}"
                 self.journal.record("kubelet", args, "removed", {_vm_of(removed)})
 
-    def _list(self, kind: keys.ApiKind, selector: str) -> list[Obj]:
+    def _list(self, kind: keys.ApiKind, selector: str) -> list[MutableObj]:
         listing = self.kube.custom.list_cluster_custom_object(
             kind.group, kind.version, kind.plural, label_selector=selector,
             _request_timeout=TIMEOUT,
         )  # fmt: skip
         return list(listing.get("items") or [])
 
-    def _pass(self, part: Callable[..., None], obj: Obj, *args: Any) -> None:
+    def _pass(self, part: Callable[..., None], obj: MutableObj, *args: Any) -> None:
         try:
             part(obj, *args)
         except ApiException as exc:  # raced with virt-controller or a deletion: next pass
@@ -350,7 +349,7 @@ class RealKubeVirt:
 
     # --- what virt-controller did ----------------------------------------------------
 
-    def _vm_refusal(self, vm: Obj) -> None:
+    def _vm_refusal(self, vm: MutableObj) -> None:
         """A VM's Failure condition: virt-controller's VMI create refused (it retries)."""
         conditions = (vm.get("status") or {}).get("conditions") or []
         failure = next(
@@ -362,7 +361,7 @@ class RealKubeVirt:
             outcome = f"{failure.get('reason')}: {failure.get('message')}"
             self._outcome_once(subject, outcome, {_meta(vm)["name"]})
 
-    def _seen_vmi(self, vmi: Obj) -> None:
+    def _seen_vmi(self, vmi: MutableObj) -> None:
         namespace, name, uid = _meta(vmi)["namespace"], _meta(vmi)["name"], _meta(vmi)["uid"]
         phase = str((vmi.get("status") or {}).get("phase") or "")
         args = f"vmi {namespace}/{name}"
@@ -380,7 +379,7 @@ class RealKubeVirt:
             self._deleting.add(uid)
             self.journal.record("kubevirt", args, f"uid {uid[:8]} deleting ({phase})", {name})
 
-    def _seen_pod(self, pod: Obj, vmi_uid: str) -> None:
+    def _seen_pod(self, pod: MutableObj, vmi_uid: str) -> None:
         uid = str(_meta(pod).get("uid"))
         if uid in self._pods:
             return
@@ -392,7 +391,7 @@ class RealKubeVirt:
         if vmi_uid in self._raw:
             self._raw_violation(namespace, vm, "launcher pod", f"pod {name}")
 
-    def _judge_raw(self, vmi: Obj, what: str) -> None:
+    def _judge_raw(self, vmi: MutableObj, what: str) -> None:
         """Under ``forbidden`` a VMI with GPU entries of its own and no readable claims may
         not get its GPU: the VMI (or at least its pod) must be refused."""
         raw = raw_entries(vmi)
@@ -423,7 +422,7 @@ class RealKubeVirt:
 
     # --- what the kit plays: kubelet, virt-handler ------------------------------------
 
-    def _kubelet_runs(self, pod: Obj) -> None:
+    def _kubelet_runs(self, pod: MutableObj) -> None:
         namespace, name = _meta(pod)["namespace"], _meta(pod)["name"]
         node = (pod.get("spec") or {}).get("nodeName")
         if node and (pod.get("status") or {}).get("phase") != "Running":
@@ -431,7 +430,7 @@ class RealKubeVirt:
             names = {_vm_of(name), node}
             self.journal.record("kubelet", f"pod {namespace}/{name}", f"running on {node}", names)
 
-    def _virt_handler(self, vmi: Obj, pods: list[Obj]) -> None:
+    def _virt_handler(self, vmi: MutableObj, pods: list[MutableObj]) -> None:
         namespace, name, uid = _meta(vmi)["namespace"], _meta(vmi)["name"], _meta(vmi)["uid"]
         status = vmi.get("status") or {}
         args = f"vmi {namespace}/{name}"
@@ -556,7 +555,7 @@ class LifecycleFuzz:
         self.rng = random.Random(settings.seed)
         self.journal = Journal(settings.seed)
         self.vms: dict[tuple[str, str], FuzzVM] = {}
-        self.claims: dict[tuple[str, str], Obj] = {}  # last listing
+        self.claims: dict[tuple[str, str], MutableObj] = {}  # last listing
         self.checker: Invariants | None = None
         self.faulted: dict[str, set[str]] = {}  # node -> faults in place
         self.faults = 0
@@ -583,7 +582,7 @@ class LifecycleFuzz:
         service = self.service = Service(run, "r1")
         self._hooks = self.admission.webhooks.configurations(service)
         self.admission.webhooks.install(run.api, self._hooks)
-        policies: list[Obj] = []
+        policies: list[MutableObj] = []
         for template, values in (
             ("raw-names-policy.yaml", {"rawNamePolicy": {"virtControllerUser": VIRT_CONTROLLER}}),
             ("claims-label-policy.yaml", {}),
@@ -603,7 +602,7 @@ class LifecycleFuzz:
         controller = impersonating(run, VIRT_CONTROLLER)
         tenant = run.world.tenants[-1]
 
-        def refused(body: Obj, needle: str) -> bool:
+        def refused(body: MutableObj, needle: str) -> bool:
             try:
                 controller.custom.create_namespaced_custom_object(
                     keys.VMI.group, keys.VMI.version, tenant, keys.VMI.plural, body,
@@ -613,7 +612,9 @@ class LifecycleFuzz:
                 return needle in _message(exc)
             return False
 
-        def vmi(name: str, labels: Obj, notes: Obj, gpus: list[Obj]) -> Obj:
+        def vmi(
+            name: str, labels: MutableObj, notes: MutableObj, gpus: list[MutableObj]
+        ) -> MutableObj:
             return {
                 "apiVersion": keys.VMI.api_version,
                 "kind": keys.VMI.kind,
@@ -957,7 +958,9 @@ class LifecycleFuzz:
             return args, f"refused: {_message(exc)}", {name}
         return args, "accepted", {name}
 
-    def _vm_body(self, vm: FuzzVM, labels: Obj, notes: Obj, gpus: list[Obj]) -> Obj:
+    def _vm_body(
+        self, vm: FuzzVM, labels: MutableObj, notes: MutableObj, gpus: list[MutableObj]
+    ) -> MutableObj:
         memory_mi = self.rng.choice((512, 1024, 2048))
         return {
             "apiVersion": keys.VM.api_version,
@@ -982,7 +985,7 @@ class LifecycleFuzz:
         }
 
     def _submit_vm(
-        self, vm: FuzzVM, body: Obj, args: str, names: set[str]
+        self, vm: FuzzVM, body: MutableObj, args: str, names: set[str]
     ) -> tuple[str, str, set[str]]:
         """The tenant creates the VM; one it is refused is not the fuzz's to drive."""
         try:
@@ -1021,7 +1024,7 @@ class LifecycleFuzz:
                 },
             )
         vm = FuzzVM(namespace, self._next("vm"), held, templates)
-        request: Obj = {}
+        request: MutableObj = {}
         if held:
             request[keys.ANNOTATION_MEMBER_CLAIMS] = list(held)
         if templates:
@@ -1322,7 +1325,7 @@ class LifecycleFuzz:
         # (protected, or slow) makes the create below say so.
         with contextlib.suppress(AssertionError):
             wait_for(claim_gone, 20, f"claim {name} collected", 0.5)
-        owner: list[Obj] = []
+        owner: list[MutableObj] = []
         others = [
             v for v in self._vmi_call(custom.list_namespaced_custom_object, vm.namespace)["items"]
             if _meta(v)["name"] != vm.name
@@ -1458,7 +1461,7 @@ def _labelled_template(claim: Mapping[str, Any]) -> bool:
     return bool(labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE)
 
 
-def _items(listing: Mapping[str, Any]) -> list[Obj]:
+def _items(listing: Mapping[str, Any]) -> list[MutableObj]:
     return list(listing.get("items") or [])
 
 
@@ -1477,11 +1480,11 @@ def run_seed(workdir: Path, admission: Admission, settings: FuzzSettings) -> Fuz
 _CONTROLLER_USER = re.compile(r"system:serviceaccount:[a-z0-9-]+:[a-z0-9-]*controller")
 
 
-def _as_replicas(policy: Obj) -> Obj:
+def _as_replicas(policy: MutableObj) -> MutableObj:
     """The chart's protection policy exempts the controller's ServiceAccount; the replicas
     here run with the kit's admin identity, so that is the one it exempts."""
     if policy.get("metadata", {}).get("name", "").find("protection") < 0:
         return policy
     text = _CONTROLLER_USER.sub(cluster.ADMIN_USER, json.dumps(policy))
-    exempting: Obj = json.loads(text)
+    exempting: MutableObj = json.loads(text)
     return exempting

@@ -16,25 +16,24 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from cozystack_gpu import keys
-
-Obj = dict[str, Any]
+from cozystack_gpu.objects import MutableObj
 
 # (connect, read) seconds of one request; the API server gives a webhook 10 s in all.
 REQUEST_TIMEOUT_S = (2.0, 4.0)
 
 
-def _json(response: Any) -> Obj:
-    body: Obj = json.loads(response.data)
+def _json(response: Any) -> MutableObj:
+    body: MutableObj = json.loads(response.data)
     return body
 
 
-def _patch_type(body: Obj | list[Obj]) -> str:
+def _patch_type(body: MutableObj | list[MutableObj]) -> str:
     return (
         "application/json-patch+json" if isinstance(body, list) else "application/merge-patch+json"
     )
 
 
-def meta_of(obj: Obj) -> Obj:
+def meta_of(obj: MutableObj) -> MutableObj:
     return dict(obj.get("metadata") or {})
 
 
@@ -52,10 +51,10 @@ class ApiAccess:
 
     # --- reads -----------------------------------------------------------------------
 
-    def claim(self, namespace: str, name: str) -> Obj | None:
+    def claim(self, namespace: str, name: str) -> MutableObj | None:
         return self.get(keys.GPU_CLAIM, namespace, name)
 
-    def classes(self, *, latest: bool = False) -> dict[str, Obj]:
+    def classes(self, *, latest: bool = False) -> dict[str, MutableObj]:
         """Every GPUClass by name (a hoster offers a handful; one list is one request).
 
         By default the API server answers from its watch cache (resourceVersion "0"): a
@@ -77,7 +76,7 @@ class ApiAccess:
         )
         return {str(obj["metadata"]["name"]): obj for obj in listing.get("items") or []}
 
-    def _config_map(self, name: str) -> Obj | None:
+    def _config_map(self, name: str) -> MutableObj | None:
         """A ConfigMap of the controller's namespace as it is now, or None."""
         try:
             return _json(
@@ -106,7 +105,7 @@ class ApiAccess:
             raise
         return dict((ns.get("metadata") or {}).get("labels") or {})
 
-    def secret(self, namespace: str, name: str) -> Obj | None:
+    def secret(self, namespace: str, name: str) -> MutableObj | None:
         """A Secret as it is now (a licence copy, or the hoster's token Secret it must
         match), or None. Judged and dropped: the webhook keeps no Secret."""
         try:
@@ -120,7 +119,7 @@ class ApiAccess:
                 return None
             raise
 
-    def get(self, kind: keys.ApiKind, namespace: str, name: str) -> Obj | None:
+    def get(self, kind: keys.ApiKind, namespace: str, name: str) -> MutableObj | None:
         """One custom object as it is now (``namespace`` is ignored for a cluster-scoped
         kind); None when there is none."""
         try:
@@ -162,12 +161,14 @@ class ApiAccess:
             return None
         return str((meta_of(nad).get("annotations") or {}).get(keys.ANNOTATION_NAD_RESOURCE, ""))
 
-    def vmi(self, namespace: str, name: str) -> Obj | None:
+    def vmi(self, namespace: str, name: str) -> MutableObj | None:
         return self.get(keys.VMI, namespace, name)
 
     # --- writes ----------------------------------------------------------------------
 
-    def claim_status(self, namespace: str, name: str, body: Obj | list[Obj]) -> Obj:
+    def claim_status(
+        self, namespace: str, name: str, body: MutableObj | list[MutableObj]
+    ) -> MutableObj:
         """A patch of the status subresource: a merge patch (a dict carrying the
         resourceVersion it was built from: a claim changed meanwhile answers 409) or a JSON
         patch (a list whose ``test`` operations guard it: a failed test answers 422)."""
@@ -185,7 +186,9 @@ class ApiAccess:
             )
         )
 
-    def claim_meta(self, namespace: str, name: str, body: Obj | list[Obj]) -> Obj:
+    def claim_meta(
+        self, namespace: str, name: str, body: MutableObj | list[MutableObj]
+    ) -> MutableObj:
         """A patch of the main resource (finalizers), guarded as ``claim_status``'s."""
         return _json(
             self.custom.patch_namespaced_custom_object(
@@ -215,7 +218,12 @@ class ApiAccess:
         """Create the ConfigMap (``version`` None) or replace it as of ``version``: another
         admission written meanwhile answers 409, as a create that lost answers 409."""
         metadata: dict[str, str] = {"name": keys.CLASS_ADMISSIONS_CONFIGMAP}
-        body: Obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+        body: MutableObj = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata,
+            "data": data,
+        }
         if version is None:
             self.core.create_namespaced_config_map(
                 self.settings_namespace, body, _request_timeout=REQUEST_TIMEOUT_S

@@ -9,7 +9,6 @@ watch-fed cache may not have it yet.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission import pod_rules
@@ -17,9 +16,8 @@ from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.handle_vmi import vmi_claims_request
 from cozystack_gpu.keys import AdmissionReason
+from cozystack_gpu.objects import MutableObj
 from cozystack_gpu.objects.translate import meta
-
-Obj = dict[str, Any]
 
 NO_CHANGE = pod_rules.PodChanges(gate=False, tolerations=())
 
@@ -29,7 +27,7 @@ class PodWebhook:
         self.access = access
         self.pool = pool
 
-    def admit(self, pod: Obj) -> pod_rules.PodChanges:
+    def admit(self, pod: MutableObj) -> pod_rules.PodChanges:
         if pod_rules.is_migration_target(pod):
             return NO_CHANGE
         namespace = str(meta(pod).get("namespace", ""))

@@ -30,13 +30,12 @@ from cozystack_gpu.admission import vmi_rules
 from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.keys import AdmissionReason
-from cozystack_gpu.objects import annotation
+from cozystack_gpu.objects import MutableObj, annotation
 from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, attachment, finalizer_patch
 from cozystack_gpu.objects.translate import meta, rfc3339
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 Claim = Mapping[str, Any]
 ATTEMPTS = 3  # writes that lose a race are judged again this often
 # A write that lost a race: 409 (resourceVersion) or 422 (a JSON patch test failed).
@@ -55,7 +54,7 @@ def label_without_annotation(kind: str, name: str) -> str:
     )
 
 
-def vmi_claims_request(vmi: Obj) -> annotation.ClaimsRequest:
+def vmi_claims_request(vmi: MutableObj) -> annotation.ClaimsRequest:
     """What a labelled VMI's claims annotation asks for, or the refusal both the VMI and
     the pod webhook give when it has none or it cannot be read."""
     name = str(meta(vmi).get("name", ""))
@@ -72,7 +71,7 @@ def vmi_claims_request(vmi: Obj) -> annotation.ClaimsRequest:
         raise Refused(str(exc), AdmissionReason.MALFORMED_ANNOTATION, 400) from None
 
 
-def admit_vm_template(vm: Obj) -> None:
+def admit_vm_template(vm: MutableObj) -> None:
     """A VirtualMachine whose template uses claims, refused (``Refused``) at create or
     update when its VMIs would be: an annotation that cannot be read (malformed, ``{}``, a
     name shaped ``namespace/name``: claims are named in the VM's own namespace) gets the VMI
@@ -97,7 +96,7 @@ def admit_vm_template(vm: Obj) -> None:
         ) from None
 
 
-def instancetype_ref(vmi: Obj) -> tuple[keys.ApiKind, str] | None:
+def instancetype_ref(vmi: MutableObj) -> tuple[keys.ApiKind, str] | None:
     """The instance type KubeVirt says the VMI was made from, if any."""
     annotations = meta(vmi).get("annotations") or {}
     if annotations.get(keys.ANNOTATION_INSTANCETYPE):
@@ -138,7 +137,7 @@ class VMIWebhook:
         self.clock = clock
         self.gpu_names = gpu_names
 
-    def admit(self, vmi: Obj, *, dry_run: bool) -> Admitted:
+    def admit(self, vmi: MutableObj, *, dry_run: bool) -> Admitted:
         """The gpus entries (and attachment id) the VMI must carry; ``Refused`` when it
         may not start.
 
@@ -192,7 +191,7 @@ class VMIWebhook:
 
     def _read(
         self,
-        vmi: Obj,
+        vmi: MutableObj,
         namespace: str,
         name: str,
         request: annotation.ClaimsRequest,
@@ -209,7 +208,7 @@ class VMIWebhook:
         if request.templates:
             labels = submit(access.namespace_labels, namespace)
         ref = instancetype_ref(vmi)
-        itype: Future[Obj | None] | None = None
+        itype: Future[MutableObj | None] | None = None
         if ref is not None:
             itype = submit(access.get, ref[0], namespace, ref[1])
         instancetype = None
@@ -314,7 +313,7 @@ class VMIWebhook:
         its recorded uid with it; a claim changed meanwhile raises ``_LostRace``."""
         status = dict(obj.get("status") or {})
         fields = attachment(vmi_name, attachment_id=attachment_id, at=rfc3339(self.clock()))
-        ops: list[Obj] = [{"op": "test", "path": "/status", "value": status}]
+        ops: list[MutableObj] = [{"op": "test", "path": "/status", "value": status}]
         for field, value in fields.items():
             if value is not None:
                 ops.append({"op": "add", "path": f"/status/{field}", "value": value})
@@ -346,7 +345,7 @@ class VMIWebhook:
         current = list(meta(obj).get("finalizers") or [])
         if keys.FINALIZER_CLAIM in current:
             return
-        ops: list[Obj]
+        ops: list[MutableObj]
         if current:
             ops = [
                 {"op": "test", "path": "/metadata/finalizers", "value": current},

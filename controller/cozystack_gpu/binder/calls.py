@@ -31,8 +31,9 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder.events import EventBook, Told
 from cozystack_gpu.cluster.informer import WRITE_TIMEOUT_S
-from cozystack_gpu.cluster.view import ClusterView, Key, Obj
+from cozystack_gpu.cluster.view import ClusterView, Key
 from cozystack_gpu.model import ClaimKey
+from cozystack_gpu.objects import MutableObj
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class Answer:
 
     call: Call
     outcome: Outcome
-    obj: Obj | None = None
+    obj: MutableObj | None = None
     error: str = ""
 
     @property
@@ -130,7 +131,7 @@ class Call(ABC):
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
     @abstractmethod
-    def request(self, api: Clients) -> Obj | Answer | None:
+    def request(self, api: Clients) -> MutableObj | Answer | None:
         """Send it: the object the server answered with (or an Answer of another outcome)."""
 
     def refused(self, exc: Exception, api: Clients) -> Answer:
@@ -159,7 +160,7 @@ class _ClaimStatus(Call):
 
     namespace: str
     name: str
-    body: Obj
+    body: MutableObj
 
     @property
     def claim(self) -> ClaimKey:
@@ -170,7 +171,7 @@ class _ClaimStatus(Call):
     def label(self) -> str:
         """The purpose in metrics and logs."""
 
-    def request(self, api: Clients) -> Obj:
+    def request(self, api: Clients) -> MutableObj:
         metrics.STATUS_WRITES.labels(self.label).inc()
         response = api.custom.patch_namespaced_custom_object_status(
             *_claims(self.namespace),
@@ -278,9 +279,9 @@ class PodPin(Call):
     priority: ClassVar[Priority] = Priority.BIND
     namespace: str
     name: str
-    body: Obj
+    body: MutableObj
 
-    def request(self, api: Clients) -> Obj:
+    def request(self, api: Clients) -> MutableObj:
         return dict(
             api.core.patch_namespaced_pod(
                 self.name,
@@ -335,9 +336,9 @@ class TemplateClaimCreate(Call):
     done_when: ClassVar[frozenset[int]] = frozenset({409})
     namespace: str
     name: str
-    body: Obj
+    body: MutableObj
 
-    def request(self, api: Clients) -> Obj:
+    def request(self, api: Clients) -> MutableObj:
         return dict(
             api.custom.create_namespaced_custom_object(
                 *_claims(self.namespace), self.body, _request_timeout=REQUEST_TIMEOUT_S
@@ -417,7 +418,7 @@ class Finalizer(Call):
     kind: keys.ApiKind
     namespace: str
     name: str
-    body: Obj
+    body: MutableObj
     heard: Heard | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -428,7 +429,7 @@ class Finalizer(Call):
     def key_of(kind: keys.ApiKind, key: Key) -> CallKey:
         return (f"{Finalizer.what}/{kind.kind}", *key)
 
-    def request(self, api: Clients) -> Obj:
+    def request(self, api: Clients) -> MutableObj:
         kind = self.kind
         if kind.namespaced:
             return dict(
@@ -471,10 +472,10 @@ class ClassStatus(Call):
     priority: ClassVar[Priority] = Priority.STATUS
     supersedes: ClassVar[bool] = True
     name: str
-    body: Obj
+    body: MutableObj
     namespace: str = ""
 
-    def request(self, api: Clients) -> Obj:
+    def request(self, api: Clients) -> MutableObj:
         return dict(
             api.custom.patch_cluster_custom_object_status(
                 keys.GPU_CLASS.group,
@@ -498,11 +499,11 @@ class GpuNodeStatus(Call):
     priority: ClassVar[Priority] = Priority.STATUS
     supersedes: ClassVar[bool] = True
     name: str
-    body: Obj
+    body: MutableObj
     namespace: str = ""
     heard: Heard | None = field(default=None, compare=False, repr=False)
 
-    def request(self, api: Clients) -> Obj:
+    def request(self, api: Clients) -> MutableObj:
         return dict(
             api.custom.patch_cluster_custom_object_status(
                 keys.GPU_NODE.group,
@@ -551,7 +552,7 @@ class Settings(Call):
                 self.namespace, self._created(), _request_timeout=REQUEST_TIMEOUT_S
             )
 
-    def _created(self) -> Obj:
+    def _created(self) -> MutableObj:
         return {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -589,13 +590,13 @@ class RecordCreate(_RecordCall):
 
     done_when: ClassVar[frozenset[int]] = frozenset({409})
     namespace: str
-    body: Obj
+    body: MutableObj
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return str(self.body["metadata"]["name"])
 
-    def request(self, api: Clients) -> Obj:
+    def request(self, api: Clients) -> MutableObj:
         obj = dict(
             api.custom.create_namespaced_custom_object(
                 *_workloads(self.namespace), self.body, _request_timeout=REQUEST_TIMEOUT_S
@@ -622,9 +623,9 @@ class RecordStatus(_RecordCall):
 
     namespace: str
     name: str
-    body: Obj
+    body: MutableObj
 
-    def request(self, api: Clients) -> Obj | Answer:
+    def request(self, api: Clients) -> MutableObj | Answer:
         args = (*_workloads(self.namespace), self.name)
         try:
             return dict(

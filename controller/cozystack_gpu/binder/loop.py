@@ -43,7 +43,7 @@ from cozystack_gpu.cluster.informer import (
     WatchedThread,
     source,
 )
-from cozystack_gpu.cluster.view import ClusterView, Obj
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import (
     Action,
@@ -55,7 +55,7 @@ from cozystack_gpu.model import (
     Step,
     plan,
 )
-from cozystack_gpu.objects import translate
+from cozystack_gpu.objects import MutableObj, translate
 from cozystack_gpu.objects.translate import meta
 
 log = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ class Binder:
 
     def event(
         self,
-        obj: Obj,
+        obj: MutableObj,
         reason: str,
         message: str,
         warning: bool,

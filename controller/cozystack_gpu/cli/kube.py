@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from kubernetes import client
 from kubernetes import config as kube_config
@@ -18,8 +17,8 @@ from kubernetes.config.config_exception import ConfigException
 from urllib3 import HTTPHeaderDict
 
 from cozystack_gpu import keys
+from cozystack_gpu.objects import MutableObj
 
-Obj = dict[str, Any]
 EVENT = keys.ApiKind("Event", "", "v1", "events", True)
 
 
@@ -79,7 +78,7 @@ class Session:
         base += f"/{kind.plural}"
         return base + (f"/{name}" if name else "")
 
-    def _get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> Obj:
+    def _get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> MutableObj:
         method, url, headers, body, post = self.api.param_serialize(
             "GET",
             path,
@@ -103,7 +102,7 @@ class Session:
             )
         return dict(json.loads(response.data or b"{}"))
 
-    def get(self, kind: keys.ApiKind, name: str, namespace: str | None = None) -> Obj | None:
+    def get(self, kind: keys.ApiKind, name: str, namespace: str | None = None) -> MutableObj | None:
         """The object, or None when it does not exist or the user may not read it."""
         try:
             return self._get(self._path(kind, namespace, name))
@@ -112,7 +111,7 @@ class Session:
                 return None
             raise CliError(_server_message(exc)) from exc
 
-    def get_required(self, kind: keys.ApiKind, name: str, namespace: str | None) -> Obj:
+    def get_required(self, kind: keys.ApiKind, name: str, namespace: str | None) -> MutableObj:
         """The object, or ``CliError`` naming why it cannot be had (not found, forbidden)."""
         try:
             return self._get(self._path(kind, namespace, name))
@@ -126,7 +125,7 @@ class Session:
 
     def list_of(
         self, kind: keys.ApiKind, namespace: str | None = None, field_selector: str = ""
-    ) -> list[Obj] | None:
+    ) -> list[MutableObj] | None:
         """Every object of the kind (in ``namespace``, or in all); None when forbidden."""
         query = [("fieldSelector", field_selector)] if field_selector else []
         try:
@@ -139,10 +138,10 @@ class Session:
             raise CliError(_server_message(exc)) from exc
         return [dict(i) for i in items]
 
-    def listing(self) -> dict[str, list[Obj]] | None:
+    def listing(self) -> dict[str, list[MutableObj]] | None:
         """Everything the binder watches, cluster-wide; None unless the user may list it all
         (a hoster)."""
-        out: dict[str, list[Obj]] = {}
+        out: dict[str, list[MutableObj]] = {}
         for kind in keys.BINDER_WATCHES:
             items = self.list_of(kind)
             if items is None:

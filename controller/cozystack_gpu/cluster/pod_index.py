@@ -12,13 +12,12 @@ view.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
-from cozystack_gpu.objects import launcher, pod_usage, translate, vmi_pods
+from cozystack_gpu.objects import MutableObj, launcher, pod_usage, translate, vmi_pods
 from cozystack_gpu.objects.translate import VMIState
 
 Key = tuple[str, str]  # (namespace, name), as the view keys objects
-Obj = dict[str, Any]
 
 
 class Marks(Protocol):
@@ -35,9 +34,9 @@ class PodIndex:
     def __init__(
         self,
         *,
-        pod: Callable[[Key], Obj | None],
+        pod: Callable[[Key], MutableObj | None],
         vmi: Callable[[Key], VMIState | None],
-        claims_of: Callable[[Key], Iterable[Obj]],
+        claims_of: Callable[[Key], Iterable[MutableObj]],
         resource_of: Callable[[str], str | None],
         dirty: Callable[[], Marks],
     ) -> None:
@@ -65,7 +64,7 @@ class PodIndex:
 
     # --- taking in changes -------------------------------------------------------------
 
-    def on_pod(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def on_pod(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         self._gated.discard(key)
         self._pinned.discard(key)
         owners: set[Key] = set()
@@ -144,7 +143,7 @@ class PodIndex:
 
     # --- counting ----------------------------------------------------------------------
 
-    def _count_pod(self, key: Key, new: Obj | None) -> None:
+    def _count_pod(self, key: Key, new: MutableObj | None) -> None:
         """Take back what the pod counted, and count it again by ``launcher.pod_role``: the
         one launcher pod of a live VMI with claims uses what its claims do not cover, on its
         node; its VMI's launcher at the VMI's end holds nothing; every other pod is raw
@@ -160,7 +159,7 @@ class PodIndex:
             return
         owner = vmi_pods.owning_vmi(new)
         vmi: VMIState | None = None
-        siblings: list[Obj] = []
+        siblings: list[MutableObj] = []
         if owner is not None:
             vmi = self._vmi((key[0], owner))
             siblings = [
@@ -194,7 +193,7 @@ class PodIndex:
             for pod_key in self._pods_of_vmi.get((namespace, vmi_name), ())
         )
 
-    def _claims_cover(self, namespace: str, vmi_name: str, pod: Obj) -> dict[str, int]:
+    def _claims_cover(self, namespace: str, vmi_name: str, pod: MutableObj) -> dict[str, int]:
         """Units the VMI's claims hold on the pod's node, by resource name."""
         node = (pod.get("spec") or {}).get("nodeName")
         if not node:

@@ -34,13 +34,12 @@ from cozystack_gpu.model import (
     Snapshot,
     VolumeAffinity,
 )
-from cozystack_gpu.objects import attachment, pod_usage, translate
+from cozystack_gpu.objects import MutableObj, attachment, pod_usage, translate
 from cozystack_gpu.objects.translate import VMIState, object_key
 
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
 MAX_TOMBSTONES = 20_000  # per kind; the oldest half goes when a kind has more
-Obj = dict[str, Any]
-Handler = Callable[[Key, Obj | None, Obj | None], None]
+Handler = Callable[[Key, MutableObj | None, MutableObj | None], None]
 
 
 @dataclass
@@ -62,7 +61,7 @@ class ClusterView:
     def __init__(self, config: Config, kinds: Iterable[keys.ApiKind]) -> None:
         self.config = config
         self.kinds = tuple(k.kind for k in kinds)
-        self.raw: dict[str, dict[Key, Obj]] = {kind: {} for kind in self.kinds}
+        self.raw: dict[str, dict[Key, MutableObj]] = {kind: {} for kind in self.kinds}
         self._tombstones: dict[str, dict[Key, int]] = {kind: {} for kind in self.kinds}
         self.listed: set[str] = set()
         self.dirty = Dirty()
@@ -130,7 +129,7 @@ class ClusterView:
         node and read as Lost."""
         return self.listed >= set(self.kinds)
 
-    def relist(self, kind: str, objects: Iterable[Obj]) -> None:
+    def relist(self, kind: str, objects: Iterable[MutableObj]) -> None:
         """A complete listing of one kind: what it lacks was deleted meanwhile."""
         self.listed.add(kind)
         fresh = {object_key(o): o for o in objects}
@@ -140,7 +139,7 @@ class ClusterView:
         for obj in fresh.values():
             self.apply(kind, obj, deleted=False)
 
-    def apply(self, kind: str, obj: Obj, *, deleted: bool) -> None:
+    def apply(self, kind: str, obj: MutableObj, *, deleted: bool) -> None:
         key = object_key(obj)
         store = self.raw[kind]
         old = store.get(key)
@@ -191,7 +190,7 @@ class ClusterView:
 
     # --- index upkeep, one handler per kind -----------------------------------------
 
-    def _on_node(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_node(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         self.dirty.nodes.add(key[1])
         if (
             old is None
@@ -201,7 +200,7 @@ class ClusterView:
             self.node_labels_version += 1
         self._node_names(key[1])
 
-    def _on_gpunode(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_gpunode(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         name = key[1]
         self.dirty.nodes.add(name)
         status = (new or {}).get("status") or {}
@@ -217,7 +216,7 @@ class ClusterView:
                 if self.gpunode(node) is None:
                     self._node_names(node)
 
-    def _on_class(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_class(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         self.dirty.classes.add(key[1])
         resource = translate.class_resource_name(new) if new is not None else ""
         self._set_names((keys.GPU_CLASS.kind, key[1]), frozenset({resource} - {""}))
@@ -226,7 +225,7 @@ class ClusterView:
             # What the claims of the class cover on their launcher pods' nodes changed.
             self._pod_index.recount_all()
 
-    def _on_claim(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_claim(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         claim_key = ClaimKey(*key)
         served: set[Key] = set()
         for obj, add in ((old, False), (new, True)):
@@ -254,7 +253,7 @@ class ClusterView:
         for vmi in served:
             self._pod_index.recount_pods_of(vmi)
 
-    def _claims_of_vmi(self, vmi: Key) -> list[Obj]:
+    def _claims_of_vmi(self, vmi: Key) -> list[MutableObj]:
         """The claims attached to the VMI or owned by it as templates."""
         members = self._attached.get(vmi, set()) | self._templates_of.get(vmi, set())
         return [obj for claim_key in members if (obj := self.claim(claim_key)) is not None]
@@ -263,15 +262,15 @@ class ClusterView:
         obj = self.gpu_class(class_name)
         return translate.class_resource_name(obj) if obj is not None else None
 
-    def _on_namespace(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_namespace(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         self.dirty.namespaces.add(key[1])
 
-    def _on_quota(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_quota(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         members = self._quotas_in_ns.setdefault(key[0], set())
         (members.add if new is not None else members.discard)(key)
         self.dirty.namespaces.add(key[0])
 
-    def _on_vmi(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_vmi(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         namespace = key[0]
         before = self._vmis.pop(key, None)
         touched: set[ClaimKey] = set(self._attached.get(key, set()))
@@ -306,7 +305,7 @@ class ClusterView:
         self.dirty.claims |= touched
         self._pod_index.recount_pods_of(key)
 
-    def _on_vm(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_vm(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         namespace = key[0]
         touched: set[ClaimKey] = set()
         for obj in (old, new):
@@ -323,10 +322,10 @@ class ClusterView:
         self._volumes.on_vm(key, new)
         self.dirty.claims |= touched
 
-    def _on_pvc(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_pvc(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         self._volumes_changed(self._volumes.on_pvc(key, new))
 
-    def _on_pv(self, key: Key, old: Obj | None, new: Obj | None) -> None:
+    def _on_pv(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         self._volumes_changed(self._volumes.on_pv(key, old, new))
 
     def _volumes_changed(self, vms: Iterable[Key]) -> None:
@@ -378,26 +377,26 @@ class ClusterView:
 
     # --- reading -----------------------------------------------------------------------
 
-    def node(self, name: str) -> Obj | None:
+    def node(self, name: str) -> MutableObj | None:
         return self.raw[keys.NODE.kind].get(("", name))
 
-    def gpunode(self, name: str) -> Obj | None:
+    def gpunode(self, name: str) -> MutableObj | None:
         return self.raw[keys.GPU_NODE.kind].get(("", name))
 
-    def gpu_class(self, name: str) -> Obj | None:
+    def gpu_class(self, name: str) -> MutableObj | None:
         return self.raw[keys.GPU_CLASS.kind].get(("", name))
 
-    def claim(self, key: ClaimKey) -> Obj | None:
+    def claim(self, key: ClaimKey) -> MutableObj | None:
         return self.raw[keys.GPU_CLAIM.kind].get(key)
 
-    def claims(self) -> Iterator[tuple[ClaimKey, Obj]]:
+    def claims(self) -> Iterator[tuple[ClaimKey, MutableObj]]:
         for key, obj in self.raw[keys.GPU_CLAIM.kind].items():
             yield ClaimKey(*key), obj
 
-    def classes(self) -> Iterable[Obj]:
+    def classes(self) -> Iterable[MutableObj]:
         return self.raw[keys.GPU_CLASS.kind].values()
 
-    def gpunodes(self) -> Iterable[Obj]:
+    def gpunodes(self) -> Iterable[MutableObj]:
         return self.raw[keys.GPU_NODE.kind].values()
 
     @property
@@ -410,19 +409,19 @@ class ClusterView:
     def inventory_stale(self, name: str) -> bool:
         return name in self._stale
 
-    def pod(self, key: Key) -> Obj | None:
+    def pod(self, key: Key) -> MutableObj | None:
         return self.raw[keys.POD.kind].get(key)
 
-    def vmi_object(self, key: Key) -> Obj | None:
+    def vmi_object(self, key: Key) -> MutableObj | None:
         return self.raw[keys.VMI.kind].get(key)
 
-    def pvc(self, namespace: str, name: str) -> Obj | None:
+    def pvc(self, namespace: str, name: str) -> MutableObj | None:
         return self.raw.get(keys.PVC.kind, {}).get((namespace, name))
 
-    def pv(self, name: str) -> Obj | None:
+    def pv(self, name: str) -> MutableObj | None:
         return self.raw.get(keys.PV.kind, {}).get(("", name))
 
-    def storage_class(self, name: str) -> Obj | None:
+    def storage_class(self, name: str) -> MutableObj | None:
         return self.raw.get(keys.STORAGE_CLASS.kind, {}).get(("", name))
 
     def vm_volumes(self, vm: Key) -> tuple[VolumeAffinity, ...]:

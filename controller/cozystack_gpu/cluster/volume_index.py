@@ -13,23 +13,22 @@ from collections.abc import Callable
 from typing import Any
 
 from cozystack_gpu.model import VolumeAffinity
-from cozystack_gpu.objects import volumes
+from cozystack_gpu.objects import MutableObj, volumes
 
 Key = tuple[str, str]  # (namespace, name), as the view keys objects
-Obj = dict[str, Any]
 
 
 class VolumeIndex:
     """VMs' PVCs, the PVCs' VMs and PVs, and the volumes' node affinity of each VM."""
 
-    def __init__(self, pv: Callable[[str], Obj | None]) -> None:
+    def __init__(self, pv: Callable[[str], MutableObj | None]) -> None:
         self._pv = pv
         self._vm_pvcs: dict[Key, tuple[str, ...]] = {}
         self._pvc_vms: dict[Key, set[Key]] = {}
         self._pvc_pv: dict[Key, str] = {}
         self._pv_pvcs: dict[str, set[Key]] = {}
 
-    def on_vm(self, key: Key, new: Obj | None) -> None:
+    def on_vm(self, key: Key, new: MutableObj | None) -> None:
         for name in self._vm_pvcs.pop(key, ()):
             _unindex(self._pvc_vms, (key[0], name), key)
         pvcs = volumes.vm_volume_claims(new) if new is not None else ()
@@ -38,7 +37,7 @@ class VolumeIndex:
             for name in pvcs:
                 self._pvc_vms.setdefault((key[0], name), set()).add(key)
 
-    def on_pvc(self, key: Key, new: Obj | None) -> set[Key]:
+    def on_pvc(self, key: Key, new: MutableObj | None) -> set[Key]:
         """Index the PVC's binding; the VMs using it when the PV it is bound to changed."""
         before = self._pvc_pv.pop(key, None)
         if before is not None:
@@ -49,7 +48,7 @@ class VolumeIndex:
             self._pv_pvcs.setdefault(volume, set()).add(key)
         return self._vms_using({key}) if before != volume else set()
 
-    def on_pv(self, key: Key, old: Obj | None, new: Obj | None) -> set[Key]:
+    def on_pv(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> set[Key]:
         """The VMs using the PV when its node affinity changed."""
         old_affinity = volumes.volume_affinity(old) if old is not None else None
         new_affinity = volumes.volume_affinity(new) if new is not None else None

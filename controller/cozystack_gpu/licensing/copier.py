@@ -22,7 +22,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -38,11 +37,11 @@ from cozystack_gpu.cluster.informer import (
     list_function,
 )
 from cozystack_gpu.licensing import rules
+from cozystack_gpu.objects import MutableObj
 from cozystack_gpu.objects.translate import object_key, resource_version
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 Key = tuple[str, str]
 
 RESYNC_S = 30.0
@@ -74,7 +73,7 @@ class LicenseCopier:
         self.synced = threading.Event()
         self.failure: str | None = None
         self.writes = 0
-        self._raw: dict[str, dict[Key, Obj]] = {
+        self._raw: dict[str, dict[Key, MutableObj]] = {
             k: {} for k in (CLASSES, NAMESPACES, SOURCES, COPIES)
         }
         self._listed: set[str] = set()
@@ -161,7 +160,7 @@ class LicenseCopier:
 
     # --- decide and write --------------------------------------------------------------
 
-    def inputs(self) -> tuple[list[Obj], dict[str, dict[str, str]], dict[str, Obj]]:
+    def inputs(self) -> tuple[list[MutableObj], dict[str, dict[str, str]], dict[str, MutableObj]]:
         """The rules' inputs from what the watches saw. A namespace being deleted takes no
         copy (the API server refuses new objects there); its copies go with it."""
         classes = list(self._raw[CLASSES].values())
@@ -191,7 +190,7 @@ class LicenseCopier:
             if patch is not None and self.is_leader():
                 self._report(klass, patch)
 
-    def _report(self, klass: Obj, patch: Obj) -> None:
+    def _report(self, klass: MutableObj, patch: MutableObj) -> None:
         """Write a class's LicenseReady condition; a 409 (another writer's condition came
         meanwhile) is written again from the watch's next version of the class."""
         name = str((klass.get("metadata") or {}).get("name", ""))
@@ -244,20 +243,20 @@ class LicenseCopier:
         self.writes += 1
         self._raw[COPIES][(copy.namespace, copy.name)] = written
 
-    def _create(self, copy: rules.Copy, body: Obj) -> Obj:
+    def _create(self, copy: rules.Copy, body: MutableObj) -> MutableObj:
         created = self.core.create_namespaced_secret(
             copy.namespace, body, _request_timeout=WRITE_TIMEOUT_S
         )
-        result: Obj = self.api.sanitize_for_serialization(created)
+        result: MutableObj = self.api.sanitize_for_serialization(created)
         return result
 
-    def _replace(self, copy: rules.Copy, body: Obj) -> Obj:
+    def _replace(self, copy: rules.Copy, body: MutableObj) -> MutableObj:
         # An unconditional replace: the copy is the controller's alone, so whatever changed
         # it since it was read is overwritten.
         replaced = self.core.replace_namespaced_secret(
             copy.name, copy.namespace, body, _request_timeout=WRITE_TIMEOUT_S
         )
-        result: Obj = self.api.sanitize_for_serialization(replaced)
+        result: MutableObj = self.api.sanitize_for_serialization(replaced)
         return result
 
     def _delete(self, namespace: str, name: str) -> None:

@@ -9,3 +9,5 @@ from typing import Any
 
 # An API object as the API server returns it, read and never changed in place.
 Obj = Mapping[str, Any]
+# An API object a reader holds and may change (a watch cache entry, a body being built).
+MutableObj = dict[str, Any]

@@ -214,7 +214,8 @@ def test_the_gate_keeps_a_pod_asking_more_gpus_than_its_claims_cover_gated() -> 
     [note] = handle.of(ClaimNote)
     assert (note.namespace, note.name, note.note) == (NS, "c", Note.PLACED)
     placed = _conditions(note)["Placed"]
-    assert (placed["status"], placed["reason"]) == ("False", keys.ClaimReason.REQUESTS_BEYOND_CLAIMS.value)
+    beyond = keys.ClaimReason.REQUESTS_BEYOND_CLAIMS.value
+    assert (placed["status"], placed["reason"]) == ("False", beyond)
     assert RES in placed["message"]
     assert ("vm", keys.EventReason.SET_NOT_PLACED.value) in handle.events
 
