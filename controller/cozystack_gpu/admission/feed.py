@@ -19,7 +19,6 @@ hold is short: events are applied to the view outside it, and one sync covers at
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from cozystack_gpu.cluster.informer import (
     EventType,
     SharedInformers,
     WatchedThread,
+    Watcher,
     source,
 )
 from cozystack_gpu.cluster.view import ClusterView
@@ -45,7 +45,7 @@ MAX_BATCH = 2000
 STALENESS_EVERY_S = 1.0  # node agent reports age with time, not with events
 
 
-class SnapshotFeed:
+class SnapshotFeed(Watcher):
     """Watches → ``ClusterView`` → ``Snapshot``, in one thread; reads under a lock."""
 
     def __init__(
@@ -60,27 +60,12 @@ class SnapshotFeed:
         self.clock = clock
         self.view = ClusterView(config, watches)
         self.synced = threading.Event()
-        self.failure: str | None = None
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
         sources = [source(api, kind) for kind in watches]
-        self._threads = WatchedThread(
-            api, sources, self._run, "admission-feed", lambda: self.failure, informers
-        )
-        self._stop, self._queue = self._threads.stop_event, self._threads.queue
+        self._threads = WatchedThread(api, sources, self._run, "admission-feed", informers)
+        self._stop = self._threads.stop_event
         self._last_staleness = 0.0
-
-    # --- lifecycle -------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._threads.start()
-
-    def stop(self) -> None:
-        self._threads.stop()
-
-    def dead_threads(self) -> list[str]:
-        """Threads that should run but do not (empty when healthy or stopped on purpose)."""
-        return self._threads.dead_threads()
 
     # --- reading ---------------------------------------------------------------------
 
@@ -130,26 +115,9 @@ class SnapshotFeed:
                 self.view.sync_into(self._snapshot, now)
 
     def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self.take(self._drain())
-        except Exception as exc:
-            log.exception("the admission snapshot feed failed")
-            self.failure = f"{type(exc).__name__}: {exc}"
-            self._stop.set()
-
-    def _drain(self) -> list[Event]:
-        try:
-            first = self._queue.get(timeout=STALENESS_EVERY_S)
-        except queue.Empty:
-            return []
-        batch = [first]
-        while len(batch) < MAX_BATCH:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return [event for event in batch if isinstance(event, Event)]
+        while not self._stop.is_set():
+            batch = self._threads.drain(STALENESS_EVERY_S, MAX_BATCH)
+            self.take([event for event in batch if isinstance(event, Event)])
 
     def _apply(self, event: Event) -> None:
         if event.type is EventType.LISTED:

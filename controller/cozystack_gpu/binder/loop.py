@@ -16,7 +16,6 @@ the loop already knows of a claim are ignored (etcd revisions are integers and g
 from __future__ import annotations
 
 import logging
-import queue
 import socket
 import threading
 import time
@@ -41,6 +40,7 @@ from cozystack_gpu.cluster.informer import (
     EventType,
     SharedInformers,
     WatchedThread,
+    Watcher,
     source,
 )
 from cozystack_gpu.cluster.view import ClusterView
@@ -81,7 +81,7 @@ class Stats:
     loops: int = 0  # loop turns after the first listing (at least one per tick)
 
 
-class Binder:
+class Binder(Watcher):
     """Runs in its own thread while this replica leads; ``stop()`` ends it at once."""
 
     def __init__(
@@ -103,8 +103,6 @@ class Binder:
         self.is_leader = is_leader
         self.stats = Stats()
         self.synced = threading.Event()
-        # Why the loop stopped on its own (an exception), for the health probe and the logs.
-        self.failure: str | None = None
         watched = keys.BINDER_WATCHES + ((keys.WORKLOAD,) if config.workload_records else ())
         self.view = ClusterView(config, watched)
         # The process's shared cache when given (one listing and watch per kind for the
@@ -114,11 +112,10 @@ class Binder:
             [source(api, kind) for kind in watched],
             self._run,
             "binder",
-            lambda: self.failure,
             informers,
         )
-        self._stop, self._queue = self._threads.stop_event, self._threads.queue
-        self.writer = Writer(api, self._queue, config.write_workers, may_send=is_leader)
+        self._stop = self._threads.stop_event
+        self.writer = Writer(api, self._threads.queue, config.write_workers, may_send=is_leader)
         # The reporting instance of its Events: this replica, by its hostname (the pod's
         # name in a cluster, as the Lease identity defaults to).
         self.events = EventBook(socket.gethostname())
@@ -166,49 +163,30 @@ class Binder:
         return self.writer.status_writes
 
     def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                batch = self._drain()
-                for item in batch:
-                    self._handle(item)
-                if not self.synced.is_set():
-                    if self.view.fully_listed:
-                        self._initial_build()
-                    else:
-                        continue
-                if not self.is_leader():
+        while not self._stop.is_set():
+            timeout = TICK_S
+            if self._changed:
+                # A pass is due: wait no longer than its spacing for more to batch into it.
+                timeout = max(0.0, min(TICK_S, self._next_plan - time.monotonic()))
+            for item in self._threads.drain(timeout, MAX_BATCH):
+                self._handle(item)
+            if not self.synced.is_set():
+                if self.view.fully_listed:
+                    self._initial_build()
+                else:
                     continue
-                self.stats.loops += 1
-                now = self.clock()
-                self._flush()
-                self.attachments.run(now)
-                self.publisher.protect(now)
-                self.gatekeeper.run(now)
-                self.gatekeeper.refusals(now)
-                self._decide(now)
-                self.attachments.release_stuck_vmis()
-                self.publisher.publish(now)
-        except Exception as exc:
-            log.exception("binder loop failed; stopping so a fresh one can start")
-            self.failure = f"{type(exc).__name__}: {exc}"
-            self._stop.set()
-
-    def _drain(self) -> list[Any]:
-        timeout = TICK_S
-        if self._changed:
-            # A pass is due: wait no longer than its spacing for more to batch into it.
-            timeout = max(0.0, min(TICK_S, self._next_plan - time.monotonic()))
-        try:
-            first = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return []
-        batch = [first]
-        while len(batch) < MAX_BATCH:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return [item for item in batch if item is not None]
+            if not self.is_leader():
+                continue
+            self.stats.loops += 1
+            now = self.clock()
+            self._flush()
+            self.attachments.run(now)
+            self.publisher.protect(now)
+            self.gatekeeper.run(now)
+            self.gatekeeper.refusals(now)
+            self._decide(now)
+            self.attachments.release_stuck_vmis()
+            self.publisher.publish(now)
 
     # --- gather ----------------------------------------------------------------------
 

@@ -409,7 +409,11 @@ class WatchedThread:
     """One worker thread fed by informers through one queue: the start, the stop (the
     queue is woken with None) and the health probe's dead threads, shared by the parts that
     keep watches (the admission feed, the binder, the licence copier). Given the process's
-    ``SharedInformers`` it subscribes to them; without, it keeps informers of its own."""
+    ``SharedInformers`` it subscribes to them; without, it keeps informers of its own.
+
+    ``target`` runs until the stop; one that raises is logged, its ``failure`` kept for
+    the health probe, and the stop set, so the process is restarted or the Lease handed on.
+    """
 
     def __init__(
         self,
@@ -417,7 +421,6 @@ class WatchedThread:
         sources: Iterable[Source],
         target: Callable[[], None],
         name: str,
-        failure: Callable[[], str | None],
         informers: SharedInformers | None = None,
     ) -> None:
         self.stop_event = threading.Event()
@@ -427,8 +430,17 @@ class WatchedThread:
         self._own = informers is None
         self.informers = informers if informers is not None else SharedInformers(api)
         self._sources = list(sources)
-        self.thread = threading.Thread(target=target, name=name, daemon=True)
-        self._failure = failure
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._target = target
+        self.failure: str | None = None  # why the target stopped on its own
+
+    def _run(self) -> None:
+        try:
+            self._target()
+        except Exception as exc:
+            log.exception("%s failed; it stops so that a fresh one can start", self.thread.name)
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self.stop_event.set()
 
     def start(self) -> None:
         self.informers.subscribe(self.queue, self._sources)
@@ -446,8 +458,45 @@ class WatchedThread:
 
     def dead_threads(self) -> list[str]:
         """Threads that should run but do not (empty when healthy or stopped on purpose)."""
-        if self.stop_event.is_set() and self._failure() is None:
+        if self.stop_event.is_set() and self.failure is None:
             return []
         threads = [self.thread] if self.thread.ident is not None else []
         dead = [t.name for t in threads if not t.is_alive()]
         return dead + self.informers.dead_threads()
+
+    def drain(self, timeout: float, most: int) -> list[Any]:
+        """What the queue holds: waits up to ``timeout`` for the first item, then takes what
+        is there without waiting, at most ``most`` (the wake-up Nones left out)."""
+        try:
+            first = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return []
+        batch = [first]
+        while len(batch) < most:
+            try:
+                batch.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        return [item for item in batch if item is not None]
+
+
+class Watcher:
+    """The start, stop, health and failure of a part that works its watches in one
+    ``WatchedThread`` (``_threads``)."""
+
+    _threads: WatchedThread
+
+    def start(self) -> None:
+        self._threads.start()
+
+    def stop(self) -> None:
+        self._threads.stop()
+
+    def dead_threads(self) -> list[str]:
+        """Threads that should run but do not (empty when healthy or stopped on purpose)."""
+        return self._threads.dead_threads()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the part's loop stopped on its own (an exception), for the health probe."""
+        return self._threads.failure

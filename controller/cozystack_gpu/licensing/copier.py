@@ -18,7 +18,6 @@ condition says whether its token is copied, or why its Secret is refused.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from cozystack_gpu.cluster.informer import (
     SharedInformers,
     Source,
     WatchedThread,
+    Watcher,
     list_function,
 )
 from cozystack_gpu.licensing import rules
@@ -46,6 +46,7 @@ Key = tuple[str, str]
 
 RESYNC_S = 30.0
 TICK_S = 0.5
+MAX_BATCH = 5000  # events taken into one turn at most
 
 CLASSES = keys.GPU_CLASS.kind
 NAMESPACES = keys.NAMESPACE.kind
@@ -54,7 +55,7 @@ COPIES = "LicenseCopy"
 MANAGED_SELECTOR = f"{keys.LABEL_MANAGED_BY}={keys.MANAGED_BY_CONTROLLER}"
 
 
-class LicenseCopier:
+class LicenseCopier(Watcher):
     """Keeps the licence copies as ``rules.plan_copies`` says while started."""
 
     def __init__(
@@ -71,7 +72,6 @@ class LicenseCopier:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.synced = threading.Event()
-        self.failure: str | None = None
         self.writes = 0
         self._raw: dict[str, dict[Key, MutableObj]] = {
             k: {} for k in (CLASSES, NAMESPACES, SOURCES, COPIES)
@@ -88,58 +88,26 @@ class LicenseCopier:
             ),
         ]
         # On the process's cache the classes and namespaces are the feed's own watches.
-        self._threads = WatchedThread(
-            api, feeds, self._run, "license-copier", lambda: self.failure, informers
-        )
-        self._stop, self._queue = self._threads.stop_event, self._threads.queue
-
-    # --- lifecycle -------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._threads.start()
-
-    def stop(self) -> None:
-        self._threads.stop()
-
-    def dead_threads(self) -> list[str]:
-        """Threads that should run but do not (empty when healthy or stopped on purpose)."""
-        return self._threads.dead_threads()
+        self._threads = WatchedThread(api, feeds, self._run, "license-copier", informers)
+        self._stop = self._threads.stop_event
 
     # --- the loop --------------------------------------------------------------------
 
     def _run(self) -> None:
         last = 0.0
-        try:
-            while not self._stop.is_set():
-                changed = self._drain()
-                if len(self._listed) < len(self._raw):
-                    continue
-                self.synced.set()
-                now = time.monotonic()
-                if not changed and now - last < RESYNC_S:
-                    continue
-                last = now
-                if self.is_leader():
-                    self._reconcile()
-        except Exception as exc:
-            log.exception("licence copier failed")
-            self.failure = f"{type(exc).__name__}: {exc}"
-            self._stop.set()
-
-    def _drain(self) -> bool:
-        try:
-            item = self._queue.get(timeout=TICK_S)
-        except queue.Empty:
-            return False
-        changed = False
-        while True:
-            if item is not None:
-                self._take(item)
-                changed = True
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return changed
+        while not self._stop.is_set():
+            batch = self._threads.drain(TICK_S, MAX_BATCH)
+            for event in batch:
+                self._take(event)
+            if len(self._listed) < len(self._raw):
+                continue
+            self.synced.set()
+            now = time.monotonic()
+            if not batch and now - last < RESYNC_S:
+                continue
+            last = now
+            if self.is_leader():
+                self._reconcile()
 
     def _take(self, event: Event) -> None:
         store = self._raw[event.kind]

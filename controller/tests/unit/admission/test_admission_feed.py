@@ -212,7 +212,7 @@ def test_an_order_of_a_class_seen_while_waiting_is_judged(
 
 
 def test_orders_are_refused_when_the_feed_has_died(feed: SnapshotFeed) -> None:
-    feed.failure = "RuntimeError: boom"
+    feed._threads.failure = "RuntimeError: boom"  # as its thread records a failure
     webhook = ClaimWebhook(feed, access=None, clock=lambda: NOW)  # type: ignore[arg-type]
     claim = {"metadata": {"name": "c", "namespace": "tenant-a"}, "spec": {"class": "h100"}}
     with pytest.raises(Refused) as refused:

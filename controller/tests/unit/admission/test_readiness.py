@@ -48,7 +48,7 @@ def test_a_replica_is_ready_only_once_its_feed_has_read_the_cluster(
         assert "has not finished reading the cluster" in body
         admission.feed.take(full_listing())
         assert get(server.port) == (200, "ok\n")
-        admission.feed.failure = "RuntimeError: boom"
+        admission.feed._threads.failure = "RuntimeError: boom"
         assert get(server.port)[0] == 503
         assert get(server.port, "/healthz")[0] == 404
     finally:

@@ -143,7 +143,7 @@ def test_the_gate_loop_survives_an_api_it_cannot_reach_while_a_pod_has_volumes()
     binder = Binder(_nowhere(), binder_config("ctl"))
     given = _listing("pv-local")
     for kind in binder.view.kinds:
-        binder._queue.put(Event(kind, EventType.LISTED, objects=given.get(kind, ())))
+        binder._threads.queue.put(Event(kind, EventType.LISTED, objects=given.get(kind, ())))
     binder.start()
     try:
         turned = wait_for(
