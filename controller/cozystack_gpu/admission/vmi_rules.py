@@ -197,10 +197,58 @@ def judge(
 ) -> Refusal | Start:
     """Refuse the VMI's start with one message, or say what to write: ``attach`` names the
     held claims whose attachment (to this name, with ``attachment_id``) must be written —
-    every held claim but those this very admission attached already."""
+    every held claim but those this very admission attached already.
+
+    The refusals, in the order they are judged (the first that holds is said):
+    1. a held claim that is missing, not bound, or another VMI's (``held_claim_refusal``);
+    2. held claims bound to more than one node;
+    3. the set's shape: classes that do not exist, are being deleted, mix modes, or ask more
+       than a class's maxCount (``judge_set_shape``);
+    4. a vGPU claim template in a namespace not entitled to vGPU;
+    5. a licensed class whose licence copy is missing or not the controller's;
+    6. GPU entries the VMI asks for itself beside its claims;
+    7. networks whose NetworkAttachmentDefinitions add GPU requests beyond the claims;
+    8. a VMI of the same name that still holds the claims.
+    """
     namespace = str(meta(vmi).get("namespace", ""))
     name = str(meta(vmi).get("name", ""))
-    held: list[tuple[str, Obj]] = []
+    held = _held_claims(request, facts, namespace, name)  # 1
+    if isinstance(held, Refusal):
+        return held
+    refusal = _on_several_nodes(held)  # 2
+    if refusal is not None:
+        return refusal
+    judged = _set_shape(held, request, facts)  # 3
+    if isinstance(judged, Refusal):
+        return judged
+    demand, modes = judged
+    gpu_names = facts.settings_names | {
+        res for klass in facts.classes.values() if (res := class_resource_name(klass))
+    }
+    refusal = (
+        _vgpu_not_entitled(request, modes, facts, namespace)  # 4
+        or _licence_refused(demand, facts, namespace)  # 5
+        or _own_gpu_entries(vmi, facts, name, gpu_names)  # 6
+        or _gpus_through_networks(vmi, facts, name, gpu_names)  # 7
+        or _same_name_vmi_holds(held, facts, name, attachment_id)  # 8
+    )
+    if refusal is not None:
+        return refusal
+    attach = tuple(
+        claim_name for claim_name, claim in held if not is_reinvocation(claim, name, attachment_id)
+    )
+    licensed = licensed_classes(demand, facts.classes)
+    copy = keys.license_copy_name(licensed[0]) if licensed else None
+    return Start(attach=attach, gpus=_gpu_entries(held, request, facts), license_copy=copy)
+
+
+Held = list[tuple[str, Obj]]  # (claim name, claim) of each claim the VMI holds
+
+
+def _held_claims(
+    request: ClaimsRequest, facts: VMIFacts, namespace: str, name: str
+) -> Held | Refusal:
+    held: Held = []
     for claim_name in request.claims:
         claim = facts.claims.get(claim_name)
         refusal = held_claim_refusal(claim_name, claim, namespace, name)
@@ -208,16 +256,26 @@ def judge(
             return refusal
         assert claim is not None
         held.append((claim_name, claim))
+    return held
 
+
+def _on_several_nodes(held: Held) -> Refusal | None:
     nodes = {claim_name: _node_of(claim) for claim_name, claim in held}
-    if len(set(nodes.values())) > 1:
-        where = ", ".join(f"{c} on {n}" for c, n in nodes.items())
-        return Refusal(
-            AdmissionReason.CLAIMS_ON_SEVERAL_NODES,
-            f"the GPUClaims of one VM must be bound to one node, and these are not: {where}; "
-            "order claims a VM uses together as one set (a VirtualMachine that names them "
-            "keeps them together) or use claimTemplates",
-        )
+    if len(set(nodes.values())) <= 1:
+        return None
+    where = ", ".join(f"{c} on {n}" for c, n in nodes.items())
+    return Refusal(
+        AdmissionReason.CLAIMS_ON_SEVERAL_NODES,
+        f"the GPUClaims of one VM must be bound to one node, and these are not: {where}; "
+        "order claims a VM uses together as one set (a VirtualMachine that names them "
+        "keeps them together) or use claimTemplates",
+    )
+
+
+def _set_shape(
+    held: Held, request: ClaimsRequest, facts: VMIFacts
+) -> tuple[Iterable[str], dict[str, str]] | Refusal:
+    """The set's demand by class and each class's mode, or why the set cannot be."""
     members = [
         SetMember(
             str((claim.get("spec") or {}).get("class", "")),
@@ -242,17 +300,23 @@ def judge(
         if (klass := facts.classes.get(name)) is not None
     }
     # A start is judged whole: the VM uses every unit of the set (maxCount is per VM).
-    demand, shape_refusal = judge_set_shape(members, shapes, max_count=True)
-    if shape_refusal is not None:
-        return Refusal(shape_refusal.reason, shape_refusal.message)
+    demand, refusal = judge_set_shape(members, shapes, max_count=True)
+    if refusal is not None:
+        return Refusal(refusal.reason, refusal.message)
+    return demand, {name: shape.mode.value for name, shape in shapes.items()}
 
-    modes = {name: shape.mode.value for name, shape in shapes.items()}
 
-    entitled = facts.namespace_labels.get(keys.LABEL_VGPU_ENTITLEMENT) == (
-        keys.VGPU_ENTITLEMENT_VALUE
-    )
+def _entitled(facts: VMIFacts) -> bool:
+    return facts.namespace_labels.get(keys.LABEL_VGPU_ENTITLEMENT) == keys.VGPU_ENTITLEMENT_VALUE
+
+
+def _vgpu_not_entitled(
+    request: ClaimsRequest, modes: Mapping[str, str], facts: VMIFacts, namespace: str
+) -> Refusal | None:
+    if _entitled(facts):
+        return None
     for entry in request.templates:
-        if modes[entry.gpu_class] == keys.Mode.VGPU.value and not entitled:
+        if modes[entry.gpu_class] == keys.Mode.VGPU.value:
             return Refusal(
                 Reason.VGPU_NOT_ENTITLED,
                 f"vGPU class {entry.gpu_class} needs the vGPU entitlement, which namespace "
@@ -261,36 +325,66 @@ def judge(
                 "vGPU on the Tenant, and Cozystack then labels the namespace "
                 f'{keys.LABEL_VGPU_ENTITLEMENT}: "{keys.VGPU_ENTITLEMENT_VALUE}"',
             )
+    return None
 
+
+def _licence_refused(demand: Iterable[str], facts: VMIFacts, namespace: str) -> Refusal | None:
     for class_name in licensed_classes(demand, facts.classes):
-        licence = license_check(class_name, facts, namespace, entitled)
+        licence = license_check(class_name, facts, namespace, _entitled(facts))
         if licence is not None:
             return licence
+    return None
 
-    gpu_names = facts.settings_names | {
-        res for klass in facts.classes.values() if (res := class_resource_name(klass))
-    }
+
+def _own_gpu_entries(
+    vmi: Obj, facts: VMIFacts, name: str, gpu_names: frozenset[str]
+) -> Refusal | None:
     own = own_gpu_entries(vmi, facts.instancetype, gpu_names)
-    if own:
-        return Refusal(
-            AdmissionReason.OWN_GPU_ENTRIES,
-            f"VirtualMachineInstance {name} holds GPUs through its claims "
-            f"({keys.ANNOTATION_CLAIMS}) and also requests GPU resource names of its own: "
-            f"{'; '.join(own)}; a VM with claims gets its GPUs from its claims only: remove "
-            "those entries",
-        )
+    if not own:
+        return None
+    return Refusal(
+        AdmissionReason.OWN_GPU_ENTRIES,
+        f"VirtualMachineInstance {name} holds GPUs through its claims "
+        f"({keys.ANNOTATION_CLAIMS}) and also requests GPU resource names of its own: "
+        f"{'; '.join(own)}; a VM with claims gets its GPUs from its claims only: remove "
+        "those entries",
+    )
 
+
+def _gpus_through_networks(
+    vmi: Obj, facts: VMIFacts, name: str, gpu_names: frozenset[str]
+) -> Refusal | None:
     through_networks = network_gpu_requests(vmi, facts.network_resources, gpu_names)
-    if through_networks:
-        return Refusal(
-            AdmissionReason.NETWORK_GPU_RESOURCE,
-            f"VirtualMachineInstance {name} holds GPUs through its claims, and networks of it "
-            f"would add GPU requests beyond them: {'; '.join(through_networks)}; KubeVirt adds "
-            "to the launcher pod a request for the resource a NetworkAttachmentDefinition "
-            f"names ({keys.ANNOTATION_NAD_RESOURCE}): remove those networks, or the GPU "
-            "resource name from their NetworkAttachmentDefinitions",
-        )
+    if not through_networks:
+        return None
+    return Refusal(
+        AdmissionReason.NETWORK_GPU_RESOURCE,
+        f"VirtualMachineInstance {name} holds GPUs through its claims, and networks of it "
+        f"would add GPU requests beyond them: {'; '.join(through_networks)}; KubeVirt adds "
+        "to the launcher pod a request for the resource a NetworkAttachmentDefinition "
+        f"names ({keys.ANNOTATION_NAD_RESOURCE}): remove those networks, or the GPU "
+        "resource name from their NetworkAttachmentDefinitions",
+    )
 
+
+def _same_name_vmi_holds(
+    held: Held, facts: VMIFacts, name: str, attachment_id: str
+) -> Refusal | None:
+    if facts.same_name_vmi is None or not any(
+        _attached_to(claim) == name and not is_reinvocation(claim, name, attachment_id)
+        for _claim_name, claim in held
+    ):
+        return None
+    phase = str((facts.same_name_vmi.get("status") or {}).get("phase") or "Pending")
+    return Refusal(
+        AdmissionReason.VMI_EXISTS,
+        f"VirtualMachineInstance {name} still exists ({phase}) and holds the GPUClaims "
+        "this one names; a new VMI of that name starts once it is gone",
+    )
+
+
+def _gpu_entries(held: Held, request: ClaimsRequest, facts: VMIFacts) -> tuple[dict[str, str], ...]:
+    """One gpus entry per unit of the set, held claims first, then the templates."""
     resources: list[str] = []
     for _claim_name, claim in held:
         spec = claim.get("spec") or {}
@@ -298,23 +392,7 @@ def judge(
         resources += [class_resource_name(klass)] * int(spec.get("count") or 1)
     for entry in request.templates:
         resources += [class_resource_name(facts.classes[entry.gpu_class])] * entry.count
-    gpus = tuple({"name": gpu_entry_name(i), "deviceName": res} for i, res in enumerate(resources))
-    if facts.same_name_vmi is not None and any(
-        _attached_to(claim) == name and not is_reinvocation(claim, name, attachment_id)
-        for _claim_name, claim in held
-    ):
-        phase = str((facts.same_name_vmi.get("status") or {}).get("phase") or "Pending")
-        return Refusal(
-            AdmissionReason.VMI_EXISTS,
-            f"VirtualMachineInstance {name} still exists ({phase}) and holds the GPUClaims "
-            "this one names; a new VMI of that name starts once it is gone",
-        )
-    attach = tuple(
-        claim_name for claim_name, claim in held if not is_reinvocation(claim, name, attachment_id)
-    )
-    licensed = licensed_classes(demand, facts.classes)
-    copy = keys.license_copy_name(licensed[0]) if licensed else None
-    return Start(attach=attach, gpus=gpus, license_copy=copy)
+    return tuple({"name": gpu_entry_name(i), "deviceName": res} for i, res in enumerate(resources))
 
 
 def _attached_to(claim: Obj) -> str:
