@@ -124,10 +124,10 @@ release: setup $(if $(DRY_RUN),,binaries) ## cut a release: make release VERSION
 	  cut $(VERSION) $(if $(DRY_RUN),--dry-run) $(if $(SKIP_IMAGE),--skip-image)
 
 cluster: setup binaries ## a local control plane with KubeVirt, no product; prints export KUBECONFIG=...
-	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.cluster up
+	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.local_cluster up
 
 cluster-down: setup ## stop the local control plane
-	@$(BIN)/python -m cozystack_gpu_testkit.cluster down
+	@$(BIN)/python -m cozystack_gpu_testkit.local_cluster down
 
 # The chart's controller and agents as local processes, three simulated GPU hosts laid out by
 # the host playbook, tenants' orders, a VM's start, a node failure (controller/

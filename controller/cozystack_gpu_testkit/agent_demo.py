@@ -1,6 +1,6 @@
 """The node agent against the local control plane, on a fixture node, in one command.
 
-    eval "$(python -m cozystack_gpu_testkit.cluster up)"
+    eval "$(python -m cozystack_gpu_testkit.local_cluster up)"
     python -m cozystack_gpu_testkit.agent_demo            # --scenario mixed by default
     kubectl get gpunodes -o yaml
 
@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if not args.kubeconfig:
-        parser.error('no $KUBECONFIG: run eval "$(python -m cozystack_gpu_testkit.cluster up)"')
+        parser.error(
+            'no $KUBECONFIG: run eval "$(python -m cozystack_gpu_testkit.local_cluster up)"'
+        )
 
     if args.root is not None:
         root = args.root

@@ -9,16 +9,11 @@ controller-manager runs only the garbage collector and the namespace and service
 controllers. There is no kubelet and no node lifecycle controller: tests patch Node and Pod
 status as kubelets would (see ``objects.Kube.node_status``).
 
-By hand::
-
-    eval "$(python -m cozystack_gpu_testkit.cluster up)"   # prints export KUBECONFIG=...
-    kubectl get gpuclasses
-    python -m cozystack_gpu_testkit.cluster down
+By hand: ``local_cluster`` (``make cluster``).
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import copy
@@ -30,7 +25,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -42,7 +36,6 @@ from typing import Any
 
 import yaml
 
-from cozystack_gpu_testkit import kubevirt
 from cozystack_gpu_testkit.pki import CertificateAuthority, service_account_keys
 from cozystack_gpu_testkit.ports import free_port
 
@@ -65,8 +58,9 @@ WEBHOOK_CLIENT = "kube-apiserver-webhook-client"
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
-VIRT_CONTROLLER = kubevirt.VIRT_CONTROLLER
-VIRT_API = kubevirt.VIRT_API
+# KubeVirt's components as the plane names them (started by ``kubevirt.start``).
+VIRT_CONTROLLER = "virt-controller"
+VIRT_API = "virt-api"
 # Only what makes owner references, namespaces and service accounts real. Not the node
 # lifecycle controller: the tests play the kubelets, and it would mark their nodes NotReady
 # and evict their pods.
@@ -282,7 +276,7 @@ class ControlPlane:
         if proc is not None:
             return proc.poll() is None
         pid = self.pids.get(name)
-        return pid is not None and _alive(pid)
+        return pid is not None and alive(pid)
 
     def start_scheduler(self) -> None:
         """Starts kube-scheduler against this API server (no-op when it runs).
@@ -345,21 +339,12 @@ class ControlPlane:
             "the default ServiceAccount",
         )
 
-    def start_virt_controller(self, timeout: float = READY_TIMEOUT_S) -> kubevirt.VirtController:
-        """Starts KubeVirt's own virt-api, its webhooks registered, and virt-controller,
-        after installing what virt-operator would for them (``kubevirt.start``), and waits
-        until virt-controller leads. Call it once per plane (again only after
-        ``VirtController.stop``)."""
-        if self.running(VIRT_CONTROLLER) or self.running(VIRT_API):
-            raise ControlPlaneError("KubeVirt already runs on this plane")
-        return kubevirt.start(self, timeout)
-
     def stop_component(self, name: str, timeout: float = 10.0) -> None:
         """Stops one component this plane started (no-op when it does not run)."""
         pid = self.pids.pop(name, None)
         proc = self._procs.pop(name, None)
         if pid is not None:
-            _terminate(pid, proc, timeout)
+            terminate(pid, proc, timeout)
 
     def _exists(self, path: str) -> bool:
         try:
@@ -395,7 +380,7 @@ class ControlPlane:
             if pid is None:
                 continue
             proc = self._procs.get(name)
-            _terminate(pid, proc, timeout)
+            terminate(pid, proc, timeout)
         self.pids.clear()
         self._procs.clear()
         if self._owns_workdir:
@@ -408,7 +393,7 @@ class ControlPlane:
         self.stop()
 
 
-def _terminate(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+def terminate(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -418,7 +403,7 @@ def _terminate(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -
         if proc is not None:
             if proc.poll() is not None:
                 return
-        elif not _alive(pid):
+        elif not alive(pid):
             return
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
@@ -427,7 +412,7 @@ def _terminate(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -
         proc.wait()
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -766,160 +751,3 @@ def running(**kwargs: Any) -> Iterator[ControlPlane]:
         yield plane
     finally:
         plane.stop()
-
-
-# --- command line ----------------------------------------------------------------------
-
-
-def _state_file(state_dir: Path) -> Path:
-    return state_dir / "state.json"
-
-
-def _cmd_up(args: argparse.Namespace) -> int:
-    state_dir: Path = args.dir
-    if _state_file(state_dir).exists():
-        state = json.loads(_state_file(state_dir).read_text())
-        if all(_alive(pid) for pid in state["pids"].values()):
-            print(f"# already running at {state['server']}", file=sys.stderr)
-            _print_env(state)
-            return 0
-        _cmd_down(args)
-    if state_dir.exists():
-        shutil.rmtree(state_dir)
-    started = time.monotonic()
-    full = not args.apiserver_only
-    what = (
-        "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, virt-api and "
-        "virt-controller"
-    )
-    print(f"# starting {what if full else 'etcd and kube-apiserver'}...", file=sys.stderr)
-    bin_dir = binary_dir()
-    crds = [] if args.no_crds else [*sorted(CRD_DIR.glob("*.yaml")), kubevirt_crds(bin_dir)]
-    plane = start(
-        state_dir,
-        bin_dir=bin_dir,
-        detach=True,
-        scheduler=full,
-        controller_manager=full,
-        crds=crds,
-        # Webhook Services are reached at their endpoints (no kube-proxy here), so the
-        # chart's webhooks can be served by a local process.
-        extra_apiserver_args=("--enable-aggregator-routing=true",),
-    )
-    if crds:
-        _hand_crds_to_helm(plane)
-    if full and crds:
-        # KubeVirt's own virt-api and virt-controller, so VirtualMachines start here as in
-        # a cluster.
-        plane.start_virt_controller()
-    state = {
-        "server": plane.server,
-        "kubeconfig": str(plane.kubeconfig),
-        "bin_dir": str(plane.bin_dir),
-        "pids": plane.pids,
-    }
-    _state_file(state_dir).write_text(json.dumps(state))
-    print(
-        f"# kube-apiserver {plane.version()} ready at {plane.server} "
-        f"in {time.monotonic() - started:.1f} s"
-        + (
-            " (with kube-scheduler, kube-controller-manager, virt-api and virt-controller)"
-            if full
-            else ""
-        ),
-        file=sys.stderr,
-    )
-    _print_env(state)
-    return 0
-
-
-# The release `helm install cozystack-gpu controller/chart -n cozy-gpu` makes (README).
-CHART_RELEASE = ("cozystack-gpu", "cozy-gpu")
-
-
-def _hand_crds_to_helm(plane: ControlPlane) -> None:
-    """Mark the gpu CRDs as the chart release's, so a later `helm install` of the chart
-    into this plane adopts them instead of refusing objects it does not own."""
-    from kubernetes import client
-
-    ext = client.ApiextensionsV1Api(plane.api_client())
-    release, namespace = CHART_RELEASE
-    for path in sorted(CRD_DIR.glob("*.yaml")):
-        for crd in load_manifests(path):
-            ext.patch_custom_resource_definition(
-                crd["metadata"]["name"],
-                {
-                    "metadata": {
-                        "labels": {"app.kubernetes.io/managed-by": "Helm"},
-                        "annotations": {
-                            "meta.helm.sh/release-name": release,
-                            "meta.helm.sh/release-namespace": namespace,
-                        },
-                    }
-                },
-            )
-
-
-def _print_env(state: dict[str, Any]) -> None:
-    print(f"export KUBECONFIG={state['kubeconfig']}")
-    print(f"export PATH={state['bin_dir']}:$PATH")
-
-
-def _cmd_down(args: argparse.Namespace) -> int:
-    path = _state_file(args.dir)
-    if not path.exists():
-        print("# no local control plane is running", file=sys.stderr)
-        return 0
-    state = json.loads(path.read_text())
-    for name in STOP_ORDER:
-        pid = state["pids"].get(name)
-        if pid:
-            _terminate(pid, None, 10.0)
-    shutil.rmtree(args.dir, ignore_errors=True)
-    print("# stopped", file=sys.stderr)
-    return 0
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    path = _state_file(args.dir)
-    if not path.exists():
-        print("not running")
-        return 1
-    state = json.loads(path.read_text())
-    alive = {name: _alive(pid) for name, pid in state["pids"].items()}
-    print(json.dumps({"server": state["server"], "alive": alive}))
-    return 0 if all(alive.values()) else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="cozystack-gpu-cluster", description="A real local Kubernetes control plane."
-    )
-    parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR, help="state directory")
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser(
-        "up",
-        help="start etcd, kube-apiserver, kube-scheduler, kube-controller-manager and "
-        "KubeVirt's virt-api and virt-controller and print export lines",
-    )
-    up.add_argument(
-        "--no-crds", action="store_true", help="do not install the gpu and KubeVirt CRDs"
-    )
-    up.add_argument(
-        "--apiserver-only",
-        action="store_true",
-        help="start only etcd and kube-apiserver (no scheduler, no controller-managers)",
-    )
-    sub.add_parser("down", help="stop them and remove the state directory")
-    sub.add_parser("status", help="say whether they run")
-    args = parser.parse_args(argv)
-    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
-        "up": _cmd_up,
-        "down": _cmd_down,
-        "status": _cmd_status,
-    }
-    return handlers[args.command](args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -63,19 +63,16 @@ import urllib.request
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
+from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.cluster import VIRT_API, VIRT_CONTROLLER, ControlPlane
+from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 from cozystack_gpu_testkit.pki import CertificateAuthority
 from cozystack_gpu_testkit.ports import free_port
 
-if TYPE_CHECKING:
-    from cozystack_gpu_testkit.cluster import ControlPlane
-    from cozystack_gpu_testkit.objects import Kube
-
-VIRT_CONTROLLER = "virt-controller"
-VIRT_API = "virt-api"
 MANIFESTS_FILE = "kubevirt-manifests.yaml"
 NAMESPACE = "kubevirt"
 SERVICE_ACCOUNT = "kubevirt-controller"
@@ -160,8 +157,6 @@ def install(plane: ControlPlane) -> None:
     cheap."""
     from kubernetes import client
 
-    from cozystack_gpu_testkit import cluster
-
     api = plane.api_client()
     manifests = cluster.load_manifests(manifests_file(plane.bin_dir))
     ext = client.ApiextensionsV1Api(api)
@@ -211,8 +206,6 @@ def kubelet_runs(api: Any, namespace: str, pod: str) -> None:
     them here). virt-controller then hands the VMI over: phase Scheduled, on the pod's
     node; ``Running`` is virt-handler's to write (``objects.Kube.vmi_phase``)."""
     from kubernetes import client
-
-    from cozystack_gpu_testkit.demo.hosts import running_status
 
     core = client.CoreV1Api(api)
     containers = core.read_namespaced_pod(pod, namespace).spec.containers
@@ -339,7 +332,6 @@ def wait_vmi(
 ) -> dict[str, Any]:
     """The VMI virt-controller made for VM ``name`` (named after it); with ``after``, the
     next one: KubeVirt re-creates a VM's VMI under the same name, with another uid."""
-    from cozystack_gpu_testkit.objects import wait_for
 
     old = (after or {}).get("metadata", {}).get("uid")
 
@@ -376,7 +368,6 @@ def wait_launcher(
 ) -> dict[str, Any]:
     """The launcher pod virt-controller made for ``vmi``; with ``bound``, once
     kube-scheduler has bound it to a node."""
-    from cozystack_gpu_testkit.objects import wait_for
 
     def found() -> dict[str, Any] | None:
         pods = launcher_pods(kube, namespace, uid_of(vmi))
@@ -477,7 +468,6 @@ def runs(kube: Kube, namespace: str, vmi: Mapping[str, Any]) -> dict[str, Any]:
     """A started VMI brought to Running as a node would: kubelet reports its bound launcher
     pod running, virt-controller hands the VMI over (Scheduled, on the pod's node), and
     virt-handler reports it Running there. Returns the VMI as it is then."""
-    from cozystack_gpu_testkit.objects import wait_for
 
     pod = wait_launcher(kube, namespace, vmi, bound=True)
     kubelet_runs(kube.api, namespace, pod["metadata"]["name"])
@@ -502,7 +492,6 @@ def kubelet_removes(kube: Kube, namespace: str) -> list[str]:
     """What kubelet does once a deleted launcher pod's containers are gone: the pod object
     goes (nothing runs the pods here, so a deleted pod bound to a node would otherwise
     stay Terminating for ever). Returns the pods removed."""
-    from cozystack_gpu_testkit.objects import unless
 
     removed = []
     for pod in kube.core.list_namespaced_pod(namespace, label_selector=LAUNCHER_SELECTOR).items:
@@ -538,7 +527,6 @@ def stops(kube: Kube, namespace: str, vm: str, timeout: float = START_TIMEOUT_S)
     VMI and the VMI's launcher pod, virt-handler and kubelet (the kit, ``shuts_down``) stop
     the guest and remove the pod, and virt-controller lets the VMI go. Returns once no VMI
     of the VM is left."""
-    from cozystack_gpu_testkit.objects import wait_for
 
     set_run_strategy(kube, namespace, vm, "Halted")
 
@@ -555,7 +543,6 @@ def restarts(
     virt-handler and kubelet (the kit, ``shuts_down``) stop the guest and remove the
     launcher pod, the VMI goes, and the VM controller makes the next VMI under the same
     name. Returns that VMI."""
-    from cozystack_gpu_testkit.objects import wait_for
 
     name = vmi["metadata"]["name"]
     kube.delete_vmi(namespace, name)
@@ -576,7 +563,6 @@ def removes_vms(kube: Kube, namespace: str, timeout: float = START_TIMEOUT_S) ->
     the finalizer virt-api's mutator adds (``VMI_FINALIZER``) a VMI waits for its pods,
     which no kubelet removes here."""
     from cozystack_gpu import keys
-    from cozystack_gpu_testkit.objects import wait_for
 
     kube.custom.delete_collection_namespaced_custom_object(
         keys.VM.group, keys.VM.version, namespace, keys.VM.plural
@@ -706,8 +692,6 @@ class VirtApi:
         ``kubevirt/virt-api`` here) with this kit's CA; rules, failure and reinvocation
         policies, selectors and timeouts as generated."""
         import base64
-
-        from cozystack_gpu_testkit import cluster
 
         configurations = [
             d
@@ -956,9 +940,9 @@ def start(plane: ControlPlane, timeout: float = READY_TIMEOUT_S) -> VirtControll
     """Installs what virt-operator would (``install``), starts virt-api with its webhooks
     (``start_virt_api``: in force before any VMI is made), then virt-controller, and waits
     until it leads with its controllers running. Also makes the kit's virt-handler identity
-    (``virt_handler``)."""
-    from cozystack_gpu_testkit import cluster
-    from cozystack_gpu_testkit.objects import Kube
+    (``virt_handler``). Once per plane (again only after ``VirtController.stop``)."""
+    if plane.running(VIRT_CONTROLLER) or plane.running(VIRT_API):
+        raise cluster.ControlPlaneError("KubeVirt already runs on this plane")
 
     install(plane)
     workdir = plane.workdir / VIRT_CONTROLLER
@@ -1009,3 +993,36 @@ def _start_virt_controller(
         plane.stop_component(VIRT_CONTROLLER)
         raise
     return controller
+
+
+def running_status(containers: list[Any], *, ready: bool) -> dict[str, Any]:
+    """What kubelet writes on a scheduled pod whose containers run (ready or not)."""
+    status = "True" if ready else "False"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "phase": "Running",
+        "startTime": now,
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "ContainersReady", "status": status},
+            {"type": "Ready", "status": status},
+        ],
+        "containerStatuses": [
+            {
+                "name": _field(c, "name"),
+                "image": _field(c, "image"),
+                "imageID": "",
+                "ready": ready,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in containers
+        ],
+    }
+
+
+def _field(container: Any, name: str) -> str:
+    """A container's field, from a dict or from the client's model."""
+    return str(container[name] if isinstance(container, dict) else getattr(container, name))

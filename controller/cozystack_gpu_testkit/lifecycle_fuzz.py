@@ -282,7 +282,7 @@ class RealKubeVirt:
         self.kube = run.kube
         self.journal = journal
         self.selector = f"{FUZZ_LABEL}={world_id}"
-        self.controller = run.plane.start_virt_controller()
+        self.controller = kubevirt.start(run.plane)
         for node in run.world.nodes:
             kubevirt.as_virt_handler(run.api, node)
         self.starts = 0

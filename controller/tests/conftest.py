@@ -93,7 +93,7 @@ def kubevirt(full_control_plane: cluster.ControlPlane) -> kubevirt_kit.VirtContr
     webhooks removed: VirtualMachines pass virt-api's webhooks and become VMIs and launcher
     pods as in a cluster. Tests that write their own VMIs and pods never pay for it nor
     meet it."""
-    controller = full_control_plane.start_virt_controller()
+    controller = kubevirt_kit.start(full_control_plane)
     _VIRT_CONTROLLER.append(controller)
     _STARTED.append(
         f"KubeVirt's virt-api as {kubevirt_kit.API_USER} with its webhooks and "

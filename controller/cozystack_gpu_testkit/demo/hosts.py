@@ -21,11 +21,9 @@ import json
 import os
 import shutil
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
@@ -224,7 +222,7 @@ class Kubelets:
         self._write_pods(host)
         pod = self.kube.core.read_namespaced_pod(name, namespace)
         self.kube.core.patch_namespaced_pod_status(
-            name, namespace, {"status": running_status(pod.spec.containers, ready=True)}
+            name, namespace, {"status": kubevirt.running_status(pod.spec.containers, ready=True)}
         )
         return allocated
 
@@ -244,36 +242,3 @@ class Kubelets:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(entries))
         os.replace(tmp, path)
-
-
-def running_status(containers: list[Any], *, ready: bool) -> dict[str, Any]:
-    """What kubelet writes on a scheduled pod whose containers run (ready or not)."""
-    status = "True" if ready else "False"
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return {
-        "phase": "Running",
-        "startTime": now,
-        "conditions": [
-            {"type": "PodScheduled", "status": "True"},
-            {"type": "Initialized", "status": "True"},
-            {"type": "ContainersReady", "status": status},
-            {"type": "Ready", "status": status},
-        ],
-        "containerStatuses": [
-            {
-                "name": _field(c, "name"),
-                "image": _field(c, "image"),
-                "imageID": "",
-                "ready": ready,
-                "started": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": now}},
-            }
-            for c in containers
-        ],
-    }
-
-
-def _field(container: Any, name: str) -> str:
-    """A container's field, from a dict or from the client's model."""
-    return str(container[name] if isinstance(container, dict) else getattr(container, name))

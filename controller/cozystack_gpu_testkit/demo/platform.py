@@ -56,8 +56,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit import cluster, tenants
-from cozystack_gpu_testkit.demo.hosts import running_status
+from cozystack_gpu_testkit import cluster, kubevirt, local_cluster, tenants
 from cozystack_gpu_testkit.ports import free_port
 from cozystack_gpu_testkit.webhook_route import host_address
 
@@ -254,7 +253,7 @@ def down(directory: Path, say: Any = print) -> int:
     for name in sorted(state.processes, key=lambda n: (not n.startswith("pod/"), n)):
         stop_process(state, name)
     if state.own_plane:
-        cluster.main(["--dir", str(directory / "cluster"), "down"])
+        local_cluster.main(["--dir", str(directory / "cluster"), "down"])
         shutil.rmtree(directory, ignore_errors=True)
         say("# demo stopped: its processes and its control plane")
     else:
@@ -335,7 +334,7 @@ def start_plane(directory: Path, bin_dir: Path, *, detach: bool) -> cluster.Cont
     )
     # KubeVirt's own virt-api (its webhooks) and virt-controller make the VM act's VMI and
     # launcher pod.
-    plane.start_virt_controller()
+    kubevirt.start(plane)
     (workdir / "state.json").write_text(
         json.dumps(
             {
@@ -723,7 +722,7 @@ class LocalPods:
 
     def _status(self, pod: dict[str, Any], *, ready: bool) -> None:
         address = host_address()
-        status = running_status(pod["spec"]["containers"], ready=ready)
+        status = kubevirt.running_status(pod["spec"]["containers"], ready=ready)
         status.update({"podIP": address, "podIPs": [{"ip": address}], "hostIP": address})
         client.CoreV1Api(self.api).patch_namespaced_pod_status(
             pod["metadata"]["name"], self.namespace, {"status": status}
