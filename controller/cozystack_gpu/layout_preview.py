@@ -2,7 +2,7 @@
 
 ``gpu_node_layout``'s action plugin (through ``plugins/module_utils/gpu_layout_cluster.py``)
 asks this before it drains a node and changes its GPUs. The answer comes from the binder's
-own code, not a copy of its rules: its cluster view (``cluster.view.view_of_listing``, as
+own code, not a copy of its rules: its cluster view (``cluster.listing.view_of_listing``, as
 the ``kubectl gpu`` what-if builds it), its placement model (``model``: ``plan``,
 ``place_set``, ``eligibility``) and its settings' defaults. Pure: listings and the host
 part's report in, the module's ``holds`` out; only :func:`read_cluster` talks to the API.
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cozystack_gpu import config, keys
-from cozystack_gpu.cluster.view import ClusterView, view_of_listing
+from cozystack_gpu.cluster.listing import view_of_listing
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.model import Action, ClassInfo, NodeInfo, Placement, Plan, Snapshot, Step, plan
 from cozystack_gpu.model.eligibility import why_not_placeable
 from cozystack_gpu.objects import MutableObj

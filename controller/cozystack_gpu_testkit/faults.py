@@ -61,7 +61,7 @@ def stop(plane: cluster.ControlPlane, name: str, sig: signal.Signals = signal.SI
         while plane.running(name) and time.monotonic() < deadline:
             time.sleep(0.01)
     else:
-        cluster._terminate(pid, proc, 30.0)
+        cluster.terminate(pid, proc, 30.0)
     return args
 
 

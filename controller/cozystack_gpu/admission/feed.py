@@ -29,11 +29,11 @@ from kubernetes import client
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.informer import (
     Event,
-    EventType,
     SharedInformers,
     WatchedThread,
     Watcher,
     source,
+    take,
 )
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
@@ -101,7 +101,7 @@ class SnapshotFeed(Watcher):
         """Apply a batch of watch events and bring the snapshot up to date (the feed
         thread's step; tests call it with events of their own)."""
         for event in batch:
-            self._apply(event)
+            take(self.view, event)
         now = self.clock()
         if self._snapshot is None:
             if self.view.fully_listed:
@@ -119,12 +119,6 @@ class SnapshotFeed(Watcher):
             batch = self._threads.drain(STALENESS_EVERY_S, MAX_BATCH)
             self.take([event for event in batch if isinstance(event, Event)])
 
-    def _apply(self, event: Event) -> None:
-        if event.type is EventType.LISTED:
-            self.view.relist(event.kind, event.objects)
-        elif event.obj is not None:
-            self.view.apply(event.kind, event.obj, deleted=event.type is EventType.DELETED)
-
     def _build(self, now: float) -> None:
         started = time.perf_counter()
         snapshot = self.view.build_snapshot(now)
@@ -132,9 +126,7 @@ class SnapshotFeed(Watcher):
             self._snapshot = snapshot
         self.synced.set()
         log.info(
-            "admission snapshot ready: %d nodes, %d classes, %d claims in %.3f s",
-            len(self.view.raw[keys.NODE.kind]),
-            len(self.view.raw[keys.GPU_CLASS.kind]),
-            len(self.view.raw[keys.GPU_CLAIM.kind]),
+            "admission snapshot ready: %s in %.3f s",
+            self.view.sizes(),
             time.perf_counter() - started,
         )

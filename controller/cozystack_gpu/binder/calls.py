@@ -233,7 +233,7 @@ class Decision(_ClaimStatus):
     def apply(self, answer: Answer, view: ClusterView) -> None:
         super().apply(answer, view)
         if answer.outcome is Outcome.GONE:
-            view.forget_claim(self.claim)
+            view.forget(keys.GPU_CLAIM.kind, self.claim)
         view.dirty.claims.add(self.claim)  # judged again on what the API now holds
 
 
@@ -465,58 +465,44 @@ class Finalizer(Call):
 
 
 @dataclass(frozen=True)
-class ClassStatus(Call):
-    """A GPUClass's status, whole: a newer one replaces one still queued."""
+class _ClusterStatus(Call):
+    """The status of a cluster-scoped object of ours, as a merge patch."""
 
-    what: ClassVar[str] = "class-status"
+    kind: ClassVar[keys.ApiKind]
     priority: ClassVar[Priority] = Priority.STATUS
-    supersedes: ClassVar[bool] = True
+    supersedes: ClassVar[bool] = True  # a newer one says all an older one would
     name: str
     body: MutableObj
     namespace: str = ""
 
     def request(self, api: Clients) -> MutableObj:
+        kind = self.kind
         return dict(
             api.custom.patch_cluster_custom_object_status(
-                keys.GPU_CLASS.group,
-                keys.GPU_CLASS.version,
-                keys.GPU_CLASS.plural,
-                self.name,
-                self.body,
+                kind.group, kind.version, kind.plural, self.name, self.body,
                 _request_timeout=REQUEST_TIMEOUT_S,
             )
-        )
+        )  # fmt: skip
 
     def apply(self, answer: Answer, view: ClusterView) -> None:
-        _take_into(view, keys.GPU_CLASS, answer)
+        _take_into(view, self.kind, answer)
 
 
 @dataclass(frozen=True)
-class GpuNodeStatus(Call):
+class ClassStatus(_ClusterStatus):
+    """A GPUClass's status, whole."""
+
+    what: ClassVar[str] = "class-status"
+    kind: ClassVar[keys.ApiKind] = keys.GPU_CLASS
+
+
+@dataclass(frozen=True)
+class GpuNodeStatus(_ClusterStatus):
     """A GPUNode's conditions as the binder judges them."""
 
     what: ClassVar[str] = "gpunode-status"
-    priority: ClassVar[Priority] = Priority.STATUS
-    supersedes: ClassVar[bool] = True
-    name: str
-    body: MutableObj
-    namespace: str = ""
+    kind: ClassVar[keys.ApiKind] = keys.GPU_NODE
     heard: Heard | None = field(default=None, compare=False, repr=False)
-
-    def request(self, api: Clients) -> MutableObj:
-        return dict(
-            api.custom.patch_cluster_custom_object_status(
-                keys.GPU_NODE.group,
-                keys.GPU_NODE.version,
-                keys.GPU_NODE.plural,
-                self.name,
-                self.body,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
-        )
-
-    def apply(self, answer: Answer, view: ClusterView) -> None:
-        _take_into(view, keys.GPU_NODE, answer)
 
 
 @dataclass(frozen=True)
@@ -672,7 +658,7 @@ class RecordDelete(_RecordCall):
 
     def apply(self, answer: Answer, view: ClusterView) -> None:
         if answer.ok:
-            view.drop(keys.WORKLOAD.kind, (self.namespace, self.name))
+            view.forget(keys.WORKLOAD.kind, (self.namespace, self.name))
 
 
 # --- Events -----------------------------------------------------------------------------

@@ -37,11 +37,11 @@ from cozystack_gpu.binder.waiting_notes import WaitingNotes
 from cozystack_gpu.binder.writer import Writer
 from cozystack_gpu.cluster.informer import (
     Event,
-    EventType,
     SharedInformers,
     WatchedThread,
     Watcher,
     source,
+    take,
 )
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
@@ -192,10 +192,7 @@ class Binder(Watcher):
 
     def _handle(self, item: Any) -> None:
         if isinstance(item, Event):
-            if item.type is EventType.LISTED:
-                self.view.relist(item.kind, item.objects)
-            elif item.obj is not None:
-                self.view.apply(item.kind, item.obj, deleted=item.type is EventType.DELETED)
+            take(self.view, item)
         elif isinstance(item, Answer):
             self._answered(item)
 
@@ -203,13 +200,7 @@ class Binder(Watcher):
         started = time.perf_counter()
         self.snapshot = self.view.build_snapshot(self.clock())
         self.synced.set()
-        log.info(
-            "binder synced: %d nodes, %d classes, %d claims in %.3f s",
-            len(self.view.raw[keys.NODE.kind]),
-            len(self.view.raw[keys.GPU_CLASS.kind]),
-            len(self.view.raw[keys.GPU_CLAIM.kind]),
-            time.perf_counter() - started,
-        )
+        log.info("binder synced: %s in %.3f s", self.view.sizes(), time.perf_counter() - started)
 
     def _flush(self) -> None:
         """Bring the snapshot up to date with every object changed since the last pass.

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cozystack_gpu.cluster.view import ClusterView, view_of_listing
+from cozystack_gpu.cluster.listing import view_of_listing
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import (

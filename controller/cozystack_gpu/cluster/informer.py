@@ -25,6 +25,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.keys import ApiKind
 from cozystack_gpu.objects.translate import object_key
 
@@ -500,3 +501,12 @@ class Watcher:
     def failure(self) -> str | None:
         """Why the part's loop stopped on its own (an exception), for the health probe."""
         return self._threads.failure
+
+
+def take(view: ClusterView, event: Event) -> None:
+    """An informer's event into a view: a listing replaces its kind, a watch event changes
+    one object. (The view itself stays free of the client: the layout preview ships it.)"""
+    if event.type is EventType.LISTED:
+        view.relist(event.kind, event.objects)
+    elif event.obj is not None:
+        view.apply(event.kind, event.obj, deleted=event.type is EventType.DELETED)

@@ -16,7 +16,7 @@ back after its DELETED event.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,14 +166,16 @@ class ClusterView:
             for old in list(graves)[: MAX_TOMBSTONES // 2]:
                 del graves[old]
 
-    def forget_claim(self, key: ClaimKey) -> None:
-        """The API says the claim is gone (a write answered 404)."""
-        obj = {"metadata": {"namespace": key.namespace, "name": key.name}}
-        self.apply(keys.GPU_CLAIM.kind, obj, deleted=True)
+    def forget(self, kind: str, key: Key) -> None:
+        """The API says the object is gone (a write answered 404, a delete was done)."""
+        self.apply(kind, {"metadata": {"namespace": key[0], "name": key[1]}}, deleted=True)
 
-    def drop(self, kind: str, key: Key) -> None:
-        """An object the API said it deleted, whose watch event may come later."""
-        self.raw[kind].pop(key, None)
+    def sizes(self) -> str:
+        """How many nodes, classes and claims it holds, for the logs."""
+        return ", ".join(
+            f"{len(self.raw[kind.kind])} {kind.plural}"
+            for kind in (keys.NODE, keys.GPU_CLASS, keys.GPU_CLAIM)
+        )
 
     def take_dirty(self) -> Dirty:
         dirty, self.dirty = self.dirty, Dirty()
@@ -583,16 +585,3 @@ def _sync(
             upsert(fresh)
             changed = True
     return changed
-
-
-def view_of_listing(
-    listing: Mapping[str, Iterable[Mapping[str, Any]]], config: Config, now: float
-) -> tuple[ClusterView, Snapshot]:
-    """The binder's view of one listing of every kind it watches (by kind name), and the
-    snapshot it would decide with at ``now``: for those who judge without watching (the
-    kubectl plugin's what-if, the layout preview, tests of the binder's parts)."""
-    view = ClusterView(config, keys.BINDER_WATCHES)
-    for kind in keys.BINDER_WATCHES:
-        view.relist(kind.kind, [dict(o) for o in listing.get(kind.kind, ())])
-    view.refresh_staleness(now)
-    return view, view.build_snapshot(now)

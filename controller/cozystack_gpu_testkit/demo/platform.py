@@ -143,7 +143,7 @@ def spawn(
 def stop_process(state: State, name: str, timeout: float = 10.0) -> None:
     pid = state.processes.pop(name, None)
     if pid is not None:
-        cluster._terminate(pid, None, timeout)
+        cluster.terminate(pid, None, timeout)
         # A child of this process (attached mode) is reaped here, not left a zombie.
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
@@ -245,7 +245,7 @@ def down(directory: Path, say: Any = print) -> int:
     pid = state.processes.get(LOCAL_KUBELET)
     if pid is not None:
         # First, and read the state again after it: it may have restarted pods since.
-        cluster._terminate(pid, None, 10.0)
+        cluster.terminate(pid, None, 10.0)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
         state = State.load(directory) or state
