@@ -121,6 +121,9 @@ class Binder(Watcher):
         self.events = EventBook(socket.gethostname())
         # Calls out by key (sent, not answered): a part asks before writing an object again.
         self._out: Counter[CallKey] = Counter()
+        # Decisions whose answer never came (the connection broke, the server restarted):
+        # one that landed is counted when its claim shows the status it wrote.
+        self._unanswered: dict[ClaimKey, Decision] = {}
 
         self.snapshot = Snapshot()
         self.gatekeeper = Gatekeeper(self)
@@ -214,6 +217,8 @@ class Binder(Watcher):
             self._last_staleness = now
             self.view.refresh_staleness(now)
         changed, dirty = self.view.sync_into(self.snapshot, now, held=self.inflight)
+        for key in dirty.claims & self._unanswered.keys():
+            self._confirm(self._unanswered[key], self.view.claim(key))
         self.publisher.changed(dirty.claims, dirty.nodes)
         self.gatekeeper.nodes_changed(dirty.nodes)
         for key in dirty.claims:
@@ -350,16 +355,38 @@ class Binder(Watcher):
 
     def _decided(self, call: Decision, answer: Answer) -> None:
         self.inflight.discard(call.claim)
+        self._unanswered.pop(call.claim, None)
         if answer.outcome is Outcome.WRITTEN and answer.obj is not None:
-            self.stats.decisions[call.step] = self.stats.decisions.get(call.step, 0) + 1
-            metrics.DECISIONS.labels(call.step).inc()
-            if call.step == str(Step.BIND):
-                self.stats.binds += 1
-                created = translate.timestamp(meta(answer.obj).get("creationTimestamp"))
-                if created is not None:
-                    metrics.BIND_LATENCY.observe(max(self.clock() - created, 0.0))
+            self._count(call, answer.obj)
             return
         self._changed = True
         if answer.outcome is not Outcome.GONE:
             self.stats.conflicts += 1
             metrics.WRITE_CONFLICTS.inc()
+        if answer.outcome is Outcome.FAILED:
+            self._unanswered[call.claim] = call
+            if answer.obj is not None:  # read again after the failure
+                self._confirm(call, answer.obj)
+
+    def _confirm(self, call: Decision, obj: MutableObj | None) -> None:
+        """Count a decision whose answer was lost once its claim carries what it wrote
+        (the node and the boundAt it set); forget it once the claim shows another write."""
+        if obj is None:
+            self._unanswered.pop(call.claim, None)
+            return
+        wrote, status = call.body.get("status") or {}, obj.get("status") or {}
+        if all(status.get(f) == wrote.get(f) for f in ("nodeName", "boundAt")):
+            self._unanswered.pop(call.claim, None)
+            self._count(call, obj)
+        elif translate.resource_version(obj) > translate.resource_version(call.body):
+            self._unanswered.pop(call.claim, None)  # written over by another: it never landed
+
+    def _count(self, call: Decision, obj: MutableObj) -> None:
+        """A decision the API holds: counted once, whether its answer came back or not."""
+        self.stats.decisions[call.step] = self.stats.decisions.get(call.step, 0) + 1
+        metrics.DECISIONS.labels(call.step).inc()
+        if call.step == str(Step.BIND):
+            self.stats.binds += 1
+            created = translate.timestamp(meta(obj).get("creationTimestamp"))
+            if created is not None:
+                metrics.BIND_LATENCY.observe(max(self.clock() - created, 0.0))

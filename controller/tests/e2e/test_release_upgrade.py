@@ -47,7 +47,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, releases, tenants
-from cozystack_gpu_testkit.cluster import _alive
+from cozystack_gpu_testkit.cluster import alive
 from cozystack_gpu_testkit.demo import platform
 from cozystack_gpu_testkit.demo.acts.common import Demo, Options
 from cozystack_gpu_testkit.demo.console import Console
@@ -447,7 +447,7 @@ class Exit:
 
     def _run(self) -> None:
         while self.pid is not None and not self._stop.is_set():
-            if not _alive(self.pid):  # a zombie not reaped yet has exited too
+            if not alive(self.pid):  # a zombie not reaped yet has exited too
                 self.at = time.time()
                 return
             time.sleep(0.02)

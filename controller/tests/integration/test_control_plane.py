@@ -18,14 +18,6 @@ from cozystack_gpu_testkit import cluster
 pytestmark = pytest.mark.apiserver
 
 
-def _alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "State:\tZ" not in status
-
-
 def test_start_serve_stop(tmp_path: Path) -> None:
     plane = cluster.start(tmp_path / "cp")
     try:
@@ -34,10 +26,10 @@ def test_start_serve_stop(tmp_path: Path) -> None:
         namespaces = plane.get_json("/api/v1/namespaces")
         assert {"default", "kube-system"} <= {n["metadata"]["name"] for n in namespaces["items"]}
         pids = dict(plane.pids)
-        assert all(_alive(pid) for pid in pids.values())
+        assert all(cluster.alive(pid) for pid in pids.values())
     finally:
         plane.stop()
-    assert not any(_alive(pid) for pid in pids.values())
+    assert not any(cluster.alive(pid) for pid in pids.values())
 
 
 def test_a_killed_test_run_leaves_no_server_behind(tmp_path: Path) -> None:
@@ -64,14 +56,14 @@ def test_a_killed_test_run_leaves_no_server_behind(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the control plane did not start"
             time.sleep(0.2)
         pids = [int(p) for p in pid_file.read_text().split()]
-        assert len(pids) == 4 and all(_alive(pid) for pid in pids)
+        assert len(pids) == 4 and all(cluster.alive(pid) for pid in pids)
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(cluster.alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(pid) for pid in pids), "a control plane process outlived its owner"
+    assert not any(cluster.alive(pid) for pid in pids), "a control plane process outlived its owner"
 
 
 def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> None:
@@ -127,4 +119,4 @@ def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> Non
             timeout=60,
         )
     assert not state.exists()
-    assert not any(_alive(pid) for pid in pids.values())
+    assert not any(cluster.alive(pid) for pid in pids.values())
