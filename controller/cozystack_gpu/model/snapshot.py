@@ -301,14 +301,7 @@ class Snapshot:
         self._classes_by_res.setdefault(klass.resource_name, set()).add(klass.name)
         affected |= self._classes_by_res[klass.resource_name]
         self._idx.setdefault(klass.name, ClassIndex())
-        for key in keys:
-            acct = self._make_acct(self._claims[key])
-            self._acct[key] = acct
-            self._apply(acct, 1)
-        for class_name in sorted(affected):
-            for node in self._nodes:
-                self._refresh_eligibility(node, class_name)
-        self._dirty.update(self._node_claims)
+        self._recount(keys, affected)
 
     def remove_class(self, name: str) -> None:
         old = self._classes.get(name)
@@ -326,11 +319,16 @@ class Snapshot:
         idx = self._idx.pop(name)
         for node in idx.free:
             self._served[node].discard(name)
+        self._recount(keys, same)
+
+    def _recount(self, keys: set[ClaimKey], classes: set[str]) -> None:
+        """After a class changed: its claims counted again, and where the classes sharing
+        its resource name are served judged again on every node."""
         for key in keys:
             acct = self._make_acct(self._claims[key])
             self._acct[key] = acct
             self._apply(acct, 1)
-        for class_name in sorted(same):
+        for class_name in sorted(classes):
             for node in self._nodes:
                 self._refresh_eligibility(node, class_name)
         self._dirty.update(self._node_claims)
