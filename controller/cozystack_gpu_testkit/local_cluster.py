@@ -149,9 +149,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print("not running")
         return 1
     state = json.loads(path.read_text())
-    alive = {name: alive(pid) for name, pid in state["pids"].items()}
-    print(json.dumps({"server": state["server"], "alive": alive}))
-    return 0 if all(alive.values()) else 1
+    running = {name: alive(pid) for name, pid in state["pids"].items()}
+    print(json.dumps({"server": state["server"], "alive": running}))
+    return 0 if all(running.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

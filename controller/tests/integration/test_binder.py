@@ -15,6 +15,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.binder.calls import Call, Decision
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu_testkit.objects import Kube, binder_config, unless, wait_for
 
@@ -501,11 +502,11 @@ class _Meddling(Binder):
         self._meddle = meddle
         self.meddled = 0
 
-    def send(self, key: Any, body: dict[str, Any], purpose: str) -> None:
-        if purpose == "Bind" and not self.meddled:
+    def send(self, call: Call) -> None:
+        if isinstance(call, Decision) and call.step == "Bind" and not self.meddled:
             self.meddled += 1
-            self._meddle(key)
-        super().send(key, body, purpose)
+            self._meddle(call.claim)
+        super().send(call)
 
 
 def test_a_bind_overtaken_by_another_write_is_judged_again_and_books_once(

@@ -17,6 +17,8 @@ from cozystack_gpu_testkit import cluster
 
 pytestmark = pytest.mark.apiserver
 
+LOCAL_CLUSTER = (sys.executable, "-m", "cozystack_gpu_testkit.local_cluster")
+
 
 def test_start_serve_stop(tmp_path: Path) -> None:
     plane = cluster.start(tmp_path / "cp")
@@ -69,7 +71,7 @@ def test_a_killed_test_run_leaves_no_server_behind(tmp_path: Path) -> None:
 def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> None:
     state = tmp_path / "dev"
     up = subprocess.run(
-        [sys.executable, "-m", "cozystack_gpu_testkit.cluster", "--dir", str(state), "up"],
+        [*LOCAL_CLUSTER, "--dir", str(state), "up"],
         capture_output=True,
         text=True,
         check=True,
@@ -79,7 +81,7 @@ def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> Non
         assert f"export KUBECONFIG={state / 'kubeconfig'}" in up.stdout.splitlines()
         assert "ready at https://127.0.0.1:" in up.stderr
         status = subprocess.run(
-            [sys.executable, "-m", "cozystack_gpu_testkit.cluster", "--dir", str(state), "status"],
+            [*LOCAL_CLUSTER, "--dir", str(state), "status"],
             capture_output=True,
             text=True,
             check=False,
@@ -114,7 +116,7 @@ def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> Non
         assert json.loads(owner)["meta.helm.sh/release-name"] == "cozystack-gpu"
     finally:
         subprocess.run(
-            [sys.executable, "-m", "cozystack_gpu_testkit.cluster", "--dir", str(state), "down"],
+            [*LOCAL_CLUSTER, "--dir", str(state), "down"],
             check=True,
             timeout=60,
         )
