@@ -10,7 +10,9 @@ from functools import partial
 from typing import Any
 
 from cozystack_gpu.binder import attachment_rules, claim_status
-from cozystack_gpu.binder.calls import Answer, Decision, VmiDelete
+from cozystack_gpu.binder.calls.base import Answer
+from cozystack_gpu.binder.calls.claims import Decision
+from cozystack_gpu.binder.calls.start_path import VmiDelete
 from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import Phase

@@ -13,15 +13,9 @@ from typing import Any, NamedTuple
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import claim_status, gate
-from cozystack_gpu.binder.calls import (
-    Answer,
-    ClaimNote,
-    Decision,
-    Note,
-    PodDelete,
-    PodPin,
-    TemplateClaimCreate,
-)
+from cozystack_gpu.binder.calls.base import Answer
+from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
+from cozystack_gpu.binder.calls.start_path import PodDelete, PodPin, TemplateClaimCreate
 from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase

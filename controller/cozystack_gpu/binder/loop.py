@@ -29,7 +29,9 @@ from kubernetes import client
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import claim_status
 from cozystack_gpu.binder.attachments import ATTACHMENT_STEPS, Attachments
-from cozystack_gpu.binder.calls import Answer, Call, CallKey, Decision, EventWrite, Outcome
+from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
+from cozystack_gpu.binder.calls.claims import Decision
+from cozystack_gpu.binder.calls.reports import EventWrite
 from cozystack_gpu.binder.events import EventBook
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import Publisher

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.calls import Call, CallKey, Decision
+from cozystack_gpu.binder.calls.base import Call, CallKey
+from cozystack_gpu.binder.calls.claims import Decision
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import ClaimInfo, ClaimKey, Snapshot

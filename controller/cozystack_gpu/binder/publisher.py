@@ -12,19 +12,18 @@ from typing import Any
 
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import claim_status, class_status, node_reports, protection, records
-from cozystack_gpu.binder.calls import (
-    Answer,
-    ClaimDelete,
-    ClaimNote,
+from cozystack_gpu.binder.calls.base import Answer
+from cozystack_gpu.binder.calls.claims import ClaimNote, Note
+from cozystack_gpu.binder.calls.reports import (
     ClassStatus,
     Finalizer,
     GpuNodeStatus,
-    Note,
     RecordCreate,
     RecordDelete,
     RecordStatus,
     Settings,
 )
+from cozystack_gpu.binder.calls.start_path import ClaimDelete
 from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import EventReason, Phase

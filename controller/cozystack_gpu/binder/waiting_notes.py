@@ -10,7 +10,8 @@ from collections.abc import Iterable
 
 from cozystack_gpu import metrics
 from cozystack_gpu.binder import claim_status
-from cozystack_gpu.binder.calls import Answer, ClaimNote, Note
+from cozystack_gpu.binder.calls.base import Answer
+from cozystack_gpu.binder.calls.claims import ClaimNote, Note
 from cozystack_gpu.binder.part import BinderPart, PartHandle
 from cozystack_gpu.model import Action, ClaimKey
 

@@ -23,7 +23,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from cozystack_gpu.binder.calls import (
+from cozystack_gpu.binder.calls.base import (
     Answer,
     Call,
     CallKey,

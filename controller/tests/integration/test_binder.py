@@ -15,7 +15,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.calls import Call, Decision
+from cozystack_gpu.binder.calls.base import Call
+from cozystack_gpu.binder.calls.claims import Decision
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu_testkit.objects import Kube, binder_config, unless, wait_for
 

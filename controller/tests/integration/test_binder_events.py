@@ -13,7 +13,8 @@ from typing import Any
 from binder_env import Env
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.calls import Answer, EventWrite
+from cozystack_gpu.binder.calls.base import Answer
+from cozystack_gpu.binder.calls.reports import EventWrite
 from cozystack_gpu.binder.events import EventBook
 from cozystack_gpu.binder.writer import Writer
 from cozystack_gpu_testkit.cluster import ControlPlane

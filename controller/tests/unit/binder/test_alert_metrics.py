@@ -10,7 +10,8 @@ from prometheus_client import REGISTRY
 
 from cozystack_gpu import metrics
 from cozystack_gpu.binder import claim_status
-from cozystack_gpu.binder.calls import Answer, Outcome, Settings
+from cozystack_gpu.binder.calls.base import Answer, Outcome
+from cozystack_gpu.binder.calls.reports import Settings
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import ClaimInfo
 

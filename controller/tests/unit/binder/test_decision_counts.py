@@ -11,7 +11,8 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.calls import Answer, Decision, Outcome
+from cozystack_gpu.binder.calls.base import Answer, Outcome
+from cozystack_gpu.binder.calls.claims import Decision
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu_testkit.objects import binder_config
 

@@ -10,20 +10,10 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import records
-from cozystack_gpu.binder.calls import (
-    Answer,
-    Call,
-    CallKey,
-    ClaimNote,
-    ClassStatus,
-    Decision,
-    Note,
-    Outcome,
-    PodPin,
-    RecordCreate,
-    RecordStatus,
-    Settings,
-)
+from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
+from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
+from cozystack_gpu.binder.calls.reports import ClassStatus, RecordCreate, RecordStatus, Settings
+from cozystack_gpu.binder.calls.start_path import PodPin
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import SETTINGS_REFRESH_S, Publisher
 from cozystack_gpu.binder.waiting_notes import WaitingNotes

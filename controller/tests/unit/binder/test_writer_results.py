@@ -20,26 +20,22 @@ from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import calls
-from cozystack_gpu.binder.calls import (
-    Answer,
-    Call,
-    ClaimDelete,
-    ClaimNote,
+from cozystack_gpu.binder.calls.base import Answer, Call, Clients, Outcome, Priority
+from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
+from cozystack_gpu.binder.calls.reports import (
     ClassStatus,
-    Clients,
-    Decision,
     EventWrite,
     Finalizer,
     GpuNodeStatus,
-    Note,
-    Outcome,
-    PodDelete,
-    PodPin,
-    Priority,
     RecordCreate,
     RecordDelete,
     RecordStatus,
     Settings,
+)
+from cozystack_gpu.binder.calls.start_path import (
+    ClaimDelete,
+    PodDelete,
+    PodPin,
     TemplateClaimCreate,
     VmiDelete,
 )
@@ -171,7 +167,7 @@ def test_every_write_reports_back_when_the_server_refuses_connections() -> None:
 def test_every_write_reports_back_when_the_server_never_answers(
     silent: SilentServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(calls, "REQUEST_TIMEOUT_S", TIMEOUT_S)
+    monkeypatch.setattr(calls.base, "REQUEST_TIMEOUT_S", TIMEOUT_S)
     results: queue.Queue[Any] = queue.Queue()
     writer = Writer(api_at(silent.port), results, workers=9)
     writer.start()

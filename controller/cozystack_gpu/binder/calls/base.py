@@ -1,0 +1,142 @@
+"""The base of the binder's typed writes: a call, its answer, its priority, the API clients
+it is sent with, and what every call shares (see the package's docstring)."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, ClassVar, NamedTuple
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.cluster.informer import WRITE_TIMEOUT_S
+from cozystack_gpu.cluster.view import ClusterView
+from cozystack_gpu.objects import MutableObj
+
+log = logging.getLogger(__name__)
+
+# (connect, read) seconds of every request: the loops' write timeouts.
+REQUEST_TIMEOUT_S = WRITE_TIMEOUT_S
+
+CallKey = tuple[str, str, str]  # (what is written, namespace or "", name)
+
+
+class Priority(IntEnum):
+    BIND = 0  # placement changes: bind, move, lose, rebind, attach, the gate's pod updates
+    RECORD = 1  # usage records
+    STATUS = 2  # class status, settings, waiting conditions
+    EVENT = 3  # Events for people
+
+
+class Outcome(IntEnum):
+    WRITTEN = 0
+    CONFLICT = 1  # changed since it was read; ``obj`` is its fresh state when it could be read
+    GONE = 2
+    FAILED = 3
+    SUPERSEDED = 4  # not sent: a newer call of the same key was queued behind it
+
+
+class Clients(NamedTuple):
+    """The API clients a call is sent with, in a writer thread: only calls hold them."""
+
+    custom: client.CustomObjectsApi
+    core: client.CoreV1Api
+
+    @classmethod
+    def of(cls, api: client.ApiClient) -> Clients:
+        return cls(client.CustomObjectsApi(api), client.CoreV1Api(api))
+
+
+class WriterStopped(Exception):
+    """A call still queued when the writer stopped: not sent (this replica no longer leads)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What became of one call; ``obj`` is the object as the server has it when known."""
+
+    call: Call
+    outcome: Outcome
+    obj: MutableObj | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.WRITTEN
+
+
+def describe(exc: BaseException) -> str:
+    """A short, single-line account of a failed request for answers and logs."""
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {exc.reason}"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def discard(response: Any) -> None:
+    """Read the rest of an answer nobody needs, then give its connection back. A connection
+    returned with unread bytes hands them to the next request on it as its answer (seen as
+    a status write failing with the body of an Event)."""
+    response.drain_conn()
+    response.release_conn()
+
+
+def status_of(exc: Exception) -> int | None:
+    return int(exc.status or 0) if isinstance(exc, ApiException) else None
+
+
+Heard = Callable[[Answer], None]
+
+
+class Call(ABC):
+    """One write. Subclasses are frozen dataclasses with ``namespace`` and ``name``."""
+
+    what: ClassVar[str]  # the first part of ``key``, and the name in logs
+    priority: ClassVar[Priority]
+    supersedes: ClassVar[bool] = False
+    # API statuses that mean the write's goal holds already (a delete of what is gone).
+    done_when: ClassVar[frozenset[int]] = frozenset()
+    # What a failure is logged as (the path fills %s), when one is worth a warning.
+    unwritten: ClassVar[str] = ""
+    namespace: str
+    name: str
+    heard: Heard | None = None  # the sending part's bookkeeping, told after ``apply``
+
+    @property
+    def key(self) -> CallKey:
+        return (self.what, self.namespace, self.name)
+
+    @property
+    def path(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @abstractmethod
+    def request(self, api: Clients) -> MutableObj | Answer | None:
+        """Send it: the object the server answered with (or an Answer of another outcome)."""
+
+    def refused(self, exc: Exception, api: Clients) -> Answer:
+        """What a request that raised comes to; never raises."""
+        if status_of(exc) in self.done_when:
+            return Answer(self, Outcome.WRITTEN)
+        return Answer(self, Outcome.FAILED, error=describe(exc))
+
+    def apply(self, answer: Answer, view: ClusterView) -> None:
+        """What the answer changes in the view (run in the loop): by default nothing, and a
+        failure logged where ``unwritten`` says how."""
+        if self.unwritten and not answer.ok:
+            log.warning(f"{self.unwritten}: %s", self.path, answer.error)
+
+
+def take_into(view: ClusterView, kind: keys.ApiKind, answer: Answer) -> None:
+    if answer.obj is not None:
+        answer.obj.setdefault("kind", kind.kind)
+        view.apply(kind.kind, answer.obj, deleted=False)
+
+
+def claims_of(namespace: str) -> tuple[str, str, str, str]:
+    return (keys.GPU_CLAIM.group, keys.GPU_CLAIM.version, namespace, keys.GPU_CLAIM.plural)

@@ -1,0 +1,146 @@
+"""Claim status writes: a placement decision, and a note that only tells."""
+
+from __future__ import annotations
+
+import json
+import logging
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import ClassVar
+
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys, metrics
+from cozystack_gpu.binder.calls import base
+from cozystack_gpu.binder.calls.base import (
+    Answer,
+    Call,
+    CallKey,
+    Clients,
+    Heard,
+    Outcome,
+    Priority,
+    WriterStopped,
+    claims_of,
+    describe,
+    status_of,
+    take_into,
+)
+from cozystack_gpu.cluster.view import ClusterView
+from cozystack_gpu.model import ClaimKey
+from cozystack_gpu.objects import MutableObj
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _ClaimStatus(Call):
+    """A status merge patch of a claim, carrying the resourceVersion its body was built on:
+    a claim changed since answers 409, and the fresh claim comes back to be judged again."""
+
+    namespace: str
+    name: str
+    body: MutableObj
+
+    @property
+    def claim(self) -> ClaimKey:
+        return ClaimKey(self.namespace, self.name)
+
+    @property
+    @abstractmethod
+    def label(self) -> str:
+        """The purpose in metrics and logs."""
+
+    def request(self, api: Clients) -> MutableObj:
+        metrics.STATUS_WRITES.labels(self.label).inc()
+        response = api.custom.patch_namespaced_custom_object_status(
+            *claims_of(self.namespace),
+            self.name,
+            self.body,
+            _preload_content=False,
+            _request_timeout=base.REQUEST_TIMEOUT_S,
+        )
+        return dict(json.loads(response.data))
+
+    def refused(self, exc: Exception, api: Clients) -> Answer:
+        outcome = {409: Outcome.CONFLICT, 404: Outcome.GONE}.get(
+            status_of(exc) or 0, Outcome.FAILED
+        )
+        if outcome is Outcome.GONE:
+            return Answer(self, outcome)
+        error = describe(exc)
+        if isinstance(exc, WriterStopped):
+            return Answer(self, outcome, error=error)
+        if outcome is Outcome.FAILED:
+            log.warning(
+                "status write of claim %s (%s) failed: %s; it is judged again",
+                self.path,
+                self.label,
+                error,
+            )
+        try:
+            fresh = api.custom.get_namespaced_custom_object(
+                *claims_of(self.namespace), self.name, _request_timeout=base.REQUEST_TIMEOUT_S
+            )
+        except ApiException as again:
+            if again.status == 404:
+                return Answer(self, Outcome.GONE)
+            fresh = None
+        except Exception as again:  # the server is away: the watch brings the claim later
+            log.debug("claim %s not read again: %s", self.path, again)
+            fresh = None
+        return Answer(self, outcome, fresh, error)
+
+    def apply(self, answer: Answer, view: ClusterView) -> None:
+        take_into(view, keys.GPU_CLAIM, answer)  # written, or refused with it as it is now
+
+
+@dataclass(frozen=True)
+class Decision(_ClaimStatus):
+    """A placement (bind, move, lose, rebind, attach, detach, a rejected node): recorded in
+    the snapshot when sent, and the claim held in flight until it is answered."""
+
+    what: ClassVar[str] = "claim-decision"
+    priority: ClassVar[Priority] = Priority.BIND
+    step: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.step
+
+    def apply(self, answer: Answer, view: ClusterView) -> None:
+        super().apply(answer, view)
+        if answer.outcome is Outcome.GONE:
+            view.forget(keys.GPU_CLAIM.kind, self.claim)
+        view.dirty.claims.add(self.claim)  # judged again on what the API now holds
+
+
+class Note(StrEnum):
+    """Status writes that only tell: not placements, so queued behind every bind and never
+    held in flight."""
+
+    WAIT = "Wait"  # why an order waits
+    DELETING = "Deleting"  # why a claim's deletion waits
+    PLACED = "Placed"  # where a VM's set starts, or why it cannot
+    WITHDRAWN = "Withdrawn"  # its class is being deleted
+
+
+@dataclass(frozen=True)
+class ClaimNote(_ClaimStatus):
+    """A condition that tells; a newer one of the same note on the claim replaces one
+    still queued (it was built on a claim version the older would have changed)."""
+
+    what: ClassVar[str] = "claim-note"
+    priority: ClassVar[Priority] = Priority.STATUS
+    supersedes: ClassVar[bool] = True
+    note: Note = Note.WAIT
+    heard: Heard | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def key(self) -> CallKey:
+        return (f"{self.what}/{self.note}", self.namespace, self.name)
+
+    @property
+    def label(self) -> str:
+        return self.note.value

@@ -1,0 +1,157 @@
+"""The start path's writes on other objects: the launcher pod's pin and delete, a VMI's
+template claims made and, once their VMI is gone, deleted, and a VMI that can never run."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from kubernetes import client
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.calls import base
+from cozystack_gpu.binder.calls.base import (
+    Answer,
+    Call,
+    Clients,
+    Heard,
+    Priority,
+    claims_of,
+    discard,
+    take_into,
+)
+from cozystack_gpu.cluster.view import ClusterView
+from cozystack_gpu.objects import MutableObj
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PodPin(Call):
+    """The launcher pod's one update: pinned to the set's node and ungated (or only
+    ungated), as a merge patch."""
+
+    what: ClassVar[str] = "pod"
+    priority: ClassVar[Priority] = Priority.BIND
+    unwritten: ClassVar[str] = "launcher pod %s not updated"
+    namespace: str
+    name: str
+    body: MutableObj
+
+    def request(self, api: Clients) -> MutableObj:
+        return dict(
+            api.core.patch_namespaced_pod(
+                self.name,
+                self.namespace,
+                self.body,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+                _request_timeout=base.REQUEST_TIMEOUT_S,
+            ).json()
+        )
+
+    def apply(self, answer: Answer, view: ClusterView) -> None:
+        super().apply(answer, view)
+        take_into(view, keys.POD, answer)
+
+
+@dataclass(frozen=True)
+class PodDelete(Call):
+    """A pinned launcher pod its node refused, deleted: only the very pod judged (its uid
+    as a precondition); one gone or replaced since (404, 409) is as good."""
+
+    what: ClassVar[str] = "pod"  # one update of a pod at a time, pin or delete
+    priority: ClassVar[Priority] = Priority.BIND
+    done_when: ClassVar[frozenset[int]] = frozenset({404, 409})
+    unwritten: ClassVar[str] = "launcher pod %s not deleted"
+    namespace: str
+    name: str
+    uid: str | None
+
+    def request(self, api: Clients) -> None:
+        discard(
+            api.core.delete_namespaced_pod(
+                self.name,
+                self.namespace,
+                body={"preconditions": {"uid": self.uid}},
+                _preload_content=False,
+                _request_timeout=base.REQUEST_TIMEOUT_S,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class TemplateClaimCreate(Call):
+    """A VMI's template claim; one created before (409) is brought by the watch."""
+
+    what: ClassVar[str] = "claim-create"
+    priority: ClassVar[Priority] = Priority.BIND
+    done_when: ClassVar[frozenset[int]] = frozenset({409})
+    unwritten: ClassVar[str] = "template claim %s not created"
+    namespace: str
+    name: str
+    body: MutableObj
+
+    def request(self, api: Clients) -> MutableObj:
+        return dict(
+            api.custom.create_namespaced_custom_object(
+                *claims_of(self.namespace), self.body, _request_timeout=base.REQUEST_TIMEOUT_S
+            )
+        )
+
+    def apply(self, answer: Answer, view: ClusterView) -> None:
+        super().apply(answer, view)
+        take_into(view, keys.GPU_CLAIM, answer)
+
+
+# --- deletes of what is left over -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VmiDelete(Call):
+    """A VMI pinned to a node that is gone before it ever ran: deleted, the VM starts
+    again elsewhere."""
+
+    what: ClassVar[str] = "vmi-delete"
+    priority: ClassVar[Priority] = Priority.BIND
+    done_when: ClassVar[frozenset[int]] = frozenset({404})
+    namespace: str
+    name: str
+    heard: Heard | None = field(default=None, compare=False, repr=False)
+
+    def request(self, api: Clients) -> None:
+        api.custom.delete_namespaced_custom_object(
+            keys.VMI.group,
+            keys.VMI.version,
+            self.namespace,
+            keys.VMI.plural,
+            self.name,
+            _request_timeout=base.REQUEST_TIMEOUT_S,
+        )
+        log.info("deleted VMI %s: its node is gone and it never ran", self.path)
+
+
+@dataclass(frozen=True)
+class ClaimDelete(Call):
+    """A template claim whose VMI is gone, deleted: only the very one judged (its uid as a
+    precondition), so a claim of the same name made since is not touched."""
+
+    what: ClassVar[str] = "claim-delete"
+    priority: ClassVar[Priority] = Priority.BIND
+    done_when: ClassVar[frozenset[int]] = frozenset({404})
+    unwritten: ClassVar[str] = "left-over template claim %s not deleted"
+    namespace: str
+    name: str
+    uid: str
+    why: str
+    heard: Heard | None = field(default=None, compare=False, repr=False)
+
+    def request(self, api: Clients) -> None:
+        api.custom.delete_namespaced_custom_object(
+            *claims_of(self.namespace),
+            self.name,
+            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=self.uid)),
+            _request_timeout=base.REQUEST_TIMEOUT_S,
+        )
+        log.info("deleted GPUClaim %s: %s", self.path, self.why)
