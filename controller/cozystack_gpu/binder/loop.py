@@ -308,7 +308,7 @@ class Binder(Watcher):
 
     def decide(self, claim: ClaimInfo, call: Decision) -> bool:
         """A decision: recorded in the snapshot when it is sent, so the rest of the turn
-        judges on it, and its write sent (answered in ``_decided``). None while a placement
+        judges on it, and its write sent (answered in ``_decided``). False while a placement
         write of the claim is out: the claim is decided again once it is answered."""
         if claim.key in self.inflight:
             return False

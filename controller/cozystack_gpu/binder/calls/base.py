@@ -103,6 +103,8 @@ class Call(ABC):
     done_when: ClassVar[frozenset[int]] = frozenset()
     # What a failure is logged as (the path fills %s), when one is worth a warning.
     unwritten: ClassVar[str] = ""
+    # The kind whose object an answer carries into the view (written, or read again).
+    takes: ClassVar[keys.ApiKind | None] = None
     namespace: str
     name: str
     heard: Heard | None = None  # the sending part's bookkeeping, told after ``apply``
@@ -126,10 +128,12 @@ class Call(ABC):
         return Answer(self, Outcome.FAILED, error=describe(exc))
 
     def apply(self, answer: Answer, view: ClusterView) -> None:
-        """What the answer changes in the view (run in the loop): by default nothing, and a
-        failure logged where ``unwritten`` says how."""
+        """What the answer changes in the view (run in the loop): the object it carries
+        taken in as a ``takes``, and a failure logged where ``unwritten`` says how."""
         if self.unwritten and not answer.ok:
             log.warning(f"{self.unwritten}: %s", self.path, answer.error)
+        if self.takes is not None:
+            take_into(view, self.takes, answer)
 
 
 def take_into(view: ClusterView, kind: keys.ApiKind, answer: Answer) -> None:

@@ -25,7 +25,6 @@ from cozystack_gpu.binder.calls.base import (
     claims_of,
     describe,
     status_of,
-    take_into,
 )
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.model import ClaimKey
@@ -39,6 +38,7 @@ class _ClaimStatus(Call):
     """A status merge patch of a claim, carrying the resourceVersion its body was built on:
     a claim changed since answers 409, and the fresh claim comes back to be judged again."""
 
+    takes: ClassVar[keys.ApiKind] = keys.GPU_CLAIM  # written, or as it is now after a refusal
     namespace: str
     name: str
     body: MutableObj
@@ -91,9 +91,6 @@ class _ClaimStatus(Call):
             log.debug("claim %s not read again: %s", self.path, again)
             fresh = None
         return Answer(self, outcome, fresh, error)
-
-    def apply(self, answer: Answer, view: ClusterView) -> None:
-        take_into(view, keys.GPU_CLAIM, answer)  # written, or refused with it as it is now
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ class Finalizer(Call):
 class _ClusterStatus(Call):
     """The status of a cluster-scoped object of ours, as a merge patch."""
 
-    kind: ClassVar[keys.ApiKind]
+    takes: ClassVar[keys.ApiKind]
     priority: ClassVar[Priority] = Priority.STATUS
     supersedes: ClassVar[bool] = True  # a newer one says all an older one would
     name: str
@@ -97,7 +97,7 @@ class _ClusterStatus(Call):
     namespace: str = ""
 
     def request(self, api: Clients) -> MutableObj:
-        kind = self.kind
+        kind = self.takes
         return dict(
             api.custom.patch_cluster_custom_object_status(
                 kind.group, kind.version, kind.plural, self.name, self.body,
@@ -105,16 +105,13 @@ class _ClusterStatus(Call):
             )
         )  # fmt: skip
 
-    def apply(self, answer: Answer, view: ClusterView) -> None:
-        take_into(view, self.kind, answer)
-
 
 @dataclass(frozen=True)
 class ClassStatus(_ClusterStatus):
     """A GPUClass's status, whole."""
 
     what: ClassVar[str] = "class-status"
-    kind: ClassVar[keys.ApiKind] = keys.GPU_CLASS
+    takes: ClassVar[keys.ApiKind] = keys.GPU_CLASS
 
 
 @dataclass(frozen=True)
@@ -122,7 +119,7 @@ class GpuNodeStatus(_ClusterStatus):
     """A GPUNode's conditions as the binder judges them."""
 
     what: ClassVar[str] = "gpunode-status"
-    kind: ClassVar[keys.ApiKind] = keys.GPU_NODE
+    takes: ClassVar[keys.ApiKind] = keys.GPU_NODE
     heard: Heard | None = field(default=None, compare=False, repr=False)
 
 
@@ -186,9 +183,7 @@ def _workloads(namespace: str) -> tuple[str, str, str, str]:
 class _RecordCall(Call):
     what: ClassVar[str] = "record"  # one write of a record at a time
     priority: ClassVar[Priority] = Priority.RECORD
-
-    def apply(self, answer: Answer, view: ClusterView) -> None:
-        take_into(view, keys.WORKLOAD, answer)  # written, or read again after a conflict
+    takes: ClassVar[keys.ApiKind] = keys.WORKLOAD  # written, or read again after a conflict
 
 
 @dataclass(frozen=True)

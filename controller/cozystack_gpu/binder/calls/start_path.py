@@ -12,16 +12,13 @@ from kubernetes import client
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls import base
 from cozystack_gpu.binder.calls.base import (
-    Answer,
     Call,
     Clients,
     Heard,
     Priority,
     claims_of,
     discard,
-    take_into,
 )
-from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.objects import MutableObj
 
 log = logging.getLogger(__name__)
@@ -35,6 +32,7 @@ class PodPin(Call):
     what: ClassVar[str] = "pod"
     priority: ClassVar[Priority] = Priority.BIND
     unwritten: ClassVar[str] = "launcher pod %s not updated"
+    takes: ClassVar[keys.ApiKind] = keys.POD
     namespace: str
     name: str
     body: MutableObj
@@ -50,10 +48,6 @@ class PodPin(Call):
                 _request_timeout=base.REQUEST_TIMEOUT_S,
             ).json()
         )
-
-    def apply(self, answer: Answer, view: ClusterView) -> None:
-        super().apply(answer, view)
-        take_into(view, keys.POD, answer)
 
 
 @dataclass(frozen=True)
@@ -89,6 +83,7 @@ class TemplateClaimCreate(Call):
     priority: ClassVar[Priority] = Priority.BIND
     done_when: ClassVar[frozenset[int]] = frozenset({409})
     unwritten: ClassVar[str] = "template claim %s not created"
+    takes: ClassVar[keys.ApiKind] = keys.GPU_CLAIM
     namespace: str
     name: str
     body: MutableObj
@@ -99,10 +94,6 @@ class TemplateClaimCreate(Call):
                 *claims_of(self.namespace), self.body, _request_timeout=base.REQUEST_TIMEOUT_S
             )
         )
-
-    def apply(self, answer: Answer, view: ClusterView) -> None:
-        super().apply(answer, view)
-        take_into(view, keys.GPU_CLAIM, answer)
 
 
 # --- deletes of what is left over -------------------------------------------------------
