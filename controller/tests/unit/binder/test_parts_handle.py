@@ -10,10 +10,11 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import records
+from cozystack_gpu.binder.attachments import Attachments
 from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
 from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
 from cozystack_gpu.binder.calls.reports import ClassStatus, RecordCreate, RecordStatus, Settings
-from cozystack_gpu.binder.calls.start_path import PodPin
+from cozystack_gpu.binder.calls.start_path import PodPin, VmiDelete
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import SETTINGS_REFRESH_S, Publisher
 from cozystack_gpu.binder.waiting_notes import WaitingNotes
@@ -377,3 +378,44 @@ def test_a_failing_settings_write_is_retried_with_backoff_not_on_every_turn() ->
     assert settings_writes_at(NOW + 3.0 + SETTINGS_REFRESH_S) == 4
     answered(Outcome.WRITTEN)
     assert settings_writes_at(NOW + 3.5 + SETTINGS_REFRESH_S) == 4, "written: nothing to retry"
+
+
+LOST_ON_GONE_NODE = {
+    "phase": "Lost",
+    "nodeName": "gone",
+    "boundAt": "2026-12-01T10:00:01Z",
+    "attachedTo": "vm",
+    "attachedToUID": "uid-vm",
+}
+
+
+def test_a_vmi_pinned_to_a_gone_node_is_deleted_once_and_a_new_one_of_its_name_again() -> None:
+    """Its launcher pod can never be scheduled: the VMI is deleted so the VM starts again
+    elsewhere. The view shows it until the watch brings its end (KubeVirt's finalizers keep
+    it a while), so it is deleted once, however many turns pass; a new VMI of that name
+    (another uid) stuck the same way is deleted too."""
+    handle = _handle(LOST_ON_GONE_NODE)
+    attachments = Attachments(handle)
+    attachments.release_stuck_vmis()
+    attachments.release_stuck_vmis()
+    [delete] = handle.of(VmiDelete)
+    assert (delete.namespace, delete.name) == (NS, "vm")
+    handle.answer(delete, Outcome.WRITTEN)
+    attachments.release_stuck_vmis()
+    assert len(handle.of(VmiDelete)) == 1, "deleted once while the view still shows it"
+    [vmi] = handle.view.raw[keys.VMI.kind].values()
+    again = json.loads(json.dumps(vmi))
+    again["metadata"].update(uid="uid-vm-2", resourceVersion="9")
+    handle.view.apply(keys.VMI.kind, again, deleted=False)
+    attachments.release_stuck_vmis()
+    assert len(handle.of(VmiDelete)) == 2, "the new VMI of that name is stuck too"
+
+
+def test_a_failed_vmi_delete_is_sent_again() -> None:
+    handle = _handle(LOST_ON_GONE_NODE)
+    attachments = Attachments(handle)
+    attachments.release_stuck_vmis()
+    [delete] = handle.of(VmiDelete)
+    handle.answer(delete, Outcome.FAILED, "503 Service Unavailable")
+    attachments.release_stuck_vmis()
+    assert len(handle.of(VmiDelete)) == 2
