@@ -575,7 +575,13 @@ def test_a_pinned_pod_refused_for_memory_rejects_the_node_and_the_set_starts_els
     placed = condition(claim, keys.CONDITION_PLACED)
     assert placed["reason"] == keys.ClaimReason.NODE_REFUSED.value
     assert "for lack of memory" in placed["message"]
-    assert not kubevirt_kit.launcher_pods(env.kube, env.tenant, first["metadata"]["uid"])
+    # The rejection and the pod's delete are sent in the same turn, on separate writer
+    # threads: the claim can show the rejection a moment before the pod is gone.
+    wait_for(
+        lambda: not kubevirt_kit.launcher_pods(env.kube, env.tenant, first["metadata"]["uid"]),
+        10,
+        "the refused launcher pod deleted",
+    )
     # The VMI whose pod went before it ran fails; after KubeVirt's start backoff the VM's
     # next VMI (same name, another uid) holds the claim again, and the set starts elsewhere.
     second = kubevirt_kit.wait_vmi(env.kube, env.tenant, "vm", after=first)
