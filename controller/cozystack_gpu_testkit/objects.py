@@ -8,7 +8,7 @@ runs one (``ControlPlane.start_scheduler``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,7 +229,13 @@ class Kube:
         gpu_class: str,
         count: int = 1,
         labels: Mapping[str, str] | None = None,
+        finalizers: Sequence[str] = (),
     ) -> dict[str, Any]:
+        """A claim as a tenant creates it; ``finalizers`` as admission would add them where
+        no chart policy or webhook is installed."""
+        metadata: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
+        if finalizers:
+            metadata["finalizers"] = list(finalizers)
         result: dict[str, Any] = self.custom.create_namespaced_custom_object(
             keys.GROUP,
             keys.VERSION,
@@ -238,7 +244,7 @@ class Kube:
             {
                 "apiVersion": keys.API_VERSION,
                 "kind": keys.KIND_CLAIM,
-                "metadata": {"name": name, "labels": dict(labels or {})},
+                "metadata": metadata,
                 "spec": {"class": gpu_class, "count": count},
             },
         )

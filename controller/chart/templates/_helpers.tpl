@@ -110,3 +110,10 @@ cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include "cozystack-g
 {{- fail "controller.settings.rawResourceNames=forbidden needs rawNamePolicy.enabled=true: the raw-name ValidatingAdmissionPolicy is what refuses GPU resource names without claims, and without it nothing does; set rawNamePolicy.enabled=true, or rawResourceNames=allowed" -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* "true" when the API server serves MutatingAdmissionPolicy (admissionregistration.k8s.io/v1):
+the claim-protection finalizer is then put on by the API server, else by the claim webhook's
+mutating half. Empty otherwise. */ -}}
+{{- define "cozystack-gpu.servesMutatingPolicy" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}true{{- end -}}
+{{- end -}}

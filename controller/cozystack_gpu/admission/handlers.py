@@ -6,6 +6,7 @@ kopf serves handler ``id`` at URL path ``/<id>`` (CONTRACTS.md):
 |---|---|---|
 | ``/validate-gpuclaim`` | GPUClaim | CREATE, UPDATE |
 | ``/validate-gpuclass`` | GPUClass | CREATE, UPDATE |
+| ``/mutate-gpuclaim`` | GPUClaim | CREATE (where no MutatingAdmissionPolicy serves) |
 | ``/mutate-vmi`` | VirtualMachineInstance | CREATE |
 | ``/mutate-pod`` | Pod | CREATE |
 
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 
 WEBHOOKS = (
     "validate-gpuclaim",
+    "mutate-gpuclaim",
     "validate-gpuclass",
     "validate-vm",
     "mutate-vmi",
@@ -192,6 +194,19 @@ def validate_gpuclaim(
             warnings.extend(admission.claims.admit_create(body))
         elif operation == "UPDATE" and old is not None:
             admission.claims.admit_update(old, body)
+
+
+@kopf.on.mutate(
+    keys.GROUP, keys.VERSION, keys.PLURAL_CLAIMS, id="mutate-gpuclaim",
+    operations=["CREATE"],
+)  # fmt: skip
+def mutate_gpuclaim(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """The claim-protection finalizer on a new claim, where the API server has no
+    MutatingAdmissionPolicy to put it on (the chart renders one or the other). Reads
+    nothing: it answers before the replica has synced."""
+    current = list(body.get("metadata", {}).get("finalizers") or [])
+    if keys.FINALIZER_CLAIM not in current:
+        patch.metadata["finalizers"] = [*current, keys.FINALIZER_CLAIM]
 
 
 @kopf.on.validate(

@@ -35,14 +35,18 @@ def class_protection(class_obj: Obj, holding_claims: int) -> dict[str, Any] | No
 def claim_protection(
     claim_obj: Obj, vmi_live: bool, *, owner_live: bool = False
 ) -> dict[str, Any] | None:
-    """Keep the claim-protection finalizer while the claim is attached to a VMI that runs
-    (or may still appear, within the attachment grace), and on a template claim while the
-    VMI it was made for lives (``owner_live``: it carries the finalizer from its creation),
-    so deleting the claim cannot pull the GPU from under a VM; drop it once that is over."""
+    """The claim-protection finalizer, kept as Kubernetes keeps ``kubernetes.io/pvc-protection``.
+
+    Admission puts it on every claim at create time (SPEC.md §5), so neither a bind nor a
+    VM start writes it. A live claim keeps it whatever its phase; one created before that
+    (an older release) gets it once it is attached to a VMI that runs, or may still appear
+    within the attachment grace, or when it is a template claim whose VMI lives
+    (``owner_live``). A deleted claim keeps it while that holds, so the GPU is not pulled
+    from under a VM, and loses it once nothing uses it: the one write of its deletion."""
     attached = bool((claim_obj.get("status") or {}).get("attachedTo"))
     protect = (attached and vmi_live) or owner_live
-    if protect and not deleting(claim_obj):
-        return finalizer_patch(claim_obj, keys.FINALIZER_CLAIM, True)
+    if not deleting(claim_obj):
+        return finalizer_patch(claim_obj, keys.FINALIZER_CLAIM, True) if protect else None
     if not protect:
         return finalizer_patch(claim_obj, keys.FINALIZER_CLAIM, False)
     return None

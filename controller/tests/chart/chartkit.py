@@ -23,9 +23,13 @@ def kube_version() -> str:
 
 
 def helm_template(
-    helm: Path, values: dict[str, Any] | None = None, namespace: str = NAMESPACE
+    helm: Path,
+    values: dict[str, Any] | None = None,
+    namespace: str = NAMESPACE,
+    api_versions: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """`helm template` of the chart with ``values`` (on stdin) over its defaults."""
+    """`helm template` of the chart with ``values`` (on stdin) over its defaults;
+    ``api_versions``: what the API server serves beyond helm's defaults."""
     return subprocess.run(
         [
             str(helm),
@@ -36,6 +40,7 @@ def helm_template(
             namespace,
             "--kube-version",
             kube_version(),
+            *(f"--api-versions={v}" for v in api_versions),
             "--values",
             "-",
         ],
@@ -47,10 +52,13 @@ def helm_template(
 
 
 def render(
-    helm: Path, values: dict[str, Any] | None = None, namespace: str = NAMESPACE
+    helm: Path,
+    values: dict[str, Any] | None = None,
+    namespace: str = NAMESPACE,
+    api_versions: tuple[str, ...] = (),
 ) -> list[Any]:
     """The rendered objects; fails with helm's message when the chart does not render."""
-    result = helm_template(helm, values, namespace)
+    result = helm_template(helm, values, namespace, api_versions)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 

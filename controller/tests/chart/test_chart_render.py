@@ -108,6 +108,17 @@ CONTRACT = {
         {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
         "None",
     ),
+    # Rendered where the API server serves no MutatingAdmissionPolicy (helm template's
+    # default); the policy takes its place elsewhere.
+    ("MutatingWebhookConfiguration", "gpuclaim-protection.gpu.cozystack.io"): (
+        "/mutate-gpuclaim",
+        keys.GROUP,
+        keys.VERSION,
+        keys.PLURAL_CLAIMS,
+        ["CREATE"],
+        None,
+        "None",
+    ),
     ("ValidatingWebhookConfiguration", "gpuclaim.gpu.cozystack.io"): (
         "/validate-gpuclaim",
         keys.GROUP,
@@ -938,3 +949,34 @@ def test_every_default_value_is_described_by_the_schema() -> None:
     walk(values, schema, "values")
     # Closed objects everywhere the chart reads fixed keys.
     assert schema["additionalProperties"] is False
+
+
+def test_claim_protection_goes_on_at_create_by_policy_where_served_else_by_the_webhook(
+    helm: Path,
+) -> None:
+    """One or the other puts claim-protection on every new claim, never both and never
+    neither: the MutatingAdmissionPolicy where the API server serves it, else the claim
+    webhook's mutating half."""
+    served = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+    for api_versions, policy in (((), False), ((served,), True)):
+        objects = render(helm, api_versions=api_versions)
+        hooks = webhooks(objects)
+        fallback = ("MutatingWebhookConfiguration", "gpuclaim-protection.gpu.cozystack.io")
+        assert (fallback in hooks) is not policy, api_versions
+        policies = of_kind(objects, "MutatingAdmissionPolicy")
+        bindings = of_kind(objects, "MutatingAdmissionPolicyBinding")
+        assert len(policies) == len(bindings) == int(policy), api_versions
+        if policy:
+            (spec,) = (p["spec"] for p in policies)
+            assert spec["failurePolicy"] == "Fail"
+            rules = spec["matchConstraints"]["resourceRules"]
+            assert rules == [
+                {
+                    "apiGroups": [keys.GROUP],
+                    "apiVersions": [keys.VERSION],
+                    "operations": ["CREATE"],
+                    "resources": [keys.PLURAL_CLAIMS],
+                }
+            ]
+            assert keys.FINALIZER_CLAIM in spec["mutations"][0]["jsonPatch"]["expression"]
+            assert bindings[0]["spec"]["policyName"] == policies[0]["metadata"]["name"]

@@ -46,9 +46,13 @@ KUBE_VERSION = "1.37.2"
 
 
 def helm_template(
-    template: str, namespace: str, values: Mapping[str, Any] | None = None
+    template: str,
+    namespace: str,
+    values: Mapping[str, Any] | None = None,
+    api_versions: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
-    """The objects one chart template renders to."""
+    """The objects one chart template renders to; ``api_versions`` are what the API server
+    serves beyond helm's defaults (``helm install`` asks the server itself)."""
     result = subprocess.run(
         [
             str(cluster.binary_dir() / "helm"),
@@ -61,6 +65,7 @@ def helm_template(
             KUBE_VERSION,
             "--show-only",
             f"templates/{template}",
+            *(f"--api-versions={v}" for v in api_versions),
             "--values",
             "-",
         ],

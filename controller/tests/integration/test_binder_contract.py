@@ -187,12 +187,20 @@ def test_deleting_an_attached_claim_waits_for_its_vmi_then_takes_its_record(env:
     wait_for(lambda: _records(env) == [], what="its usage record to go")
 
 
-def test_an_unattached_claim_carries_no_protection_and_deletes_at_once(env: Env) -> None:
+def test_a_claim_keeps_the_protection_it_was_created_with_until_it_is_deleted(env: Env) -> None:
+    """Admission puts claim-protection on at create (as pvc-protection): the binder binds
+    without touching it, leaves it on while the claim is held, and takes it off once the
+    claim is deleted and no VMI uses it: the claim then goes."""
     env.node("n1", 1)
     gpu_class = env.gpu_class()
-    env.kube.claim(env.tenant, "free", gpu_class, 1)
+    env.kube.claim(env.tenant, "free", gpu_class, 1, finalizers=[keys.FINALIZER_CLAIM])
     bound = env.wait_phase("free", "Bound")
-    assert keys.FINALIZER_CLAIM not in (bound["metadata"].get("finalizers") or [])
+    time.sleep(1.5)  # several binder turns: none may take the finalizer off a live claim
+    held = env.kube.get_claim(env.tenant, "free")
+    assert held["metadata"]["finalizers"] == [keys.FINALIZER_CLAIM]
+    assert held["metadata"]["resourceVersion"] == bound["metadata"]["resourceVersion"], (
+        "the bind was followed by another write"
+    )
     _delete_claim(env, "free")
     wait_for(lambda: _claim_or_none(env, "free") is None, what="the claim to go")
 

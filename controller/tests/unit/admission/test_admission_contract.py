@@ -3,6 +3,7 @@ id, the object kind, the operations, validating or mutating, side effects."""
 
 from __future__ import annotations
 
+import kopf
 from kopf._cogs.structs.references import Resource
 from kopf._core.intents import registries
 from kopf._core.intents.causes import WebhookType
@@ -14,6 +15,9 @@ CONTRACT = {
     # id (path): (group, version, plural, operations, type, side effects)
     "validate-gpuclaim": (
         keys.GROUP, keys.VERSION, keys.PLURAL_CLAIMS, ["CREATE", "UPDATE"], "validating", False
+    ),
+    "mutate-gpuclaim": (
+        keys.GROUP, keys.VERSION, keys.PLURAL_CLAIMS, ["CREATE"], "mutating", False
     ),
     "validate-gpuclass": (
         keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, ["CREATE", "UPDATE"], "validating", False
@@ -45,3 +49,21 @@ def test_every_webhook_of_the_contract_is_served_and_nothing_else() -> None:
         assert bool(handler.side_effects) == effects, handler_id
         # The chart renders the configurations: none is kopf-managed or lenient.
         assert not handler.ignore_failures, handler_id
+
+
+def test_a_new_claim_gets_the_protection_finalizer_beside_its_own() -> None:
+    """The claim webhook's mutating half (where no MutatingAdmissionPolicy serves): every
+    new claim carries claim-protection, a tenant's own finalizers kept; one that has it is
+    left alone."""
+    for given, wanted in (
+        (None, [keys.FINALIZER_CLAIM]),
+        (["example.com/mine"], ["example.com/mine", keys.FINALIZER_CLAIM]),
+    ):
+        patch = kopf.Patch()
+        body = kopf.Body({"metadata": {"name": "c", **({"finalizers": given} if given else {})}})
+        handlers.mutate_gpuclaim(body=body, patch=patch)
+        assert patch["metadata"]["finalizers"] == wanted
+    patch = kopf.Patch()
+    protected = kopf.Body({"metadata": {"name": "c", "finalizers": [keys.FINALIZER_CLAIM]}})
+    handlers.mutate_gpuclaim(body=protected, patch=patch)
+    assert not patch

@@ -131,6 +131,18 @@ def test_a_start_attaches_and_protects_every_held_claim(pool: ThreadPoolExecutor
     assert api.claims["b"]["metadata"]["finalizers"] == ["example.com/keep", keys.FINALIZER_CLAIM]
 
 
+def test_a_start_of_claims_protected_since_their_creation_writes_only_their_attachments(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """Admission puts the finalizer on every new claim: the start writes one status patch
+    per claim and no metadata patch (from 2N writes to N)."""
+    api = FakeApi(bound("a"), bound("b"))
+    for name in ("a", "b"):
+        api.claims[name]["metadata"]["finalizers"] = [keys.FINALIZER_CLAIM]
+    webhook(api, pool).admit(vmi("vm", "a", "b"), dry_run=False)
+    assert sorted(api.writes) == [("status", "a"), ("status", "b")]
+
+
 def test_a_replica_that_has_not_read_the_cluster_refuses_a_start_retryably(
     pool: ThreadPoolExecutor,
 ) -> None:

@@ -400,11 +400,35 @@ def test_an_attached_claim_is_protected_until_its_vmi_is_final_or_gone() -> None
     assert protection.claim_protection(deleted, vmi_live=False) == {
         "metadata": {"resourceVersion": "7", "finalizers": []}
     }
-    detached = claim("Bound", finalizers=[keys.FINALIZER_CLAIM])
-    assert protection.claim_protection(detached, vmi_live=False) == {
+    assert protection.claim_protection(claim("Bound"), vmi_live=False) is None
+
+
+def test_a_live_claim_keeps_the_protection_it_was_created_with_whatever_its_phase() -> None:
+    """Admission puts the finalizer on at create time (as pvc-protection): the binder never
+    takes it off a claim that is not deleted, so neither a bind nor a VM's next start has
+    to write it again."""
+    for phase, attached_to in (("Pending", None), ("Bound", None), ("Bound", "vm"), ("Lost", None)):
+        held = claim(phase, attached_to, NOW, finalizers=[keys.FINALIZER_CLAIM])
+        assert protection.claim_protection(held, vmi_live=False) is None, phase
+        assert protection.claim_protection(held, vmi_live=True) is None, phase
+
+
+def test_a_deleted_claim_loses_its_protection_once_nothing_uses_it() -> None:
+    deleted = {"deletionTimestamp": "2026-11-30T10:00:00Z", "finalizers": [keys.FINALIZER_CLAIM]}
+    unattached = claim("Bound", **deleted)
+    assert protection.claim_protection(unattached, vmi_live=False) == {
         "metadata": {"resourceVersion": "7", "finalizers": []}
     }
-    assert protection.claim_protection(claim("Bound"), vmi_live=False) is None
+    pending = claim("Pending", **deleted)
+    assert protection.claim_protection(pending, vmi_live=False) == {
+        "metadata": {"resourceVersion": "7", "finalizers": []}
+    }
+    # Another controller's finalizer stays where it was.
+    shared = claim("Bound", deletionTimestamp="2026-11-30T10:00:00Z",
+                   finalizers=["example.com/keep", keys.FINALIZER_CLAIM])  # fmt: skip
+    assert protection.claim_protection(shared, vmi_live=False) == {
+        "metadata": {"resourceVersion": "7", "finalizers": ["example.com/keep"]}
+    }
 
 
 def _node(ready: bool = True, cordoned: bool = False, state: str | None = None,
@@ -485,7 +509,10 @@ def test_staleness_needs_a_report_and_a_period() -> None:
 def test_a_template_claim_is_protected_while_the_vmi_it_was_made_for_lives() -> None:
     made = claim(None, finalizers=[keys.FINALIZER_CLAIM])  # created, not placed yet
     assert protection.claim_protection(made, vmi_live=False, owner_live=True) is None
-    assert protection.claim_protection(made, vmi_live=False, owner_live=False) == {
+    # Its VMI gone, the claim itself is deleted (``template_left_over``); then it goes.
+    assert protection.claim_protection(made, vmi_live=False, owner_live=False) is None
+    gone = claim(None, finalizers=[keys.FINALIZER_CLAIM], deletionTimestamp="2026-11-30T10:00:00Z")
+    assert protection.claim_protection(gone, vmi_live=False, owner_live=False) == {
         "metadata": {"resourceVersion": "7", "finalizers": []}
     }
 
