@@ -5,8 +5,10 @@ cluster into a binder's snapshot and binds, and only the leader keeps the vGPU l
 copies (``licensing.copier``, its own thread beside the binder's). Both read the process's
 one cache (``cluster.informer.SharedInformers``, shared with the admission feed) when
 given one, and keep informers of their own when not (tests that run a binder alone).
-When the Lease is lost both are stopped at once; a new leader's binder starts from its
-replica's cache, listed and watched since the replica started.
+When the Lease is lost both are stopped at once. Every replica runs a binder from its start:
+a standby's keeps its snapshot current and writes nothing (``Binder``), so the replica that
+wins the Lease plans on that snapshot at once. A replica that stops leading starts a fresh
+standby binder, unless it gave the Lease up for good (below).
 
 A replica whose binder cannot work gives the Lease up. The elector asks ``binder_problem``
 every round while it leads: the binder loop raised, one of the binder's threads (loop,
@@ -57,6 +59,7 @@ class Controller:
         # The process's cache, shared with the admission feed; None: each binder keeps its own.
         self.informers = informers
         self._lock = threading.Lock()
+        self._stopping = False
         self.binder: Binder | None = None
         # The leader's other part: the vGPU guest licence copies (SPEC.md §10).
         self.copier: LicenseCopier | None = None
@@ -74,21 +77,33 @@ class Controller:
         )
 
     def start(self) -> None:
+        self._stand_by()
         self.elector.start()
 
     def stop(self) -> None:
+        self._stopping = True
         self.elector.stop(release=True)
         self._stop_binding()
 
-    def _start_binding(self) -> None:
+    def _stand_by(self) -> None:
+        """A binder that keeps its snapshot warm and binds once this replica leads."""
         with self._lock:
-            if self.binder is not None:
+            if self.binder is None and not self._stopping:
+                self.binder = Binder(
+                    self.api,
+                    self.config,
+                    is_leader=self.elector.is_leader,
+                    informers=self.informers,
+                )
+                self.binder.start()
+
+    def _start_binding(self) -> None:
+        self._stand_by()
+        with self._lock:
+            if self.copier is not None or self.binder is None:
                 return
             metrics.LEADER.set(1)
-            self.binder = Binder(
-                self.api, self.config, is_leader=self.elector.is_leader, informers=self.informers
-            )
-            self.binder.start()
+            self.binder.wake()
             self.copier = LicenseCopier(
                 self.api,
                 self.config.namespace,
@@ -96,7 +111,7 @@ class Controller:
                 informers=self.informers,
             )
             self.copier.start()
-            log.info("%s leads: binder started (and the licence copier)", self.config.identity)
+            log.info("%s leads: binder binds (and the licence copier runs)", self.config.identity)
 
     def _stop_binding(self) -> None:
         with self._lock:
@@ -108,6 +123,9 @@ class Controller:
         if binder is not None:
             binder.stop()
             log.info("%s stopped binding", self.config.identity)
+        # A replica that gave the Lease up for good (its binder broke) campaigns no more.
+        if self.elector.failure is None:
+            self._stand_by()
 
     # --- health ------------------------------------------------------------------------
 

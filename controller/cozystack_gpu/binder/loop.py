@@ -70,6 +70,7 @@ MAX_BATCH = 5000
 PLACING = (Step.BIND, Step.REBIND, Step.MOVE)  # steps that take units on ``action.node``
 
 STALENESS_EVERY_S = 1.0  # how often node agent reports are checked for age
+WAKE = object()  # put on the loop's queue to turn it at once
 
 
 @dataclass
@@ -84,7 +85,15 @@ class Stats:
 
 
 class Binder(Watcher):
-    """Runs in its own thread while this replica leads; ``stop()`` ends it at once."""
+    """Runs in its own thread in every replica; it decides and writes only while
+    ``is_leader()`` says so, and ``stop()`` ends it at once.
+
+    A standby's binder is warm: it takes every watch event into its view and snapshot as
+    the leader's does, so winning the Lease means planning at once on a current snapshot,
+    not listing, building and catching up first (the takeover the hoster waits for). What
+    the parts keep books on starts at the takeover, as a fresh leader's would
+    (``_took_over``).
+    """
 
     def __init__(
         self,
@@ -141,6 +150,7 @@ class Binder(Watcher):
         self._last_plan = 0.0
         self._next_plan = 0.0
         self._changed = True
+        self._leading = False  # as of the loop's last turn
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -163,6 +173,10 @@ class Binder(Watcher):
         writers = [t.name for t in self.writer.threads if t.ident is not None and not t.is_alive()]
         return self._threads.dead_threads() + writers
 
+    def wake(self) -> None:
+        """Turn the loop now (this replica just won the Lease) instead of at its next tick."""
+        self._threads.queue.put(WAKE)
+
     @property
     def status_writes(self) -> int:
         return self.writer.status_writes
@@ -181,7 +195,12 @@ class Binder(Watcher):
                 else:
                     continue
             if not self.is_leader():
+                self._leading = False
+                self._flush(standby=True)
                 continue
+            if not self._leading:
+                self._leading = True
+                self._took_over()
             self.stats.loops += 1
             now = self.clock()
             self._flush()
@@ -196,6 +215,8 @@ class Binder(Watcher):
     # --- gather ----------------------------------------------------------------------
 
     def _handle(self, item: Any) -> None:
+        if item is WAKE:
+            return
         if isinstance(item, Event):
             take(self.view, item)
         elif isinstance(item, Answer):
@@ -207,18 +228,28 @@ class Binder(Watcher):
         self.synced.set()
         log.info("binder synced: %s in %.3f s", self.view.sizes(), time.perf_counter() - started)
 
-    def _flush(self) -> None:
+    def _took_over(self) -> None:
+        """This replica leads from this turn: what a fresh leader looks at first."""
+        self._changed = True
+        self.publisher.took_over()
+        log.info("binder leads: %s in its snapshot", self.view.sizes())
+
+    def _flush(self, *, standby: bool = False) -> None:
         """Bring the snapshot up to date with every object changed since the last pass.
 
         Only a change of what the model reads asks for a new plan: the echo of a condition
         the binder wrote itself, or a label the model ignores, does not. A claim whose
-        write is out keeps the decision sent until the write returns.
+        write is out keeps the decision sent until the write returns. A ``standby`` keeps
+        only the snapshot: the parts start their books when it leads.
         """
         now = self.clock()
         if now - self._last_staleness >= STALENESS_EVERY_S:
             self._last_staleness = now
             self.view.refresh_staleness(now)
         changed, dirty = self.view.sync_into(self.snapshot, now, held=self.inflight)
+        if standby:
+            self._changed |= changed
+            return
         for key in dirty.claims & self._unanswered.keys():
             self._confirm(self._unanswered[key], self.view.claim(key))
         self.publisher.changed(dirty.claims, dirty.nodes)

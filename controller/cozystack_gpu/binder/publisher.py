@@ -73,6 +73,12 @@ class Publisher(BinderPart):
         self._protect_due |= claims
         self._gpunodes_due |= nodes
 
+    def took_over(self) -> None:
+        """The binder leads from now: every claim being deleted is judged for its
+        finalizer, as no watch event may bring it again (deleted while no replica led, or
+        while this one stood by)."""
+        self._protect_due |= {key for key, obj in self.view.claims() if protection.deleting(obj)}
+
     def _settings_heard(self, answer: Answer) -> None:
         if answer.ok:
             self._settings_failures = 0

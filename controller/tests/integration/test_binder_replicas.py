@@ -148,7 +148,7 @@ def test_killing_the_leader_mid_burst_hands_over_and_keeps_the_invariant(
             return claims if bound(claims) == UNITS else None
 
         wait_for(settled, timeout=60, what=f"{UNITS} bound after the take-over")
-    assert "leads: binder started" in (tmp_path / f"{other}.log").read_text()
+    assert "leads: binder binds" in (tmp_path / f"{other}.log").read_text()
 
 
 def test_a_restart_between_decisions_converges_with_nothing_lost(

@@ -34,6 +34,7 @@ from cozystack_gpu import controller as controller_module
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.informer import Source
 from cozystack_gpu.controller import Controller
+from cozystack_gpu.model import ClaimKey
 from cozystack_gpu.model import plan as real_plan
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
@@ -171,6 +172,7 @@ def assert_handed_over(
     binds a new order; returns the seconds from ``since`` until that order was Bound."""
     wait_for(lambda: pair.holder() == other, within, f"{other} holding the lease")
     assert not failed.elector.is_leader()
+    # It gave the Lease up for good: its binder stopped, and no standby replaces it.
     wait_for(lambda: failed.binder is None, 15, "the failed binder stopped")
     pair.order("after")
     bound = pair.bound("after")
@@ -315,3 +317,36 @@ def test_a_binder_loop_that_hangs_hands_the_lease_over(
         pair.bound("trigger")
     finally:
         release.set()
+
+
+def test_a_standby_keeps_a_current_snapshot_writes_nothing_and_binds_once_it_leads(
+    pair: Pair,
+) -> None:
+    """The standby's binder is warm: every order the leader binds is in its snapshot as
+    Bound there, while it has turned no deciding loop and sent no write; the leader killed
+    (its binder stopped, its Lease left to expire), the standby binds on that snapshot."""
+    leader, other, standby = pair.leader()
+    pair.order("held")
+    held = pair.bound("held")
+    warm = standby.binder
+    assert warm is not None
+    key = ClaimKey(pair.tenant, "held")
+
+    def in_standby_snapshot() -> bool:
+        claim = warm.snapshot.claim(key)
+        return claim is not None and claim.node == held["status"]["nodeName"]
+
+    wait_for(in_standby_snapshot, 10, "the bind in the standby's snapshot")
+    assert warm.synced.is_set()
+    assert (warm.stats.loops, sum(warm.writer.sent.values()), warm.stats.binds) == (0, 0, 0), (
+        "a standby decided or wrote"
+    )
+    assert not standby.elector.is_leader()
+    # The leader goes without handing the Lease back, as a killed process does.
+    leader.elector.stop(release=False)
+    leader._stop_binding()
+    wait_for(lambda: pair.holder() == other, 4 * LEASE_S, f"{other} holding the lease")
+    assert standby.binder is warm, "the standby's binder was replaced instead of leading"
+    pair.order("after")
+    pair.bound("after")
+    assert warm.stats.binds == 1

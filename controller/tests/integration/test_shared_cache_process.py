@@ -85,14 +85,18 @@ def test_a_replica_lists_each_kind_once_and_a_new_leadership_lists_nothing(
         "the feed and the binder to agree",
     )
 
-    # The Lease lost and won back: the next binder starts from the cache, listing none of
-    # the kinds the feed reads (the leader's own kinds, usage records and the copier's
-    # Secrets, were read by no one meanwhile: they are listed afresh).
+    # The Lease lost: the binder stops, the licence copier's Secrets are watched no more,
+    # and a fresh standby binder starts from the cache, listing none of the kinds the feed
+    # reads (usage records, read by no one meanwhile, are listed afresh). Won back, it binds.
     before = Counter(listings)
     controller._stop_binding()
-    assert controller.binder is None
-    assert replica["cache"].watched() == watched, "the leader's own kinds are no longer watched"
+    standby = controller.binder
+    assert standby is not None and standby is not binder, "no fresh standby binder"
+    assert replica["cache"].watched() == watched | {keys.WORKLOAD.kind}, (
+        "the copier's Secrets are still watched, or the standby watches less than a binder"
+    )
     controller._start_binding()
+    assert controller.binder is standby, "the standby was not the binder that leads"
     corner.kube.claim(corner.tenant, "second", gpu_class, 1)
     wait_for(lambda: corner.phase("second") == "Bound", 30, "a bind by the next binder")
     again = {
