@@ -205,6 +205,21 @@ def test_a_claim_keeps_the_protection_it_was_created_with_until_it_is_deleted(en
     wait_for(lambda: _claim_or_none(env, "free") is None, what="the claim to go")
 
 
+def test_a_claim_deleted_while_no_binder_ran_goes_once_one_leads(env: Env) -> None:
+    """Deleted while no replica led, the claim sends no further watch event: the binder
+    that takes over judges every claim being deleted and lets this one go."""
+    env.node("n1", 1)
+    gpu_class = env.gpu_class()
+    env.kube.claim(env.tenant, "gap", gpu_class, 1, finalizers=[keys.FINALIZER_CLAIM])
+    env.wait_phase("gap", "Bound")
+    env.binder.stop()
+    _delete_claim(env, "gap")
+    gone = env.kube.get_claim(env.tenant, "gap")
+    assert gone["metadata"]["deletionTimestamp"], "the claim was not marked deleted"
+    env.restart_binder()
+    wait_for(lambda: _claim_or_none(env, "gap") is None, what="the claim to go")
+
+
 # --- GPUNode conditions and stale inventories -------------------------------------------
 
 
