@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -110,6 +111,9 @@ def release(
     kube.namespace(tenant, {f"{keys.TENANT_LABEL_PREFIX}{tenant}": ""})
     rel = Release(plane, helm, api, kube, AdmissionRecorder(Path()), tenant, Path())
     rel.run("install", RELEASE, str(CHART), "--create-namespace", values=VALUES)
+    installed = time.monotonic()
+    wait_for(lambda: _claims_admitted(kube, tenant), 60, "claims admitted after install")
+    print(f"\n[install] claims admitted {time.monotonic() - installed:.1f} s after helm install")
     # The webhook Service answers with the chart's own certificate.
     rel.cert_dir = write_cert_dir(api, NAMESPACE, SECRET, tmp_path_factory.mktemp("webhook-certs"))
     rel.webhooks = AdmissionRecorder(rel.cert_dir).start()
@@ -118,6 +122,19 @@ def release(
         yield rel
     finally:
         rel.webhooks.stop()
+
+
+def _claims_admitted(kube: Kube, namespace: str) -> bool:
+    """Whether a claim create gets past the API server's own admission. Right after the
+    CRDs and the MutatingAdmissionPolicy are created together, it answers 503 ("Resource
+    kind ... GPUClaim not found") until the policy has the new kind's schema; then the
+    create reaches the webhooks, which nobody serves yet, and is refused there."""
+    try:
+        kube.claim(namespace, "probe", "h100")
+    except ApiException as exc:
+        if exc.status == 503 and "Resource kind" in str(exc.body):
+            return False
+    return True
 
 
 # --- install -------------------------------------------------------------------------------
@@ -143,6 +160,8 @@ def _path(obj: dict[str, Any]) -> str:
         "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
         "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
         "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+        "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+        "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
     }[obj["kind"]]
     namespace = obj["metadata"].get("namespace")
     scope = f"/namespaces/{namespace}" if namespace else ""
@@ -161,9 +180,15 @@ def test_helm_install_creates_every_object(release: Release) -> None:
         "ValidatingWebhookConfiguration",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        # This plane serves MutatingAdmissionPolicy: claim-protection goes on by policy.
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
         "ClusterRole",
         "Secret",
     } <= kinds
+    hooks = {h["name"] for o in manifest if o["kind"] == "MutatingWebhookConfiguration"
+             for h in o["webhooks"]}  # fmt: skip
+    assert "gpuclaim-protection.gpu.cozystack.io" not in hooks, "both the policy and the webhook"
     for obj in manifest:
         stored = release.plane.get_json(_path(obj))
         assert stored["metadata"]["name"] == obj["metadata"]["name"]

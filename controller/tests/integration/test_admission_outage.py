@@ -47,10 +47,13 @@ def test_with_the_server_down_only_objects_that_use_claims_are_refused(
         assert 'failed calling webhook "pod.gpu.cozystack.io"' in refusal(caught.value)
         kube.core.create_namespaced_pod(namespace, pod("plain", {}))
 
-        # An order cannot be checked, so it is not taken.
+        # An order cannot be checked, so it is not taken. The configurations are rendered
+        # as for a server without MutatingAdmissionPolicy: the claim webhook's mutating
+        # half, which puts claim-protection on, is the first to fail.
         with pytest.raises(ApiException) as caught:
             kube.claim(namespace, "a", "any-class")
-        assert 'failed calling webhook "gpuclaim.gpu.cozystack.io"' in refusal(caught.value)
+        failed = 'failed calling webhook "gpuclaim-protection.gpu.cozystack.io"'
+        assert failed in refusal(caught.value)
         # The controller's own finalizer writes on claims and classes go on.
         kube.custom.patch_namespaced_custom_object(
             keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS, "held",
