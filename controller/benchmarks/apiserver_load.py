@@ -3,11 +3,14 @@ GPU nodes they bind on, the load generator (creates from client threads, at the 
 top speed), a watch that times when each object is seen bound, and CPU time from /proc.
 
 Claims and pods are created and watched alike (no client-side models: bodies go out as
-dicts and answers are not deserialized), so the client costs the same for both.
+dicts and answers are not deserialized), so the client costs the same for both. The same
+capacity can also be published for Dynamic Resource Allocation (resource.k8s.io/v1): one
+DeviceClass and, per node, a pool of ResourceSlices with one device per unit.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -28,6 +31,17 @@ RESOURCE = "nvidia.com/NVIDIA_L40S-6C"
 POOL = {"bench.cozystack.io/pool": "l40s"}
 GPU_CLASS = "l40s-6c"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# DRA: the driver the bench's ResourceSlices name and the DeviceClass selecting it.
+DRA_DRIVER = "gpu.bench.cozystack.io"
+DEVICE_CLASS = "bench-gpu"
+DRA_VERSION = "resource.k8s.io/v1"
+SLICE_MAX_DEVICES = 128  # resource.k8s.io/v1 refuses a ResourceSlice with more
+# A CEL selector no bench device passes (every index is >= 0): a claim that fits no node.
+NO_DEVICE = f'device.attributes["{DRA_DRIVER}"].index < 0'
+
+
+def node_name(i: int) -> str:
+    return f"gpu-{i:04d}"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -78,7 +92,7 @@ class Bench:
             with ThreadPoolExecutor(8) as pool:
                 list(
                     pool.map(
-                        lambda i: kube.gpu_node(f"gpu-{i:04d}", RESOURCE, units, labels=POOL),
+                        lambda i: kube.gpu_node(node_name(i), RESOURCE, units, labels=POOL),
                         range(nodes),
                     )
                 )
@@ -124,6 +138,92 @@ class Bench:
             core.create_namespaced_pod(namespace, body, _preload_content=False)
 
         return create
+
+    def publish_devices(self, nodes: int, units: int) -> None:
+        """The nodes' capacity as DRA sees it: a DeviceClass selecting the bench's driver and,
+        for each node, a pool named after it of ``units`` devices in ResourceSlices."""
+        resource = client.ResourceV1Api(self.kube.api)
+        selector = {"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}
+        device_class = {
+            "apiVersion": DRA_VERSION,
+            "kind": "DeviceClass",
+            "metadata": {"name": DEVICE_CLASS},
+            "spec": {"selectors": [selector]},
+        }
+        resource.create_device_class(device_class, _preload_content=False)
+        slices = [body for i in range(nodes) for body in _slices(node_name(i), units)]
+        with ThreadPoolExecutor(8) as pool:
+            list(
+                pool.map(
+                    lambda body: resource.create_resource_slice(body, _preload_content=False),
+                    slices,
+                )
+            )
+
+    def dra_creator(self, selector: str | None = None) -> Callable[[str], None]:
+        """Creates a ResourceClaim for one device of the bench's DeviceClass (narrowed by the
+        CEL ``selector`` when given), then a Pod using it, both named ``name``."""
+        resource, core = client.ResourceV1Api(self.kube.api), self.kube.core
+        namespace = self.tenant
+        exactly: dict[str, Any] = {
+            "deviceClassName": DEVICE_CLASS,
+            "allocationMode": "ExactCount",
+            "count": 1,
+        }
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+
+        def create(name: str) -> None:
+            claim = {
+                "apiVersion": DRA_VERSION,
+                "kind": "ResourceClaim",
+                "metadata": {"name": name},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+            }
+            resource.create_namespaced_resource_claim(namespace, claim, _preload_content=False)
+            pod = pod_body(name)
+            pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+            pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+            core.create_namespaced_pod(namespace, pod, _preload_content=False)
+
+        return create
+
+    def allocated_devices(self, prefix: str) -> dict[str, list[tuple[str, str]]]:
+        """The (pool, device) pairs allocated to each ResourceClaim named ``prefix``... that is
+        allocated and reserved for a pod."""
+        answer = client.ResourceV1Api(self.kube.api).list_namespaced_resource_claim(
+            self.tenant, _preload_content=False
+        )
+        allocated: dict[str, list[tuple[str, str]]] = {}
+        for claim in json.loads(answer.data)["items"]:
+            name, status = claim["metadata"]["name"], claim.get("status") or {}
+            if not name.startswith(prefix) or not status.get("reservedFor"):
+                continue
+            results = ((status.get("allocation") or {}).get("devices") or {}).get("results")
+            allocated[name] = [(r["pool"], r["device"]) for r in results or ()]
+        return allocated
+
+
+def _slices(node: str, units: int) -> list[dict[str, Any]]:
+    """One node's pool: ``units`` devices, split into slices the API accepts."""
+    starts = range(0, units, SLICE_MAX_DEVICES)
+    return [
+        {
+            "apiVersion": DRA_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{k}"},
+            "spec": {
+                "driver": DRA_DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": len(starts)},
+                "devices": [
+                    {"name": f"gpu-{j}", "attributes": {"index": {"int": j}}}
+                    for j in range(start, min(start + SLICE_MAX_DEVICES, units))
+                ],
+            },
+        }
+        for k, start in enumerate(starts)
+    ]
 
 
 def create_many(

@@ -1,26 +1,46 @@
-"""The binder against its peer: kube-scheduler binding Pods on the same control plane build,
-nodes and counts, one after the other in one run (issue 13's yardstick).
+"""The binder against its peers: kube-scheduler binding Pods, and kube-scheduler allocating
+devices by Dynamic Resource Allocation, on the same control plane build, nodes and counts,
+one after the other in one run (issue 13's yardstick; DRA from issue 30).
 
     make setup binaries
     COZYSTACK_GPU_BIN_DIR=$(cat .cache/bin-dir) .venv/bin/python controller/benchmarks/peer_bench.py
     # smaller: --count 2000 --nodes 50 --blocked 2000 --ok 200; one phase: --phases burst
+    # some peers: --peers dra,binder (the first is the one the others are divided by)
 
-Every phase runs twice, each time on a fresh control plane (etcd and kube-apiserver of the
-test kit, the gpu and KubeVirt CRDs installed, ``--nodes`` Ready nodes of ``--units`` units
-of one resource name with their GPUNodes, one vGPU class serving them): first kube-scheduler
-(the test kit's, client QPS 5,000) binding Pods that request 1 unit, then the binder (the
-controller as deployed, its own process: ``python -m cozystack_gpu``) binding GPUClaims of 1
-unit. The load generator (8 client threads) and a watch that times binds run in this
-process, apart from both deciders.
+Every phase runs once per peer, each time on a fresh control plane (etcd and kube-apiserver
+of the test kit, the gpu and KubeVirt CRDs installed, ``--nodes`` Ready nodes of ``--units``
+units of one resource name with their GPUNodes, one vGPU class serving them):
+
+  kube-scheduler  the test kit's (client QPS 5,000) binding Pods that request 1 unit of the
+                  extended resource;
+  binder          the controller as deployed, its own process (``python -m cozystack_gpu``),
+                  binding GPUClaims of 1 unit;
+  dra             the same kube-scheduler with the same capacity also published through
+                  resource.k8s.io/v1: one DeviceClass selecting the bench's driver, one
+                  pool per node of ``--units`` devices (one ResourceSlice up to 128
+                  devices, the most one may hold); each order is a
+                  ResourceClaim for exactly 1 device of that class and a Pod using it (no
+                  extended resource requested). Its DynamicResources plugin allocates: it
+                  adds the claim's finalizer, writes its status.allocation and reservedFor,
+                  then binds the pod (three writes per order, against the others' one).
+                  An allocation counts as done when its pod is seen bound (spec.nodeName):
+                  the claim is written before the binding, and after each phase every bound
+                  pod's claim is checked to hold one device of its node's pool, no device
+                  twice. A head-of-line order that fits no node selects a device none has
+                  (a claim may count at most 32 devices, fewer than a node's units).
+
+The load generator (8 client threads) and a watch that times binds run in this process,
+apart from every decider.
 
   throughput    --count objects created while no decider runs, then the decider starts:
                 binds/s from its start to the last bind seen, and from the first bind seen
                 to the last (sustained);
   burst         --count objects created at the client's top speed while the decider runs:
                 create -> bound p50 and p99 (create as returned to the client, bound as seen
-                by the watch);
+                by the watch; for dra an order's create is its claim's and then its pod's);
   head-of-line  --blocked objects that fit no node (a pod requesting more units than a node
-                has; a claim counting more units than a node has), then --ok that fit:
+                has; a claim counting more units than a node has; a ResourceClaim selecting
+                a device none has), then --ok that fit:
                 create -> bound p50 and p99 of those.
 
 CPU per bind: user + system time of the decider, kube-apiserver and etcd from
@@ -39,13 +59,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apiserver_load import Bench, BoundWatcher, cpu_seconds, create_many, percentile
+from apiserver_load import NO_DEVICE, Bench, BoundWatcher, cpu_seconds, create_many, percentile
 
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 
 SCHEDULER = "kube-scheduler"
 BINDER = "binder"
+DRA = "dra"
+PEERS = (SCHEDULER, BINDER, DRA)
+SHORT = {SCHEDULER: "sched", BINDER: "binder", DRA: "dra"}
+WHAT = {
+    SCHEDULER: "kube-scheduler on Pods",
+    BINDER: "the binder on GPUClaims",
+    DRA: "kube-scheduler on ResourceClaims and their Pods (DRA)",
+}
 WATCHED = ("kube-apiserver", "etcd")
 
 
@@ -60,7 +88,8 @@ class Figures:
 
 
 class Peer:
-    """kube-scheduler on Pods or the binder on GPUClaims, started on demand in a bench."""
+    """kube-scheduler on Pods, the binder on GPUClaims or kube-scheduler on ResourceClaims,
+    started on demand in a bench."""
 
     def __init__(self, name: str, bench: Bench, log_dir: Path) -> None:
         self.name = name
@@ -71,23 +100,48 @@ class Peer:
 
     @property
     def kind(self) -> str:
-        return "pods" if self.name == SCHEDULER else "claims"
+        # DRA: the pod bound is the allocation done (its claim is written first).
+        return "claims" if self.name == BINDER else "pods"
 
     def creator(self, units: int = 1) -> Callable[[str], None]:
         if self.name == SCHEDULER:
             return self.bench.pod_creator(units)
+        if self.name == DRA:
+            # Orders are of one device; a larger one stands for an order fitting no node.
+            return self.bench.dra_creator(NO_DEVICE if units > 1 else None)
         return self.bench.claim_creator(units)
 
     def start(self) -> None:
-        if self.name == SCHEDULER:
-            self.bench.plane.start_scheduler()
-            self.pid = self.bench.pid(SCHEDULER)
-        else:
+        if self.name == BINDER:
             self.process = ControllerProcess(
                 self.bench.plane, self.bench.controller_ns, "bench", self.log_dir,
                 "--workload-records", "false", "--webhook-port", "0",
             )  # fmt: skip
             self.pid = self.process.proc.pid
+        else:
+            self.bench.plane.start_scheduler()
+            self.pid = self.bench.pid(SCHEDULER)
+
+    def check(self, watcher: BoundWatcher, prefix: str) -> None:
+        """DRA: every pod named ``prefix``... seen bound has its claim allocated one device
+        of its node's pool, no claim is allocated without its pod bound, no device twice."""
+        if self.name != DRA:
+            return
+        allocated = self.bench.allocated_devices(prefix)
+        bound = {
+            name: node for name, node in tuple(watcher.nodes.items()) if name.startswith(prefix)
+        }
+        wrong = sorted(
+            name
+            for name in bound.keys() | allocated.keys()
+            if [pool for pool, _ in allocated.get(name, ())] != [bound.get(name)]
+        )
+        devices = [device for pairs in allocated.values() for device in pairs]
+        if wrong or len(set(devices)) != len(devices):
+            raise AssertionError(
+                f"dra: {len(wrong)} claims not allocated on their pod's node (first: "
+                f"{wrong[:3]}), {len(devices) - len(set(devices))} devices allocated twice"
+            )
 
     def cpu(self) -> dict[str, float]:
         used = {name: cpu_seconds(self.bench.pid(name)) for name in WATCHED}
@@ -149,6 +203,7 @@ def throughput(peer: Peer, count: int) -> Figures:
     peer.start()
     first, last = follow(peer, watcher, count, "t", 900)
     watcher.stop()
+    peer.check(watcher, "t")
     times = [watcher.bound_at[n] for n in names]
     figures.put("binds/s, start -> last bind", count / (max(times) - started))
     figures.put("binds/s, first -> last bind", (count - 1) / (max(times) - min(times)))
@@ -175,6 +230,7 @@ def burst(peer: Peer, count: int) -> Figures:
     create_s = time.perf_counter() - started
     _first, last = follow(peer, watcher, count, "b", 900)
     watcher.stop()
+    peer.check(watcher, "b")
     figures.put("creates/s", count / create_s)
     last_bind = max(watcher.bound_at[n] for n in created)
     figures.put("binds/s, first create -> last bind", count / (last_bind - started))
@@ -195,20 +251,26 @@ def head_of_line(peer: Peer, blocked: int, ok: int, units: int) -> Figures:
     watcher.stop()
     if watcher.count("x"):
         raise AssertionError(f"{peer.name} bound objects that fit no node")
+    peer.check(watcher, "x")
+    peer.check(watcher, "ok")
     latency(figures, created, watcher)
     cpu_per_bind(figures, start, last, ok)
     return figures
 
 
-def run_phase(phase: str, args: argparse.Namespace, bin_dir: Path) -> dict[str, Figures]:
+def run_phase(
+    phase: str, args: argparse.Namespace, bin_dir: Path, peers: list[str]
+) -> dict[str, Figures]:
     results: dict[str, Figures] = {}
-    for name in (SCHEDULER, BINDER):
+    for name in peers:
         # maxCount above a node's units: a claim larger than any node waits for capacity,
         # as a pod does, rather than being refused by its class.
         bench = Bench.start(args.nodes, args.units, bin_dir, max_count=2 * args.units)
         with tempfile.TemporaryDirectory() as log_dir:
             peer = Peer(name, bench, Path(log_dir))
             try:
+                if name == DRA:
+                    bench.publish_devices(args.nodes, args.units)
                 if phase == "throughput":
                     results[name] = throughput(peer, args.count)
                 elif phase == "burst":
@@ -221,13 +283,19 @@ def run_phase(phase: str, args: argparse.Namespace, bin_dir: Path) -> dict[str, 
     return results
 
 
-def report(phase: str, results: dict[str, Figures]) -> None:
-    sched, binder = results[SCHEDULER].values, results[BINDER].values
-    print(f"  {'':38} {SCHEDULER:>15} {BINDER:>10} {'binder/sched':>13}")
-    for name, value in sched.items():
-        other = binder[name]
-        ratio = other / value if value else float("nan")
-        print(f"  {name:38} {value:15.2f} {other:10.2f} {ratio:13.2f}")
+def report(results: dict[str, Figures]) -> None:
+    """Each peer's figures in a column, then each later peer's divided by the first's."""
+    names = list(results)
+    base, others = names[0], names[1:]
+    widths = [max(10, len(name)) for name in names]
+    ratios = [f"{SHORT[name]}/{SHORT[base]}" for name in others]
+    head = [f"{name:>{w}}" for name, w in zip(names, widths, strict=True)]
+    print(f"  {'':38} " + " ".join(head + [f"{r:>13}" for r in ratios]))
+    for figure, value in results[base].values.items():
+        row = [results[name].values[figure] for name in names]
+        cells = [f"{v:{w}.2f}" for v, w in zip(row, widths, strict=True)]
+        cells += [f"{v / value if value else float('nan'):13.2f}" for v in row[1:]]
+        print(f"  {figure:38} " + " ".join(cells))
 
 
 def main() -> None:
@@ -238,17 +306,24 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--units", type=int, default=64, help="units of the resource per node")
     parser.add_argument("--phases", default="throughput,burst,head-of-line", help="comma-joined")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help=f"comma-joined, of {', '.join(PEERS)}"
+    )
     args = parser.parse_args()
+    peers = args.peers.split(",")
+    if not set(peers) <= set(PEERS) or len(set(peers)) != len(peers):
+        parser.error(f"--peers {args.peers}: each once, of {', '.join(PEERS)}")
     bin_dir = cluster.binary_dir()
     print(
-        f"{args.nodes} nodes x {args.units} units; kube-scheduler on Pods, then the binder on "
-        f"GPUClaims, each on a fresh control plane"
+        f"{args.nodes} nodes x {args.units} units; "
+        + ", then ".join(WHAT[name] for name in peers)
+        + ", each on a fresh control plane"
     )
     for phase in args.phases.split(","):
         started = time.perf_counter()
-        results = run_phase(phase, args, bin_dir)
+        results = run_phase(phase, args, bin_dir, peers)
         print(f"{phase} ({time.perf_counter() - started:.0f} s):")
-        report(phase, results)
+        report(results)
 
 
 if __name__ == "__main__":
