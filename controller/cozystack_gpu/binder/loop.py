@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 TICK_S = 0.5
 REPLAN_S = 1.0
 MAX_BATCH = 5000
+# Binds per pass at most: a new leader behind 10,000 orders sends the oldest's writes after
+# judging a few hundred, not all of them; the rest are judged by the passes that follow.
+BINDS_PER_PASS = 500
 PLACING = (Step.BIND, Step.REBIND, Step.MOVE)  # steps that take units on ``action.node``
 
 STALENESS_EVERY_S = 1.0  # how often node agent reports are checked for age
@@ -272,12 +275,14 @@ class Binder(Watcher):
         self._changed = False
         self._last_plan = now
         started = time.monotonic()
-        result = plan(self.snapshot, now)
+        result = plan(self.snapshot, now, max_binds=BINDS_PER_PASS)
         # A pass costs time in proportion to what waits; space passes by their own cost so
         # the loop spends at most about half its time planning and the rest taking in
         # events and sending writes. Arrivals meanwhile are judged together in the next.
         self._next_plan = time.monotonic() + (time.monotonic() - started)
         self.stats.passes += 1
+        if result.unjudged:
+            self._changed = True  # the orders this pass left are judged by the next
         if self.in_flight(key for a in result.changes for key in a.claims):
             # A decision would change a claim whose write is still out: wait for it and
             # plan again, rather than act on a plan built on a decision not yet confirmed.

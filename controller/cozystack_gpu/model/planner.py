@@ -70,29 +70,41 @@ class Action:
 @dataclass(frozen=True)
 class Plan:
     """A pass's decisions in order, and each changed claim as its status should be written
-    (``updates``; a claim changed twice in one pass appears once, in its last state)."""
+    (``updates``; a claim changed twice in one pass appears once, in its last state).
+    ``unjudged``: orders left for the next pass because this one bound ``max_binds``."""
 
     actions: tuple[Action, ...]
     updates: Mapping[ClaimKey, ClaimInfo]
+    unjudged: int = 0
 
     @property
     def changes(self) -> tuple[Action, ...]:
         return tuple(a for a in self.actions if a.step is not Step.WAIT)
 
 
-def plan(snapshot: Snapshot, now: float, *, max_moves: int = MAX_MOVES) -> Plan:
+def plan(
+    snapshot: Snapshot,
+    now: float,
+    *,
+    max_moves: int = MAX_MOVES,
+    max_binds: int | None = None,
+) -> Plan:
     """The binder's pass over ``snapshot`` at time ``now``; the snapshot is left unchanged.
 
     After writing the statuses, feed ``result.updates`` back with ``upsert_claim`` (or let
     the watch events do it) so the next pass starts from them. ``max_moves`` bounds the
-    holds packing may move for one order; 0 turns packing off.
+    holds packing may move for one order; 0 turns packing off. ``max_binds`` ends step 6
+    after that many binds, leaving the younger orders unjudged (``Plan.unjudged``) for the
+    next pass: binds only take room, so an order judged a pass later meets what it would
+    have met, and the oldest orders' writes go out without waiting on the judgement of
+    thousands behind them (a new leader's first pass).
     """
-    planner = _Planner(snapshot, now, max_moves)
+    planner = _Planner(snapshot, now, max_moves, max_binds)
     try:
         planner.run()
     finally:
         planner.revert()
-    return Plan(tuple(planner.actions), dict(planner.updates))
+    return Plan(tuple(planner.actions), dict(planner.updates), planner.unjudged)
 
 
 def _on_its_disk(members: list[ClaimInfo], node: NodeInfo) -> bool:
@@ -107,10 +119,14 @@ def _arrival(claims: list[ClaimInfo]) -> tuple[float, str, str]:
 
 
 class _Planner:
-    def __init__(self, snapshot: Snapshot, now: float, max_moves: int) -> None:
+    def __init__(
+        self, snapshot: Snapshot, now: float, max_moves: int, max_binds: int | None = None
+    ) -> None:
         self.snap = snapshot
         self.now = now
         self.max_moves = max_moves
+        self.binds_left = max_binds
+        self.unjudged = 0
         self.actions: list[Action] = []
         self.updates: dict[ClaimKey, ClaimInfo] = {}
         self._undo: list[tuple[ClaimKey, ClaimInfo]] = []
@@ -358,7 +374,7 @@ class _Planner:
         # ends where planning its result changes nothing more. Each further round binds.
         while True:
             waits, packed = self.bind_round()
-            if not packed:
+            if not packed or self.unjudged:
                 self.actions.extend(waits)
                 return
 
@@ -378,7 +394,10 @@ class _Planner:
         alike: dict[tuple[str, str, int], list[ClaimKey]] = {}
         waits: list[Action] = []
         packed = False
-        for _created, key, claim in pending:
+        for index, (_created, key, claim) in enumerate(pending):
+            if self.binds_left == 0:
+                self.unjudged = len(pending) - index
+                break
             shape = None if claim.rejected else (claim.class_name, claim.namespace, claim.count)
             if shape is not None and shape in refused:
                 alike[shape].append(key)
@@ -401,6 +420,8 @@ class _Planner:
                     decision = room
             if isinstance(decision, Placement):
                 self.put(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
+                if self.binds_left is not None:
+                    self.binds_left -= 1
                 self._fresh_binds[key] = len(self.actions)
                 if claim.set_id is None:
                     self._movable_fresh.add(key)

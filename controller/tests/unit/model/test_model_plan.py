@@ -276,3 +276,37 @@ def test_plan_is_deterministic_for_the_same_input() -> None:
         )
 
     assert plan(build(), NOW) == plan(build(), NOW)
+
+
+def test_a_pass_that_bound_its_limit_leaves_the_younger_orders_to_the_next() -> None:
+    """``max_binds`` ends the binds of a pass, oldest first; the passes after it bind the
+    rest where one unlimited pass would have put them, and a waiting order met before the
+    limit is still told why it waits."""
+    big = claim("h100", 8, name="big", created=0.0)
+    orders = [big, *(claim("h100", 1, name=f"o{i:02}", created=1.0 + i) for i in range(10))]
+
+    def snapshot() -> Snapshot:
+        nodes = [node(f"n{i}", 4) for i in range(3)]
+        return Snapshot.build(nodes=nodes, classes=[passthrough(max_count=8)], claims=orders)
+
+    unlimited = plan(snapshot(), NOW)
+    snap = snapshot()
+    first = plan(snap, NOW, max_binds=4)
+    assert [a.claims[0].name for a in first.changes] == ["o00", "o01", "o02", "o03"]
+    assert [a.claims[0].name for a in first.actions if a.step is Step.WAIT] == ["big"]
+    assert first.unjudged == 6
+    placed = dict(first.updates)
+    commit(snap, first)
+    passes = 1
+    while True:
+        more = plan(snap, NOW, max_binds=4)
+        commit(snap, more)
+        placed.update(more.updates)
+        passes += 1
+        if not more.unjudged:
+            break
+    assert passes == 3
+    assert {k: c.node for k, c in placed.items()} == {
+        k: c.node for k, c in unlimited.updates.items()
+    }
+    assert plan(snap, NOW).changes == ()
