@@ -1,9 +1,10 @@
 """Entry point: ``python -m cozystack_gpu`` (or ``cozystack-gpu-controller``).
 
-kopf runs the operator: start-up and clean-up, the liveness probe, and the admission
-webhooks of every replica (``cozystack_gpu.admission``); the readiness probe (``/readyz``,
-ready once the webhooks' feed has read the cluster) is a server of its own. The binder
-starts only in the replica that holds the Lease.
+The process's cache and the binder start first (the binder binds only in the replica that
+holds the Lease, and keeps its snapshot warm in the others); then kopf and the webhooks are
+imported and kopf runs them (``cozystack_gpu.operator``): the admission webhooks of every
+replica, the liveness probe and the clean-up. The readiness probe (``/readyz``, ready once
+the webhooks' feed has read the cluster) is a server of its own.
 """
 
 from __future__ import annotations
@@ -15,15 +16,11 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
-from typing import Any
 
-import kopf
 from kubernetes import client
 from kubernetes import config as kube_config
 
 from cozystack_gpu import config as settings
-from cozystack_gpu.admission import handlers as admission  # registers the webhook handlers
-from cozystack_gpu.admission.readiness import ReadinessServer
 from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.controller import Controller
 from cozystack_gpu.metrics_server import MetricsServer
@@ -70,68 +67,6 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-@kopf.on.startup()
-def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.peering.standalone = True
-    settings.posting.level = logging.WARNING
-    identity = memo.config.identity
-    # One listing and watch per kind for the whole process, read by the admission feed of
-    # every replica and by the binder of the leader.
-    informers = SharedInformers(
-        api_client(memo.kubeconfig, user_agent=user_agent(identity, "informers"))
-    )
-    memo.informers = informers
-    informers.start()
-    controller = Controller(
-        api_client(memo.kubeconfig, user_agent=user_agent(identity, "binder")),
-        memo.config,
-        informers,
-    )
-    memo.controller = controller
-    controller.start()
-    # Every replica serves the webhooks, with its own client: the binder's writes never
-    # hold up an admission answer.
-    admission.start(
-        api_client(memo.kubeconfig, user_agent=user_agent(identity, "admission")),
-        memo.config,
-        settings,
-        memo,
-        informers,
-    )
-
-
-@kopf.on.cleanup()
-def _cleanup(memo: kopf.Memo, **_: Any) -> None:
-    controller = memo.get("controller")
-    if controller is not None:
-        controller.stop()
-    webhooks = memo.get("admission")
-    if webhooks is not None:
-        webhooks.stop()
-    informers = memo.get("informers")
-    if informers is not None:
-        informers.stop()
-
-
-@kopf.on.probe(id="binder")
-def _binder_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
-    """The liveness answer: 200 with the replica's state, or 500 when a part of it is dead.
-
-    kopf serves what probe handlers return as 200 whatever it says; only a handler that
-    fails permanently makes its endpoint answer 500 (any other exception is retried and
-    the probe hangs).
-    """
-    controller = memo.get("controller")
-    if controller is None:
-        return {"leader": False, "synced": False, "problems": []}
-    health: dict[str, Any] = controller.health()
-    if health["problems"]:
-        raise kopf.PermanentError(
-            "unhealthy: " + "; ".join(health["problems"]) + " (this replica no longer leads)"
-        )
-    return health
-
-
 def version() -> str:
     """The installed package's version (the image and the chart's appVersion carry it)."""
     try:
@@ -167,35 +102,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+    identity = config.identity
+    # One listing and watch per kind for the whole process, read by the admission feed of
+    # every replica and by the binder; the binder first, so that a new leader's first bind
+    # waits on neither kopf's import nor the webhooks'.
+    informers = SharedInformers(
+        api_client(args.kubeconfig, user_agent=user_agent(identity, "informers"))
+    )
+    informers.start()
+    controller = Controller(
+        api_client(args.kubeconfig, user_agent=user_agent(identity, "binder")),
+        config,
+        informers,
+    )
+    controller.start()
     if config.metrics_port:
         # HTTPS with the webhooks' key pair; each scraper's token is reviewed by the API
         # server (the inventory in the metrics is the hoster's, not the tenants').
         MetricsServer(
-            api_client(args.kubeconfig, user_agent=user_agent(config.identity, "metrics")),
+            api_client(args.kubeconfig, user_agent=user_agent(identity, "metrics")),
             config.webhook_cert_dir,
             config.metrics_port,
         )
+    # Imported here, not at the top: see above.
+    import kopf  # pylint: disable=import-outside-toplevel
+
+    from cozystack_gpu import operator  # pylint: disable=import-outside-toplevel
+    from cozystack_gpu.admission.readiness import (  # pylint: disable=import-outside-toplevel
+        ReadinessServer,
+    )
     if args.kubeconfig:
         # kopf logs in on its own (its watches, the webhook server's self-check) from the
         # standard sources: KUBECONFIG makes it use the same file as our own client.
         os.environ["KUBECONFIG"] = args.kubeconfig
-    memo = kopf.Memo(config=config, kubeconfig=args.kubeconfig)
+    memo = kopf.Memo()
     # Not ready (503) from the start until the webhooks' feed has read the cluster.
     ready = (
-        ReadinessServer(args.ready_port, lambda: admission.not_ready(memo.get("admission")))
+        ReadinessServer(args.ready_port, lambda: operator.not_ready(memo))
         if args.ready_port
         else None
     )
     if ready is not None:
         ready.start()
     try:
-        kopf.run(
-            clusterwide=True,
-            standalone=True,
-            liveness_endpoint=(
-                f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
-            ),
-            memo=memo,
+        operator.run(
+            config,
+            args.kubeconfig,
+            informers,
+            controller,
+            api_client(args.kubeconfig, user_agent=user_agent(identity, "admission")),
+            args.health_port,
+            memo,
         )
     finally:
         if ready is not None:

@@ -93,6 +93,7 @@ class LeaderElector:
         # Why this elector gave up leading for good (None while it works).
         self.failure: str | None = None
         self._start_failure: str | None = None
+        self.rounds = 0  # rounds of acquire-or-renew tried, whatever their answer
         self._valid_until = 0.0
         self._leading = False
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
@@ -154,6 +155,7 @@ class LeaderElector:
                 self._try_acquire_or_renew()
             except Exception:  # the election must survive API hiccups
                 log.exception("lease %s/%s: acquire or renew failed", self.namespace, self.name)
+            self.rounds += 1
             renewed = self._valid_until != valid_until
             expired = self._leading and self._clock() >= self._valid_until
             if expired and not renewed:

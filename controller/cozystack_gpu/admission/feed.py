@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 2000
 STALENESS_EVERY_S = 1.0  # node agent reports age with time, not with events
+BUILD_POLL_S = 0.1  # how often a first build waiting on ``build_after`` asks again
 
 
 class SnapshotFeed(Watcher):
@@ -56,8 +57,12 @@ class SnapshotFeed(Watcher):
         clock: Callable[[], float] = time.time,
         watches: tuple[keys.ApiKind, ...] = keys.BINDER_WATCHES,
         informers: SharedInformers | None = None,
+        build_after: Callable[[], bool] | None = None,
     ) -> None:
         self.clock = clock
+        # The first build waits until this says so: in the leader, for the binder's first
+        # pass, so that the two snapshot builds of one process do not share its start.
+        self._build_after = build_after
         self.view = ClusterView(config, watches)
         self.synced = threading.Event()
         self._snapshot: Snapshot | None = None
@@ -104,7 +109,7 @@ class SnapshotFeed(Watcher):
             take(self.view, event)
         now = self.clock()
         if self._snapshot is None:
-            if self.view.fully_listed:
+            if self.view.fully_listed and (self._build_after is None or self._build_after()):
                 self._build(now)
             return
         if now - self._last_staleness >= STALENESS_EVERY_S:
@@ -116,7 +121,9 @@ class SnapshotFeed(Watcher):
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            batch = self._threads.drain(STALENESS_EVERY_S, MAX_BATCH)
+            # Before the first build, look again soon: it may wait on the binder's pass.
+            wait = STALENESS_EVERY_S if self._snapshot is not None else BUILD_POLL_S
+            batch = self._threads.drain(wait, MAX_BATCH)
             self.take([event for event in batch if isinstance(event, Event)])
 
     def _build(self, now: float) -> None:

@@ -78,8 +78,9 @@ def build(
     config: Config,
     clock: Callable[[], float] = time.time,
     informers: SharedInformers | None = None,
+    feed_after: Callable[[], bool] | None = None,
 ) -> Admission:
-    feed = SnapshotFeed(api, config, clock=clock, informers=informers)
+    feed = SnapshotFeed(api, config, clock=clock, informers=informers, build_after=feed_after)
     access = ApiAccess(api, config.namespace)
     pool = ThreadPoolExecutor(IO_WORKERS, thread_name_prefix="admission-io")
     return Admission(
@@ -98,10 +99,11 @@ def start(
     settings: kopf.OperatorSettings,
     memo: kopf.Memo,
     informers: SharedInformers | None = None,
+    feed_after: Callable[[], bool] | None = None,
 ) -> Admission:
-    """Start this replica's snapshot feed (on the process's cache, when given) and give
-    kopf its webhook server."""
-    admission = build(api, config, informers=informers)
+    """Start this replica's snapshot feed (on the process's cache, when given; its first
+    build once ``feed_after`` says so) and give kopf its webhook server."""
+    admission = build(api, config, informers=informers, feed_after=feed_after)
     metrics.start_at_zero(webhooks=WEBHOOKS)
     admission.feed.start()
     memo.admission = admission

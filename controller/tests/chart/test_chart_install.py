@@ -14,9 +14,9 @@ import base64
 import json
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass

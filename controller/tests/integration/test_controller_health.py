@@ -29,7 +29,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 # Imported for its side effect: it registers the binder's probe with kopf.
-import cozystack_gpu.__main__  # noqa: F401  # pylint: disable=unused-import
+import cozystack_gpu.operator  # noqa: F401  # pylint: disable=unused-import
 from cozystack_gpu import controller as controller_module
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.informer import Source

@@ -92,6 +92,22 @@ def test_nothing_is_judged_before_every_kind_is_listed(feed: SnapshotFeed) -> No
     assert feed.largest_node("h100") is None
 
 
+def test_the_first_build_waits_until_the_binder_has_passed(feed: SnapshotFeed) -> None:
+    """In the leader the webhooks' snapshot is built after the binder's first pass: listed
+    in full, it waits until ``build_after`` says so, then is built at the next turn."""
+    passed = threading.Event()
+    waiting = SnapshotFeed(
+        client.ApiClient(), binder_config("ctl"), clock=lambda: NOW, build_after=passed.is_set
+    )
+    waiting.take(full_listing(bound("a", "n1")))
+    assert not waiting.synced.is_set()
+    assert waiting.check_order(order(), NOW) is None
+    passed.set()
+    waiting.take([])
+    assert waiting.synced.is_set()
+    assert waiting.check_order(order(), NOW) == Placement("n1")
+
+
 def test_orders_are_judged_against_what_the_watches_delivered(feed: SnapshotFeed) -> None:
     feed.take(full_listing(bound("a", "n1")))
     assert feed.synced.is_set()
