@@ -85,6 +85,7 @@ class Stats:
     conflicts: int = 0
     passes: int = 0  # plan passes (only when something changed)
     loops: int = 0  # loop turns after the first listing (at least one per tick)
+    standby_turns: int = 0  # turns while not leading: one per batch of events or tick
 
 
 class Binder(Watcher):
@@ -187,8 +188,9 @@ class Binder(Watcher):
     def _run(self) -> None:
         while not self._stop.is_set():
             timeout = TICK_S
-            if self._changed:
+            if self._changed and self._leading:
                 # A pass is due: wait no longer than its spacing for more to batch into it.
+                # (A standby plans nothing: it waits for events, or for a tick.)
                 timeout = max(0.0, min(TICK_S, self._next_plan - time.monotonic()))
             for item in self._threads.drain(timeout, MAX_BATCH):
                 self._handle(item)
@@ -199,6 +201,7 @@ class Binder(Watcher):
                     continue
             if not self.is_leader():
                 self._leading = False
+                self.stats.standby_turns += 1
                 self._flush(standby=True)
                 continue
             if not self._leading:

@@ -32,6 +32,7 @@ from kubernetes.client.rest import ApiException
 import cozystack_gpu.operator  # noqa: F401  # pylint: disable=unused-import
 from cozystack_gpu import controller as controller_module
 from cozystack_gpu import keys
+from cozystack_gpu.binder import loop
 from cozystack_gpu.cluster.informer import Source
 from cozystack_gpu.controller import Controller
 from cozystack_gpu.model import ClaimKey
@@ -342,6 +343,12 @@ def test_a_standby_keeps_a_current_snapshot_writes_nothing_and_binds_once_it_lea
         "a standby decided or wrote"
     )
     assert not standby.elector.is_leader()
+    # A standby's loop turns once per tick or batch of the leader's echoes, and does not
+    # spin (it once turned without waiting, a core's worth of CPU for nothing).
+    turns = warm.stats.standby_turns
+    time.sleep(2.0)
+    idle = warm.stats.standby_turns - turns
+    assert idle <= 10 * (2.0 / loop.TICK_S), f"the standby's loop turned {idle} times in 2 s"
     # The leader goes without handing the Lease back, as a killed process does.
     leader.elector.stop(release=False)
     leader._stop_binding()
