@@ -111,9 +111,10 @@ cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include "cozystack-g
 {{- end -}}
 {{- end -}}
 
-{{- /* "true" when the API server serves MutatingAdmissionPolicy (admissionregistration.k8s.io/v1):
+{{- /* "true" when webhook.mutatingAdmissionPolicy is on and the API server serves
+MutatingAdmissionPolicy (admissionregistration.k8s.io/v1):
 the claim-protection finalizer is then put on by the API server, else by the claim webhook's
 mutating half. Empty otherwise. */ -}}
 {{- define "cozystack-gpu.servesMutatingPolicy" -}}
-{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}true{{- end -}}
+{{- if and .Values.webhook.mutatingAdmissionPolicy (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") -}}true{{- end -}}
 {{- end -}}

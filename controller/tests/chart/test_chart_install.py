@@ -180,15 +180,14 @@ def test_helm_install_creates_every_object(release: Release) -> None:
         "ValidatingWebhookConfiguration",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
-        # This plane serves MutatingAdmissionPolicy: claim-protection goes on by policy.
-        "MutatingAdmissionPolicy",
-        "MutatingAdmissionPolicyBinding",
         "ClusterRole",
         "Secret",
     } <= kinds
+    # By default claim-protection goes on by the claim webhook, not by a policy.
+    assert "MutatingAdmissionPolicy" not in kinds
     hooks = {h["name"] for o in manifest if o["kind"] == "MutatingWebhookConfiguration"
              for h in o["webhooks"]}  # fmt: skip
-    assert "gpuclaim-protection.gpu.cozystack.io" not in hooks, "both the policy and the webhook"
+    assert "gpuclaim-protection.gpu.cozystack.io" in hooks
     for obj in manifest:
         stored = release.plane.get_json(_path(obj))
         assert stored["metadata"]["name"] == obj["metadata"]["name"]
@@ -279,7 +278,8 @@ def test_the_webhooks_fail_closed_when_nothing_serves_them(release: Release) -> 
         with pytest.raises(ApiException) as refused:
             kube.claim(ns, "unchecked", "h100")
         assert refused.value.status >= 400
-        assert "gpuclaim.gpu.cozystack.io" in refused.value.body
+        # The claim webhook's mutating half (claim-protection) is the first to fail.
+        assert "gpuclaim-protection.gpu.cozystack.io" in refused.value.body
         with pytest.raises(ApiException):
             kube.custom.create_namespaced_custom_object(
                 "kubevirt.io", "v1", ns, "virtualmachineinstances", _with_claims("blocked")
@@ -317,10 +317,6 @@ def test_the_controller_serves_the_chart_webhooks_behind_the_service(
         # without the owning VMI is refused by the claim webhook on every replica at once,
         # before its snapshot of the cluster is read.
         controller = Kube(_impersonating(release.plane, CONTROLLER))
-        tenant_refusal = _refusal(
-            lambda: kube.claim(ns, "forged", "h100", labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
-        )
-        assert tenant_refusal is not None and CONTROLLER in tenant_refusal, tenant_refusal
 
         def refusal() -> str | None:
             try:
@@ -334,6 +330,12 @@ def test_the_controller_serves_the_chart_webhooks_behind_the_service(
         message = wait_for(refusal, timeout=60, what="the replica's claim webhook")
         assert "gpuclaim.gpu.cozystack.io" in message, message
         assert "owned by its VirtualMachineInstance" in message, message
+        # The replica serves the claim webhook's mutating half, which runs before the
+        # policies: now the tenant's forgery meets the protection policy.
+        tenant_refusal = _refusal(
+            lambda: kube.claim(ns, "forged", "h100", labels={keys.LABEL_TEMPLATE_CLAIM: "true"})
+        )
+        assert tenant_refusal is not None and CONTROLLER in tenant_refusal, tenant_refusal
     except BaseException:
         print(replica.log_tail())
         raise

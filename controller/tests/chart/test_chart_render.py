@@ -955,11 +955,16 @@ def test_claim_protection_goes_on_at_create_by_policy_where_served_else_by_the_w
     helm: Path,
 ) -> None:
     """One or the other puts claim-protection on every new claim, never both and never
-    neither: the MutatingAdmissionPolicy where the API server serves it, else the claim
+    neither: the MutatingAdmissionPolicy when asked for and served, else the claim
     webhook's mutating half."""
     served = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
-    for api_versions, policy in (((), False), ((served,), True)):
-        objects = render(helm, api_versions=api_versions)
+    on = {"webhook": {"mutatingAdmissionPolicy": True}}
+    for values, api_versions, policy in (
+        ({}, (served,), False),  # off by default: the webhook, even where served
+        (on, (), False),
+        (on, (served,), True),
+    ):
+        objects = render(helm, values, api_versions=api_versions)
         hooks = webhooks(objects)
         fallback = ("MutatingWebhookConfiguration", "gpuclaim-protection.gpu.cozystack.io")
         assert (fallback in hooks) is not policy, api_versions

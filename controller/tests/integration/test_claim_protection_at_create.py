@@ -1,7 +1,8 @@
 """Every claim carries claim-protection from its creation (SPEC.md §5), as every PVC carries
-pvc-protection, on the real kube-apiserver: the chart's MutatingAdmissionPolicy, rendered as
-``helm install`` renders it against a server that serves MutatingAdmissionPolicy (this
-plane's does), puts it on whoever creates the claim. Where a server has no such policy the
+pvc-protection, on the real kube-apiserver: the chart's MutatingAdmissionPolicy (with
+``webhook.mutatingAdmissionPolicy``), rendered as ``helm install`` renders it against a
+server that serves MutatingAdmissionPolicy (this plane's does), puts it on whoever creates
+the claim. Where a server has no such policy the
 claim webhook's mutating half does the same (``test_admission_catalog``)."""
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ def namespace(kube: Kube) -> Iterator[str]:
     suffix = uuid.uuid4().hex[:8]
     name = f"protect-{suffix}"
     kube.namespace(name)
-    objects = helm_template("claim-protection-at-create.yaml", "cozy-gpu", api_versions=[SERVED])
+    objects = helm_template(
+        "claim-protection-at-create.yaml",
+        "cozy-gpu",
+        {"webhook": {"mutatingAdmissionPolicy": True}},
+        api_versions=[SERVED],
+    )
     assert [o["kind"] for o in objects] == list(PLURALS), "the policy was not rendered"
     for obj in objects:
         obj["metadata"]["name"] += f"-{suffix}"
