@@ -131,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cozystack_gpu.admission.readiness import (  # pylint: disable=import-outside-toplevel
         ReadinessServer,
     )
+
     if args.kubeconfig:
         # kopf logs in on its own (its watches, the webhook server's self-check) from the
         # standard sources: KUBECONFIG makes it use the same file as our own client.
