@@ -305,3 +305,19 @@ def _claim_node(obj: dict[str, Any]) -> str | None:
 def _pod_node(obj: dict[str, Any]) -> str | None:
     node = (obj.get("spec") or {}).get("nodeName")
     return str(node) if node else None
+
+
+def print_table(columns: dict[str, dict[str, float]], short: dict[str, str]) -> None:
+    """Each peer's figures in a column (the first peer's figures name the rows), then each
+    later peer's divided by the first's; a figure a peer lacks prints as nan."""
+    names = list(columns)
+    base, others = names[0], names[1:]
+    widths = [max(10, len(name)) for name in names]
+    ratios = [f"{short[name]}/{short[base]}" for name in others]
+    head = [f"{name:>{w}}" for name, w in zip(names, widths, strict=True)]
+    print(f"  {'':38} " + " ".join(head + [f"{r:>13}" for r in ratios]))
+    for figure, value in columns[base].items():
+        row = [columns[name].get(figure, float("nan")) for name in names]
+        cells = [f"{v:{w}.2f}" for v, w in zip(row, widths, strict=True)]
+        cells += [f"{v / value if value else float('nan'):13.2f}" for v in row[1:]]
+        print(f"  {figure:38} " + " ".join(cells))

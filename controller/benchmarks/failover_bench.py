@@ -48,7 +48,6 @@ import argparse
 import contextlib
 import ctypes
 import datetime
-import math
 import os
 import signal
 import subprocess
@@ -62,13 +61,21 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from apiserver_load import RESOURCE, Bench, BoundWatcher, cpu_seconds, create_many, node_name
+from apiserver_load import (
+    RESOURCE,
+    Bench,
+    BoundWatcher,
+    cpu_seconds,
+    create_many,
+    node_name,
+    print_table,
+)
 from kubernetes import client, watch
 
 from cozystack_gpu import keys
 from cozystack_gpu.leader import LeaseTiming
 from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit.controller_process import ControllerProcess
+from cozystack_gpu_testkit.controller_process import ControllerProcess, rss_bytes
 
 SCHEDULER = "kube-scheduler"
 BINDER = "binder"
@@ -82,18 +89,6 @@ NODE_PODS = 110  # the test kit's nodes' pods allocatable
 MAX_UNITS = 240  # the test kit's GPUNodes number functions 0000:10:00.0 ... 0000:ff:00.0
 MIB = 1024 * 1024
 _PR_SET_PDEATHSIG = 1
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process from /proc/<pid>/status (0 once it has ended)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def load_average() -> str:
@@ -566,19 +561,10 @@ def run_peer(peer: str, args: argparse.Namespace, bin_dir: Path) -> Figures:
 
 
 def report(results: dict[str, Figures]) -> None:
-    """Each peer's figures in a column, then each later peer's divided by the first's."""
-    names = list(results)
-    base, others = names[0], names[1:]
-    widths = [max(10, len(name)) for name in names]
-    ratios = [f"{SHORT[name]}/{SHORT[base]}" for name in others]
-    head = [f"{name:>{w}}" for name, w in zip(names, widths, strict=True)]
-    print(f"  {'':38} " + " ".join(head + [f"{r:>13}" for r in ratios]))
-    for figure, value in results[base].values.items():
-        row = [results[name].values.get(figure, math.nan) for name in names]
-        cells = [f"{v:{w}.2f}" for v, w in zip(row, widths, strict=True)]
-        cells += [f"{v / value if value else math.nan:13.2f}" for v in row[1:]]
-        print(f"  {figure:38} " + " ".join(cells))
-    for name in names:
+    """Each peer's figures in a column, each later peer's divided by the first's, and the load
+    at each kill."""
+    print_table({name: figures.values for name, figures in results.items()}, SHORT)
+    for name in results:
         print(f"  {name} at the kill: {results[name].load}")
 
 

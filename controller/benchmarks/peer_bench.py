@@ -59,7 +59,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apiserver_load import NO_DEVICE, Bench, BoundWatcher, cpu_seconds, create_many, percentile
+from apiserver_load import (
+    NO_DEVICE,
+    Bench,
+    BoundWatcher,
+    cpu_seconds,
+    create_many,
+    percentile,
+    print_table,
+)
 
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.controller_process import ControllerProcess
@@ -285,17 +293,7 @@ def run_phase(
 
 def report(results: dict[str, Figures]) -> None:
     """Each peer's figures in a column, then each later peer's divided by the first's."""
-    names = list(results)
-    base, others = names[0], names[1:]
-    widths = [max(10, len(name)) for name in names]
-    ratios = [f"{SHORT[name]}/{SHORT[base]}" for name in others]
-    head = [f"{name:>{w}}" for name, w in zip(names, widths, strict=True)]
-    print(f"  {'':38} " + " ".join(head + [f"{r:>13}" for r in ratios]))
-    for figure, value in results[base].values.items():
-        row = [results[name].values[figure] for name in names]
-        cells = [f"{v:{w}.2f}" for v, w in zip(row, widths, strict=True)]
-        cells += [f"{v / value if value else float('nan'):13.2f}" for v in row[1:]]
-        print(f"  {figure:38} " + " ".join(cells))
+    print_table({name: figures.values for name, figures in results.items()}, SHORT)
 
 
 def main() -> None:

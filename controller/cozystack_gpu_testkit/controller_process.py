@@ -96,14 +96,7 @@ class ControllerProcess:
 
     def rss_bytes(self) -> int:
         """The process's resident memory now (0 once it has ended)."""
-        try:
-            status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        except OSError:
-            return 0
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return rss_bytes(self.proc.pid)
 
     def get(self, port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
         """(HTTP status, body) of a GET on one of the replica's ports."""
@@ -153,3 +146,15 @@ def _serving_certificate(cert_dir: Path) -> None:
     pair = ca.issue("cozystack-gpu-webhook", ip_addresses=("127.0.0.1",), server=True)
     pair.write(cert_dir / "tls.crt", cert_dir / "tls.key")
     (cert_dir / "ca.crt").write_bytes(ca.cert_pem)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process from /proc/<pid>/status (0 once it has ended)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
