@@ -58,8 +58,9 @@ image: setup ## build the controller's OCI image with podman (needs root)
 	@echo "== controller image ==" >&2
 	tools/build-image.sh >/dev/null
 
-lint: setup ## ruff, mypy and the import layers
-	@echo "== ruff + mypy + import layers ==" >&2
+lint: setup ## ruff, mypy, the import layers and the changelog fragments
+	@echo "== ruff + mypy + import layers + changelog fragments ==" >&2
+	$(BIN)/antsibull-changelog lint
 	cd controller && $(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/ruff check --config controller/pyproject.toml plugins/module_utils plugins/action
 	$(BIN)/ruff format --check --config controller/pyproject.toml plugins/module_utils plugins/action
