@@ -174,8 +174,19 @@ def test_the_containerised_controller_takes_the_lease_and_binds(
 
         claim = wait_for(bound, timeout=30, what="a bind by the containerised binder")
         assert claim["status"]["nodeName"] == f"n-{test_id}"
-        with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=5) as answer:
-            assert answer.status == 200
+
+        # The binder starts before kopf is imported, so a bind may come before the liveness
+        # endpoint (kopf's) listens: the probe is waited for, and must answer 200.
+        def healthz() -> int | None:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{health}/healthz", timeout=5
+                ) as answer:
+                    return int(answer.status)
+            except OSError:
+                return None
+
+        assert wait_for(healthz, timeout=30, what="/healthz", interval=0.5) == 200
     except BaseException:
         print(podman("logs", name, check=False).stderr[-4000:])
         raise
