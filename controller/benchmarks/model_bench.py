@@ -11,7 +11,9 @@ Orders are 1, 2, 4 or 8 units. Prints:
 - the cost of a decision at 50,000 nodes against 500 nodes;
 - full snapshot build time and resident memory;
 - the time of one incremental event, per kind;
-- head-of-line: 10,000 orders that cannot fit ahead of 1,000 that can, one ``plan`` pass.
+- head-of-line: 10,000 orders that cannot fit ahead of 1,000 that can, one ``plan`` pass;
+- a pass behind a backlog: what every pass costs while 10,000 orders that fit no node wait
+  and one new order arrives (the binder's steady state in peer_bench's head-of-line phase).
 """
 
 from __future__ import annotations
@@ -374,12 +376,50 @@ def bench_head_of_line(rng: random.Random) -> None:
     )
 
 
+def bench_pass_behind_backlog(passes: int = 30) -> None:
+    """200 nodes of 64 units, as peer_bench's plane; 10,000 orders of 65 units (larger than
+    any node) wait. Each pass meets one new 1-unit order, is planned, and its order leaves
+    again: the median pass is what every order that fits waits on behind the backlog."""
+    klass = ClassInfo("bench", Mode.PASSTHROUGH, "nvidia.com/BENCH", 130)
+    nodes = [
+        NodeInfo(
+            f"node-{i:03}",
+            allocatable={klass.resource_name: 64},
+            devices=(Device(klass.resource_name, 64),),
+        )
+        for i in range(200)
+    ]
+    claims = [ClaimInfo("tenant-a", f"x{i:05}", "bench", 65, 1.0 + i) for i in range(10_000)]
+    snap = Snapshot.build(nodes=nodes, classes=[klass], claims=claims)
+    gc.collect()
+    times = []
+    for i in range(passes):
+        order = ClaimInfo("tenant-a", f"ok{i:04}", "bench", 1, 20_000.0 + i)
+        snap.upsert_claim(order)
+        start = time.perf_counter()
+        result = plan(snap, 1e9)
+        times.append(time.perf_counter() - start)
+        assert [a.step for a in result.actions].count(Step.BIND) == 1
+        snap.remove_claim(order.key)
+    print(
+        f"a pass behind a backlog: 10,000 orders fitting no node (200 nodes) and one new "
+        f"order: median {statistics.median(times) * 1000:.1f} ms, "
+        f"max {max(times) * 1000:.1f} ms over {passes} passes"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=50_000)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--only-backlog", action="store_true", help="only the pass behind a backlog"
+    )
     args = parser.parse_args()
+    if args.only_backlog:
+        bench_pass_behind_backlog()
+        return
     rng = random.Random(args.seed)
 
     base_rss = rss_mib()

@@ -323,7 +323,7 @@ class Binder(Watcher):
         self.waiting.tell(waits, now, placing=bool(self.inflight))
         # Every waiting claim, the VMs' template claims at the gate too (the plan leaves
         # those to the gate): what kubectl gpu top counts, the alerts count.
-        waiting_now = [c for c in self.snapshot.claims() if c.waiting]
+        waiting_now = list(self.snapshot.waiting())
         metrics.PENDING.set(len(waiting_now))
         metrics.set_oldest_waiting(claim_status.oldest_waiting(waiting_now))
 

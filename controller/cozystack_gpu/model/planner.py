@@ -25,6 +25,8 @@ Planning the result of a plan changes nothing more.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -36,7 +38,9 @@ from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import (
     ClaimInfo,
     ClaimKey,
+    Decision,
     NodeInfo,
+    OrderShape,
     Placement,
     Reason,
     Refusal,
@@ -379,61 +383,94 @@ class _Planner:
                 return
 
     def bind_round(self) -> tuple[list[Action], bool]:
-        pending: list[tuple[float, ClaimKey, ClaimInfo]] = []
-        for key in self.snap.pending_keys():
-            claim = self.snap.claim(key)
-            if claim is not None and not claim.template:
-                pending.append((claim.created, key, claim))
-        pending.sort(key=lambda item: (item[0], item[1]))
-        # Within a round binds only take capacity and budget, so an order refused here
-        # refuses every later order of the same class, tenant and count alike, with the
-        # same words (a round that moves holds is followed by another). Judging them once,
-        # and reporting them as one Wait, keeps a pass short when thousands wait, so new
-        # orders that fit are not slowed by old ones that do not.
-        refused: dict[tuple[str, str, int], Refusal] = {}
-        alike: dict[tuple[str, str, int], list[ClaimKey]] = {}
+        """Judge the waiting orders oldest first (by creation, then key).
+
+        Within a round binds only take capacity and budget, so an order refused here
+        refuses every later order of its shape (class, tenant and count) with the same
+        words (a round that moves holds is followed by another). So the round walks the
+        shapes' queues merged by age, judges a shape's orders until one is refused, and
+        reports the rest of that queue as one Wait without looking at them: a pass costs
+        what the shapes and the binds cost, not what the thousands waiting behind them
+        would, so new orders that fit are not slowed by old ones that do not.
+        """
+        queues: list[tuple[OrderShape | None, list[tuple[float, ClaimKey]]]] = []
+        for shape, entries in self.snap.orders_by_shape():
+            if shape is None:  # orders with rejected nodes: each is judged on its own
+                queues.extend((None, [entry]) for entry in entries)
+            else:
+                queues.append((shape, entries))
+        heads = [(entries[0], q, 0) for q, (_shape, entries) in enumerate(queues)]
+        heapq.heapify(heads)
+        refused: dict[int, tuple[int, Refusal]] = {}  # queue -> where its refusal is, why
         waits: list[Action] = []
         packed = False
-        for index, (_created, key, claim) in enumerate(pending):
-            if self.binds_left == 0:
-                self.unjudged = len(pending) - index
-                break
-            shape = None if claim.rejected else (claim.class_name, claim.namespace, claim.count)
-            if shape is not None and shape in refused:
-                alike[shape].append(key)
-                continue
-            decision = self.snap.check_order(claim, self.now)
-            after: tuple[ClaimKey, ...] = ()
-            if isinstance(decision, Refusal):
-                room = make_room(
-                    self.snap,
-                    claim,
-                    self.now,
-                    decision,
-                    max_moves=self.max_moves,
-                    frozen=self.updates.keys() - self._movable_fresh,
-                )
-                if isinstance(room, Room):
-                    decision, after = self.make_room(claim, room)
-                    packed = True
-                elif room is not None:
-                    decision = room
-            if isinstance(decision, Placement):
-                self.put(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
-                if self.binds_left is not None:
-                    self.binds_left -= 1
-                self._fresh_binds[key] = len(self.actions)
-                if claim.set_id is None:
-                    self._movable_fresh.add(key)
-                self.actions.append(Action(Step.BIND, (key,), node=decision.node, after=after))
-            elif shape is not None:
-                refused[shape] = decision
-                alike[shape] = [key]
-            else:
-                waits.append(Action(Step.WAIT, (key,), refusal=decision))
-        for shape, keys in alike.items():
-            waits.append(Action(Step.WAIT, tuple(keys), refusal=refused[shape]))
+        last_bind: tuple[float, ClaimKey] | None = None
+        while heads and self.binds_left != 0:
+            entry, q, at = heapq.heappop(heads)
+            shape, entries = queues[q]
+            claim = self._order(entry[1])
+            if claim is not None:
+                decision, after, moved = self._judge(claim)
+                packed |= moved
+                if isinstance(decision, Placement):
+                    self._bind(claim, decision, after)
+                    last_bind = entry
+                elif shape is not None:
+                    refused[q] = (at, decision)
+                    continue  # the rest of this queue waits with it
+                else:
+                    waits.append(Action(Step.WAIT, (claim.key,), refusal=decision))
+            if at + 1 < len(entries):
+                heapq.heappush(heads, (entries[at + 1], q, at + 1))
+        if self.binds_left == 0:
+            # The orders younger than the last bind are left for the next pass.
+            self.unjudged = sum(len(queues[q][1]) - at for _entry, q, at in heads)
+        for q, (at, refusal) in refused.items():
+            entries = queues[q][1]
+            end = len(entries)
+            if self.binds_left == 0 and last_bind is not None:
+                end = bisect.bisect_right(entries, last_bind, lo=at)
+                self.unjudged += len(entries) - end
+            keys = tuple([key for _created, key in entries[at:end]])
+            waits.append(Action(Step.WAIT, keys, refusal=refusal))
         return waits, packed
+
+    def _judge(self, claim: ClaimInfo) -> tuple[Decision, tuple[ClaimKey, ...], bool]:
+        """Whether the order fits, moving holds to make room where packing can; with the
+        claims its bind must follow, and whether holds were moved."""
+        decision = self.snap.check_order(claim, self.now)
+        if not isinstance(decision, Refusal):
+            return decision, (), False
+        room = make_room(
+            self.snap,
+            claim,
+            self.now,
+            decision,
+            max_moves=self.max_moves,
+            frozen=self.updates.keys() - self._movable_fresh,
+        )
+        if isinstance(room, Room):
+            placement, after = self.make_room(claim, room)
+            return placement, after, True
+        return (decision if room is None else room), (), False
+
+    def _bind(self, claim: ClaimInfo, placement: Placement, after: tuple[ClaimKey, ...]) -> None:
+        key = claim.key
+        self.put(replace(claim, phase=Phase.BOUND, node=placement.node, bound_at=self.now))
+        if self.binds_left is not None:
+            self.binds_left -= 1
+        self._fresh_binds[key] = len(self.actions)
+        if claim.set_id is None:
+            self._movable_fresh.add(key)
+        self.actions.append(Action(Step.BIND, (key,), node=placement.node, after=after))
+
+    def _order(self, key: ClaimKey) -> ClaimInfo | None:
+        """The claim if it is an order still waiting; a VM's template claim is placed with
+        its set, by the gate."""
+        claim = self.snap.claim(key)
+        if claim is None or claim.template or claim.phase is not Phase.PENDING:
+            return None
+        return claim
 
     def make_room(self, order: ClaimInfo, room: Room) -> tuple[Placement, tuple[ClaimKey, ...]]:
         """Carry out packing's moves, then place the order on the node they freed; returns

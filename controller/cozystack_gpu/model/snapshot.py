@@ -15,6 +15,7 @@ on time (rejected-node expiry).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -39,6 +40,7 @@ from cozystack_gpu.model.types import (
     Decision,
     NamespaceInfo,
     NodeInfo,
+    OrderShape,
 )
 
 
@@ -81,6 +83,13 @@ class Snapshot:
         self._ns_claims: dict[str, set[ClaimKey]] = {}
         self._set_claims: dict[tuple[str, str], set[ClaimKey]] = {}
         self._pending: set[ClaimKey] = set()
+        # The same claims oldest first, as (created, key), kept sorted as they come and go:
+        # every pass walks them in this order, and sorting 10,000 waiting orders on every
+        # pass was most of what the binder spent behind a backlog.
+        self._arrivals: list[tuple[float, ClaimKey]] = []
+        # The orders among them (not VMs' template claims), oldest first per shape: a pass
+        # judges a shape's oldest order and, once one is refused, none of the rest.
+        self._orders: dict[OrderShape | None, list[tuple[float, ClaimKey]]] = {}
         self._lost: set[ClaimKey] = set()
         self._acct: dict[ClaimKey, _Acct] = {}
         self._dirty: set[str] = set()
@@ -155,6 +164,20 @@ class Snapshot:
 
     def pending_keys(self) -> frozenset[ClaimKey]:
         return frozenset(self._pending)
+
+    def pending_by_arrival(self) -> list[ClaimKey]:
+        """The pending claims' keys oldest first (by creation, then key): a copy, so the
+        caller may change the snapshot while it walks them."""
+        return [key for _created, key in self._arrivals]
+
+    def orders_by_shape(self) -> list[tuple[OrderShape | None, list[tuple[float, ClaimKey]]]]:
+        """The pending orders per shape (``ClaimInfo.shape``), each list oldest first as
+        (created, key): copies, so the caller may change the snapshot while it walks them."""
+        return [(shape, list(entries)) for shape, entries in self._orders.items()]
+
+    def waiting(self) -> Iterator[ClaimInfo]:
+        """The waiting claims (``ClaimInfo.waiting``) oldest first."""
+        return (self._claims[key] for _created, key in self._arrivals)
 
     def lost_keys(self) -> frozenset[ClaimKey]:
         return frozenset(self._lost)
@@ -366,6 +389,9 @@ class Snapshot:
             self._dirty.add(claim.node)
         if claim.phase is Phase.PENDING:
             self._pending.add(key)
+            bisect.insort(self._arrivals, (claim.created, key))
+            if not claim.template:
+                bisect.insort(self._orders.setdefault(claim.shape, []), (claim.created, key))
         elif claim.phase is Phase.LOST:
             self._lost.add(key)
 
@@ -388,7 +414,13 @@ class Snapshot:
         if claim.node is not None:
             _discard(self._node_claims, claim.node, key)
             self._dirty.add(claim.node)
-        self._pending.discard(key)
+        if key in self._pending:
+            self._pending.discard(key)
+            _remove_sorted(self._arrivals, (claim.created, key))
+            if not claim.template:
+                shape = claim.shape
+                if not _remove_sorted(self._orders[shape], (claim.created, key)):
+                    del self._orders[shape]
         self._lost.discard(key)
 
     # --- decisions -------------------------------------------------------------------------
@@ -556,3 +588,9 @@ def _discard(table: dict[Any, set[ClaimKey]], key: Any, item: ClaimKey) -> None:
         members.discard(item)
         if not members:
             del table[key]
+
+
+def _remove_sorted(entries: list[tuple[float, ClaimKey]], entry: tuple[float, ClaimKey]) -> int:
+    """Takes ``entry`` out of the sorted ``entries``; returns how many are left."""
+    del entries[bisect.bisect_left(entries, entry)]
+    return len(entries)

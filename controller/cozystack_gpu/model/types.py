@@ -214,6 +214,9 @@ class RejectedNode:
     until: float
 
 
+OrderShape = tuple[str, str, int]  # class, tenant (namespace), count: ``ClaimInfo.shape``
+
+
 @dataclass(frozen=True)
 class ClaimInfo:
     """A GPUClaim: spec, status, and what the binder knows about its VM.
@@ -252,6 +255,15 @@ class ClaimInfo:
     @property
     def key(self) -> ClaimKey:
         return ClaimKey(self.namespace, self.name)
+
+    @property
+    def shape(self) -> OrderShape | None:
+        """Class, tenant and count: what a pass judges an order by, so that once one order
+        is refused, the later ones of its shape wait with it unjudged. None for an order
+        with rejected nodes, which is judged on its own."""
+        if self.rejected:
+            return None
+        return (self.class_name, self.namespace, self.count)
 
     @property
     def counts_budget(self) -> bool:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import replace
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from model_digest import digest
 from model_world import N_OPS, Checker, Op, oracle_best_fit, random_world
 
-from cozystack_gpu.model import Placement, Reason, Refusal, plan
+from cozystack_gpu.keys import Phase
+from cozystack_gpu.model import ClaimKey, Placement, Reason, Refusal, Snapshot, Step, plan
 
 EXAMPLES = int(os.environ.get("MODEL_HYPOTHESIS_EXAMPLES", "40"))
 
@@ -146,3 +148,94 @@ def test_the_cordon_rules_are_exercised_by_the_random_worlds() -> None:
         ]
         judged += run(seed, ops).cordon_rules_judged
     assert judged >= 10, judged
+
+
+@model_settings
+@given(seed=st.integers(0, 2**32), ops=ops_strategy)
+def test_the_waiting_claims_are_kept_oldest_first_through_every_event(
+    seed: int, ops: list[Op]
+) -> None:
+    # The planner judges orders in this order and the oldest-waiting gauge reads its
+    # head: kept as events come, it must be what sorting every waiting claim would give.
+    checker = run(seed, ops)
+    checker.plan_and_commit()
+    for snap in (checker.snap, checker.world.snapshot()):
+        by_arrival = sorted(
+            (c for c in snap.claims() if c.waiting), key=lambda c: (c.created, c.key)
+        )
+        assert list(snap.waiting()) == by_arrival
+
+
+Judged = tuple[list[tuple[ClaimKey, str | None]], list[tuple[tuple[ClaimKey, ...], Refusal]], int]
+
+
+def judged_one_by_one(snap: Snapshot, now: float, max_binds: int | None) -> Judged:
+    """The pass's rule for orders, written plainly: every waiting order oldest first (by
+    creation, then key); once an order of a class, tenant and count is refused, the later
+    ones alike wait with the same words unjudged (an order with rejected nodes is judged on
+    its own); after ``max_binds`` binds the rest is left for the next pass."""
+    orders = sorted(
+        (c for c in snap.claims() if c.phase is Phase.PENDING and not c.template),
+        key=lambda c: (c.created, c.key),
+    )
+    binds: list[tuple[ClaimKey, str | None]] = []
+    waits: list[tuple[tuple[ClaimKey, ...], Refusal]] = []
+    refused: dict[tuple[str, str, int], Refusal] = {}
+    alike: dict[tuple[str, str, int], list[ClaimKey]] = {}
+    unjudged = 0
+    undo = []
+    for index, claim in enumerate(orders):
+        if len(binds) == max_binds:
+            unjudged = len(orders) - index
+            break
+        shape = None if claim.rejected else (claim.class_name, claim.namespace, claim.count)
+        if shape is not None and shape in refused:
+            alike[shape].append(claim.key)
+            continue
+        decision = snap.check_order(claim, now)
+        if isinstance(decision, Placement):
+            undo.append(claim)
+            snap.upsert_claim(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=now))
+            binds.append((claim.key, decision.node))
+        elif shape is None:
+            waits.append(((claim.key,), decision))
+        else:
+            refused[shape] = decision
+            alike[shape] = [claim.key]
+    for claim in undo:
+        snap.upsert_claim(claim)
+    waits += [(tuple(keys), refused[shape]) for shape, keys in alike.items()]
+    return binds, waits, unjudged
+
+
+@model_settings
+@given(
+    seed=st.integers(0, 2**32),
+    ops=ops_strategy,
+    orders=st.lists(st.tuples(st.integers(0, 999), st.integers(0, 999)), max_size=16),
+    max_binds=st.one_of(st.none(), st.integers(0, 6)),
+)
+def test_a_pass_judges_orders_oldest_first_and_each_refused_shape_once(
+    seed: int,
+    ops: list[Op],
+    orders: list[tuple[int, int]],
+    max_binds: int | None,
+) -> None:
+    checker = run(seed, ops)
+    checker.plan_and_commit()  # a fixed point: only the new orders are left to judge
+    for a, b in orders:
+        checker.world.now += a % 2  # some arrive in the same second: the key decides
+        checker.put(checker.new_claim(a, b))
+    now = checker.world.now
+    binds, waits, unjudged = judged_one_by_one(checker.snap, now, max_binds)
+    result = plan(checker.snap, now, max_moves=0, max_binds=max_binds)
+    assert [(a.claims[0], a.node) for a in result.actions if a.step is Step.BIND] == binds
+    orders_waiting = [  # Lost claims wait for a rebind too: not orders
+        (a.claims, a.refusal)
+        for a in result.actions
+        if a.step is Step.WAIT
+        and a.refusal
+        and checker.snap.claim(a.claims[0]).phase is Phase.PENDING
+    ]
+    assert orders_waiting == waits
+    assert result.unjudged == unjudged
