@@ -30,7 +30,7 @@ from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import claim_status
 from cozystack_gpu.binder.attachments import ATTACHMENT_STEPS, Attachments
 from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
-from cozystack_gpu.binder.calls.claims import Decision
+from cozystack_gpu.binder.calls.claims import ClaimRead, Decision
 from cozystack_gpu.binder.calls.reports import EventWrite
 from cozystack_gpu.binder.events import EventBook
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
@@ -137,7 +137,8 @@ class Binder(Watcher):
         # Calls out by key (sent, not answered): a part asks before writing an object again.
         self._out: Counter[CallKey] = Counter()
         # Decisions whose answer never came (the connection broke, the server restarted):
-        # one that landed is counted when its claim shows the status it wrote.
+        # one that landed is counted when its claim shows the status it wrote. One whose
+        # claim could not be read again either stays in flight until it is (``_lost``).
         self._unanswered: dict[ClaimKey, Decision] = {}
 
         self.snapshot = Snapshot()
@@ -391,36 +392,74 @@ class Binder(Watcher):
         call.apply(answer, self.view)
         if isinstance(call, Decision):
             self._decided(call, answer)
+        elif isinstance(call, ClaimRead):
+            self._read_again(call, answer)
         if call.heard is not None:
             call.heard(answer)
 
     def _decided(self, call: Decision, answer: Answer) -> None:
-        self.inflight.discard(call.claim)
         self._unanswered.pop(call.claim, None)
-        if answer.outcome is Outcome.WRITTEN and answer.obj is not None:
+        if answer.outcome is not Outcome.GONE and not answer.ok:
+            self.stats.conflicts += 1
+            metrics.WRITE_CONFLICTS.inc()
+        if answer.outcome is Outcome.FAILED and answer.obj is None and self._may_write():
+            self._lost(call)
+            return
+        self.inflight.discard(call.claim)
+        if answer.ok and answer.obj is not None:
             self._count(call, answer.obj)
             return
         self._changed = True
-        if answer.outcome is not Outcome.GONE:
-            self.stats.conflicts += 1
-            metrics.WRITE_CONFLICTS.inc()
         if answer.outcome is Outcome.FAILED:
             self._unanswered[call.claim] = call
             if answer.obj is not None:  # read again after the failure
                 self._confirm(call, answer.obj)
 
-    def _confirm(self, call: Decision, obj: MutableObj | None) -> None:
+    def _may_write(self) -> bool:
+        return self.is_leader() and not self._stop.is_set()
+
+    def _lost(self, call: Decision) -> None:
+        """The answer was lost and the claim could not be read again: the write may have
+        landed. Going back to the claim as the view last saw it would free its units for
+        the next order while the API holds them (a budget over its limit, a node over its
+        capacity, found by the fault suite's restarted API server). So the claim stays in
+        flight, as decided, until it is read again or the watch shows what it holds."""
+        self._unanswered[call.claim] = call
+        self.send(ClaimRead(call.namespace, call.name))
+
+    def _read_again(self, call: ClaimRead, answer: Answer) -> None:
+        decision = self._unanswered.get(call.claim)
+        if decision is None or call.claim not in self.inflight:
+            return  # the watch settled it first
+        if answer.outcome is Outcome.FAILED and self._may_write():
+            self.send(ClaimRead(call.namespace, call.name))  # the writer paces the retries
+            return
+        if answer.obj is not None:
+            self._confirm(decision, answer.obj, read=True)
+        else:  # gone, or this replica stopped leading: the next leader reads it anew
+            self._release(call.claim)
+
+    def _confirm(self, call: Decision, obj: MutableObj | None, *, read: bool = False) -> None:
         """Count a decision whose answer was lost once its claim carries what it wrote
-        (the node and the boundAt it set); forget it once the claim shows another write."""
+        (the node and the boundAt it set); forget it once the claim shows another write,
+        or, ``read`` from the API, does not carry it (then it never landed)."""
         if obj is None:
-            self._unanswered.pop(call.claim, None)
+            self._release(call.claim)
             return
         wrote, status = call.body.get("status") or {}, obj.get("status") or {}
         if all(status.get(f) == wrote.get(f) for f in ("nodeName", "boundAt")):
-            self._unanswered.pop(call.claim, None)
+            self._release(call.claim)
             self._count(call, obj)
-        elif translate.resource_version(obj) > translate.resource_version(call.body):
-            self._unanswered.pop(call.claim, None)  # written over by another: it never landed
+        elif read or translate.resource_version(obj) > translate.resource_version(call.body):
+            self._release(call.claim)  # written over by another, or never: it did not land
+
+    def _release(self, key: ClaimKey) -> None:
+        """The API's word on a claim whose answer was lost is in: judged again on it."""
+        self._unanswered.pop(key, None)
+        if key in self.inflight:
+            self.inflight.discard(key)
+            self.view.dirty.claims.add(key)  # the next flush takes what the view holds
+        self._changed = True
 
     def _count(self, call: Decision, obj: MutableObj) -> None:
         """A decision the API holds: counted once, whether its answer came back or not."""

@@ -113,6 +113,43 @@ class Decision(_ClaimStatus):
         view.dirty.claims.add(self.claim)  # judged again on what the API now holds
 
 
+@dataclass(frozen=True)
+class ClaimRead(Call):
+    """A claim read again after a placement write whose answer was lost, when the read
+    that follows a failure failed too (the server was away). The write may have landed,
+    so the claim stays held as decided, its units counted, until this read (or the watch)
+    says what the API holds; it is then judged again on that."""
+
+    what: ClassVar[str] = "claim-read"
+    priority: ClassVar[Priority] = Priority.BIND
+    takes: ClassVar[keys.ApiKind] = keys.GPU_CLAIM
+
+    namespace: str
+    name: str
+
+    @property
+    def claim(self) -> ClaimKey:
+        return ClaimKey(self.namespace, self.name)
+
+    def request(self, api: Clients) -> MutableObj:
+        return dict(
+            api.custom.get_namespaced_custom_object(
+                *claims_of(self.namespace), self.name, _request_timeout=base.REQUEST_TIMEOUT_S
+            )
+        )
+
+    def refused(self, exc: Exception, api: Clients) -> Answer:
+        if status_of(exc) == 404:
+            return Answer(self, Outcome.GONE)
+        return Answer(self, Outcome.FAILED, error=describe(exc))
+
+    def apply(self, answer: Answer, view: ClusterView) -> None:
+        super().apply(answer, view)
+        if answer.outcome is Outcome.GONE:
+            view.forget(keys.GPU_CLAIM.kind, self.claim)
+        view.dirty.claims.add(self.claim)
+
+
 class Note(StrEnum):
     """Status writes that only tell: not placements, so queued behind every bind and never
     held in flight."""

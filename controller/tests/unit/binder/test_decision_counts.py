@@ -6,14 +6,17 @@ Bound after a restart, 2,995 binds counted."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Answer, Outcome
-from cozystack_gpu.binder.calls.claims import Decision
+from cozystack_gpu.binder.calls.claims import ClaimRead, Decision
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu.keys import Phase
+from cozystack_gpu.model import ClaimKey
 from cozystack_gpu_testkit.objects import binder_config
 
 NS = "tenant-a"
@@ -84,3 +87,60 @@ def test_a_bind_found_done_when_its_claim_is_read_again_is_counted() -> None:
     binder._answered(Answer(call, Outcome.FAILED, fresh, "ReadTimeoutError"))
     binder._flush()
     assert binder.stats.binds == 1
+
+
+def _bind_sent(binder: Binder) -> Decision:
+    """The order at version 1 in the view and the snapshot, and a bind of it to n1 sent
+    as the loop sends it (recorded in the snapshot first)."""
+    binder.view.apply(keys.GPU_CLAIM.kind, _claim(1, {}), deleted=False)
+    binder._flush()
+    key = ClaimKey(NS, "c")
+    order = binder.snapshot.claim(key)
+    assert order is not None and order.phase is Phase.PENDING
+    call = Decision(NS, "c", {"metadata": {"resourceVersion": "1"}, "status": BOUND}, "Bind")
+    assert binder.decide(replace(order, phase=Phase.BOUND, node="n1", bound_at=1.0), call)
+    return call
+
+
+def _queued_reads(binder: Binder) -> list[ClaimRead]:
+    return [call for _p, _s, call in list(binder.writer._jobs.queue) if isinstance(call, ClaimRead)]
+
+
+def test_a_bind_whose_answer_was_lost_keeps_its_units_until_the_claim_is_read_again() -> None:
+    # The fault suite's restarted kube-apiserver: the bind landed, its answer was lost and
+    # the claim could not be read again. Had the snapshot gone back to the order as the view
+    # last saw it, its units would be free for the next order while the API holds the
+    # bind: a budget over its limit (26 units against 24), a node over its capacity.
+    binder = Binder(_nowhere(), binder_config("ctl"))
+    call = _bind_sent(binder)
+    binder._answered(Answer(call, Outcome.FAILED, error="ProtocolError: connection reset"))
+    for _turn in range(3):
+        binder._flush()
+        held = binder.snapshot.claim(call.claim)
+        assert held is not None and (held.phase, held.node) == (Phase.BOUND, "n1")
+        assert binder.in_flight([call.claim]), "no plan may decide it again meanwhile"
+    (read,) = _queued_reads(binder)
+    assert read.claim == call.claim
+    # The read finds the bind landed: counted, and the claim is what the API holds.
+    binder._answered(Answer(read, Outcome.WRITTEN, _claim(2, copy.deepcopy(BOUND))))
+    binder._flush()
+    assert not binder.in_flight([call.claim])
+    assert binder.stats.binds == 1
+    held = binder.snapshot.claim(call.claim)
+    assert held is not None and (held.phase, held.node) == (Phase.BOUND, "n1")
+
+
+def test_a_bind_whose_answer_was_lost_and_that_did_not_land_is_judged_again_once_read() -> None:
+    binder = Binder(_nowhere(), binder_config("ctl"))
+    call = _bind_sent(binder)
+    binder._answered(Answer(call, Outcome.FAILED, error="ProtocolError: connection reset"))
+    (read,) = _queued_reads(binder)
+    # The first read fails too (the server is still away): it is sent again.
+    binder._answered(Answer(read, Outcome.FAILED, error="MaxRetryError"))
+    (again,) = _queued_reads(binder)[1:]
+    binder._answered(Answer(again, Outcome.WRITTEN, _claim(1, {})))
+    binder._flush()
+    assert not binder.in_flight([call.claim])
+    assert binder.stats.binds == 0
+    order = binder.snapshot.claim(call.claim)
+    assert order is not None and order.phase is Phase.PENDING, "free to be judged again"
