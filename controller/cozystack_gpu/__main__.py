@@ -21,6 +21,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 
 from cozystack_gpu import config as settings
+from cozystack_gpu.cluster.gc_freeze import SurvivorFreezer
 from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.controller import Controller
 from cozystack_gpu.metrics_server import MetricsServer
@@ -103,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     identity = config.identity
+    # Before the first listing: each full collection from here on walks only what came
+    # after the last one, not the whole cache again (see gc_freeze).
+    SurvivorFreezer().start()
     # One listing and watch per kind for the whole process, read by the admission feed of
     # every replica and by the binder; the binder first, so that a new leader's first bind
     # waits on neither kopf's import nor the webhooks'.
