@@ -142,7 +142,7 @@ class Peer:
         wrong = sorted(
             name
             for name in bound.keys() | allocated.keys()
-            if [pool for pool, _ in allocated.get(name, ())] != [bound.get(name)]
+            if [pool for pool, _device in allocated.get(name, ())] != [bound.get(name)]
         )
         devices = [device for pairs in allocated.values() for device in pairs]
         if wrong or len(set(devices)) != len(devices):

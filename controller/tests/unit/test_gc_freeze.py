@@ -27,7 +27,7 @@ def unfrozen() -> Iterator[None]:
 def test_what_survives_a_full_collection_is_frozen_once() -> None:
     freezer = SurvivorFreezer()
     assert not freezer.look(), "no full collection since it started"
-    kept = [Node() for _ in range(100)]
+    kept = [Node() for _node in range(100)]
     gc.collect()
     assert freezer.look()
     assert gc.get_freeze_count() >= len(kept)
