@@ -3,8 +3,9 @@
 The binder needs what kopf's per-object workers do not give: every kind fully listed before
 its first decision (a claim seen before its node would read as Lost), and one ordered stream
 of changes for its single loop. Each Informer runs one thread: it lists, emits the whole
-listing as one LISTED event, then watches from the listing's resourceVersion, re-listing on
-410 Gone or any broken stream. Objects stay plain dicts (the API's JSON), so the edges decide
+listing as one LISTED event, then watches from the listing's resourceVersion; a watch the
+server ends goes on from the last version it delivered, and 410 Gone or a broken stream
+lists again. Objects stay plain dicts (the API's JSON), so the edges decide
 what to read from them.
 """
 
@@ -171,9 +172,12 @@ class Informer:
 
     def _run(self) -> None:
         kind = self._source.kind
+        # The version the next watch starts from; None: list first.
+        resource_version: str | None = None
         while not self._stop.is_set():
             try:
-                resource_version = self._list()
+                if resource_version is None:
+                    resource_version = self._list()
                 self._watch = RawWatch()
                 # timeout_seconds also keeps the client from retrying a 410 itself: the
                 # ApiException below lists again, which heals any gap.
@@ -189,12 +193,21 @@ class Informer:
                         return
                     kind_of_event = raw.get("type")
                     obj = raw.get("object")
-                    if kind_of_event not in _CHANGES or not isinstance(obj, dict):
+                    if not isinstance(obj, dict):
+                        continue
+                    # Every change and every bookmark moves the version the watch has
+                    # delivered everything up to.
+                    resource_version = _resource_version(obj) or resource_version
+                    if kind_of_event not in _CHANGES:
                         continue
                     obj.setdefault("kind", kind)
                     self._sink.put(Event(kind, EventType(kind_of_event), obj=obj))
-                # A watch that ends (timeout) is re-listed too: simple, and it heals any gap.
+                # The server ended the watch (its timeout): the next goes on from what this
+                # one delivered, as client-go's reflector does. Listing again instead made
+                # every replica decode every object of the kind every WATCH_TIMEOUT_S; a
+                # version too old by then answers 410, and that lists again (below).
             except ApiException as exc:
+                resource_version = None
                 if exc.status == 410:
                     # Our resourceVersion is too old: list again at once.
                     log.info("watch of %s expired; listing again", kind)
@@ -207,6 +220,7 @@ class Informer:
                 log.warning("watch of %s failed: %s; retrying", kind, exc.reason)
                 self._stop.wait(RETRY_DELAY_S)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
+                resource_version = None
                 # The server is away or the stream broke (a restart, a network blip): an
                 # expected moment, told in one line rather than a traceback a second.
                 if self._stop.is_set():
@@ -215,10 +229,18 @@ class Informer:
                 log.warning("watch of %s broke; retrying: %s: %s", kind, type(exc).__name__, reason)
                 self._stop.wait(RETRY_DELAY_S)
             except Exception:  # a broken stream must not end the feed
+                resource_version = None
                 if self._stop.is_set():
                     return
                 log.exception("watch of %s broke; retrying", kind)
                 self._stop.wait(RETRY_DELAY_S)
+
+
+def _resource_version(obj: dict[str, Any]) -> str | None:
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict) and metadata.get("resourceVersion"):
+        return str(metadata["resourceVersion"])
+    return None
 
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
