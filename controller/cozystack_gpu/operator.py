@@ -38,6 +38,40 @@ def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None
     )
 
 
+@kopf.on.login()
+def _login(memo: kopf.Memo, settings: kopf.OperatorSettings, **kwargs: Any) -> Any:
+    """kopf's connection: the one the process's own clients use. In a pod kopf's own login
+    through the kubernetes client finds the service account, as they do. Off the cluster,
+    with ``--kubeconfig``, it would not: the client took the kubeconfig's path from the
+    environment when it was imported, before the flag was read, and kopf found no
+    credentials and stopped the process."""
+    api: client.ApiClient | None = memo.get("admission_api")
+    if memo.get("kubeconfig") is None or api is None:
+        return kopf.login_via_client(memo=memo, settings=settings, **kwargs)
+    return connection_info(api.configuration, settings)
+
+
+def connection_info(
+    configuration: client.Configuration, settings: kopf.OperatorSettings
+) -> kopf.ConnectionInfo:
+    """What kopf needs of a kubernetes client's configuration (its server, CA, client
+    certificate and bearer token)."""
+    # The bearer token as the client sends it ("Bearer <token>"); its refresh hook, when a
+    # kubeconfig's exec plugin gave one, runs here, and again when kopf logs in anew.
+    header = configuration.get_api_key_with_prefix("BearerToken") or ""
+    scheme, _, token = header.partition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme if token else None,
+        token=token or scheme or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        trust_env=settings.networking.trust_env,
+    )
+
+
 @kopf.on.cleanup()
 def _cleanup(memo: kopf.Memo, **_: Any) -> None:
     controller = memo.get("controller")

@@ -24,7 +24,9 @@ class ControllerProcess:
     """One replica; ``metrics`` (HTTPS, with a reader's token), ``health`` and ``ready``
     fetch its endpoints.
 
-    ``kubeconfig`` replaces the plane's (e.g. one whose server is a ``proxy.Proxy``).
+    ``kubeconfig`` replaces the plane's (e.g. one whose server is a ``proxy.Proxy``); it is
+    passed as ``--kubeconfig`` and, unless ``kubeconfig_in_env`` is False, also as
+    ``KUBECONFIG``.
     ``restart`` starts the same replica again, on the same ports, logging after its
     earlier runs.
     """
@@ -38,6 +40,7 @@ class ControllerProcess:
         *extra: str,
         metrics: bool = False,
         kubeconfig: Path | None = None,
+        kubeconfig_in_env: bool = True,
     ) -> None:
         self.identity = identity
         self.log = log_dir / f"{identity}.log"
@@ -66,7 +69,9 @@ class ControllerProcess:
             "--log-format", "text",
             *extra,
         ]  # fmt: skip
-        self._env = {**os.environ, "KUBECONFIG": config}
+        self._env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        if kubeconfig_in_env:
+            self._env["KUBECONFIG"] = config
         self.proc = self._spawn("wb")
 
     def _spawn(self, mode: str) -> subprocess.Popen[bytes]:
