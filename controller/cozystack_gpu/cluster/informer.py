@@ -25,7 +25,7 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from cozystack_gpu import keys
+from cozystack_gpu.cluster.list_calls import kind_path, path_list
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.keys import ApiKind
 from cozystack_gpu.objects.translate import object_key
@@ -74,31 +74,9 @@ class Source:
 
 
 def list_function(api: client.ApiClient, kind: ApiKind) -> Callable[..., Any]:
-    """The cluster-wide list (and watch) call of one kind of ``keys``' table."""
-    if kind.group:
-        custom = client.CustomObjectsApi(api)
-
-        def list_custom(**kwargs: Any) -> Any:
-            return custom.list_cluster_custom_object(
-                kind.group, kind.version, kind.plural, **kwargs
-            )
-
-        return list_custom
-    # The core group has one typed call per kind; namespaced kinds are listed across all
-    # namespaces.
-    core = client.CoreV1Api(api)
-    core_lists: dict[str, Callable[..., Any]] = {
-        keys.NODE.plural: core.list_node,
-        keys.NAMESPACE.plural: core.list_namespace,
-        keys.RESOURCE_QUOTA.plural: core.list_resource_quota_for_all_namespaces,
-        keys.POD.plural: core.list_pod_for_all_namespaces,
-        keys.PVC.plural: core.list_persistent_volume_claim_for_all_namespaces,
-        keys.PV.plural: core.list_persistent_volume,
-    }
-    try:
-        return core_lists[kind.plural]
-    except KeyError:
-        raise ValueError(f"no list call for core kind {kind.kind}") from None
+    """The cluster-wide list (and watch) call of one kind of ``keys``' table, by its path
+    (``list_calls``: no typed API module is imported for it)."""
+    return path_list(api, kind_path(kind))
 
 
 def source(api: client.ApiClient, kind: ApiKind) -> Source:
