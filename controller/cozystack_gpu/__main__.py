@@ -1,8 +1,9 @@
 """Entry point: ``python -m cozystack_gpu`` (or ``cozystack-gpu-controller``).
 
 The process's cache and the binder start first (the binder binds only in the replica that
-holds the Lease, and keeps its snapshot warm in the others); then kopf and the webhooks are
-imported and kopf runs them (``cozystack_gpu.operator``): the admission webhooks of every
+holds the Lease, and keeps its snapshot warm in the others); once the binder has made its
+first pass, or the election says another replica leads, kopf and the webhooks are imported
+and kopf runs them (``cozystack_gpu.operator``): the admission webhooks of every
 replica, the liveness probe and the clean-up. The readiness probe (``/readyz``, ready once
 the webhooks' feed has read the cluster) is a server of its own.
 """
@@ -14,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from importlib import metadata
 
@@ -27,6 +29,8 @@ from cozystack_gpu.controller import Controller
 from cozystack_gpu.metrics_server import MetricsServer
 
 log = logging.getLogger("cozystack_gpu")
+
+STARTING_POLL_S = 0.02  # how often the start looks whether kopf's part may be imported
 
 
 def api_client(kubeconfig: str | None = None, *, user_agent: str = "") -> client.ApiClient:
@@ -128,7 +132,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             config.webhook_cert_dir,
             config.metrics_port,
         )
-    # Imported here, not at the top: see above.
+    # Imported here, not at the top, and only once the binder has made its first pass (a
+    # new leader's first binds are out) or this replica is known to stand by, FEED_WAIT_S
+    # at most: kopf's and the webhooks' import is about 0.5 s of CPU, which would share the
+    # interpreter with the binder's first listing and pass. Its liveness probe answers from
+    # then on (the chart's probe waits 10 s before its first try).
+    while not controller.first_pass_or_standby():
+        time.sleep(STARTING_POLL_S)
     import kopf  # pylint: disable=import-outside-toplevel
 
     from cozystack_gpu import operator  # pylint: disable=import-outside-toplevel
