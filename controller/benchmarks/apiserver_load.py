@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,14 @@ NO_DEVICE = f'device.attributes["{DRA_DRIVER}"].index < 0'
 
 def node_name(i: int) -> str:
     return f"gpu-{i:04d}"
+
+
+def answered(response: Any) -> None:
+    """Read an answer nobody needs, which gives its connection back to the pool. Left unread
+    (``_preload_content=False``), the connection was dropped and the next create opened
+    another: a TLS handshake per create, 0.5 ms or more of kube-apiserver CPU each, in every
+    peer's figures alike."""
+    response.data  # noqa: B018  # reading it is the point
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -76,8 +85,13 @@ class Bench:
     gpu_class: str
 
     @classmethod
-    def start(cls, nodes: int, units: int, bin_dir: Path, max_count: int = 8) -> Bench:
-        plane = cluster.start(bin_dir=bin_dir)
+    def start(
+        cls, nodes: int, units: int, bin_dir: Path, max_count: int = 8, profiling: bool = False
+    ) -> Bench:
+        """``profiling``: kube-apiserver serves /debug/pprof (``cpu_profile``)."""
+        plane = cluster.start(
+            bin_dir=bin_dir, extra_apiserver_args=("--profiling=true",) if profiling else ()
+        )
         try:
             api = plane.api_client()
             cluster.install_crds(api)
@@ -108,6 +122,17 @@ class Bench:
     def stop(self) -> None:
         self.plane.stop()
 
+    def cpu_profile(self, seconds: int, into: Path) -> None:
+        """kube-apiserver's CPU profile over the next ``seconds`` (pprof's format, read with
+        ``go tool pprof -top``), written to ``into``; the plane must have been started with
+        ``profiling``."""
+        with urllib.request.urlopen(
+            f"{self.plane.server}/debug/pprof/profile?seconds={seconds}",
+            context=self.plane.ssl_context(),
+            timeout=seconds + 30,
+        ) as answer:
+            into.write_bytes(answer.read())
+
     def pid(self, component: str) -> int:
         return int(self.plane.pids[component])
 
@@ -122,10 +147,10 @@ class Bench:
                 "metadata": {"name": name},
                 "spec": {"class": klass, "count": count},
             }
-            custom.create_namespaced_custom_object(
+            answered(custom.create_namespaced_custom_object(
                 keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS, body,
                 _preload_content=False,
-            )  # fmt: skip
+            ))  # fmt: skip
 
         return create
 
@@ -135,7 +160,7 @@ class Bench:
 
         def create(name: str) -> None:
             body = pod_body(name, requests={RESOURCE: units})
-            core.create_namespaced_pod(namespace, body, _preload_content=False)
+            answered(core.create_namespaced_pod(namespace, body, _preload_content=False))
 
         return create
 
@@ -150,12 +175,14 @@ class Bench:
             "metadata": {"name": DEVICE_CLASS},
             "spec": {"selectors": [selector]},
         }
-        resource.create_device_class(device_class, _preload_content=False)
+        answered(resource.create_device_class(device_class, _preload_content=False))
         slices = [body for i in range(nodes) for body in _slices(node_name(i), units)]
         with ThreadPoolExecutor(8) as pool:
             list(
                 pool.map(
-                    lambda body: resource.create_resource_slice(body, _preload_content=False),
+                    lambda body: answered(
+                        resource.create_resource_slice(body, _preload_content=False)
+                    ),
                     slices,
                 )
             )
@@ -180,11 +207,13 @@ class Bench:
                 "metadata": {"name": name},
                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
             }
-            resource.create_namespaced_resource_claim(namespace, claim, _preload_content=False)
+            answered(
+                resource.create_namespaced_resource_claim(namespace, claim, _preload_content=False)
+            )
             pod = pod_body(name)
             pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
             pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
-            core.create_namespaced_pod(namespace, pod, _preload_content=False)
+            answered(core.create_namespaced_pod(namespace, pod, _preload_content=False))
 
         return create
 

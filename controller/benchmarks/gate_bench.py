@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from apiserver_load import RESOURCE, Bench, create_many, percentile, wait_until
+from apiserver_load import RESOURCE, Bench, answered, create_many, percentile, wait_until
 from binder_bench import config
 from kubernetes import watch
 
@@ -141,8 +141,10 @@ def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
             index, name = index_and_name
             due = started + index / rate
             time.sleep(max(0.0, due - time.perf_counter()))
-            kube.core.create_namespaced_pod(
-                tenant, launcher_body(name, vmis[name]), _preload_content=False
+            answered(
+                kube.core.create_namespaced_pod(
+                    tenant, launcher_body(name, vmis[name]), _preload_content=False
+                )
             )
             created[f"virt-launcher-{name}"] = time.perf_counter()
 

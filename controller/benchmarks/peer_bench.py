@@ -5,6 +5,8 @@ one after the other in one run (issue 13's yardstick; DRA from issue 30).
     make setup binaries
     COZYSTACK_GPU_BIN_DIR=$(cat .cache/bin-dir) .venv/bin/python controller/benchmarks/peer_bench.py
     # smaller: --count 2000 --nodes 50 --blocked 2000 --ok 200; one phase: --phases burst
+    # where kube-apiserver's CPU goes: --phases throughput --pprof DIR, then
+    #   go tool pprof -top -cum DIR/binder-kube-apiserver.pprof
     # some peers: --peers dra,binder (the first is the one the others are divided by)
 
 Every phase runs once per peer, each time on a fresh control plane (etcd and kube-apiserver
@@ -54,6 +56,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +70,7 @@ from apiserver_load import (
     create_many,
     percentile,
     print_table,
+    wait_until,
 )
 
 from cozystack_gpu_testkit import cluster
@@ -83,6 +87,8 @@ WHAT = {
     DRA: "kube-scheduler on ResourceClaims and their Pods (DRA)",
 }
 WATCHED = ("kube-apiserver", "etcd")
+# --pprof: seconds of kube-apiserver's CPU profile; every peer binds 10,000 for longer.
+PROFILE_S = 15
 
 
 @dataclass
@@ -199,7 +205,21 @@ def warm_up(peer: Peer, watcher: BoundWatcher) -> None:
     follow(peer, watcher, 1, "warm", 120)
 
 
-def throughput(peer: Peer, count: int) -> Figures:
+def profile_from_first_bind(
+    peer: Peer, watcher: BoundWatcher, seconds: int, into: Path
+) -> threading.Thread:
+    """kube-apiserver's CPU profile over ``seconds`` from the first bind seen, in a thread."""
+
+    def run() -> None:
+        wait_until(lambda: watcher.count("t") > 0, 300)
+        peer.bench.cpu_profile(seconds, into)
+
+    thread = threading.Thread(target=run, name="pprof", daemon=True)
+    thread.start()
+    return thread
+
+
+def throughput(peer: Peer, count: int, pprof: Path | None = None) -> Figures:
     figures = Figures()
     names = [f"t{i:05d}" for i in range(count)]
     create_many(peer.creator(), names)
@@ -207,10 +227,17 @@ def throughput(peer: Peer, count: int) -> Figures:
     deadline = time.monotonic() + 120
     while watcher.seen < count and time.monotonic() < deadline:
         time.sleep(0.05)  # the watch's first listing is read before the decider starts
+    profiling = None
+    if pprof is not None:
+        profiling = profile_from_first_bind(
+            peer, watcher, PROFILE_S, pprof / f"{peer.name}-kube-apiserver.pprof"
+        )
     started = time.perf_counter()
     peer.start()
     first, last = follow(peer, watcher, count, "t", 900)
     watcher.stop()
+    if profiling is not None:
+        profiling.join()
     peer.check(watcher, "t")
     times = [watcher.bound_at[n] for n in names]
     figures.put("binds/s, start -> last bind", count / (max(times) - started))
@@ -273,14 +300,16 @@ def run_phase(
     for name in peers:
         # maxCount above a node's units: a claim larger than any node waits for capacity,
         # as a pod does, rather than being refused by its class.
-        bench = Bench.start(args.nodes, args.units, bin_dir, max_count=2 * args.units)
+        bench = Bench.start(
+            args.nodes, args.units, bin_dir, max_count=2 * args.units, profiling=bool(args.pprof)
+        )
         with tempfile.TemporaryDirectory() as log_dir:
             peer = Peer(name, bench, Path(log_dir))
             try:
                 if name == DRA:
                     bench.publish_devices(args.nodes, args.units)
                 if phase == "throughput":
-                    results[name] = throughput(peer, args.count)
+                    results[name] = throughput(peer, args.count, args.pprof)
                 elif phase == "burst":
                     results[name] = burst(peer, args.count)
                 else:
@@ -305,6 +334,13 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=64, help="units of the resource per node")
     parser.add_argument("--phases", default="throughput,burst,head-of-line", help="comma-joined")
     parser.add_argument(
+        "--pprof",
+        type=Path,
+        default=None,
+        help=f"throughput: write kube-apiserver's CPU profile over {PROFILE_S} s from the first "
+        "bind to DIR/<peer>-kube-apiserver.pprof (go tool pprof -top)",
+    )
+    parser.add_argument(
         "--peers", default=",".join(PEERS), help=f"comma-joined, of {', '.join(PEERS)}"
     )
     args = parser.parse_args()
@@ -312,6 +348,8 @@ def main() -> None:
     if not set(peers) <= set(PEERS) or len(set(peers)) != len(peers):
         parser.error(f"--peers {args.peers}: each once, of {', '.join(PEERS)}")
     bin_dir = cluster.binary_dir()
+    if args.pprof is not None:
+        args.pprof.mkdir(parents=True, exist_ok=True)
     print(
         f"{args.nodes} nodes x {args.units} units; "
         + ", then ".join(WHAT[name] for name in peers)
