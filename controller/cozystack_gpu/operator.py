@@ -59,13 +59,14 @@ def connection_info(
     # The bearer token as the client sends it ("Bearer <token>"); its refresh hook, when a
     # kubeconfig's exec plugin gave one, runs here, and again when kopf logs in anew.
     header = configuration.get_api_key_with_prefix("BearerToken") or ""
-    scheme, _, token = header.partition(" ")
+    words = header.split(" ", 1)  # RFC 7235: a scheme, a space, the credentials
+    scheme, token = (words[0], words[1]) if len(words) == 2 else (None, words[0] or None)
     return kopf.ConnectionInfo(
         server=configuration.host,
         ca_path=configuration.ssl_ca_cert,
         insecure=not configuration.verify_ssl,
-        scheme=scheme if token else None,
-        token=token or scheme or None,
+        scheme=scheme,
+        token=token,
         certificate_path=configuration.cert_file,
         private_key_path=configuration.key_file,
         trust_env=settings.networking.trust_env,
