@@ -11,6 +11,7 @@ the webhooks' feed has read the cluster) is a server of its own.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -31,6 +32,8 @@ from cozystack_gpu.metrics_server import MetricsServer
 log = logging.getLogger("cozystack_gpu")
 
 STARTING_POLL_S = 0.02  # how often the start looks whether kopf's part may be imported
+# The kubernetes client's module of typed core calls (cluster/list_calls.py says why late).
+CORE_CALLS = "kubernetes.client.api.core_v1_api"
 
 
 def api_client(kubeconfig: str | None = None, *, user_agent: str = "") -> client.ApiClient:
@@ -139,6 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # then on (the chart's probe waits 10 s before its first try).
     while not controller.first_pass_or_standby():
         time.sleep(STARTING_POLL_S)
+    # The typed core calls (Events, pods, Secrets) are imported now as well, at a moment of
+    # our choosing, not by the first write that needs one: that import held the interpreter
+    # for 0.4 s in the middle of binding, and a burst of orders arriving close to the
+    # binder's rate never caught up with the lag it left (BENCHMARKS.md, issue 30).
+    importlib.import_module(CORE_CALLS)
     import kopf  # pylint: disable=import-outside-toplevel
 
     from cozystack_gpu import operator  # pylint: disable=import-outside-toplevel
