@@ -218,9 +218,15 @@ def cpu_per_bind(
 
 
 def warm_up(peer: Peer, watcher: BoundWatcher) -> None:
-    """One object bound before measuring, so the decider has listed and synced."""
+    """One object bound before measuring, so the decider has listed and synced; the
+    controller also ready (its /readyz: kopf's part started and the webhooks' feed built),
+    so the burst meets a replica whose start is over, as kube-scheduler's is by its first
+    bind."""
     peer.creator()("warm")
     follow(peer, watcher, 1, "warm", 120)
+    process = peer.process
+    if process is not None:
+        wait_until(lambda: process.ready(timeout=1.0)[0] == 200, 60)
 
 
 def profile_from_first_bind(
