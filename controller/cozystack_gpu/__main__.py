@@ -135,8 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             config.webhook_cert_dir,
             config.metrics_port,
         )
-    # Imported here, not at the top, and only once the binder has made its first pass (a
-    # new leader's first binds are out) or this replica is known to stand by, FEED_WAIT_S
+    # Imported here, not at the top, and only once the binder has made its first pass and
+    # its first bind is answered, or this replica is known to stand by, FEED_WAIT_S
     # at most: kopf's and the webhooks' import is about 0.5 s of CPU, which would share the
     # interpreter with the binder's first listing and pass. Its liveness probe answers from
     # then on (the chart's probe waits 10 s before its first try).

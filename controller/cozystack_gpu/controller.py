@@ -132,14 +132,17 @@ class Controller:
             self._stand_by()
 
     def first_pass_or_standby(self) -> bool:
-        """Whether the webhooks' snapshot may be built now: once this replica's binder has
-        made its first pass, or its election has answered that another replica leads, or
-        ``FEED_WAIT_S`` after the start whatever happened (a binder that never passes must
-        not keep the webhooks out for good). Both snapshots are built from the same 10,000
-        claims at a start, 0.5-0.8 s of CPU each in one interpreter: the leader's first
-        bind need not wait on the webhooks'."""
+        """Whether the webhooks' snapshot may be built now (and kopf's part imported):
+        once this replica's binder has made its first pass and that pass's first write is
+        answered (or it sent none), or its election has answered that another replica
+        leads, or ``FEED_WAIT_S`` after the start whatever happened (a binder that never
+        passes must not keep the webhooks out for good). Both snapshots are built from the
+        same 10,000 claims at a start, 0.5-0.8 s of CPU each in one interpreter: the
+        leader's first bind need not wait on the webhooks'."""
         binder = self.binder
-        if binder is None or binder.stats.passes > 0:
+        if binder is None:
+            return True
+        if binder.stats.passes > 0 and (binder.stats.binds > 0 or not binder.inflight):
             return True
         if self.elector.rounds > 0 and not self.elector.is_leader():
             return True

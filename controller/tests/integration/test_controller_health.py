@@ -357,3 +357,49 @@ def test_a_standby_keeps_a_current_snapshot_writes_nothing_and_binds_once_it_lea
     pair.order("after")
     pair.bound("after")
     assert warm.stats.binds == 1
+
+
+def test_kopfs_part_waits_until_the_first_bind_is_answered(
+    control_plane: ControlPlane, kube: Kube, corner: Corner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A starting leader's first bind is not kept waiting by the webhooks' part: kopf's
+    import and the admission snapshot come once the first pass's first write is answered,
+    not while it is in flight (they would share the interpreter with that answer)."""
+    monkeypatch.setattr(controller_module, "FEED_WAIT_S", 120.0)
+    corner.nodes(1, 2)
+    gpu_class = corner.gpu_class()
+    kube.claim(corner.tenant, "first", gpu_class, 1)
+    release = threading.Event()
+    held: list[float] = []
+    real_patch = client.CustomObjectsApi.patch_namespaced_custom_object_status
+
+    def held_patch(self: client.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        held.append(time.monotonic())
+        release.wait(30)
+        return real_patch(self, *args, **kwargs)
+
+    monkeypatch.setattr(
+        client.CustomObjectsApi, "patch_namespaced_custom_object_status", held_patch
+    )
+    replica = Controller(
+        control_plane.api_client(),
+        binder_config(
+            corner.controller_ns,
+            identity="alone",
+            lease_duration=LEASE_S,
+            renew_deadline=RENEW_S,
+            retry_period=RETRY_S,
+        ),
+    )
+    replica.start()
+    try:
+        wait_for(lambda: held, 30, "the first bind sent")
+        binder = replica.binder
+        assert binder is not None and binder.stats.passes > 0 and binder.inflight
+        assert not replica.first_pass_or_standby(), "kopf's part came while the bind was out"
+        release.set()
+        wait_for(lambda: binder.stats.binds > 0, 30, "the first bind answered")
+        assert replica.first_pass_or_standby()
+    finally:
+        release.set()
+        replica.stop()
