@@ -4,7 +4,7 @@ Pure: API objects and the time in, merge patches out."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from cozystack_gpu import keys
@@ -37,20 +37,6 @@ def action_condition(action: Action, updated: ClaimInfo, now: float) -> dict[str
     if action.why:
         message += f" ({action.why})"
     return condition(keys.CONDITION_BOUND, True, reason, message, now)
-
-
-def oldest_waiting(claims: Iterable[ClaimInfo | None]) -> dict[str, float]:
-    """Per class, the creation time of its oldest waiting claim (``ClaimInfo.waiting``:
-    orders and VMs' template claims; a Lost claim waiting to rebind has an alert of its
-    own). A claim with no creation time known is left out rather than read as 1970."""
-    oldest: dict[str, float] = {}
-    for claim in claims:
-        if claim is None or not claim.waiting or claim.created <= 0:
-            continue
-        have = oldest.get(claim.class_name)
-        if have is None or claim.created < have:
-            oldest[claim.class_name] = claim.created
-    return oldest
 
 
 def waiting_condition(refusal: Refusal, now: float) -> dict[str, Any]:

@@ -324,9 +324,8 @@ class Binder(Watcher):
         self.waiting.tell(waits, now, placing=bool(self.inflight))
         # Every waiting claim, the VMs' template claims at the gate too (the plan leaves
         # those to the gate): what kubectl gpu top counts, the alerts count.
-        waiting_now = list(self.snapshot.waiting())
-        metrics.PENDING.set(len(waiting_now))
-        metrics.set_oldest_waiting(claim_status.oldest_waiting(waiting_now))
+        metrics.PENDING.set(self.snapshot.waiting_count())
+        metrics.set_oldest_waiting(self.snapshot.oldest_waiting())
 
     def _vacated_in_flight(self, node: str | None) -> bool:
         if node is None:

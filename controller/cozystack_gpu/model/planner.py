@@ -431,7 +431,13 @@ class _Planner:
             if self.binds_left == 0 and last_bind is not None:
                 end = bisect.bisect_right(entries, last_bind, lo=at)
                 self.unjudged += len(entries) - end
-            keys = tuple([key for _created, key in entries[at:end]])
+            # The queue as the snapshot holds it now: this round's binds of the shape (all
+            # before ``at``) are out of it, the orders from ``at`` on are as they were. Its
+            # keys are kept between passes while the queue does not change.
+            live = self.snap.order_keys(queues[q][0])
+            start = len(live) - (len(entries) - at)
+            assert live[start] == entries[at][1]
+            keys = live[start : start + end - at]
             waits.append(Action(Step.WAIT, keys, refusal=refusal))
         return waits, packed
 

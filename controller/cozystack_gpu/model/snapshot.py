@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Collection, Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from cozystack_gpu.keys import Phase, effective_max_count
@@ -90,6 +91,14 @@ class Snapshot:
         # The orders among them (not VMs' template claims), oldest first per shape: a pass
         # judges a shape's oldest order and, once one is refused, none of the rest.
         self._orders: dict[OrderShape | None, list[tuple[float, ClaimKey]]] = {}
+        # Their keys, built when a pass first asks and kept until the shape's queue changes:
+        # a pass reports a refused shape's queue as one Wait, and behind a backlog that
+        # shape is the same 10,000 orders pass after pass.
+        self._order_keys: dict[OrderShape | None, tuple[ClaimKey, ...]] = {}
+        # The waiting claims of a known age per class, oldest first: the oldest-waiting
+        # gauge reads each head after every pass, where walking 10,000 waiting claims was
+        # most of a pass behind a backlog (and held the orders that fit behind it).
+        self._dated: dict[str, list[tuple[float, ClaimKey]]] = {}
         self._lost: set[ClaimKey] = set()
         self._acct: dict[ClaimKey, _Acct] = {}
         self._dirty: set[str] = set()
@@ -175,9 +184,26 @@ class Snapshot:
         (created, key): copies, so the caller may change the snapshot while it walks them."""
         return [(shape, list(entries)) for shape, entries in self._orders.items()]
 
+    def order_keys(self, shape: OrderShape | None) -> tuple[ClaimKey, ...]:
+        """The keys of ``orders_by_shape``'s queue of this shape, in its order."""
+        keys = self._order_keys.get(shape)
+        if keys is None:
+            keys = tuple(map(itemgetter(1), self._orders.get(shape, ())))
+            self._order_keys[shape] = keys
+        return keys
+
     def waiting(self) -> Iterator[ClaimInfo]:
         """The waiting claims (``ClaimInfo.waiting``) oldest first."""
         return (self._claims[key] for _created, key in self._arrivals)
+
+    def waiting_count(self) -> int:
+        return len(self._arrivals)
+
+    def oldest_waiting(self) -> dict[str, float]:
+        """Per class, the creation time of its oldest waiting claim (``ClaimInfo.waiting``:
+        orders and VMs' template claims; a Lost claim waiting to rebind has an alert of its
+        own). A claim with no creation time known is left out rather than read as 1970."""
+        return {class_name: entries[0][0] for class_name, entries in self._dated.items()}
 
     def lost_keys(self) -> frozenset[ClaimKey]:
         return frozenset(self._lost)
@@ -390,8 +416,11 @@ class Snapshot:
         if claim.phase is Phase.PENDING:
             self._pending.add(key)
             bisect.insort(self._arrivals, (claim.created, key))
+            if claim.created > 0:
+                bisect.insort(self._dated.setdefault(claim.class_name, []), (claim.created, key))
             if not claim.template:
                 bisect.insort(self._orders.setdefault(claim.shape, []), (claim.created, key))
+                self._order_keys.pop(claim.shape, None)
         elif claim.phase is Phase.LOST:
             self._lost.add(key)
 
@@ -417,8 +446,13 @@ class Snapshot:
         if key in self._pending:
             self._pending.discard(key)
             _remove_sorted(self._arrivals, (claim.created, key))
+            if claim.created > 0 and not _remove_sorted(
+                self._dated[claim.class_name], (claim.created, key)
+            ):
+                del self._dated[claim.class_name]
             if not claim.template:
                 shape = claim.shape
+                self._order_keys.pop(shape, None)
                 if not _remove_sorted(self._orders[shape], (claim.created, key)):
                     del self._orders[shape]
         self._lost.discard(key)

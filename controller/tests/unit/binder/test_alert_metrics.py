@@ -9,11 +9,10 @@ from typing import Any, cast
 from prometheus_client import REGISTRY
 
 from cozystack_gpu import metrics
-from cozystack_gpu.binder import claim_status
 from cozystack_gpu.binder.calls.base import Answer, Outcome
 from cozystack_gpu.binder.calls.reports import Settings
 from cozystack_gpu.keys import Phase
-from cozystack_gpu.model import ClaimInfo
+from cozystack_gpu.model import ClaimInfo, ClaimKey, Snapshot
 
 OLDEST = "cozystack_gpu_class_oldest_waiting_order_timestamp_seconds"
 
@@ -23,17 +22,21 @@ def claim(name: str, class_name: str, created: float) -> ClaimInfo:
 
 
 def test_each_class_reports_its_oldest_waiting_order_lost_claims_aside() -> None:
-    oldest = claim_status.oldest_waiting(
-        [
+    snap = Snapshot.build(
+        claims=[
             claim("a", "h100", 200.0),
             claim("b", "h100", 100.0),
             claim("c", "l40s", 300.0),
             claim("unknown-age", "t4", 0.0),
             replace(claim("lost", "l40s", 10.0), phase=Phase.LOST, node="n1"),
-            None,  # gone from the snapshot since the pass
         ]
     )
-    assert oldest == {"h100": 100.0, "l40s": 300.0}
+    assert snap.oldest_waiting() == {"h100": 100.0, "l40s": 300.0}
+    assert snap.waiting_count() == 4
+    snap.remove_claim(ClaimKey("t", "b"))
+    snap.upsert_claim(replace(claim("c", "l40s", 300.0), phase=Phase.BOUND, node="n1"))
+    assert snap.oldest_waiting() == {"h100": 200.0}
+    assert snap.waiting_count() == 2
 
 
 def test_a_class_nothing_waits_for_any_more_loses_its_series() -> None:

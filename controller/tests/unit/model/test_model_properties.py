@@ -152,7 +152,7 @@ def test_the_cordon_rules_are_exercised_by_the_random_worlds() -> None:
 
 @model_settings
 @given(seed=st.integers(0, 2**32), ops=ops_strategy)
-def test_the_waiting_claims_are_kept_oldest_first_through_every_event(
+def test_the_waiting_claims_and_each_class_oldest_are_kept_through_every_event(
     seed: int, ops: list[Op]
 ) -> None:
     # The planner judges orders in this order and the oldest-waiting gauge reads its
@@ -164,6 +164,14 @@ def test_the_waiting_claims_are_kept_oldest_first_through_every_event(
             (c for c in snap.claims() if c.waiting), key=lambda c: (c.created, c.key)
         )
         assert list(snap.waiting()) == by_arrival
+        assert snap.waiting_count() == len(by_arrival)
+        # The gauge's rule written plainly: per class, its oldest waiting claim's creation
+        # time, claims of no known age left out. Kept as events come, not walked per pass.
+        oldest: dict[str, float] = {}
+        for c in by_arrival:
+            if c.created > 0:
+                oldest[c.class_name] = min(oldest.get(c.class_name, c.created), c.created)
+        assert snap.oldest_waiting() == oldest
 
 
 Judged = tuple[list[tuple[ClaimKey, str | None]], list[tuple[tuple[ClaimKey, ...], Refusal]], int]
