@@ -49,6 +49,24 @@ def test_plan_has_no_head_of_line_blocking() -> None:
     assert [s[1][0] for s in steps(result)] == ["small0", "small1", "small2"]
 
 
+def test_a_backlog_that_does_not_change_is_not_walked_again_by_each_pass() -> None:
+    # Behind 2,000 orders that fit no node, each pass reports them as one Wait. Their keys
+    # are the snapshot's, kept while the queue does not change: a pass costs what the
+    # shapes cost, not what the backlog holds (rebuilding them every pass, several hundred
+    # passes a second, held the orders that fit behind the backlog).
+    backlog = [claim("h100", 2, name=f"big{i:04d}", created=1.0 + i) for i in range(2000)]
+    snap = Snapshot.build(
+        nodes=[node("n1", 1), node("n2", 1)], classes=[passthrough(max_count=2)], claims=backlog
+    )
+    [first] = [a for a in plan(snap, NOW).actions if a.step is Step.WAIT]
+    snap.upsert_claim(claim("h100", 1, name="fits", created=5000.0))
+    result = plan(snap, NOW)
+    assert steps(result) == [(Step.BIND, ["fits"], "n1")]
+    [again] = [a for a in result.actions if a.step is Step.WAIT]
+    assert again.claims == tuple(c.key for c in backlog)
+    assert again.claims is first.claims, "the backlog's keys were built again"
+
+
 def test_plan_rebinds_lost_claims_before_new_orders() -> None:
     order = claim("h100", 1, name="new", created=1.0)
     lost = claim("h100", 1, name="lost", created=5.0, phase=Phase.LOST)
