@@ -394,10 +394,14 @@ class _Planner:
         would, so new orders that fit are not slowed by old ones that do not.
         """
         queues: list[tuple[OrderShape | None, list[tuple[float, ClaimKey]]]] = []
-        for shape, entries in self.snap.orders_by_shape():
+        # Each shape's keys, kept by the snapshot while its queue does not change: behind a
+        # backlog, the refused shape is the same 10,000 orders pass after pass.
+        keys_of: dict[int, tuple[ClaimKey, ...]] = {}
+        for shape, entries, keys in self.snap.orders_by_shape():
             if shape is None:  # orders with rejected nodes: each is judged on its own
                 queues.extend((None, [entry]) for entry in entries)
             else:
+                keys_of[len(queues)] = keys
                 queues.append((shape, entries))
         heads = [(entries[0], q, 0) for q, (_shape, entries) in enumerate(queues)]
         heapq.heapify(heads)
@@ -431,14 +435,7 @@ class _Planner:
             if self.binds_left == 0 and last_bind is not None:
                 end = bisect.bisect_right(entries, last_bind, lo=at)
                 self.unjudged += len(entries) - end
-            # The queue as the snapshot holds it now: this round's binds of the shape (all
-            # before ``at``) are out of it, the orders from ``at`` on are as they were. Its
-            # keys are kept between passes while the queue does not change.
-            live = self.snap.order_keys(queues[q][0])
-            start = len(live) - (len(entries) - at)
-            assert live[start] == entries[at][1]
-            keys = live[start : start + end - at]
-            waits.append(Action(Step.WAIT, keys, refusal=refusal))
+            waits.append(Action(Step.WAIT, keys_of[q][at:end], refusal=refusal))
         return waits, packed
 
     def _judge(self, claim: ClaimInfo) -> tuple[Decision, tuple[ClaimKey, ...], bool]:

@@ -179,17 +179,23 @@ class Snapshot:
         caller may change the snapshot while it walks them."""
         return [key for _created, key in self._arrivals]
 
-    def orders_by_shape(self) -> list[tuple[OrderShape | None, list[tuple[float, ClaimKey]]]]:
-        """The pending orders per shape (``ClaimInfo.shape``), each list oldest first as
-        (created, key): copies, so the caller may change the snapshot while it walks them."""
-        return [(shape, list(entries)) for shape, entries in self._orders.items()]
+    def orders_by_shape(
+        self,
+    ) -> list[tuple[OrderShape | None, list[tuple[float, ClaimKey]], tuple[ClaimKey, ...]]]:
+        """The pending orders per shape (``ClaimInfo.shape``), each oldest first as
+        (created, key), and the same queue's keys: copies, so the caller may change the
+        snapshot while it walks them."""
+        return [
+            (shape, list(entries), self._keys_of(shape, entries))
+            for shape, entries in self._orders.items()
+        ]
 
-    def order_keys(self, shape: OrderShape | None) -> tuple[ClaimKey, ...]:
-        """The keys of ``orders_by_shape``'s queue of this shape, in its order."""
+    def _keys_of(
+        self, shape: OrderShape | None, entries: list[tuple[float, ClaimKey]]
+    ) -> tuple[ClaimKey, ...]:
         keys = self._order_keys.get(shape)
         if keys is None:
-            keys = tuple(map(itemgetter(1), self._orders.get(shape, ())))
-            self._order_keys[shape] = keys
+            keys = self._order_keys[shape] = tuple(map(itemgetter(1), entries))
         return keys
 
     def waiting(self) -> Iterator[ClaimInfo]:
