@@ -84,12 +84,10 @@ class Snapshot:
         self._ns_claims: dict[str, set[ClaimKey]] = {}
         self._set_claims: dict[tuple[str, str], set[ClaimKey]] = {}
         self._pending: set[ClaimKey] = set()
-        # The same claims oldest first, as (created, key), kept sorted as they come and go:
-        # every pass walks them in this order, and sorting 10,000 waiting orders on every
-        # pass was most of what the binder spent behind a backlog.
-        self._arrivals: list[tuple[float, ClaimKey]] = []
-        # The orders among them (not VMs' template claims), oldest first per shape: a pass
-        # judges a shape's oldest order and, once one is refused, none of the rest.
+        # The orders among them (not VMs' template claims), oldest first per shape as
+        # (created, key), kept sorted as they come and go: a pass judges a shape's oldest
+        # order and, once one is refused, none of the rest (sorting 10,000 waiting orders on
+        # every pass was most of what the binder spent behind a backlog).
         self._orders: dict[OrderShape | None, list[tuple[float, ClaimKey]]] = {}
         # Their keys, built when a pass first asks and kept until the shape's queue changes:
         # a pass reports a refused shape's queue as one Wait, and behind a backlog that
@@ -174,11 +172,6 @@ class Snapshot:
     def pending_keys(self) -> frozenset[ClaimKey]:
         return frozenset(self._pending)
 
-    def pending_by_arrival(self) -> list[ClaimKey]:
-        """The pending claims' keys oldest first (by creation, then key): a copy, so the
-        caller may change the snapshot while it walks them."""
-        return [key for _created, key in self._arrivals]
-
     def orders_by_shape(
         self,
     ) -> list[tuple[OrderShape | None, list[tuple[float, ClaimKey]], tuple[ClaimKey, ...]]]:
@@ -198,12 +191,9 @@ class Snapshot:
             keys = self._order_keys[shape] = tuple(map(itemgetter(1), entries))
         return keys
 
-    def waiting(self) -> Iterator[ClaimInfo]:
-        """The waiting claims (``ClaimInfo.waiting``) oldest first."""
-        return (self._claims[key] for _created, key in self._arrivals)
-
     def waiting_count(self) -> int:
-        return len(self._arrivals)
+        """How many claims wait (``ClaimInfo.waiting``)."""
+        return len(self._pending)
 
     def oldest_waiting(self) -> dict[str, float]:
         """Per class, the creation time of its oldest waiting claim (``ClaimInfo.waiting``:
@@ -421,7 +411,6 @@ class Snapshot:
             self._dirty.add(claim.node)
         if claim.phase is Phase.PENDING:
             self._pending.add(key)
-            bisect.insort(self._arrivals, (claim.created, key))
             if claim.created > 0:
                 bisect.insort(self._dated.setdefault(claim.class_name, []), (claim.created, key))
             if not claim.template:
@@ -451,7 +440,6 @@ class Snapshot:
             self._dirty.add(claim.node)
         if key in self._pending:
             self._pending.discard(key)
-            _remove_sorted(self._arrivals, (claim.created, key))
             if claim.created > 0 and not _remove_sorted(
                 self._dated[claim.class_name], (claim.created, key)
             ):

@@ -155,16 +155,24 @@ def test_the_cordon_rules_are_exercised_by_the_random_worlds() -> None:
 def test_the_waiting_claims_and_each_class_oldest_are_kept_through_every_event(
     seed: int, ops: list[Op]
 ) -> None:
-    # The planner judges orders in this order and the oldest-waiting gauge reads its
-    # head: kept as events come, it must be what sorting every waiting claim would give.
+    # The planner judges each shape's orders in this order, and the oldest-waiting gauge
+    # reads each class's head: kept as events come, they must be what sorting every waiting
+    # claim would give.
     checker = run(seed, ops)
     checker.plan_and_commit()
     for snap in (checker.snap, checker.world.snapshot()):
         by_arrival = sorted(
             (c for c in snap.claims() if c.waiting), key=lambda c: (c.created, c.key)
         )
-        assert list(snap.waiting()) == by_arrival
         assert snap.waiting_count() == len(by_arrival)
+        per_shape: dict[object, list[tuple[float, ClaimKey]]] = {}
+        for c in by_arrival:
+            if not c.template:
+                per_shape.setdefault(c.shape, []).append((c.created, c.key))
+        kept = snap.orders_by_shape()
+        assert {shape: entries for shape, entries, _keys in kept} == per_shape
+        for _shape, entries, keys in kept:
+            assert keys == tuple(key for _created, key in entries)
         # The gauge's rule written plainly: per class, its oldest waiting claim's creation
         # time, claims of no known age left out. Kept as events come, not walked per pass.
         oldest: dict[str, float] = {}
