@@ -47,6 +47,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, releases, tenants
+from cozystack_gpu_testkit.answer_gap import Gap
 from cozystack_gpu_testkit.cluster import alive
 from cozystack_gpu_testkit.demo import platform
 from cozystack_gpu_testkit.demo.acts.common import Demo, Options
@@ -112,48 +113,6 @@ def _order_webhook_answers(tenant: Any) -> bool:
     except ApiException as exc:
         return "failed calling webhook" not in str(exc.body)
     return True
-
-
-@dataclass
-class Gap:
-    """Probes of the claim webhook (a dry-run order, the orders' own path) while a
-    rollout runs: the longest time without an answer, from one answered probe to the next.
-    Measured between answers, not over refusals: a probe sent to a process that is going
-    away can hang until the next one answers it, and that is gap too."""
-
-    answered: Callable[[], bool]
-    longest_s: float = 0.0
-    refused: int = 0
-    probes: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> Gap:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        last_answer = time.monotonic()
-        while not self._stop.is_set():
-            self.probes += 1
-            try:
-                answered = self.answered()
-            except Exception:  # a probe that breaks answered nothing
-                answered = False
-            now = time.monotonic()
-            if answered:
-                # Two prompt answers are a probe period apart: that much is no gap.
-                self.longest_s = max(self.longest_s, now - last_answer - PROBE_S)
-                last_answer = now
-            else:
-                self.refused += 1
-            time.sleep(PROBE_S)
 
 
 def _until_admitted(write: Callable[[], object], what: str) -> float:
@@ -384,7 +343,11 @@ def _roll(c: Cluster, change: Any, code: Path, order: str, vm: str | None) -> Ro
     alice, bob = c.tenant[RESEARCH], c.tenant[ACME]
     invariants = Invariants(c.demo.api)
     answered = functools.partial(_order_webhook_answers, alice)
-    with invariants.watching(), Gap(answered) as gap, Exit(old_pid) as exited:
+    with (
+        invariants.watching(),
+        Gap(answered, period_s=PROBE_S, close_within_s=ROLLOUT_TIMEOUT_S) as gap,
+        Exit(old_pid) as exited,
+    ):
         began = time.monotonic()
         change()
         # In flight while no replica serves: from the moment the old one is gone.
