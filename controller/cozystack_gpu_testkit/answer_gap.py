@@ -38,7 +38,9 @@ class Gap:
         self._thread.start()
         return self
 
-    def __exit__(self, *_exc: object) -> None:
+    def __exit__(self, exc_type: object, *_exc: object) -> None:
+        if exc_type is not None:  # the change failed: nothing reads the gap, so no wait
+            self.close_within_s = 0.0
         self._closing.set()
         assert self._thread is not None
         self._thread.join(self.close_within_s + 10)

@@ -87,3 +87,16 @@ def test_a_webhook_that_answers_throughout_has_no_gap() -> None:
     gap = _rollout(Outage(answered_first=10**9, refused_after=0), refused_before_the_end=False)
     assert gap.closed and gap.refused == 0 and gap.probes >= 5
     assert gap.longest_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_change_that_fails_stops_the_probing_at_once() -> None:
+    outage = Outage(answered_first=2, refused_after=None)
+    fake = FakeTime()
+    gap = Gap(outage, period_s=PERIOD_S, clock=fake.clock, sleep=fake.sleep)
+    outage.gap = gap
+    with pytest.raises(RuntimeError), gap:
+        assert outage.refused_calls.wait(10)
+        raise RuntimeError("the rollout timed out")
+    # Not the two minutes the gap would wait to close: the next probe ends it.
+    assert gap._thread is not None and not gap._thread.is_alive()
+    assert not gap.closed and fake.now < 60
