@@ -26,6 +26,36 @@ def impersonating(api: client.ApiClient, user: str) -> Kube:
     return Kube(api)
 
 
+def allowed(
+    api: client.ApiClient, user: str, verb: str, resource: str, *,
+    namespace: str | None = None, group: str = "", groups: Iterable[str] = (),
+) -> bool:  # fmt: skip
+    """Whether the API server's authorizer lets ``user`` (in ``groups``) ``verb`` the
+    ``resource`` of API ``group`` (in ``namespace``): a SubjectAccessReview."""
+    attributes = {"verb": verb, "group": group, "resource": resource}
+    if namespace is not None:
+        attributes["namespace"] = namespace
+    review = client.AuthorizationV1Api(api).create_subject_access_review(
+        {"spec": {"user": user, "groups": list(groups), "resourceAttributes": attributes}}
+    )
+    return bool(review.status.allowed)
+
+
+def wait_granted(
+    api: client.ApiClient, user: str, verb: str, resource: str, *,
+    namespace: str | None = None, group: str = "", groups: Iterable[str] = (),
+) -> None:  # fmt: skip
+    """Returns once ``user`` may ``verb`` the ``resource``. The authorizer reads RBAC
+    through its informers, so a binding just written counts a moment later: a request sent
+    at once was refused 403 in CI (a tenant's first pod create)."""
+    groups = tuple(groups)
+    wait_for(
+        lambda: allowed(api, user, verb, resource, namespace=namespace, group=group, groups=groups),
+        15,
+        f"{user} allowed to {verb} {resource} in {namespace or 'the cluster'} (RBAC)",
+    )
+
+
 def _create(create: Any, body: Mapping[str, Any]) -> None:
     """Create an object that is the same for every caller, once (409: already there)."""
     unless(409, lambda: create(dict(body)))
@@ -64,6 +94,7 @@ def grant_tenant_admin(
                 ],
             },
         )
+    namespaces = tuple(namespaces)
     for namespace in namespaces:
         _create(
             lambda body, namespace=namespace: rbac.create_namespaced_role_binding(namespace, body),
@@ -80,3 +111,6 @@ def grant_tenant_admin(
         return {keys.PLURAL_CLAIMS, "virtualmachines"} <= resources
 
     wait_for(aggregated, 60, "the chart's claim rights and VM rights aggregated into admin", 0.2)
+    for namespace in namespaces:
+        wait_granted(api, user, "create", keys.PLURAL_CLAIMS, namespace=namespace,
+                     group=keys.GROUP)  # fmt: skip

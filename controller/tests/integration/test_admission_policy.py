@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.binder import gate
 from cozystack_gpu.objects.annotation import TemplateEntry
+from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
@@ -92,6 +93,8 @@ def grant(kube: Kube, namespace: str, *users: str) -> None:
             ],
         },
     )
+    for user in users:
+        tenants.wait_granted(kube.api, user, "create", "pods", namespace=namespace)
 
 
 # --- the raw-name policy -----------------------------------------------------------------

@@ -66,7 +66,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
-from cozystack_gpu_testkit import cluster, dashboard_picture, sysfs_tree
+from cozystack_gpu_testkit import cluster, dashboard_picture, sysfs_tree, tenants
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
@@ -321,25 +321,12 @@ class ChartRBAC:
         return f"system:serviceaccount:{self.namespace}:{ACCOUNT}"
 
     def allowed(self, verb: str, resource: str, group: str = "") -> bool:
-        review = client.AuthorizationV1Api(self.kube.api).create_subject_access_review(
-            {
-                "spec": {
-                    "user": self.user,
-                    "groups": [
-                        "system:serviceaccounts",
-                        f"system:serviceaccounts:{self.namespace}",
-                        "system:authenticated",
-                    ],
-                    "resourceAttributes": {
-                        "namespace": self.namespace,
-                        "verb": verb,
-                        "group": group,
-                        "resource": resource,
-                    },
-                }
-            }
-        )
-        return bool(review.status.allowed)
+        groups = ("system:serviceaccounts", f"system:serviceaccounts:{self.namespace}",
+                  "system:authenticated")  # fmt: skip
+        return tenants.allowed(
+            self.kube.api, self.user, verb, resource, namespace=self.namespace, group=group,
+            groups=groups,
+        )  # fmt: skip
 
     def kubeconfig(self, plane: ControlPlane, path: Path) -> Path:
         return plane.service_account_kubeconfig(self.namespace, ACCOUNT, path)

@@ -22,6 +22,7 @@ from kubernetes import client
 from cozystack_gpu import keys
 from cozystack_gpu.cli import main as cli
 from cozystack_gpu.objects import translate
+from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
@@ -67,6 +68,8 @@ def _grant_tenant(kube: Kube, namespace: str, user: str) -> None:
             "rules": [{"apiGroups": [keys.GROUP], "resources": ["gpuclasses"], "verbs": READ}],
         }
     )
+    tenants.wait_granted(kube.api, user, "get", "gpuclaims", namespace=namespace, group=keys.GROUP)
+    tenants.wait_granted(kube.api, user, "get", "gpuclasses", group=keys.GROUP)
 
 
 @pytest.fixture

@@ -283,6 +283,9 @@ def test_no_tenant_role_reads_the_hosters_token_secret(
         )
     controller_ns = licences.corner.controller_ns
     for role in ("admin", "edit", "view"):
+        # Bound for certain, so each 403 below is the role's answer, not a binding unseen.
+        tenants.wait_granted(kube.api, role, "get", "pods", namespace=licences.entitled)
+    for role in ("admin", "edit", "view"):
         api = control_plane.api_client()
         api.set_default_header("Impersonate-User", role)
         core = client.CoreV1Api(api)

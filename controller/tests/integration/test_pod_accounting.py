@@ -15,6 +15,7 @@ from binder_env import Env, condition
 from kubernetes import client
 
 from cozystack_gpu import keys
+from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -33,6 +34,7 @@ def tenant(env: Env) -> Kube:
     rbac.create_namespaced_role_binding(
         env.tenant, {"metadata": {"name": "pods"}, "roleRef": ref, "subjects": [subject]}
     )
+    tenants.wait_granted(env.kube.api, TENANT, "create", "pods", namespace=env.tenant)
     api = client.ApiClient(env.kube.api.configuration)
     api.set_default_header("Impersonate-User", TENANT)
     return Kube(api)

@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
@@ -68,6 +69,8 @@ def _tenant_user(kube: Kube, namespace: str, user: str) -> list[tuple[str, str]]
             "subjects": [subject],
         },
     )  # fmt: skip
+    tenants.wait_granted(kube.api, user, "list", "gpuclaims", namespace=namespace, group=keys.GROUP)
+    tenants.wait_granted(kube.api, user, "list", "gpuclasses", group=keys.GROUP)
     return [("role", name), ("binding", name)]
 
 
