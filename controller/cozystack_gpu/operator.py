@@ -130,6 +130,10 @@ def run(
     kopf.run(
         clusterwide=True,
         standalone=True,
+        # The replica's own name (the Lease's): kopf's default asks the passwd database for
+        # the uid's user, which an image run under a uid it does not name has not. (kopf's
+        # Identity is a NewType of str it does not export.)
+        identity=config.identity,  # type: ignore[arg-type]
         liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
         memo=memo,
     )

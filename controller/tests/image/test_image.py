@@ -34,8 +34,16 @@ pytestmark = pytest.mark.apiserver
 REPO = Path(__file__).resolve().parents[3]
 BUILD = REPO / "tools" / "build-image.sh"
 KUBECONFIG_IN_CONTAINER = "/etc/cozystack-gpu/kubeconfig"
-# What the chart's securityContext gives both workloads.
-RESTRICTED = ("--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges")
+# What the chart's securityContext gives both workloads, and what containerd and CRI-O do
+# that podman by default does not: no passwd entry is added for the container's user.
+RESTRICTED = (
+    "--read-only",
+    "--cap-drop=ALL",
+    "--security-opt=no-new-privileges",
+    "--passwd=false",
+)
+# A uid the image names in no passwd entry, as OpenShift's restricted profile picks one.
+FOREIGN_UID = "1000770000"
 
 
 @pytest.fixture(scope="session")
@@ -100,6 +108,23 @@ def test_the_image_is_one_non_root_image_without_build_tools(image: str) -> None
     assert probe.stdout == "", f"build tools left in the image:\n{probe.stdout}"
 
 
+def test_the_image_names_its_user_without_the_runtime_adding_an_entry(image: str) -> None:
+    # containerd runs the image's USER as it is: Python's getpass (kopf's default identity)
+    # and ~ must find it in the image's own passwd database (0.2.0 crashed on it).
+    found = podman(
+        "run",
+        "--rm",
+        *RESTRICTED,
+        image,
+        "python",
+        "-c",
+        "import getpass, os; print(getpass.getuser(), os.getuid(), os.path.expanduser('~'))",
+        check=False,
+    )
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.split() == ["nonroot", "65532", "/nonexistent"]
+
+
 @pytest.fixture
 def container_names() -> Iterator[list[str]]:
     names: list[str] = []
@@ -135,6 +160,8 @@ def test_the_containerised_controller_takes_the_lease_and_binds(
         name,
         "--network=host",
         *RESTRICTED,
+        # A uid with no passwd entry at all: the replica names itself to kopf.
+        f"--user={FOREIGN_UID}:0",
         "--volume",
         f"{kubeconfig}:{KUBECONFIG_IN_CONTAINER}:ro",
         # kopf logs in on its own, from $KUBECONFIG (in a pod: the service account).
