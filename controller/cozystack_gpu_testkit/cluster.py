@@ -50,6 +50,9 @@ DEFAULT_STATE_DIR = (
 )
 READY_TIMEOUT_S = 90.0
 KUBEVIRT_CRD_FILE = "kubevirt-crds.yaml"
+# Set (to anything) to keep each control plane's work directory (its logs, the audit log,
+# etcd's data) after it stops, for reading after a failed run.
+KEEP_WORKDIR_ENV = "COZYSTACK_GPU_KEEP_PLANE"
 SERVICE_CIDR = "10.96.0.0/12"
 # The common name of the API server's front-proxy client certificate (kubeadm's).
 FRONT_PROXY_CLIENT = "front-proxy-client"
@@ -383,7 +386,7 @@ class ControlPlane:
             terminate(pid, proc, timeout)
         self.pids.clear()
         self._procs.clear()
-        if self._owns_workdir:
+        if self._owns_workdir and not os.environ.get(KEEP_WORKDIR_ENV):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> ControlPlane:
