@@ -30,7 +30,7 @@ from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder import claim_status
 from cozystack_gpu.binder.attachments import ATTACHMENT_STEPS, Attachments
 from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
-from cozystack_gpu.binder.calls.claims import ClaimRead, Decision
+from cozystack_gpu.binder.calls.claims import ClaimListing, ClaimRead, Decision
 from cozystack_gpu.binder.calls.reports import EventWrite
 from cozystack_gpu.binder.events import EventBook
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
@@ -130,7 +130,13 @@ class Binder(Watcher):
             informers,
         )
         self._stop = self._threads.stop_event
-        self.writer = Writer(api, self._threads.queue, config.write_workers, may_send=is_leader)
+        self.writer = Writer(
+            api,
+            self._threads.queue,
+            config.write_workers,
+            may_send=is_leader,
+            write_deadline_s=config.lease_duration - config.renew_deadline,
+        )
         # The reporting instance of its Events: this replica, by its hostname (the pod's
         # name in a cluster, as the Lease identity defaults to).
         self.events = EventBook(socket.gethostname())
@@ -156,6 +162,12 @@ class Binder(Watcher):
         self._next_plan = 0.0
         self._changed = True
         self._leading = False  # as of the loop's last turn
+        # Each term of leading decides nothing until a listing of the claims sent in that
+        # term is in the view (``ClaimListing``): a standby's watches may lag the writes of
+        # the leader before it.
+        self._term = 0
+        self._listed_in_term = False
+        self._term_started = 0.0
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -211,6 +223,8 @@ class Binder(Watcher):
             self.stats.loops += 1
             now = self.clock()
             self._flush()
+            if not self._listed_in_term:
+                continue  # the term's claim listing is not in yet: nothing is decided
             self.attachments.run(now)
             self.publisher.protect(now)
             self.gatekeeper.run(now)
@@ -236,10 +250,15 @@ class Binder(Watcher):
         log.info("binder synced: %s in %.3f s", self.view.sizes(), time.perf_counter() - started)
 
     def _took_over(self) -> None:
-        """This replica leads from this turn: what a fresh leader looks at first."""
+        """This replica leads from this turn: what a fresh leader looks at first. Its first
+        decision waits for a listing of the claims made now (``ClaimListing``)."""
         self._changed = True
+        self._term += 1
+        self._listed_in_term = False
+        self._term_started = time.monotonic()
+        self.send(ClaimListing(self._term))
         self.publisher.took_over()
-        log.info("binder leads: %s in its snapshot", self.view.sizes())
+        log.info("binder leads: %s in its snapshot; listing the claims afresh", self.view.sizes())
 
     def _flush(self, *, standby: bool = False) -> None:
         """Bring the snapshot up to date with every object changed since the last pass.
@@ -393,6 +412,8 @@ class Binder(Watcher):
             self._decided(call, answer)
         elif isinstance(call, ClaimRead):
             self._read_again(call, answer)
+        elif isinstance(call, ClaimListing):
+            self._listed_afresh(call, answer)
         if call.heard is not None:
             call.heard(answer)
 
@@ -425,6 +446,24 @@ class Binder(Watcher):
         flight, as decided, until it is read again or the watch shows what it holds."""
         self._unanswered[call.claim] = call
         self.send(ClaimRead(call.namespace, call.name))
+
+    def _listed_afresh(self, call: ClaimListing, answer: Answer) -> None:
+        """The term's claim listing is in the view (``ClaimListing.apply``): decide from now
+        on. A failed one is sent again while this replica leads (the writer paces it); one
+        of an earlier term is no listing for this one."""
+        if call.term != self._term or self._listed_in_term:
+            return
+        if answer.ok:
+            self._listed_in_term = True
+            self._changed = True
+            log.info(
+                "binder decides: claims listed afresh %.3f s after it began to lead (%s)",
+                time.monotonic() - self._term_started,
+                self.view.sizes(),
+            )
+        elif self._may_write():
+            log.warning("claim listing failed: %s; listing again", answer.error)
+            self.send(ClaimListing(call.term))
 
     def _read_again(self, call: ClaimRead, answer: Answer) -> None:
         decision = self._unanswered.get(call.claim)

@@ -58,8 +58,11 @@ class Writer:
         results: queue.Queue[Any],
         workers: int,
         may_send: Callable[[], bool] = lambda: True,
+        write_deadline_s: float | None = None,
     ) -> None:
-        self.clients = Clients.of(api)
+        # Every write carries the deadline for the API server (``DeadlineApiClient``): none
+        # of this leader's writes lands after another leader may start.
+        self.clients = Clients.of(api, write_deadline_s)
         self._results = results
         # Asked before every request: a replica whose leadership ended sends nothing it had
         # queued, even before the binder is stopped (that waits for the elector's thread).

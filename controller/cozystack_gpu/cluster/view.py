@@ -139,6 +139,19 @@ class ClusterView:
         for obj in fresh.values():
             self.apply(kind, obj, deleted=False)
 
+    def relist_at(self, kind: str, objects: Iterable[MutableObj], version: int) -> None:
+        """A complete listing of one kind made at ``version`` beside the watch that feeds the
+        view (the binder's own, at a takeover): an object newer than the view's copy
+        replaces it, and one the view holds that the listing lacks was deleted, unless the
+        view's copy is newer than the listing (the watch brought it since)."""
+        fresh = {object_key(o): o for o in objects}
+        for key, old in list(self.raw[kind].items()):
+            if key not in fresh and translate.resource_version(old) <= version:
+                self.apply(kind, old, deleted=True)
+                self._bury(kind, key, version)
+        for obj in fresh.values():
+            self.apply(kind, obj, deleted=False)
+
     def apply(self, kind: str, obj: MutableObj, *, deleted: bool) -> None:
         key = object_key(obj)
         store = self.raw[kind]

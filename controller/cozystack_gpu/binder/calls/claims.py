@@ -26,6 +26,7 @@ from cozystack_gpu.binder.calls.base import (
     describe,
     status_of,
 )
+from cozystack_gpu.cluster.informer import LIST_TIMEOUT_S, slim
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.model import ClaimKey
 from cozystack_gpu.objects import MutableObj
@@ -148,6 +149,45 @@ class ClaimRead(Call):
         if answer.outcome is Outcome.GONE:
             view.forget(keys.GPU_CLAIM.kind, self.claim)
         view.dirty.claims.add(self.claim)
+
+
+@dataclass(frozen=True)
+class ClaimListing(Call):
+    """Every claim, listed afresh when this replica starts to lead: nothing is decided until
+    it is in the view.
+
+    A standby's view lags whenever its watches do: broken by a restart of etcd or the API
+    server and still listing again, it held 34 of 59 claims when it won the Lease. Every
+    write of the leader before it has landed by then (``DeadlineApiClient``), so a listing
+    sent after the takeover holds all of them: budgets and capacity are judged with every
+    hold, not only those the watch had brought. A leader's own later holds are its own
+    decisions, already in its snapshot when sent."""
+
+    what: ClassVar[str] = "claim-listing"
+    priority: ClassVar[Priority] = Priority.BIND
+    term: int  # the term of leading it was sent for: only that term's listing counts
+    namespace: str = ""
+    name: str = ""
+
+    def request(self, api: Clients) -> MutableObj:
+        response = api.custom.list_cluster_custom_object(
+            keys.GPU_CLAIM.group,
+            keys.GPU_CLAIM.version,
+            keys.GPU_CLAIM.plural,
+            _preload_content=False,
+            _request_timeout=LIST_TIMEOUT_S,
+        )
+        return dict(json.loads(response.data))
+
+    def apply(self, answer: Answer, view: ClusterView) -> None:
+        if answer.obj is None:
+            return
+        items = answer.obj.get("items") or []
+        for item in items:
+            item.setdefault("kind", keys.GPU_CLAIM.kind)
+            slim(item)
+        version = (answer.obj.get("metadata") or {}).get("resourceVersion")
+        view.relist_at(keys.GPU_CLAIM.kind, items, int(version or 0))
 
 
 class Note(StrEnum):
