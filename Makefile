@@ -14,7 +14,7 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule cluster cluster-down demo demo-down build docs release
+.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule cluster cluster-down demo demo-down build docs release soak
 
 test: setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
 
@@ -81,6 +81,13 @@ alerts: setup binaries ## promtool: check and unit-test the chart's alerting rul
 pytest: setup binaries ## unit, integration, chart, image and e2e tests against a real API server
 	@echo "== pytest (unit + integration against a real kube-apiserver) ==" >&2
 	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) $(BIN)/pytest -p no:cacheprovider
+
+# The fault suite again and again beside a CPU load (controller/benchmarks/soak.py): each
+# run's outcome and figures, then the tally; RUNS=10 and BURNERS=4 by default. Not in `test`.
+soak: setup binaries ## the fault suite RUNS times on a loaded machine (BURNERS CPU spinners)
+	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) $(BIN)/python \
+	  benchmarks/soak.py --runs $(or $(RUNS),10) --burners $(or $(BURNERS),4) \
+	  $(if $(TESTS),--tests $(TESTS))
 
 sanity: setup ## ansible-test sanity, offline
 	@echo "== ansible-test sanity (offline, no ignore file) ==" >&2
