@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from admission_env import helm_template, refusal
+from admission_env import helm_template, install_policies, refusal, remove_policies, suffixed
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -91,19 +91,14 @@ def gate_policy(kube: Kube, control_plane: ControlPlane) -> Iterator[GatePolicy]
     scheduling.create_priority_class(
         {"metadata": {"name": never}, "value": 1_000_000, "preemptionPolicy": "Never"}
     )
-    objects = helm_template("launcher-gate-policy.yaml", release)
-    admission = client.AdmissionregistrationV1Api(kube.api)
+    objects = suffixed(helm_template("launcher-gate-policy.yaml", release), test_id)
     for obj in objects:
-        obj["metadata"]["name"] += f"-{test_id}"
-        if obj["kind"] == "ValidatingAdmissionPolicy":
-            admission.create_validating_admission_policy(obj)
-        else:
-            obj["spec"]["policyName"] += f"-{test_id}"
+        if obj["kind"] == "ValidatingAdmissionPolicyBinding":
             # This test's namespace only: the shared plane's other tests ungate as admin.
             obj["spec"]["matchResources"] = {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
             }
-            admission.create_validating_admission_policy_binding(obj)
+    install_policies(kube.api, objects)
     policy = GatePolicy(
         namespace,
         controller,
@@ -125,11 +120,7 @@ def gate_policy(kube: Kube, control_plane: ControlPlane) -> Iterator[GatePolicy]
         wait_for(enforced, 30, "the launcher-gate policy to be enforced")
         yield policy
     finally:
-        for obj in objects:
-            if obj["kind"] == "ValidatingAdmissionPolicyBinding":
-                admission.delete_validating_admission_policy_binding(obj["metadata"]["name"])
-            else:
-                admission.delete_validating_admission_policy(obj["metadata"]["name"])
+        remove_policies(kube.api, objects)
         scheduling.delete_priority_class(urgent)
         scheduling.delete_priority_class(never)
 
