@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from cozystack_gpu import keys
 from cozystack_gpu.binder import records
 from cozystack_gpu.binder.attachments import Attachments
@@ -168,6 +170,14 @@ def _handle(
 
 
 BOUND = {"phase": "Bound", "nodeName": "n1", "boundAt": "2026-12-01T10:00:01Z"}
+# A held claim as the start finds it: attached to the VMI and protected.
+ATTACHED = {**BOUND, "phase": "Attached", "attachedTo": "vm"}
+
+
+def _protected(given: dict[str, list[dict[str, Any]]]) -> None:
+    given[keys.GPU_CLAIM.kind][0]["metadata"]["finalizers"] = [keys.FINALIZER_CLAIM]
+
+
 KEY = ClaimKey(NS, "c")
 
 
@@ -176,7 +186,7 @@ def _conditions(call: Any) -> dict[str, dict[str, Any]]:
 
 
 def test_the_gate_pins_a_gated_pod_whose_claims_are_bound_on_one_node() -> None:
-    handle = _handle(BOUND)
+    handle = _handle(ATTACHED, change=_protected)
     Gatekeeper(handle).run(NOW)
     [pin] = handle.of(PodPin)
     assert (pin.namespace, pin.name) == (NS, "virt-launcher-vm")
@@ -223,10 +233,30 @@ def _forged_older(given: dict[str, list[dict[str, Any]]]) -> None:
 
 
 def test_the_gate_pins_only_the_one_launcher_pod_of_a_vmi() -> None:
-    handle = _handle(BOUND, change=_forged_older)
+    def forged_and_protected(given: dict[str, list[dict[str, Any]]]) -> None:
+        _forged_older(given)
+        _protected(given)
+
+    handle = _handle(ATTACHED, change=forged_and_protected)
     Gatekeeper(handle).run(NOW)
     assert [p.name for p in handle.of(PodPin)] == ["forged"], "two pods pinned under one set"
     assert ("vm", keys.EventReason.SET_NOT_PLACED.value) in handle.events
+
+
+@pytest.mark.parametrize(
+    ("status", "protected"),
+    [(BOUND, True), ({**BOUND, "attachedTo": "vm"}, True), (ATTACHED, False)],
+    ids=["not attached", "attached, not yet confirmed", "not protected"],
+)
+def test_a_held_claim_not_attached_and_protected_keeps_its_vms_pod_gated(
+    status: dict[str, Any], protected: bool
+) -> None:
+    # The fault suite's slow API server: a VM ran while its claim had no claim-protection
+    # finalizer (the pin had gone out before the finalizer's write), so it could have been
+    # deleted from under the VM. The pin waits for both.
+    handle = _handle(status, change=_protected if protected else lambda _given: None)
+    Gatekeeper(handle).run(NOW)
+    assert handle.of(PodPin) == [], "pinned before its held claim was attached and protected"
 
 
 def test_the_gate_binds_a_pending_claim_of_a_starting_set_and_pins_only_once_it_is_written() -> (
