@@ -14,7 +14,7 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule cluster cluster-down demo demo-down build docs release soak
+.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule cluster cluster-down demo demo-down build docs release release-rebuild soak
 
 test: setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
 
@@ -130,6 +130,14 @@ release: setup $(if $(DRY_RUN),,binaries) ## cut a release: make release VERSION
 	$(if $(VERSION),,$(error give the version: make release VERSION=x.y.z))
 	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE) 2>/dev/null || true) $(BIN)/python tools/release.py \
 	  cut $(VERSION) $(if $(DRY_RUN),--dry-run) $(if $(SKIP_IMAGE),--skip-image)
+
+# A recorded release built again from its commit in releases.yaml (its collection, chart,
+# image and SHA256SUMS in dist/<version>/): make release-rebuild VERSION=x.y.z [SKIP_IMAGE=1].
+# `make release` cuts a new version and refuses one that exists.
+release-rebuild: setup binaries ## rebuild a recorded release from its commit: make release-rebuild VERSION=x.y.z
+	$(if $(VERSION),,$(error give the version: make release-rebuild VERSION=x.y.z))
+	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python tools/release.py \
+	  rebuild $(VERSION) $(if $(SKIP_IMAGE),--skip-image)
 
 cluster: setup binaries ## a local control plane with KubeVirt, no product; prints export KUBECONFIG=...
 	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.local_cluster up

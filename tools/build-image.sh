@@ -109,6 +109,8 @@ else
     --build-arg "VERSION=$version" \
     --tag "$image_ref" "$context" >/dev/null
   log "built $image_ref in $((SECONDS - start)) s"
+  # The builder stage is left untagged (about 435 MB a build): only its layers' cache.
+  podman image prune --force --filter label=org.cozystack.gpu.stage=build >/dev/null 2>&1 || true
   # Earlier builds of this image are only disk now; a release build (tools/release.py sets
   # COZYSTACK_GPU_IMAGE_KEEP_OTHERS) leaves the tree's test image alone.
   if [ -z "${COZYSTACK_GPU_IMAGE_KEEP_OTHERS:-}" ]; then

@@ -237,12 +237,14 @@ FINALIZER_CLAIM = GROUP + "/claim-protection"
 # units never read as free to another class sharing the resource name.
 FINALIZER_CLASS = GROUP + "/class-protection"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Matched against the whole name (``fullmatch``), as the API server judges names: ``$``
+# also matches before a trailing newline.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 def is_dns_label(name: str) -> bool:
     """True for a name that may serve as a GPUClass name or a quota key suffix."""
-    return len(name) <= 63 and bool(_DNS_LABEL.match(name)) and name != QUOTA_TOTAL_NAME
+    return len(name) <= 63 and _DNS_LABEL.fullmatch(name) is not None and name != QUOTA_TOTAL_NAME
 
 
 def template_claim_name(vmi_name: str, entry_name: str) -> str:
@@ -252,7 +254,7 @@ def template_claim_name(vmi_name: str, entry_name: str) -> str:
     names together are too long.
     """
     plain = f"{vmi_name}-{entry_name}"
-    if len(plain) <= 63 and _DNS_LABEL.match(plain):
+    if len(plain) <= 63 and _DNS_LABEL.fullmatch(plain):
         return plain
     digest = hashlib.sha256(f"{vmi_name}/{entry_name}".encode()).hexdigest()[:10]
     head = re.sub(r"[^a-z0-9-]", "-", plain.lower())[: 63 - 11].strip("-") or "claim"
@@ -451,6 +453,8 @@ class ClaimReason(str, Enum):
     REQUESTS_BEYOND_CLAIMS = "GPURequestsBeyondClaims"
     # (Placed False) another pod naming its VMI is the VMI's launcher pod
     NOT_THE_LAUNCHER = "NotTheLauncherPod"
+    # (Placed False) the API server refuses one of the VM's template claims as invalid
+    TEMPLATE_CLAIM_INVALID = "TemplateClaimInvalid"
 
 
 class NodeReason(str, Enum):

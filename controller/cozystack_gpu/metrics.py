@@ -76,6 +76,12 @@ SETTINGS_WRITE_FAILING = Gauge(
     "cozystack_gpu_settings_write_failing",
     "1 while the last write of the settings ConfigMap (which the raw-name policy reads) failed",
 )
+USAGE_RECORD_WRITE_FAILURES = Counter(
+    "cozystack_gpu_usage_record_write_failures_total",
+    "Writes of usage records (Workload) that failed: a Bound or Attached order unbilled, or "
+    "a record left over, until a later write lands; by write (create, status, delete)",
+    ["write"],
+)
 STATUS_WRITES = Counter(
     "cozystack_gpu_binder_claim_status_writes_total",
     "Claim status writes sent, by purpose (a placement step, or Wait for a refusal note)",

@@ -61,7 +61,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.records import workload_name
+from cozystack_gpu.binder import records
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, list_function, source
 from cozystack_gpu.objects import MutableObj, annotation
 from cozystack_gpu.objects.launcher import PodRole, launcher_usage, pod_role, raw_usage
@@ -693,42 +693,42 @@ class Invariants:
                 yield Violation(NOT_JUDGED, subject, detail)
 
     def _records(self, state: State) -> Iterator[Violation]:
-        wanted: dict[tuple[str, str], MutableObj] = {}
+        """Every Bound or Attached order has exactly one usage record of its own (owned by
+        its uid, whatever the record's name), counting its units; no other record of the
+        controller's exists."""
+        wanted: dict[str, MutableObj] = {}
         for claim in state.claims:
             phase = (claim.get("status") or {}).get("phase")
             if phase in HOLDING and not _template(claim):
-                wanted[(_namespace(claim), workload_name(_name(claim)))] = claim
-        have: set[tuple[str, str]] = set()
+                wanted[str(_meta(claim).get("uid"))] = claim
+        have: dict[str, list[str]] = {}
         for record in state.workloads:
-            owner = next(
-                (
-                    ref
-                    for ref in _meta(record).get("ownerReferences") or []
-                    if ref.get("kind") == keys.KIND_CLAIM
-                ),
-                None,
-            )
             key = (_namespace(record), _name(record))
-            if owner is None or not self.scope.has_namespace(key[0]):
+            if not records.is_usage_record(record) or not self.scope.has_namespace(key[0]):
                 continue
-            have.add(key)
             self.checks += 1
-            wanted_claim = wanted.get(key)
             subject = f"{key[0]}/{key[1]}"
+            uid = records.owner_uid(record)
+            wanted_claim = wanted.get(str(uid)) if uid is not None else None
             if wanted_claim is None:
                 yield Violation(RECORDS, subject, "a record of no Bound or Attached order")
                 continue
+            have.setdefault(str(uid), []).append(subject)
             units = _count(wanted_claim)
             class_key = keys.quota_key(str((wanted_claim.get("spec") or {}).get("class")))
             resources = ((record.get("status") or {}).get("resources")) or {}
-            if owner.get("uid") != _meta(wanted_claim).get("uid"):
-                yield Violation(RECORDS, subject, "owned by another claim of that name")
-            elif resources != {class_key: str(units)}:
+            if resources != {class_key: str(units)}:
                 yield Violation(RECORDS, subject, f"counts {resources}, the claim {units}")
-        for key in sorted(set(wanted) - have):
-            if self.scope.has_namespace(key[0]):
-                self.checks += 1
-                yield Violation(RECORDS, f"{key[0]}/{key[1]}", "missing")
+        for uid, claim in sorted(wanted.items()):
+            if not self.scope.has_namespace(_namespace(claim)):
+                continue
+            self.checks += 1
+            subject = f"{_namespace(claim)}/{_name(claim)}"
+            held = have.get(uid, [])
+            if not held:
+                yield Violation(RECORDS, subject, "no usage record of its own")
+            elif len(held) > 1:
+                yield Violation(RECORDS, subject, f"{len(held)} usage records: {sorted(held)}")
 
 
 # --- reading objects ---------------------------------------------------------------------

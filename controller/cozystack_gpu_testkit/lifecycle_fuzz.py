@@ -587,6 +587,7 @@ class LifecycleFuzz:
             ("raw-names-policy.yaml", {"rawNamePolicy": {"virtControllerUser": VIRT_CONTROLLER}}),
             ("claims-label-policy.yaml", {}),
             ("protection-policy.yaml", {}),
+            ("launcher-gate-policy.yaml", {}),
         ):
             policies += self.admission.render(template, run.namespace, values)
         install_policies(run.api, [_as_replicas(p) for p in policies])
@@ -1481,9 +1482,11 @@ _CONTROLLER_USER = re.compile(r"system:serviceaccount:[a-z0-9-]+:[a-z0-9-]*contr
 
 
 def _as_replicas(policy: MutableObj) -> MutableObj:
-    """The chart's protection policy exempts the controller's ServiceAccount; the replicas
-    here run with the kit's admin identity, so that is the one it exempts."""
-    if policy.get("metadata", {}).get("name", "").find("protection") < 0:
+    """The chart's protection and launcher-gate policies exempt the controller's
+    ServiceAccount; the replicas here run with the kit's admin identity, so that is the one
+    they exempt."""
+    name = policy.get("metadata", {}).get("name", "")
+    if "protection" not in name and "launcher-gate" not in name:
         return policy
     text = _CONTROLLER_USER.sub(cluster.ADMIN_USER, json.dumps(policy))
     exempting: MutableObj = json.loads(text)

@@ -414,12 +414,14 @@ class Load:
         if not candidates:
             return
         namespace, name = self._rng.choice(candidates)
-        unless(
-            404, lambda: self._claims(self.custom.delete_namespaced_custom_object, namespace, name)
-        )
+        # Released before the delete is sent: a delete that lands while its answer is lost
+        # (the API server killed mid-request) is a release, not an order lost.
         with self._lock:
             self.released_names.add((namespace, name))
             self.counts.released += 1
+        unless(
+            404, lambda: self._claims(self.custom.delete_namespaced_custom_object, namespace, name)
+        )
 
     def _advance(self, vm: VM) -> None:
         steps: dict[VMStage, Callable[[VM], None]] = {

@@ -283,6 +283,21 @@ def bound_on(claim: Obj | None, node: str) -> bool:
     )
 
 
+def held_for_start(claim: Obj | None, vmi_name: str) -> bool:
+    """A held claim (one the tenant ordered) is ready for its VM's start: Attached to this
+    VMI and carrying the claim-protection finalizer. The pin waits for both, so a VM never
+    runs on a claim that could still be moved or deleted from under it (the binder attaches
+    a claim once it sees the VMI, and protects it then where admission has not)."""
+    if claim is None:
+        return False
+    status = claim.get("status") or {}
+    return (
+        status.get("phase") == keys.Phase.ATTACHED.value
+        and status.get("attachedTo") == vmi_name
+        and keys.FINALIZER_CLAIM in (meta(claim).get("finalizers") or [])
+    )
+
+
 def rejection_patch(
     claim: Obj,
     node: str,

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from typing import Any, NamedTuple
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder import claim_status, gate
-from cozystack_gpu.binder.calls.base import Answer
+from cozystack_gpu.binder.calls.base import INVALID, Answer
 from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
 from cozystack_gpu.binder.calls.start_path import PodDelete, PodPin, TemplateClaimCreate
 from cozystack_gpu.binder.part import BinderPart, PartHandle
@@ -74,6 +75,10 @@ class Gatekeeper(BinderPart):
         # written over the version it read, so one racing the claim's attachment is refused.
         self._placed_sent: dict[ClaimKey, dict[str, Any]] = {}
         self._placed_due: dict[ClaimKey, dict[str, Any]] = {}
+        # Template claims the API server refused as invalid, by the VMI (uid) they were for,
+        # with its answer: never sent again for that VMI (a 422 is the same answer each
+        # time), said on the VMI instead.
+        self._invalid_templates: dict[tuple[ClaimKey, str], str] = {}
 
     def clock(self) -> float:
         return self.handle.clock()
@@ -98,7 +103,7 @@ class Gatekeeper(BinderPart):
             if not at.members:
                 self._pin(at, None)  # no claims to place: only ungate
                 continue
-            if self._not_its_set(at, now) or self._create_templates(at.vmi, at.members):
+            if self._not_its_set(at, now) or self._create_templates(at, now):
                 continue
             claims = self._claims_ready(at, now)
             if claims is None:
@@ -106,7 +111,11 @@ class Gatekeeper(BinderPart):
             target = self._place(at, claims, now)
             if target is None or self._bind(at, claims, target, now):
                 continue  # no node yet, or pin once the API confirms every claim on it
-            if all(gate.bound_on(self.view.claim(k), target) for k in at.members):
+            if all(gate.bound_on(self.view.claim(k), target) for k in at.members) and all(
+                gate.held_for_start(self.view.claim(c.key), at.vmi_key[1])
+                for c in claims
+                if not c.template
+            ):
                 self._pin(at, target)
 
     def _resend_placed(self) -> None:
@@ -292,10 +301,14 @@ class Gatekeeper(BinderPart):
             del self._vm_rejections[vmi_key]
         return set(still)
 
-    def _create_templates(self, vmi: dict[str, Any], members: list[ClaimKey]) -> bool:
+    def _create_templates(self, at: _StartSet, now: float) -> bool:
         """Create the VMI's template claims that do not exist yet; True while any is
-        missing. Their budget and capacity are judged with the set, at placement."""
+        missing. Their budget and capacity are judged with the set, at placement. One the
+        API server refused as invalid is not sent again for this VMI: the set waits, and
+        says why."""
+        vmi = at.vmi
         ref = gate.claims_ref_of(vmi) or ClaimsRequest()
+        uid = str(translate.meta(vmi).get("uid") or "")
         missing = False
         for template in ref.templates:
             body = gate.template_claim(vmi, template)
@@ -303,9 +316,25 @@ class Gatekeeper(BinderPart):
             if self.view.claim(key) is not None:
                 continue
             missing = True
-            if not self.handle.writing((TemplateClaimCreate.what, *key)):
-                self.handle.send(TemplateClaimCreate(*key, body))
+            refused = self._invalid_templates.get((key, uid))
+            if refused is not None:
+                why = (
+                    f"the API server refuses template claim {key.name} of entry "
+                    f"{template.name!r} ({refused}); correct the entry in the VM's "
+                    f"{keys.ANNOTATION_CLAIMS} annotation"
+                )
+                self._not_placed(at, ClaimReason.TEMPLATE_CLAIM_INVALID.value, why, now)
+            elif not self.handle.writing((TemplateClaimCreate.what, *key)):
+                heard = partial(self._template_heard, key, uid)
+                self.handle.send(TemplateClaimCreate(*key, body, heard=heard))
         return missing
+
+    def _template_heard(self, key: ClaimKey, uid: str, answer: Answer) -> None:
+        if answer.code in INVALID:
+            log.warning("template claim %s/%s refused as invalid: %s", *key, answer.error)
+            if len(self._invalid_templates) > MAX_VOLUME_LIMITS:
+                self._invalid_templates.clear()  # VMIs come and go: a bound, not a record
+            self._invalid_templates[(key, uid)] = answer.error
 
     def _allowed_nodes(self, pod: dict[str, Any]) -> tuple[frozenset[str] | None, tuple[str, ...]]:
         """Nodes the pod's bound persistent volumes can be used from (a WaitForFirstConsumer

@@ -270,33 +270,27 @@ class Publisher(BinderPart):
         self.handle.send(Settings(namespace, data, heard=self._settings_heard))
 
     def _publish_records(self) -> None:
-        """One usage record per ordered Bound or Attached claim, as the API confirmed it."""
-        wanted: dict[Key, dict[str, Any]] = {}
-        for key, claim in self.view.claims():
-            if records.wants_usage_record(claim):
-                wanted[(key[0], records.workload_name(key[1]))] = claim
-        existing = self.view.raw[WORKLOAD_KIND]
-        for record_key, claim in wanted.items():
-            if self.handle.writing((RecordCreate.what, *record_key)):
-                continue
-            have = existing.get(record_key)
-            if have is None:
-                self.handle.send(RecordCreate(record_key[0], records.usage_record(claim)))
-            elif records.owned_claim_name(have) == translate.name_of(claim):
+        """One usage record of its own per ordered Bound or Attached claim, as the API
+        confirmed it, and none else (``records.plan_records``); one write per record at a
+        time."""
+        wanting = [claim for _key, claim in self.view.claims() if records.wants_usage_record(claim)]
+        plan = records.plan_records(wanting, self.view.raw[WORKLOAD_KIND])
+        for body in plan.create:
+            meta = body["metadata"]
+            if not self.handle.writing((RecordCreate.what, meta["namespace"], meta["name"])):
+                self.handle.send(RecordCreate(meta["namespace"], body))
+        for record_key, patch in plan.repair:
+            if not self.handle.writing((RecordStatus.what, *record_key)):
                 # Billing reads the status: one edited or never written is written back.
-                repair = records.status_repair(have, claim)
-                if repair is not None:
-                    log.info(
-                        "usage record %s/%s: its status is not its claim's; writing it back",
-                        *record_key,
-                    )
-                    self.handle.send(RecordStatus(*record_key, repair))
-        for record_key, record in list(existing.items()):
-            if record_key in wanted or self.handle.writing((RecordDelete.what, *record_key)):
-                continue
-            if records.owned_claim_name(record) is None:
-                continue  # not ours
-            self.handle.send(RecordDelete(*record_key))
+                log.info(
+                    "usage record %s/%s: its status is not its claim's; writing it back",
+                    *record_key,
+                )
+                self.handle.send(RecordStatus(*record_key, patch))
+        for record_key in plan.delete:
+            if not self.handle.writing((RecordDelete.what, *record_key)):
+                log.info("usage record %s/%s: no Bound or Attached order owns it", *record_key)
+                self.handle.send(RecordDelete(*record_key))
 
     def _publish_metrics(self) -> None:
         snap = self.snapshot

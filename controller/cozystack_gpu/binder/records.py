@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
@@ -13,8 +14,22 @@ from cozystack_gpu.objects.translate import meta, name_of, namespace_of
 # --- Usage records -----------------------------------------------------------------------
 
 
+# Every usage record the controller makes is named with this prefix: the name is the
+# claim's (``gpuclaim-<claim>``) when that fits and is free, else the claim's uid's. A record
+# is its claim's by its owner reference's uid, never by its name; a Workload of this prefix
+# that no Bound or Attached order owns is removed, whoever made it.
+RECORD_PREFIX = "gpuclaim-"
+MAX_NAME = 253
+
+
 def workload_name(claim_name: str) -> str:
-    return ("gpuclaim-" + claim_name)[:253]
+    """The record's name for a claim, readable; may be too long (then ``uid_workload_name``)."""
+    return RECORD_PREFIX + claim_name
+
+
+def uid_workload_name(claim_uid: str) -> str:
+    """The record's name when the readable one is too long or taken: always valid (a uid)."""
+    return RECORD_PREFIX + claim_uid
 
 
 def wants_usage_record(claim_obj: Obj) -> bool:
@@ -27,12 +42,12 @@ def wants_usage_record(claim_obj: Obj) -> bool:
     return phase in (Phase.BOUND.value, Phase.ATTACHED.value)
 
 
-def usage_record(claim_obj: Obj) -> dict[str, Any]:
+def usage_record(claim_obj: Obj, name: str | None = None) -> dict[str, Any]:
     return {
         "apiVersion": keys.WORKLOAD_API_VERSION,
         "kind": keys.WORKLOAD_KIND,
         "metadata": {
-            "name": workload_name(name_of(claim_obj)),
+            "name": name or workload_name(name_of(claim_obj)),
             "namespace": namespace_of(claim_obj),
             # Owned by the claim: the garbage collector removes it with the claim, so no
             # monitor or reserved label has to guard it.
@@ -87,8 +102,82 @@ def status_repair(workload: Obj, claim_obj: Obj) -> dict[str, Any] | None:
     }
 
 
-def owned_claim_name(workload: Obj) -> str | None:
+def _claim_ref(workload: Obj) -> Mapping[str, Any] | None:
     for ref in meta(workload).get("ownerReferences") or []:
         if ref.get("kind") == keys.KIND_CLAIM and ref.get("apiVersion") == keys.API_VERSION:
-            return str(ref.get("name"))
+            return dict(ref)
     return None
+
+
+def owned_claim_name(workload: Obj) -> str | None:
+    ref = _claim_ref(workload)
+    return None if ref is None else str(ref.get("name"))
+
+
+def owner_uid(workload: Obj) -> str | None:
+    """The uid of the claim that owns the record: what makes it that claim's."""
+    ref = _claim_ref(workload)
+    return None if ref is None or not ref.get("uid") else str(ref["uid"])
+
+
+def is_usage_record(workload: Obj) -> bool:
+    """A record of the controller's: owned by a claim, or named with its prefix (one a
+    tenant cut loose from its claim)."""
+    return _claim_ref(workload) is not None or name_of(workload).startswith(RECORD_PREFIX)
+
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class RecordPlan:
+    """What the publisher writes for the records: each a call of its own."""
+
+    create: tuple[dict[str, Any], ...] = ()
+    repair: tuple[tuple[Key, dict[str, Any]], ...] = ()
+    delete: tuple[Key, ...] = ()
+
+
+def plan_records(claims: Iterable[Obj], workloads: Mapping[Key, Obj]) -> RecordPlan:
+    """One record of its own for each of ``claims`` (those that want one), and none else.
+
+    A claim's record is the Workload whose owner reference carries the claim's uid: kept
+    (its status written back if edited), and any second one removed. A claim with none gets
+    one, named ``gpuclaim-<claim>`` when that is valid and free, else ``gpuclaim-<uid>``. A
+    record of the controller's (``is_usage_record``) that no such claim owns is removed:
+    its claim ended, was deleted, or is another claim of that name."""
+    owned: dict[str, list[Key]] = {}
+    for key, workload in workloads.items():
+        uid = owner_uid(workload)
+        if uid is not None:
+            owned.setdefault(uid, []).append(key)
+    create: list[dict[str, Any]] = []
+    repair: list[tuple[Key, dict[str, Any]]] = []
+    kept: set[Key] = set()
+    for claim in claims:
+        uid = str(meta(claim).get("uid") or "")
+        namespace = namespace_of(claim)
+        mine = sorted(k for k in owned.get(uid, []) if k[0] == namespace)
+        if mine:
+            readable = (namespace, workload_name(name_of(claim)))
+            keep = readable if readable in mine else mine[0]
+            kept.add(keep)
+            patch = status_repair(workloads[keep], claim)
+            if patch is not None:
+                repair.append((keep, patch))
+            continue
+        name = workload_name(name_of(claim))
+        if len(name) > MAX_NAME or (namespace, name) in workloads:
+            name = uid_workload_name(uid)
+        if (namespace, name) in workloads:
+            continue  # taken by one it does not own: removed below, made by a later pass
+        kept.add((namespace, name))
+        create.append(usage_record(claim, name))
+    delete = tuple(
+        sorted(
+            key
+            for key, workload in workloads.items()
+            if key not in kept and is_usage_record(workload)
+        )
+    )
+    return RecordPlan(tuple(create), tuple(repair), delete)

@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     explain = verbs.add_parser(
         "explain", parents=[common], help="why a claim or a VM's GPUs stand where they do"
     )
-    what = explain.add_subparsers(dest="what", metavar="KIND", required=True)
+    what = explain.add_subparsers(dest="what", metavar="{claim,vm}", required=True)
     claim = what.add_parser(
         "claim",
         parents=[common],
@@ -75,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
     )
     vm.add_argument("name", metavar="NAME", help="the VirtualMachine (or VMI)")
     list_verb = verbs.add_parser("list", parents=[common], help="GPU claims, filtered")
-    listed = list_verb.add_subparsers(dest="what", metavar="KIND", required=True)
+    listed = list_verb.add_subparsers(dest="what", metavar="{claims}", required=True)
     claims = listed.add_parser(
         "claims",
         parents=[common],
@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     )
     claims.add_argument("--node", metavar="NODE", help="only claims held on this node")
     top_verb = verbs.add_parser("top", parents=[common], help="GPU units per node or class")
-    show = top_verb.add_subparsers(dest="what", metavar="KIND", required=True)
+    show = top_verb.add_subparsers(dest="what", metavar="{nodes,classes}", required=True)
     show.add_parser(
         "nodes",
         parents=[common],

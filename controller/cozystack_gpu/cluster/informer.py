@@ -62,6 +62,8 @@ class Event:
     type: EventType
     obj: dict[str, Any] | None = None
     objects: tuple[dict[str, Any], ...] = ()
+    # A listing's resourceVersion: what the view holds newer than it stays (``relist``).
+    resource_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,11 @@ class Informer:
         kind = self._source.kind
         for item in items:
             item.setdefault("kind", kind)
-        self._sink.put(Event(kind, EventType.LISTED, objects=tuple(items)))
-        return str(body["metadata"]["resourceVersion"])
+        version = str(body["metadata"]["resourceVersion"])
+        self._sink.put(
+            Event(kind, EventType.LISTED, objects=tuple(items), resource_version=int(version))
+        )
+        return version
 
     def _run(self) -> None:
         kind = self._source.kind
@@ -298,6 +303,8 @@ class SharedInformers:
         # no longer watched, nor kept.
         self._informers: dict[str, tuple[Informer, threading.Event]] = {}
         self._stores: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        # The resourceVersion each store is current to: its listing's, then its events'.
+        self._versions: dict[str, int] = {}
         self._listed: set[str] = set()
         self._subscribers: list[tuple[Sink, frozenset[str]]] = []
 
@@ -324,7 +331,8 @@ class SharedInformers:
         with self._lock:
             for kind in sorted(wanted & self._listed):
                 objects = tuple(self._stores[kind].values())
-                sink.put(Event(kind, EventType.LISTED, objects=objects))
+                version = self._versions.get(kind)
+                sink.put(Event(kind, EventType.LISTED, objects=objects, resource_version=version))
             self._subscribers.append((sink, wanted))
             for src in sources:
                 if src.kind in self._informers:
@@ -343,6 +351,7 @@ class SharedInformers:
             ending = [self._informers.pop(kind) for kind in unread]
             for kind in unread:
                 self._stores.pop(kind, None)
+                self._versions.pop(kind, None)
                 self._listed.discard(kind)
         for informer, stop in ending:
             stop.set()
@@ -367,7 +376,12 @@ class SharedInformers:
                 store.clear()
                 store.update((object_key(o), o) for o in item.objects)
                 self._listed.add(kind)
+                if item.resource_version is not None:
+                    self._versions[kind] = item.resource_version
             elif item.obj is not None:
+                version = _resource_version(item.obj)
+                if version is not None and kind in self._versions:
+                    self._versions[kind] = max(self._versions[kind], int(version))
                 if item.type is EventType.DELETED:
                     store.pop(object_key(item.obj), None)
                 else:
@@ -507,6 +521,6 @@ def take(view: ClusterView, event: Event) -> None:
     """An informer's event into a view: a listing replaces its kind, a watch event changes
     one object. (The view itself stays free of the client: the layout preview ships it.)"""
     if event.type is EventType.LISTED:
-        view.relist(event.kind, event.objects)
+        view.relist(event.kind, event.objects, event.resource_version)
     elif event.obj is not None:
         view.apply(event.kind, event.obj, deleted=event.type is EventType.DELETED)

@@ -129,25 +129,22 @@ class ClusterView:
         node and read as Lost."""
         return self.listed >= set(self.kinds)
 
-    def relist(self, kind: str, objects: Iterable[MutableObj]) -> None:
-        """A complete listing of one kind: what it lacks was deleted meanwhile."""
+    def relist(self, kind: str, objects: Iterable[MutableObj], version: int | None = None) -> None:
+        """A complete listing of one kind, made at ``version`` (its resourceVersion): an
+        object newer than the view's copy replaces it, and one the view holds that the
+        listing lacks was deleted, unless the view's copy is newer than the listing (an
+        answer to a write, or another listing, brought it since: the binder lists the claims
+        afresh at a takeover beside its informer's listing). Without ``version`` the listing
+        is taken as the newest word on the kind."""
         self.listed.add(kind)
         fresh = {object_key(o): o for o in objects}
-        for key in list(self.raw[kind]):
-            if key not in fresh:
-                self.apply(kind, self.raw[kind][key], deleted=True)
-        for obj in fresh.values():
-            self.apply(kind, obj, deleted=False)
-
-    def relist_at(self, kind: str, objects: Iterable[MutableObj], version: int) -> None:
-        """A complete listing of one kind made at ``version`` beside the watch that feeds the
-        view (the binder's own, at a takeover): an object newer than the view's copy
-        replaces it, and one the view holds that the listing lacks was deleted, unless the
-        view's copy is newer than the listing (the watch brought it since)."""
-        fresh = {object_key(o): o for o in objects}
         for key, old in list(self.raw[kind].items()):
-            if key not in fresh and translate.resource_version(old) <= version:
-                self.apply(kind, old, deleted=True)
+            if key in fresh:
+                continue
+            if version is not None and translate.resource_version(old) > version:
+                continue  # came after the listing was made
+            self.apply(kind, old, deleted=True)
+            if version is not None:
                 self._bury(kind, key, version)
         for obj in fresh.values():
             self.apply(kind, obj, deleted=False)

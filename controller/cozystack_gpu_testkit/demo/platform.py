@@ -374,6 +374,15 @@ def helm_install(
     )  # fmt: skip
 
 
+def helm_command(state: State, command: str, log: Path) -> str:
+    """A ``helm`` command line as a page prints it (``helm upgrade ...``), run against the
+    state's cluster; returns helm's output."""
+    words = command.split()
+    if words[:1] != ["helm"]:
+        raise ValueError(f"not a helm command: {command}")
+    return _helm(state, words[1:], log)
+
+
 def helm_rollback(state: State, revision: int, log: Path) -> str:
     """``helm rollback`` of the release to ``revision``; returns helm's output."""
     return _helm(state, ["rollback", RELEASE, str(revision)], log)

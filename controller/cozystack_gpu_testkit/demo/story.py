@@ -92,7 +92,7 @@ def finish(demo: Demo) -> None:
     say("helm upgrade reaches the controller and agents: a local kubelet restarts their")
     say("processes when the pod templates change (its log: local-kubelet.log), e.g.")
     say(f"  helm upgrade {platform.RELEASE} {platform.CHART} -n {platform.NAMESPACE} "
-        "--reuse-values --set controller.settings.writeWorkers=4")  # fmt: skip
+        "--reset-then-reuse-values --set controller.settings.writeWorkers=4")  # fmt: skip
     say()
     say(f"Logs: {demo.logs}/. Stop everything (controller, agents, kubelets, control plane):")
     say(f"  {demo.options.down_command}")

@@ -426,10 +426,12 @@ def test_an_upgrade_and_its_rollback_keep_every_hold_attachment_and_record(
     revision = _revision(c)
 
     def upgrade() -> None:
-        # The documented upgrade (docs/operations.md): from 0.1.0, whose controller made
-        # gpu-settings itself, Helm adopts it once; from later releases the flag is a no-op.
-        platform.helm_install(
-            c.state, _values(c, {"image": {"tag": THIS_TAG}}), log, take_ownership=True
+        # The upgrade as docs/operations.md prints it, with this tree's chart for the
+        # release's tarball and this tree's image; from 0.1.0, whose controller made
+        # gpu-settings itself, Helm adopts it once (the page says so), a no-op later.
+        command = documented_upgrade().replace(DOCUMENTED_CHART, str(this_tree / "chart"))
+        platform.helm_command(
+            c.state, f"{command} --take-ownership --set image.tag={THIS_TAG}", log
         )
 
     up = _roll(c, upgrade, this_tree, "during-upgrade", "late-vm")
@@ -441,6 +443,20 @@ def test_an_upgrade_and_its_rollback_keep_every_hold_attachment_and_record(
     print(f"rollback -> {c.release.version}: {back}")
 
 
+DOCUMENTED_CHART = "cozystack-gpu-<new version>.tgz"
+
+
+def documented_upgrade() -> str:
+    """The upgrade command docs/operations.md gives a hoster, word for word."""
+    page = (cluster.REPO_ROOT / "docs" / "operations.md").read_text()
+    (command,) = [
+        line.strip()
+        for line in page.splitlines()
+        if line.startswith("helm upgrade ") and DOCUMENTED_CHART in line
+    ]
+    return command
+
+
 def _revision(c: Cluster) -> int:
     """The release's current helm revision (the release's demo upgraded it once)."""
     done = subprocess.run(
@@ -449,16 +465,3 @@ def _revision(c: Cluster) -> int:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return int(json.loads(done.stdout)["version"])
-
-
-def _values(c: Cluster, extra: dict[str, Any]) -> dict[str, Any]:
-    """The values the release is installed with (helm get values), with ``extra``."""
-    done = subprocess.run(
-        [str(Path(c.state.bin_dir) / "helm"), "--kubeconfig", c.state.kubeconfig, "-n",
-         platform.NAMESPACE, "get", "values", platform.RELEASE, "-o", "json"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    values: dict[str, Any] = json.loads(done.stdout) or {}
-    for key, value in extra.items():
-        values.setdefault(key, {}).update(value)
-    return values

@@ -301,6 +301,37 @@ def remove(api: Any, objects: list[dict[str, Any]]) -> None:
                 raise
 
 
+def suffixed(objects: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
+    """Cluster-scoped policy names get a suffix, so a chart another test installs never
+    meets them; each binding follows its policy."""
+    for obj in objects:
+        obj["metadata"]["name"] += f"-{suffix}"
+        if obj["kind"] == "ValidatingAdmissionPolicyBinding":
+            obj["spec"]["policyName"] += f"-{suffix}"
+    return objects
+
+
+def install_policies(api: Any, objects: list[dict[str, Any]]) -> None:
+    """The chart's ValidatingAdmissionPolicies and their bindings, created."""
+    admission = client.AdmissionregistrationV1Api(api)
+    for obj in objects:
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            admission.create_validating_admission_policy(obj)
+        else:
+            admission.create_validating_admission_policy_binding(obj)
+
+
+def remove_policies(api: Any, objects: list[dict[str, Any]]) -> None:
+    """What ``install_policies`` created, deleted."""
+    admission = client.AdmissionregistrationV1Api(api)
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            admission.delete_validating_admission_policy(name)
+        else:
+            admission.delete_validating_admission_policy_binding(name)
+
+
 def refusal(exc: ApiException) -> str:
     """The message an admission refusal carries to the client."""
     return str(json.loads(exc.body).get("message", ""))

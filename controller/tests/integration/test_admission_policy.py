@@ -10,7 +10,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from admission_env import Corner, create_vmi, helm_template, refusal, serving, vmi_body
+from admission_env import (
+    Corner,
+    create_vmi,
+    helm_template,
+    install_policies,
+    refusal,
+    remove_policies,
+    serving,
+    suffixed,
+    vmi_body,
+)
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -25,35 +35,6 @@ pytestmark = pytest.mark.apiserver
 
 TENANT = "tenant-user"
 VIRT_CONTROLLER = "system:serviceaccount:kubevirt-{id}:kubevirt-controller"
-
-
-def suffixed(objects: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
-    """Cluster-scoped policy names get a suffix, so a chart another test installs never
-    meets them; each binding follows its policy."""
-    for obj in objects:
-        obj["metadata"]["name"] += f"-{suffix}"
-        if obj["kind"] == "ValidatingAdmissionPolicyBinding":
-            obj["spec"]["policyName"] += f"-{suffix}"
-    return objects
-
-
-def install(api: Any, objects: list[dict[str, Any]]) -> None:
-    admission = client.AdmissionregistrationV1Api(api)
-    for obj in objects:
-        if obj["kind"] == "ValidatingAdmissionPolicy":
-            admission.create_validating_admission_policy(obj)
-        else:
-            admission.create_validating_admission_policy_binding(obj)
-
-
-def uninstall(api: Any, objects: list[dict[str, Any]]) -> None:
-    admission = client.AdmissionregistrationV1Api(api)
-    for obj in objects:
-        name = obj["metadata"]["name"]
-        if obj["kind"] == "ValidatingAdmissionPolicy":
-            admission.delete_validating_admission_policy(name)
-        else:
-            admission.delete_validating_admission_policy_binding(name)
 
 
 def as_user(plane: ControlPlane, user: str) -> Kube:
@@ -124,7 +105,7 @@ class RawNames:
             self.id,
         )
         self.settings(rendered_as)
-        install(kube.api, self.objects)
+        install_policies(kube.api, self.objects)
 
     def settings(self, policy: str) -> None:
         body = {
@@ -146,7 +127,7 @@ class RawNames:
             )
 
     def close(self) -> None:
-        uninstall(self.kube.api, self.objects)
+        remove_policies(self.kube.api, self.objects)
 
 
 @pytest.fixture
@@ -389,7 +370,7 @@ WITHOUT_CLAIMS = (
 def label_policy(kube: Kube, namespace: str) -> Iterator[str]:
     suffix = uuid.uuid4().hex[:8]
     objects = suffixed(helm_template("claims-label-policy.yaml", "cozy-gpu"), suffix)
-    install(kube.api, objects)
+    install_policies(kube.api, objects)
     try:
         body = vmi_body("probe", {"claims": ["a"]}, labelled=False)
 
@@ -403,7 +384,7 @@ def label_policy(kube: Kube, namespace: str) -> Iterator[str]:
         wait_for(enforced, 30, "the claims-label policy to be enforced")
         yield namespace
     finally:
-        uninstall(kube.api, objects)
+        remove_policies(kube.api, objects)
         forgotten(kube, namespace)
 
 
@@ -475,13 +456,13 @@ def test_a_vmi_stored_before_the_policy_can_still_be_updated(kube: Kube, namespa
     create_vmi(kube, namespace, legacy)
     suffix = uuid.uuid4().hex[:8]
     objects = suffixed(helm_template("claims-label-policy.yaml", "cozy-gpu"), suffix)
-    install(kube.api, objects)
+    install_policies(kube.api, objects)
     try:
         probe = vmi_body("probe", {"claims": ["a"]}, labelled=False)
         wait_for(lambda: not admitted(kube, namespace, probe), 30, "the claims-label policy")
         kube.vmi_phase(namespace, "legacy", "Running", "node-1")
     finally:
-        uninstall(kube.api, objects)
+        remove_policies(kube.api, objects)
         forgotten(kube, namespace)
 
 
@@ -543,14 +524,14 @@ def guarded(
     forbidden(raw, kube, tenant_ns)
     suffix = uuid.uuid4().hex[:8]
     objects = suffixed(helm_template("claims-label-policy.yaml", "cozy-gpu"), suffix)
-    install(kube.api, objects)
+    install_policies(kube.api, objects)
     try:
         probe = vmi_body("probe", {"claims": ["a"]}, labelled=False)
         wait_for(lambda: not admitted(kube, tenant_ns, probe), 30, "the claims-label policy")
         with serving(control_plane, kube, tmp_path_factory.mktemp("uses-claims")):
             yield tenant_ns
     finally:
-        uninstall(kube.api, objects)
+        remove_policies(kube.api, objects)
         forgotten(kube, tenant_ns)
 
 
@@ -818,7 +799,7 @@ class Protection:
         )
         self.tenant_admin_role = self._chart_tenant_admin()
         self.objects = suffixed(helm_template("protection-policy.yaml", self.release), self.id)
-        install(kube.api, self.objects)
+        install_policies(kube.api, self.objects)
 
     def _chart_tenant_admin(self) -> str:
         """TENANT_ADMIN gets in the tenant namespace what the chart's tenant role (aggregated
@@ -849,7 +830,7 @@ class Protection:
         return str(manage["metadata"]["name"])
 
     def close(self) -> None:
-        uninstall(self.kube.api, self.objects)
+        remove_policies(self.kube.api, self.objects)
         # Until the API server forgets the policy, binders of later tests running under
         # other identities could not remove their finalizers.
         probe = self.kube.get_claim(self.tenant_ns, "probe")

@@ -18,9 +18,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from admission_env import Replica, helm_template, order, refusal
+from admission_env import (
+    Replica,
+    helm_template,
+    install_policies,
+    order,
+    refusal,
+    remove_policies,
+    suffixed,
+)
 from binder_env import Env
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
@@ -50,28 +57,19 @@ def forbidden(vms: Env) -> Iterator[Env]:
     ``raw_pod_refused``)."""
     env = vms
     env.restart_binder(raw_resource_names=RawNamesPolicy.FORBIDDEN)
-    admission = client.AdmissionregistrationV1Api(env.kube.api)
-    objects = helm_template(
-        "raw-names-policy.yaml",
-        env.controller_ns,
-        {"rawNamePolicy": {"virtControllerUser": kubevirt_kit.USER}},
+    objects = suffixed(
+        helm_template(
+            "raw-names-policy.yaml",
+            env.controller_ns,
+            {"rawNamePolicy": {"virtControllerUser": kubevirt_kit.USER}},
+        ),
+        env.id,
     )
-    for obj in objects:
-        obj["metadata"]["name"] += f"-{env.id}"
-        if obj["kind"] == "ValidatingAdmissionPolicy":
-            admission.create_validating_admission_policy(obj)
-        else:
-            obj["spec"]["policyName"] += f"-{env.id}"
-            admission.create_validating_admission_policy_binding(obj)
+    install_policies(env.kube.api, objects)
     try:
         yield env
     finally:
-        for obj in objects:
-            name = obj["metadata"]["name"]
-            if obj["kind"] == "ValidatingAdmissionPolicy":
-                admission.delete_validating_admission_policy(name)
-            else:
-                admission.delete_validating_admission_policy_binding(name)
+        remove_policies(env.kube.api, objects)
 
 
 def raw_pod_refused(env: Env) -> bool:

@@ -372,3 +372,15 @@ def test_list_claims_keeps_what_every_filter_allows_and_says_why_a_claim_waits()
     assert list_claims.render({"items": [], "scope": " in namespace x"}) == [
         "No GPU claims found in namespace x."
     ]
+
+
+@pytest.mark.parametrize(
+    ("verb", "kinds"),
+    [("list", "{claims}"), ("top", "{nodes,classes}"), ("explain", "{claim,vm}")],
+)
+def test_a_verb_without_a_kind_names_the_kinds_it_takes(
+    verb: str, kinds: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A newcomer's first try ("kubectl gpu list") was told only that KIND is required.
+    assert main.main([verb]) == 2
+    assert f"the following arguments are required: {kinds}" in capsys.readouterr().err

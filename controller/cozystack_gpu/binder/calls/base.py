@@ -117,6 +117,7 @@ class Answer:
     outcome: Outcome
     obj: MutableObj | None = None
     error: str = ""
+    code: int | None = None  # the API's HTTP status of a refusal, when it answered one
 
     @property
     def ok(self) -> bool:
@@ -137,6 +138,11 @@ def discard(response: Any) -> None:
     a status write failing with the body of an Event)."""
     response.drain_conn()
     response.release_conn()
+
+
+# The API server refused the request as it is (a name or body it can never accept): sending
+# it again unchanged gets the same answer.
+INVALID = frozenset({400, 422})
 
 
 def status_of(exc: Exception) -> int | None:
@@ -178,7 +184,7 @@ class Call(ABC):
         """What a request that raised comes to; never raises."""
         if status_of(exc) in self.done_when:
             return Answer(self, Outcome.WRITTEN)
-        return Answer(self, Outcome.FAILED, error=describe(exc))
+        return Answer(self, Outcome.FAILED, error=describe(exc), code=status_of(exc))
 
     def apply(self, answer: Answer, view: ClusterView) -> None:
         """What the answer changes in the view (run in the loop): the object it carries

@@ -187,7 +187,7 @@ class ClaimListing(Call):
             item.setdefault("kind", keys.GPU_CLAIM.kind)
             slim(item)
         version = (answer.obj.get("metadata") or {}).get("resourceVersion")
-        view.relist_at(keys.GPU_CLAIM.kind, items, int(version or 0))
+        view.relist(keys.GPU_CLAIM.kind, items, int(version or 0))
 
 
 class Note(StrEnum):

@@ -184,12 +184,27 @@ class _RecordCall(Call):
     what: ClassVar[str] = "record"  # one write of a record at a time
     priority: ClassVar[Priority] = Priority.RECORD
     takes: ClassVar[keys.ApiKind] = keys.WORKLOAD  # written, or read again after a conflict
+    write: ClassVar[str]  # the metric's label
+
+    def apply(self, answer: Answer, view: ClusterView) -> None:
+        """Every failed write of a record is logged and counted (the chart alerts on it):
+        billing reads the records, and the next publish only tries again."""
+        super().apply(answer, view)
+        if answer.outcome is Outcome.FAILED:
+            metrics.USAGE_RECORD_WRITE_FAILURES.labels(self.write).inc()
+            log.warning(
+                "usage record %s not written (%s): %s; tried again at the next publish",
+                self.path,
+                self.write,
+                answer.error,
+            )
 
 
 @dataclass(frozen=True)
 class RecordCreate(_RecordCall):
     """A claim's usage record; one there already (409) is brought by the watch."""
 
+    write: ClassVar[str] = "create"
     done_when: ClassVar[frozenset[int]] = frozenset({409})
     namespace: str
     body: MutableObj
@@ -223,6 +238,7 @@ class RecordStatus(_RecordCall):
     read, so a change not yet seen answers 409 and the fresh record is judged again).
     Through the status subresource where the Workload CRD has one, else on the object."""
 
+    write: ClassVar[str] = "status"
     namespace: str
     name: str
     body: MutableObj
@@ -263,6 +279,7 @@ class RecordStatus(_RecordCall):
 class RecordDelete(_RecordCall):
     """A record whose claim no longer holds units; one gone already (404) is as good."""
 
+    write: ClassVar[str] = "delete"
     done_when: ClassVar[frozenset[int]] = frozenset({404})
     namespace: str
     name: str
@@ -273,6 +290,7 @@ class RecordDelete(_RecordCall):
         )
 
     def apply(self, answer: Answer, view: ClusterView) -> None:
+        super().apply(answer, view)
         if answer.ok:
             view.forget(keys.WORKLOAD.kind, (self.namespace, self.name))
 

@@ -77,7 +77,8 @@ class PodDelete(Call):
 
 @dataclass(frozen=True)
 class TemplateClaimCreate(Call):
-    """A VMI's template claim; one created before (409) is brought by the watch."""
+    """A VMI's template claim; one created before (409) is brought by the watch. One the
+    API server refuses as invalid is told to the gate (``heard``), which sends it no more."""
 
     what: ClassVar[str] = "claim-create"
     priority: ClassVar[Priority] = Priority.BIND
@@ -87,6 +88,7 @@ class TemplateClaimCreate(Call):
     namespace: str
     name: str
     body: MutableObj
+    heard: Heard | None = field(default=None, compare=False, repr=False)
 
     def request(self, api: Clients) -> MutableObj:
         return dict(

@@ -8,13 +8,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from cozystack_gpu import keys
 from cozystack_gpu.binder import records
 from cozystack_gpu.binder.attachments import Attachments
 from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
 from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
 from cozystack_gpu.binder.calls.reports import ClassStatus, RecordCreate, RecordStatus, Settings
-from cozystack_gpu.binder.calls.start_path import PodPin, VmiDelete
+from cozystack_gpu.binder.calls.start_path import PodPin, TemplateClaimCreate, VmiDelete
 from cozystack_gpu.binder.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.publisher import SETTINGS_REFRESH_S, Publisher
 from cozystack_gpu.binder.waiting_notes import WaitingNotes
@@ -67,12 +69,14 @@ class FakeHandle:
     def event(self, obj: Any, reason: str, message: str, warning: bool, **kw: Any) -> None:
         self.events.append((str(obj["metadata"]["name"]), reason))
 
-    def answer(self, call: Call, outcome: Outcome, error: str = "") -> None:
+    def answer(
+        self, call: Call, outcome: Outcome, error: str = "", code: int | None = None
+    ) -> None:
         """The API's answer, as the loop takes it: the call is no longer out and the part
         that keeps books on it is told."""
         self.unanswered.remove(call)
         if call.heard is not None:
-            call.heard(Answer(call, outcome, error=error))
+            call.heard(Answer(call, outcome, error=error, code=code))
 
     def of(self, kind: type[Call]) -> list[Any]:
         return [c for c in self.sent if isinstance(c, kind)]
@@ -166,6 +170,14 @@ def _handle(
 
 
 BOUND = {"phase": "Bound", "nodeName": "n1", "boundAt": "2026-12-01T10:00:01Z"}
+# A held claim as the start finds it: attached to the VMI and protected.
+ATTACHED = {**BOUND, "phase": "Attached", "attachedTo": "vm"}
+
+
+def _protected(given: dict[str, list[dict[str, Any]]]) -> None:
+    given[keys.GPU_CLAIM.kind][0]["metadata"]["finalizers"] = [keys.FINALIZER_CLAIM]
+
+
 KEY = ClaimKey(NS, "c")
 
 
@@ -174,7 +186,7 @@ def _conditions(call: Any) -> dict[str, dict[str, Any]]:
 
 
 def test_the_gate_pins_a_gated_pod_whose_claims_are_bound_on_one_node() -> None:
-    handle = _handle(BOUND)
+    handle = _handle(ATTACHED, change=_protected)
     Gatekeeper(handle).run(NOW)
     [pin] = handle.of(PodPin)
     assert (pin.namespace, pin.name) == (NS, "virt-launcher-vm")
@@ -221,10 +233,30 @@ def _forged_older(given: dict[str, list[dict[str, Any]]]) -> None:
 
 
 def test_the_gate_pins_only_the_one_launcher_pod_of_a_vmi() -> None:
-    handle = _handle(BOUND, change=_forged_older)
+    def forged_and_protected(given: dict[str, list[dict[str, Any]]]) -> None:
+        _forged_older(given)
+        _protected(given)
+
+    handle = _handle(ATTACHED, change=forged_and_protected)
     Gatekeeper(handle).run(NOW)
     assert [p.name for p in handle.of(PodPin)] == ["forged"], "two pods pinned under one set"
     assert ("vm", keys.EventReason.SET_NOT_PLACED.value) in handle.events
+
+
+@pytest.mark.parametrize(
+    ("status", "protected"),
+    [(BOUND, True), ({**BOUND, "attachedTo": "vm"}, True), (ATTACHED, False)],
+    ids=["not attached", "attached, not yet confirmed", "not protected"],
+)
+def test_a_held_claim_not_attached_and_protected_keeps_its_vms_pod_gated(
+    status: dict[str, Any], protected: bool
+) -> None:
+    # The fault suite's slow API server: a VM ran while its claim had no claim-protection
+    # finalizer (the pin had gone out before the finalizer's write), so it could have been
+    # deleted from under the VM. The pin waits for both.
+    handle = _handle(status, change=_protected if protected else lambda _given: None)
+    Gatekeeper(handle).run(NOW)
+    assert handle.of(PodPin) == [], "pinned before its held claim was attached and protected"
 
 
 def test_the_gate_binds_a_pending_claim_of_a_starting_set_and_pins_only_once_it_is_written() -> (
@@ -239,6 +271,36 @@ def test_the_gate_binds_a_pending_claim_of_a_starting_set_and_pins_only_once_it_
     assert _conditions(call)["Bound"]["reason"] == "Bound"
     assert handle.snapshot.claim(KEY) == decided, "recorded in the snapshot when sent"
     assert handle.of(PodPin) == [], "pinned once the API confirms the bind"
+
+
+def _one_template(given: dict[str, list[dict[str, Any]]]) -> None:
+    """The VM asks one template claim and holds none."""
+    [vmi] = given[keys.VMI.kind]
+    entry = {"name": "gpu", "class": "h100", "count": 1}
+    vmi["metadata"]["annotations"][keys.ANNOTATION_CLAIMS] = json.dumps({"claimTemplates": [entry]})
+    given[keys.GPU_CLAIM.kind] = []
+
+
+def test_a_template_claim_refused_as_invalid_is_not_sent_again_but_said() -> None:
+    # A name the API server can never accept looped the leader: about 360 refused creates a
+    # second, each logged (issue 41). The same body gets the same 422.
+    handle = _handle(BOUND, change=_one_template)
+    gatekeeper = Gatekeeper(handle)
+    gatekeeper.run(NOW)
+    [create] = handle.of(TemplateClaimCreate)
+    handle.answer(create, Outcome.FAILED, "422 Unprocessable Entity", code=422)
+    for _turn in range(5):
+        gatekeeper.run(NOW)
+    assert handle.of(TemplateClaimCreate) == [create], "sent once, never again as it is"
+    assert handle.events == [("vm", "GPUSetNotPlaced")], "said once, on the VMI"
+    # A create that failed for another reason (the server away) is sent again.
+    other = _handle(BOUND, change=_one_template)
+    keeper = Gatekeeper(other)
+    keeper.run(NOW)
+    [first] = other.of(TemplateClaimCreate)
+    other.answer(first, Outcome.FAILED, "MaxRetryError")
+    keeper.run(NOW)
+    assert len(other.of(TemplateClaimCreate)) == 2
 
 
 def test_the_gate_touches_no_set_whose_claim_has_a_write_out() -> None:

@@ -479,3 +479,30 @@ def test_a_vmi_uses_claims_only_with_the_reference_label(annotation: str) -> Non
     for value in ("True", "yes", ""):
         other = {"metadata": {**vmi["metadata"], "labels": {keys.LABEL_CLAIMS_REF: value}}}
         assert not translate.vmi_state(other).uses_claims
+
+
+def _order(name: str, rv: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "t", "resourceVersion": str(rv)},
+        "spec": {"class": "h100", "count": 1},
+    }
+
+
+def test_a_listing_older_than_what_the_view_holds_deletes_none_of_the_newer() -> None:
+    # The fault suite's etcd restart: the new leader's own claim listing brought order
+    # o00173 (rv 619); the informer's listing, made at rv 618 before the order existed,
+    # arrived next and deleted it, and its tombstone then refused the watch's ADDED at 619:
+    # the order stayed unjudged for good.
+    view = _view()
+    kind = keys.GPU_CLAIM.kind
+    view.relist(kind, [_order("old", 600)], version=610)
+    view.relist(kind, [_order("old", 600), _order("o00173", 619)], version=619)
+    view.relist(kind, [_order("old", 600)], version=618)  # the informer's, made earlier
+    assert view.claim(ClaimKey("t", "o00173")) is not None, "a listing made before it"
+    view.apply(kind, _order("o00173", 619), deleted=False)  # the watch's ADDED
+    assert view.claim(ClaimKey("t", "o00173")) is not None
+    # A listing made after it that lacks it: it was deleted.
+    view.relist(kind, [_order("old", 600)], version=700)
+    assert view.claim(ClaimKey("t", "o00173")) is None
+    view.apply(kind, _order("o00173", 619), deleted=False)  # a late echo of its creation
+    assert view.claim(ClaimKey("t", "o00173")) is None
