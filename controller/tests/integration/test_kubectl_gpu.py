@@ -391,7 +391,15 @@ def test_explain_vm_shows_its_set_node_and_launcher_pod_gated_or_bound(
     env.kube.claim(env.tenant, "g", h100, 1)
     env.wait_phase("g", "Bound")
     env.gated_vmi("vm", '{"claims": ["g"]}', units=1)
-    wait_for(lambda: env.kube.pod_scheduled(env.tenant, "virt-launcher-vm"), 30, "pod bound")
+    # The VMI webhook's attachment (no webhook runs here): the gate pins the launcher pod once
+    # its held claim is attached to the VMI and protected.
+    env.kube.attach(env.tenant, "g", "vm")
+
+    def bound_to_node() -> str | None:
+        pod = env.kube.core.read_namespaced_pod("virt-launcher-vm", env.tenant)
+        return str(pod.spec.node_name) if pod.spec.node_name else None
+
+    wait_for(bound_to_node, 30, "pod bound")
     code, lines = run(full_control_plane, "explain", "vm", "vm", "-n", env.tenant,
                       "--as", tenant_user)  # fmt: skip
     assert code == 0
@@ -400,9 +408,9 @@ def test_explain_vm_shows_its_set_node_and_launcher_pod_gated_or_bound(
         "VMI:        Pending",
         f"Set node:   {n0}",
         "Claims:",
-        "  CLAIM   FROM   CLASS" + " " * (len(h100) - 2) + "COUNT   PHASE   NODE"
+        "  CLAIM   FROM   CLASS" + " " * (len(h100) - 2) + "COUNT   PHASE      NODE"
         + " " * (len(n0) - 1) + "ATTACHED TO",
-        f"  g       held   {h100}   1       Bound   {n0}   -",
+        f"  g       held   {h100}   1       Attached   {n0}   vm",
         f"  g Placed=True Pinned: launcher pod virt-launcher-vm pinned to node {n0}",
         f"Launcher:   virt-launcher-vm bound to node {n0}",
         "Events:",
