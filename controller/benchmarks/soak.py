@@ -42,7 +42,8 @@ def burning(burners: int) -> Iterator[None]:
     """``burners`` processes spinning on the CPU for the body of the ``with``."""
     stop = multiprocessing.Event()
     procs = [
-        multiprocessing.Process(target=_burn, args=(stop,), daemon=True) for _ in range(burners)
+        multiprocessing.Process(target=_burn, args=(stop,), daemon=True)
+        for _burner in range(burners)
     ]
     for proc in procs:
         proc.start()
