@@ -223,7 +223,7 @@ class Binder(Watcher):
             self.stats.loops += 1
             now = self.clock()
             self._flush()
-            if not self._listed_in_term:
+            if not self._listing_in():
                 continue  # the term's claim listing is not in yet: nothing is decided
             self.attachments.run(now)
             self.publisher.protect(now)
@@ -256,7 +256,6 @@ class Binder(Watcher):
         self._term += 1
         self._listed_in_term = False
         self._term_started = time.monotonic()
-        self.send(ClaimListing(self._term))
         self.publisher.took_over()
         log.info("binder leads: %s in its snapshot; listing the claims afresh", self.view.sizes())
 
@@ -447,10 +446,21 @@ class Binder(Watcher):
         self._unanswered[call.claim] = call
         self.send(ClaimRead(call.namespace, call.name))
 
+    def _listing_in(self) -> bool:
+        """Whether this term's claim listing is in the view; while it is not, one is out.
+        Asked on every leading turn, so a listing that failed (the server away, or sent in
+        an instant the Lease had lapsed, which the loop itself never saw) is sent again
+        rather than leaving the leader deciding nothing for good."""
+        if self._listed_in_term:
+            return True
+        if not self.writing(ClaimListing(self._term).key):
+            self.send(ClaimListing(self._term))
+        return False
+
     def _listed_afresh(self, call: ClaimListing, answer: Answer) -> None:
         """The term's claim listing is in the view (``ClaimListing.apply``): decide from now
-        on. A failed one is sent again while this replica leads (the writer paces it); one
-        of an earlier term is no listing for this one."""
+        on. A failed one is sent again by the next leading turn (``_listing_in``); one of an
+        earlier term is no listing for this one."""
         if call.term != self._term or self._listed_in_term:
             return
         if answer.ok:
@@ -461,9 +471,8 @@ class Binder(Watcher):
                 time.monotonic() - self._term_started,
                 self.view.sizes(),
             )
-        elif self._may_write():
+        else:
             log.warning("claim listing failed: %s; listing again", answer.error)
-            self.send(ClaimListing(call.term))
 
     def _read_again(self, call: ClaimRead, answer: Answer) -> None:
         decision = self._unanswered.get(call.claim)

@@ -13,7 +13,7 @@ from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Answer, Outcome
-from cozystack_gpu.binder.calls.claims import ClaimRead, Decision
+from cozystack_gpu.binder.calls.claims import ClaimListing, ClaimRead, Decision
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import ClaimKey
@@ -144,3 +144,23 @@ def test_a_bind_whose_answer_was_lost_and_that_did_not_land_is_judged_again_once
     assert binder.stats.binds == 0
     order = binder.snapshot.claim(call.claim)
     assert order is not None and order.phase is Phase.PENDING, "free to be judged again"
+
+
+def _listings(binder: Binder) -> list[ClaimListing]:
+    return [c for _p, _s, c in list(binder.writer._jobs.queue) if isinstance(c, ClaimListing)]
+
+
+def test_a_leader_whose_claim_listing_failed_lists_again_and_never_decides_before() -> None:
+    # The listing is refused unsent when the Lease lapses for an instant the loop never
+    # sees (the writer asks is_leader itself): the leader must not wait for it for good.
+    binder = Binder(_nowhere(), binder_config("ctl"))
+    binder._took_over()
+    assert not binder._listing_in(), "nothing is decided before the term's listing"
+    [first] = _listings(binder)
+    assert not binder._listing_in() and len(_listings(binder)) == 1, "one listing out at a time"
+    binder._answered(Answer(first, Outcome.FAILED, error="WriterStopped: no longer leads"))
+    assert not binder._listing_in()
+    assert len(_listings(binder)) == 2, "a failed listing is sent again"
+    again = _listings(binder)[1]
+    binder._answered(Answer(again, Outcome.WRITTEN, {"metadata": {"resourceVersion": "7"}}))
+    assert binder._listing_in()
