@@ -98,6 +98,7 @@ class Controller:
                     self.config,
                     is_leader=self.elector.is_leader,
                     informers=self.informers,
+                    term=self.elector.term,
                 )
                 self.binder.start()
 

@@ -414,6 +414,9 @@ FIELD_MANAGER_BINDER = "cozystack-gpu-binder"
 FIELD_MANAGER_AGENT = "cozystack-gpu-agent"
 FIELD_MANAGER_WEBHOOK = "cozystack-gpu-webhook"
 LEASE_NAME_BINDER = "cozystack-gpu-binder"
+# GPUClaim status field: the binder's fencing token on each of its claim status writes
+# ({holder, term, basedOn}); the claim-fence policy refuses one whose term is not the Lease's.
+CLAIM_STATUS_WRITER = "writer"
 
 # Condition types.
 CONDITION_BOUND = "Bound"  # on GPUClaim: why a claim waits, or where it went

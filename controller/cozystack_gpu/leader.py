@@ -12,6 +12,10 @@ A leader that cannot do its work must not keep the Lease: while it leads, the el
 once and campaign no more; the reason stays in ``failure`` for the health probe. The same
 happens when the election's own thread ends by an exception: a replica whose renewals
 stopped must not go on binding until its deadline, nor leave the Lease to expire.
+
+Each holding of the Lease is a term, named by its holder and ``leaseTransitions`` (counted up
+at every change of holder, a release and a takeover of one's own included): ``term()`` is the
+one this replica holds, the fencing token its writes carry (``Term``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,16 @@ class LeaseTiming:
                 "lease timing needs retry_period < renew_deadline < lease_duration, got "
                 f"{self.retry_period} / {self.renew_deadline} / {self.lease_duration}"
             )
+
+
+@dataclass(frozen=True)
+class Term:
+    """One holding of the Lease: who held it and the Lease's ``leaseTransitions`` then. No
+    two terms share both: a takeover counts the transitions up, even back to the holder of
+    an earlier term."""
+
+    holder: str
+    transitions: int
 
 
 def _without_retries(api: client.ApiClient) -> client.ApiClient:
@@ -96,6 +110,7 @@ class LeaderElector:
         self.rounds = 0  # rounds of acquire-or-renew tried, whatever their answer
         self._valid_until = 0.0
         self._leading = False
+        self._term: Term | None = None  # the holding of the Lease last acquired or renewed
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
         self._stop = threading.Event()
@@ -105,6 +120,11 @@ class LeaderElector:
 
     def is_leader(self) -> bool:
         return self._leading and self._clock() < self._valid_until
+
+    def term(self) -> Term | None:
+        """The term this replica holds or last held (None before it first led): a write
+        decided in it carries it even when sent as leading ends, and is refused then."""
+        return self._term
 
     def problem(self) -> str | None:
         """Why this elector no longer works although nobody stopped it (None while it does)."""
@@ -229,8 +249,9 @@ class LeaderElector:
             },
         }
         if spec.holder_identity != self.identity:
+            transitions += 1
             body["spec"]["acquireTime"] = _micro_time(now)
-            body["spec"]["leaseTransitions"] = transitions + 1
+            body["spec"]["leaseTransitions"] = transitions
         try:
             # A merge patch carrying resourceVersion is a compare-and-swap: of two
             # candidates taking over one expired lease, one gets 409.
@@ -241,7 +262,7 @@ class LeaderElector:
             if exc.status == 409:
                 return
             raise
-        self._renewed(started)
+        self._renewed(started, Term(self.identity, transitions))
 
     def _create(self, now: datetime.datetime, started: float) -> None:
         body = {
@@ -262,10 +283,11 @@ class LeaderElector:
             if exc.status == 409:
                 return
             raise
-        self._renewed(started)
+        self._renewed(started, Term(self.identity, 0))
 
-    def _renewed(self, started: float) -> None:
+    def _renewed(self, started: float, term: Term) -> None:
         # Counted from before the request was sent: the lease may have been written at once.
+        self._term = term
         self._valid_until = started + self.timing.renew_deadline
         self._set_leading(True)
 

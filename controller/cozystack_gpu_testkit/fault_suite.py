@@ -34,7 +34,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit import cluster, faults
+from cozystack_gpu_testkit import chart, cluster, faults
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.invariants import NOT_JUDGED, Invariants, Violation
 from cozystack_gpu_testkit.load import Load, LoadSettings, World, build_world
@@ -151,6 +151,8 @@ class Run:
             self.world: World = build_world(self.kube, name, nodes=nodes, gpus=gpus)
             self.namespace = f"ctl-{name}"
             self.kube.namespace(self.namespace)
+            # As the chart installs it: a late claim write of an overtaken leader is refused.
+            chart.install_claim_fence(self.api, self.namespace)
             port = int(self.plane.server.rsplit(":", 1)[1])
             for i in range(replicas):
                 identity = f"r{i + 1}"

@@ -63,12 +63,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.objects import MutableObj, launcher, translate
 from cozystack_gpu_testkit import cluster, kubevirt, tenants
+from cozystack_gpu_testkit.chart import install_policies
 from cozystack_gpu_testkit.fault_suite import Run, Service, WebhookSetup
 from cozystack_gpu_testkit.invariants import Invariants, Violation, required_pins
 from cozystack_gpu_testkit.objects import NODE_BASE_RESOURCES, Kube, wait_for
@@ -192,15 +192,6 @@ class Admission:
 
     webhooks: WebhookSetup
     render: Callable[[str, str, Mapping[str, Any]], list[MutableObj]]
-
-
-def install_policies(api: Any, objects: Sequence[MutableObj]) -> None:
-    admission = client.AdmissionregistrationV1Api(api)
-    for obj in objects:
-        if obj["kind"] == "ValidatingAdmissionPolicy":
-            admission.create_validating_admission_policy(obj)
-        elif obj["kind"] == "ValidatingAdmissionPolicyBinding":
-            admission.create_validating_admission_policy_binding(obj)
 
 
 def grant(run: Run, admission: Admission, namespaces: Sequence[str]) -> None:

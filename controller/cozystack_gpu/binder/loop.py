@@ -47,6 +47,7 @@ from cozystack_gpu.cluster.informer import (
 )
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
+from cozystack_gpu.leader import Term
 from cozystack_gpu.model import (
     Action,
     ClaimInfo,
@@ -107,6 +108,7 @@ class Binder(Watcher):
         clock: Callable[[], float] = time.time,
         is_leader: Callable[[], bool] = lambda: True,
         informers: SharedInformers | None = None,
+        term: Callable[[], Term | None] = lambda: None,
     ) -> None:
         metrics.start_at_zero(
             steps=[*(str(s) for s in Step if s is not Step.WAIT), *ATTACHMENT_STEPS],
@@ -136,6 +138,7 @@ class Binder(Watcher):
             config.write_workers,
             may_send=is_leader,
             write_deadline_s=config.lease_duration - config.renew_deadline,
+            term=term,
         )
         # The reporting instance of its Events: this replica, by its hostname (the pod's
         # name in a cluster, as the Lease identity defaults to).

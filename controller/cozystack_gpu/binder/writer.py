@@ -33,6 +33,7 @@ from cozystack_gpu.binder.calls.base import (
     WriterStopped,
     describe,
 )
+from cozystack_gpu.leader import Term
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +60,13 @@ class Writer:
         workers: int,
         may_send: Callable[[], bool] = lambda: True,
         write_deadline_s: float | None = None,
+        term: Callable[[], Term | None] = lambda: None,
     ) -> None:
         # Every write carries the deadline for the API server (``DeadlineApiClient``): none
-        # of this leader's writes lands after another leader may start.
-        self.clients = Clients.of(api, write_deadline_s)
+        # of this leader's writes lands after another leader may start, once it reached the
+        # server; a claim status write carries the leader's term besides (``claims.fenced``),
+        # for one the network held until after that.
+        self.clients = Clients.of(api, write_deadline_s, term)
         self._results = results
         # Asked before every request: a replica whose leadership ended sends nothing it had
         # queued, even before the binder is stopped (that waits for the elector's thread).

@@ -21,7 +21,6 @@ import datetime
 import json
 import socket
 import ssl
-import subprocess
 import time
 import urllib.request
 import uuid
@@ -30,55 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.chart import helm_template
+from cozystack_gpu_testkit.chart import install_policies as install_policies  # for the tests
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.objects import Kube, wait_for
 from cozystack_gpu_testkit.pki import CertificateAuthority
 from cozystack_gpu_testkit.ports import free_port
-
-CHART = cluster.REPO_ROOT / "controller" / "chart"
-KUBE_VERSION = "1.37.2"
-
-
-def helm_template(
-    template: str,
-    namespace: str,
-    values: Mapping[str, Any] | None = None,
-    api_versions: Iterable[str] = (),
-) -> list[dict[str, Any]]:
-    """The objects one chart template renders to; ``api_versions`` are what the API server
-    serves beyond helm's defaults (``helm install`` asks the server itself)."""
-    result = subprocess.run(
-        [
-            str(cluster.binary_dir() / "helm"),
-            "template",
-            "cozystack-gpu",
-            str(CHART),
-            "--namespace",
-            namespace,
-            "--kube-version",
-            KUBE_VERSION,
-            "--show-only",
-            f"templates/{template}",
-            *(f"--api-versions={v}" for v in api_versions),
-            "--values",
-            "-",
-        ],
-        input=yaml.safe_dump(dict(values or {})),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    if result.returncode != 0:
-        raise AssertionError(f"helm template {template} failed:\n{result.stderr}")
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
 
 METRICS_READER = "cozystack-gpu-metrics-reader"
 
@@ -309,16 +270,6 @@ def suffixed(objects: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]
         if obj["kind"] == "ValidatingAdmissionPolicyBinding":
             obj["spec"]["policyName"] += f"-{suffix}"
     return objects
-
-
-def install_policies(api: Any, objects: list[dict[str, Any]]) -> None:
-    """The chart's ValidatingAdmissionPolicies and their bindings, created."""
-    admission = client.AdmissionregistrationV1Api(api)
-    for obj in objects:
-        if obj["kind"] == "ValidatingAdmissionPolicy":
-            admission.create_validating_admission_policy(obj)
-        else:
-            admission.create_validating_admission_policy_binding(obj)
 
 
 def remove_policies(api: Any, objects: list[dict[str, Any]]) -> None:

@@ -51,7 +51,6 @@ from typing import Any
 import pytest
 import yaml
 from admission_env import (
-    CHART,
     MetricsReader,
     configurations,
     helm_template,
@@ -67,6 +66,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu_testkit import cluster, dashboard_picture, sysfs_tree, tenants
+from cozystack_gpu_testkit.chart import CHART
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices

@@ -9,6 +9,11 @@ the old leader's binds had left no budget for; and a write the old leader sent w
 was away waited inside kube-apiserver and landed seconds later, after the takeover.
 ResourceVersions guard only the claim a write names, not the units a tenant or a node has
 left. Both are scripted here, on the real API server, at the moment that matters.
+
+A third, found by the fault suite at full size (a partition, "26 units counted against a
+limit of 24"): a write the network held reached the API server when the partition healed,
+after the takeover; no deadline a write carries counts the time before it arrives. The
+chart's claim-fence policy refuses it by the term it carries (``claims.fenced``).
 """
 
 from __future__ import annotations
@@ -21,15 +26,21 @@ from typing import Any
 
 import pytest
 from binder_env import Corner
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Answer, Outcome
 from cozystack_gpu.binder.calls.claims import Decision
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu.binder.writer import Writer
 from cozystack_gpu.cluster.informer import Event, EventType
+from cozystack_gpu.leader import Term
 from cozystack_gpu.model import ClaimKey
 from cozystack_gpu_testkit import cluster, faults
+from cozystack_gpu_testkit.chart import helm_template, install_policies
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
+from cozystack_gpu_testkit.proxy import Proxy
 
 pytestmark = pytest.mark.apiserver
 
@@ -151,3 +162,112 @@ def test_a_leaders_write_held_by_a_missing_etcd_never_lands_after_its_lease(
         )
     finally:
         binder.writer.stop()
+
+
+def _lease(kube: Kube, namespace: str, holder: str, transitions: int) -> None:
+    """The binder's Lease as an election leaves it: ``holder`` leads in that term."""
+    coordination = client.CoordinationV1Api(kube.api)
+    body = {
+        "metadata": {"name": keys.LEASE_NAME_BINDER, "namespace": namespace},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": 3,
+            "renewTime": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "leaseTransitions": transitions,
+        },
+    }
+    try:
+        coordination.create_namespaced_lease(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        coordination.patch_namespaced_lease(keys.LEASE_NAME_BINDER, namespace, body)
+
+
+def _bind(claim: dict[str, Any], node: str) -> dict[str, Any]:
+    return {
+        "metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
+        "status": {"phase": "Bound", "nodeName": node, "boundAt": _stamp()},
+    }
+
+
+def test_a_leaders_write_the_network_held_past_a_takeover_is_refused_by_its_term(
+    own_plane: cluster.ControlPlane,
+) -> None:
+    api = own_plane.api_client()
+    kube = Kube(api)
+    namespace = "ctl-fence"
+    kube.namespace(namespace)
+    kube.namespace("fenced")
+    _lease(kube, namespace, "r1", 4)
+    fence = helm_template("claim-fence-policy.yaml", namespace)
+    install_policies(api, fence)
+    port = int(own_plane.server.rsplit(":", 1)[1])
+    answers: queue.Queue[Any] = queue.Queue()
+    with Proxy(("127.0.0.1", port)) as proxy:
+        via_proxy = own_plane.api_client()
+        via_proxy.configuration.host = f"https://{proxy.address}"
+        writer = Writer(via_proxy, answers, 1, term=lambda: Term("r1", 4))
+        writer.start()
+        try:
+            # The leader's write in its own term lands, carrying its term.
+            first = kube.claim("fenced", "first", "h100", 1)
+            writer.send(Decision("fenced", "first", _bind(first, "n1"), "Bind"))
+            assert answers.get(timeout=30).ok
+            status = kube.get_claim("fenced", "first")["status"]
+            assert status["writer"] == {
+                "holder": "r1",
+                "term": 4,
+                "basedOn": status["writer"]["basedOn"],
+            }
+
+            # The partition: the leader's next bind is held in the network; meanwhile r2
+            # takes the Lease over (term 5).
+            late = kube.claim("fenced", "late", "h100", 1)
+            proxy.cut()
+            writer.send(Decision("fenced", "late", _bind(late, "n2"), "Bind"))
+            time.sleep(0.5)
+            _lease(kube, namespace, "r2", 5)
+            kube.claim("fenced", "probe", "h100", 1)
+
+            def fenced_now() -> bool:
+                try:
+                    kube.custom.patch_namespaced_custom_object_status(
+                        keys.GROUP, keys.VERSION, "fenced", keys.PLURAL_CLAIMS, "probe",
+                        {"status": {"writer": {"holder": "r1", "term": 4, "basedOn": _stamp()}}},
+                    )  # fmt: skip
+                except ApiException as exc:
+                    return exc.status == 403
+                return False
+
+            wait_for(fenced_now, 30, "the API server enforcing term 5 of the Lease")
+            proxy.heal()  # the held bind arrives now, after the takeover
+            answer = answers.get(timeout=60)
+            assert isinstance(answer, Answer) and answer.outcome is Outcome.FAILED, answer
+            assert answer.code == 403, answer
+            status = kube.get_claim("fenced", "late").get("status") or {}
+            assert status.get("phase") != "Bound", (
+                f"the overtaken leader's late bind landed after the takeover: {status}"
+            )
+            # A write that leaves the token alone (the VMI webhook's attachment) passes.
+            kube.custom.patch_namespaced_custom_object_status(
+                keys.GROUP, keys.VERSION, "fenced", keys.PLURAL_CLAIMS, "first",
+                [{"op": "add", "path": "/status/attachedTo", "value": "vm"}],
+                _content_type="application/json-patch+json",
+            )  # fmt: skip
+            # And the new leader's own writes land.
+            writer.stop()
+            writer = Writer(api, answers, 1, term=lambda: Term("r2", 5))
+            writer.start()
+            late = kube.get_claim("fenced", "late")
+            writer.send(Decision("fenced", "late", _bind(late, "n2"), "Bind"))
+            assert answers.get(timeout=30).ok
+            assert kube.get_claim("fenced", "late")["status"]["phase"] == "Bound"
+        finally:
+            writer.stop()
+            admission = client.AdmissionregistrationV1Api(api)
+            for obj in fence:
+                if obj["kind"] == "ValidatingAdmissionPolicy":
+                    admission.delete_validating_admission_policy(obj["metadata"]["name"])
+                else:
+                    admission.delete_validating_admission_policy_binding(obj["metadata"]["name"])

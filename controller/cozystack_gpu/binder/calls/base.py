@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.informer import WRITE_TIMEOUT_S
 from cozystack_gpu.cluster.view import ClusterView
+from cozystack_gpu.leader import Term
 from cozystack_gpu.objects import MutableObj
 
 log = logging.getLogger(__name__)
@@ -88,17 +89,27 @@ class Clients:
     costs a new process 0.4 s of CPU, which its first bind, a claim status write, need not
     wait for (``cluster.list_calls``)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(
+        self, api: client.ApiClient, term: Callable[[], Term | None] = lambda: None
+    ) -> None:
         self.api = api
         self.custom = client.CustomObjectsApi(api)
+        # The term this replica leads in, asked as each claim status write is sent: the
+        # fencing token the write carries (``claims.fenced``); None stamps nothing.
+        self.term = term
 
     @classmethod
-    def of(cls, api: client.ApiClient, write_deadline_s: float | None = None) -> Clients:
+    def of(
+        cls,
+        api: client.ApiClient,
+        write_deadline_s: float | None = None,
+        term: Callable[[], Term | None] = lambda: None,
+    ) -> Clients:
         """Clients over ``api``; with ``write_deadline_s``, every write carries that deadline
         for the API server (``DeadlineApiClient``)."""
         if write_deadline_s is None:
-            return cls(api)
-        return cls(DeadlineApiClient(api, write_deadline_s))
+            return cls(api, term)
+        return cls(DeadlineApiClient(api, write_deadline_s), term)
 
     @cached_property
     def core(self) -> client.CoreV1Api:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from abc import abstractmethod
@@ -28,10 +29,37 @@ from cozystack_gpu.binder.calls.base import (
 )
 from cozystack_gpu.cluster.informer import LIST_TIMEOUT_S, slim
 from cozystack_gpu.cluster.view import ClusterView
+from cozystack_gpu.leader import Term
 from cozystack_gpu.model import ClaimKey
 from cozystack_gpu.objects import MutableObj
 
 log = logging.getLogger(__name__)
+
+
+_unversioned = itertools.count(1)
+
+
+def fenced(body: MutableObj, term: Term | None) -> MutableObj:
+    """``body`` carrying this leader's fencing token in ``status.writer``: its term of the
+    Lease, and the claim version the body was built on.
+
+    A write can reach the API server long after it was sent: a partition holds it in the
+    network, and no deadline the write carries counts that time. The claim-fence policy
+    (chart ``claim-fence-policy.yaml``) refuses a write whose token is new on the claim and
+    names a term that is not the Lease's: the late write of a leader that has been
+    overtaken. ``basedOn`` makes every token new (a write is built on the claim's current
+    version, the token on the claim came from an earlier one), so a write of an old term
+    never passes as one that left the token alone, as the VMI webhook's attachments do."""
+    if term is None:
+        return body
+    based_on = str((body.get("metadata") or {}).get("resourceVersion") or "")
+    token = {
+        "holder": term.holder,
+        "term": term.transitions,
+        "basedOn": based_on or f"unversioned-{next(_unversioned)}",
+    }
+    status = {**(body.get("status") or {}), keys.CLAIM_STATUS_WRITER: token}
+    return {**body, "status": status}
 
 
 @dataclass(frozen=True)
@@ -58,7 +86,7 @@ class _ClaimStatus(Call):
         response = api.custom.patch_namespaced_custom_object_status(
             *claims_of(self.namespace),
             self.name,
-            self.body,
+            fenced(self.body, api.term()),
             _preload_content=False,
             _request_timeout=base.REQUEST_TIMEOUT_S,
         )
@@ -91,7 +119,7 @@ class _ClaimStatus(Call):
         except Exception as again:  # the server is away: the watch brings the claim later
             log.debug("claim %s not read again: %s", self.path, again)
             fresh = None
-        return Answer(self, outcome, fresh, error)
+        return Answer(self, outcome, fresh, error, code=status_of(exc))
 
 
 @dataclass(frozen=True)

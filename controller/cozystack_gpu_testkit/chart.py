@@ -1,0 +1,70 @@
+"""The chart's own templates, rendered by ``helm template`` as ``helm install`` would: tests
+and the fault suite install the chart's objects themselves, not copies of them."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from cozystack_gpu_testkit import cluster
+
+CHART = cluster.REPO_ROOT / "controller" / "chart"
+KUBE_VERSION = "1.37.2"
+
+
+def helm_template(
+    template: str,
+    namespace: str,
+    values: Mapping[str, Any] | None = None,
+    api_versions: Iterable[str] = (),
+) -> list[dict[str, Any]]:
+    """The objects one chart template renders to; ``api_versions`` are what the API server
+    serves beyond helm's defaults (``helm install`` asks the server itself)."""
+    result = subprocess.run(
+        [
+            str(cluster.binary_dir() / "helm"),
+            "template",
+            "cozystack-gpu",
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            KUBE_VERSION,
+            "--show-only",
+            f"templates/{template}",
+            *(f"--api-versions={v}" for v in api_versions),
+            "--values",
+            "-",
+        ],
+        input=yaml.safe_dump(dict(values or {})),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"helm template {template} failed:\n{result.stderr}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def install_policies(api: Any, objects: Iterable[Mapping[str, Any]]) -> None:
+    """The chart's ValidatingAdmissionPolicies and their bindings, created."""
+    admission = client.AdmissionregistrationV1Api(api)
+    for obj in objects:
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            admission.create_validating_admission_policy(obj)
+        elif obj["kind"] == "ValidatingAdmissionPolicyBinding":
+            admission.create_validating_admission_policy_binding(obj)
+        else:
+            raise ValueError(f"not a policy object: {obj['kind']}")
+
+
+def install_claim_fence(api: Any, namespace: str) -> None:
+    """The claim-fence policy of a chart installed in ``namespace`` (whose binder Lease is
+    its parameter): a binder's claim status write of a term that is not the Lease's is
+    refused."""
+    install_policies(api, helm_template("claim-fence-policy.yaml", namespace))
