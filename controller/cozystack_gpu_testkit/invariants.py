@@ -235,6 +235,9 @@ class Invariants:
         # node: when it last lost a unit, and when it got it back (epoch; None: not yet)
         self._capacity_lost: dict[str, tuple[float, float | None]] = {}
         self.moves = 0  # claims seen on another node by a decision (packing, rebinds)
+        # launcher pods pinned to a node their finished VMI's claims have since left: the
+        # claims were detached at the VMI's end and may move (SPEC §5); not a violation
+        self.pins_left_after_the_end: set[str] = set()
         self._history: dict[str, _Seen] = {}
         self._lock = threading.Lock()
 
@@ -656,7 +659,15 @@ class Invariants:
                 and (claims[(namespace, n)].get("status") or {}).get("phase") in HOLDING
             }
             if held and held != {pin}:
-                detail = f"pinned to {pin}, its claims held on {', '.join(sorted(held))}"
+                if vmi_state(vmi).final:
+                    # The VMI ended: its claims went back to Bound and may move, while the
+                    # pod of the ended VMI still stands until it is deleted.
+                    self.pins_left_after_the_end.add(subject)
+                    continue
+                phase = vmi_state(vmi).phase
+                detail = (
+                    f"pinned to {pin}, its claims held on {', '.join(sorted(held))} (VMI {phase})"
+                )
                 yield Violation(UNPINNED, subject, detail)
 
     # --- rules of a settled cluster ------------------------------------------------------

@@ -238,3 +238,19 @@ def test_an_attached_claim_moves_only_before_its_vmi_was_placed_on_its_node() ->
     back = copy.deepcopy(elsewhere)
     back["status"]["nodeName"] = NODE
     assert ATTACHED_MOVED in look(back, [bound])
+
+
+def test_an_ended_vmis_pod_may_stay_pinned_where_its_claims_have_left() -> None:
+    """At a VMI's end its claims go back to Bound and may move (packing, SPEC §5) while its
+    launcher pod still stands until it is deleted: its old pin is no broken pin. A pod
+    whose pin is missing is still flagged, ended or not."""
+    ended = vmi(claims=["held"])
+    ended["status"]["phase"] = "Succeeded"
+    moved = claim("held", phase="Bound", attached=None)
+    moved["status"]["nodeName"] = "n2"
+    checker = Invariants(client.ApiClient())
+    found = {(v.rule, v.subject) for v in checker.check(state([ended], [moved], pods=[pod(ended)]))}
+    assert (UNPINNED, f"{NS}/virt-launcher-vm") not in found
+    assert checker.pins_left_after_the_end == {f"{NS}/virt-launcher-vm"}
+    unpinned = rules(state([ended], [moved], pods=[pod(ended, pin=None)]))
+    assert (UNPINNED, f"{NS}/virt-launcher-vm") in unpinned
