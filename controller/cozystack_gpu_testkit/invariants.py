@@ -61,7 +61,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import records
+from cozystack_gpu.binder.rules import records
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, list_function, source
 from cozystack_gpu.objects import MutableObj, annotation
 from cozystack_gpu.objects.launcher import PodRole, launcher_usage, pod_role, raw_usage

@@ -27,15 +27,16 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys, metrics
-from cozystack_gpu.binder import claim_status
-from cozystack_gpu.binder.attachments import ATTACHMENT_STEPS, Attachments
 from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
 from cozystack_gpu.binder.calls.claims import ClaimListing, ClaimRead, Decision
 from cozystack_gpu.binder.calls.reports import EventWrite
-from cozystack_gpu.binder.events import EventBook
-from cozystack_gpu.binder.gatekeeper import Gatekeeper
-from cozystack_gpu.binder.publisher import Publisher
-from cozystack_gpu.binder.waiting_notes import WaitingNotes
+from cozystack_gpu.binder.parts.attachments import ATTACHMENT_STEPS, Attachments
+from cozystack_gpu.binder.parts.gatekeeper import Gatekeeper
+from cozystack_gpu.binder.parts.publisher import Publisher
+from cozystack_gpu.binder.parts.rejections import Rejections
+from cozystack_gpu.binder.parts.waiting_notes import WaitingNotes
+from cozystack_gpu.binder.rules import claim_status
+from cozystack_gpu.binder.rules.events import EventBook
 from cozystack_gpu.binder.writer import Writer
 from cozystack_gpu.cluster.informer import (
     Event,
@@ -151,7 +152,8 @@ class Binder(Watcher):
         self._unanswered: dict[ClaimKey, Decision] = {}
 
         self.snapshot = Snapshot()
-        self.gatekeeper = Gatekeeper(self)
+        self.rejections = Rejections(self, placed_over=lambda key: self.gatekeeper.placed_over(key))
+        self.gatekeeper = Gatekeeper(self, refused_nodes=self.rejections.refused_nodes)
         self.publisher = Publisher(self)
         self.attachments = Attachments(self)
         self.waiting = WaitingNotes(self)
@@ -231,7 +233,7 @@ class Binder(Watcher):
             self.attachments.run(now)
             self.publisher.protect(now)
             self.gatekeeper.run(now)
-            self.gatekeeper.refusals(now)
+            self.rejections.run(now)
             self._decide(now)
             self.attachments.release_stuck_vmis()
             self.publisher.publish(now)
@@ -281,7 +283,7 @@ class Binder(Watcher):
         for key in dirty.claims & self._unanswered.keys():
             self._confirm(self._unanswered[key], self.view.claim(key))
         self.publisher.changed(dirty.claims, dirty.nodes)
-        self.gatekeeper.nodes_changed(dirty.nodes)
+        self.rejections.nodes_changed(dirty.nodes)
         for key in dirty.claims:
             if self.view.claim(key) is None:
                 self.waiting.forget(key)
@@ -359,7 +361,7 @@ class Binder(Watcher):
             del self._vacating[node]
         return bool(moving)
 
-    # --- what the parts are handed (binder.part.PartHandle) ------------------------------
+    # --- what the parts are handed (binder.parts.handle.PartHandle) ------------------------------
 
     def in_flight(self, keys: Iterable[ClaimKey]) -> bool:
         """Whether a placement write about any of these claims is still out: no decision

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
 from cozystack_gpu.cli import text
 from cozystack_gpu.cli.explain_claim import condition_of, phase_of
-from cozystack_gpu.objects import Obj, vmi_pods
+from cozystack_gpu.objects import Obj, annotation, vmi_pods
 from cozystack_gpu.objects.translate import meta, name_of
 
 Report = dict[str, Any]
@@ -48,11 +47,11 @@ def claim_names(vm: Obj | None, vmi: Obj | None, name: str) -> list[tuple[str, s
         source = {"metadata": {"name": name, **(template.get("metadata") or {})}}
     if source is None:
         return []
-    ref = gate.claims_ref_of({"metadata": {**meta(source), "name": name}})
+    ref = annotation.claims_ref_of({"metadata": {**meta(source), "name": name}})
     if ref is None:
         return []
     out = [(c, "held") for c in ref.claims]
-    out += [(c, "template") for c in gate.template_claim_names(name, ref)]
+    out += [(c, "template") for c in annotation.template_claim_names(name, ref)]
     return out
 
 

@@ -16,7 +16,7 @@ back after its DELETED event.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -410,6 +410,16 @@ class ClusterView:
 
     def gpunodes(self) -> Iterable[MutableObj]:
         return self.raw[keys.GPU_NODE.kind].values()
+
+    def nodes(self) -> Iterable[MutableObj]:
+        return self.raw[keys.NODE.kind].values()
+
+    def node_names(self) -> set[str]:
+        return {name for _cluster_scope, name in self.raw[keys.NODE.kind]}
+
+    def usage_records(self) -> Mapping[Key, MutableObj]:
+        """The Workloads (usage records) by (namespace, name); none when not watched."""
+        return self.raw.get(keys.WORKLOAD.kind, {})
 
     @property
     def gpu_names(self) -> frozenset[str]:

@@ -209,3 +209,20 @@ def encode(request: ClaimsRequest) -> str:
             {"name": t.name, "class": t.gpu_class, "count": t.count} for t in request.templates
         ]
     return json.dumps(value, separators=(",", ":"))
+
+
+def claims_ref_of(obj: Mapping[str, Any]) -> ClaimsRequest | None:
+    """An object's (a VMI's) claims annotation, or None when it has none or it cannot be
+    read (the VMI webhook refuses a malformed one, so a stored VMI has a valid one)."""
+    return request_of((obj.get("metadata") or {}).get("annotations"))
+
+
+def claims_ref_problem(obj: Mapping[str, Any]) -> str | None:
+    """Why an object's claims annotation cannot be read, or None (it can, or there is none).
+    The VMI webhook refuses such a VMI; one stored without it must not start unchecked."""
+    return problem_of((obj.get("metadata") or {}).get("annotations"))
+
+
+def template_claim_names(vmi_name: str, ref: ClaimsRequest) -> tuple[str, ...]:
+    """The names of the claims made from the claim templates ``ref`` names for a VMI."""
+    return tuple(keys.template_claim_name(vmi_name, t.name) for t in ref.templates)

@@ -25,7 +25,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
+from cozystack_gpu.binder.rules import gate
 from cozystack_gpu.objects.annotation import TemplateEntry
 from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.cluster import ControlPlane

@@ -32,7 +32,7 @@ from admission_env import (
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
+from cozystack_gpu.binder.rules import gate
 from cozystack_gpu.licensing import rules as licence_rules
 from cozystack_gpu.model.budgets import vgpu_not_entitled
 from cozystack_gpu.objects.annotation import EXPECTED_FORMAT, TemplateEntry

@@ -15,7 +15,7 @@ from binder_env import Env
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Answer
 from cozystack_gpu.binder.calls.reports import EventWrite
-from cozystack_gpu.binder.events import EventBook
+from cozystack_gpu.binder.rules.events import EventBook
 from cozystack_gpu.binder.writer import Writer
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, wait_for

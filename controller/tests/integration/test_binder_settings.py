@@ -15,7 +15,7 @@ from binder_env import Env
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import publisher
+from cozystack_gpu.binder.parts import publisher
 from cozystack_gpu_testkit.objects import wait_for
 
 pytestmark = pytest.mark.apiserver

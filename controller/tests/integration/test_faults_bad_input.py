@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import publisher
+from cozystack_gpu.binder.parts import publisher
 from cozystack_gpu_testkit.invariants import Invariants, Scope
 from cozystack_gpu_testkit.objects import wait_for
 

@@ -18,7 +18,6 @@ from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import DeviceSet, PodDevices
 from cozystack_gpu.agent.report import Shape, build_report, id_shape
-from cozystack_gpu.binder import gate
 from cozystack_gpu.objects import annotation, translate
 from cozystack_gpu_testkit import sysfs_tree
 
@@ -60,14 +59,14 @@ def test_any_claims_annotation_is_read_or_refused_with_the_format(raw: str) -> N
         assert keys.ANNOTATION_CLAIMS in message and annotation.EXPECTED_FORMAT in message
         # The gate tells the same, unless the value is empty: that is no annotation (as
         # for the claims-label policy).
-        assert gate.claims_ref_problem(vmi) == (message if raw else None)
-        assert gate.claims_ref_of(vmi) is None
+        assert annotation.claims_ref_problem(vmi) == (message if raw else None)
+        assert annotation.claims_ref_of(vmi) is None
     else:
         assert request.claims or request.templates, "an annotation that asks for nothing"
         assert all(t.count >= 1 for t in request.templates)
         assert annotation.parse(annotation.encode(request)) == request
-        assert gate.claims_ref_problem(vmi) is None
-        names_ = gate.template_claim_names("vm", request)
+        assert annotation.claims_ref_problem(vmi) is None
+        names_ = annotation.template_claim_names("vm", request)
         assert all(keys.is_dns_label(n) or len(n) <= 63 for n in names_)
     # The binder's lenient reader names claims or nothing, whatever the text.
     held = translate.claims_annotation({keys.ANNOTATION_CLAIMS: raw})

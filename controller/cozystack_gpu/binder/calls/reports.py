@@ -23,7 +23,7 @@ from cozystack_gpu.binder.calls.base import (
     discard,
     take_into,
 )
-from cozystack_gpu.binder.events import EventBook, Told
+from cozystack_gpu.binder.rules.events import EventBook, Told
 from cozystack_gpu.cluster.view import ClusterView, Key
 from cozystack_gpu.objects import MutableObj
 

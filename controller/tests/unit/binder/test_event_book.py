@@ -6,7 +6,7 @@ the queue ride on that write instead of adding one."""
 from __future__ import annotations
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.events import EventBook
+from cozystack_gpu.binder.rules.events import EventBook
 
 NOW = 1_780_000_000.0
 CLAIM = {"metadata": {"name": "c", "namespace": "t", "uid": "u1"}}

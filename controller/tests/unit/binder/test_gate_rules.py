@@ -9,26 +9,26 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
+from cozystack_gpu.binder.rules import gate
 from cozystack_gpu.model import VolumeAffinity
-from cozystack_gpu.objects import vmi_pods, volumes
+from cozystack_gpu.objects import annotation, vmi_pods, volumes
 from cozystack_gpu.objects.annotation import TemplateEntry
 
 
 def test_the_gate_reads_held_claims_and_templates_and_ignores_a_malformed_annotation() -> None:
     value = {"claims": ["a", "b"], "claimTemplates": [{"name": "x", "class": "h100", "count": 2}]}
     vmi = {"metadata": {"name": "vm", "annotations": {keys.ANNOTATION_CLAIMS: json.dumps(value)}}}
-    ref = gate.claims_ref_of(vmi)
+    ref = annotation.claims_ref_of(vmi)
     assert ref is not None and ref.claims == ("a", "b")
-    assert gate.template_claim_names("vm", ref) == ("vm-x",)
+    assert annotation.template_claim_names("vm", ref) == ("vm-x",)
     body = gate.template_claim(
         {**vmi, "metadata": {**vmi["metadata"], "namespace": "t"}}, ref.templates[0]
     )
     assert body["spec"] == {"class": "h100", "count": 2}
     assert body["metadata"]["labels"] == {keys.LABEL_TEMPLATE_CLAIM: "true"}
     broken = {"metadata": {"annotations": {keys.ANNOTATION_CLAIMS: '{"claim": ["a"]}'}}}
-    assert gate.claims_ref_of(broken) is None
-    assert gate.claims_ref_of({"metadata": {}}) is None
+    assert annotation.claims_ref_of(broken) is None
+    assert annotation.claims_ref_of({"metadata": {}}) is None
 
 
 def _pod(**spec: Any) -> dict[str, Any]:

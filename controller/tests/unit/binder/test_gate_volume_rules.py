@@ -11,8 +11,8 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import gate
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu.binder.rules import gate
 from cozystack_gpu.cluster.informer import Event, EventType
 from cozystack_gpu_testkit.objects import binder_config, wait_for
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import (
-    attachment_rules,
+from cozystack_gpu.binder.rules import attachment as attachment_rules
+from cozystack_gpu.binder.rules import (
     claim_status,
     class_status,
     gate,

@@ -1,5 +1,5 @@
 """The binder's parts (the gate, the reports) against a fake handle and a recording writer:
-what each decides and writes, with no API server and no binder loop (binder/part.py)."""
+what each decides and writes, with no API server and no binder loop (binder/parts/handle.py)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import records
-from cozystack_gpu.binder.attachments import Attachments
 from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
 from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
 from cozystack_gpu.binder.calls.reports import ClassStatus, RecordCreate, RecordStatus, Settings
 from cozystack_gpu.binder.calls.start_path import PodPin, TemplateClaimCreate, VmiDelete
-from cozystack_gpu.binder.gatekeeper import Gatekeeper
-from cozystack_gpu.binder.publisher import SETTINGS_REFRESH_S, Publisher
-from cozystack_gpu.binder.waiting_notes import WaitingNotes
+from cozystack_gpu.binder.parts.attachments import Attachments
+from cozystack_gpu.binder.parts.gatekeeper import Gatekeeper
+from cozystack_gpu.binder.parts.publisher import SETTINGS_REFRESH_S, Publisher
+from cozystack_gpu.binder.parts.waiting_notes import WaitingNotes
+from cozystack_gpu.binder.rules import records
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
@@ -31,7 +31,7 @@ NS, RES, NOW = "tenant-a", "nvidia.com/X", 1_800_000_000.0
 
 @dataclass
 class FakeHandle:
-    """What the binder hands its parts (binder.part.PartHandle), over a real view and
+    """What the binder hands its parts (binder.parts.handle.PartHandle), over a real view and
     snapshot built from hand-made objects: every call a part sends is recorded, none is
     sent, and each stays out until the test answers it (``answer``)."""
 

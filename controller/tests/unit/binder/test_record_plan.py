@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import records
+from cozystack_gpu.binder.rules import records
 
 NS = "tenant-a"
 

@@ -39,7 +39,7 @@ from cozystack_gpu.binder.calls.start_path import (
     TemplateClaimCreate,
     VmiDelete,
 )
-from cozystack_gpu.binder.events import EventBook
+from cozystack_gpu.binder.rules.events import EventBook
 from cozystack_gpu.binder.writer import Writer
 
 TIMEOUT_S = (0.5, 0.5)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from cozystack_gpu import metrics
-from cozystack_gpu.binder import claim_status
 from cozystack_gpu.binder.calls.base import Answer
 from cozystack_gpu.binder.calls.claims import ClaimNote, Note
-from cozystack_gpu.binder.part import BinderPart, PartHandle
+from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle
+from cozystack_gpu.binder.rules import claim_status
 from cozystack_gpu.model import Action, ClaimKey
 
 # "Why it waits" condition writes a second, at most; a few refusals are told at once (the

@@ -12,23 +12,21 @@ tested against a fake handle that records the calls (tests/unit/binder/test_part
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Call, CallKey
 from cozystack_gpu.binder.calls.claims import Decision
+from cozystack_gpu.binder.rules import gate
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import ClaimInfo, ClaimKey, Snapshot
-from cozystack_gpu.objects import MutableObj
+from cozystack_gpu.objects import MutableObj, translate, vmi_pods
 from cozystack_gpu.objects.translate import VMIState
 
 
 class ViewReader(Protocol):
     """The cluster view as a part may use it: reads only."""
-
-    @property
-    def raw(self) -> Mapping[str, Mapping[Key, MutableObj]]: ...
 
     @property
     def gpu_names(self) -> frozenset[str]: ...
@@ -38,6 +36,9 @@ class ViewReader(Protocol):
 
     def node(self, name: str) -> MutableObj | None: ...
     def gpunode(self, name: str) -> MutableObj | None: ...
+    def nodes(self) -> Iterable[MutableObj]: ...
+    def node_names(self) -> set[str]: ...
+    def usage_records(self) -> Mapping[Key, MutableObj]: ...
     def claim(self, key: ClaimKey) -> MutableObj | None: ...
     def claims(self) -> Iterator[tuple[ClaimKey, MutableObj]]: ...
     def classes(self) -> Iterable[MutableObj]: ...
@@ -113,3 +114,26 @@ class BinderPart:
     @property
     def config(self) -> Config:
         return self.handle.config
+
+
+class StartSet(NamedTuple):
+    """A launcher pod, the VMI it starts and the keys of the VMI's claims."""
+
+    pod_key: Key
+    pod: dict[str, Any]
+    vmi_key: Key
+    vmi: dict[str, Any]
+    members: list[ClaimKey]
+
+
+def start_set(view: ViewReader, pod_key: Key, pod: dict[str, Any]) -> StartSet | None:
+    """The VMI a launcher pod starts and the keys of its claims (held ones and those of
+    its claim templates), or None when the pod is not one of ours."""
+    vmi_name = vmi_pods.owning_vmi(pod)
+    if vmi_name is None:
+        return None
+    vmi_key = (translate.namespace_of(pod), vmi_name)
+    vmi = view.vmi_object(vmi_key)
+    if vmi is None or translate.meta(vmi).get("uid") != vmi_pods.owning_vmi_uid(pod):
+        return None  # not seen yet, or the view still has an earlier VMI of that name
+    return StartSet(pod_key, pod, vmi_key, vmi, gate.claim_keys(vmi_key, vmi))

@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 from cozystack_gpu import keys, metrics
-from cozystack_gpu.binder import claim_status, class_status, node_reports, protection, records
 from cozystack_gpu.binder.calls.base import Answer
 from cozystack_gpu.binder.calls.claims import ClaimNote, Note
 from cozystack_gpu.binder.calls.reports import (
@@ -24,7 +23,8 @@ from cozystack_gpu.binder.calls.reports import (
     Settings,
 )
 from cozystack_gpu.binder.calls.start_path import ClaimDelete
-from cozystack_gpu.binder.part import BinderPart, PartHandle
+from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle
+from cozystack_gpu.binder.rules import claim_status, class_status, node_reports, protection, records
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import EventReason, Phase
 from cozystack_gpu.model import ClaimKey
@@ -38,7 +38,6 @@ METRICS_EVERY_S = 5.0
 # the raw-name policy reads it, and a hand edit or a deletion must not last. Unchanged,
 # the write is one request the API server answers without storing anything.
 SETTINGS_REFRESH_S = 30.0
-WORKLOAD_KIND = keys.WORKLOAD.kind
 # Every template claim is judged again this often for a VMI that is gone: its VMI's end
 # marks it for judging at once, but a claim whose metadata no longer names that VMI is found
 # by this look.
@@ -200,7 +199,8 @@ class Publisher(BinderPart):
             self._publish_metrics()
 
     def _publish_class_status(self, now: float) -> None:
-        for (_cluster_scope, name), obj in self.view.raw[keys.GPU_CLASS.kind].items():
+        for obj in self.view.classes():
+            name = translate.name_of(obj)
             kept = False
             if protection.deleting(obj):
                 self._note_withdrawal(name, now)
@@ -274,7 +274,7 @@ class Publisher(BinderPart):
         confirmed it, and none else (``records.plan_records``); one write per record at a
         time."""
         wanting = [claim for _key, claim in self.view.claims() if records.wants_usage_record(claim)]
-        plan = records.plan_records(wanting, self.view.raw[WORKLOAD_KIND])
+        plan = records.plan_records(wanting, self.view.usage_records())
         for body in plan.create:
             meta = body["metadata"]
             if not self.handle.writing((RecordCreate.what, meta["namespace"], meta["name"])):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.attachment_rules import AttachmentChange
+from cozystack_gpu.binder.rules.attachment import AttachmentChange
 from cozystack_gpu.keys import ClaimReason, Phase
 from cozystack_gpu.model import Action, ClaimInfo, Refusal, Step
 from cozystack_gpu.objects import Obj

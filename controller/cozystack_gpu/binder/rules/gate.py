@@ -46,26 +46,10 @@ _TOO_MANY_PODS = "Too many pods"
 # --- the claims annotation ---------------------------------------------------------------
 
 
-def claims_ref_of(vmi: Obj) -> ClaimsRequest | None:
-    """A VMI's claims annotation, or None when it has none or it cannot be read (the VMI
-    webhook refuses a malformed one, so a stored VMI has a valid one)."""
-    return annotation.request_of(meta(vmi).get("annotations"))
-
-
-def claims_ref_problem(vmi: Obj) -> str | None:
-    """Why a VMI's claims annotation cannot be read, or None (it can, or there is none).
-    The VMI webhook refuses such a VMI; one stored without it must not start unchecked."""
-    return annotation.problem_of(meta(vmi).get("annotations"))
-
-
-def template_claim_names(vmi_name: str, ref: ClaimsRequest) -> tuple[str, ...]:
-    return tuple(keys.template_claim_name(vmi_name, t.name) for t in ref.templates)
-
-
 def claim_keys(vmi_key: tuple[str, str], vmi: Obj) -> list[ClaimKey]:
     """The keys of a VMI's claims: the held ones and those of its claim templates."""
-    ref = claims_ref_of(vmi) or ClaimsRequest()
-    names = [*ref.claims, *template_claim_names(vmi_key[1], ref)]
+    ref = annotation.claims_ref_of(vmi) or ClaimsRequest()
+    names = [*ref.claims, *annotation.template_claim_names(vmi_key[1], ref)]
     return [ClaimKey(vmi_key[0], n) for n in names]
 
 
@@ -145,7 +129,7 @@ def template_claim_conflict(
 def template_claims_conflict(vmi: Obj, claim_of: Callable[[ClaimKey], Obj | None]) -> str | None:
     """Why a claim named like one of the VMI's template claims is not its template claim
     (see ``template_claim_conflict``), or None."""
-    ref = claims_ref_of(vmi) or ClaimsRequest()
+    ref = annotation.claims_ref_of(vmi) or ClaimsRequest()
     name, uid = translate.name_of(vmi), str(translate.meta(vmi).get("uid") or "")
     namespace = translate.namespace_of(vmi)
     for template in ref.templates:

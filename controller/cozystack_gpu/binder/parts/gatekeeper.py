@@ -1,27 +1,27 @@
 """The launcher-pod gate, as the leader runs it: template claims created, the whole set
-placed on one node, the pod pinned and ungated in one update, and a pinned pod the scheduler
-refuses turned into a rejected node (seed 000). The rules are in ``gate``; this is their I/O,
-run from the binder's loop on the binder's snapshot, written as typed calls.
+placed on one node, and the pod pinned and ungated in one update (a pinned pod the scheduler
+refuses is ``rejections``'). The rules are in ``gate``; this is their I/O, run from the
+binder's loop on the binder's snapshot, written as typed calls.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder import claim_status, gate
 from cozystack_gpu.binder.calls.base import INVALID, Answer
 from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
-from cozystack_gpu.binder.calls.start_path import PodDelete, PodPin, TemplateClaimCreate
-from cozystack_gpu.binder.part import BinderPart, PartHandle
+from cozystack_gpu.binder.calls.start_path import PodPin, TemplateClaimCreate
+from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle, StartSet, start_set
+from cozystack_gpu.binder.rules import claim_status, gate
 from cozystack_gpu.cluster.view import Key
-from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, OnCordon, Phase
-from cozystack_gpu.model import ClaimInfo, ClaimKey, Refusal, RejectedNode, Step, VolumeAffinity
-from cozystack_gpu.objects import conditions, launcher, translate, vmi_pods
+from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, Phase
+from cozystack_gpu.model import ClaimInfo, ClaimKey, Refusal, Step, VolumeAffinity
+from cozystack_gpu.objects import annotation, conditions, launcher, translate, vmi_pods
 from cozystack_gpu.objects.annotation import ClaimsRequest
 
 log = logging.getLogger(__name__)
@@ -31,42 +31,22 @@ MAX_VOLUME_LIMITS = 1024  # distinct volume affinities remembered (one per waiti
 _SILENT = "silent"
 
 
-class _Rejection(NamedTuple):
-    """A node's refusal of a VM's pinned launcher pod, kept against the VM: until when, the
-    node's state when it refused, and the NodeRefused condition its claims were told."""
-
-    until: float
-    state: str
-    told: dict[str, Any]
-
-
-class _StartSet(NamedTuple):
-    """A launcher pod, the VMI it starts and the keys of the VMI's claims."""
-
-    pod_key: Key
-    pod: dict[str, Any]
-    vmi_key: Key
-    vmi: dict[str, Any]
-    members: list[ClaimKey]
-
-
 class Gatekeeper(BinderPart):
     """The gate's state: what each gated pod was last told (a refusal is said once), and
-    the nodes that refused a pinned pod with the node state they refused in."""
+    the Placed notes out. The nodes that refused a pinned pod are ``Rejections``'."""
 
-    def __init__(self, handle: PartHandle) -> None:
+    def __init__(
+        self,
+        handle: PartHandle,
+        refused_nodes: Callable[[Key, float], set[str]] = lambda vmi, now: set(),
+    ) -> None:
         super().__init__(handle)
+        # The nodes that refused a VM's pinned launcher pod, and still would (``Rejections``).
+        self._refused_nodes = refused_nodes
         self._gate_told: dict[Key, str] = {}
         # The gated pod each claim's "cannot start" note is out for: one refused (409, the
         # claim changed meanwhile) is said again, or the claim would never show why.
         self._told_out: dict[ClaimKey, Key] = {}
-        # Nodes that refused each VM's pinned launcher pod (VMI key = the VM's name), until
-        # when, and the node's state then: a set of template claims loses its claims, and
-        # their rejectedNodes, with the failed VMI, so the VM keeps them here (seed 004).
-        self._vm_rejections: dict[Key, dict[str, _Rejection]] = {}
-        # Whether this leader has looked at every rejection since it started leading: a
-        # node may have changed while no replica led.
-        self._rejections_looked = False
         # Where each distinct set of volume affinities can be used, while no node's labels
         # change: judging it costs a pass over every node, and a pod may wait many turns.
         self._volume_nodes: dict[tuple[VolumeAffinity, ...], frozenset[str] | None] = {}
@@ -83,19 +63,12 @@ class Gatekeeper(BinderPart):
     def clock(self) -> float:
         return self.handle.clock()
 
-    def nodes_changed(self, nodes: set[str]) -> None:
-        if not self._rejections_looked:
-            self._rejections_looked = True
-            nodes = nodes | {name for _ns, name in self.view.raw[keys.NODE.kind]}
-        if nodes:
-            self.forget_rejections(nodes)
-
     def run(self, now: float) -> None:
         """Gated launcher pods: create the template claims, place the whole set on one
         node, and pin and ungate the pod in one update once every claim is bound there."""
         self._resend_placed()
         for pod_key, pod in self._gated_due():
-            at = self._start_set(pod_key, pod)
+            at = start_set(self.view, pod_key, pod)
             if at is None:
                 continue  # its VMI is not known yet
             if self._unreadable(at, now):
@@ -136,15 +109,15 @@ class Gatekeeper(BinderPart):
             if pod is not None and not self.handle.writing((PodPin.what, *pod_key)):
                 yield pod_key, pod
 
-    def _unreadable(self, at: _StartSet, now: float) -> bool:
+    def _unreadable(self, at: StartSet, now: float) -> bool:
         """Whether the VMI's claims annotation cannot be read (it names no claim then), said."""
-        problem = gate.claims_ref_problem(at.vmi)
+        problem = annotation.claims_ref_problem(at.vmi)
         if problem is not None:
             # Ungated, its GPU requests would reach the scheduler uncounted: it waits.
             self._not_placed(at, AdmissionReason.MALFORMED_ANNOTATION.value, problem, now)
         return problem is not None
 
-    def _not_its_set(self, at: _StartSet, now: float) -> bool:
+    def _not_its_set(self, at: StartSet, now: float) -> bool:
         """Whether another pod is the VMI's launcher or a claim stands in a template's way."""
         other = self._other_launcher(at.pod_key, at.vmi_key, at.pod)
         if other is not None:
@@ -156,7 +129,7 @@ class Gatekeeper(BinderPart):
             self._not_placed(at, AdmissionReason.TEMPLATE_CLAIM_CONFLICT.value, conflict, now)
         return conflict is not None
 
-    def _claims_ready(self, at: _StartSet, now: float) -> list[ClaimInfo] | None:
+    def _claims_ready(self, at: StartSet, now: float) -> list[ClaimInfo] | None:
         """The set's claims once all exist, are in the model, have no write out and cover
         exactly what the pod requests; None until then, said where it is not silent."""
         infos = [self.snapshot.claim(k) for k in at.members]
@@ -182,7 +155,7 @@ class Gatekeeper(BinderPart):
             return None
         return claims
 
-    def _place(self, at: _StartSet, claims: list[ClaimInfo], now: float) -> str | None:
+    def _place(self, at: StartSet, claims: list[ClaimInfo], now: float) -> str | None:
         """The node the whole set starts on, where its volumes can be used; None, said, if none."""
         allowed, unbound = self._allowed_nodes(at.pod)
         if unbound:
@@ -194,14 +167,14 @@ class Gatekeeper(BinderPart):
             self._not_placed(at, ClaimReason.VOLUME_NOT_BOUND.value, message, now)
             return None
         decision = self.snapshot.place_for_start(
-            claims, now, allowed, exclude=self._vm_refused(at.vmi_key, now)
+            claims, now, allowed, exclude=self._refused_nodes(at.vmi_key, now)
         )
         if isinstance(decision, Refusal):
             self._not_placed(at, str(decision.reason), decision.message, now)
             return None
         return decision.node
 
-    def _bind(self, at: _StartSet, claims: list[ClaimInfo], target: str, now: float) -> bool:
+    def _bind(self, at: StartSet, claims: list[ClaimInfo], target: str, now: float) -> bool:
         """Bind (or move) to ``target`` each claim not held there yet; True when any was."""
         vmi_key, vmi_uid = at.vmi_key, vmi_pods.owning_vmi_uid(at.pod)
         moving = [c for c in claims if not (c.holds_node and c.node == target)]
@@ -238,18 +211,6 @@ class Gatekeeper(BinderPart):
             self.handle.decide(updated, Decision(*claim.key, body, str(step)))
         return bool(moving)
 
-    def _start_set(self, pod_key: Key, pod: dict[str, Any]) -> _StartSet | None:
-        """The VMI a launcher pod starts and the keys of its claims (held ones and those of
-        its claim templates), or None when the pod is not one of ours."""
-        vmi_name = vmi_pods.owning_vmi(pod)
-        if vmi_name is None:
-            return None
-        vmi_key = (translate.namespace_of(pod), vmi_name)
-        vmi = self.view.vmi_object(vmi_key)
-        if vmi is None or translate.meta(vmi).get("uid") != vmi_pods.owning_vmi_uid(pod):
-            return None  # not seen yet, or the view still has an earlier VMI of that name
-        return _StartSet(pod_key, pod, vmi_key, vmi, gate.claim_keys(vmi_key, vmi))
-
     def _other_launcher(self, pod_key: Key, vmi_key: Key, pod: dict[str, Any]) -> str | None:
         """Why this gated pod is not its VMI's one launcher pod (``launcher.launcher_of``),
         or None when it is: only that pod is covered by the claims, so only it is pinned.
@@ -280,34 +241,13 @@ class Gatekeeper(BinderPart):
             cover[klass.resource_name] = cover.get(klass.resource_name, 0) + claim.count
         return launcher.request_mismatch(pod, self.view.gpu_names, cover)
 
-    def _vm_refused(self, vmi_key: Key, now: float) -> set[str]:
-        """Nodes that refused this VM's launcher pod and have not changed since, within the
-        rejection's expiry; expired and changed entries are dropped."""
-        entries = self._vm_rejections.get(vmi_key)
-        if not entries:
-            return set()
-        still: dict[str, _Rejection] = {}
-        for node, entry in entries.items():
-            node_obj = self.view.node(node)
-            if (
-                entry.until > now
-                and node_obj is not None
-                and gate.node_state(node_obj) == entry.state
-            ):
-                still[node] = entry
-        if still:
-            self._vm_rejections[vmi_key] = still
-        else:
-            del self._vm_rejections[vmi_key]
-        return set(still)
-
-    def _create_templates(self, at: _StartSet, now: float) -> bool:
+    def _create_templates(self, at: StartSet, now: float) -> bool:
         """Create the VMI's template claims that do not exist yet; True while any is
         missing. Their budget and capacity are judged with the set, at placement. One the
         API server refused as invalid is not sent again for this VMI: the set waits, and
         says why."""
         vmi = at.vmi
-        ref = gate.claims_ref_of(vmi) or ClaimsRequest()
+        ref = annotation.claims_ref_of(vmi) or ClaimsRequest()
         uid = str(translate.meta(vmi).get("uid") or "")
         missing = False
         for template in ref.templates:
@@ -355,11 +295,11 @@ class Gatekeeper(BinderPart):
             self._volume_nodes.clear()
             self._volume_nodes_of = version
         if volumes.volumes not in self._volume_nodes:
-            nodes = gate.volume_nodes(volumes.volumes, self.view.raw[keys.NODE.kind].values())
+            nodes = gate.volume_nodes(volumes.volumes, self.view.nodes())
             self._volume_nodes[volumes.volumes] = None if nodes is None else frozenset(nodes)
         return self._volume_nodes[volumes.volumes], volumes.unbound
 
-    def _not_placed(self, at: _StartSet, reason: str, why: str, now: float) -> None:
+    def _not_placed(self, at: StartSet, reason: str, why: str, now: float) -> None:
         """A set with nowhere to go keeps its pod gated; say so once per reason, on the
         claims (condition Placed) and on the VMI (a Warning event)."""
         said = f"{reason}: {why}"
@@ -377,7 +317,7 @@ class Gatekeeper(BinderPart):
                 body = claim_status.waiting_patch(obj, cond)
                 self.handle.send(ClaimNote(*key, body, Note.PLACED, heard=self._placed_heard))
 
-    def _pin(self, at: _StartSet, node: str | None) -> None:
+    def _pin(self, at: StartSet, node: str | None) -> None:
         """The one pod update: pin to ``node`` (every required term gains the requirement)
         and remove the gate; without a node, only remove the gate."""
         pod_key, pod = at.pod_key, at.pod
@@ -417,137 +357,9 @@ class Gatekeeper(BinderPart):
         if told is not None and not written:
             self._gate_told.pop(told, None)  # the next pass tells it again
 
-    def refusals(self, now: float) -> None:
-        """A pinned pod the scheduler refuses for lack of any resource it requests (the GPU
-        name, cpu, memory, KubeVirt's devices, storage, a pod slot) on a node that is Ready,
-        uncordoned and still serves the set: delete the pod and record the node, with its
-        state, in every claim's rejectedNodes and against the VM, so the next launcher pod
-        goes elsewhere."""
-        self._keep_rejections_written(now)
-        for pod_key in self.view.pinned_pods():
-            pod = self.view.pod(pod_key)
-            if pod is None or self.handle.writing((PodPin.what, *pod_key)):
-                continue
-            found = self._start_set(pod_key, pod)
-            node = vmi_pods.pinned_node(pod)
-            if found is None or node is None or not found.members:
-                continue
-            vmi_key, vmi, members = found.vmi_key, found.vmi, found.members
-            claims = [c for k in members if (c := self.snapshot.claim(k)) is not None]
-            if len(claims) != len(members) or self.handle.in_flight(members):
-                continue
-            refusal = gate.refused_for_resources(pod)
-            if refusal is None:
-                continue
-            classes = [self.snapshot.gpu_class(c.class_name) for c in claims]
-            stay = any(k is not None and k.on_cordon is OnCordon.STAY for k in classes)
-            node_obj = self.view.node(node)
-            if not gate.node_may_reject(node_obj, stay) or not all(
-                self.snapshot.serves(node, c.class_name) for c in claims
-            ):
-                continue  # waiting for the node, not refused by it
-            assert node_obj is not None
-            state = gate.node_state(node_obj)
-            expires = now + self.config.rejection_ttl
-            until = translate.rfc3339(expires)
-            lacking = ", ".join(refusal.resources)
-            said = (
-                f"node {node} refused the launcher pod for lack of {lacking} "
-                f"({refusal.message}); the set skips {node} until {until} or until the "
-                "node's allocatable, taints or readiness change"
-            )
-            cond = conditions.condition(
-                keys.CONDITION_PLACED, False, ClaimReason.NODE_REFUSED, said, now
-            )
-            self._vm_rejections.setdefault(vmi_key, {})[node] = _Rejection(expires, state, cond)
-            for claim in claims:
-                # The pin's Placed note is over: one still out, or to be sent again after a
-                # race, must not land after this refusal and say the pod is pinned.
-                self._placed_sent.pop(claim.key, None)
-                self._placed_due.pop(claim.key, None)
-                obj = self.view.claim(claim.key)
-                if obj is None:
-                    continue
-                rejected = (*claim.rejected, RejectedNode(node, expires))
-                body = gate.rejection_patch(obj, node, until, translate.rfc3339(now), state, cond)
-                self.handle.decide(
-                    replace(claim, rejected=rejected), Decision(*claim.key, body, "Reject")
-                )
-            self.handle.event(
-                vmi,
-                EventReason.NODE_REJECTED.value,
-                f"the scheduler refused launcher pod {pod_key[1]} on node {node} for lack of "
-                f"{lacking} ({refusal.message}); the pod is deleted and the VM's GPU set skips "
-                f"{node} until {until} or until the node's allocatable, taints or readiness "
-                "change",
-                True,
-                kind=keys.VMI,
-            )
-            self._delete_pod(pod_key, pod)
-
-    def _keep_rejections_written(self, now: float) -> None:
-        """A rejection kept against a VM is written on each of its claims that lacks it: the
-        write that recorded it can lose a race (a note on the claim in between answers 409)
-        after the refused pod is gone, and nothing would record it again. The note that won
-        the race is most often the pin's own Placed note: a claim that still says it is
-        pinned to the refusing node is told the refusal again with the entry."""
-        for vmi_key, entries in list(self._vm_rejections.items()):
-            vmi = self.view.vmi_object(vmi_key)
-            if vmi is None:
-                continue
-            for key in gate.claim_keys(vmi_key, vmi):
-                claim, obj = self.snapshot.claim(key), self.view.claim(key)
-                if claim is None or obj is None or self.handle.in_flight((key,)):
-                    continue
-                missing = [
-                    (node, entry)
-                    for node, entry in entries.items()
-                    if entry.until > now and not any(r.node == node for r in claim.rejected)
-                ]
-                if not missing:
-                    continue
-                node, entry = missing[0]
-                rejected = (*claim.rejected, RejectedNode(node, entry.until))
-                told = entry.told if gate.says_pinned_to(obj, node) else None
-                body = gate.rejection_patch(
-                    obj,
-                    node,
-                    translate.rfc3339(entry.until),
-                    translate.rfc3339(now),
-                    entry.state,
-                    told,
-                )
-                self.handle.decide(
-                    replace(claim, rejected=rejected), Decision(*key, body, "Reject")
-                )
-
-    def _delete_pod(self, pod_key: Key, pod: dict[str, Any]) -> None:
-        self.handle.send(PodDelete(*pod_key, translate.meta(pod).get("uid")))
-
-    def forget_rejections(self, nodes: set[str]) -> None:
-        """Rejections of nodes whose allocatable, taints or readiness changed since they
-        refused (the state recorded in each rejectedNodes entry, so a new leader judges them
-        as the old one would) go, on the claims and against the VMs."""
-        states = {}
-        for node in nodes:
-            node_obj = self.view.node(node)
-            states[node] = gate.node_state(node_obj) if node_obj is not None else None
-        for vmi_key in list(self._vm_rejections):
-            entries = self._vm_rejections[vmi_key]
-            for node in [n for n in entries if n in states and entries[n].state != states[n]]:
-                del entries[node]
-            if not entries:
-                del self._vm_rejections[vmi_key]
-        for claim in list(self.snapshot.claims()):
-            if not claim.rejected or self.handle.in_flight((claim.key,)):
-                continue
-            if not any(r.node in states for r in claim.rejected):
-                continue
-            obj = self.view.claim(claim.key)
-            changed = gate.stale_rejections(obj, states) if obj is not None else []
-            body = gate.without_rejections(obj, changed) if obj is not None and changed else None
-            if body is not None:
-                kept = tuple(r for r in claim.rejected if r.node not in changed)
-                self.handle.decide(
-                    replace(claim, rejected=kept), Decision(*claim.key, body, "Unreject")
-                )
+    def placed_over(self, key: ClaimKey) -> None:
+        """The pin's Placed note on this claim is over (the node refused the pod): one still
+        out, or to be sent again after a race, must not land after the refusal and say the
+        pod is pinned."""
+        self._placed_sent.pop(key, None)
+        self._placed_due.pop(key, None)

@@ -9,11 +9,12 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from cozystack_gpu.binder import attachment_rules, claim_status
 from cozystack_gpu.binder.calls.base import Answer
 from cozystack_gpu.binder.calls.claims import Decision
 from cozystack_gpu.binder.calls.start_path import VmiDelete
-from cozystack_gpu.binder.part import BinderPart, PartHandle
+from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle
+from cozystack_gpu.binder.rules import attachment as attachment_rules
+from cozystack_gpu.binder.rules import claim_status
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import ClaimKey
