@@ -49,6 +49,7 @@ from cozystack_gpu.model import (
     Taint,
     Toleration,
     plan,
+    set_placement,
 )
 
 TAINT = Taint("gpu.cozystack.io/dedicated", "NoSchedule", "true")
@@ -205,7 +206,7 @@ def decide_and_bind(
             created=now,
         )
         start = time.perf_counter_ns()
-        decision = snap.check_order(order, now)
+        decision = set_placement.check_order(snap, order, now)
         if isinstance(decision, Placement):
             bound = replace(order, phase=Phase.BOUND, node=decision.node, bound_at=now)
             snap.upsert_claim(bound)

@@ -23,7 +23,17 @@ from typing import TYPE_CHECKING, Any
 from cozystack_gpu import config, keys
 from cozystack_gpu.cluster.listing import view_of_listing
 from cozystack_gpu.cluster.view import ClusterView
-from cozystack_gpu.model import Action, ClassInfo, NodeInfo, Placement, Plan, Snapshot, Step, plan
+from cozystack_gpu.model import (
+    Action,
+    ClassInfo,
+    NodeInfo,
+    Placement,
+    Plan,
+    Snapshot,
+    Step,
+    plan,
+    set_placement,
+)
 from cozystack_gpu.model.eligibility import why_not_placeable
 from cozystack_gpu.objects import MutableObj
 
@@ -418,7 +428,9 @@ def _drain_report(
             moves.append(entry)
             continue
         lost = [c for k in action.claims if (c := after.snapshot.claim(k)) is not None]
-        back = after.snapshot.place_set(lost, now, nodes=(node_name,)) if lost else None
+        back = (
+            set_placement.place_set(after.snapshot, lost, now, nodes=(node_name,)) if lost else None
+        )
         entry["fits_after"] = isinstance(back, Placement)
         lost_sets.append(entry)
     return moves, lost_sets

@@ -1,6 +1,6 @@
 """The GPUClaim webhook's rules: an order is judged at create time, the spec never changes.
 
-An order is judged by the model's ``Snapshot.check_order`` against this replica's
+An order is judged by the model's ``set_placement.check_order`` against this replica's
 read-only snapshot (budgets and capacity), so the tenant reads the binder's own sentence
 ("tenant-a has 2 of 2 gpu.cozystack.io/l40s-24c in use; the order needs 1 more") at
 ``kubectl apply`` time instead of a claim waiting Pending. The binder judges again in its
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cozystack_gpu import keys
-from cozystack_gpu.model import Refusal, Snapshot
+from cozystack_gpu.model import Refusal, Snapshot, set_placement
 from cozystack_gpu.objects import Obj, translate
 from cozystack_gpu.objects.translate import meta
 
@@ -52,7 +52,7 @@ def order_refusal(snapshot: Snapshot, claim: Obj, now: float) -> Refusal | None:
     """
     info = translate.claim_info(claim, vmi_live_now=False, set_id=None)
     info = replace(info, phase=keys.Phase.PENDING, node=None, attached_to=None, rejected=())
-    decision = snapshot.check_order(info, now)
+    decision = set_placement.check_order(snapshot, info, now)
     return decision if isinstance(decision, Refusal) else None
 
 

@@ -37,7 +37,7 @@ from cozystack_gpu.cluster.informer import (
 )
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
-from cozystack_gpu.model import ClaimInfo, Decision, Snapshot
+from cozystack_gpu.model import ClaimInfo, Decision, Snapshot, set_placement
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class SnapshotFeed(Watcher):
         with self._lock:
             if self._snapshot is None:
                 return None
-            return self._snapshot.check_order(claim, now)
+            return set_placement.check_order(self._snapshot, claim, now)
 
     def largest_node(self, class_name: str) -> int | None:
         """Units of the class on the largest node serving it (maxCount of a passthrough

@@ -24,6 +24,7 @@ from cozystack_gpu.model import (
     Room,
     Snapshot,
     make_room,
+    set_placement,
 )
 from cozystack_gpu.objects import Obj
 
@@ -156,7 +157,7 @@ def what_if(snap: Snapshot, key: ClaimKey, now: float) -> WhatIf | None:
         return None
     if claim.holds_node and claim.phase is not Phase.LOST:
         return WhatIf("holds", node=claim.node)
-    decision = snap.check_order(claim, now)
+    decision = set_placement.check_order(snap, claim, now)
     if isinstance(decision, Placement):
         return WhatIf("fits", node=decision.node)
     moves: tuple[tuple[str, int, str, str], ...] = ()
@@ -188,7 +189,7 @@ def _count(snap: Snapshot, key: ClaimKey) -> int:
 
 def _smaller(snap: Snapshot, claim: ClaimInfo, now: float) -> tuple[int, str] | None:
     for count in range(claim.count - 1, 0, -1):
-        decision = snap.check_order(replace(claim, count=count), now)
+        decision = set_placement.check_order(snap, replace(claim, count=count), now)
         if isinstance(decision, Placement):
             return count, decision.node
     return None
@@ -199,7 +200,7 @@ def _other_classes(snap: Snapshot, claim: ClaimInfo, now: float) -> tuple[tuple[
     for klass in sorted(snap.classes(), key=lambda k: k.name):
         if klass.name == claim.class_name or klass.deleting:
             continue
-        decision = snap.check_order(replace(claim, class_name=klass.name), now)
+        decision = set_placement.check_order(snap, replace(claim, class_name=klass.name), now)
         if isinstance(decision, Placement):
             found.append((klass.name, decision.node))
     return tuple(found)

@@ -32,7 +32,6 @@ from cozystack_gpu.model import (
     NamespaceInfo,
     NodeInfo,
     Snapshot,
-    VolumeAffinity,
 )
 from cozystack_gpu.objects import MutableObj, attachment, pod_usage, translate
 from cozystack_gpu.objects.translate import VMIState, object_key
@@ -95,13 +94,11 @@ class ClusterView:
         self._names = CountedUnion()
         self._gpu_names: frozenset[str] = frozenset()
         self._set_names(("extra", ""), frozenset(config.extra_resource_names))
-        # Names some node agent found to be other devices' (its GPUNode's
-        # otherResourceNames), counted over GPUNodes: a node without an agent leaves them
-        # out of its allocatable's GPU names.
+        # Names node agents found to be other devices' (GPUNode otherResourceNames),
+        # counted: a node without an agent leaves them out of its allocatable's GPU names.
         self._others = CountedUnion()
-        # Counts changes of the node set or of any node's labels (not of its status): what
-        # is computed from labels alone, such as where a volume can be used, is kept until
-        # it moves.
+        # Counts changes of the node set or of any node's labels (not status): what is
+        # computed from labels alone (where a volume can be used) is kept until it moves.
         self.node_labels_version = 0
         # When each node agent last reported, and which nodes' reports are too old.
         self._reported_at: dict[str, float | None] = {}
@@ -194,7 +191,7 @@ class ClusterView:
     def mark_all_dirty(self) -> None:
         """Every model input is built again (after the first listing)."""
         self.dirty = Dirty(
-            nodes={name for _ns, name in self.raw[keys.NODE.kind]},
+            nodes=self.node_names(),
             classes={name for _ns, name in self.raw[keys.GPU_CLASS.kind]},
             claims={ClaimKey(*k) for k in self.raw[keys.GPU_CLAIM.kind]},
             namespaces={name for _ns, name in self.raw[keys.NAMESPACE.kind]},
@@ -446,10 +443,6 @@ class ClusterView:
     def storage_class(self, name: str) -> MutableObj | None:
         return self.raw.get(keys.STORAGE_CLASS.kind, {}).get(("", name))
 
-    def vm_volumes(self, vm: Key) -> tuple[VolumeAffinity, ...]:
-        """The node affinity of each bound PV among a VirtualMachine's volumes."""
-        return self._volumes.vm_volumes(vm)
-
     def launcher_pod(self, vmi: Key, uid: str) -> Key | None:
         """The one launcher pod of the VMI ``vmi`` with ``uid`` (``launcher.launcher_of``
         over the pods naming it), or None."""
@@ -542,7 +535,7 @@ class ClusterView:
             obj,
             vmi_live_now=attachment.vmi_live(obj, vmi, now, self.config.attachment_grace, seen),
             set_id=translate.set_id_for(obj, self._claim_vmi.get(key), vm),
-            volumes=self.vm_volumes((key.namespace, vm)) if vm is not None else (),
+            volumes=self._volumes.vm_volumes((key.namespace, vm)) if vm is not None else (),
         )
 
     # --- the model -------------------------------------------------------------------

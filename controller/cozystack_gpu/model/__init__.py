@@ -9,7 +9,7 @@ Typical use by a controller::
 
     snap = Snapshot.build(nodes=..., classes=..., claims=..., namespaces=...)
     snap.upsert_claim(claim)                 # for every watch event, one call
-    decision = snap.check_order(claim, now)  # Placement(node) or Refusal(reason, message)
+    decision = check_order(snap, claim, now)  # Placement(node) or Refusal(reason, message)
     result = plan(snap, now)                 # the binder's pass; write result.updates
     for claim in result.updates.values():    # record own writes before their events return
         snap.upsert_claim(claim)
@@ -19,6 +19,7 @@ Typical use by a controller::
 from cozystack_gpu.model.eligibility import selector_matches, serves, untolerated_taint
 from cozystack_gpu.model.packing import MAX_MOVES, Move, Room, make_room
 from cozystack_gpu.model.planner import Action, Plan, Step, plan
+from cozystack_gpu.model.set_placement import check_order, place_for_start, place_set
 from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import (
     ClaimInfo,
@@ -64,8 +65,11 @@ __all__ = [
     "Taint",
     "Toleration",
     "VolumeAffinity",
+    "check_order",
     "make_room",
     "merge_quotas",
+    "place_for_start",
+    "place_set",
     "plan",
     "selector_matches",
     "serves",

@@ -3,7 +3,7 @@
 Best fit keeps whole nodes free for as long as it can, but releases scatter free units: a
 class can have 40 free units and no node with 8. When an order is refused only for that
 reason, ``make_room`` looks for one node to free. It moves sets of holds off that node, each
-move a normal placement of the set (``Snapshot.place_set``: another node, serving every
+move a normal placement of the set (``set_placement.place_set``: another node, serving every
 class of the set, with the units, not among the set's rejected nodes), at most
 ``max_moves`` claims in all. The binder writes each move as it writes any bind, checked by
 resourceVersion, so a hold that changed meanwhile is not moved.
@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from cozystack_gpu.keys import Phase
+from cozystack_gpu.model import set_placement
 from cozystack_gpu.model.eligibility import kept_by_volumes
 from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import ClaimInfo, ClaimKey, NodeInfo, Placement, Reason, Refusal
@@ -348,7 +349,9 @@ class _Search:
             current = todo[i]
             tried = {node}
             while self.spend():
-                decision = self.snap.place_set(current.members, self.now, exclude=tried)
+                decision = set_placement.place_set(
+                    self.snap, current.members, self.now, exclude=tried
+                )
                 if not isinstance(decision, Placement):
                     break
                 mark = len(self.undo)

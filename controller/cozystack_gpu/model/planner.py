@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from cozystack_gpu.keys import OnCordon, Phase
+from cozystack_gpu.model import set_placement
 from cozystack_gpu.model.eligibility import kept_by_volumes
 from cozystack_gpu.model.packing import MAX_MOVES, Room, make_room
 from cozystack_gpu.model.snapshot import Snapshot
@@ -287,7 +288,7 @@ class _Planner:
             ]
             if not members:
                 continue
-            decision = self.snap.place_set(members, self.now, exclude=(from_node,))
+            decision = set_placement.place_set(self.snap, members, self.now, exclude=(from_node,))
             keys = tuple(c.key for c in members)
             if isinstance(decision, Placement):
                 for claim in members:
@@ -321,7 +322,7 @@ class _Planner:
                 continue
             sets.setdefault(claim.set_key, []).append(claim)
         for members in sorted(sets.values(), key=_arrival):
-            decision = self.snap.place_set(members, self.now)
+            decision = set_placement.place_set(self.snap, members, self.now)
             keys = tuple(c.key for c in members)
             if isinstance(decision, Placement):
                 for claim in members:
@@ -357,7 +358,7 @@ class _Planner:
             current = [self.snap.claim(c.key) for c in members]
             if any(c is None or c.phase is not Phase.BOUND or c.node != name for c in current):
                 continue
-            decision = self.snap.place_set(members, self.now, exclude=(name,))
+            decision = set_placement.place_set(self.snap, members, self.now, exclude=(name,))
             if isinstance(decision, Placement):
                 for claim in members:
                     self.put(replace(claim, node=decision.node, bound_at=self.now))
@@ -441,7 +442,7 @@ class _Planner:
     def _judge(self, claim: ClaimInfo) -> tuple[Decision, tuple[ClaimKey, ...], bool]:
         """Whether the order fits, moving holds to make room where packing can; with the
         claims its bind must follow, and whether holds were moved."""
-        decision = self.snap.check_order(claim, self.now)
+        decision = set_placement.check_order(self.snap, claim, self.now)
         if not isinstance(decision, Refusal):
             return decision, (), False
         room = make_room(
@@ -502,7 +503,7 @@ class _Planner:
             self.actions.append(
                 Action(Step.MOVE, move.claims, node=move.to_node, from_node=move.from_node, why=why)
             )
-        decision = self.snap.check_order(order, self.now, nodes=(room.node,))
+        decision = set_placement.check_order(self.snap, order, self.now, nodes=(room.node,))
         assert isinstance(decision, Placement), decision
         return decision, tuple(after)
 

@@ -1,11 +1,10 @@
 """Where one VM's set of claims goes: a best fit, or the node it already holds.
 
-The rules behind ``Snapshot.place_set``, ``Snapshot.check_order`` and
-``Snapshot.place_for_start``: the set's shape and budgets are judged first, then one node
-that serves every class of the set is found (``search``); at a VM's start, a set held whole
-on a cordoned or stale node may be pinned where it is. These functions read the snapshot's
-indexes and never change them; they live beside it, not in it, so the snapshot keeps only
-the bookkeeping.
+``check_order``, ``place_set`` and ``place_for_start``: the set's shape and budgets are
+judged first, then one node that serves every class of the set is found (``search``); at a
+VM's start, a set held whole on a cordoned or stale node may be pinned where it is. These
+functions read the snapshot's indexes and never change them; they live beside it, not in
+it, so the snapshot keeps only the bookkeeping (and never calls back here).
 
 Nothing here does I/O or reads a clock: ``now`` is passed in.
 """
@@ -24,6 +23,18 @@ if TYPE_CHECKING:
     from cozystack_gpu.model.snapshot import Snapshot
 
 
+def check_order(
+    snap: Snapshot, claim: ClaimInfo, now: float, nodes: Collection[str] | None = None
+) -> Decision:
+    """Judge one order: class, maxCount, vGPU entitlement, budget chain, then capacity
+    on one serving node (best fit, skipping the claim's unexpired rejected nodes).
+
+    A claim that already counts (Bound, Attached, Lost) skips the entitlement and
+    budget (and maxCount) checks, so moving or rebinding it never fails on them.
+    """
+    return place_set(snap, (claim,), now, nodes)
+
+
 def place_for_start(
     snap: Snapshot,
     claims: Sequence[ClaimInfo],
@@ -31,7 +42,18 @@ def place_for_start(
     nodes: Collection[str] | None = None,
     exclude: Collection[str] = (),
 ) -> Decision:
-    """See ``Snapshot.place_for_start``."""
+    """Where a VM's launcher pod is pinned: the node its whole set goes to at start.
+
+    Usually ``place_set``: a set that holds units on a node that still serves it stays
+    there, anything else goes to the best fit. Seed 000 adds the cordon rule: a set held
+    whole on a cordoned node, whose only reason to leave is the cordon, is pinned where
+    it is when a class of the set says ``onCordon: Stay`` (a Stay pin, which also holds
+    through NotReady) or when no other node has room for it. A set held whole on a node
+    whose agent report is stale starts there too: its holds stay, and nothing new is
+    placed there. ``exclude`` leaves out nodes that refused the VM's launcher pod before
+    (its template claims' rejections die with their VMI; the binder keeps them against
+    the VM).
+    """
     pinned = _pinned_node(snap, claims, now, nodes)
     if pinned is not None and pinned in exclude:
         pinned = None
@@ -92,7 +114,14 @@ def place_set(
     nodes: Collection[str] | None = None,
     exclude: Collection[str] = (),
 ) -> Decision:
-    """See ``Snapshot.place_set``."""
+    """Place the claims of one VM together on one node serving every class of the set.
+
+    ``nodes`` limits the choice (a WaitForFirstConsumer volume's node affinity);
+    ``exclude`` leaves nodes out (a set that must leave its node). Rejected nodes of any
+    claim in the set are skipped until their ``until``. Pending claims are judged by
+    budget in order, each counted as Bound before the next. A set whose members hold
+    units on one node that still takes them all stays there.
+    """
     if not claims:
         raise ValueError("place_set needs at least one claim")
     members = [

@@ -16,12 +16,11 @@ on time (rejected-node expiry).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from typing import Any, NamedTuple
 
 from cozystack_gpu.keys import Phase, effective_max_count
-from cozystack_gpu.model import set_placement
 from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.budgets import Charge, Ledger, bump
 from cozystack_gpu.model.eligibility import (
@@ -38,7 +37,6 @@ from cozystack_gpu.model.types import (
     ClaimKey,
     ClassInfo,
     ClassStatus,
-    Decision,
     NamespaceInfo,
     NodeInfo,
     OrderShape,
@@ -61,8 +59,9 @@ class Snapshot:
     Build one with ``Snapshot.build(...)`` or empty with ``Snapshot()``, then feed every
     watch event to ``upsert_node``/``remove_node``, ``upsert_class``/``remove_class``,
     ``upsert_claim``/``remove_claim`` and ``upsert_namespace``/``remove_namespace``.
-    Decisions (``check_order``, ``place_set``, ``class_status``, ``plan``) never change it;
-    The binder records its own writes with ``upsert_claim`` before their watch events return.
+    Decisions (``set_placement``'s ``check_order``, ``place_set`` and ``place_for_start``;
+    ``class_status``; ``plan``) never change it. The binder records its own writes with
+    ``upsert_claim`` before their watch events return.
     """
 
     def __init__(self) -> None:
@@ -450,58 +449,6 @@ class Snapshot:
                 if not _remove_sorted(self._orders[shape], (claim.created, key)):
                     del self._orders[shape]
         self._lost.discard(key)
-
-    # --- decisions -------------------------------------------------------------------------
-
-    def check_order(
-        self, claim: ClaimInfo, now: float, nodes: Collection[str] | None = None
-    ) -> Decision:
-        """Judge one order: class, maxCount, vGPU entitlement, budget chain, then capacity
-        on one serving node (best fit, skipping the claim's unexpired rejected nodes).
-
-        A claim that already counts (Bound, Attached, Lost) skips the entitlement and
-        budget (and maxCount) checks, so moving or rebinding it never fails on them.
-        """
-        return self.place_set((claim,), now, nodes)
-
-    def place_for_start(
-        self,
-        claims: Sequence[ClaimInfo],
-        now: float,
-        nodes: Collection[str] | None = None,
-        exclude: Collection[str] = (),
-    ) -> Decision:
-        """Where a VM's launcher pod is pinned: the node its whole set goes to at start.
-
-        Usually ``place_set``: a set that holds units on a node that still serves it stays
-        there, anything else goes to the best fit. Seed 000 adds the cordon rule: a set held
-        whole on a cordoned node, whose only reason to leave is the cordon, is pinned where
-        it is when a class of the set says ``onCordon: Stay`` (a Stay pin, which also holds
-        through NotReady) or when no other node has room for it. A set held whole on a node
-        whose agent report is stale starts there too: its holds stay, and nothing new is
-        placed there. ``exclude`` leaves out nodes that refused the VM's launcher pod before
-        (its template claims' rejections die with their VMI; the binder keeps them against
-        the VM). The rules are in ``set_placement``.
-        """
-        return set_placement.place_for_start(self, claims, now, nodes, exclude)
-
-    def place_set(
-        self,
-        claims: Sequence[ClaimInfo],
-        now: float,
-        nodes: Collection[str] | None = None,
-        exclude: Collection[str] = (),
-    ) -> Decision:
-        """Place the claims of one VM together on one node serving every class of the set.
-
-        ``nodes`` limits the choice (a WaitForFirstConsumer volume's node affinity);
-        ``exclude`` leaves nodes out (a set that must leave its node). Rejected nodes of any
-        claim in the set are skipped until their ``until``. Pending claims are judged by
-        budget in order, each counted as Bound before the next. A set whose members hold
-        units on one node that still takes them all stays there. The rules are in
-        ``set_placement``.
-        """
-        return set_placement.place_set(self, claims, now, nodes, exclude)
 
     # --- bookkeeping -----------------------------------------------------------------------
 

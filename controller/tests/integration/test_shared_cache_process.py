@@ -17,7 +17,7 @@ from cozystack_gpu.admission import handlers as admission
 from cozystack_gpu.cluster import informer as informer_module
 from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.controller import Controller
-from cozystack_gpu.model import ClaimInfo
+from cozystack_gpu.model import ClaimInfo, set_placement
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import binder_config, wait_for
 
@@ -80,7 +80,9 @@ def test_a_replica_lists_each_kind_once_and_a_new_leadership_lists_nothing(
     order = ClaimInfo(corner.tenant, "probe", gpu_class, 4)
     now = binder.clock()
     wait_for(
-        lambda: feed.check_order(order, now) == binder.snapshot.check_order(order, now),
+        lambda: (
+            feed.check_order(order, now) == set_placement.check_order(binder.snapshot, order, now)
+        ),
         15,
         "the feed and the binder to agree",
     )

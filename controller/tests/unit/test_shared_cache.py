@@ -28,7 +28,7 @@ from cozystack_gpu.cluster.informer import (
     source,
 )
 from cozystack_gpu.cluster.view import ClusterView
-from cozystack_gpu.model import ClaimInfo
+from cozystack_gpu.model import ClaimInfo, set_placement
 from cozystack_gpu_testkit.objects import binder_config
 
 H100 = "nvidia.com/GH100_H100"
@@ -357,4 +357,6 @@ def test_the_feed_and_the_binder_view_give_the_same_answers_for_the_same_events(
     snapshot = binder_view.build_snapshot(NOW)
     for count in (1, 2):
         order = ClaimInfo(TENANT, "new", "h100", count)
-        assert feed.check_order(order, NOW) == snapshot.check_order(order, NOW), count
+        assert feed.check_order(order, NOW) == set_placement.check_order(snapshot, order, NOW), (
+            count
+        )

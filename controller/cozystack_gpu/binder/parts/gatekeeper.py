@@ -20,7 +20,7 @@ from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle, StartSet, 
 from cozystack_gpu.binder.rules import claim_status, gate
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import AdmissionReason, ClaimReason, EventReason, Phase
-from cozystack_gpu.model import ClaimInfo, ClaimKey, Refusal, Step, VolumeAffinity
+from cozystack_gpu.model import ClaimInfo, ClaimKey, Refusal, Step, VolumeAffinity, set_placement
 from cozystack_gpu.objects import annotation, conditions, launcher, translate, vmi_pods
 from cozystack_gpu.objects.annotation import ClaimsRequest
 
@@ -166,8 +166,8 @@ class Gatekeeper(BinderPart):
             )
             self._not_placed(at, ClaimReason.VOLUME_NOT_BOUND.value, message, now)
             return None
-        decision = self.snapshot.place_for_start(
-            claims, now, allowed, exclude=self._refused_nodes(at.vmi_key, now)
+        decision = set_placement.place_for_start(
+            self.snapshot, claims, now, allowed, exclude=self._refused_nodes(at.vmi_key, now)
         )
         if isinstance(decision, Refusal):
             self._not_placed(at, str(decision.reason), decision.message, now)

@@ -50,6 +50,7 @@ from cozystack_gpu.model import (
     VolumeAffinity,
     plan,
     serves,
+    set_placement,
 )
 from cozystack_gpu.model.eligibility import kept_by_volumes, why_not_placeable
 from cozystack_gpu.model.packing import may_move
@@ -299,7 +300,7 @@ class Checker:
             self.put(claim)
             return
         before = self.snapshot_view()
-        decision = self.snap.check_order(claim, self.world.now)
+        decision = set_placement.check_order(self.snap, claim, self.world.now)
         self.check_decision(before, [claim], decision)
         if isinstance(decision, Placement):
             self.put(record_bind(self.snap, claim, decision.node, self.world.now))
@@ -313,7 +314,7 @@ class Checker:
         set_id = f"vm{self.world.serial}"
         members = [self.new_claim(a, b + i, True, set_id) for i in range(1 + c % 2)]
         before = self.snapshot_view()
-        decision = self.snap.place_set(members, self.world.now)
+        decision = set_placement.place_set(self.snap, members, self.world.now)
         self.check_decision(before, members, decision)
         for claim in members:
             self.put(claim)
@@ -389,7 +390,7 @@ class Checker:
         for claim in self.world.claims.values():
             if claim.phase is not Phase.PENDING or claim.template:
                 continue
-            decision = self.snap.check_order(claim, self.world.now)
+            decision = set_placement.check_order(self.snap, claim, self.world.now)
             if isinstance(decision, Refusal) and decision.reason is Reason.INSUFFICIENT_CAPACITY:
                 self.packing_judged += 1
                 assert not oracle_room(after, claim, MAX_MOVES), f"{claim.key} could have room"

@@ -15,6 +15,7 @@ from cozystack_gpu.model import (
     Snapshot,
     Taint,
     Toleration,
+    set_placement,
 )
 
 
@@ -60,7 +61,7 @@ def test_lost_claim_takes_capacity_while_its_vmi_still_runs_there() -> None:
 def test_raw_name_pods_take_capacity() -> None:
     snap = Snapshot.build(nodes=[node("n1", 4, raw_used=3)], classes=[passthrough()])
     assert snap.class_status("h100").free == 1
-    refusal = snap.check_order(claim("h100", 2), NOW)
+    refusal = set_placement.check_order(snap, claim("h100", 2), NOW)
     assert isinstance(refusal, Refusal) and refusal.reason is Reason.INSUFFICIENT_CAPACITY
 
 
@@ -84,7 +85,7 @@ def test_node_serves_a_class_only_when_it_matches_the_node_selector() -> None:
 def test_not_ready_node_serves_no_class() -> None:
     snap = Snapshot.build(nodes=[node("n1", ready=False)], classes=[passthrough()])
     assert not snap.serves("n1", "h100")
-    assert snap.check_order(claim(), NOW) == Refusal(
+    assert set_placement.check_order(snap, claim(), NOW) == Refusal(
         Reason.NO_NODE_SERVES, "no node serves class h100: of 1 node, 1 is NotReady"
     )
 
@@ -168,7 +169,7 @@ def test_class_status_counts_free_units_over_serving_nodes_only() -> None:
 def test_class_status_follows_each_bind() -> None:
     snap = Snapshot.build(nodes=[node("n1", 2), node("n2", 1)], classes=[passthrough()])
     order = claim("h100", 2)
-    decision = snap.check_order(order, NOW)
+    decision = set_placement.check_order(snap, order, NOW)
     assert decision == Placement("n1")
     record_bind(snap, order, decision.node, NOW)
     assert snap.class_status("h100") == ClassStatus(free=1, max_free_per_node=1)

@@ -8,7 +8,7 @@ from model_builders import H100, NOW, bound, claim, node, passthrough, record_bi
 from model_digest import digest
 
 from cozystack_gpu.keys import QUOTA_KEY_TOTAL, Phase, quota_key
-from cozystack_gpu.model import Placement, Snapshot
+from cozystack_gpu.model import Placement, Snapshot, set_placement
 from cozystack_gpu.model._index import ClassIndex
 
 
@@ -76,10 +76,10 @@ def test_class_resource_change_moves_its_claims_to_the_new_resource() -> None:
 def test_binder_writes_recorded_with_bind_are_seen_by_the_next_decision() -> None:
     snap = Snapshot.build(nodes=[node("n1", 2)], classes=[passthrough()])
     first = claim("h100", 2)
-    assert snap.check_order(first, NOW) == Placement("n1")
+    assert set_placement.check_order(snap, first, NOW) == Placement("n1")
     written = record_bind(snap, first, "n1", NOW)
     assert written.phase is Phase.BOUND and written.bound_at == NOW
-    assert snap.check_order(claim("h100", 1), NOW) != Placement("n1")
+    assert set_placement.check_order(snap, claim("h100", 1), NOW) != Placement("n1")
     # The watch event of the same write changes nothing more.
     before = digest(snap)
     snap.upsert_claim(replace(written))

@@ -24,7 +24,7 @@ from model_world import (
 )
 
 from cozystack_gpu.keys import Mode, Phase, quota_key
-from cozystack_gpu.model import MAX_MOVES, NodeInfo, Plan, Snapshot, Step, plan
+from cozystack_gpu.model import MAX_MOVES, NodeInfo, Plan, Snapshot, Step, plan, set_placement
 from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.packing import may_move
 from cozystack_gpu.model.types import (
@@ -303,7 +303,7 @@ def test_the_order_binds_exactly_when_the_brute_force_oracle_finds_room(
     seed: int, max_moves: int
 ) -> None:
     before, order, snap, result = packed(seed, max_moves)
-    plain = snap.check_order(order, NOW)
+    plain = set_placement.check_order(snap, order, NOW)
     bound_now = order.key in result.updates
     if isinstance(plain, Placement):
         assert bound_now and moves(result) == []

@@ -17,7 +17,16 @@ from model_digest import digest
 from model_world import N_OPS, Checker, Op, oracle_best_fit, random_world
 
 from cozystack_gpu.keys import Phase
-from cozystack_gpu.model import ClaimKey, Placement, Reason, Refusal, Snapshot, Step, plan
+from cozystack_gpu.model import (
+    ClaimKey,
+    Placement,
+    Reason,
+    Refusal,
+    Snapshot,
+    Step,
+    plan,
+    set_placement,
+)
 
 EXAMPLES = int(os.environ.get("MODEL_HYPOTHESIS_EXAMPLES", "40"))
 
@@ -81,7 +90,7 @@ def test_plan_is_idempotent_and_deterministic(seed: int, ops: list[Op]) -> None:
 def test_check_order_is_the_brute_force_best_fit(seed: int, ops: list[Op], a: int, b: int) -> None:
     checker = run(seed, ops)
     order = checker.new_claim(a, b)
-    decision = checker.snap.check_order(order, checker.world.now)
+    decision = set_placement.check_order(checker.snap, order, checker.world.now)
     expected = (
         oracle_best_fit(checker.snapshot_view(), order)
         if order.class_name in checker.world.classes
@@ -208,7 +217,7 @@ def judged_one_by_one(snap: Snapshot, now: float, max_binds: int | None) -> Judg
         if shape is not None and shape in refused:
             alike[shape].append(claim.key)
             continue
-        decision = snap.check_order(claim, now)
+        decision = set_placement.check_order(snap, claim, now)
         if isinstance(decision, Placement):
             undo.append(claim)
             snap.upsert_claim(replace(claim, phase=Phase.BOUND, node=decision.node, bound_at=now))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from model_builders import L40S_24C, NOW, bound, claim, node, passthrough, tenant, vgpu
 
 from cozystack_gpu.keys import LABEL_NODE_LAYOUT_STATE, LayoutState, quota_key
-from cozystack_gpu.model import Reason, Refusal, Snapshot, Taint
+from cozystack_gpu.model import Reason, Refusal, Snapshot, Taint, set_placement
 from cozystack_gpu.model.budgets import vgpu_not_entitled
 
 TREE = [
@@ -28,7 +28,7 @@ def test_vgpu_refusal_says_the_parent_grants_it_not_the_tenant() -> None:
         classes=[vgpu()],
         namespaces=[tenant("tenant-root"), tenant("tenant-a", "tenant-root")],
     )
-    refusal = refusal_of(snap.check_order(claim("l40s-24c"), NOW))
+    refusal = refusal_of(set_placement.check_order(snap, claim("l40s-24c"), NOW))
     assert refusal.reason is Reason.VGPU_NOT_ENTITLED
     assert refusal.message == vgpu_not_entitled("tenant-a", "l40s-24c")
     assert refusal.message == (
@@ -42,7 +42,7 @@ def test_vgpu_refusal_says_the_parent_grants_it_not_the_tenant() -> None:
 
 def test_budget_refusal_on_the_own_tenant_names_the_parent_as_who_raises_it() -> None:
     snap = Snapshot.build(nodes=[node("n1")], classes=[passthrough()], namespaces=TREE)
-    refusal = refusal_of(snap.check_order(claim("h100", 2, "tenant-a-dev"), NOW))
+    refusal = refusal_of(set_placement.check_order(snap, claim("h100", 2, "tenant-a-dev"), NOW))
     assert refusal.reason is Reason.BUDGET_EXCEEDED
     assert refusal.message == (
         "budget gpu.cozystack.io/h100 of tenant-a-dev (this namespace's own quota) allows 1: "
@@ -56,12 +56,12 @@ def test_budget_refusal_set_above_names_the_level_and_the_platform_administrator
     snap = Snapshot.build(
         nodes=[node("n1")], classes=[passthrough()], claims=claims, namespaces=TREE
     )
-    refusal = refusal_of(snap.check_order(claim("h100", 1, "tenant-a"), NOW))
+    refusal = refusal_of(set_placement.check_order(snap, claim("h100", 1, "tenant-a"), NOW))
     assert refusal.message == (
         "budget gpu.cozystack.io/h100 of tenant-root (1 level above tenant-a) allows 3: "
         "3 in use, the order asks 1 more; the platform administrator can raise it"
     )
-    deep = refusal_of(snap.check_order(claim("h100", 1, "tenant-a-dev"), NOW))
+    deep = refusal_of(set_placement.check_order(snap, claim("h100", 1, "tenant-a-dev"), NOW))
     assert "of tenant-root (2 levels above tenant-a-dev) allows 3" in deep.message, deep
 
 
@@ -78,7 +78,7 @@ def test_no_node_serves_says_which_rule_leaves_each_kind_of_node_out_in_counts()
         node("gpu-7", 0, labels=h100),
     ]
     snap = Snapshot.build(nodes=nodes, classes=[passthrough(selector=selector)])
-    refusal = refusal_of(snap.check_order(claim("h100"), NOW))
+    refusal = refusal_of(set_placement.check_order(snap, claim("h100"), NOW))
     assert refusal.reason is Reason.NO_NODE_SERVES
     assert refusal.message == (
         "no node serves class h100: of 7 nodes, 2 do not match its nodeSelector, 1 has a "
@@ -94,24 +94,28 @@ def test_a_stale_inventory_is_named_as_the_rule_that_leaves_the_node_out() -> No
     snap = Snapshot.build(
         nodes=[replace(node("n1"), inventory_stale=True)], classes=[passthrough()]
     )
-    refusal = refusal_of(snap.check_order(claim("h100"), NOW))
+    refusal = refusal_of(set_placement.check_order(snap, claim("h100"), NOW))
     assert refusal.message == ("no node serves class h100: of 1 node, 1 has a stale GPU inventory")
 
 
 def test_the_counts_follow_every_node_and_class_change() -> None:
     snap = Snapshot.build(nodes=[node("n1", ready=False)], classes=[passthrough()])
-    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith("1 is NotReady")
+    assert refusal_of(set_placement.check_order(snap, claim("h100"), NOW)).message.endswith(
+        "1 is NotReady"
+    )
     snap.upsert_node(node("n1", unschedulable=True))
-    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith("1 is cordoned")
+    assert refusal_of(set_placement.check_order(snap, claim("h100"), NOW)).message.endswith(
+        "1 is cordoned"
+    )
     snap.upsert_node(node("n2", ready=False))
-    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith(
+    assert refusal_of(set_placement.check_order(snap, claim("h100"), NOW)).message.endswith(
         "of 2 nodes, 1 is cordoned, 1 is NotReady"
     )
     snap.upsert_class(passthrough(selector={"gpu": "h100"}))
-    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith(
+    assert refusal_of(set_placement.check_order(snap, claim("h100"), NOW)).message.endswith(
         "of 2 nodes, 2 do not match its nodeSelector"
     )
     snap.remove_node("n2")
-    assert refusal_of(snap.check_order(claim("h100"), NOW)).message.endswith(
+    assert refusal_of(set_placement.check_order(snap, claim("h100"), NOW)).message.endswith(
         "of 1 node, 1 does not match its nodeSelector"
     )

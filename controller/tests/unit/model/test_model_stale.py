@@ -8,7 +8,7 @@ from dataclasses import replace
 from model_builders import NOW, bound, claim, node, passthrough
 
 from cozystack_gpu.keys import OnCordon, Phase
-from cozystack_gpu.model import Placement, Reason, Refusal, Snapshot, Step, plan
+from cozystack_gpu.model import Placement, Reason, Refusal, Snapshot, Step, plan, set_placement
 
 
 def stale(name: str, gpus: int = 8, **kw: object) -> object:
@@ -44,7 +44,7 @@ def test_stale_report_takes_no_new_order_and_no_move() -> None:
     )
     result = plan(snap, NOW)
     assert result.changes == ()
-    decision = snap.check_order(order, NOW)
+    decision = set_placement.check_order(snap, order, NOW)
     assert isinstance(decision, Refusal) and decision.reason is Reason.NO_NODE_SERVES
     assert snap.class_status("h100").free == 0
 
@@ -75,7 +75,7 @@ def test_start_of_a_set_held_whole_on_a_stale_node_pins_there() -> None:
         bound("h100", 2, "n1", name="b", set_id="vm/x"),
     ]
     snap = Snapshot.build(nodes=[stale("n1"), node("n2")], classes=[passthrough()], claims=members)
-    assert snap.place_for_start(members, NOW) == Placement("n1")
+    assert set_placement.place_for_start(snap, members, NOW) == Placement("n1")
 
 
 def test_start_on_a_stale_node_adds_no_new_units_there() -> None:
@@ -84,7 +84,7 @@ def test_start_on_a_stale_node_adds_no_new_units_there() -> None:
     snap = Snapshot.build(
         nodes=[stale("n1"), node("n2")], classes=[passthrough()], claims=[held, template]
     )
-    assert snap.place_for_start([held, template], NOW) == Placement("n2")
+    assert set_placement.place_for_start(snap, [held, template], NOW) == Placement("n2")
 
 
 def test_packing_makes_no_room_on_a_stale_node_and_moves_nothing_onto_it() -> None:

@@ -19,6 +19,7 @@ from cozystack_gpu.model import (
     VolumeAffinity,
     make_room,
     plan,
+    set_placement,
 )
 from cozystack_gpu.model.packing import may_move
 
@@ -114,7 +115,7 @@ def test_packing_never_moves_a_set_off_its_local_disk() -> None:
     assert not may_move(kept, snap.node("n1"), ())
     assert may_move(plain, snap.node("n2"), ())
     assert snap.pinned("n1", H100) == 2
-    refusal = snap.check_order(order, NOW)
+    refusal = set_placement.check_order(snap, order, NOW)
     assert isinstance(refusal, Refusal)
     room = make_room(snap, order, NOW, refusal)
     assert room is not None and not isinstance(room, Refusal)
@@ -141,4 +142,4 @@ def test_a_disk_node_relabelled_away_from_the_volume_frees_the_set() -> None:
 def test_a_start_of_a_set_on_its_disk_still_goes_where_it_is_held() -> None:
     kept = on_disk(bound("h100", 2, "n1", name="kept", set_id="vm/a"), "n1")
     snap = Snapshot.build(nodes=[host("n1"), host("n2")], classes=[passthrough()], claims=[kept])
-    assert snap.place_for_start([kept], NOW, {"n1"}) == Placement("n1")
+    assert set_placement.place_for_start(snap, [kept], NOW, {"n1"}) == Placement("n1")
