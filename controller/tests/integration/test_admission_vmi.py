@@ -24,7 +24,6 @@ from admission_env import (
     Replica,
     bind,
     create_vmi,
-    helm_template,
     refusal,
     serving,
     vmi_body,
@@ -36,7 +35,6 @@ from cozystack_gpu.binder import gate
 from cozystack_gpu.licensing import rules as licence_rules
 from cozystack_gpu.model.budgets import vgpu_not_entitled
 from cozystack_gpu.objects.annotation import EXPECTED_FORMAT, TemplateEntry
-from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -737,7 +735,7 @@ def test_a_licensed_start_without_its_copy_is_refused_saying_why(
 
 
 def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
-    control_plane: Any, kube: Kube, corner: Corner, namespace: str, replica: Replica
+    kube: Kube, corner: Corner, namespace: str, replica: Replica, tenant_admin: Kube
 ) -> None:
     """A tenant admin may write Secrets in its namespace: one of the copy's name, carrying
     the copier's labels and a hash right for its own data, is no licence copy (SPEC §10)."""
@@ -745,13 +743,12 @@ def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
     node = corner.node("n1", 1)
     gpu_class = licensed_class(kube, corner, replica)
     corner.bound(namespace, "a", gpu_class, node=node)
-    tenant = as_tenant_admin(control_plane, kube, namespace)
     fake = ((keys.LICENSE_FEATURE_TYPE_KEY, "MQ=="), (keys.LICENSE_TOKEN_KEY, "bWluZQ=="))
     forged = licence_rules.Copy(namespace, keys.license_copy_name(gpu_class), gpu_class, fake)
-    tenant.core.create_namespaced_secret(namespace, licence_rules.copy_body(forged))
+    tenant_admin.core.create_namespaced_secret(namespace, licence_rules.copy_body(forged))
     message = ""
     try:
-        started = create_vmi(tenant, namespace, vmi_body("vm", {"claims": ["a"]}))
+        started = create_vmi(tenant_admin, namespace, vmi_body("vm", {"claims": ["a"]}))
     except ApiException as exc:
         assert exc.status == 403, f"the tenant's VMI was not refused by the webhook: {exc}"
         message = refusal(exc)
@@ -766,18 +763,9 @@ def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
     assert "its data is not the hoster's current token" in message
     assert "attachedTo" not in status(claim(kube, namespace, "a"))
     # The same Secret without the copier's labels is refused the same way.
-    tenant.core.replace_namespaced_secret(
+    tenant_admin.core.replace_namespaced_secret(
         forged.name, namespace, {"metadata": {"name": forged.name}, "data": dict(fake)}
     )
     assert "is not the controller's copy" in refused(
         kube, namespace, vmi_body("vm", {"claims": ["a"]})
     )
-
-
-def as_tenant_admin(plane: Any, kube: Kube, namespace: str) -> Kube:
-    """The namespace's tenant admin: the built-in admin role, with the chart's claim roles
-    and KubeVirt's VM rights aggregated into it."""
-    user = f"admin-{namespace}"
-    roles = helm_template("rbac-tenant.yaml", "cozy-gpu")
-    tenants.grant_tenant_admin(kube.api, roles, user, [namespace])
-    return tenants.impersonating(plane.api_client(), user)
