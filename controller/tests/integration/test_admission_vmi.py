@@ -236,22 +236,24 @@ def test_a_claim_that_is_not_bound_is_refused(kube: Kube, corner: Corner, namesp
 
 
 def test_a_vm_cannot_hold_a_template_claim_by_name(
-    kube: Kube, corner: Corner, namespace: str
+    kube: Kube, corner: Corner, namespace: str, tenant_admin: Kube
 ) -> None:
     """A template claim cut from the VMI it was made for stays Bound with no usage record:
-    named in another VM's claims list it would carry its GPUs there unbilled."""
+    named in another VM's claims list it would carry its GPUs there unbilled. The tenant
+    admin names it. It can leave one over: a VMI it deletes with ``--cascade=orphan`` has
+    the garbage collector remove the claim's owner reference, the one change to it the
+    protection policy lets pass (row T7); the test writes what the collector would."""
     node = corner.node("n1", 1)
     gpu_class = corner.gpu_class("h100")
     owner = create_vmi(kube, namespace, vmi_body("owner", labelled=False))
     made = gate.template_claim(owner, TemplateEntry("gpu", gpu_class, 1))
     claims = (keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS)
     kube.custom.create_namespaced_custom_object(*claims, made)
-    # Cut from its VMI, as a tenant admin could before the protection policy refused it.
     kube.custom.patch_namespaced_custom_object(
         *claims, "owner-gpu", {"metadata": {"ownerReferences": None}}
     )
     bind(kube, namespace, "owner-gpu", node)
-    message = refused(kube, namespace, vmi_body("vm", {"claims": ["owner-gpu"]}))
+    message = refused(tenant_admin, namespace, vmi_body("vm", {"claims": ["owner-gpu"]}))
     assert message.endswith(
         "GPUClaim owner-gpu named in gpu.cozystack.io/claims is a template claim (labelled "
         "gpu.cozystack.io/template-claim), made by the controller for one VMI from its "
@@ -569,15 +571,24 @@ def test_a_nic_vf_the_agent_found_to_be_no_gpu_goes_next_to_the_claims(
 
 
 def test_a_vmi_with_claims_and_a_network_naming_a_gpu_resource_is_refused(
-    kube: Kube, corner: Corner, namespace: str
+    kube: Kube, corner: Corner, namespace: str, tenant_admin: Kube
 ) -> None:
     """KubeVirt adds a launcher pod request for the resource a multus network's
     NetworkAttachmentDefinition names: one naming the class's GPU name would be a GPU
-    beyond the claims. One whose definition does not exist (yet) is the gate's to judge."""
+    beyond the claims. One whose definition does not exist (yet) is the gate's to judge.
+
+    The tenant admin may not write such a definition itself (the built-in ``admin`` role
+    grants none, nor does the chart): it names one the hoster made, or one it was let to
+    write, in its VMI."""
     node = corner.node("n1", 3)
     gpu_class = corner.gpu_class("h100")
     for held in ("a", "b", "c"):
         corner.bound(namespace, held, gpu_class, node=node)
+    with pytest.raises(ApiException) as denied:
+        tenant_admin.nad(namespace, "own-net", corner.resource())
+    assert denied.value.status == 403 and "cannot create resource" in refusal(denied.value), (
+        f"RBAC let the tenant admin write a NetworkAttachmentDefinition: {denied.value}"
+    )
     kube.nad(namespace, "gpu-net", corner.resource())
     kube.nad(namespace, "plain-net")
     spec = {
@@ -589,14 +600,14 @@ def test_a_vmi_with_claims_and_a_network_naming_a_gpu_resource_is_refused(
         "networks": [{"name": "default", "pod": {}},
                      {"name": "n1", "multus": {"networkName": "gpu-net"}}],
     }  # fmt: skip
-    message = refused(kube, namespace, vmi_body("vm", {"claims": ["a"]}, spec=spec))
+    message = refused(tenant_admin, namespace, vmi_body("vm", {"claims": ["a"]}, spec=spec))
     assert (
         f"spec.networks[1] uses NetworkAttachmentDefinition {namespace}/gpu-net, whose "
         f"{keys.ANNOTATION_NAD_RESOURCE} is {corner.resource()}"
     ) in message, f"a network adding a GPU beyond the claims was admitted: {message}"
     for held, nad in (("b", "plain-net"), ("c", "absent-net")):
         spec["networks"][1]["multus"]["networkName"] = nad
-        create_vmi(kube, namespace, vmi_body(f"vm-{nad}", {"claims": [held]}, spec=spec))
+        create_vmi(tenant_admin, namespace, vmi_body(f"vm-{nad}", {"claims": [held]}, spec=spec))
 
 
 # --- the vGPU guest licence --------------------------------------------------------------
