@@ -1,7 +1,8 @@
 """Tenants as a cluster makes them: a user bound to the built-in ``admin`` role in its own
-namespaces, into which the chart's claim roles and KubeVirt's VM rights aggregate. One way
-for the demo, the lifecycle fuzz and the attack tests to act as a tenant, through the API
-server (impersonation), so what a tenant can do is what the API server lets it do."""
+namespaces, into which the chart's claim roles and KubeVirt's VM rights aggregate, and a
+tenant's pod, calling with its ServiceAccount's token. One way for the demo, the lifecycle
+fuzz and the attack tests to act as a tenant, through the API server (impersonation, or the
+token), so what a tenant can do is what the API server lets it do."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys
+from cozystack_gpu_testkit.chart import helm_template
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
 RBAC = "rbac.authorization.k8s.io"
@@ -114,3 +116,52 @@ def grant_tenant_admin(
     for namespace in namespaces:
         wait_granted(api, user, "create", keys.PLURAL_CLAIMS, namespace=namespace,
                      group=keys.GROUP)  # fmt: skip
+
+
+def as_tenant_admin(api: client.ApiClient, user: str, namespaces: Iterable[str]) -> Kube:
+    """``user`` made the administrator of ``namespaces`` (``grant_tenant_admin``, with the
+    chart's tenant roles as helm renders them), and the API as that user: a client of its
+    own, so ``api`` keeps the admin's identity. What the attack tests call a tenant admin."""
+    roles = helm_template("rbac-tenant.yaml", "cozy-gpu")
+    grant_tenant_admin(api, roles, user, namespaces)
+    return impersonating(client.ApiClient(api.configuration), user)
+
+
+def as_tenant_pod(
+    api: client.ApiClient, namespace: str, account: str = "app", role: str = "edit"
+) -> Kube:
+    """A pod of ``namespace`` that its tenant lets make pods: ServiceAccount ``account``,
+    bound there to the built-in ``role`` (``edit`` writes pods, as a tenant admin may grant
+    its own workloads), and the API as such a pod calls it, with a token of that account
+    (a TokenRequest, as kubelet projects one) and no other credential. The chart grants a
+    pod nothing itself."""
+    user = f"system:serviceaccount:{namespace}:{account}"
+    core = client.CoreV1Api(api)
+    _create(
+        lambda body: core.create_namespaced_service_account(namespace, body),
+        {"metadata": {"name": account}},
+    )
+    _create(
+        lambda body: client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+            namespace, body
+        ),
+        {
+            "metadata": {"name": f"{account}-{role}"},
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    )
+    wait_granted(api, user, "create", "pods", namespace=namespace)
+    token = core.create_namespaced_service_account_token(
+        account, namespace, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    # The server and its CA from the admin's configuration; no client certificate.
+    configuration = client.Configuration()
+    configuration.host = api.configuration.host
+    configuration.ssl_ca_cert = api.configuration.ssl_ca_cert
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    pod = client.ApiClient(configuration)
+    # The API server reads the token as the account's, not as anyone more trusted.
+    review = client.AuthenticationV1Api(pod).create_self_subject_review({})
+    assert review.status.user_info.username == user, review.status.user_info
+    return Kube(pod)

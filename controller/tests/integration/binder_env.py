@@ -11,6 +11,7 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.objects import Kube, binder_config, unless, wait_for
 
 GRACE_S = 2.0
@@ -92,6 +93,12 @@ class Corner:
                 )
         for namespace in (self.tenant, self.controller_ns):
             unless(404, lambda namespace=namespace: core.delete_namespace(namespace))
+
+    def tenant_admin(self) -> Kube:
+        """The API as the tenant admin of this corner's tenant namespace (the built-in
+        ``admin`` role there, the chart's claim roles and KubeVirt's VM rights aggregated
+        into it): for the step of a test that is a tenant's attack."""
+        return tenants.as_tenant_admin(self.kube.api, f"admin-{self.tenant}", [self.tenant])
 
     def node(self, base: str, gpus: int, resource: str | None = None, **kwargs: Any) -> str:
         name = self.name(base)

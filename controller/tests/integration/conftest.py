@@ -12,6 +12,7 @@ from binder_env import GRACE_S, Corner, Env
 
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu_testkit import kubevirt as kubevirt_kit
+from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds
 
 _KUBEVIRT_WEBHOOKS: list[contextlib.ExitStack] = []
@@ -21,6 +22,15 @@ _KUBEVIRT_WEBHOOKS: list[contextlib.ExitStack] = []
 def kube(api_client: Any) -> Kube:
     install_extra_crds(api_client)
     return Kube(api_client)
+
+
+@pytest.fixture
+def tenant_admin(kube: Kube, namespace: str) -> Kube:
+    """The API as the tenant admin of the test's ``namespace`` (the built-in ``admin`` role
+    there, the chart's claim roles and KubeVirt's VM rights aggregated into it), for the
+    step of a test that is a tenant's attack; the rest is the hoster's, or stands in for
+    KubeVirt's and the binder's writes."""
+    return tenants.as_tenant_admin(kube.api, f"admin-{namespace}", [namespace])
 
 
 @pytest.fixture

@@ -37,12 +37,6 @@ TENANT = "tenant-user"
 VIRT_CONTROLLER = "system:serviceaccount:kubevirt-{id}:kubevirt-controller"
 
 
-def as_user(plane: ControlPlane, user: str) -> Kube:
-    api = plane.api_client()
-    api.set_default_header("Impersonate-User", user)
-    return Kube(api)
-
-
 def grant(kube: Kube, namespace: str, *users: str) -> None:
     """What a tenant admin and virt-controller may do in the namespace, for these users."""
     rbac = client.RbacAuthorizationV1Api(kube.api)
@@ -226,7 +220,7 @@ RAW_POD = (
 def test_under_allowed_raw_gpu_names_are_admitted(
     kube: Kube, control_plane: ControlPlane, raw: RawNames, tenant_ns: str
 ) -> None:
-    tenant = as_user(control_plane, TENANT)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
     create_vmi(tenant, tenant_ns, raw_vmi("vm", raw.resource))
     tenant.core.create_namespaced_pod(tenant_ns, launcher("raw", raw.resource, None))
 
@@ -236,7 +230,7 @@ def test_under_forbidden_a_vmi_without_claims_may_not_name_a_gpu(
     kube: Kube, control_plane: ControlPlane, raw: RawNames, tenant_ns: str, where: str
 ) -> None:
     forbidden(raw, kube, tenant_ns)
-    tenant = as_user(control_plane, TENANT)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
     with pytest.raises(ApiException) as caught:
         create_vmi(tenant, tenant_ns, raw_vmi("vm", raw.resource, where))
     names = raw.resource if where != "resources" else f"{raw.resource}, {raw.resource}"
@@ -253,7 +247,9 @@ def test_under_forbidden_a_vmi_with_claims_passes_the_raw_name_policy(
     body["metadata"]["annotations"][keys.ANNOTATION_CLAIMS] = '{"claims": ["a"]}'
     body["metadata"]["labels"][keys.LABEL_CLAIMS_REF] = "true"
     # (No VMI webhook is configured here: the policy alone is under test.)
-    create_vmi(as_user(control_plane, TENANT), tenant_ns, body, dry_run="All")
+    create_vmi(
+        tenants.impersonating(control_plane.api_client(), TENANT), tenant_ns, body, dry_run="All"
+    )
 
 
 def test_under_forbidden_a_tenant_pod_may_not_request_a_gpu(
@@ -261,7 +257,7 @@ def test_under_forbidden_a_tenant_pod_may_not_request_a_gpu(
 ) -> None:
     forbidden(raw, kube, tenant_ns)
     vmi = create_vmi(kube, tenant_ns, vmi_body("vm", labelled=False))
-    tenant = as_user(control_plane, TENANT)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
     for name, owner in (("plain", None), ("forged-launcher", vmi)):
         with pytest.raises(ApiException) as caught:
             tenant.core.create_namespaced_pod(tenant_ns, launcher(name, raw.resource, owner))
@@ -273,7 +269,7 @@ def test_under_forbidden_virt_controller_starts_the_launcher_pod_of_a_vmi_with_c
 ) -> None:
     forbidden(raw, kube, tenant_ns)
     vmi = create_vmi(kube, tenant_ns, vmi_body("vm", {"claims": ["a"]}))
-    controller = as_user(control_plane, raw.virt_controller)
+    controller = tenants.impersonating(control_plane.api_client(), raw.virt_controller)
     # (No pod webhook is configured here: the policy alone is under test.)
     controller.core.create_namespaced_pod(
         tenant_ns, launcher("virt-launcher-vm", raw.resource, vmi, labelled=True)
@@ -304,7 +300,7 @@ def test_under_forbidden_a_missing_settings_configmap_still_refuses_a_raw_gpu_po
     tenant_ns = f"tenant-{raw.id}"
     kube.namespace(tenant_ns, {f"tenant.cozystack.io/{tenant_ns}": ""})
     grant(kube, tenant_ns, TENANT)
-    tenant = as_user(control_plane, TENANT)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
     pod = launcher("raw", raw.resource, None)
     said: list[str] = []
 
@@ -538,7 +534,7 @@ def guarded(
 def test_under_forbidden_a_vmi_uses_claims_only_with_the_reference_label(
     kube: Kube, control_plane: ControlPlane, raw: RawNames, guarded: str
 ) -> None:
-    tenant = as_user(control_plane, TENANT)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
     vmi_name = "VirtualMachineInstance vm"
 
     def create(body: dict[str, Any]) -> Any:
@@ -575,7 +571,7 @@ def test_under_forbidden_the_good_shapes_still_start(
     node = corner.node("n1", 1)
     gpu_class = corner.gpu_class("h100")
     corner.bound(guarded, "a", gpu_class, node=node)
-    tenant = as_user(control_plane, TENANT)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
     started = create_vmi(tenant, guarded, vmi_body("vm", {"claims": ["a"]}), dry_run="All")
     gpus = started["spec"]["domain"]["devices"]["gpus"]
     assert [g["deviceName"] for g in gpus] == [corner.resource()]
@@ -589,7 +585,7 @@ def test_under_forbidden_the_good_shapes_still_start(
 def test_under_forbidden_a_vm_template_uses_claims_only_with_the_reference_label(
     kube: Kube, control_plane: ControlPlane, raw: RawNames, guarded: str
 ) -> None:
-    tenant = as_user(control_plane, TENANT)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
     what = "VirtualMachine vm (spec.template)"
 
     def create(template: dict[str, Any]) -> Any:
@@ -649,7 +645,7 @@ def test_under_forbidden_a_launcher_pod_uses_claims_only_with_the_reference_labe
             kube, tenant_ns, shaped(vmi, annotation, labelled=True)
         )
     forbidden(raw, kube, tenant_ns)
-    controller = as_user(control_plane, raw.virt_controller)
+    controller = tenants.impersonating(control_plane.api_client(), raw.virt_controller)
 
     def create(name: str, vmi: dict[str, Any], *, labelled: bool, **kw: Any) -> Any:
         body = launcher(name, raw.resource, vmi, labelled=labelled)
@@ -834,7 +830,7 @@ class Protection:
         # Until the API server forgets the policy, binders of later tests running under
         # other identities could not remove their finalizers.
         probe = self.kube.get_claim(self.tenant_ns, "probe")
-        tenant = as_user(self.plane, TENANT)
+        tenant = tenants.impersonating(self.plane.api_client(), TENANT)
 
         def forgotten() -> bool:
             try:
@@ -886,7 +882,7 @@ def protection(kube: Kube, control_plane: ControlPlane) -> Iterator[Protection]:
     policy = Protection(kube, control_plane)
     try:
         probe = policy.protected_claim("probe")
-        tenant = as_user(control_plane, TENANT)
+        tenant = tenants.impersonating(control_plane.api_client(), TENANT)
 
         def enforced() -> bool:
             try:
@@ -909,7 +905,7 @@ def test_only_the_controller_may_strip_a_claims_protection_finalizer(
 ) -> None:
     ns = protection.tenant_ns
     claim = protection.protected_claim("spare")
-    tenant = as_user(control_plane, TENANT)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
     claims = (keys.GROUP, keys.VERSION, ns, keys.PLURAL_CLAIMS)
     # kubectl delete gpuclaim spare --wait=false: marked, kept by the finalizer.
     tenant.custom.delete_namespaced_custom_object(*claims, "spare")
@@ -938,7 +934,7 @@ def test_only_the_controller_may_strip_a_claims_protection_finalizer(
         *claims, "probe", {"metadata": {"finalizers": [keys.FINALIZER_CLAIM]}}
     )
     # The controller removes it when the VM has stopped: the claim goes.
-    controller = as_user(control_plane, protection.controller)
+    controller = tenants.impersonating(control_plane.api_client(), protection.controller)
     controller.custom.patch_namespaced_custom_object(
         *claims, "spare", strip_patch(claim), **JSON_PATCH
     )
@@ -958,7 +954,7 @@ def test_only_the_controller_may_strip_a_classs_protection_finalizer(
     kube.custom.patch_cluster_custom_object(
         *classes, name, {"metadata": {"finalizers": [keys.FINALIZER_CLASS]}}
     )
-    admin = as_user(control_plane, PLATFORM_ADMIN)
+    admin = tenants.impersonating(control_plane.api_client(), PLATFORM_ADMIN)
     admin.custom.delete_cluster_custom_object(*classes, name)
     stored = kube.custom.get_cluster_custom_object(*classes, name)
     assert stored["metadata"]["deletionTimestamp"]
@@ -968,7 +964,7 @@ def test_only_the_controller_may_strip_a_classs_protection_finalizer(
         )
     )
     assert message.endswith(STRIP_CLASS.format(controller=protection.controller, name=name))
-    controller = as_user(control_plane, protection.controller)
+    controller = tenants.impersonating(control_plane.api_client(), protection.controller)
     controller.custom.patch_cluster_custom_object(*classes, name, strip_patch(stored), **JSON_PATCH)
 
 
@@ -999,7 +995,7 @@ def test_only_the_controller_creates_template_claims(
         }
 
     claims = (keys.GROUP, keys.VERSION, ns, keys.PLURAL_CLAIMS)
-    tenant = as_user(control_plane, TENANT)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
     message = refused_with(
         lambda: tenant.custom.create_namespaced_custom_object(*claims, template_claim("vm-g"))
     )
@@ -1009,7 +1005,7 @@ def test_only_the_controller_creates_template_claims(
     plain["metadata"]["labels"] = {}
     plain["metadata"]["ownerReferences"] = []
     tenant.custom.create_namespaced_custom_object(*claims, plain)
-    controller = as_user(control_plane, protection.controller)
+    controller = tenants.impersonating(control_plane.api_client(), protection.controller)
     controller.custom.create_namespaced_custom_object(*claims, template_claim("vm-g"))
 
 
@@ -1022,7 +1018,7 @@ def test_a_tenant_admin_cannot_cut_a_template_claim_from_its_vmi(
     ns = protection.tenant_ns
     vmi = create_vmi(kube, ns, vmi_body("vm", {"claimTemplates": [{"name": "g", "class": "h100"}]}))
     claims = (keys.GROUP, keys.VERSION, ns, keys.PLURAL_CLAIMS)
-    controller = as_user(control_plane, protection.controller)
+    controller = tenants.impersonating(control_plane.api_client(), protection.controller)
     made = gate.template_claim(vmi, TemplateEntry("g", "h100", 1))
     controller.custom.create_namespaced_custom_object(*claims, made)
     owners = made["metadata"]["ownerReferences"]
@@ -1038,7 +1034,7 @@ def test_a_tenant_admin_cannot_cut_a_template_claim_from_its_vmi(
             "metadata": {"annotations": {keys.ANNOTATION_TEMPLATE_VMI_UID: None}}
         },
     }
-    tenant = as_user(control_plane, TENANT_ADMIN)
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT_ADMIN)
     expected = TEMPLATE_CUT.format(controller=protection.controller, ns=ns, name="vm-g")
     for what, patch in cuts.items():
         try:

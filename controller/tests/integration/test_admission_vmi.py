@@ -24,7 +24,6 @@ from admission_env import (
     Replica,
     bind,
     create_vmi,
-    helm_template,
     refusal,
     serving,
     vmi_body,
@@ -36,7 +35,6 @@ from cozystack_gpu.binder.rules import gate
 from cozystack_gpu.licensing import rules as licence_rules
 from cozystack_gpu.model.budgets import vgpu_not_entitled
 from cozystack_gpu.objects.annotation import EXPECTED_FORMAT, TemplateEntry
-from cozystack_gpu_testkit import tenants
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -238,22 +236,24 @@ def test_a_claim_that_is_not_bound_is_refused(kube: Kube, corner: Corner, namesp
 
 
 def test_a_vm_cannot_hold_a_template_claim_by_name(
-    kube: Kube, corner: Corner, namespace: str
+    kube: Kube, corner: Corner, namespace: str, tenant_admin: Kube
 ) -> None:
     """A template claim cut from the VMI it was made for stays Bound with no usage record:
-    named in another VM's claims list it would carry its GPUs there unbilled."""
+    named in another VM's claims list it would carry its GPUs there unbilled. The tenant
+    admin names it. It can leave one over: a VMI it deletes with ``--cascade=orphan`` has
+    the garbage collector remove the claim's owner reference, the one change to it the
+    protection policy lets pass (row T7); the test writes what the collector would."""
     node = corner.node("n1", 1)
     gpu_class = corner.gpu_class("h100")
     owner = create_vmi(kube, namespace, vmi_body("owner", labelled=False))
     made = gate.template_claim(owner, TemplateEntry("gpu", gpu_class, 1))
     claims = (keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS)
     kube.custom.create_namespaced_custom_object(*claims, made)
-    # Cut from its VMI, as a tenant admin could before the protection policy refused it.
     kube.custom.patch_namespaced_custom_object(
         *claims, "owner-gpu", {"metadata": {"ownerReferences": None}}
     )
     bind(kube, namespace, "owner-gpu", node)
-    message = refused(kube, namespace, vmi_body("vm", {"claims": ["owner-gpu"]}))
+    message = refused(tenant_admin, namespace, vmi_body("vm", {"claims": ["owner-gpu"]}))
     assert message.endswith(
         "GPUClaim owner-gpu named in gpu.cozystack.io/claims is a template claim (labelled "
         "gpu.cozystack.io/template-claim), made by the controller for one VMI from its "
@@ -571,15 +571,24 @@ def test_a_nic_vf_the_agent_found_to_be_no_gpu_goes_next_to_the_claims(
 
 
 def test_a_vmi_with_claims_and_a_network_naming_a_gpu_resource_is_refused(
-    kube: Kube, corner: Corner, namespace: str
+    kube: Kube, corner: Corner, namespace: str, tenant_admin: Kube
 ) -> None:
     """KubeVirt adds a launcher pod request for the resource a multus network's
     NetworkAttachmentDefinition names: one naming the class's GPU name would be a GPU
-    beyond the claims. One whose definition does not exist (yet) is the gate's to judge."""
+    beyond the claims. One whose definition does not exist (yet) is the gate's to judge.
+
+    The tenant admin may not write such a definition itself (the built-in ``admin`` role
+    grants none, nor does the chart): it names one the hoster made, or one it was let to
+    write, in its VMI."""
     node = corner.node("n1", 3)
     gpu_class = corner.gpu_class("h100")
     for held in ("a", "b", "c"):
         corner.bound(namespace, held, gpu_class, node=node)
+    with pytest.raises(ApiException) as denied:
+        tenant_admin.nad(namespace, "own-net", corner.resource())
+    assert denied.value.status == 403 and "cannot create resource" in refusal(denied.value), (
+        f"RBAC let the tenant admin write a NetworkAttachmentDefinition: {denied.value}"
+    )
     kube.nad(namespace, "gpu-net", corner.resource())
     kube.nad(namespace, "plain-net")
     spec = {
@@ -591,14 +600,14 @@ def test_a_vmi_with_claims_and_a_network_naming_a_gpu_resource_is_refused(
         "networks": [{"name": "default", "pod": {}},
                      {"name": "n1", "multus": {"networkName": "gpu-net"}}],
     }  # fmt: skip
-    message = refused(kube, namespace, vmi_body("vm", {"claims": ["a"]}, spec=spec))
+    message = refused(tenant_admin, namespace, vmi_body("vm", {"claims": ["a"]}, spec=spec))
     assert (
         f"spec.networks[1] uses NetworkAttachmentDefinition {namespace}/gpu-net, whose "
         f"{keys.ANNOTATION_NAD_RESOURCE} is {corner.resource()}"
     ) in message, f"a network adding a GPU beyond the claims was admitted: {message}"
     for held, nad in (("b", "plain-net"), ("c", "absent-net")):
         spec["networks"][1]["multus"]["networkName"] = nad
-        create_vmi(kube, namespace, vmi_body(f"vm-{nad}", {"claims": [held]}, spec=spec))
+        create_vmi(tenant_admin, namespace, vmi_body(f"vm-{nad}", {"claims": [held]}, spec=spec))
 
 
 # --- the vGPU guest licence --------------------------------------------------------------
@@ -737,7 +746,7 @@ def test_a_licensed_start_without_its_copy_is_refused_saying_why(
 
 
 def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
-    control_plane: Any, kube: Kube, corner: Corner, namespace: str, replica: Replica
+    kube: Kube, corner: Corner, namespace: str, replica: Replica, tenant_admin: Kube
 ) -> None:
     """A tenant admin may write Secrets in its namespace: one of the copy's name, carrying
     the copier's labels and a hash right for its own data, is no licence copy (SPEC §10)."""
@@ -745,13 +754,12 @@ def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
     node = corner.node("n1", 1)
     gpu_class = licensed_class(kube, corner, replica)
     corner.bound(namespace, "a", gpu_class, node=node)
-    tenant = as_tenant_admin(control_plane, kube, namespace)
     fake = ((keys.LICENSE_FEATURE_TYPE_KEY, "MQ=="), (keys.LICENSE_TOKEN_KEY, "bWluZQ=="))
     forged = licence_rules.Copy(namespace, keys.license_copy_name(gpu_class), gpu_class, fake)
-    tenant.core.create_namespaced_secret(namespace, licence_rules.copy_body(forged))
+    tenant_admin.core.create_namespaced_secret(namespace, licence_rules.copy_body(forged))
     message = ""
     try:
-        started = create_vmi(tenant, namespace, vmi_body("vm", {"claims": ["a"]}))
+        started = create_vmi(tenant_admin, namespace, vmi_body("vm", {"claims": ["a"]}))
     except ApiException as exc:
         assert exc.status == 403, f"the tenant's VMI was not refused by the webhook: {exc}"
         message = refusal(exc)
@@ -766,18 +774,9 @@ def test_a_tenant_admins_own_licence_secret_does_not_license_a_start(
     assert "its data is not the hoster's current token" in message
     assert "attachedTo" not in status(claim(kube, namespace, "a"))
     # The same Secret without the copier's labels is refused the same way.
-    tenant.core.replace_namespaced_secret(
+    tenant_admin.core.replace_namespaced_secret(
         forged.name, namespace, {"metadata": {"name": forged.name}, "data": dict(fake)}
     )
     assert "is not the controller's copy" in refused(
         kube, namespace, vmi_body("vm", {"claims": ["a"]})
     )
-
-
-def as_tenant_admin(plane: Any, kube: Kube, namespace: str) -> Kube:
-    """The namespace's tenant admin: the built-in admin role, with the chart's claim roles
-    and KubeVirt's VM rights aggregated into it."""
-    user = f"admin-{namespace}"
-    roles = helm_template("rbac-tenant.yaml", "cozy-gpu")
-    tenants.grant_tenant_admin(kube.api, roles, user, [namespace])
-    return tenants.impersonating(plane.api_client(), user)

@@ -374,14 +374,17 @@ def test_a_running_vms_template_claim_cannot_be_freed_by_deleting_it(vms: Env) -
     name = keys.template_claim_name("vm", "gpu")
     held = env.wait_phase(name, "Attached")
     assert held["status"]["attachedToUID"] == vmi["metadata"]["uid"]
-    # The tenant deletes the claim its running VM uses: it stays, and so does its unit.
-    env.kube.custom.delete_namespaced_custom_object(
+    # The tenant admin deletes the claim its running VM uses (its role deletes claims, so
+    # the API server takes the delete): the claim stays, and so does its unit.
+    tenant = env.tenant_admin()
+    tenant.custom.delete_namespaced_custom_object(
         keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_CLAIMS, name
     )
-    # The claim webhook counts the unit as the running VM's too: the next order is refused
-    # at create time (unchecked by a webhook, it waited Pending with the same reason).
+    # The claim webhook counts the unit as the running VM's too: the tenant's next order is
+    # refused at create time (unchecked by a webhook, it waited Pending with the same
+    # reason).
     with pytest.raises(ApiException) as refused:
-        env.kube.claim(env.tenant, "next", gpu_class, 1)
+        tenant.claim(env.tenant, "next", gpu_class, 1)
     assert refused.value.status == 403
     assert "has 1 free unit" in refusal(refused.value), refusal(refused.value)
     still = env.kube.get_claim(env.tenant, name)
@@ -395,7 +398,7 @@ def test_a_running_vms_template_claim_cannot_be_freed_by_deleting_it(vms: Env) -
         30,
         "the deleted template claim gone once its VMI stopped",
     )
-    order(env.kube, env.tenant, "next", gpu_class, 1)
+    order(tenant, env.tenant, "next", gpu_class, 1)
     env.wait_phase("next", "Bound", timeout=30)
 
 
@@ -420,8 +423,9 @@ def test_a_claim_forged_under_a_template_claim_name_is_never_adopted(vms: Env) -
     virt_nodes(env, "n1", gpus=2)
     gpu_class = env.gpu_class(maxCount=2)
     forged = keys.template_claim_name("vm", "gpu")
-    # The tenant orders a claim of twice the count under the name the template claim gets.
-    order(env.kube, env.tenant, forged, gpu_class, 2)
+    # The tenant admin orders a claim of twice the count under the name the template claim
+    # gets (unlabelled, so the protection policy lets its role create it).
+    order(env.tenant_admin(), env.tenant, forged, gpu_class, 2)
     env.wait_phase(forged, "Bound")
     vmi = start_vm(env, {"claimTemplates": [{"name": "gpu", "class": gpu_class, "count": 1}]})
 

@@ -392,14 +392,18 @@ def test_a_network_naming_the_gpu_resource_keeps_the_launcher_pod_gated(vms: Env
     NetworkAttachmentDefinition names. Here the definition does not exist yet when the VMI
     is admitted (so the VMI webhook cannot tell); virt-controller renders the pod once it
     exists, asking 2 units for a 1-unit claim template: the gate keeps it gated and says
-    how much beyond the claims, from which container."""
+    how much beyond the claims, from which container.
+
+    The tenant admin creates the VM; the definition is written after, as the hoster (the
+    tenant admin's roles write none: test_admission_vmi.py shows the 403)."""
     env = vms
     kube = env.kube
     node = env.node("n1", 2)
     kubevirt_kit.as_virt_handler(kube.api, node)
     gpu_class = env.gpu_class(maxCount=2)
     request = {"claimTemplates": [{"name": "g", "class": gpu_class}]}
-    kubevirt_kit.create_vm(kube, env.tenant, "vm", request, networks={"gpunet": "gpu-net"})
+    tenant = env.tenant_admin()
+    kubevirt_kit.create_vm(tenant, env.tenant, "vm", request, networks={"gpunet": "gpu-net"})
     vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
     kube.nad(env.tenant, "gpu-net", env.resource)
     pod = kubevirt_kit.wait_launcher(kube, env.tenant, vmi)

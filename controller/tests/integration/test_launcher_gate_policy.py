@@ -43,12 +43,6 @@ class GatePolicy:
     never_class: str
 
 
-def _as(plane: ControlPlane, user: str) -> Kube:
-    api = plane.api_client()
-    api.set_default_header("Impersonate-User", user)
-    return Kube(api)
-
-
 def _gated_pod(name: str, priority_class: str | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "containers": [{"name": "compute", "image": "virt-launcher"}],
@@ -102,8 +96,8 @@ def gate_policy(kube: Kube, control_plane: ControlPlane) -> Iterator[GatePolicy]
     policy = GatePolicy(
         namespace,
         controller,
-        _as(control_plane, TENANT_ADMIN),
-        _as(control_plane, controller),
+        tenants.impersonating(control_plane.api_client(), TENANT_ADMIN),
+        tenants.impersonating(control_plane.api_client(), controller),
         urgent,
         never,
     )

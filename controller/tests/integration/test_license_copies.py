@@ -129,15 +129,6 @@ class Licences:
         return found
 
 
-def tenant_admin(plane: Any, kube: Kube, namespace: str, user: str) -> client.CoreV1Api:
-    """A tenant's administrator as Cozystack makes one: the built-in ``admin`` role (the
-    chart's claim roles aggregate into it; it reads and writes the namespace's Secrets),
-    bound in the tenant's namespace only; the API as that user."""
-    roles = helm_template("rbac-tenant.yaml", "cozy-gpu")
-    tenants.grant_tenant_admin(kube.api, roles, user, [namespace])
-    return tenants.impersonating(plane.api_client(), user).core
-
-
 @pytest.fixture
 def licences(kube: Kube, corner: Corner) -> Iterator[Licences]:
     made = Licences(kube, corner)
@@ -355,12 +346,12 @@ def test_a_class_naming_a_secret_not_marked_as_a_licence_token_gets_no_copy_and_
 
 
 def test_a_tenant_admins_own_secret_of_the_copys_name_is_replaced_by_the_controllers(
-    control_plane: Any, kube: Kube, licences: Licences
+    kube: Kube, licences: Licences
 ) -> None:
     name = licences.copy_name
     # Made before the namespace is entitled, without the copier's labels: the copier does
     # not see it until it writes its own copy there, and then takes the name over.
-    tenant = tenant_admin(control_plane, kube, licences.plain, "tenant-b")
+    tenant = tenants.as_tenant_admin(kube.api, "tenant-b", [licences.plain]).core
     tenant.create_namespaced_secret(
         licences.plain, {"metadata": {"name": name}, "data": {TOKEN: _b64("mine")}}
     )
@@ -369,7 +360,7 @@ def test_a_tenant_admins_own_secret_of_the_copys_name_is_replaced_by_the_control
 
     # Over the controller's copy, with the copier's labels and a hash right for its data.
     licences.wait_controllers_copy(licences.entitled, "the first copy")
-    owner = tenant_admin(control_plane, kube, licences.entitled, "tenant-a")
+    owner = tenants.as_tenant_admin(kube.api, "tenant-a", [licences.entitled]).core
     fake = ((keys.LICENSE_FEATURE_TYPE_KEY, _b64("4")), (TOKEN, _b64("mine")))
     forged = rules.copy_body(rules.Copy(licences.entitled, name, licences.gpu_class, fake))
     owner.replace_namespaced_secret(name, licences.entitled, forged)
@@ -377,11 +368,11 @@ def test_a_tenant_admins_own_secret_of_the_copys_name_is_replaced_by_the_control
 
 
 def test_a_tenant_admin_cannot_read_another_tenants_licence_copy(
-    control_plane: Any, kube: Kube, licences: Licences
+    kube: Kube, licences: Licences
 ) -> None:
     licences.wait_controllers_copy(licences.entitled, "the copy")
     # The admin of a namespace with no entitlement, reaching for an entitled tenant's token.
-    other = tenant_admin(control_plane, kube, licences.plain, "tenant-b")
+    other = tenants.as_tenant_admin(kube.api, "tenant-b", [licences.plain]).core
     calls: list[tuple[Any, tuple[str, ...]]] = [
         (other.read_namespaced_secret, (licences.copy_name, licences.entitled)),
         (other.list_namespaced_secret, (licences.entitled,)),

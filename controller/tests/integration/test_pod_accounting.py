@@ -1,10 +1,12 @@
 """Pod accounting as a tenant allowed raw names meets it (SPEC §7): a pod is covered by
 claims only as the one launcher pod of a live VMI; every other pod requesting a GPU name
-is raw usage on its node, whatever its labels and owner references say. The tenant is an
-impersonated user with pod rights in its namespace (``rawResourceNames: allowed`` lets a
-tenant run GPU pods); the binder is the real one on the real API server, and what it
-counts shows in the next order it judges: refused for capacity while the pod holds the
-node's last unit."""
+is raw usage on its node, whatever its labels and owner references say. The attacker is a
+tenant's pod (docs/security.md, rows P2 to P4): a ServiceAccount of the tenant namespace
+that its tenant let make pods (the built-in ``edit`` role), calling with its own token
+(``rawResourceNames: allowed`` lets a tenant run GPU pods). The binder is the real one on
+the real API server, and what it counts shows in the next order it judges: refused for
+capacity while the pod holds the node's last unit.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from typing import Any
 
 import pytest
 from binder_env import Env, condition
-from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import tenants
@@ -20,24 +21,13 @@ from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
 
-TENANT = "tenant-pods"
 JUDGED_S = 15
 
 
 def tenant(env: Env) -> Kube:
-    """The tenant, allowed to create, patch and delete pods in its namespace."""
-    rbac = client.RbacAuthorizationV1Api(env.kube.api)
-    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "patch"]}]
-    rbac.create_namespaced_role(env.tenant, {"metadata": {"name": "pods"}, "rules": rules})
-    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"}
-    subject = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}
-    rbac.create_namespaced_role_binding(
-        env.tenant, {"metadata": {"name": "pods"}, "roleRef": ref, "subjects": [subject]}
-    )
-    tenants.wait_granted(env.kube.api, TENANT, "create", "pods", namespace=env.tenant)
-    api = client.ApiClient(env.kube.api.configuration)
-    api.set_default_header("Impersonate-User", TENANT)
-    return Kube(api)
+    """A pod of the tenant namespace, with its ServiceAccount's token: it writes pods
+    there, and has nothing else of the admin's."""
+    return tenants.as_tenant_pod(env.kube.api, env.tenant)
 
 
 def gpu_pod(env: Env, name: str, node: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:

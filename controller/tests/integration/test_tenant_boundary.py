@@ -24,14 +24,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from admission_env import Corner, Replica, create_vmi, helm_template, refusal, serving, vmi_body
+from admission_env import Corner, Replica, create_vmi, refusal, serving, vmi_body
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube
-from cozystack_gpu_testkit.tenants import grant_tenant_admin, impersonating
+from cozystack_gpu_testkit.tenants import as_tenant_admin
 
 pytestmark = pytest.mark.apiserver
 
@@ -62,9 +62,7 @@ def client_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Kube
 
 
 @pytest.fixture
-def tenants(
-    control_plane: ControlPlane, kube: Kube, replica: Replica
-) -> tuple[Kube, str, str, Corner]:
+def tenants(kube: Kube, replica: Replica) -> tuple[Kube, str, str, Corner]:
     """The attacker's own namespace, another tenant's, and the attacker as the chart's
     tenant admin of its own namespace only."""
     corner = Corner(kube)
@@ -72,8 +70,7 @@ def tenants(
     for namespace in (own, other):
         kube.namespace(namespace, {f"tenant.cozystack.io/{namespace}": ""})
     user = f"{ATTACKER}-{corner.id}"
-    grant_tenant_admin(kube.api, helm_template("rbac-tenant.yaml", "cozy-gpu"), user, [own])
-    attacker = impersonating(control_plane.api_client(), user)
+    attacker = as_tenant_admin(kube.api, user, [own])
     return attacker, own, other, corner
 
 
