@@ -58,6 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if kubeconfig:
+        # Before anything is written: what is there already is not the demo's to change,
+        # nor, at `make demo-down`, to delete.
+        try:
+            found = platform.already_there(kubeconfig, str(cluster.binary_dir()))
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if found:
+            print(f"error: {platform.refusal(kubeconfig, found)}", file=sys.stderr)
+            return 2
     if notice:
         print("\n".join(notice), flush=True)
     if kubeconfig and sys.stdout.isatty():

@@ -62,6 +62,7 @@ def prepare(options: Options) -> Demo:
         kubeconfig=options.kubeconfig or "",
         bin_dir=str(cluster.binary_dir()),
         own_plane=options.kubeconfig is None,
+        run=platform.new_run(),
         images=dict(options.images),
     )
     state.save()

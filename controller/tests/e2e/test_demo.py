@@ -25,6 +25,23 @@ pytestmark = pytest.mark.apiserver
 ACTS = ("Hosts", "Catalog", "Orders", "A VM starts", "Life goes on", "Day two", "The end")
 
 
+def _marks(state: platform.State) -> dict[str, str | None]:
+    """The run mark each of the demo's objects there carries (None: none), the release's
+    too, by kind and name."""
+    api = platform.admin_client(state.kubeconfig)
+    marks: dict[str, str | None] = {}
+    for kind in platform.FOREIGN_KINDS:
+        for name in kind.names:
+            obj = platform.read_foreign(api, kind, name)
+            if obj is not None:
+                marks[kind.what(name)] = (obj["metadata"].get("labels") or {}).get(platform.MARK)
+    marked = platform.release_listed(
+        state.kubeconfig, state.bin_dir, f"{platform.MARK}={state.run}"
+    )
+    marks[platform.FOREIGN_RELEASE] = state.run if marked else None
+    return marks
+
+
 def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     # Short: kubelet's pod-resources sockets live below it (unix socket paths are short).
     directory = Path(tempfile.mkdtemp(prefix="cgd-"))
@@ -33,6 +50,7 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     try:
         story.play(demo)
         writes = platform.audited_writes(directory)
+        marks = _marks(demo.state)
     except DemoFailure as failure:
         kept = tmp_path / "demo-logs"
         shutil.copytree(directory / "logs", kept)
@@ -101,3 +119,16 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
         assert node in top, top
     assert "as alice: exit 1: error: top needs to list nodes" in text, text
     assert not directory.exists(), "demo down leaves nothing behind"
+    # Each object of the demo's names, and its release, carries the run's mark: on a cluster
+    # it did not start, what `make demo-down` removes by.
+    made = {
+        *(f"namespace {n}" for n in platform.FOREIGN_NAMESPACES),
+        *(f"gpuclass {n}" for n in platform.FOREIGN_CLASSES),
+        *(f"node {n}" for n in platform.FOREIGN_NODES),
+        f"secret {platform.NAMESPACE}/{platform.FOREIGN_SECRET}",
+        f"serviceaccount {platform.NAMESPACE}/{platform.FOREIGN_SERVICE_ACCOUNT}",
+        f"endpointslice {platform.NAMESPACE}/{platform.FOREIGN_ENDPOINT_SLICE}",
+        platform.FOREIGN_RELEASE,
+    }
+    assert set(marks) >= made, marks
+    assert {what for what, run in marks.items() if run != demo.state.run} == set(), marks

@@ -28,6 +28,7 @@ from cozystack_gpu_testkit import cluster, tenants
 from cozystack_gpu_testkit.demo import platform, story
 from cozystack_gpu_testkit.demo.__main__ import main as demo_main
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
+from cozystack_gpu_testkit.webhook_route import route_service
 
 pytestmark = pytest.mark.apiserver
 
@@ -74,6 +75,8 @@ def clean(foreign: cluster.ControlPlane) -> Iterator[None]:
     for args in (
         ["delete", "namespace", *platform.FOREIGN_NAMESPACES],
         ["delete", "gpuclasses.gpu.cozystack.io", *platform.FOREIGN_CLASSES],
+        ["-n", platform.NAMESPACE, "delete", "endpointslice", platform.FOREIGN_ENDPOINT_SLICE],
+        ["-n", platform.NAMESPACE, "delete", "serviceaccount", platform.FOREIGN_SERVICE_ACCOUNT],
         ["-n", platform.NAMESPACE, "delete", "secret", platform.FOREIGN_SECRET],
         ["delete", "node", *platform.FOREIGN_NODES],
         ["delete", "clusterrole", tenants.KUBEVIRT_ADMIN_STAND_IN],
@@ -127,6 +130,12 @@ def _what_the_demo_made(api: client.ApiClient, run: str, *, but: Collection[str]
         core.create_namespaced_secret(
             platform.NAMESPACE, {"metadata": metadata, "stringData": {"t": "stand-in"}}
         )
+    if "serviceaccount" not in but:
+        metadata = {"name": platform.FOREIGN_SERVICE_ACCOUNT, "labels": mark}
+        core.create_namespaced_service_account(platform.NAMESPACE, {"metadata": metadata})
+    if "endpointslice" not in but:  # at a TEST-NET address: the API server refuses loopback
+        route_service(api, platform.NAMESPACE, "cozystack-gpu-webhook", "192.0.2.1", 1,
+                      labels=mark)  # fmt: skip
     for name in platform.FOREIGN_NODES:
         if f"node {name}" not in but:
             core.create_node({"metadata": {"name": name, "labels": mark}})
@@ -152,6 +161,10 @@ def _left(api: client.ApiClient) -> list[str]:
         ),
         *((f"node {n}", lambda n=n: core.read_node(n)) for n in platform.FOREIGN_NODES),
         ("secret", lambda: core.read_namespaced_secret(secret, platform.NAMESPACE)),
+        ("serviceaccount", lambda: core.read_namespaced_service_account(
+            platform.FOREIGN_SERVICE_ACCOUNT, platform.NAMESPACE)),
+        ("endpointslice", lambda: client.DiscoveryV1Api(api).read_namespaced_endpoint_slice(
+            platform.FOREIGN_ENDPOINT_SLICE, platform.NAMESPACE)),
         ("clusterrole", lambda: rbac.read_cluster_role(tenants.KUBEVIRT_ADMIN_STAND_IN)),
     ]  # fmt: skip
     return [what for what, read in reads if unless(404, read) is not None]
@@ -213,7 +226,7 @@ def test_demo_down_removes_what_the_demo_made_in_a_cluster_it_did_not_start(
     removed = [line for line in said if line.startswith("# removed: ")]
     assert removed[0] == f"# removed: namespace {' '.join(platform.FOREIGN_NAMESPACES)}", said
     assert f"# removed: helm release {platform.NAMESPACE}/{platform.RELEASE}" in removed, said
-    assert len(removed) == 6, said
+    assert len(removed) == 8, said
     assert not [line for line in said if "left alone" in line], said
     assert said[-1].startswith("# demo stopped: its processes, and what it made in the cluster")
 
@@ -230,11 +243,12 @@ def test_demo_down_names_what_it_could_not_remove_and_the_command_that_does(
     state = _foreign_state(tmp_path / "demo", foreign, RUN)
     try:
         left = platform.remove_foreign(state, say=lambda _line: None, timeout=3)
-        # Only the stuck namespace's command is left, named as a person would run it, with
-        # why (tenant-root is still there).
+        # Only the namespaces' command is left (the others may not be gone within 3 s either),
+        # named as a person would run it, with why: tenant-root is still there.
         (only,) = left
-        command = f"kubectl delete namespace {platform.FOREIGN_NAMESPACES[0]}  # "
-        assert only.startswith(command) and "still there" in only[len(command) :], left
+        command = f"kubectl delete namespace {platform.FOREIGN_NAMESPACES[0]}"
+        assert only.startswith(command), left
+        assert "  # still there after 3 s: namespace tenant-root" in only, left
         # The rest goes all the same (the other namespaces once their controller is done).
         only_stuck = [f"namespace {platform.FOREIGN_NAMESPACES[0]}"]
         wait_for(lambda: _left(api) == only_stuck, 60, f"only {only_stuck} left")

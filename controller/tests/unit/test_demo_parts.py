@@ -148,5 +148,8 @@ def test_the_demo_never_writes_to_a_cluster_it_was_not_told_to_use() -> None:
     told = "\n".join(notice)
     for made in ("gpu-h100-01", "tenant-acme-research", "l40s-24c", "nls-token", "make demo-down"):
         assert made in told, made
+    # What it makes there is marked, and only what is marked goes again.
+    assert "labelled with this run's id as\n! demo.cozystack.io/run." in told, told
+    assert "removes only what" in told and "carries this run's label" in told, told
     with pytest.raises(ValueError, match="KUBECONFIG is not set"):
         chosen_cluster(None, existing=True)

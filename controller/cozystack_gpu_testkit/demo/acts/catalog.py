@@ -71,7 +71,7 @@ def _token_secret(demo: Demo) -> None:
     body = {
         "metadata": {
             "name": TOKEN_SECRET,
-            "labels": {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK},
+            "labels": {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK, **demo.state.mark},
         },
         "data": {keys.LICENSE_TOKEN_KEY: base64.b64encode(STAND_IN_TOKEN).decode()},
     }
@@ -116,11 +116,12 @@ def _metrics_token(demo: Demo) -> str:
     """A token of the ServiceAccount CHART_VALUES binds to the metrics reader role, as the
     hoster's Prometheus pod would have."""
     if not demo.metrics_token:
-        account = "prometheus"
+        account = platform.FOREIGN_SERVICE_ACCOUNT
+        metadata = {"name": account, "labels": demo.state.mark}
         unless(
             409,
             lambda: demo.kube.core.create_namespaced_service_account(
-                platform.NAMESPACE, {"metadata": {"name": account}}
+                platform.NAMESPACE, {"metadata": metadata}
             ),
         )
         demo.metrics_token = str(

@@ -37,7 +37,11 @@ CHART_VALUES: dict[str, Any] = {
     "metrics": {
         "reader": {
             "subjects": [
-                {"kind": "ServiceAccount", "name": "prometheus", "namespace": platform.NAMESPACE}
+                {
+                    "kind": "ServiceAccount",
+                    "name": platform.FOREIGN_SERVICE_ACCOUNT,
+                    "namespace": platform.NAMESPACE,
+                }
             ]
         }
     },
@@ -124,7 +128,7 @@ class Demo:
     def connect(self) -> None:
         self.api = platform.admin_client(self.state.kubeconfig)
         self.kube = Kube(self.api)
-        self.kubelets = Kubelets(self.kube, self.dir)
+        self.kubelets = Kubelets(self.kube, self.dir, mark=self.state.mark)
         self.pods = platform.LocalPods(self.state, self.api, self.options.detach)
 
     def as_tenant(self, namespace: str) -> Kube:
@@ -221,6 +225,8 @@ class Demo:
             "-i", str(ANSIBLE_DIR / "inventory.yml"),
             "-e", f"demo_dir={self.dir}",
             "-e", f"demo_kubeconfig={self.state.kubeconfig}",
+            # The run's mark, on what the playbooks make (the catalog's classes).
+            "-e", json.dumps({"demo_labels": self.state.mark}),
             str(ANSIBLE_DIR / playbook),
         ]  # fmt: skip
         log = self.logs / log_name

@@ -30,7 +30,10 @@ def platform_act(demo: Demo) -> None:
     with console.step("control plane") as found:
         if demo.options.kubeconfig:
             found.append(f"USING THE CLUSTER AT $KUBECONFIG ({demo.options.kubeconfig}):")
-            found.append("the demo creates Nodes, namespaces and the chart's release there")
+            found.append(
+                "the demo creates Nodes, namespaces and the chart's release there, each "
+                f"labelled {platform.MARK}={state.run} (what `make demo-down` removes)"
+            )
         else:
             bin_dir = Path(state.bin_dir)
             plane = platform.start_plane(demo.dir, bin_dir, detach=demo.options.detach)
@@ -42,7 +45,9 @@ def platform_act(demo: Demo) -> None:
             )
         demo.connect()
         if demo.options.kubeconfig:
-            cluster.install_crds(demo.api, [cluster.kubevirt_crds(Path(state.bin_dir))])
+            # Only those it lacks: a cluster's own KubeVirt CRDs are not the demo's to change.
+            crds = [cluster.kubevirt_crds(Path(state.bin_dir))]
+            cluster.install_crds(demo.api, crds, replace=False)
         found.append(f"KubeVirt's CRDs (virt-operator {_kubevirt_version()}), no kubelets")
 
     with console.step("helm install cozystack-gpu controller/chart -n cozy-gpu") as found:
@@ -64,7 +69,10 @@ def platform_act(demo: Demo) -> None:
         demo.controller = pod
         demo.pods.wait_ready(pod)
         service = platform.webhook_service(demo.api)
-        route_service(demo.api, platform.NAMESPACE, service, host_address(), pod.ports["webhook"])
+        route_service(
+            demo.api, platform.NAMESPACE, service, host_address(), pod.ports["webhook"],
+            labels=state.mark,
+        )  # fmt: skip
         wait_until(
             lambda: _webhook_answers(demo),
             expected=f"the API server to reach the webhooks through Service {service}",
