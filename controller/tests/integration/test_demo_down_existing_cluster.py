@@ -25,10 +25,12 @@ from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, tenants
-from cozystack_gpu_testkit.demo import platform, story
+from cozystack_gpu_testkit.demo import existing_cluster, platform, run_state, story
 from cozystack_gpu_testkit.demo.__main__ import main as demo_main
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 from cozystack_gpu_testkit.webhook_route import route_service
+
+NAMESPACE = run_state.NAMESPACE  # the chart's release namespace
 
 pytestmark = pytest.mark.apiserver
 
@@ -71,14 +73,26 @@ def clean(foreign: cluster.ControlPlane) -> Iterator[None]:
     yield
     kubectl = [str(cluster.binary_dir() / "kubectl"), "--kubeconfig", str(foreign.kubeconfig)]
     gone = ["--ignore-not-found", "--wait", "--timeout", "60s"]
-    _helm(foreign, "uninstall", platform.RELEASE, "--wait")
+    _helm(foreign, "uninstall", run_state.RELEASE, "--wait")
     for args in (
-        ["delete", "namespace", *platform.FOREIGN_NAMESPACES],
-        ["delete", "gpuclasses.gpu.cozystack.io", *platform.FOREIGN_CLASSES],
-        ["-n", platform.NAMESPACE, "delete", "endpointslice", platform.FOREIGN_ENDPOINT_SLICE],
-        ["-n", platform.NAMESPACE, "delete", "serviceaccount", platform.FOREIGN_SERVICE_ACCOUNT],
-        ["-n", platform.NAMESPACE, "delete", "secret", platform.FOREIGN_SECRET],
-        ["delete", "node", *platform.FOREIGN_NODES],
+        ["delete", "namespace", *existing_cluster.FOREIGN_NAMESPACES],
+        ["delete", "gpuclasses.gpu.cozystack.io", *existing_cluster.FOREIGN_CLASSES],
+        [
+            "-n",
+            run_state.NAMESPACE,
+            "delete",
+            "endpointslice",
+            existing_cluster.FOREIGN_ENDPOINT_SLICE,
+        ],
+        [
+            "-n",
+            run_state.NAMESPACE,
+            "delete",
+            "serviceaccount",
+            existing_cluster.FOREIGN_SERVICE_ACCOUNT,
+        ],
+        ["-n", run_state.NAMESPACE, "delete", "secret", existing_cluster.FOREIGN_SECRET],
+        ["delete", "node", *existing_cluster.FOREIGN_NODES],
         ["delete", "clusterrole", tenants.KUBEVIRT_ADMIN_STAND_IN],
     ):
         subprocess.run([*kubectl, *args, *gone], capture_output=True, check=True)
@@ -86,7 +100,7 @@ def clean(foreign: cluster.ControlPlane) -> Iterator[None]:
 
 def _helm(plane: cluster.ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(cluster.binary_dir() / "helm"), *args, "-n", platform.NAMESPACE,
+        [str(cluster.binary_dir() / "helm"), *args, "-n", run_state.NAMESPACE,
          "--kubeconfig", str(plane.kubeconfig)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -94,14 +108,14 @@ def _helm(plane: cluster.ControlPlane, *args: str) -> subprocess.CompletedProces
 
 def _install(plane: cluster.ControlPlane, chart: Path, *labels: str) -> None:
     """The chart ``chart`` as release cozystack-gpu in cozy-gpu, with release ``labels``."""
-    args = ["install", platform.RELEASE, str(chart), "--create-namespace", "--wait"]
+    args = ["install", run_state.RELEASE, str(chart), "--create-namespace", "--wait"]
     done = _helm(plane, *args, *(["--labels", ",".join(labels)] if labels else []))
     assert done.returncode == 0, done.stderr
 
 
 def _release(plane: cluster.ControlPlane) -> dict[str, Any] | None:
     """Release cozystack-gpu as helm lists it (revision, status), or None."""
-    done = _helm(plane, "list", "-a", "--filter", f"^{platform.RELEASE}$", "-o", "json")
+    done = _helm(plane, "list", "-a", "--filter", f"^{run_state.RELEASE}$", "-o", "json")
     assert done.returncode == 0, done.stderr
     found: list[dict[str, Any]] = json.loads(done.stdout)
     return {k: found[0][k] for k in ("revision", "status", "chart")} if found else None
@@ -112,31 +126,31 @@ def _what_the_demo_made(api: client.ApiClient, run: str, *, but: Collection[str]
     :func:`_left` names them)."""
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
     mark = {MARK: run}
-    for namespace in platform.FOREIGN_NAMESPACES:
+    for namespace in existing_cluster.FOREIGN_NAMESPACES:
         if f"namespace {namespace}" not in but:
             core.create_namespace({"metadata": {"name": namespace, "labels": mark}})
     # The chart's namespace is helm's (--create-namespace) and is never removed.
-    unless(409, lambda: core.create_namespace({"metadata": {"name": platform.NAMESPACE}}))
+    unless(409, lambda: core.create_namespace({"metadata": {"name": run_state.NAMESPACE}}))
     # KubeVirt's VM rights stood in for (the cluster has no KubeVirt), as the demo does.
     if "clusterrole" not in but:
         stand_in = {"metadata": {"name": tenants.KUBEVIRT_ADMIN_STAND_IN, "labels": mark}}
         rbac.create_cluster_role({**stand_in, "rules": []})
-    for name in platform.FOREIGN_CLASSES:
+    for name in existing_cluster.FOREIGN_CLASSES:
         if f"gpuclass {name}" not in but:
             Kube(api).gpu_class(name, f"nvidia.com/{name}", model=name)
             _label_class(api, name, mark)
     if "secret" not in but:
-        metadata = {"name": platform.FOREIGN_SECRET, "labels": mark}
+        metadata = {"name": existing_cluster.FOREIGN_SECRET, "labels": mark}
         core.create_namespaced_secret(
-            platform.NAMESPACE, {"metadata": metadata, "stringData": {"t": "stand-in"}}
+            run_state.NAMESPACE, {"metadata": metadata, "stringData": {"t": "stand-in"}}
         )
     if "serviceaccount" not in but:
-        metadata = {"name": platform.FOREIGN_SERVICE_ACCOUNT, "labels": mark}
-        core.create_namespaced_service_account(platform.NAMESPACE, {"metadata": metadata})
+        metadata = {"name": existing_cluster.FOREIGN_SERVICE_ACCOUNT, "labels": mark}
+        core.create_namespaced_service_account(run_state.NAMESPACE, {"metadata": metadata})
     if "endpointslice" not in but:  # at a TEST-NET address: the API server refuses loopback
-        route_service(api, platform.NAMESPACE, "cozystack-gpu-webhook", "192.0.2.1", 1,
+        route_service(api, run_state.NAMESPACE, "cozystack-gpu-webhook", "192.0.2.1", 1,
                       labels=mark)  # fmt: skip
-    for name in platform.FOREIGN_NODES:
+    for name in existing_cluster.FOREIGN_NODES:
         if f"node {name}" not in but:
             core.create_node({"metadata": {"name": name, "labels": mark}})
 
@@ -151,28 +165,28 @@ def _left(api: client.ApiClient) -> list[str]:
     """The demo's objects still in the cluster, by kind and name."""
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
     custom = client.CustomObjectsApi(api)
-    names, secret = platform.FOREIGN_NAMESPACES, platform.FOREIGN_SECRET
+    names, secret = existing_cluster.FOREIGN_NAMESPACES, existing_cluster.FOREIGN_SECRET
     reads = [
         *((f"namespace {n}", lambda n=n: core.read_namespace(n)) for n in names),
         *(
             (f"gpuclass {n}", lambda n=n: custom.get_cluster_custom_object(
                 keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, n))
-            for n in platform.FOREIGN_CLASSES
+            for n in existing_cluster.FOREIGN_CLASSES
         ),
-        *((f"node {n}", lambda n=n: core.read_node(n)) for n in platform.FOREIGN_NODES),
-        ("secret", lambda: core.read_namespaced_secret(secret, platform.NAMESPACE)),
+        *((f"node {n}", lambda n=n: core.read_node(n)) for n in existing_cluster.FOREIGN_NODES),
+        ("secret", lambda: core.read_namespaced_secret(secret, run_state.NAMESPACE)),
         ("serviceaccount", lambda: core.read_namespaced_service_account(
-            platform.FOREIGN_SERVICE_ACCOUNT, platform.NAMESPACE)),
+            existing_cluster.FOREIGN_SERVICE_ACCOUNT, run_state.NAMESPACE)),
         ("endpointslice", lambda: client.DiscoveryV1Api(api).read_namespaced_endpoint_slice(
-            platform.FOREIGN_ENDPOINT_SLICE, platform.NAMESPACE)),
+            existing_cluster.FOREIGN_ENDPOINT_SLICE, run_state.NAMESPACE)),
         ("clusterrole", lambda: rbac.read_cluster_role(tenants.KUBEVIRT_ADMIN_STAND_IN)),
     ]  # fmt: skip
     return [what for what, read in reads if unless(404, read) is not None]
 
 
-def _foreign_state(directory: Path, plane: cluster.ControlPlane, run: str) -> platform.State:
+def _foreign_state(directory: Path, plane: cluster.ControlPlane, run: str) -> run_state.State:
     directory.mkdir(parents=True, exist_ok=True)
-    state = platform.State(
+    state = run_state.State(
         dir=str(directory),
         kubeconfig=str(plane.kubeconfig),
         bin_dir=str(cluster.binary_dir()),
@@ -195,7 +209,7 @@ def _snapshot(api: client.ApiClient, plane: cluster.ControlPlane) -> dict[str, A
     return {
         "namespaces": versions(core.list_namespace().items),
         "nodes": versions(core.list_node().items),
-        "secrets": versions(core.list_namespaced_secret(platform.NAMESPACE).items),
+        "secrets": versions(core.list_namespaced_secret(run_state.NAMESPACE).items),
         "gpuclasses": sorted(c["metadata"]["name"] for c in classes["items"]),
         # Names only: the aggregation controller rewrites admin, edit and view.
         "clusterroles": sorted(r.metadata.name for r in rbac.list_cluster_role().items),
@@ -207,7 +221,7 @@ def _snapshot(api: client.ApiClient, plane: cluster.ControlPlane) -> dict[str, A
 def test_demo_down_removes_what_the_demo_made_in_a_cluster_it_did_not_start(
     foreign: cluster.ControlPlane, small_chart: Path, tmp_path: Path
 ) -> None:
-    api = platform.admin_client(str(foreign.kubeconfig))
+    api = run_state.admin_client(str(foreign.kubeconfig))
     _what_the_demo_made(api, RUN)
     _install(foreign, small_chart, f"{MARK}={RUN}")
     state = _foreign_state(tmp_path / "demo", foreign, RUN)
@@ -224,8 +238,10 @@ def test_demo_down_removes_what_the_demo_made_in_a_cluster_it_did_not_start(
     assert process.wait(timeout=10) is not None
     assert not state.path.exists()
     removed = [line for line in said if line.startswith("# removed: ")]
-    assert removed[0] == f"# removed: namespace {' '.join(platform.FOREIGN_NAMESPACES)}", said
-    assert f"# removed: helm release {platform.NAMESPACE}/{platform.RELEASE}" in removed, said
+    assert removed[0] == f"# removed: namespace {' '.join(existing_cluster.FOREIGN_NAMESPACES)}", (
+        said
+    )
+    assert f"# removed: helm release {run_state.NAMESPACE}/{run_state.RELEASE}" in removed, said
     assert len(removed) == 8, said
     assert not [line for line in said if "left alone" in line], said
     assert said[-1].startswith("# demo stopped: its processes, and what it made in the cluster")
@@ -234,27 +250,27 @@ def test_demo_down_removes_what_the_demo_made_in_a_cluster_it_did_not_start(
 def test_demo_down_names_what_it_could_not_remove_and_the_command_that_does(
     foreign: cluster.ControlPlane, tmp_path: Path
 ) -> None:
-    api = platform.admin_client(str(foreign.kubeconfig))
+    api = run_state.admin_client(str(foreign.kubeconfig))
     _what_the_demo_made(api, RUN)
     core = client.CoreV1Api(api)
     # Something in a tenant namespace that nothing will release: the namespace cannot go.
     stuck = {"metadata": {"name": "held", "finalizers": ["example.com/held"]}}
-    core.create_namespaced_config_map(platform.FOREIGN_NAMESPACES[0], stuck)
+    core.create_namespaced_config_map(existing_cluster.FOREIGN_NAMESPACES[0], stuck)
     state = _foreign_state(tmp_path / "demo", foreign, RUN)
     try:
-        left = platform.remove_foreign(state, say=lambda _line: None, timeout=3)
+        left = existing_cluster.remove_foreign(state, say=lambda _line: None, timeout=3)
         # Only the namespaces' command is left (the others may not be gone within 3 s either),
         # named as a person would run it, with why: tenant-root is still there.
         (only,) = left
-        command = f"kubectl delete namespace {platform.FOREIGN_NAMESPACES[0]}"
+        command = f"kubectl delete namespace {existing_cluster.FOREIGN_NAMESPACES[0]}"
         assert only.startswith(command), left
         assert "  # still there after 3 s: namespace tenant-root" in only, left
         # The rest goes all the same (the other namespaces once their controller is done).
-        only_stuck = [f"namespace {platform.FOREIGN_NAMESPACES[0]}"]
+        only_stuck = [f"namespace {existing_cluster.FOREIGN_NAMESPACES[0]}"]
         wait_for(lambda: _left(api) == only_stuck, 60, f"only {only_stuck} left")
     finally:
         core.patch_namespaced_config_map(
-            "held", platform.FOREIGN_NAMESPACES[0], {"metadata": {"finalizers": None}}
+            "held", existing_cluster.FOREIGN_NAMESPACES[0], {"metadata": {"finalizers": None}}
         )
 
 
@@ -264,7 +280,7 @@ def test_demo_down_leaves_alone_what_does_not_carry_its_mark(
     """A hoster's own tenant-root (docs/install.md), GPUClass h100 and release cozystack-gpu
     carry no mark, and a Node an earlier demo made carries another run's: down leaves each
     as it was and names it; what this run made goes."""
-    api = platform.admin_client(str(foreign.kubeconfig))
+    api = run_state.admin_client(str(foreign.kubeconfig))
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     core.create_namespace({"metadata": HOSTER_TENANT})
     Kube(api).gpu_class("h100", "nvidia.com/GH100_H100_SXM5_80GB", model="H100")
@@ -299,7 +315,7 @@ def test_demo_down_leaves_alone_what_does_not_carry_its_mark(
                                             "chart": "small-0.1.0"}, said  # fmt: skip
     # Each one left alone is named, with why.
     alone = [line for line in said if "left alone" in line]
-    for what in (*theirs, f"helm release {platform.NAMESPACE}/{platform.RELEASE}"):
+    for what in (*theirs, f"helm release {run_state.NAMESPACE}/{run_state.RELEASE}"):
         assert [line for line in alone if line.endswith(f": {what}")], (what, said)
     assert [line for line in alone if line.endswith(": node worker-01")] == [
         f"# left alone, not made by this demo (its {MARK} is earlier, not {RUN}): node worker-01"
@@ -316,7 +332,7 @@ def test_the_demo_refuses_a_cluster_that_has_its_objects_before_it_writes_anythi
     """A hoster followed docs/install.md: tenant-root, labelled, and the chart's release
     cozystack-gpu in cozy-gpu. `make demo CLUSTER=existing` there names both, says what to
     do, and stops with a non-zero exit and no traceback, having written nothing."""
-    api = platform.admin_client(str(foreign.kubeconfig))
+    api = run_state.admin_client(str(foreign.kubeconfig))
     client.CoreV1Api(api).create_namespace({"metadata": HOSTER_TENANT})
     _install(foreign, small_chart)
 
@@ -334,10 +350,13 @@ def test_the_demo_refuses_a_cluster_that_has_its_objects_before_it_writes_anythi
     told = out.out + out.err
     assert code != 0, told
     assert "Traceback" not in told
-    for what in ("namespace tenant-root", f"helm release {platform.NAMESPACE}/{platform.RELEASE}"):
+    for what in (
+        "namespace tenant-root",
+        f"helm release {run_state.NAMESPACE}/{run_state.RELEASE}",
+    ):
         assert what in out.err, told
     # Only what is there is named, and what to do about it.
     assert "tenant-acme" not in out.err, told
     assert "`make demo` without CLUSTER=existing" in out.err, told
     assert _snapshot(api, foreign) == before
-    assert not (tmp_path / "demo" / platform.STATE_FILE).exists()
+    assert not (tmp_path / "demo" / run_state.STATE_FILE).exists()

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 
 from cozystack_gpu_testkit.demo.console import Console, DemoFailure, Mismatch, check, wait_until
+from cozystack_gpu_testkit.demo.existing_cluster import chosen_cluster
 from cozystack_gpu_testkit.demo.hosts import check_socket_paths
-from cozystack_gpu_testkit.demo.platform import (
+from cozystack_gpu_testkit.demo.local_pods import (
     Rollout,
-    chosen_cluster,
     expand_vars,
     localize,
-    node_matches,
     rollout,
     template_hash,
 )
+from cozystack_gpu_testkit.demo.platform import node_matches
 
 ROOT = Path("/demo/pods/gpu-1/agent")
 

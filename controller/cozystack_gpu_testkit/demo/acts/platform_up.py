@@ -10,7 +10,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import platform, run_state
 from cozystack_gpu_testkit.demo.acts.common import (
     CHART_VALUES,
     Demo,
@@ -32,7 +32,7 @@ def platform_act(demo: Demo) -> None:
             found.append(f"USING THE CLUSTER AT $KUBECONFIG ({demo.options.kubeconfig}):")
             found.append(
                 "the demo creates Nodes, namespaces and the chart's release there, each "
-                f"labelled {platform.MARK}={state.run} (what `make demo-down` removes)"
+                f"labelled {run_state.MARK}={state.run} (what `make demo-down` removes)"
             )
         else:
             bin_dir = Path(state.bin_dir)
@@ -62,7 +62,7 @@ def platform_act(demo: Demo) -> None:
 
     with console.step(f"the controller Deployment's pod, as a local process on {WORKER}") as found:
         demo.kubelets.register(WORKER, gpu=False)
-        deployment = platform.installed(demo.api, "Deployment", "cozystack-gpu-controller")
+        deployment = run_state.installed(demo.api, "Deployment", "cozystack-gpu-controller")
         pod = demo.pods.start(
             deployment, "cozystack-gpu-controller-0", WORKER, demo.dir / "hosts" / WORKER
         )
@@ -70,7 +70,7 @@ def platform_act(demo: Demo) -> None:
         demo.pods.wait_ready(pod)
         service = platform.webhook_service(demo.api)
         route_service(
-            demo.api, platform.NAMESPACE, service, host_address(), pod.ports["webhook"],
+            demo.api, run_state.NAMESPACE, service, host_address(), pod.ports["webhook"],
             labels=state.mark,
         )  # fmt: skip
         wait_until(
@@ -87,7 +87,7 @@ def platform_act(demo: Demo) -> None:
         )
         found.append(f"`python -m cozystack_gpu` with the Deployment's args and env; log {pod.log}")
         found.append(
-            f"as ServiceAccount {platform.NAMESPACE}/{pod.obj['spec']['serviceAccountName']} "
+            f"as ServiceAccount {run_state.NAMESPACE}/{pod.obj['spec']['serviceAccountName']} "
             "(a token bound to its Pod), with the chart's RBAC"
         )
         found.append(f"webhook Service {service} → {host_address()}:{pod.ports['webhook']}")
@@ -105,7 +105,7 @@ def _foreign_workload_crd(demo: Demo) -> bool:
             return False
         raise
     owner = (crd.metadata.annotations or {}).get("meta.helm.sh/release-name")
-    return owner != platform.RELEASE
+    return owner != run_state.RELEASE
 
 
 def _kubevirt_version() -> str:
