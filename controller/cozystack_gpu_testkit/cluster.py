@@ -693,10 +693,17 @@ def _parse(path: str, _mtime_ns: int, _size: int) -> tuple[dict[str, Any], ...]:
     return tuple(d for d in yaml.load_all(Path(path).read_text(), Loader=loader) if d)
 
 
-def install_crds(api_client: Any, paths: list[Path] | None = None, timeout: float = 30.0) -> None:
+def install_crds(
+    api_client: Any,
+    paths: list[Path] | None = None,
+    timeout: float = 30.0,
+    *,
+    replace: bool = True,
+) -> None:
     """Creates (or replaces) CRDs and waits until each is Established and served.
 
-    A CRD already served with the same spec is left alone, so installing again is cheap.
+    A CRD already served with the same spec is left alone, so installing again is cheap;
+    with ``replace`` false so is one with another spec (a cluster's own, e.g. KubeVirt's).
     Bodies go and come back as raw JSON: the client's models would take seconds to build
     for KubeVirt's schemas.
     """
@@ -712,6 +719,8 @@ def install_crds(api_client: Any, paths: list[Path] | None = None, timeout: floa
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            if not replace:
+                continue
             current = _read_crd(ext, name)
             if all(current["spec"].get(k) == v for k, v in crd["spec"].items()):
                 continue

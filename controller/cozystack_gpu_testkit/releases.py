@@ -3,7 +3,7 @@ at its commit, taken from git history once per machine and cached by commit.
 
 A release's tree is what its image holds (the controller package) and what its chart package
 is made from (``controller/chart``); the demo's local pods run a release's code by mapping its
-image reference to the tree (``platform.State.images``), as a node would pull that image.
+image reference to the tree (``run_state.State.images``), as a node would pull that image.
 """
 
 from __future__ import annotations

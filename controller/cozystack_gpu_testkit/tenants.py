@@ -65,11 +65,12 @@ def _create(create: Any, body: Mapping[str, Any]) -> None:
 
 def grant_tenant_admin(
     api: client.ApiClient, chart_roles: Iterable[Mapping[str, Any]], user: str,
-    namespaces: Iterable[str],
+    namespaces: Iterable[str], *, labels: Mapping[str, str] | None = None,
 ) -> None:  # fmt: skip
     """``user`` as the administrator of ``namespaces``: ``admin`` bound there, with the
     chart's tenant roles (``chart_roles``, ``rbac-tenant.yaml`` as helm renders it) and
-    KubeVirt's VM rights aggregated into it, as they are in a cluster."""
+    KubeVirt's VM rights aggregated into it, as they are in a cluster. ``labels`` go on the
+    KubeVirt stand-in where it makes one (the demo's mark)."""
     rbac = client.RbacAuthorizationV1Api(api)
     # The chart's aggregated roles only: its ClusterRoleBinding of the catalog to
     # system:authenticated is every user's, not a tenant admin's, and left behind on a
@@ -85,7 +86,7 @@ def grant_tenant_admin(
             {
                 "metadata": {
                     "name": KUBEVIRT_ADMIN_STAND_IN,
-                    "labels": {f"{RBAC}/aggregate-to-admin": "true"},
+                    "labels": {f"{RBAC}/aggregate-to-admin": "true", **(labels or {})},
                 },
                 "rules": [
                     {

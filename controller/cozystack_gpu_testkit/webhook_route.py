@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,24 @@ def write_cert_dir(api: Any, namespace: str, secret: str, directory: Path) -> Pa
     return directory
 
 
-def route_service(api: Any, namespace: str, service: str, address: str, port: int) -> None:
+def slice_name(service: str) -> str:
+    """The name of the hand-made EndpointSlice :func:`route_service` writes for ``service``."""
+    return f"{service}-local"
+
+
+def route_service(
+    api: Any,
+    namespace: str,
+    service: str,
+    address: str,
+    port: int,
+    *,
+    labels: Mapping[str, str] | None = None,
+) -> None:
     """Points ``service`` (its port named https) at ``address:port``, replacing any earlier
-    hand-made slice."""
+    hand-made slice; ``labels`` go on the slice too."""
     discovery = client.DiscoveryV1Api(api)
-    name = f"{service}-local"
+    name = slice_name(service)
     body = {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -54,6 +68,7 @@ def route_service(api: Any, namespace: str, service: str, address: str, port: in
             "labels": {
                 "kubernetes.io/service-name": service,
                 "endpointslice.kubernetes.io/managed-by": SLICE_MANAGER,
+                **(labels or {}),
             },
         },
         "addressType": "IPv4",

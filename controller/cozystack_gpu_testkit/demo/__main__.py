@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit.demo import platform, story
+from cozystack_gpu_testkit.demo import existing_cluster, local_pods, platform, run_state, story
 from cozystack_gpu_testkit.demo.console import DemoFailure
 
 DEFAULT_DIR = cluster.DEFAULT_STATE_DIR.parent / "demo"
@@ -45,19 +45,30 @@ def main(argv: list[str] | None = None) -> int:
         return platform.down(directory)
     if args.command == "kubelet":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-        platform.run_local_kubelet(directory, detach=not args.attached)
+        local_pods.run_local_kubelet(directory, detach=not args.attached)
         return 0
 
-    if platform.State.load(directory) is not None:
+    if run_state.State.load(directory) is not None:
         print(f"# an earlier demo in {directory}: stopping it first", flush=True)
         platform.down(directory)
     try:
-        kubeconfig, notice = platform.chosen_cluster(
+        kubeconfig, notice = existing_cluster.chosen_cluster(
             os.environ.get("KUBECONFIG") or None, existing=args.existing_cluster
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if kubeconfig:
+        # Before anything is written: what is there already is not the demo's to change,
+        # nor, at `make demo-down`, to delete.
+        try:
+            found = existing_cluster.already_there(kubeconfig, str(cluster.binary_dir()))
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if found:
+            print(f"error: {existing_cluster.refusal(kubeconfig, found)}", file=sys.stderr)
+            return 2
     if notice:
         print("\n".join(notice), flush=True)
     if kubeconfig and sys.stdout.isatty():

@@ -175,6 +175,8 @@ class Kubelets:
 
     kube: Kube
     demo_dir: Path
+    # The demo run's mark, on each Node registered (platform.MARK).
+    mark: dict[str, str] = field(default_factory=dict)
     # host -> pods running there: (namespace, name, resource name -> device IDs)
     running: dict[str, list[tuple[str, str, dict[str, list[str]]]]] = field(default_factory=dict)
 
@@ -186,6 +188,7 @@ class Kubelets:
             "kubernetes.io/hostname": name,
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
+            **self.mark,
         }
         self.kube.node(name, labels=labels, ready=True, taints=[GPU_TAINT] if gpu else [])
         # virt-handler's start on the host: its labels and device plugins.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import local_pods, run_state
 from cozystack_gpu_testkit.demo.acts.catalog import act_catalog
 from cozystack_gpu_testkit.demo.acts.common import (
     BURST,
@@ -55,13 +55,14 @@ def prepare(options: Options) -> Demo:
     """The demo's directory and state, before anything starts."""
     directory = options.dir
     directory.mkdir(parents=True, exist_ok=True)
-    check_socket_paths(directory, lambda node: platform.pod_root(directory, node, "agent"))
+    check_socket_paths(directory, lambda node: local_pods.pod_root(directory, node, "agent"))
     (directory / "logs").mkdir(exist_ok=True)
-    state = platform.State(
+    state = run_state.State(
         dir=str(directory),
         kubeconfig=options.kubeconfig or "",
         bin_dir=str(cluster.binary_dir()),
         own_plane=options.kubeconfig is None,
+        run=run_state.new_run(),
         images=dict(options.images),
     )
     state.save()
@@ -91,7 +92,7 @@ def finish(demo: Demo) -> None:
     say()
     say("helm upgrade reaches the controller and agents: a local kubelet restarts their")
     say("processes when the pod templates change (its log: local-kubelet.log), e.g.")
-    say(f"  helm upgrade {platform.RELEASE} {platform.CHART} -n {platform.NAMESPACE} "
+    say(f"  helm upgrade {run_state.RELEASE} {run_state.CHART} -n {run_state.NAMESPACE} "
         "--reset-then-reuse-values --set controller.settings.writeWorkers=4")  # fmt: skip
     say()
     say(f"Logs: {demo.logs}/. Stop everything (controller, agents, kubelets, control plane):")

@@ -17,12 +17,29 @@ from pathlib import Path
 
 import pytest
 
-from cozystack_gpu_testkit.demo import platform, story
+from cozystack_gpu_testkit.demo import existing_cluster, platform, run_state, story
 from cozystack_gpu_testkit.demo.console import DemoFailure
 
 pytestmark = pytest.mark.apiserver
 
 ACTS = ("Hosts", "Catalog", "Orders", "A VM starts", "Life goes on", "Day two", "The end")
+
+
+def _marks(state: run_state.State) -> dict[str, str | None]:
+    """The run mark each of the demo's objects there carries (None: none), the release's
+    too, by kind and name."""
+    api = run_state.admin_client(state.kubeconfig)
+    marks: dict[str, str | None] = {}
+    for kind in existing_cluster.FOREIGN_KINDS:
+        for name in kind.names:
+            obj = existing_cluster.read_foreign(api, kind, name)
+            if obj is not None:
+                marks[kind.what(name)] = (obj["metadata"].get("labels") or {}).get(run_state.MARK)
+    marked = existing_cluster.release_listed(
+        state.kubeconfig, state.bin_dir, f"{run_state.MARK}={state.run}"
+    )
+    marks[existing_cluster.FOREIGN_RELEASE] = state.run if marked else None
+    return marks
 
 
 def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
@@ -33,6 +50,7 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     try:
         story.play(demo)
         writes = platform.audited_writes(directory)
+        marks = _marks(demo.state)
     except DemoFailure as failure:
         kept = tmp_path / "demo-logs"
         shutil.copytree(directory / "logs", kept)
@@ -101,3 +119,16 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
         assert node in top, top
     assert "as alice: exit 1: error: top needs to list nodes" in text, text
     assert not directory.exists(), "demo down leaves nothing behind"
+    # Each object of the demo's names, and its release, carries the run's mark: on a cluster
+    # it did not start, what `make demo-down` removes by.
+    made = {
+        *(f"namespace {n}" for n in existing_cluster.FOREIGN_NAMESPACES),
+        *(f"gpuclass {n}" for n in existing_cluster.FOREIGN_CLASSES),
+        *(f"node {n}" for n in existing_cluster.FOREIGN_NODES),
+        f"secret {run_state.NAMESPACE}/{existing_cluster.FOREIGN_SECRET}",
+        f"serviceaccount {run_state.NAMESPACE}/{existing_cluster.FOREIGN_SERVICE_ACCOUNT}",
+        f"endpointslice {run_state.NAMESPACE}/{existing_cluster.FOREIGN_ENDPOINT_SLICE}",
+        existing_cluster.FOREIGN_RELEASE,
+    }
+    assert set(marks) >= made, marks
+    assert {what for what, run in marks.items() if run != demo.state.run} == set(), marks

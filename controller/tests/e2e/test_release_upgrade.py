@@ -49,7 +49,7 @@ from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, releases, tenants
 from cozystack_gpu_testkit.answer_gap import Gap
 from cozystack_gpu_testkit.cluster import alive
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import local_pods, platform, run_state
 from cozystack_gpu_testkit.demo.acts.common import Demo, Options
 from cozystack_gpu_testkit.demo.console import Console
 from cozystack_gpu_testkit.demo.hosts import H100, L40S_24C
@@ -160,17 +160,17 @@ class Cluster:
     def __init__(self, directory: Path, release: releases.Release) -> None:
         self.directory = directory
         self.release = release
-        state = platform.State.load(directory)
+        state = run_state.State.load(directory)
         assert state is not None, f"no demo state in {directory}"
         # The release's local kubelet gives way to this tree's, which knows which code
         # each image holds (the release's under its tag, this tree's under THIS_TAG).
-        platform.stop_process(state, platform.LOCAL_KUBELET)
+        run_state.stop_process(state, run_state.LOCAL_KUBELET)
         state.images = {
             f"{IMAGE}:{release.version}": str(release.code),
             f"{IMAGE}:{THIS_TAG}": str(cluster.REPO_ROOT / "controller"),
         }
         state.save()
-        platform.start_local_kubelet(state, detach=False)
+        local_pods.start_local_kubelet(state, detach=False)
         self.state = state
         options = Options(dir=directory, detach=False, show=False, out=io.StringIO())
         self.demo = Demo(options, Console(directory / "logs", out=options.out), state)
@@ -227,11 +227,11 @@ class Cluster:
 
     def lease(self) -> Any:
         return client.CoordinationV1Api(self.demo.api).read_namespaced_lease(
-            keys.LEASE_NAME_BINDER, platform.NAMESPACE
+            keys.LEASE_NAME_BINDER, run_state.NAMESPACE
         )
 
     def controller_pid(self) -> int | None:
-        return platform.local_pid(self.directory, CONTROLLER_POD)
+        return local_pods.local_pid(self.directory, CONTROLLER_POD)
 
 
 @pytest.fixture(scope="module")
@@ -306,9 +306,9 @@ def _create_vm(kube: Kube, namespace: str, body: dict[str, Any]) -> None:
 def _rolled(c: Cluster, old_pid: int | None, code: Path) -> int | None:
     """The controller's new process, once it runs ``code`` and is ready."""
     pid = c.controller_pid()
-    if pid is None or pid == old_pid or platform.process_env(pid).get("PYTHONPATH") != str(code):
+    if pid is None or pid == old_pid or local_pods.process_env(pid).get("PYTHONPATH") != str(code):
         return None
-    pod = c.demo.pod(platform.NAMESPACE, CONTROLLER_POD) or {}
+    pod = c.demo.pod(run_state.NAMESPACE, CONTROLLER_POD) or {}
     ready = [x for x in (pod.get("status") or {}).get("conditions") or [] if x["type"] == "Ready"]
     return pid if ready and ready[0]["status"] == "True" else None
 
@@ -461,7 +461,7 @@ def _revision(c: Cluster) -> int:
     """The release's current helm revision (the release's demo upgraded it once)."""
     done = subprocess.run(
         [str(Path(c.state.bin_dir) / "helm"), "--kubeconfig", c.state.kubeconfig, "-n",
-         platform.NAMESPACE, "status", platform.RELEASE, "-o", "json"],
+         run_state.NAMESPACE, "status", run_state.RELEASE, "-o", "json"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return int(json.loads(done.stdout)["version"])

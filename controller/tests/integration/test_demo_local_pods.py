@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from cozystack_gpu_testkit.cluster import ControlPlane
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import local_pods, run_state
 
 pytestmark = pytest.mark.apiserver
 
@@ -56,11 +56,11 @@ def test_a_local_pod_follows_its_deployments_template_stops_when_it_goes_and_sta
 ) -> None:
     apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
     apps.create_namespaced_deployment(namespace, _deployment("600"))
-    state = platform.State(
+    state = run_state.State(
         dir=str(tmp_path), kubeconfig=str(control_plane.kubeconfig), bin_dir="", own_plane=False
     )
-    pods = platform.LocalPods(state, api_client, detach=False, namespace=namespace)
-    owner = platform.installed(api_client, "Deployment", NAME, namespace)
+    pods = local_pods.LocalPods(state, api_client, detach=False, namespace=namespace)
+    owner = run_state.installed(api_client, "Deployment", NAME, namespace)
     first = pods.start(owner, f"{NAME}-0", "node-1", tmp_path / "host")
     try:
         pods.wait_ready(first)
@@ -85,7 +85,7 @@ def test_a_local_pod_follows_its_deployments_template_stops_when_it_goes_and_sta
         ready = {c.type: c.status for c in pod.status.conditions or []}
         assert ready.get("Ready") == "True"
         # State is what the local kubelet of `make demo` reads back on each pass.
-        saved = platform.State.load(tmp_path)
+        saved = run_state.State.load(tmp_path)
         assert saved is not None and saved.processes[f"pod/{NAME}-0"] == pid
         assert pods.sync() == [], "the new template is now the one started from"
 
@@ -106,4 +106,4 @@ def test_a_local_pod_follows_its_deployments_template_stops_when_it_goes_and_sta
         assert pods.sync() == [], "the reinstalled template is now the one started from"
     finally:
         for name in list(state.processes):
-            platform.stop_process(state, name)
+            run_state.stop_process(state, name)

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 
 from cozystack_gpu_testkit.demo.console import Console, DemoFailure, Mismatch, check, wait_until
+from cozystack_gpu_testkit.demo.existing_cluster import chosen_cluster
 from cozystack_gpu_testkit.demo.hosts import check_socket_paths
-from cozystack_gpu_testkit.demo.platform import (
+from cozystack_gpu_testkit.demo.local_pods import (
     Rollout,
-    chosen_cluster,
     expand_vars,
     localize,
-    node_matches,
     rollout,
     template_hash,
 )
+from cozystack_gpu_testkit.demo.platform import node_matches
 
 ROOT = Path("/demo/pods/gpu-1/agent")
 
@@ -148,5 +148,8 @@ def test_the_demo_never_writes_to_a_cluster_it_was_not_told_to_use() -> None:
     told = "\n".join(notice)
     for made in ("gpu-h100-01", "tenant-acme-research", "l40s-24c", "nls-token", "make demo-down"):
         assert made in told, made
+    # What it makes there is marked, and only what is marked goes again.
+    assert "labelled with this run's id as\n! demo.cozystack.io/run." in told, told
+    assert "removes only what" in told and "carries this run's label" in told, told
     with pytest.raises(ValueError, match="KUBECONFIG is not set"):
         chosen_cluster(None, existing=True)

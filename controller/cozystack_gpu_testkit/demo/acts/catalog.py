@@ -7,7 +7,7 @@ import base64
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import existing_cluster, run_state
 from cozystack_gpu_testkit.demo.acts.common import (
     FREE_AT_START,
     STAND_IN_TOKEN,
@@ -24,7 +24,7 @@ def act_catalog(demo: Demo) -> None:
     console = demo.console
     console.act(2, "Catalog", "The hoster's offers, created with the gpu_class module.")
     with console.step(
-        f"the vGPU guests' licence token: Secret {platform.NAMESPACE}/{TOKEN_SECRET}"
+        f"the vGPU guests' licence token: Secret {run_state.NAMESPACE}/{TOKEN_SECRET}"
     ) as found:
         _token_secret(demo)
         found.append(
@@ -71,16 +71,16 @@ def _token_secret(demo: Demo) -> None:
     body = {
         "metadata": {
             "name": TOKEN_SECRET,
-            "labels": {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK},
+            "labels": {keys.LABEL_LICENSE_TOKEN: keys.LICENSE_TOKEN_MARK, **demo.state.mark},
         },
         "data": {keys.LICENSE_TOKEN_KEY: base64.b64encode(STAND_IN_TOKEN).decode()},
     }
     try:
-        demo.kube.core.create_namespaced_secret(platform.NAMESPACE, body)
+        demo.kube.core.create_namespaced_secret(run_state.NAMESPACE, body)
     except ApiException as exc:
         if exc.status != 409:
             raise
-        demo.kube.core.replace_namespaced_secret(TOKEN_SECRET, platform.NAMESPACE, body)
+        demo.kube.core.replace_namespaced_secret(TOKEN_SECRET, run_state.NAMESPACE, body)
 
 
 def _capacity_is(demo: Demo, wanted: dict[str, int]) -> dict[str, int] | None:
@@ -97,10 +97,10 @@ def _capacity(demo: Demo) -> dict[str, int]:
         _metrics_token(demo),
         base64.b64decode(
             demo.kube.core.read_namespaced_secret(
-                "cozystack-gpu-webhook-tls", platform.NAMESPACE
+                "cozystack-gpu-webhook-tls", run_state.NAMESPACE
             ).data["ca.crt"]
         ),
-        server_name=f"cozystack-gpu-webhook.{platform.NAMESPACE}.svc",
+        server_name=f"cozystack-gpu-webhook.{run_state.NAMESPACE}.svc",
     )
     check(status == 200, "/metrics to answer the hoster's Prometheus", f"{status} {text}")
     capacity: dict[str, int] = {}
@@ -116,16 +116,17 @@ def _metrics_token(demo: Demo) -> str:
     """A token of the ServiceAccount CHART_VALUES binds to the metrics reader role, as the
     hoster's Prometheus pod would have."""
     if not demo.metrics_token:
-        account = "prometheus"
+        account = existing_cluster.FOREIGN_SERVICE_ACCOUNT
+        metadata = {"name": account, "labels": demo.state.mark}
         unless(
             409,
             lambda: demo.kube.core.create_namespaced_service_account(
-                platform.NAMESPACE, {"metadata": {"name": account}}
+                run_state.NAMESPACE, {"metadata": metadata}
             ),
         )
         demo.metrics_token = str(
             demo.kube.core.create_namespaced_service_account_token(
-                account, platform.NAMESPACE, {"spec": {"expirationSeconds": 3600}}
+                account, run_state.NAMESPACE, {"spec": {"expirationSeconds": 3600}}
             ).status.token
         )
     return demo.metrics_token

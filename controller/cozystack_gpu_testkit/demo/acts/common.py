@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, tenants
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import existing_cluster, local_pods, run_state
 from cozystack_gpu_testkit.demo.console import Console, check
 from cozystack_gpu_testkit.demo.hosts import Kubelets
 from cozystack_gpu_testkit.objects import Kube, unless
@@ -37,7 +37,11 @@ CHART_VALUES: dict[str, Any] = {
     "metrics": {
         "reader": {
             "subjects": [
-                {"kind": "ServiceAccount", "name": "prometheus", "namespace": platform.NAMESPACE}
+                {
+                    "kind": "ServiceAccount",
+                    "name": existing_cluster.FOREIGN_SERVICE_ACCOUNT,
+                    "namespace": run_state.NAMESPACE,
+                }
             ]
         }
     },
@@ -94,9 +98,9 @@ class Options:
     kubeconfig: str | None = None
     # What stops the demo, as the closing lines say it.
     down_command: str = "make demo-down"
-    # The chart to install, and the code behind image references (platform.State.images):
+    # The chart to install, and the code behind image references (run_state.State.images):
     # a recorded release's, for the upgrade test; this checkout's by default.
-    chart: Path = platform.CHART
+    chart: Path = run_state.CHART
     images: dict[str, str] = field(default_factory=dict)
     out: TextIO = field(default_factory=lambda: sys.stdout)
 
@@ -105,13 +109,13 @@ class Options:
 class Demo:
     options: Options
     console: Console
-    state: platform.State
+    state: run_state.State
     api: Any = None
     kube: Kube = field(init=False)
     kubelets: Kubelets = field(init=False)
-    pods: platform.LocalPods = field(init=False)
-    controller: platform.LocalPod | None = None
-    agents: dict[str, platform.LocalPod] = field(default_factory=dict)
+    pods: local_pods.LocalPods = field(init=False)
+    controller: local_pods.LocalPod | None = None
+    agents: dict[str, local_pods.LocalPod] = field(default_factory=dict)
     claim_nodes: dict[str, str] = field(default_factory=dict)
     launcher: str = ""
     # The chart values installed (act 6 upgrades from them).
@@ -122,10 +126,10 @@ class Demo:
     tenant_clients: dict[str, Kube] = field(default_factory=dict)
 
     def connect(self) -> None:
-        self.api = platform.admin_client(self.state.kubeconfig)
+        self.api = run_state.admin_client(self.state.kubeconfig)
         self.kube = Kube(self.api)
-        self.kubelets = Kubelets(self.kube, self.dir)
-        self.pods = platform.LocalPods(self.state, self.api, self.options.detach)
+        self.kubelets = Kubelets(self.kube, self.dir, mark=self.state.mark)
+        self.pods = local_pods.LocalPods(self.state, self.api, self.options.detach)
 
     def as_tenant(self, namespace: str) -> Kube:
         """The demo's cluster as ``namespace``'s user (impersonated: the API server judges
@@ -221,6 +225,8 @@ class Demo:
             "-i", str(ANSIBLE_DIR / "inventory.yml"),
             "-e", f"demo_dir={self.dir}",
             "-e", f"demo_kubeconfig={self.state.kubeconfig}",
+            # The run's mark, on what the playbooks make (the catalog's classes).
+            "-e", json.dumps({"demo_labels": self.state.mark}),
             str(ANSIBLE_DIR / playbook),
         ]  # fmt: skip
         log = self.logs / log_name
@@ -285,7 +291,7 @@ def _webhook_error(demo: Demo) -> str:
 def _lease_holder(demo: Demo) -> str | None:
     try:
         lease = client.CoordinationV1Api(demo.api).read_namespaced_lease(
-            keys.LEASE_NAME_BINDER, platform.NAMESPACE
+            keys.LEASE_NAME_BINDER, run_state.NAMESPACE
         )
     except ApiException:
         return None

@@ -11,7 +11,7 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.cli import main as kubectl_gpu
 from cozystack_gpu.model import Reason
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import local_pods, platform, run_state
 from cozystack_gpu_testkit.demo.acts.common import (
     ACME,
     BURST,
@@ -46,8 +46,8 @@ def act_day_two(demo: Demo) -> None:
     with console.step(
         f"helm upgrade --set controller.settings.{value_name}={value}: the pod is rolled"
     ) as found:
-        old_pid = platform.local_pid(demo.dir, pod_name)
-        old_value = platform.process_env(old_pid).get(env_name)
+        old_pid = local_pods.local_pid(demo.dir, pod_name)
+        old_value = local_pods.process_env(old_pid).get(env_name)
         values = json.loads(json.dumps(demo.chart_values))
         values["controller"].setdefault("settings", {})[value_name] = value
         output = platform.helm_install(
@@ -58,12 +58,12 @@ def act_day_two(demo: Demo) -> None:
             lambda: _rolled(demo, pod_name, old_pid),
             expected=f"the local kubelet to restart pod {pod_name} from the new template, Ready",
             saw=lambda: (
-                f"pid {platform.local_pid(demo.dir, pod_name)}; the local kubelet's log:\n"
+                f"pid {local_pods.local_pid(demo.dir, pod_name)}; the local kubelet's log:\n"
                 + _tail(demo.logs / "local-kubelet.log")
             ),
             timeout=60,
         )
-        new_value = platform.process_env(new_pid).get(env_name)
+        new_value = local_pods.process_env(new_pid).get(env_name)
         check(new_value == str(value), f"{env_name}={value} in the new process", f"{new_value}")
         wait_until(
             lambda: _webhook_answers(demo),
@@ -182,8 +182,8 @@ def _kubectl_gpu(demo: Demo, *argv: str) -> tuple[int, list[str], str]:
 
 
 def _rolled(demo: Demo, pod: str, old: int | None) -> int | None:
-    pid = platform.local_pid(demo.dir, pod)
-    obj = demo.pod(platform.NAMESPACE, pod)
+    pid = local_pods.local_pid(demo.dir, pod)
+    obj = demo.pod(run_state.NAMESPACE, pod)
     ready = _condition(obj, "Ready").get("status") == "True"
     return pid if pid is not None and pid != old and ready else None
 

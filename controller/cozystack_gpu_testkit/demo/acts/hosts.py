@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import local_pods, platform, run_state
 from cozystack_gpu_testkit.demo.acts.common import Demo, _gpunode_serving, _gpunode_summary
 from cozystack_gpu_testkit.demo.console import check, wait_until
 from cozystack_gpu_testkit.demo.hosts import HOSTS, advertised, build_host, host_root, pods_file
@@ -49,7 +49,7 @@ def act_hosts(demo: Demo) -> None:
         for host in HOSTS:
             devices = demo.kubelets.advertise(host.name)
             root = host_root(demo.dir, host.name)
-            platform.spawn(
+            run_state.spawn(
                 demo.state,
                 f"kubelet/{host.name}",
                 [sys.executable, "-m", "cozystack_gpu_testkit.fake_kubelet",
@@ -64,7 +64,7 @@ def act_hosts(demo: Demo) -> None:
             )
 
     with console.step("the agent DaemonSet's pods, one per GPU node, as local processes") as found:
-        daemonset = platform.installed(demo.api, "DaemonSet", "cozystack-gpu-agent")
+        daemonset = run_state.installed(demo.api, "DaemonSet", "cozystack-gpu-agent")
         spec = daemonset["spec"]["template"]["spec"]
         nodes = [
             n.metadata.name
@@ -87,7 +87,7 @@ def act_hosts(demo: Demo) -> None:
             "the chart's own-node policy sees its node"
         )
         # Every chart pod runs now: the local kubelet takes them over (and the state file).
-        pid = platform.start_local_kubelet(demo.state, detach=demo.options.detach)
+        pid = local_pods.start_local_kubelet(demo.state, detach=demo.options.detach)
         found.append(
             f"a local kubelet (pid {pid}) restarts these pods and the controller's when their "
             f"pod templates change, as a cluster rolls them; log {demo.logs}/local-kubelet.log"

@@ -41,7 +41,7 @@ def act_orders(demo: Demo) -> None:
             labels = {f"{keys.TENANT_LABEL_PREFIX}{a}": "" for a in (*ancestors, namespace)}
             if vgpu:
                 labels[keys.LABEL_VGPU_ENTITLEMENT] = keys.VGPU_ENTITLEMENT_VALUE
-            demo.kube.namespace(namespace, labels)
+            demo.kube.namespace(namespace, {**labels, **demo.state.mark})
             demo.kube.quota(namespace, budget)
             found.append(
                 "  " * len(ancestors)
@@ -52,7 +52,7 @@ def act_orders(demo: Demo) -> None:
     with console.step("each ordering tenant's user: the built-in admin role there") as found:
         for namespace, user in TENANT_USERS.items():
             # The chart installed its claim roles; KubeVirt's are stood in for where it has none.
-            tenants.grant_tenant_admin(demo.api, (), user, [namespace])
+            tenants.grant_tenant_admin(demo.api, (), user, [namespace], labels=demo.state.mark)
             found.append(
                 f"RoleBinding {namespace}/{user}-admin: ClusterRole admin (the chart's claim "
                 f"roles and KubeVirt's VM rights aggregate into it) for user {user}"

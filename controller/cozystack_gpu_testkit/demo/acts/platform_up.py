@@ -10,7 +10,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import platform, run_state
 from cozystack_gpu_testkit.demo.acts.common import (
     CHART_VALUES,
     Demo,
@@ -30,7 +30,10 @@ def platform_act(demo: Demo) -> None:
     with console.step("control plane") as found:
         if demo.options.kubeconfig:
             found.append(f"USING THE CLUSTER AT $KUBECONFIG ({demo.options.kubeconfig}):")
-            found.append("the demo creates Nodes, namespaces and the chart's release there")
+            found.append(
+                "the demo creates Nodes, namespaces and the chart's release there, each "
+                f"labelled {run_state.MARK}={state.run} (what `make demo-down` removes)"
+            )
         else:
             bin_dir = Path(state.bin_dir)
             plane = platform.start_plane(demo.dir, bin_dir, detach=demo.options.detach)
@@ -42,7 +45,9 @@ def platform_act(demo: Demo) -> None:
             )
         demo.connect()
         if demo.options.kubeconfig:
-            cluster.install_crds(demo.api, [cluster.kubevirt_crds(Path(state.bin_dir))])
+            # Only those it lacks: a cluster's own KubeVirt CRDs are not the demo's to change.
+            crds = [cluster.kubevirt_crds(Path(state.bin_dir))]
+            cluster.install_crds(demo.api, crds, replace=False)
         found.append(f"KubeVirt's CRDs (virt-operator {_kubevirt_version()}), no kubelets")
 
     with console.step("helm install cozystack-gpu controller/chart -n cozy-gpu") as found:
@@ -57,14 +62,17 @@ def platform_act(demo: Demo) -> None:
 
     with console.step(f"the controller Deployment's pod, as a local process on {WORKER}") as found:
         demo.kubelets.register(WORKER, gpu=False)
-        deployment = platform.installed(demo.api, "Deployment", "cozystack-gpu-controller")
+        deployment = run_state.installed(demo.api, "Deployment", "cozystack-gpu-controller")
         pod = demo.pods.start(
             deployment, "cozystack-gpu-controller-0", WORKER, demo.dir / "hosts" / WORKER
         )
         demo.controller = pod
         demo.pods.wait_ready(pod)
         service = platform.webhook_service(demo.api)
-        route_service(demo.api, platform.NAMESPACE, service, host_address(), pod.ports["webhook"])
+        route_service(
+            demo.api, run_state.NAMESPACE, service, host_address(), pod.ports["webhook"],
+            labels=state.mark,
+        )  # fmt: skip
         wait_until(
             lambda: _webhook_answers(demo),
             expected=f"the API server to reach the webhooks through Service {service}",
@@ -79,7 +87,7 @@ def platform_act(demo: Demo) -> None:
         )
         found.append(f"`python -m cozystack_gpu` with the Deployment's args and env; log {pod.log}")
         found.append(
-            f"as ServiceAccount {platform.NAMESPACE}/{pod.obj['spec']['serviceAccountName']} "
+            f"as ServiceAccount {run_state.NAMESPACE}/{pod.obj['spec']['serviceAccountName']} "
             "(a token bound to its Pod), with the chart's RBAC"
         )
         found.append(f"webhook Service {service} → {host_address()}:{pod.ports['webhook']}")
@@ -97,7 +105,7 @@ def _foreign_workload_crd(demo: Demo) -> bool:
             return False
         raise
     owner = (crd.metadata.annotations or {}).get("meta.helm.sh/release-name")
-    return owner != platform.RELEASE
+    return owner != run_state.RELEASE
 
 
 def _kubevirt_version() -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cozystack_gpu_testkit.demo import platform
+from cozystack_gpu_testkit.demo import run_state
 from cozystack_gpu_testkit.demo.acts.common import (
     FREE_AT_END,
     ORDERS,
@@ -44,4 +44,4 @@ def act_end(demo: Demo) -> None:
     demo.show("get", "gpuclasses")
     demo.show("get", "gpuclaims", "-A")
     demo.show("get", "gpunodes")
-    demo.show("-n", platform.NAMESPACE, "get", "pods", "-o", "wide")
+    demo.show("-n", run_state.NAMESPACE, "get", "pods", "-o", "wide")
