@@ -34,12 +34,22 @@ if ! PATH="$venv/bin:$PATH" GALAXY_IMPORTER_CONFIG="$here/galaxy-importer.cfg" \
   exit 1
 fi
 grep -E '^(ERROR|WARNING)' "$work/log" >&2 || true
-# An ansible-doc error is not a refusal, but Galaxy then shows those plugins undocumented.
-"$venv/bin/python" - "$work/importer_result.json" <<'PY' >&2
+# The importer goes on past an ansible-doc error, and Galaxy then shows the plugin
+# undocumented (an extended fragment of another collection did that: the importer runs
+# ansible-doc on this collection alone). Both fail here.
+if grep -qE '^ERROR' "$work/log"; then
+  echo "[galaxy-import] the importer reported errors (above): Galaxy would show them" >&2
+  exit 1
+fi
+if ! "$venv/bin/python" - "$work/importer_result.json" <<'PY' >&2
 import json, sys
-contents = json.load(open(sys.argv[1]))["contents"]
-bare = [c["name"] for c in contents if c["content_type"] == "module" and not c.get("doc_strings")]
+docs = json.load(open(sys.argv[1]))["docs_blob"]["contents"]
+bare = [c["content_name"] for c in docs if c["content_type"] == "module" and not c["doc_strings"]]
 if bare:
-    print(f"[galaxy-import] WARNING: Galaxy would show these modules without documentation: {bare}")
+    print(f"[galaxy-import] Galaxy would show these modules without documentation: {bare}")
+    sys.exit(1)
 PY
+then
+  exit 1
+fi
 echo "[galaxy-import] $(basename "$tarball"): $(tail -n1 "$work/log")" >&2

@@ -2,8 +2,8 @@
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """Kubernetes access for the GPUClass modules, through the official ``kubernetes`` client.
 
-The connection options are kubernetes.core's own (its ``AUTH_ARG_SPEC``, documented by its
-``k8s_auth_options`` fragment, the ``K8S_AUTH_*`` variables read by its client set-up), so a
+The connection options are kubernetes.core's own (its ``AUTH_ARG_SPEC``, documented in this
+collection's ``k8s_auth`` fragment, the ``K8S_AUTH_*`` variables read by its client set-up), so a
 play passes the same values to both collections; the collection depends on kubernetes.core
 for its roles anyway. The GPUClass work itself (create, replace, delete, each optionally as
 a server-side dry run) lives in :class:`GpuClassApi` and :func:`ensure_class`, apart from

@@ -51,7 +51,7 @@ options:
     description: Annotations to set on the class.
     type: dict
 extends_documentation_fragment:
-  - kubernetes.core.k8s_auth_options
+  - cozystack.gpu.k8s_auth
 attributes:
   check_mode:
     support: full

@@ -23,7 +23,7 @@ options:
     description: Only classes matching this label selector (ignored with O(name)).
     type: str
 extends_documentation_fragment:
-  - kubernetes.core.k8s_auth_options
+  - cozystack.gpu.k8s_auth
 attributes:
   check_mode:
     support: full

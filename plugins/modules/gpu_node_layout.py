@@ -53,7 +53,7 @@ description:
 author:
   - Cozystack GPU team (@cozystack)
 extends_documentation_fragment:
-  - kubernetes.core.k8s_auth_options
+  - cozystack.gpu.k8s_auth
 options:
   layout:
     description:
