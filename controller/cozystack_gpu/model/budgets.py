@@ -166,12 +166,17 @@ class Ledger:
         return f"{levels} level{'' if levels == 1 else 's'} above {namespace}"
 
     def _who_raises(self, tenant: str) -> str:
-        """A tenant's quota is set where its Tenant is written: by its parent tenant, and
-        for the root tenant by the platform administrator."""
+        """Who can raise a budget key: the hoster, who writes the namespace's ResourceQuota
+        (any cluster); on Cozystack a tenant's quota is set on its Tenant, by its parent
+        tenant, and the root tenant's by the platform administrator. A tenant never raises
+        its own."""
         parent = self.parent(tenant)
         if parent is None:
-            return "the platform administrator"
-        return f"the administrator of its parent tenant {parent}"
+            return "the hoster can raise it (on Cozystack, the platform administrator)"
+        return (
+            "the hoster can raise it (on Cozystack, the administrator of its parent tenant "
+            f"{parent}, on the Tenant)"
+        )
 
     # --- judging orders ----------------------------------------------------------------
 
@@ -232,7 +237,7 @@ class Ledger:
                         Reason.BUDGET_EXCEEDED,
                         f"budget {key} of {tenant} ({self._level(tenant, claim.namespace)}) "
                         f"allows {limit}: {used} in use, the order asks {count} more; "
-                        f"{self._who_raises(tenant)} can raise it",
+                        + self._who_raises(tenant),
                     )
             for key, _limit in checks:
                 extra[(tenant, key)] = extra.get((tenant, key), 0) + count

@@ -92,8 +92,8 @@ def test_an_order_over_budget_is_refused_at_create_with_the_models_message(
     # The tenant admin's role lets it create claims: the webhook, not RBAC, refuses this.
     assert refused_order(tenant_admin, namespace, "c", gpu_class) == (
         f"{CLAIM_HOOK}budget gpu.cozystack.io/{gpu_class} of {namespace} (this namespace's own "
-        "quota) allows 2: 2 in use, the order asks 1 more; the platform administrator can "
-        "raise it"
+        "quota) allows 2: 2 in use, the order asks 1 more; the hoster can raise it "
+        "(on Cozystack, the platform administrator)"
     )
     assert absent(kube, namespace, "c")
 

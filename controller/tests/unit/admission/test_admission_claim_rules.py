@@ -63,7 +63,8 @@ def test_an_order_over_budget_is_refused_with_the_models_message() -> None:
     assert (
         refusal.message
         == "budget gpu.cozystack.io/h100 of tenant-a (this namespace's own quota) allows 2: "
-        "2 in use, the order asks 1 more; the platform administrator can raise it"
+        "2 in use, the order asks 1 more; the hoster can raise it "
+        "(on Cozystack, the platform administrator)"
     )
 
 

@@ -96,7 +96,8 @@ def test_budget_key_on_an_ancestor_limits_the_sum_over_its_subtree() -> None:
     assert set_placement.check_order(snap, claim("h100", 2, "tenant-b"), NOW) == Refusal(
         Reason.BUDGET_EXCEEDED,
         "budget gpu.cozystack.io/h100 of tenant-root (1 level above tenant-b) allows 3: "
-        "2 in use, the order asks 2 more; the platform administrator can raise it",
+        "2 in use, the order asks 2 more; the hoster can raise it "
+        "(on Cozystack, the platform administrator)",
     )
 
 
@@ -225,7 +226,8 @@ def test_raw_key_caps_claims_together_with_raw_name_pods_of_the_subtree() -> Non
     assert set_placement.check_order(snap, claim("h100", 2), NOW) == Refusal(
         Reason.BUDGET_EXCEEDED,
         f"budget {raw} of tenant-root (1 level above tenant-a) allows 4: 3 in use, the order "
-        "asks 2 more; the platform administrator can raise it",
+        "asks 2 more; the hoster can raise it "
+        "(on Cozystack, the platform administrator)",
     )
 
 
@@ -307,7 +309,8 @@ def test_set_is_judged_by_adding_each_claim_as_bound_before_the_next() -> None:
     assert set_placement.place_set(snap, [first, second], NOW) == Refusal(
         Reason.BUDGET_EXCEEDED,
         "budget gpu.cozystack.io/h100 of tenant-a (this namespace's own quota) allows 3: "
-        "2 in use, the order asks 2 more; the platform administrator can raise it",
+        "2 in use, the order asks 2 more; the hoster can raise it "
+        "(on Cozystack, the platform administrator)",
     )
 
 

@@ -46,8 +46,8 @@ def test_budget_refusal_on_the_own_tenant_names_the_parent_as_who_raises_it() ->
     assert refusal.reason is Reason.BUDGET_EXCEEDED
     assert refusal.message == (
         "budget gpu.cozystack.io/h100 of tenant-a-dev (this namespace's own quota) allows 1: "
-        "0 in use, the order asks 2 more; the administrator of its parent tenant tenant-a "
-        "can raise it"
+        "0 in use, the order asks 2 more; the hoster can raise it (on "
+        "Cozystack, the administrator of its parent tenant tenant-a, on the Tenant)"
     )
 
 
@@ -59,7 +59,8 @@ def test_budget_refusal_set_above_names_the_level_and_the_platform_administrator
     refusal = refusal_of(set_placement.check_order(snap, claim("h100", 1, "tenant-a"), NOW))
     assert refusal.message == (
         "budget gpu.cozystack.io/h100 of tenant-root (1 level above tenant-a) allows 3: "
-        "3 in use, the order asks 1 more; the platform administrator can raise it"
+        "3 in use, the order asks 1 more; the hoster can raise it "
+        "(on Cozystack, the platform administrator)"
     )
     deep = refusal_of(set_placement.check_order(snap, claim("h100", 1, "tenant-a-dev"), NOW))
     assert "of tenant-root (2 levels above tenant-a-dev) allows 3" in deep.message, deep
