@@ -6,10 +6,16 @@ local port a moment later. A server that starts again on the same port (a replic
 SIGKILL, the API server after a restart) then fails with EADDRINUSE. So ports come from
 below the ephemeral range, probed on every address, and never handed out twice by one
 process.
+
+Test processes that run side by side (a soak beside a CI run) each pick from a share of
+the range of their own (by process id), first: a port one has picked but whose server has
+not bound it yet is not free to the other (a replica's health port was taken that way once,
+in a soak run beside a CI run). Only a full share falls back to the whole range.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
@@ -18,6 +24,8 @@ from pathlib import Path
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 # Above the well-known and registered ports most daemons use.
 LOWEST = 10000
+
+SHARES = 32  # of the range, one per process id modulo this
 
 _given: set[int] = set()
 _lock = threading.Lock()
@@ -42,14 +50,28 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def free_port() -> int:
-    """A port nothing listens on, outside the ephemeral range, not given out before."""
+def port_span() -> range:
+    """Where the kit's ports come from: below the ephemeral range when there is room, above
+    it otherwise."""
     low, high = ephemeral_range()
-    # Below the range when there is room; above it otherwise.
-    span = range(LOWEST, low) if low - LOWEST >= 2000 else range(high + 1, 65536)
+    return range(LOWEST, low) if low - LOWEST >= 2000 else range(high + 1, 65536)
+
+
+def own_share(span: range, pid: int | None = None) -> range:
+    """This process's share of ``span`` (``SHARES`` shares, by process id)."""
+    size = len(span) // SHARES
+    start = span.start + ((os.getpid() if pid is None else pid) % SHARES) * size
+    return range(start, start + size)
+
+
+def free_port() -> int:
+    """A port nothing listens on, outside the ephemeral range, not given out before: from
+    this process's share of the range while it has one free, else from anywhere in it."""
+    span = port_span()
     with _lock:
-        for port in random.sample(span, k=min(len(span), 500)):
-            if port not in _given and _bindable(port):
-                _given.add(port)
-                return port
+        for where in (own_share(span), span):
+            for port in random.sample(where, k=min(len(where), 500)):
+                if port not in _given and _bindable(port):
+                    _given.add(port)
+                    return port
     raise RuntimeError(f"no free port in {span.start}-{span.stop - 1}")

@@ -152,8 +152,10 @@ class Binder(Watcher):
         self._unanswered: dict[ClaimKey, Decision] = {}
 
         self.snapshot = Snapshot()
-        self.rejections = Rejections(self, placed_over=lambda key: self.gatekeeper.placed_over(key))
+        # The gate skips the nodes that refused a VM's pod; a refusal ends the pin's note.
+        self.rejections = Rejections(self)
         self.gatekeeper = Gatekeeper(self, refused_nodes=self.rejections.refused_nodes)
+        self.rejections.placed_over = self.gatekeeper.placed_over
         self.publisher = Publisher(self)
         self.attachments = Attachments(self)
         self.waiting = WaitingNotes(self)

@@ -35,7 +35,6 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.chart import helm_template
-from cozystack_gpu_testkit.chart import install_policies as install_policies  # for the tests
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.objects import Kube, wait_for
 from cozystack_gpu_testkit.pki import CertificateAuthority

@@ -14,7 +14,6 @@ from admission_env import (
     Corner,
     create_vmi,
     helm_template,
-    install_policies,
     refusal,
     remove_policies,
     serving,
@@ -28,6 +27,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.binder.rules import gate
 from cozystack_gpu.objects.annotation import TemplateEntry
 from cozystack_gpu_testkit import tenants
+from cozystack_gpu_testkit.chart import install_policies
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, wait_for
 

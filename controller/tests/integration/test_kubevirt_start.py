@@ -21,7 +21,6 @@ import pytest
 from admission_env import (
     Replica,
     helm_template,
-    install_policies,
     order,
     refusal,
     remove_policies,
@@ -35,6 +34,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.keys import RawNamesPolicy
 from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit import kubevirt as kubevirt_kit
+from cozystack_gpu_testkit.chart import install_policies
 from cozystack_gpu_testkit.objects import wait_for
 
 pytestmark = pytest.mark.apiserver

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from admission_env import helm_template, install_policies, refusal, remove_policies, suffixed
+from admission_env import helm_template, refusal, remove_policies, suffixed
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import tenants
+from cozystack_gpu_testkit.chart import install_policies
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.objects import Kube, wait_for
 

@@ -40,3 +40,18 @@ def test_a_port_held_on_one_address_is_skipped(monkeypatch: pytest.MonkeyPatch) 
         got = ports.free_port()
     assert got != taken
     assert got in (other, other + 1)
+
+
+def test_processes_side_by_side_pick_from_shares_of_their_own() -> None:
+    """A soak beside a CI run: two test processes never pick the same port while each has
+    room in its share (a port picked by one and not yet bound looks free to the other)."""
+    span = range(10000, 32768)
+    first, second = ports.own_share(span, pid=4242), ports.own_share(span, pid=4243)
+    assert not set(first) & set(second)
+    assert len(first) >= 500 and first.start >= span.start and first.stop <= span.stop
+
+
+def test_this_process_picks_from_its_own_share_first() -> None:
+    share = ports.own_share(ports.port_span())
+    picked = [ports.free_port() for _pick in range(20)]
+    assert all(port in share for port in picked), (share, picked)

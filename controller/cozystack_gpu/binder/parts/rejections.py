@@ -48,7 +48,7 @@ class Rejections(BinderPart):
         # node may have changed while no replica led.
         self._rejections_looked = False
         # Told of each claim whose pinned pod was refused: its Placed note is over.
-        self._placed_over = placed_over
+        self.placed_over = placed_over
 
     def nodes_changed(self, nodes: set[str]) -> None:
         if not self._rejections_looked:
@@ -122,7 +122,7 @@ class Rejections(BinderPart):
             )
             self._vm_rejections.setdefault(vmi_key, {})[node] = _Rejection(expires, state, cond)
             for claim in claims:
-                self._placed_over(claim.key)
+                self.placed_over(claim.key)
                 obj = self.view.claim(claim.key)
                 if obj is None:
                     continue
