@@ -43,10 +43,16 @@ long as the run it watches; ``watching`` looks in a background thread and follow
 version of every claim through a watch, so a short-lived violation during a fault is seen,
 not only the state after it.
 
+A driver that starts VMs itself (the lifecycle fuzz's) also judges, with reads of its own
+and at its own pace (``driver_looks``): no started VM stranded at a Ready node that keeps
+refusing its pinned pod, no launcher pod let go asking more than its claims hold, and, once
+settled, no template claim left behind by its VMI; and it names what it sees admitted that
+``forbidden`` refuses (``RAW_ADMITTED``, ``FORGED_ADMITTED``).
+
 The package: ``state`` (what a look reads: ``read_state``, ``State``, ``Scope``, and the
 ``Violation`` it reports, with every rule's name), ``reading`` (how the rules read objects:
 the binder's pod roles, owners, pins, timestamps), ``checker`` (``Invariants``: the rules,
-the looks and the watch).
+the looks and the watch), ``driver_looks`` (a driver's own looks).
 """
 
 from cozystack_gpu_testkit.invariants.checker import (
@@ -61,11 +67,16 @@ from cozystack_gpu_testkit.invariants.state import (
     BUDGET,
     CAPACITY,
     FOREIGN_TEMPLATE,
+    FORGED_ADMITTED,
     NOT_ATTACHED,
     NOT_JUDGED,
+    ORPHANED,
     POD_ELSEWHERE,
+    RAW_ADMITTED,
     RECORDS,
     SERVES_TWO,
+    STRANDED,
+    SURPLUS,
     UNPINNED,
     UNPROTECTED,
     Scope,
@@ -81,12 +92,17 @@ __all__ = [
     "CAPACITY",
     "CAPACITY_LOSS_GRACE_S",
     "FOREIGN_TEMPLATE",
+    "FORGED_ADMITTED",
     "NOT_ATTACHED",
     "NOT_JUDGED",
+    "ORPHANED",
     "POD_ELSEWHERE",
+    "RAW_ADMITTED",
     "RECORDS",
     "SERVES_TWO",
     "START_GRACE_S",
+    "STRANDED",
+    "SURPLUS",
     "UNPINNED",
     "UNPROTECTED",
     "Invariants",

@@ -29,6 +29,16 @@ UNPROTECTED = "running VMI's claim unprotected"
 FOREIGN_TEMPLATE = "running VMI uses a template claim not its own"
 SERVES_TWO = "claim serves two VMIs"
 UNPINNED = "launcher pod ungated without its pin"
+# What a driver judges itself (``driver_looks``; the lifecycle fuzz's): a VMI or launcher pod
+# with GPU entries of its own admitted under ``forbidden``, a started VM stranded at a node
+# that refuses its pinned pod, a template claim left behind by its VMI, a tenant's own pod
+# requesting a GPU admitted under ``forbidden``, a launcher pod let go asking more than its
+# claims hold.
+RAW_ADMITTED = "raw GPU entries admitted without claims"
+STRANDED = "started VM stranded at a refusing node"
+ORPHANED = "template claim outlived the VMI it was made for"
+FORGED_ADMITTED = "a tenant's own pod admitted with a GPU under forbidden"
+SURPLUS = "launcher pod ungated asking more GPUs than its claims cover"
 READ_TIMEOUT_S = (5.0, 30.0)
 
 
