@@ -16,12 +16,13 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.objects import MutableObj
-from cozystack_gpu_testkit import cluster, kubevirt, tenants
+from cozystack_gpu_testkit import kubevirt, tenants
 from cozystack_gpu_testkit.chart import install_policies
 from cozystack_gpu_testkit.fault_suite import Run, Service, WebhookSetup
 from cozystack_gpu_testkit.fuzz.stage import FUZZ_LABEL, Stage
 from cozystack_gpu_testkit.kubevirt.stand_in import RealKubeVirt
 from cozystack_gpu_testkit.objects import Kube, message_of, wait_for
+from cozystack_gpu_testkit.plane_config import ADMIN_USER
 
 TENANT_ADMIN = "tenant-admin"
 VIRT_CONTROLLER = kubevirt.USER  # who a cluster's virt-controller is; the kit runs it so
@@ -121,6 +122,6 @@ def _as_replicas(policy: MutableObj) -> MutableObj:
     name = policy.get("metadata", {}).get("name", "")
     if "protection" not in name and "launcher-gate" not in name:
         return policy
-    text = _CONTROLLER_USER.sub(cluster.ADMIN_USER, json.dumps(policy))
+    text = _CONTROLLER_USER.sub(ADMIN_USER, json.dumps(policy))
     exempting: MutableObj = json.loads(text)
     return exempting
