@@ -1,6 +1,6 @@
 """The start path's lifecycle fuzz, long form (issue 18, "the proof"): N seeds x M
 operations, each seed on a control plane of its own with KubeVirt's own virt-controller
-(see ``cozystack_gpu_testkit.lifecycle_fuzz``).
+(see ``cozystack_gpu_testkit.fuzz``).
 
     COZYSTACK_GPU_BIN_DIR=$(cat .cache/bin-dir) .venv/bin/python \
         controller/benchmarks/lifecycle_fuzz_bench.py [--seeds 1,2,3 | --count 5] \
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from cozystack_gpu_testkit.fault_suite import WebhookSetup
-from cozystack_gpu_testkit.lifecycle_fuzz import Admission, FuzzResult, FuzzSettings, LifecycleFuzz
+from cozystack_gpu_testkit.fuzz import Admission, FuzzResult, FuzzSettings, LifecycleFuzz
 
 # The chart's webhook configurations and policies as the admission tests render them.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))

@@ -83,7 +83,9 @@ def version() -> str:
         return "unknown"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _arguments(argv: Sequence[str] | None) -> tuple[argparse.Namespace, settings.Config]:
+    """The command line, and the settings it makes (an invalid one ends the process with
+    argparse's usage message)."""
     parser = argparse.ArgumentParser(
         prog="cozystack-gpu-controller",
         description="GPU claims binder (leader only) for cozystack.gpu",
@@ -104,12 +106,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = settings.from_arguments(args)
     except ValueError as exc:
         parser.error(str(exc))
+    return args, config
+
+
+def _log_to_stderr(log_format: str) -> None:
     handler = logging.StreamHandler()
-    if args.log_format == "json":
+    if log_format == "json":
         handler.setFormatter(JSONFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, config = _arguments(argv)
+    _log_to_stderr(args.log_format)
     identity = config.identity
     # Before the first listing: each full collection from here on walks only what came
     # after the last one, not the whole cache again (see gc_freeze).

@@ -9,12 +9,12 @@ controller-manager runs only the garbage collector and the namespace and service
 controllers. There is no kubelet and no node lifecycle controller: tests patch Node and Pod
 status as kubelets would (see ``objects.Kube.node_status``).
 
-By hand: ``local_cluster`` (``make cluster``).
+What etcd and kube-apiserver start with (certificates, kubeconfig, arguments):
+``plane_config``. By hand: ``local_cluster`` (``make cluster``).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import copy
 import ctypes
@@ -36,11 +36,8 @@ from typing import Any
 
 import yaml
 
-from cozystack_gpu_testkit.pki import CertificateAuthority, service_account_keys
+from cozystack_gpu_testkit import plane_config
 from cozystack_gpu_testkit.ports import free_port
-
-# The user name of the admin identity every kubeconfig of the kit carries (system:masters).
-ADMIN_USER = "cozystack-gpu-admin"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-binaries.sh"
@@ -53,11 +50,6 @@ KUBEVIRT_CRD_FILE = "kubevirt-crds.yaml"
 # Set (to anything) to keep each control plane's work directory (its logs, the audit log,
 # etcd's data) after it stops, for reading after a failed run.
 KEEP_WORKDIR_ENV = "COZYSTACK_GPU_KEEP_PLANE"
-SERVICE_CIDR = "10.96.0.0/12"
-# The common name of the API server's front-proxy client certificate (kubeadm's).
-FRONT_PROXY_CLIENT = "front-proxy-client"
-# The client certificate kube-apiserver presents to the admission webhooks it calls.
-WEBHOOK_CLIENT = "kube-apiserver-webhook-client"
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
@@ -426,70 +418,6 @@ def alive(pid: int) -> bool:
     return False
 
 
-def _kubeconfig(server: str, ca: bytes, cert: bytes, key: bytes) -> dict[str, Any]:
-    def b64(data: bytes) -> str:
-        return base64.b64encode(data).decode()
-
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "cozystack-gpu-local",
-                "cluster": {"server": server, "certificate-authority-data": b64(ca)},
-            }
-        ],
-        "users": [
-            {
-                "name": "admin",
-                "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)},
-            }
-        ],
-        "contexts": [
-            {
-                "name": "cozystack-gpu-local",
-                "context": {"cluster": "cozystack-gpu-local", "user": "admin"},
-            }
-        ],
-        "current-context": "cozystack-gpu-local",
-    }
-
-
-def _webhook_client_config(pki: Path) -> Path:
-    """kube-apiserver's AdmissionConfiguration: both webhook plugins present the client
-    certificate in ``pki`` to every webhook (the kubeconfig's user ``*``)."""
-    users = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "users": [
-            {
-                "name": "*",
-                "user": {
-                    "client-certificate": str(pki / "webhook-client.crt"),
-                    "client-key": str(pki / "webhook-client.key"),
-                },
-            }
-        ],
-    }
-    (pki / "webhook-kubeconfig").write_text(yaml.safe_dump(users))
-    webhooks = {
-        "apiVersion": "apiserver.config.k8s.io/v1",
-        "kind": "WebhookAdmissionConfiguration",
-        "kubeConfigFile": str(pki / "webhook-kubeconfig"),
-    }
-    config = {
-        "apiVersion": "apiserver.config.k8s.io/v1",
-        "kind": "AdmissionConfiguration",
-        "plugins": [
-            {"name": plugin, "configuration": webhooks}
-            for plugin in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
-        ],
-    }
-    path = pki / "admission-config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def _scratch_parent() -> str | None:
     # etcd on tmpfs: the suite writes thousands of objects and fsync on disk would dominate.
     shm = Path("/dev/shm")
@@ -535,62 +463,15 @@ def start(
     workdir.mkdir(parents=True, exist_ok=True)
     pki = workdir / "pki"
     pki.mkdir(exist_ok=True)
-
-    ca = CertificateAuthority()
-    (pki / "ca.crt").write_bytes(ca.cert_pem)
-    ca.issue(
-        "kube-apiserver",
-        dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-        ip_addresses=("127.0.0.1", "10.96.0.1"),
-        server=True,
-    ).write(pki / "apiserver.crt", pki / "apiserver.key")
-    admin = ca.issue(ADMIN_USER, organization="system:masters", client=True)
-    admin.write(pki / "admin.crt", pki / "admin.key")
-    service_account_keys().write(pki / "sa.pub", pki / "sa.key")
-    # The front proxy's CA and client identity, as kubeadm sets them up: the API server
-    # publishes the CA and the header names in kube-system/extension-apiserver-authentication,
-    # which extension API servers read at start (KubeVirt's virt-api refuses to start
-    # without the CA) and with which they trust the users it forwards.
-    front_proxy = CertificateAuthority("front-proxy-ca")
-    (pki / "front-proxy-ca.crt").write_bytes(front_proxy.cert_pem)
-    front_proxy.issue(FRONT_PROXY_CLIENT, client=True).write(
-        pki / "front-proxy-client.crt", pki / "front-proxy-client.key"
-    )
-
-    admission_args: tuple[str, ...] = ()
-    webhook_client_ca = None
-    if webhook_client_auth:
-        # A CA that signs nothing else, as a hoster's should be.
-        callers = CertificateAuthority("webhook-client-ca")
-        webhook_client_ca = pki / "webhook-client-ca.crt"
-        webhook_client_ca.write_bytes(callers.cert_pem)
-        callers.issue(WEBHOOK_CLIENT, client=True).write(
-            pki / "webhook-client.crt", pki / "webhook-client.key"
-        )
-        admission_args = (f"--admission-control-config-file={_webhook_client_config(pki)}",)
-
-    audit_args: tuple[str, ...] = ()
-    audit_log = None
-    if audit:
-        policy = workdir / "audit-policy.yaml"
-        policy.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "audit.k8s.io/v1",
-                    "kind": "Policy",
-                    "omitStages": ["RequestReceived"],
-                    "rules": [*audit, {"level": "None"}],
-                }
-            )
-        )
-        audit_log = workdir / "audit.log"
-        audit_args = (f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}")
+    ca, admin = plane_config.certificates(pki)
+    webhook_client_ca, admission_args = plane_config.webhook_client_auth(pki, webhook_client_auth)
+    audit_log, audit_args = plane_config.audit(workdir, audit)
 
     etcd_client, etcd_peer, secure_port = free_port(), free_port(), free_port()
     server = f"https://127.0.0.1:{secure_port}"
     kubeconfig = workdir / "kubeconfig"
     kubeconfig.write_text(
-        yaml.safe_dump(_kubeconfig(server, ca.cert_pem, admin.cert_pem, admin.key_pem))
+        yaml.safe_dump(plane_config.kubeconfig(server, ca.cert_pem, admin.cert_pem, admin.key_pem))
     )
     kubeconfig.chmod(0o600)
 
@@ -608,53 +489,28 @@ def start(
         audit_log=audit_log,
     )
 
-    etcd_args = [
-        str(bin_dir / "etcd"),
-        "--name=default",
-        f"--data-dir={workdir / 'etcd'}",
-        f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
-        f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
-        f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-        f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-        f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
-        "--unsafe-no-fsync",
-        "--log-level=warn",
-    ]
+    etcd_args = plane_config.etcd_args(bin_dir, workdir, etcd_client, etcd_peer)
     apiserver_args = [
-        str(bin_dir / "kube-apiserver"),
-        f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
-        f"--secure-port={secure_port}",
-        f"--cert-dir={pki}",
-        f"--tls-cert-file={pki / 'apiserver.crt'}",
-        f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}",
-        "--service-account-issuer=https://kubernetes.default.svc",
-        f"--service-account-key-file={pki / 'sa.pub'}",
-        f"--service-account-signing-key-file={pki / 'sa.key'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
-        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
-        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
-        "--requestheader-username-headers=X-Remote-User",
-        "--requestheader-group-headers=X-Remote-Group",
-        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
-        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        *plane_config.apiserver_args(bin_dir, pki, etcd_client, secure_port),
         *admission_args,
-        "--authorization-mode=Node,RBAC",
-        "--allow-privileged=true",
-        # Without the controller-manager nobody creates default service accounts, so the
-        # ServiceAccount admission plugin would refuse every pod the tests create.
-        *(() if controller_manager else ("--disable-admission-plugins=ServiceAccount",)),
-        # The endpoint reconciler refuses a loopback advertise address; nothing here needs
-        # the kubernetes Service's endpoints.
-        "--endpoint-reconciler-type=none",
-        "--profiling=false",
-        "--v=0",
+        *plane_config.apiserver_policy_args(controller_manager),
         *audit_args,
         *extra_apiserver_args,
     ]
+    _bring_up(plane, etcd_args, apiserver_args, scheduler, crds, controller_manager)
+    return plane
+
+
+def _bring_up(
+    plane: ControlPlane,
+    etcd_args: list[str],
+    apiserver_args: list[str],
+    scheduler: bool,
+    crds: Sequence[Path],
+    controller_manager: bool,
+) -> None:
+    """etcd, kube-apiserver until /readyz, then what ``start`` was asked for; a plane that
+    does not come up is stopped."""
     try:
         plane._spawn("etcd", etcd_args)
         plane._spawn("kube-apiserver", apiserver_args)
@@ -669,7 +525,6 @@ def start(
     except BaseException:
         plane.stop()
         raise
-    return plane
 
 
 # --- CRDs and objects ----------------------------------------------------------------

@@ -7,6 +7,7 @@ runs one (``ControlPlane.start_scheduler``).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ NAD_CRD = Path(__file__).with_name("nad-crd.yaml")
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # What a kubelet reports besides the tests' extended resources: enough for any test pod.
 NODE_BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti", "pods": "110"}
+# (connect, read) seconds of a driver's requests while faults come and go: a server away
+# costs the step, not the run.
+TIMEOUT = (5.0, 20.0)
 
 
 def install_extra_crds(api: Any) -> None:
@@ -47,6 +51,14 @@ def unless(status: int, call: Callable[[], Any]) -> Any:
         if exc.status != status:
             raise
         return None
+
+
+def message_of(exc: ApiException) -> str:
+    """What the API server said in refusing a request (its Status message), else its code."""
+    try:
+        return str(json.loads(exc.body or "{}").get("message", "")) or f"HTTP {exc.status}"
+    except (TypeError, ValueError):
+        return f"HTTP {exc.status}"
 
 
 @dataclass

@@ -22,7 +22,7 @@ devices a new pod may already hold.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,6 +243,25 @@ def build_report(
                 if res.placeable or res.shape == Shape.NVML:
                     names.add(device_set.resource_name)
 
+    devices = _devices(inventory, counts, kubelet_names, holders)
+    names |= unknown - foreign
+    return NodeReport(
+        devices=devices,
+        resource_names=sorted(names),
+        unresolved={k: sorted(v) for k, v in sorted(unresolved.items())},
+        skipped_pods=sorted(skipped),
+        other_resource_names=sorted(foreign - names),
+    )
+
+
+def _devices(
+    inventory: sysfs.Inventory,
+    counts: Mapping[str, int],
+    kubelet_names: Mapping[str, set[str]],
+    holders: Mapping[str, set[tuple[str, str]]],
+) -> list[dict[str, Any]]:
+    """One device entry per GPU function: its resource name, what kubelet counts of it
+    allocatable, the pods that hold it, and what sysfs could not read of it."""
     devices = []
     for f in inventory.functions:
         entry = _device_entry(f)
@@ -263,12 +282,4 @@ def build_report(
         if error:
             entry["error"] = error
         devices.append(entry)
-
-    names |= unknown - foreign
-    return NodeReport(
-        devices=devices,
-        resource_names=sorted(names),
-        unresolved={k: sorted(v) for k, v in sorted(unresolved.items())},
-        skipped_pods=sorted(skipped),
-        other_resource_names=sorted(foreign - names),
-    )
+    return devices

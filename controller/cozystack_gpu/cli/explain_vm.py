@@ -198,6 +198,43 @@ def render(report: Report, *, wide: bool = False) -> list[str]:
     else:
         where = f" on node {vmi['node']}" if vmi["node"] else ""
         lines.append(f"VMI:        {vmi['phase'] or 'Pending'}{where}")
+    lines += _claim_lines(report)
+    launcher = report["launcher"]
+    if launcher is not None:
+        state = launcher["state"]
+        if state == "bound":
+            state += f" to node {launcher['node']}"
+        elif state == "pinned":
+            state += f" to node {launcher['pinnedTo']}"
+        elif state == "gated":
+            state += f" (scheduling gate {keys.SCHEDULING_GATE_CLAIMS})"
+        lines.append(f"Launcher:   {launcher['pod']} {state}")
+    elif vmi is not None:
+        lines.append(
+            "Launcher:   none yet"
+            if report["launcherReadable"]
+            else "Launcher:   pods not readable"
+        )
+    events = report["events"]
+    if events is None:
+        lines.append("Events:     not readable")
+    elif not events:
+        lines.append("Events:     none")
+    else:
+        shown = events if wide else events[-EVENTS_SHOWN:]
+        lines.append("Events:")
+        lines += text.table(
+            ["TIME", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+            [[e["time"], e["type"], e["reason"], e["object"], e["message"]] for e in shown],
+            "  ",
+        )
+    return lines
+
+
+def _claim_lines(report: Report) -> list[str]:
+    """The set's node and its claims: a table, then each claim's conditions worth telling
+    (any not True, and Placed) and the nodes it skips."""
+    lines: list[str] = []
     nodes = report["setNodes"]
     if not report["claims"]:
         lines.append("Claims:     none (no gpu.cozystack.io/claims annotation naming claims)")
@@ -239,33 +276,4 @@ def render(report: Report, *, wide: bool = False) -> list[str]:
                     )
             for r in c.get("rejectedNodes", []):
                 lines.append(f"  {c['name']} skips node {r['node']} until {r['until']}")
-    launcher = report["launcher"]
-    if launcher is not None:
-        state = launcher["state"]
-        if state == "bound":
-            state += f" to node {launcher['node']}"
-        elif state == "pinned":
-            state += f" to node {launcher['pinnedTo']}"
-        elif state == "gated":
-            state += f" (scheduling gate {keys.SCHEDULING_GATE_CLAIMS})"
-        lines.append(f"Launcher:   {launcher['pod']} {state}")
-    elif vmi is not None:
-        lines.append(
-            "Launcher:   none yet"
-            if report["launcherReadable"]
-            else "Launcher:   pods not readable"
-        )
-    events = report["events"]
-    if events is None:
-        lines.append("Events:     not readable")
-    elif not events:
-        lines.append("Events:     none")
-    else:
-        shown = events if wide else events[-EVENTS_SHOWN:]
-        lines.append("Events:")
-        lines += text.table(
-            ["TIME", "TYPE", "REASON", "OBJECT", "MESSAGE"],
-            [[e["time"], e["type"], e["reason"], e["object"], e["message"]] for e in shown],
-            "  ",
-        )
     return lines

@@ -22,6 +22,7 @@ from cozystack_gpu.model.types import (
 )
 
 
+# one piece: the placement search's hot path; its closures share the tables it builds
 def find_node(
     classes: Mapping[str, ClassInfo],
     indexes: Mapping[str, ClassIndex],

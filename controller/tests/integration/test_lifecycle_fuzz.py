@@ -22,7 +22,7 @@ import pytest
 from admission_env import configurations, helm_template, install, remove
 
 from cozystack_gpu_testkit.fault_suite import WebhookSetup
-from cozystack_gpu_testkit.lifecycle_fuzz import Admission, FuzzSettings, run_seed
+from cozystack_gpu_testkit.fuzz import Admission, FuzzSettings, run_seed
 
 pytestmark = pytest.mark.apiserver
 

@@ -1,88 +1,69 @@
-"""The product's invariants, checked on what the real API server holds.
-
-One checker for every test that races, restarts or breaks the binder (the fault suite, its
-long form ``benchmarks/fault_bench.py``, the replica tests). It reads every object it needs
-from the API server, never from a controller's memory, and judges two kinds of rule:
-
-At every look (``check``), whatever is going on:
-- no node holds more units of a resource name than it has (claims Bound or Attached there,
-  Lost claims whose VMI still runs there, raw-name pods (every pod but the one launcher pod
-  of a live VMI with claims), and what those launcher pods use beyond their claims there,
-  against the smaller of the node's allocatable and its GPUNode devices);
-- no budget key of a tenant or any of its ancestors counts more units than its limit;
-- no claim is bound twice: once it holds a node, it keeps that node and its ``boundAt``
-  unless a decision moved it (its Bound condition says Moved, Rebound or Reattached: the
-  planner's packing moves unattached holds); a new node shown as a fresh "Bound" is a
-  second bind;
-- no attached claim moves: while attached to one VMI it stays on the node that VMI was
-  placed on (its launcher pod bound there, or the VMI reporting it); a starting VM's set may
-  be placed again before that (a cordon between the bind and the pin);
-- no started launcher pod runs elsewhere than its claims;
-- the start path (``_start_path``): every running VMI's claims (the held ones its claims
-  annotation names, and its template claims) are Attached to it, by name and, where the
-  claim records one, by uid, and carry the protection finalizer; a template claim it uses
-  is its own (labelled, its VMI's uid as controlling owner, the entry's class and count);
-  no claim serves two running VMIs; no launcher pod that uses claims is ungated without a
-  ``metadata.name`` pin, in every required term, to the node its claims hold.
-
-A "running VMI" is one whose launcher pod (owned by it, by uid) is bound to a node and that
-is marked Running. What the leader writes after the start (a template claim's attachment,
-the finalizer, an attachment back from Lost once the node is Ready again) gets
-``start_grace_s`` from the VMI's Running transition or the node's Ready transition; held
-claims are attached by the VMI webhook before the VMI is stored, so they get none.
-
-Once the cluster has settled (``settled``), also:
-- every order is judged: Bound or Attached on a node, or Pending (Lost) with a Bound
-  condition that gives a reason and a message (a template claim may wait at the gate
-  with a Placed condition instead);
-- usage records exist exactly for the ordered Bound and Attached claims, owned by the claim
-  (its uid) and counting its class and units.
-
-The history rules compare each claim version with every earlier one, so a checker lives as
-long as the run it watches; ``watching`` looks in a background thread and follows every
-version of every claim through a watch, so a short-lived violation during a fault is seen,
-not only the state after it.
-"""
+"""``Invariants``: the rules (those of every look, the start path's, those of a settled
+cluster), the looks (``check``, ``settled``, ``wait_settled``) and ``watching``, which looks
+in a thread and follows every version of every claim (see the package docstring)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.rules import records
-from cozystack_gpu.cluster.informer import Event, EventType, Informer, list_function, source
-from cozystack_gpu.objects import MutableObj, annotation
-from cozystack_gpu.objects.launcher import PodRole, launcher_usage, pod_role, raw_usage
-from cozystack_gpu.objects.pod_usage import PodUsage, claims_cover, template_owner
+from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
+from cozystack_gpu.objects import MutableObj
+from cozystack_gpu.objects.launcher import raw_usage
 from cozystack_gpu.objects.translate import vmi_state, whole_quantity
+from cozystack_gpu_testkit.invariants.reading import (
+    _ancestors,
+    _bound_reason,
+    _budget_key,
+    _claims_request,
+    _class_resource,
+    _count,
+    _epoch,
+    _foreign_template,
+    _name,
+    _namespace,
+    _node_ready,
+    _owner_ref,
+    _owning_vmi,
+    _raw_pods,
+    _running_since,
+    _running_vmis,
+    _template,
+    _uncovered_launcher_usage,
+    required_pins,
+)
+from cozystack_gpu_testkit.invariants.state import (
+    ATTACHED_MOVED,
+    BOUND_TWICE,
+    BUDGET,
+    CAPACITY,
+    FOREIGN_TEMPLATE,
+    NOT_ATTACHED,
+    NOT_JUDGED,
+    POD_ELSEWHERE,
+    RECORDS,
+    SERVES_TWO,
+    UNPINNED,
+    UNPROTECTED,
+    Scope,
+    State,
+    Violation,
+    _meta,
+    read_state,
+)
 
 log = logging.getLogger(__name__)
 
-
-CAPACITY = "node over capacity"
-BUDGET = "budget over its limit"
-BOUND_TWICE = "claim bound twice"
-ATTACHED_MOVED = "attached claim moved"
-POD_ELSEWHERE = "launcher pod on another node than its claims"
-NOT_JUDGED = "order not judged"
-RECORDS = "usage records"
-NOT_ATTACHED = "running VMI's claim not attached to it"
-UNPROTECTED = "running VMI's claim unprotected"
-FOREIGN_TEMPLATE = "running VMI uses a template claim not its own"
-SERVES_TWO = "claim serves two VMIs"
-UNPINNED = "launcher pod ungated without its pin"
 
 HOLDING = ("Bound", "Attached")
 # Bound-condition reasons of a decision that gives a claim another node (or boundAt).
@@ -90,7 +71,6 @@ MOVED_BY_DECISION = frozenset(
     r.value for r in (keys.ClaimReason.MOVED, keys.ClaimReason.REBOUND, keys.ClaimReason.REATTACHED)
 )
 FINAL_VMI = ("Succeeded", "Failed")
-READ_TIMEOUT_S = (5.0, 30.0)
 # Leader writes that follow a start or a node's return (template attachment, finalizer)
 # get this long; a leader killed in between takes its Lease and a sync to come back.
 START_GRACE_S = 15.0
@@ -100,107 +80,6 @@ CAPACITY_LOSS_GRACE_S = 3.0
 # The field that records the attached VMI's uid (issue 18, item 3); until it exists a
 # claim without it is judged by name alone.
 ATTACHED_TO_UID = "attachedToUID"
-
-
-@dataclass(frozen=True)
-class Violation:
-    rule: str
-    subject: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.rule}: {self.subject}: {self.detail}"
-
-
-@dataclass(frozen=True)
-class Scope:
-    """What one test owns on a shared control plane: claims, quotas and records in
-    ``namespaces``, and the nodes matching ``node_labels``. None means everything."""
-
-    namespaces: frozenset[str] | None = None
-    node_labels: Mapping[str, str] | None = None
-
-    def has_namespace(self, name: str) -> bool:
-        return self.namespaces is None or name in self.namespaces
-
-    def has_node(self, node: MutableObj) -> bool:
-        if self.node_labels is None:
-            return True
-        labels = _meta(node).get("labels") or {}
-        return all(labels.get(k) == v for k, v in self.node_labels.items())
-
-
-@dataclass
-class State:
-    """Everything the rules read, as the API server held it at one revision."""
-
-    nodes: list[MutableObj]
-    gpunodes: list[MutableObj]
-    classes: list[MutableObj]
-    claims: list[MutableObj]
-    namespaces: list[MutableObj]
-    quotas: list[MutableObj]
-    pods: list[MutableObj]
-    workloads: list[MutableObj]
-    vmis: list[MutableObj]
-    resource_version: str | None = None  # the revision every list was served at
-    read_at: float = field(default_factory=time.time)  # when its revision was served
-
-
-_LISTS: dict[str, keys.ApiKind] = {
-    "nodes": keys.NODE,
-    "gpunodes": keys.GPU_NODE,
-    "classes": keys.GPU_CLASS,
-    "claims": keys.GPU_CLAIM,
-    "namespaces": keys.NAMESPACE,
-    "quotas": keys.RESOURCE_QUOTA,
-    "pods": keys.POD,
-    "workloads": keys.WORKLOAD,
-    "vmis": keys.VMI,
-}
-
-
-def read_state(api: client.ApiClient, at: str | None = None) -> State:
-    """Lists every kind the rules read, as raw JSON (the client's models are slow); a kind
-    the server does not serve (no KubeVirt, no Workload CRD) reads as empty.
-
-    Every list is served at one resourceVersion (the first list's, or ``at``), exactly:
-    every kind shares etcd's revision, so the state is one moment of the cluster. Lists
-    read one after another would see a VM start between them (its claims before they were
-    attached, its launcher pod after it was bound) and call the pod's units held twice.
-    """
-    items: dict[str, list[MutableObj]] = {}
-    revision = at
-    started = time.time()  # the revision is the first list's: the state is of about then
-    for name, kind in _LISTS.items():
-        at_revision: dict[str, str] = {}
-        if revision is not None:
-            at_revision = {"resource_version": revision, "resource_version_match": "Exact"}
-        try:
-            response = list_function(api, kind)(
-                _preload_content=False, _request_timeout=READ_TIMEOUT_S, **at_revision
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            items[name] = []
-            continue
-        listed = json.loads(response.data)
-        revision = revision or str((listed.get("metadata") or {}).get("resourceVersion"))
-        items[name] = list(listed.get("items") or [])
-    return State(
-        nodes=items["nodes"],
-        gpunodes=items["gpunodes"],
-        classes=items["classes"],
-        claims=items["claims"],
-        namespaces=items["namespaces"],
-        quotas=items["quotas"],
-        pods=items["pods"],
-        workloads=items["workloads"],
-        vmis=items["vmis"],
-        resource_version=revision,
-        read_at=started,
-    )
 
 
 @dataclass
@@ -740,218 +619,3 @@ class Invariants:
                 yield Violation(RECORDS, subject, "no usage record of its own")
             elif len(held) > 1:
                 yield Violation(RECORDS, subject, f"{len(held)} usage records: {sorted(held)}")
-
-
-# --- reading objects ---------------------------------------------------------------------
-
-
-def _pod_roles(state: State) -> list[tuple[MutableObj, PodRole]]:
-    """How each pod counts, by the binder's rule (``launcher.pod_role``): the one launcher
-    pod of a live VMI with claims is covered by them; any other pod is raw usage, whatever
-    its labels. The state is one moment and has no history, so a labelled pod of a VMI that
-    is final or gone is taken as that VMI's finishing launcher pod (the binder counts more:
-    only the pod it saw as the launcher when the VMI ended)."""
-    vmis = {(_namespace(v), _name(v)): vmi_state(v) for v in state.vmis}
-    live_uids = {(_namespace(v), _meta(v).get("uid")) for v in state.vmis}
-    siblings: dict[tuple[str, str], list[MutableObj]] = {}
-    for pod in state.pods:
-        owner = _owning_vmi(pod)
-        if owner is not None:
-            siblings.setdefault((_namespace(pod), owner), []).append(pod)
-    roles: list[tuple[MutableObj, PodRole]] = []
-    for pod in state.pods:
-        owner = _owning_vmi(pod)
-        vmi = vmis.get((_namespace(pod), owner)) if owner is not None else None
-        uid = (_owner_ref(pod, "VirtualMachineInstance") or {}).get("uid")
-        ended = (vmi is not None and vmi.uid == uid and vmi.final) or (
-            uid and (_namespace(pod), uid) not in live_uids
-        )
-        labelled = keys.uses_claims(_meta(pod).get("labels"))
-        finishing = _name(pod) if ended and labelled else None
-        mates = siblings.get((_namespace(pod), owner), []) if owner is not None else []
-        roles.append((pod, pod_role(pod, vmi, mates, finishing)))
-    return roles
-
-
-def _raw_pods(state: State) -> list[MutableObj]:
-    return [pod for pod, role in _pod_roles(state) if role is PodRole.RAW]
-
-
-def _uncovered_launcher_usage(
-    state: State, resource_of: Mapping[str, str]
-) -> list[tuple[str, PodUsage]]:
-    """What the launcher pods of live VMIs with claims use beyond the units their VMI's
-    claims hold on their node: a claim deleted by force, moved or stripped leaves the pod
-    using GPUs that no claim counts, and they are still occupied there."""
-    serving: dict[tuple[str, str], list[MutableObj]] = {}
-    for claim in state.claims:
-        vmis = {(claim.get("status") or {}).get("attachedTo"), template_owner(claim)}
-        for vmi in vmis - {None, ""}:
-            serving.setdefault((_namespace(claim), str(vmi)), []).append(claim)
-    found: list[tuple[str, PodUsage]] = []
-    for pod, role in _pod_roles(state):
-        owner = _owning_vmi(pod)
-        node = (pod.get("spec") or {}).get("nodeName")
-        if role is not PodRole.COVERED or owner is None or not node:
-            continue
-        claims = serving.get((_namespace(pod), owner), [])
-        usage = launcher_usage(pod, claims_cover(claims, resource_of.get, str(node)))
-        if usage is not None:
-            found.append((f"{_namespace(pod)}/{_name(pod)}", usage))
-    return found
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
-def _name(obj: Mapping[str, Any]) -> str:
-    return str(_meta(obj).get("name", ""))
-
-
-def _namespace(obj: Mapping[str, Any]) -> str:
-    return str(_meta(obj).get("namespace", ""))
-
-
-def _count(claim: Mapping[str, Any]) -> int:
-    return int((claim.get("spec") or {}).get("count") or 1)
-
-
-def _class_resource(gpu_class: Mapping[str, Any]) -> str:
-    source = (gpu_class.get("spec") or {}).get("source") or {}
-    return str((source.get("devicePlugin") or {}).get("resourceName") or "")
-
-
-def _ancestors(namespace: Mapping[str, Any]) -> frozenset[str]:
-    labels = _meta(namespace).get("labels") or {}
-    return keys.tenant_ancestors(dict(labels)) | {_name(namespace)}
-
-
-def _template(claim: Mapping[str, Any]) -> bool:
-    labels = _meta(claim).get("labels") or {}
-    return bool(labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE)
-
-
-def _bound_reason(status: Mapping[str, Any]) -> str:
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == keys.CONDITION_BOUND:
-            return str(cond.get("reason") or "")
-    return ""
-
-
-def _budget_key(key: str, gpu_names: set[str]) -> bool:
-    return key.startswith(keys.QUOTA_KEY_PREFIX) or (
-        key.removeprefix(keys.QUOTA_RAW_REQUESTS_PREFIX) in gpu_names
-    )
-
-
-def _owning_vmi(pod: Mapping[str, Any]) -> str | None:
-    for ref in _meta(pod).get("ownerReferences") or []:
-        if ref.get("kind") == "VirtualMachineInstance":
-            return str(ref.get("name"))
-    return None
-
-
-def _owner_ref(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    """The controlling owner reference of ``kind`` (or the first of that kind)."""
-    refs = [r for r in _meta(obj).get("ownerReferences") or [] if r.get("kind") == kind]
-    return next((r for r in refs if r.get("controller")), refs[0] if refs else None)
-
-
-def _claims_request(vmi: Mapping[str, Any]) -> annotation.ClaimsRequest | None:
-    """The claims a VMI's annotation names, or None (none, or unreadable)."""
-    raw = (_meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_CLAIMS)
-    if not raw:
-        return None
-    try:
-        return annotation.parse(str(raw))
-    except annotation.AnnotationError:
-        return None
-
-
-def _running_vmis(state: State) -> Iterator[tuple[MutableObj, str]]:
-    """(VMI, node) for every VMI marked Running whose launcher pod (owned by its uid) is
-    bound to a node."""
-    bound: dict[tuple[str, str], str] = {}
-    for pod in state.pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        owner = _owner_ref(pod, "VirtualMachineInstance")
-        if node and owner is not None and not _meta(pod).get("deletionTimestamp"):
-            bound[(_namespace(pod), str(owner.get("uid")))] = str(node)
-    for vmi in state.vmis:
-        if (vmi.get("status") or {}).get("phase") != "Running":
-            continue
-        node = bound.get((_namespace(vmi), str(_meta(vmi).get("uid"))))
-        if node is not None:
-            yield vmi, node
-
-
-def _epoch(stamp: object) -> float | None:
-    if not stamp:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _running_since(vmi: Mapping[str, Any]) -> float | None:
-    """When the VMI turned Running, as KubeVirt records it (phaseTransitionTimestamps)."""
-    stamps = (vmi.get("status") or {}).get("phaseTransitionTimestamps") or []
-    running = [
-        _epoch(t.get("phaseTransitionTimestamp")) for t in stamps if t.get("phase") == "Running"
-    ]
-    found = [t for t in running if t is not None]
-    return max(found) if found else _epoch(_meta(vmi).get("creationTimestamp"))
-
-
-def _node_ready(node: Mapping[str, Any] | None) -> tuple[bool, float | None]:
-    """Whether the node is Ready, and when its Ready condition last changed."""
-    if node is None:
-        return False, None
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return cond.get("status") == "True", _epoch(cond.get("lastTransitionTime"))
-    return False, None
-
-
-def _foreign_template(
-    claim: Mapping[str, Any], vmi: Mapping[str, Any], gpu_class: str, count: int
-) -> str:
-    """Why a claim named like a VMI's template claim is not the one its entry makes ('' when
-    it is): the label, the VMI's uid as controlling owner, the entry's class and count."""
-    problems = []
-    if not _template(claim):
-        problems.append(f"no {keys.LABEL_TEMPLATE_CLAIM} label")
-    owner = _owner_ref(claim, "VirtualMachineInstance")
-    if owner is None or not owner.get("controller"):
-        problems.append("no controlling VMI owner")
-    elif owner.get("uid") != _meta(vmi).get("uid"):
-        problems.append(f"owned by VMI uid {owner.get('uid')}, not {_meta(vmi).get('uid')}")
-    spec = claim.get("spec") or {}
-    if spec.get("class") != gpu_class or _count(claim) != count:
-        problems.append(
-            f"class {spec.get('class')} x{_count(claim)} where the entry asks {gpu_class} x{count}"
-        )
-    return "; ".join(problems)
-
-
-def required_pins(spec: Mapping[str, Any]) -> list[str | None]:
-    """Per required node-selector term, the one node its ``metadata.name`` In pins (None
-    for a term without a pin); empty when the pod has no required term."""
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    pins: list[str | None] = []
-    for term in required.get("nodeSelectorTerms") or []:
-        pin = None
-        for match in term.get("matchFields") or []:
-            values = match.get("values") or []
-            if (
-                match.get("key") == "metadata.name"
-                and match.get("operator") == "In"
-                and len(values) == 1
-            ):
-                pin = str(values[0])
-        pins.append(pin)
-    return pins

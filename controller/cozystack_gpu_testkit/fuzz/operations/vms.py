@@ -1,0 +1,161 @@
+"""What tenants do to VMs: create one with held claims and/or claim templates, one with an odd
+claims annotation and a raw GPU entry, one on a network that names the GPU resource; stop,
+start, restart (the guest powers off) and delete it, or delete its VMI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from cozystack_gpu import keys
+from cozystack_gpu.objects import MutableObj
+from cozystack_gpu_testkit.fault_suite import Run
+from cozystack_gpu_testkit.fuzz.stage import FuzzVM, Stage, labelled_template
+
+# The NetworkAttachmentDefinition of each tenant whose k8s.v1.cni.cncf.io/resourceName is the
+# world's GPU resource: a VM on it would get a launcher pod asking a unit beyond its claims.
+GPU_NAD = "gpu-net"
+# Odd claims-annotation shapes (None: no annotation) and whether the reference label goes
+# with them; each VM made of one also carries a raw GPU entry of its own.
+ODD_SHAPES: tuple[tuple[str | None, bool], ...] = (
+    ("", False),
+    ("", True),
+    (" ", True),
+    ("{}", True),
+    ('{"claims": []}', True),
+    ("{not json", True),
+    (None, True),
+    ('{"claims": ["x"]}', False),
+)
+
+
+def create_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """A VM that holds some of its tenant's claims and/or orders from templates."""
+    world = run.world
+    namespace = stage.rng.choice(world.tenants)
+    used = {
+        c for vm in stage.vms.values() if vm.namespace == namespace and not vm.gone
+        for c in vm.held
+    }  # fmt: skip
+    free = [
+        n for n in stage.tenant_claims(namespace)
+        if n not in used and not labelled_template(stage.claims[(namespace, n)])
+    ]  # fmt: skip
+    held = tuple(stage.rng.sample(free, k=min(len(free), stage.rng.choice((0, 1, 1, 2)))))
+    templates: tuple[Mapping[str, Any], ...] = ()
+    if not held or stage.rng.random() < 0.4:
+        templates = (
+            {
+                "name": stage.rng.choice(("gpu", "extra")),
+                # One class with held claims most of the time: a set across the two
+                # pools never places, and stays gated (with its reason).
+                "class": (
+                    str((stage.claims[(namespace, held[0])].get("spec") or {}).get("class"))
+                    if held and stage.rng.random() < 0.8
+                    else stage.rng.choice(world.classes)
+                ),
+                "count": 1 if stage.rng.random() < 0.8 else 2,
+            },
+        )
+    vm = FuzzVM(namespace, stage.next_name("vm"), held, templates)
+    request: MutableObj = {}
+    if held:
+        request[keys.ANNOTATION_MEMBER_CLAIMS] = list(held)
+    if templates:
+        request[keys.ANNOTATION_MEMBER_TEMPLATES] = [dict(t) for t in templates]
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+    notes = {keys.ANNOTATION_CLAIMS: json.dumps(request)}
+    body = stage.vm_body(vm, labels, notes, [])
+    names = {vm.name, *held, *(stage.template_name(vm, t) for t in templates)}
+    args = f"{namespace}/{vm.name} {json.dumps(request, sort_keys=True)}"
+    return stage.submit_vm(vm, body, args, names)
+
+
+def odd_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    world = run.world
+    namespace = stage.rng.choice(world.tenants)
+    note, labelled = stage.rng.choice(ODD_SHAPES)
+    vm = FuzzVM(namespace, stage.next_name("odd"), (), (), odd=True)
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE} if labelled else {}
+    notes = {keys.ANNOTATION_CLAIMS: note} if note is not None else {}
+    gpus = [{"name": "raw0", "deviceName": world.resource}]
+    body = stage.vm_body(vm, labels, notes, gpus)
+    args = f"{namespace}/{vm.name} annotation {note!r} label {labelled} raw gpus 1"
+    return stage.submit_vm(vm, body, args, {vm.name})
+
+
+def nad_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """A VM with a claim template and a multus network on the tenant's definition that
+    names the GPU resource: KubeVirt renders a launcher pod asking a unit more than the
+    template. The VMI webhook refuses it (or, the definition unread, the gate keeps the
+    pod gated); a pod that starts so is ``SURPLUS``."""
+    world = run.world
+    namespace = stage.rng.choice(world.tenants)
+    if (namespace, GPU_NAD) not in stage.nads:
+        run.kube.nad(namespace, GPU_NAD, world.resource)
+        stage.nads.add((namespace, GPU_NAD))
+    template = {"name": "gpu", "class": stage.rng.choice(world.classes), "count": 1}
+    vm = FuzzVM(namespace, stage.next_name("net"), (), (template,))
+    request = {keys.ANNOTATION_MEMBER_TEMPLATES: [template]}
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+    body = stage.vm_body(vm, labels, {keys.ANNOTATION_CLAIMS: json.dumps(request)}, [])
+    spec = body["spec"]["template"]["spec"]
+    spec["domain"]["devices"]["interfaces"] = [
+        {"name": "default", "masquerade": {}},
+        {"name": "gpu-net", "bridge": {}},
+    ]
+    spec["networks"] = [
+        {"name": "default", "pod": {}},
+        {"name": "gpu-net", "multus": {"networkName": GPU_NAD}},
+    ]
+    names = {vm.name, stage.template_name(vm, template)}
+    args = f"{namespace}/{vm.name} template {template['class']} x1, network on {GPU_NAD}"
+    return stage.submit_vm(vm, body, args, names)
+
+
+def stop_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    vm = stage.pick_vm()
+    if vm is None:
+        return "", "no VM", set()
+    stage.run_strategy(vm, "Halted")
+    return f"{vm.namespace}/{vm.name}", "runStrategy Halted", stage.names(vm)
+
+
+def start_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    vm = stage.pick_vm()
+    if vm is None:
+        return "", "no VM", set()
+    stage.run_strategy(vm, "Always")
+    return f"{vm.namespace}/{vm.name}", "runStrategy Always", stage.names(vm)
+
+
+def restart_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """The guest shuts itself down: virt-handler reports the VMI Succeeded, and
+    runStrategy Always starts the next VMI under the same name."""
+    vm = stage.pick_vm(odd=False)
+    if vm is None:
+        return "", "no VM", set()
+    outcome = stage.kubevirt.guest_shuts_down(vm.namespace, vm.name)
+    return f"{vm.namespace}/{vm.name}", outcome, stage.names(vm)
+
+
+def delete_vmi(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """``kubectl delete vmi``: once its guest is shut down and its pod gone, the VM
+    (runStrategy Always) starts a new one at once."""
+    vm = stage.pick_vm(odd=False)
+    if vm is None:
+        return "", "no VM", set()
+    # As the admin: KubeVirt's tenant roles, which would let the tenant, are not here.
+    delete = run.kube.custom.delete_namespaced_custom_object
+    stage.vmi_call(delete, vm.namespace, vm.name)
+    return f"{vm.namespace}/{vm.name}", "VMI deleted", stage.names(vm)
+
+
+def delete_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    vm = stage.pick_vm()
+    if vm is None:
+        return "", "no VM", set()
+    stage.vm_call(stage.tenant.custom.delete_namespaced_custom_object, vm.namespace, vm.name)
+    vm.gone = True
+    return f"{vm.namespace}/{vm.name}", "VM deleted", stage.names(vm)
