@@ -17,7 +17,7 @@ from cozystack_gpu_testkit.demo.console import DemoFailure
 DEFAULT_DIR = cluster.DEFAULT_STATE_DIR.parent / "demo"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m cozystack_gpu_testkit.demo")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="the demo's directory")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     kubelet.add_argument(
         "--attached", action="store_true", help="the pods it restarts die with it (tests)"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     directory: Path = args.dir.absolute()
     if args.command == "down":
         return platform.down(directory)

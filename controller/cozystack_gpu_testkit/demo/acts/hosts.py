@@ -12,6 +12,7 @@ from cozystack_gpu_testkit.demo.console import check, wait_until
 from cozystack_gpu_testkit.demo.hosts import HOSTS, advertised, build_host, host_root, pods_file
 
 
+# one piece: an act of the demo, its scenes in the order the viewer sees them
 def act_hosts(demo: Demo) -> None:
     console = demo.console
     console.act(

@@ -25,6 +25,7 @@ from cozystack_gpu_testkit.demo.acts.common import (
 from cozystack_gpu_testkit.demo.console import check, wait_until
 
 
+# one piece: an act of the demo, its scenes in the order the viewer sees them
 def act_life(demo: Demo) -> None:
     console = demo.console
     console.act(

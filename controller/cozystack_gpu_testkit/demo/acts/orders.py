@@ -29,6 +29,7 @@ from cozystack_gpu_testkit.demo.console import Mismatch, check, wait_until
 from cozystack_gpu_testkit.objects import unless
 
 
+# one piece: an act of the demo, its scenes in the order the viewer sees them
 def act_orders(demo: Demo) -> None:
     console = demo.console
     console.act(

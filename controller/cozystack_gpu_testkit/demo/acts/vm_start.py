@@ -23,6 +23,7 @@ from cozystack_gpu_testkit.demo.console import check, wait_until
 from cozystack_gpu_testkit.demo.hosts import GPU_TAINT, L40S_24C
 
 
+# one piece: an act of the demo, its scenes in the order the viewer sees them
 def act_vm(demo: Demo) -> None:
     console = demo.console
     console.act(
