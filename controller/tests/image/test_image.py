@@ -79,25 +79,24 @@ def test_the_image_is_one_non_root_image_without_build_tools(image: str) -> None
     version = tomllib.loads((REPO / "controller" / "pyproject.toml").read_text())["project"][
         "version"
     ]
-    assert podman("run", "--rm", image, "python", "-m", "cozystack_gpu", "--version").stdout == (
-        f"{version}\n"
-    )
-    assert podman("run", "--rm", image, "id", "-u").stdout.strip() == "65532"
+    # The entry point is the controller: arguments go to it, as a pod's args do.
+    assert podman("run", "--rm", image, "--version").stdout == (f"{version}\n")
+    assert podman("run", "--rm", "--entrypoint=id", image, "-u").stdout.strip() == "65532"
     # Both entry points are there; the pod-resources protos were compiled in the build.
-    podman("run", "--rm", image, "python", "-m", "cozystack_gpu.agent", "--help")
+    podman("run", "--rm", "--entrypoint=python", image, "-m", "cozystack_gpu.agent", "--help")
     podman(
         "run",
         "--rm",
+        "--entrypoint=python",
         image,
-        "python",
         "-c",
         "import cozystack_gpu.agent.podresources.api_pb2_grpc",
     )
     probe = podman(
         "run",
         "--rm",
+        "--entrypoint=sh",
         image,
-        "sh",
         "-c",
         "for tool in gcc cc c++ make protoc; do command -v $tool; done;"
         " python -c 'import grpc_tools' 2>/dev/null && echo grpc_tools;"
@@ -115,8 +114,8 @@ def test_the_image_names_its_user_without_the_runtime_adding_an_entry(image: str
         "run",
         "--rm",
         *RESTRICTED,
+        "--entrypoint=python",
         image,
-        "python",
         "-c",
         "import getpass, os; print(getpass.getuser(), os.getuid(), os.path.expanduser('~'))",
         check=False,
@@ -166,10 +165,7 @@ def test_the_containerised_controller_takes_the_lease_and_binds(
         f"{kubeconfig}:{KUBECONFIG_IN_CONTAINER}:ro",
         # kopf logs in on its own, from $KUBECONFIG (in a pod: the service account).
         f"--env=KUBECONFIG={KUBECONFIG_IN_CONTAINER}",
-        image,
-        "python",
-        "-m",
-        "cozystack_gpu",
+        image,  # the entry point: python -m cozystack_gpu
         f"--kubeconfig={KUBECONFIG_IN_CONTAINER}",
         f"--namespace={namespace}",
         "--identity=in-a-container",
@@ -246,8 +242,8 @@ def test_the_containerised_agent_reports_a_read_only_sysfs_tree(
             f"{socket_dir}:/var/lib/kubelet/pod-resources:ro",
             "--volume",
             f"{kubeconfig}:{KUBECONFIG_IN_CONTAINER}:ro",
+            "--entrypoint=python",
             image,
-            "python",
             "-m",
             "cozystack_gpu.agent",
             f"--node={node}",
