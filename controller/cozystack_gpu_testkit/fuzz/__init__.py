@@ -17,7 +17,12 @@ GPUNodes. Each step is one random operation, drawn from the seed:
   template label or the VMI-uid annotation removed); make a pod of their own that forges a
   running VMI's launcher pod (its label, its owner reference, a GPU request); create VMs
   with a claim template and a multus network whose NetworkAttachmentDefinition names the
-  GPU resource (KubeVirt then asks a unit more in the launcher pod);
+  GPU resource (KubeVirt then asks a unit more in the launcher pod); take the claims gate
+  off a launcher pod of their own (``FORGED_ADMITTED`` if the API server lets them); give
+  a VM a preempting priority class; write a claims annotation beyond the limits; order
+  under names at the edges of what the API server accepts (253 characters, long names
+  that agree up to a usage record's name limit, dots, a trailing newline); cut a usage
+  record loose from its claim;
 - nodes: NotReady and back, cordoned and back, short of memory (the scheduler refuses the
   launcher pod for a non-GPU resource) or of one GPU (kubelet reports fewer), and back;
 - the controller: the leader SIGKILLed and started again (the webhooks' Service then

@@ -35,6 +35,12 @@ class FuzzSettings:
             "odd_vm": 1.0,
             "cut_owner": 1.2,
             "forged_pod": 0.8,
+            # The tenant moves of issue 41: each is refused, or repaired by the binder.
+            "ungate_pod": 0.6,
+            "preempting_vm": 0.5,
+            "huge_annotation_vm": 0.4,
+            "odd_name_order": 0.8,
+            "orphan_record": 0.5,
             "nad_vm": 0.8,
             "node_not_ready": 0.7,
             "node_cordon": 0.7,

@@ -33,12 +33,13 @@ UNPINNED = "launcher pod ungated without its pin"
 # with GPU entries of its own admitted under ``forbidden``, a started VM stranded at a node
 # that refuses its pinned pod, a template claim left behind by its VMI, a tenant's own pod
 # requesting a GPU admitted under ``forbidden``, a launcher pod let go asking more than its
-# claims hold.
+# claims hold, a launcher pod's claims gate taken off by its tenant.
 RAW_ADMITTED = "raw GPU entries admitted without claims"
 STRANDED = "started VM stranded at a refusing node"
 ORPHANED = "template claim outlived the VMI it was made for"
 FORGED_ADMITTED = "a tenant's own pod admitted with a GPU under forbidden"
 SURPLUS = "launcher pod ungated asking more GPUs than its claims cover"
+UNGATED_BY_TENANT = "a tenant took the claims gate off its launcher pod"
 READ_TIMEOUT_S = (5.0, 30.0)
 
 

@@ -1,5 +1,6 @@
-"""What tenants do to claims: order one, delete one (most often one a running VM uses), try to
-strip its finalizers, cut a template claim from its VMI, squat a template claim's name."""
+"""What tenants do to claims: order one (under an odd name too), delete one (most often one a
+running VM uses), try to strip its finalizers, cut a template claim from its VMI, squat a
+template claim's name, cut a usage record loose from its claim."""
 
 from __future__ import annotations
 
@@ -208,3 +209,66 @@ def squat_template(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     except ApiException as exc:
         return args, f"refused: {message_of(exc)}", stage.names(vm)
     return args, "accepted", stage.names(vm)
+
+
+# A prefix long enough that two orders of it agree up to where a record's name is cut.
+LONG_PREFIX = "long-" + "x" * 240
+
+
+def odd_name_order(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """An order under a name at the edges of what the API server accepts: 253 characters,
+    two long ones that agree up to a usage record's name limit, one with dots, and one the
+    API server refuses (a trailing newline, which a ``$`` anchor would let through). Each
+    accepted order gets a usage record of its own once bound (the invariants' RECORDS)."""
+    world = run.world
+    namespace = stage.rng.choice(world.tenants)
+    seq = stage.next_name("")
+    name = stage.rng.choice(
+        (
+            ("n" + seq + "-" + "y" * 253)[:253],
+            f"{LONG_PREFIX}-{seq}",
+            f"dotted.{seq}.order",
+            f"gpu{seq}\n",
+        )
+    )
+    gpu_class = stage.rng.choice(world.classes)
+    body = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND_CLAIM,
+        "metadata": {"name": name},
+        "spec": {"class": gpu_class, "count": 1},
+    }
+    args = f"{namespace}/{name!r} ({len(name)} characters) {gpu_class} x1"
+    try:
+        stage.claim_call(stage.tenant.custom.create_namespaced_custom_object, namespace, body)
+    except ApiException as exc:
+        return args, f"refused: {message_of(exc)}", {name}
+    return args, "accepted", {name}
+
+
+def orphan_record(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """The tenant admin cuts a usage record loose from its claim (its ownerReferences
+    removed), so it is never repaired and bills a later claim of that name. No tenant role
+    reaches Workloads; were the cut made, the binder replaces the record with one of the
+    claim's own and removes the orphan (the invariants' RECORDS)."""
+    records = [
+        (namespace, item["metadata"]["name"])
+        for namespace in run.world.tenants
+        for item in run.kube.custom.list_namespaced_custom_object(
+            keys.WORKLOAD.group, keys.WORKLOAD.version, namespace, keys.WORKLOAD.plural,
+            _request_timeout=TIMEOUT,
+        )["items"]
+    ]  # fmt: skip
+    if not records:
+        return "", "no usage record", set()
+    namespace, name = stage.rng.choice(sorted(records))
+    args = f"{namespace}/{name}"
+    patch = [{"op": "remove", "path": "/metadata/ownerReferences"}]
+    try:
+        stage.tenant.custom.patch_namespaced_custom_object(
+            keys.WORKLOAD.group, keys.WORKLOAD.version, namespace, keys.WORKLOAD.plural, name,
+            patch, _content_type="application/json-patch+json", _request_timeout=TIMEOUT,
+        )  # fmt: skip
+    except ApiException as exc:
+        return args, f"refused: {message_of(exc)}", {name}
+    return args, "cut loose (the binder must replace it)", {name}

@@ -1,4 +1,5 @@
-"""What a tenant does with a pod of its own: forge a running VMI's launcher pod."""
+"""What a tenant does with pods of its own: forge a running VMI's launcher pod, take the claims
+gate off its own launcher pod."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from cozystack_gpu.objects.translate import meta
 from cozystack_gpu_testkit import kubevirt
 from cozystack_gpu_testkit.fault_suite import Run
 from cozystack_gpu_testkit.fuzz.stage import Stage
-from cozystack_gpu_testkit.invariants import FORGED_ADMITTED
+from cozystack_gpu_testkit.invariants import FORGED_ADMITTED, UNGATED_BY_TENANT
 from cozystack_gpu_testkit.objects import TIMEOUT, message_of
 
 log = logging.getLogger(__name__)
@@ -63,3 +64,32 @@ def forged_pod(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     log.error("seed %d: %s", stage.seed, text)
     run.kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
     return args, "ADMITTED", {vm_name, name}
+
+
+def ungate_pod(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """The tenant admin removes the claims scheduling gate from one of its own gated
+    launcher pods (the built-in admin role grants pods patch): ungated so, the pod would
+    reach kube-scheduler unpinned and take any free unit. Only the controller may remove
+    the gate, in the update that pins the pod (the launcher-gate policy)."""
+    gated = [
+        (pod.metadata.namespace, pod.metadata.name)
+        for namespace in run.world.tenants
+        for pod in run.kube.core.list_namespaced_pod(namespace, _request_timeout=TIMEOUT).items
+        if any(g.name == keys.SCHEDULING_GATE_CLAIMS for g in pod.spec.scheduling_gates or [])
+    ]
+    if not gated:
+        return "", "no gated launcher pod", set()
+    namespace, name = stage.rng.choice(sorted(gated))
+    args = f"{namespace}/{name}"
+    patch = [{"op": "remove", "path": "/spec/schedulingGates"}]
+    try:
+        stage.tenant.core.patch_namespaced_pod(
+            name, namespace, patch, _content_type="application/json-patch+json",
+            _request_timeout=TIMEOUT,
+        )  # fmt: skip
+    except ApiException as exc:
+        return args, f"refused: {message_of(exc)}", {name}
+    text = f"{UNGATED_BY_TENANT}: {namespace}/{name}"
+    stage.forged.append((text, stage.journal.last + 1))
+    log.error("seed %d: %s", stage.seed, text)
+    return args, "ADMITTED", {name}

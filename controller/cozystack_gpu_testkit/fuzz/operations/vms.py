@@ -1,6 +1,7 @@
 """What tenants do to VMs: create one with held claims and/or claim templates, one with an odd
-claims annotation and a raw GPU entry, one on a network that names the GPU resource; stop,
-start, restart (the guest powers off) and delete it, or delete its VMI."""
+claims annotation and a raw GPU entry, one on a network that names the GPU resource, one at a
+preempting priority, one with a claims annotation beyond the limits; stop, start, restart
+(the guest powers off) and delete it, or delete its VMI."""
 
 from __future__ import annotations
 
@@ -159,3 +160,44 @@ def delete_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     stage.vm_call(stage.tenant.custom.delete_namespaced_custom_object, vm.namespace, vm.name)
     vm.gone = True
     return f"{vm.namespace}/{vm.name}", "VM deleted", stage.names(vm)
+
+
+def preempting_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """A VM of one claim template whose pods would run at system-node-critical priority:
+    its launcher pod, gated at creation, would have kube-scheduler evict another tenant's
+    running launcher pod for its unit. The launcher-gate policy refuses such a pod (its
+    priority above launcherPolicy.maxPriority, preemption on), so the VM never starts."""
+    world = run.world
+    namespace = stage.rng.choice(world.tenants)
+    template = {"name": "gpu", "class": stage.rng.choice(world.classes), "count": 1}
+    vm = FuzzVM(namespace, stage.next_name("prio"), (), (template,))
+    request = {keys.ANNOTATION_MEMBER_TEMPLATES: [template]}
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+    body = stage.vm_body(vm, labels, {keys.ANNOTATION_CLAIMS: json.dumps(request)}, [])
+    body["spec"]["template"]["spec"]["priorityClassName"] = "system-node-critical"
+    names = {vm.name, stage.template_name(vm, template)}
+    args = f"{namespace}/{vm.name} template {template['class']} x1, system-node-critical"
+    return stage.submit_vm(vm, body, args, names)
+
+
+# Claims annotations beyond what a tenant may write (16 KiB, 64 claims and templates): a
+# replica would keep every such value of every VM in memory.
+HUGE_SHAPES = ("many", "long")
+
+
+def huge_annotation_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """A VM whose claims annotation is beyond the limits: 65 claims, or one list of 17 KiB.
+    The VM webhook refuses it at create with the limit named (and the VMI webhook would
+    refuse each start of it)."""
+    namespace = stage.rng.choice(run.world.tenants)
+    shape = stage.rng.choice(HUGE_SHAPES)
+    vm = FuzzVM(namespace, stage.next_name("huge"), (), (), odd=True)
+    if shape == "many":
+        claims = [f"c{i:03d}" for i in range(65)]
+    else:
+        claims = [f"c{i:03d}-" + "x" * 240 for i in range(72)]  # about 17.5 KiB of JSON
+    note = json.dumps({keys.ANNOTATION_MEMBER_CLAIMS: claims})
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+    body = stage.vm_body(vm, labels, {keys.ANNOTATION_CLAIMS: note}, [])
+    args = f"{namespace}/{vm.name} claims annotation of {len(claims)} claims, {len(note)} bytes"
+    return stage.submit_vm(vm, body, args, {vm.name})
