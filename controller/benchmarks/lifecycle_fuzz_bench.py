@@ -73,6 +73,9 @@ def main() -> int:
             result = fuzz.run()
         results.append(result)
         print(result.report(), flush=True)
+        # What each operation came to (refused, accepted, nothing to act on), so a run shows
+        # that its tenant moves were made and how the cluster answered them.
+        print("  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(result.outcomes.items())))
         if args.journal is not None:
             args.journal.mkdir(parents=True, exist_ok=True)
             lines = [str(e) for e in fuzz.journal.entries]

@@ -13,7 +13,9 @@ is checked here.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -431,3 +433,28 @@ def test_a_network_naming_the_gpu_resource_keeps_the_launcher_pod_gated(vms: Env
     (pod,) = kubevirt_kit.launcher_pods(kube, env.tenant, kubevirt_kit.uid_of(vmi))
     assert vmi_pods.is_gated(pod), "a launcher pod asking 2 units for a 1-unit claim started"
     assert vmi_pods.pinned_node(pod) is None and not pod["spec"].get("nodeName")
+
+
+def test_a_tenant_admin_cannot_end_its_running_vmi_by_writing_its_status(vms: Env) -> None:
+    """KubeVirt's VMI has no status subresource, and the built-in admin role (with KubeVirt's
+    rights) patches VMIs: a VMI written Succeeded while it runs would have the binder detach
+    its claims and let them move while the guest keeps its units. KubeVirt's virt-api keeps
+    a VMI's status to its own components: the tenant's patch is answered, and changes
+    nothing the binder reads (the second reading of issue 41's boundary)."""
+    env = vms
+    kube = env.kube
+    _node, vmi = vm_holding_one_claim(env)
+    kubevirt_kit.wait_launcher(kube, env.tenant, vmi, bound=True)
+    kubevirt_kit.runs(kube, env.tenant, vmi)
+    env.wait_phase("a", "Attached", timeout=START_TIMEOUT_S)
+    with contextlib.suppress(ApiException):  # a refusal would do as well
+        env.tenant_admin().custom.patch_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, env.tenant, keys.VMI.plural, "vm",
+            {"status": {"phase": "Succeeded"}},
+        )  # fmt: skip
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        now = kubevirt_kit.get_vmi(kube, env.tenant, "vm") or {}
+        assert (now.get("status") or {}).get("phase") == "Running", now.get("status")
+        assert env.phase("a") == "Attached"
+        time.sleep(0.5)
