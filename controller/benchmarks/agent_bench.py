@@ -21,7 +21,7 @@ from pathlib import Path
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import PodResourcesClient
 from cozystack_gpu.agent.report import build_report
-from cozystack_gpu_testkit import sysfs_tree as st
+from cozystack_gpu_testkit import sysfs_scenarios
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 
 GOAL_MS = 50.0
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="agent-bench-") as tmp:
         root = Path(tmp) / "root"
-        st.bench(root, gpus=args.gpus, vfs=args.vfs)
+        sysfs_scenarios.bench(root, gpus=args.gpus, vfs=args.vfs)
         devices = plugin_devices(sysfs.read_inventory(str(root)))
         ids = [i for v in devices.values() for i in v]
         pods = [

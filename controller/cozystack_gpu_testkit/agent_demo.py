@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from cozystack_gpu.agent import sysfs
-from cozystack_gpu_testkit import sysfs_tree
+from cozystack_gpu_testkit import sysfs_scenarios
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 
 
@@ -54,7 +54,7 @@ def write_kubelet_status(kubeconfig: str | None, name: str, devices: dict[str, l
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cozystack_gpu_testkit.agent_demo")
-    parser.add_argument("--scenario", default="mixed", choices=sorted(sysfs_tree.SCENARIOS))
+    parser.add_argument("--scenario", default="mixed", choices=sorted(sysfs_scenarios.SCENARIOS))
     parser.add_argument("--node", default="demo-gpu-node")
     parser.add_argument("--dir", type=Path, default=Path(".cache/agent-demo"))
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         root = args.dir / "root"
         shutil.rmtree(root, ignore_errors=True)
-        sysfs_tree.SCENARIOS[args.scenario](root)
+        sysfs_scenarios.SCENARIOS[args.scenario](root)
     ensure_node(args.kubeconfig, args.node)
     devices = plugin_devices(sysfs.read_inventory(str(root)))
     if args.kubelet_status:

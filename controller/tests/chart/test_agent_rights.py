@@ -23,8 +23,7 @@ from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import PodResourcesClient
 from cozystack_gpu.agent.runner import Agent
 from cozystack_gpu.agent.writer import GPUNodeWriter, PodPhases
-from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit import sysfs_tree as st
+from cozystack_gpu_testkit import cluster, sysfs_scenarios
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 from cozystack_gpu_testkit.objects import wait_for
 
@@ -99,7 +98,7 @@ def test_the_agent_writes_its_own_nodes_gpunode_and_no_other(
     own, other = f"own-{unique}", f"other-{unique}"
     for name in (own, other):
         core.create_node({"metadata": {"name": name}})
-    tree = st.h100_x8(tmp_path / "root")
+    tree = sysfs_scenarios.h100_x8(tmp_path / "root")
     kubelet.set(allocatable=plugin_devices(sysfs.read_inventory(str(tree.root))), pods=[])
     api = as_agent(control_plane, agent_rights, own)
 

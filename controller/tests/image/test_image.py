@@ -23,7 +23,7 @@ from kubernetes import client
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
-from cozystack_gpu_testkit import sysfs_tree
+from cozystack_gpu_testkit import sysfs_scenarios
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 from cozystack_gpu_testkit.objects import Kube, install_extra_crds, wait_for
@@ -218,7 +218,7 @@ def test_the_containerised_controller_takes_the_lease_and_binds(
 def test_the_containerised_agent_reports_a_read_only_sysfs_tree(
     image: str, api_client: Any, kubeconfig: Path, tmp_path: Path
 ) -> None:
-    tree = sysfs_tree.mixed(tmp_path / "host")
+    tree = sysfs_scenarios.mixed(tmp_path / "host")
     inventory = sysfs.read_inventory(str(tree.root))
     advertised = plugin_devices(inventory)
     socket_dir = tmp_path / "pod-resources"

@@ -15,6 +15,7 @@ from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import PodResourcesClient
 from cozystack_gpu.agent.runner import Agent
 from cozystack_gpu.agent.writer import OWNED_STATUS_FIELDS, GPUNodeWriter, PodPhases
+from cozystack_gpu_testkit import sysfs_scenarios as sc
 from cozystack_gpu_testkit import sysfs_tree as st
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 
@@ -65,13 +66,13 @@ def make_pod(api_client: Any, namespace: str, name: str, node: str, phase: str) 
 def test_the_agent_builds_its_gpunode_owned_by_its_node(
     api_client: Any, node: dict[str, str], namespace: str, tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    tree = st.mixed(tmp_path / "root")
+    tree = sc.mixed(tmp_path / "root")
     kubelet.set(
         allocatable=plugin_devices(sysfs.read_inventory(str(tree.root))),
         pods=[
-            (namespace, "virt-launcher-live", {H100: [st.MIXED_PASSTHROUGH[0]]}),
-            (namespace, "virt-launcher-done", {H100: [st.MIXED_PASSTHROUGH[1]]}),
-            (namespace, "virt-launcher-mdev", {T4Q: [st.T4_MDEVS[0][0]]}),
+            (namespace, "virt-launcher-live", {H100: [sc.MIXED_PASSTHROUGH[0]]}),
+            (namespace, "virt-launcher-done", {H100: [sc.MIXED_PASSTHROUGH[1]]}),
+            (namespace, "virt-launcher-mdev", {T4Q: [sc.T4_MDEVS[0][0]]}),
         ],
     )
     make_pod(api_client, namespace, "virt-launcher-live", node["name"], "Running")
@@ -98,24 +99,24 @@ def test_the_agent_builds_its_gpunode_owned_by_its_node(
     assert status["devices"] == result.report.devices  # the server kept every field
     devices = {d["pciAddress"]: d for d in status["devices"]}
     assert len(devices) == 11
-    assert devices[st.MIXED_PASSTHROUGH[0]]["pods"] == [
+    assert devices[sc.MIXED_PASSTHROUGH[0]]["pods"] == [
         {"namespace": namespace, "name": "virt-launcher-live"}
     ]
-    assert devices[st.MIXED_PASSTHROUGH[1]]["pods"] == []  # its pod has Succeeded
-    assert devices[st.MIXED_T4]["pods"] == [{"namespace": namespace, "name": "virt-launcher-mdev"}]
-    assert devices[st.MIXED_T4]["allocatable"] == 1
-    vf0 = devices[st.vf_address(st.MIXED_L40S, 0)]
+    assert devices[sc.MIXED_PASSTHROUGH[1]]["pods"] == []  # its pod has Succeeded
+    assert devices[sc.MIXED_T4]["pods"] == [{"namespace": namespace, "name": "virt-launcher-mdev"}]
+    assert devices[sc.MIXED_T4]["allocatable"] == 1
+    vf0 = devices[st.vf_address(sc.MIXED_L40S, 0)]
     assert vf0["vgpuType"] == {"id": 1153, "name": "NVIDIA L40S-12C"}
-    assert vf0["physfn"] == st.MIXED_L40S
+    assert vf0["physfn"] == sc.MIXED_L40S
     assert (
-        devices[st.MIXED_HOST]["allocatable"] == 0 and "resourceName" not in devices[st.MIXED_HOST]
+        devices[sc.MIXED_HOST]["allocatable"] == 0 and "resourceName" not in devices[sc.MIXED_HOST]
     )
 
 
 def test_only_the_agents_own_fields_are_patched(
     api_client: Any, node: dict[str, str], tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    tree = st.t4_mdev(tmp_path / "root")
+    tree = sc.t4_mdev(tmp_path / "root")
     kubelet.set(allocatable=plugin_devices(sysfs.read_inventory(str(tree.root))))
     agent = make_agent(api_client, node["name"], tree.root, kubelet)
     assert agent.tick().written
@@ -188,7 +189,7 @@ def test_the_agent_never_writes_another_nodes_gpunode(
     )
     before = gpunode(api_client, other)
 
-    tree = st.h100_x8(tmp_path / "root")
+    tree = sc.h100_x8(tmp_path / "root")
     kubelet.set(allocatable=plugin_devices(sysfs.read_inventory(str(tree.root))))
     agent = make_agent(api_client, node["name"], tree.root, kubelet)
     assert agent.tick().written
@@ -205,7 +206,7 @@ def test_the_agent_never_writes_another_nodes_gpunode(
 def test_a_deleted_gpunode_is_created_again(
     api_client: Any, node: dict[str, str], tmp_path: Path, kubelet: FakeKubelet
 ) -> None:
-    tree = st.h100_x8(tmp_path / "root")
+    tree = sc.h100_x8(tmp_path / "root")
     kubelet.set(allocatable=plugin_devices(sysfs.read_inventory(str(tree.root))))
     agent = make_agent(api_client, node["name"], tree.root, kubelet)
     assert agent.tick().written

@@ -65,7 +65,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
-from cozystack_gpu_testkit import cluster, dashboard_picture, sysfs_tree, tenants
+from cozystack_gpu_testkit import cluster, dashboard_picture, sysfs_scenarios, tenants
 from cozystack_gpu_testkit.chart import CHART
 from cozystack_gpu_testkit.cluster import ControlPlane
 from cozystack_gpu_testkit.controller_process import ControllerProcess
@@ -195,7 +195,7 @@ class Agent:
     """The node agent as its own process, on a fixture tree, beside a fake kubelet."""
 
     def __init__(self, plane: ControlPlane, node: str, work: Path, port: int) -> None:
-        self.root = sysfs_tree.h100_x8(work / "root").root
+        self.root = sysfs_scenarios.h100_x8(work / "root").root
         self.devices = plugin_devices(sysfs.read_inventory(str(self.root)))
         self.kubelet = FakeKubelet(str(work / "kubelet.sock"))
         self.kubelet.set(allocatable=self.devices)

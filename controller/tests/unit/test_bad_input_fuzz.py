@@ -19,7 +19,7 @@ from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import DeviceSet, PodDevices
 from cozystack_gpu.agent.report import Shape, build_report, id_shape
 from cozystack_gpu.objects import annotation, translate
-from cozystack_gpu_testkit import sysfs_tree
+from cozystack_gpu_testkit import sysfs_scenarios
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -75,7 +75,7 @@ def test_any_claims_annotation_is_read_or_refused_with_the_format(raw: str) -> N
 
 _TREE = tempfile.mkdtemp(prefix="pod-resources-fuzz-")
 atexit.register(shutil.rmtree, _TREE, True)
-sysfs_tree.mixed(_TREE)
+sysfs_scenarios.mixed(_TREE)
 INVENTORY = sysfs.read_inventory(_TREE)
 KNOWN = sorted(f.address for f in INVENTORY.functions)
 RESOURCE = "nvidia.com/FUZZ"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cozystack_gpu_testkit import sysfs_tree
+from cozystack_gpu_testkit import sysfs_scenarios
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -217,7 +217,7 @@ def test_without_kubernetes_core_the_class_modules_cannot_be_documented(
 
 def test_a_module_runs_from_the_installed_path(installed: Path, tmp_path: Path) -> None:
     """gpu_facts reads a fixture tree through the installed module_utils (links included)."""
-    tree = sysfs_tree.SCENARIOS["l40s-sriov"](tmp_path / "root")
+    tree = sysfs_scenarios.SCENARIOS["l40s-sriov"](tmp_path / "root")
     out = _run(
         _tool("ansible"),
         "localhost",

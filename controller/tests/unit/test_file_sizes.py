@@ -8,11 +8,8 @@ A file that must hold more says why and is named here:
 - ``agent/sysfs.py`` is one file on purpose, because it runs under three import systems (the
   controller package, the collection's module_utils through a file link, and a copy beside
   the boot restore unit), so it imports nothing but the standard library and cannot be split
-  into modules that import each other;
-- the kit's ``sysfs_tree.py`` likewise: molecule copies it alone onto its hosts (with the
-  pci.ids excerpt it reads), runs it there as a script and the stand-ins for ``sriov-manage``
-  and ``nvidia-smi`` import it from beside them, so it imports nothing but the standard
-  library."""
+  into modules that import each other.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +25,7 @@ KIT_LIMIT = 800
 FUNCTION_LIMIT = 80
 MARKER = "one piece:"
 ONE_PIECE = {"agent/sysfs.py"}  # see the module docstring
-KIT_ONE_PIECE = {"sysfs_tree.py"}  # see the module docstring
+KIT_ONE_PIECE: set[str] = set()  # none: the kit splits by role
 GENERATED = ("_pb2.py", "_pb2_grpc.py")  # protoc's output
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from cozystack_gpu.agent.podresources import PodResourcesUnavailable, Snapshot
 from cozystack_gpu.agent.runner import Agent, serve
-from cozystack_gpu_testkit import sysfs_tree as st
+from cozystack_gpu_testkit import sysfs_scenarios
 
 POLL_S = 0.05
 
@@ -64,7 +64,7 @@ def healthz(server: Any) -> tuple[int, str]:
 
 
 def agent_with(tmp_path: Path, kubelet: Kubelet, clock: Clock) -> Agent:
-    tree = st.t4_mdev(tmp_path / "root")
+    tree = sysfs_scenarios.t4_mdev(tmp_path / "root")
     return Agent(
         sysfs_root=str(tree.root), kubelet=kubelet, writer=Writer(), poll=POLL_S, clock=clock
     )

@@ -15,7 +15,7 @@ from cozystack_gpu.agent.podresources import PodResourcesClient
 from cozystack_gpu.agent.runner import Agent, serve
 from cozystack_gpu.metrics_access import Decision
 from cozystack_gpu.metrics_server import MetricsServer, self_signed
-from cozystack_gpu_testkit import sysfs_tree as st
+from cozystack_gpu_testkit import sysfs_scenarios
 from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 
 
@@ -53,7 +53,7 @@ def make_agent(root: Path, kubelet: FakeKubelet, clock: Clock) -> tuple[Agent, R
 
 
 def test_writes_on_change_and_on_its_period_only(tmp_path: Path, kubelet: FakeKubelet) -> None:
-    tree = st.t4_mdev(tmp_path / "root")
+    tree = sysfs_scenarios.t4_mdev(tmp_path / "root")
     kubelet.set(allocatable=plugin_devices(sysfs.read_inventory(str(tree.root))))
     clock = Clock()
     agent, writer = make_agent(tree.root, kubelet, clock)
@@ -89,7 +89,7 @@ def test_writes_on_change_and_on_its_period_only(tmp_path: Path, kubelet: FakeKu
 
 
 def test_nothing_is_written_while_kubelet_is_away(tmp_path: Path, kubelet: FakeKubelet) -> None:
-    tree = st.h100_x8(tmp_path / "root")
+    tree = sysfs_scenarios.h100_x8(tmp_path / "root")
     clock = Clock()
     agent, writer = make_agent(tree.root, kubelet, clock)
     kubelet.stop()
@@ -102,7 +102,7 @@ def test_nothing_is_written_while_kubelet_is_away(tmp_path: Path, kubelet: FakeK
 
 
 def test_health_and_metrics_are_served(tmp_path: Path, kubelet: FakeKubelet) -> None:
-    tree = st.mixed(tmp_path / "root")
+    tree = sysfs_scenarios.mixed(tmp_path / "root")
     inv = sysfs.read_inventory(str(tree.root))
     devices = plugin_devices(inv)
     devices["nvidia.com/gpu"] = ["7"]  # an index that is no group

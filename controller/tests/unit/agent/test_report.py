@@ -9,12 +9,13 @@ import pytest
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources import DeviceSet, PodDevices
 from cozystack_gpu.agent.report import Shape, build_report, id_shape
+from cozystack_gpu_testkit import sysfs_scenarios as sc
 from cozystack_gpu_testkit import sysfs_tree as st
 
 H100 = "nvidia.com/GH100_H100_SXM5_80GB"
 A100 = "nvidia.com/GA100_A100_SXM4_40GB"
 T4Q = "nvidia.com/GRID_T4-4Q"
-MDEV_A, MDEV_B = (u for u, _type in st.T4_MDEVS)
+MDEV_A, MDEV_B = (u for u, _type in sc.T4_MDEVS)
 
 
 def running(_ns: str, _name: str) -> str | None:
@@ -45,7 +46,7 @@ def test_ids_are_told_apart_by_shape(device_id: str, shape: str) -> None:
 
 
 def test_pci_addresses_count_on_their_function_and_pods_hold_it(tmp_path: Path) -> None:
-    st.h100_x8(tmp_path)
+    sc.h100_x8(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     healthy = ["0000:18:00.0", "2a:00.0", "0000:3a:00.0"]  # kubelet lists healthy devices only
     report = build_report(
@@ -76,7 +77,7 @@ def test_pci_addresses_count_on_their_function_and_pods_hold_it(tmp_path: Path) 
 
 
 def test_mdev_uuids_count_on_their_parent_once_each(tmp_path: Path) -> None:
-    st.t4_mdev(tmp_path)
+    sc.t4_mdev(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     report = build_report(
         inv,
@@ -84,7 +85,7 @@ def test_mdev_uuids_count_on_their_parent_once_each(tmp_path: Path) -> None:
         [PodDevices("tenant", "vm", (DeviceSet(T4Q, (MDEV_B.upper(),)),))],
         running,
     )
-    parent = by_address(report.devices)[st.T4_PARENT]
+    parent = by_address(report.devices)[sc.T4_PARENT]
     assert parent["allocatable"] == 2
     assert parent["pods"] == [{"namespace": "tenant", "name": "vm"}]
     assert parent["mdev"]["devices"] == [
@@ -98,7 +99,7 @@ def test_mdev_uuids_count_on_their_parent_once_each(tmp_path: Path) -> None:
 
 
 def test_an_iommu_group_counts_once_on_its_lowest_vfio_gpu(tmp_path: Path) -> None:
-    st.shared_group(tmp_path)
+    sc.shared_group(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     report = build_report(
         inv,
@@ -133,7 +134,7 @@ def test_plain_indexes_are_not_groups_unless_a_vfio_function_is_in_that_group(
 
 
 def test_nvml_uuids_are_not_placed_but_their_name_is_reported(tmp_path: Path) -> None:
-    st.h100_x8(tmp_path)
+    sc.h100_x8(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     uuid = "GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"
     report = build_report(
@@ -149,7 +150,7 @@ def test_nvml_uuids_are_not_placed_but_their_name_is_reported(tmp_path: Path) ->
 
 
 def test_pods_in_a_final_phase_are_skipped_and_unknown_pods_kept(tmp_path: Path) -> None:
-    st.h100_x8(tmp_path)
+    sc.h100_x8(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     phases = {"done": "Succeeded", "crashed": "Failed", "live": "Running"}
 
@@ -178,9 +179,9 @@ def test_pods_in_a_final_phase_are_skipped_and_unknown_pods_kept(tmp_path: Path)
 
 
 def test_kubelets_name_wins_where_sysfs_cannot_name_a_vgpu_type(tmp_path: Path) -> None:
-    st.l40s_full(tmp_path)
+    sc.l40s_full(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
-    vf0, vf1 = st.vf_address(st.L40S_PF, 0), st.vf_address(st.L40S_PF, 1)
+    vf0, vf1 = st.vf_address(sc.L40S_PF, 0), st.vf_address(sc.L40S_PF, 1)
     report = build_report(
         inv,
         [  # the plugin named them through NVML
@@ -194,20 +195,20 @@ def test_kubelets_name_wins_where_sysfs_cannot_name_a_vgpu_type(tmp_path: Path) 
     assert devices[vf0]["resourceName"] == "nvidia.com/NVIDIA_L40S-24C"
     assert devices[vf0]["vgpuType"] == {"id": 1151}
     assert "sysfs cannot name it" in devices[vf0]["error"]
-    assert "resourceName" not in devices[st.vf_address(st.L40S_PF, 2)]
+    assert "resourceName" not in devices[st.vf_address(sc.L40S_PF, 2)]
     assert report.resource_names == ["nvidia.com/NVIDIA_L40S-12C", "nvidia.com/NVIDIA_L40S-24C"]
 
 
 def test_sriov_and_vgpu_fields_of_a_card(tmp_path: Path) -> None:
-    st.l40s_sriov(tmp_path)
+    sc.l40s_sriov(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
-    vf0 = st.vf_address(st.L40S_PF, 0)
+    vf0 = st.vf_address(sc.L40S_PF, 0)
     report = build_report(inv, [DeviceSet("nvidia.com/NVIDIA_L40S-24C", (vf0,))], [], running)
     devices = by_address(report.devices)
     assert len(devices) == 33
-    pf = devices[st.L40S_PF]
+    pf = devices[sc.L40S_PF]
     assert (pf["sriovTotalVFs"], pf["sriovNumVFs"], pf["allocatable"]) == (32, 32, 0)
-    assert devices[vf0]["physfn"] == st.L40S_PF
+    assert devices[vf0]["physfn"] == sc.L40S_PF
     assert devices[vf0]["vgpuType"] == {"id": 1151, "name": "NVIDIA L40S-24C"}
     assert devices[vf0]["allocatable"] == 1
     # The 12C VF is named from sysfs on its device, but kubelet does not advertise the name:
@@ -220,18 +221,18 @@ def test_sriov_and_vgpu_fields_of_a_card(tmp_path: Path) -> None:
 
 
 def test_broken_functions_carry_their_error_and_the_rest_stays_valid(tmp_path: Path) -> None:
-    st.broken(tmp_path)
+    sc.broken(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
-    report = build_report(inv, [DeviceSet(H100, (st.BROKEN_BAD_NUMA,))], [], running)
+    report = build_report(inv, [DeviceSet(H100, (sc.BROKEN_BAD_NUMA,))], [], running)
     devices = by_address(report.devices)
-    assert devices[st.BROKEN_BAD_NUMA]["numaNode"] == -1
-    assert devices[st.BROKEN_BAD_NUMA]["allocatable"] == 1
-    assert devices[st.BROKEN_BAD_VENDOR]["error"].startswith("vendor: not a hex ID")
-    assert "vendorID" not in devices[st.BROKEN_BAD_VENDOR]
+    assert devices[sc.BROKEN_BAD_NUMA]["numaNode"] == -1
+    assert devices[sc.BROKEN_BAD_NUMA]["allocatable"] == 1
+    assert devices[sc.BROKEN_BAD_VENDOR]["error"].startswith("vendor: not a hex ID")
+    assert "vendorID" not in devices[sc.BROKEN_BAD_VENDOR]
     assert (
-        "mdev 00000000-0000-0000-0000-00000000dead: dangling link" in devices[st.BROKEN_T4]["error"]
+        "mdev 00000000-0000-0000-0000-00000000dead: dangling link" in devices[sc.BROKEN_T4]["error"]
     )
-    assert "error" not in devices[st.vf_address(st.BROKEN_PF, 2)]
+    assert "error" not in devices[st.vf_address(sc.BROKEN_PF, 2)]
 
 
 CX7_VF = "nvidia.com/MT2910_Family_ConnectX-7_VF"
@@ -241,7 +242,7 @@ def test_a_nic_vf_under_the_vendor_prefix_is_not_a_gpu_name(tmp_path: Path) -> N
     """Seed 004's GPUDirect RDMA answer: a ConnectX VF the network device plugin advertises
     under nvidia.com/ resolves to no GPU function of the node, so it is reported apart and
     does not join resourceNames (a VM may then take it next to its GPU claims)."""
-    st.h100_x8(tmp_path)
+    sc.h100_x8(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     report = build_report(
         inv,
@@ -262,7 +263,7 @@ def test_a_vendor_name_with_nothing_to_judge_by_still_counts_as_a_gpu_name(
 ) -> None:
     """Without a device, or with IDs of no known shape, nothing says what a name under the
     prefix is: it stays a GPU name, so rawResourceNames forbidden still catches it."""
-    st.h100_x8(tmp_path)
+    sc.h100_x8(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     report = build_report(
         inv, [DeviceSet(A100, ()), DeviceSet(T4Q, ("some-plugin-id",))], [], running

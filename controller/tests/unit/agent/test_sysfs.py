@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from cozystack_gpu.agent import sysfs
+from cozystack_gpu_testkit import sysfs_scenarios as sc
 from cozystack_gpu_testkit import sysfs_tree as st
 
 
 def test_eight_h100_on_vfio_are_passthrough_gpus_named_from_pci_ids(tmp_path: Path) -> None:
-    st.h100_x8(tmp_path)
+    sc.h100_x8(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     assert inv.errors == []
-    assert [f.address for f in inv.functions] == [f"0000:{b:02x}:00.0" for b in st.H100_BUSES]
+    assert [f.address for f in inv.functions] == [f"0000:{b:02x}:00.0" for b in sc.H100_BUSES]
     for i, f in enumerate(inv.functions):
         assert (f.vendor_id, f.device_id, f.class_code) == ("10de", "2330", "030200")
         assert f.model == "GH100 [H100 SXM5 80GB]"
@@ -60,18 +61,18 @@ def test_vgpu_and_mdev_names_turn_whitespace_runs_into_underscores(
 
 
 def test_mixed_node_keeps_gpus_and_leaves_other_functions_out(tmp_path: Path) -> None:
-    st.mixed(tmp_path)
+    sc.mixed(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     by = inv.by_address()
     assert "0000:18:00.1" not in by  # NVIDIA audio function
     assert "0000:01:00.0" not in by  # Intel NIC
-    assert by[st.MIXED_UNLISTED].model == "2bff"
-    assert by[st.MIXED_UNLISTED].resource_name == "nvidia.com/2bff"  # raw ID, as is
-    assert by[st.MIXED_VGA].class_code == "030000"
-    assert by[st.MIXED_VGA].resource_name == "nvidia.com/GA102GL_RTX_A6000"
-    assert by[st.MIXED_HOST].driver == "nvidia"
-    assert by[st.MIXED_HOST].resource_name is None
-    assert by[st.MIXED_HOST].mode is None
+    assert by[sc.MIXED_UNLISTED].model == "2bff"
+    assert by[sc.MIXED_UNLISTED].resource_name == "nvidia.com/2bff"  # raw ID, as is
+    assert by[sc.MIXED_VGA].class_code == "030000"
+    assert by[sc.MIXED_VGA].resource_name == "nvidia.com/GA102GL_RTX_A6000"
+    assert by[sc.MIXED_HOST].driver == "nvidia"
+    assert by[sc.MIXED_HOST].resource_name is None
+    assert by[sc.MIXED_HOST].mode is None
     assert inv.resource_names() == [
         "nvidia.com/2bff",
         "nvidia.com/GA102GL_RTX_A6000",
@@ -121,7 +122,7 @@ def test_pci_ids_reader_takes_only_nvidias_section() -> None:
 
 
 def test_the_inventory_names_the_pci_ids_release_it_used(tmp_path: Path) -> None:
-    st.h100_x8(tmp_path)
+    sc.h100_x8(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     assert (inv.pci_ids_path, inv.pci_ids_version) == (
         str(tmp_path / st.PCI_IDS_PATH),
@@ -133,17 +134,17 @@ def test_the_inventory_names_the_pci_ids_release_it_used(tmp_path: Path) -> None
 
 
 def test_l40s_vfs_are_named_from_their_cards_creatable_types(tmp_path: Path) -> None:
-    st.l40s_sriov(tmp_path)
+    sc.l40s_sriov(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     by = inv.by_address()
-    pf = by[st.L40S_PF]
+    pf = by[sc.L40S_PF]
     assert pf.sriov is not None
     assert (pf.sriov.total_vfs, pf.sriov.num_vfs) == (32, 32)
-    assert pf.sriov.vfs == [st.vf_address(st.L40S_PF, i) for i in range(32)]
+    assert pf.sriov.vfs == [st.vf_address(sc.L40S_PF, i) for i in range(32)]
     assert pf.sriov.vfs[-1] == "0000:41:04.3"
     assert pf.resource_name is None and not pf.is_vf
-    vf0, vf1, vf2 = (by[st.vf_address(st.L40S_PF, i)] for i in range(3))
-    assert vf0.physfn == st.L40S_PF and vf0.is_vf
+    vf0, vf1, vf2 = (by[st.vf_address(sc.L40S_PF, i)] for i in range(3))
+    assert vf0.physfn == sc.L40S_PF and vf0.is_vf
     assert (vf0.vgpu_type_name, vf0.resource_name) == (
         "NVIDIA L40S-24C",
         "nvidia.com/NVIDIA_L40S-24C",
@@ -161,12 +162,12 @@ def test_l40s_vfs_are_named_from_their_cards_creatable_types(tmp_path: Path) -> 
 
 
 def test_a_fully_used_card_cannot_name_its_types_from_sysfs(tmp_path: Path) -> None:
-    st.l40s_full(tmp_path)
+    sc.l40s_full(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     by = inv.by_address()
-    assert by[st.L40S_PF].vgpu is not None and by[st.L40S_PF].vgpu.creatable == []
+    assert by[sc.L40S_PF].vgpu is not None and by[sc.L40S_PF].vgpu.creatable == []
     for i in range(3):
-        vf = by[st.vf_address(st.L40S_PF, i)]
+        vf = by[st.vf_address(sc.L40S_PF, i)]
         assert vf.vgpu is not None and vf.vgpu.current_type_id in (1151, 1153)
         assert vf.resource_name is None
         assert "sysfs cannot name it" in vf.errors[0]
@@ -203,16 +204,16 @@ def test_type_ids_are_resolved_per_card_never_from_another_card(tmp_path: Path) 
 
 
 def test_t4_mdevs_hang_off_their_parent_with_the_type_name(tmp_path: Path) -> None:
-    st.t4_mdev(tmp_path)
+    sc.t4_mdev(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
-    parent = inv.by_address()[st.T4_PARENT]
-    assert [m.uuid for m in parent.mdevs] == [u for u, _type in st.T4_MDEVS]
+    parent = inv.by_address()[sc.T4_PARENT]
+    assert [m.uuid for m in parent.mdevs] == [u for u, _type in sc.T4_MDEVS]
     assert {m.type_id for m in parent.mdevs} == {"nvidia-225"}
     assert parent.resource_name == "nvidia.com/GRID_T4-4Q"
     assert parent.mode == "vgpu"
     types = {t.type_id: t for t in parent.mdev_types}
     assert types["nvidia-225"].available_instances == 2
-    assert types["nvidia-225"].devices == [u for u, _type in st.T4_MDEVS]
+    assert types["nvidia-225"].devices == [u for u, _type in sc.T4_MDEVS]
     assert types["nvidia-222"].available_instances == 0  # one type per GPU at a time
     assert types["nvidia-222"].resource_name == "nvidia.com/GRID_T4-1B"
     idle = inv.by_address()["0000:af:00.0"]
@@ -221,37 +222,37 @@ def test_t4_mdevs_hang_off_their_parent_with_the_type_name(tmp_path: Path) -> No
 
 
 def test_two_gpus_can_share_one_iommu_group(tmp_path: Path) -> None:
-    st.shared_group(tmp_path)
+    sc.shared_group(tmp_path)
     groups = {f.address: f.iommu_group for f in sysfs.read_inventory(str(tmp_path)).functions}
     assert groups == {"0000:07:00.0": 40, "0000:0f:00.0": 40, "0000:47:00.0": 41}
 
 
 def test_broken_files_become_errors_on_their_own_functions(tmp_path: Path) -> None:
-    st.broken(tmp_path)
+    sc.broken(tmp_path)
     inv = sysfs.read_inventory(str(tmp_path))
     by = inv.by_address()
-    assert by[st.BROKEN_BAD_VENDOR].errors == ["vendor: not a hex ID: '0xzzzz\\n'"]
-    assert by[st.BROKEN_BAD_VENDOR].resource_name == "nvidia.com/GH100_H100_SXM5_80GB"
-    assert by[st.BROKEN_BAD_NUMA].numa_node is None
-    assert by[st.BROKEN_BAD_NUMA].errors == ["numa_node: not a number: 'first\\n'"]
-    assert by[st.BROKEN_UNREADABLE_CLASS].errors == ["class: unreadable: Is a directory"]
-    assert by[st.BROKEN_BAD_GROUP].iommu_group is None
-    assert "not a group number" in by[st.BROKEN_BAD_GROUP].errors[0]
-    assert by[st.BROKEN_DANGLING_DRIVER].driver == "gone-driver"
-    assert by[st.BROKEN_DANGLING_DRIVER].errors == ["driver: dangling link to gone-driver"]
-    assert by[st.BROKEN_PF].errors == ["virtfn3: dangling link to 0000:41:00.7"]
+    assert by[sc.BROKEN_BAD_VENDOR].errors == ["vendor: not a hex ID: '0xzzzz\\n'"]
+    assert by[sc.BROKEN_BAD_VENDOR].resource_name == "nvidia.com/GH100_H100_SXM5_80GB"
+    assert by[sc.BROKEN_BAD_NUMA].numa_node is None
+    assert by[sc.BROKEN_BAD_NUMA].errors == ["numa_node: not a number: 'first\\n'"]
+    assert by[sc.BROKEN_UNREADABLE_CLASS].errors == ["class: unreadable: Is a directory"]
+    assert by[sc.BROKEN_BAD_GROUP].iommu_group is None
+    assert "not a group number" in by[sc.BROKEN_BAD_GROUP].errors[0]
+    assert by[sc.BROKEN_DANGLING_DRIVER].driver == "gone-driver"
+    assert by[sc.BROKEN_DANGLING_DRIVER].errors == ["driver: dangling link to gone-driver"]
+    assert by[sc.BROKEN_PF].errors == ["virtfn3: dangling link to 0000:41:00.7"]
     assert "0000:41:00.7" not in by
-    vf0 = by[st.vf_address(st.BROKEN_PF, 0)]
+    vf0 = by[st.vf_address(sc.BROKEN_PF, 0)]
     assert vf0.errors == ["nvidia/current_vgpu_type: not a number: 'twelve'"]
-    vf1 = by[st.vf_address(st.BROKEN_PF, 1)]
+    vf1 = by[st.vf_address(sc.BROKEN_PF, 1)]
     assert vf1.vgpu is not None and vf1.vgpu.creatable == [] and vf1.resource_name is None
     assert "sysfs cannot name it" in vf1.errors[0]
-    t4 = by[st.BROKEN_T4]
+    t4 = by[sc.BROKEN_T4]
     assert t4.errors == [
         "mdev_supported_types/nvidia-228/name: not text",
         "mdev_supported_types/nvidia-999/name: missing or empty",
     ]
-    dangling = next(m for m in t4.mdevs if m.uuid == st.BROKEN_MDEV_DANGLING)
+    dangling = next(m for m in t4.mdevs if m.uuid == sc.BROKEN_MDEV_DANGLING)
     assert dangling.errors == ["dangling link"] and dangling.resource_name is None
     assert t4.resource_name == "nvidia.com/GRID_T4-4Q"
     assert inv.errors == []
@@ -297,32 +298,32 @@ def test_creatable_types_skip_the_header_and_junk() -> None:
 
 
 def test_enabling_vfs_follows_the_kernels_rules(tmp_path: Path) -> None:
-    tree = st.build(tmp_path, [st.Gpu(st.L40S_PF, st.L40S, driver="nvidia")])
-    assert tree.vfs_of(st.L40S_PF) == []
+    tree = st.build(tmp_path, [st.Gpu(sc.L40S_PF, st.L40S, driver="nvidia")])
+    assert tree.vfs_of(sc.L40S_PF) == []
     assert sysfs.read_inventory(str(tmp_path)).functions[0].sriov == sysfs.SriovInfo(32, 0, [])
     reopened = st.SysfsTree.open(tmp_path)  # another process, such as a stand-in
-    created = reopened.enable_vfs(st.L40S_PF, 4)
+    created = reopened.enable_vfs(sc.L40S_PF, 4)
     assert created == ["0000:41:00.4", "0000:41:00.5", "0000:41:00.6", "0000:41:00.7"]
-    assert reopened.enable_vfs(st.L40S_PF, 4) == created  # same count: nothing changes
+    assert reopened.enable_vfs(sc.L40S_PF, 4) == created  # same count: nothing changes
     with pytest.raises(OSError) as busy:
-        reopened.enable_vfs(st.L40S_PF, 8)
+        reopened.enable_vfs(sc.L40S_PF, 8)
     assert busy.value.errno == errno.EBUSY
     inv = sysfs.read_inventory(str(tmp_path))
-    assert [f.address for f in inv.functions if f.physfn == st.L40S_PF] == created
+    assert [f.address for f in inv.functions if f.physfn == sc.L40S_PF] == created
     vf = inv.by_address()[created[0]]
     assert vf.driver == "nvidia" and vf.vgpu is not None and vf.vgpu.current_type_id == 0
     assert len(vf.vgpu.creatable) == 10
-    reopened.disable_vfs(st.L40S_PF)
+    reopened.disable_vfs(sc.L40S_PF)
     inv = sysfs.read_inventory(str(tmp_path))
-    assert [f.address for f in inv.functions] == [st.L40S_PF]
+    assert [f.address for f in inv.functions] == [sc.L40S_PF]
     assert inv.functions[0].sriov == sysfs.SriovInfo(32, 0, [])
 
 
 def test_writing_a_vgpu_type_follows_the_drivers_rules(tmp_path: Path) -> None:
-    tree = st.build(tmp_path, [st.Gpu(st.L40S_PF, st.L40S, driver="nvidia", vfs=3)])
-    vf0, vf1, _vf2 = tree.vfs_of(st.L40S_PF)
+    tree = st.build(tmp_path, [st.Gpu(sc.L40S_PF, st.L40S, driver="nvidia", vfs=3)])
+    vf0, vf1, _vf2 = tree.vfs_of(sc.L40S_PF)
     tree.set_vgpu_type(vf0, 1150)  # 48C: the whole card
-    assert tree.creatable_vgpu_types(st.L40S_PF) == []
+    assert tree.creatable_vgpu_types(sc.L40S_PF) == []
     with pytest.raises(OSError) as invalid:
         tree.set_vgpu_type(vf1, 1159)
     assert invalid.value.errno == errno.EINVAL
@@ -334,11 +335,11 @@ def test_writing_a_vgpu_type_follows_the_drivers_rules(tmp_path: Path) -> None:
 
 
 def test_mdevs_come_and_go_with_available_instances(tmp_path: Path) -> None:
-    tree = st.build(tmp_path, [st.Gpu(st.T4_PARENT, st.T4, driver="nvidia")])
+    tree = st.build(tmp_path, [st.Gpu(sc.T4_PARENT, st.T4, driver="nvidia")])
     uuid = "11111111-2222-3333-4444-555555555555"
-    tree.create_mdev(st.T4_PARENT, "nvidia-230", uuid)
+    tree.create_mdev(sc.T4_PARENT, "nvidia-230", uuid)
     with pytest.raises(OSError):
-        tree.create_mdev(st.T4_PARENT, "nvidia-230", "11111111-2222-3333-4444-666666666666")
+        tree.create_mdev(sc.T4_PARENT, "nvidia-230", "11111111-2222-3333-4444-666666666666")
     (f,) = sysfs.read_inventory(str(tmp_path)).functions
     assert [m.resource_name for m in f.mdevs] == ["nvidia.com/GRID_T4-16Q"]
     tree.remove_mdev(uuid)
@@ -348,10 +349,10 @@ def test_mdevs_come_and_go_with_available_instances(tmp_path: Path) -> None:
 
 def test_the_builder_cli_builds_a_scenario_and_enables_vfs(tmp_path: Path) -> None:
     root = str(tmp_path / "t")
-    assert st.main(["build", "mixed", root]) == 0
+    assert sc.main(["build", "mixed", root]) == 0
     assert len(sysfs.read_inventory(root).functions) == 11
-    assert st.main(["enable-vfs", root, st.MIXED_L40S, "--count", "8"]) == 1  # EBUSY
-    assert st.main(["set-vgpu-type", root, st.vf_address(st.MIXED_L40S, 1), "1159"]) == 0
+    assert st.main(["enable-vfs", root, sc.MIXED_L40S, "--count", "8"]) == 1  # EBUSY
+    assert st.main(["set-vgpu-type", root, st.vf_address(sc.MIXED_L40S, 1), "1159"]) == 0
     assert sysfs.read_inventory(root).by_address()["0000:41:00.5"].vgpu_type_name == (
         "NVIDIA L40S-1C"
     )

@@ -12,12 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as s
 
 from cozystack_gpu.agent import sysfs
+from cozystack_gpu_testkit import sysfs_scenarios
 from cozystack_gpu_testkit import sysfs_tree as st
 
 _BASE = tempfile.mkdtemp(prefix="sysfs-fuzz-")
 _TEMPLATE = os.path.join(_BASE, "template")
 atexit.register(shutil.rmtree, _BASE, True)
-st.mixed(_TEMPLATE)  # every kind of function: passthrough, VFs, mdevs, non-GPUs
+sysfs_scenarios.mixed(_TEMPLATE)  # every kind of function: passthrough, VFs, mdevs, non-GPUs
 _PATHS = sorted(
     os.path.relpath(os.path.join(d, n), _TEMPLATE)
     for d, dirs, files in os.walk(os.path.join(_TEMPLATE, "sys"))
