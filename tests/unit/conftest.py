@@ -17,10 +17,10 @@ import sys
 import pytest
 
 try:
-    from cozystack_gpu_testkit import sysfs_tree
+    from cozystack_gpu_testkit import sysfs_scenarios, sysfs_tree
 except ImportError:  # the controller package is not installed: use it from the checkout
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "controller"))
-    from cozystack_gpu_testkit import sysfs_tree
+    from cozystack_gpu_testkit import sysfs_scenarios, sysfs_tree
 
 from ansible_collections.cozystack.gpu.plugins.module_utils import (
     gpu_layout,
@@ -131,7 +131,7 @@ def build(tmp_path):
     def _build(*gpus, scenario=None):
         root = tmp_path / "root"
         if scenario is not None:
-            return sysfs_tree.SCENARIOS[scenario](root)
+            return sysfs_scenarios.SCENARIOS[scenario](root)
         return sysfs_tree.build(root, list(gpus))
 
     return _build
@@ -140,6 +140,12 @@ def build(tmp_path):
 @pytest.fixture
 def testkit():
     return sysfs_tree
+
+
+@pytest.fixture
+def scenarios():
+    """The named trees (cozystack_gpu_testkit.sysfs_scenarios)."""
+    return sysfs_scenarios
 
 
 @pytest.fixture

@@ -47,9 +47,9 @@ CHANGES = {
 }
 
 
-def host(testkit, what, root):
+def host(testkit, scenarios, what, root):
     if isinstance(what, str):
-        return testkit.SCENARIOS[what](root)
+        return scenarios.SCENARIOS[what](root)
     return testkit.build(
         root, [testkit.Gpu(PF, testkit.L40S, driver="nvidia", vfs=4, profiles=what)]
     )
@@ -63,11 +63,13 @@ def devices(inventory):
 
 
 @pytest.mark.parametrize("case", sorted(CHANGES))
-def test_check_mode_predicts_what_applying_yields(case, testkit, apply, sriov_manage, tmp_path):
+def test_check_mode_predicts_what_applying_yields(
+    case, testkit, scenarios, apply, sriov_manage, tmp_path
+):
     what, document = CHANGES[case]
-    predicted_tree = host(testkit, what, tmp_path / "predicted")
+    predicted_tree = host(testkit, scenarios, what, tmp_path / "predicted")
     predicted = apply(predicted_tree, document, check_mode=True, force=True)
-    tree = host(testkit, what, tmp_path / "applied")
+    tree = host(testkit, scenarios, what, tmp_path / "applied")
     applied = apply(tree, document, force=True, runner=sriov_manage(tree))
     assert applied.ok, (applied.error, applied.remaining, applied.plan.refusals)
     assert predicted.plan.steps and predicted.unforeseen == []
