@@ -27,13 +27,20 @@ def order(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     name = stage.next_name("c")
     gpu_class = stage.rng.choice(world.classes)
     count = 2 if stage.rng.random() < 0.25 else 1
+    return _submit_order(stage, namespace, name, gpu_class, count, f"{namespace}/{name}")
+
+
+def _submit_order(
+    stage: Stage, namespace: str, name: str, gpu_class: str, count: int, shown: str
+) -> tuple[str, str, set[str]]:
+    """The tenant admin orders ``count`` units of ``gpu_class`` as claim ``name``."""
     body = {
         "apiVersion": keys.API_VERSION,
         "kind": keys.KIND_CLAIM,
         "metadata": {"name": name},
         "spec": {"class": gpu_class, "count": count},
     }
-    args = f"{namespace}/{name} {gpu_class} x{count}"
+    args = f"{shown} {gpu_class} x{count}"
     try:
         stage.claim_call(stage.tenant.custom.create_namespaced_custom_object, namespace, body)
     except ApiException as exc:
@@ -232,18 +239,8 @@ def odd_name_order(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
         )
     )
     gpu_class = stage.rng.choice(world.classes)
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND_CLAIM,
-        "metadata": {"name": name},
-        "spec": {"class": gpu_class, "count": 1},
-    }
-    args = f"{namespace}/{name!r} ({len(name)} characters) {gpu_class} x1"
-    try:
-        stage.claim_call(stage.tenant.custom.create_namespaced_custom_object, namespace, body)
-    except ApiException as exc:
-        return args, f"refused: {message_of(exc)}", {name}
-    return args, "accepted", {name}
+    shown = f"{namespace}/{name!r} ({len(name)} characters)"
+    return _submit_order(stage, namespace, name, gpu_class, 1, shown)
 
 
 def orphan_record(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
