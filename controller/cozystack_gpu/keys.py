@@ -514,7 +514,6 @@ class AdmissionReason(str, Enum):
     RESOURCE_NAME_SHARED = "ResourceNameShared"
     REPLICA_CANNOT_CHECK = "ReplicaCannotCheck"
     REPLICA_NOT_SYNCED = "ReplicaNotSynced"
-    ATTACHMENT_RACE_LOST = "AttachmentRaceLost"
     VMI_EXISTS = "VMIExists"
     TEMPLATE_CLAIM_CONFLICT = "TemplateClaimConflict"
     CLAIM_IS_TEMPLATE = "ClaimIsTemplateClaim"

@@ -437,15 +437,8 @@ class Load:
             step(vm)
 
     def _attach(self, vm: VM) -> None:
-        """What the VMI webhook records on the claim before the VMI is stored."""
-        if not self.settings.webhooks:
-            attachment = {"status": {"attachedTo": vm.name, "attachedAt": _now()}}
-            self._claims(
-                self.custom.patch_namespaced_custom_object_status,
-                vm.namespace,
-                vm.claim,
-                attachment,
-            )
+        """Nothing to write: the VMI webhook writes nothing, and the binder attaches the
+        claim once it sees the VMI stored (with or without webhooks in front)."""
         vm.stage = VMStage.ATTACHED
 
     def _create_vmi(self, vm: VM) -> None:

@@ -275,7 +275,8 @@ class Kube:
         return list(result["items"])
 
     def attach(self, namespace: str, claim: str, vmi: str) -> None:
-        """Record an attachment as the VMI webhook does."""
+        """Record an attachment by name alone, as release 0.2.0's VMI webhook wrote one before
+        its VMI existed (the binder still reads them): a claim attached with no VMI yet."""
         self.custom.patch_namespaced_custom_object_status(
             keys.GROUP,
             keys.VERSION,

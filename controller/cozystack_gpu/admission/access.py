@@ -27,12 +27,6 @@ def _json(response: Any) -> MutableObj:
     return body
 
 
-def _patch_type(body: MutableObj | list[MutableObj]) -> str:
-    return (
-        "application/json-patch+json" if isinstance(body, list) else "application/merge-patch+json"
-    )
-
-
 def meta_of(obj: MutableObj) -> MutableObj:
     return dict(obj.get("metadata") or {})
 
@@ -163,46 +157,6 @@ class ApiAccess:
 
     def vmi(self, namespace: str, name: str) -> MutableObj | None:
         return self.get(keys.VMI, namespace, name)
-
-    # --- writes ----------------------------------------------------------------------
-
-    def claim_status(
-        self, namespace: str, name: str, body: MutableObj | list[MutableObj]
-    ) -> MutableObj:
-        """A patch of the status subresource: a merge patch (a dict carrying the
-        resourceVersion it was built from: a claim changed meanwhile answers 409) or a JSON
-        patch (a list whose ``test`` operations guard it: a failed test answers 422)."""
-        return _json(
-            self.custom.patch_namespaced_custom_object_status(
-                keys.GROUP,
-                keys.VERSION,
-                namespace,
-                keys.PLURAL_CLAIMS,
-                name,
-                body,
-                _content_type=_patch_type(body),
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
-        )
-
-    def claim_meta(
-        self, namespace: str, name: str, body: MutableObj | list[MutableObj]
-    ) -> MutableObj:
-        """A patch of the main resource (finalizers), guarded as ``claim_status``'s."""
-        return _json(
-            self.custom.patch_namespaced_custom_object(
-                keys.GROUP,
-                keys.VERSION,
-                namespace,
-                keys.PLURAL_CLAIMS,
-                name,
-                body,
-                _content_type=_patch_type(body),
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
-        )
 
     # --- the record of classes admitted ----------------------------------------------
 

@@ -1,29 +1,21 @@
-"""The VMI webhook's work: read, judge (``vmi_rules``), write the attachments.
+"""The VMI webhook's work: read, judge (``vmi_rules``), answer with the VMI's GPU entries.
 
 For a VMI naming claims, every read goes to the API server in parallel (the claims, the
 classes, the settings, the namespace for the vGPU entitlement, the instance type, and for
 a licensed class the namespace's licence copy and the hoster's token Secret), the rules
-judge, and unless it is a dry run each held claim not yet attached to this VMI gets
-``status.attachedTo``/``attachedAt`` (with the resourceVersion read, so a concurrent start
-of another VMI gets 409 and this one is judged again) and the claim-protection finalizer.
-The finalizer is the binder's too; written here it closes the window before the binder
-sees the attachment, in which a deleted claim would vanish from under a starting VM.
-
-When one claim cannot be held, the attachments written in this call are taken back before
-the refusal, so a refused start does not block the claims for the attachment grace.
-Nothing here creates a claim or waits for one.
+judge, and the answer says what the VMI must carry. Nothing is written: the binder attaches
+the held claims once it sees the VMI stored (SPEC §7), so a review that did not come from
+the API server (anything on the pod network can post one) changes nothing in the cluster,
+and its answer goes only to whoever sent it. Two VMIs admitted for one claim before either
+is attached are the binder's to tell apart: one gets the claim, the other waits at the gate
+and says why. Nothing here creates a claim or waits for one.
 """
 
 from __future__ import annotations
 
-import logging
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
-
-from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission import vmi_rules
@@ -31,15 +23,8 @@ from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.keys import AdmissionReason
 from cozystack_gpu.objects import MutableObj, annotation
-from cozystack_gpu.objects.patches import ATTACHMENT_CLEARED, attachment, finalizer_patch
-from cozystack_gpu.objects.translate import meta, rfc3339
+from cozystack_gpu.objects.translate import meta
 
-log = logging.getLogger(__name__)
-
-Claim = Mapping[str, Any]
-ATTEMPTS = 3  # writes that lose a race are judged again this often
-# A write that lost a race: 409 (resourceVersion) or 422 (a JSON patch test failed).
-LOST_RACE = frozenset({409, 422})
 VMI_NOT_SYNCED = (
     "this controller replica is starting and has not finished reading the cluster, so it "
     "cannot check the VM's GPUs yet; try again in a few seconds (virt-controller does)"
@@ -106,45 +91,33 @@ def instancetype_ref(vmi: MutableObj) -> tuple[keys.ApiKind, str] | None:
     return None
 
 
-class _LostRace(Exception):
-    """An attachment write found the claim changed since it was read."""
-
-
 @dataclass(frozen=True)
 class Admitted:
-    """What an admitted VMI must carry: one gpus entry per unit, and the attachment id its
-    held claims were attached with ("" on a dry run or without held claims)."""
+    """What an admitted VMI must carry: one gpus entry per unit, and the licence copy's
+    volume for a licensed vGPU class."""
 
     gpus: list[dict[str, str]]
-    attachment_id: str
     license_copy: str | None = None
 
 
 class VMIWebhook:
-    """Judges and records the start of one VMI per call."""
+    """Judges the start of one VMI per call; writes nothing."""
 
     def __init__(
         self,
         access: ApiAccess,
         pool: ThreadPoolExecutor,
         largest_node: Callable[[str], int | None],
-        clock: Callable[[], float],
         gpu_names: Callable[[], frozenset[str] | None],
     ) -> None:
         self.access = access
         self.pool = pool
         self.largest_node = largest_node
-        self.clock = clock
         self.gpu_names = gpu_names
 
-    def admit(self, vmi: MutableObj, *, dry_run: bool) -> Admitted:
-        """The gpus entries (and attachment id) the VMI must carry; ``Refused`` when it
-        may not start.
-
-        The whole set is read and judged again after a write that lost a race (another VMI
-        took a claim, the binder moved one): a set that changed meanwhile is judged as it
-        is now, co-location and classes included, never admitted on what was read before.
-        """
+    def admit(self, vmi: MutableObj) -> Admitted:
+        """The gpus entries the VMI must carry; ``Refused`` when it may not start. The
+        same answer on a dry run: nothing is written either way."""
         name = str(meta(vmi).get("name", ""))
         namespace = str(meta(vmi).get("namespace", ""))
         request = vmi_claims_request(vmi)
@@ -154,38 +127,11 @@ class VMIWebhook:
         names = self.gpu_names()
         if names is None:
             raise Refused(VMI_NOT_SYNCED, AdmissionReason.REPLICA_NOT_SYNCED, 503)
-        carried = vmi_rules.attachment_id_of(vmi)
-        for attempt in range(ATTEMPTS):
-            facts = self._read(vmi, namespace, name, request, carried, names)
-            # An id this admission wrote before (a reinvocation) is kept; any other start
-            # gets a new one, so no earlier VMI of this name can pass for this one.
-            ours = any(
-                vmi_rules.is_reinvocation(c, name, carried)
-                for c in facts.claims.values()
-                if c is not None
-            )
-            attachment_id = carried if ours else uuid.uuid4().hex
-            decision = vmi_rules.judge(vmi, request, facts, attachment_id)
-            if isinstance(decision, vmi_rules.Refusal):
-                raise Refused(decision.message, decision.reason, 409 if attempt else 403)
-            if dry_run:
-                return Admitted(list(decision.gpus), "", decision.license_copy)
-            held = {c: facts.claims[c] for c in request.claims}
-            try:
-                self._hold(namespace, name, held, decision.attach, attachment_id)
-            except _LostRace:
-                continue
-            return Admitted(
-                list(decision.gpus),
-                attachment_id if request.claims else "",
-                decision.license_copy,
-            )
-        raise Refused(
-            f"the GPUClaims of VirtualMachineInstance {name} kept changing while it was "
-            f"admitted ({ATTEMPTS} tries); try again",
-            AdmissionReason.ATTACHMENT_RACE_LOST,
-            409,
-        )
+        facts = self._read(vmi, namespace, name, request, names)
+        decision = vmi_rules.judge(vmi, request, facts)
+        if isinstance(decision, vmi_rules.Refusal):
+            raise Refused(decision.message, decision.reason, 403)
+        return Admitted(list(decision.gpus), decision.license_copy)
 
     # --- reads -----------------------------------------------------------------------
 
@@ -195,7 +141,6 @@ class VMIWebhook:
         namespace: str,
         name: str,
         request: annotation.ClaimsRequest,
-        attachment_id: str,
         names: frozenset[str],
     ) -> vmi_rules.VMIFacts:
         access, submit = self.access, self.pool.submit
@@ -248,7 +193,7 @@ class VMIWebhook:
             for _index, ns, nad in vmi_rules.network_refs(vmi)
         }
         same_name = None
-        if vmi_rules.needs_same_name_check(read.values(), name, attachment_id):
+        if vmi_rules.needs_same_name_check(read.values(), name):
             same_name = access.vmi(namespace, name)
         return vmi_rules.VMIFacts(
             claims=read,
@@ -262,148 +207,3 @@ class VMIWebhook:
             largest_node=self.largest_node,
             network_resources={ref: f.result() for ref, f in networks.items()},
         )
-
-    # --- writes ----------------------------------------------------------------------
-
-    def _hold(
-        self,
-        namespace: str,
-        vmi_name: str,
-        held: Mapping[str, Claim | None],
-        attach: tuple[str, ...],
-        attachment_id: str,
-    ) -> None:
-        """Attach every claim in ``attach`` and put the finalizer on every held claim, all
-        writes at once; on any failure take back the attachments this call wrote. A lost
-        race raises ``_LostRace`` for the caller to judge the set again."""
-        attaching = {
-            c: self.pool.submit(self._attach, namespace, vmi_name, c, obj, attachment_id)
-            for c, obj in held.items()
-            if obj is not None and c in attach
-        }
-        protecting = [
-            self.pool.submit(self._protect, namespace, vmi_name, c, obj)
-            for c, obj in held.items()
-            if obj is not None
-        ]
-        written: dict[str, Claim] = {}
-        failure: BaseException | None = None
-        for claim_name, future in attaching.items():
-            try:
-                written[claim_name] = future.result()
-            except BaseException as exc:  # every future is collected before the rollback
-                failure = failure or exc
-        for protected in protecting:
-            try:
-                protected.result()
-            except BaseException as exc:
-                failure = failure or exc
-        if failure is None:
-            return
-        for claim_name in written:
-            self._release(namespace, vmi_name, claim_name, attachment_id)
-        raise failure
-
-    def _attach(
-        self, namespace: str, vmi_name: str, claim_name: str, obj: Claim, attachment_id: str
-    ) -> Claim:
-        """Write the attachment if the claim's status is still what was judged (a JSON patch
-        ``test`` of the whole status, so the finalizer can be written beside it at the same
-        time). Any earlier attachment of this name (an earlier VMI of the VM) is replaced,
-        its recorded uid with it; a claim changed meanwhile raises ``_LostRace``."""
-        status = dict(obj.get("status") or {})
-        fields = attachment(vmi_name, attachment_id=attachment_id, at=rfc3339(self.clock()))
-        ops: list[MutableObj] = [{"op": "test", "path": "/status", "value": status}]
-        for field, value in fields.items():
-            if value is not None:
-                ops.append({"op": "add", "path": f"/status/{field}", "value": value})
-            elif field in status:
-                ops.append({"op": "remove", "path": f"/status/{field}"})
-        if not status:
-            # A claim no controller has written yet has no status object to test or add to.
-            ops = [
-                {"op": "test", "path": "/metadata/uid", "value": meta(obj).get("uid")},
-                {
-                    "op": "add",
-                    "path": "/status",
-                    "value": {k: v for k, v in fields.items() if v is not None},
-                },
-            ]
-        try:
-            return self.access.claim_status(namespace, claim_name, ops)
-        except ApiException as exc:
-            if exc.status in LOST_RACE:
-                raise _LostRace(claim_name) from None
-            raise
-
-    def _protect(self, namespace: str, vmi_name: str, claim_name: str, obj: Claim) -> None:
-        """Add the claim-protection finalizer unless the claim has it.
-
-        The first try tests the finalizer list as read (or the uid, when there is none)
-        instead of the resourceVersion, for the same reason as ``_attach``.
-        """
-        current = list(meta(obj).get("finalizers") or [])
-        if keys.FINALIZER_CLAIM in current:
-            return
-        ops: list[MutableObj]
-        if current:
-            ops = [
-                {"op": "test", "path": "/metadata/finalizers", "value": current},
-                {"op": "add", "path": "/metadata/finalizers/-", "value": keys.FINALIZER_CLAIM},
-            ]
-        else:
-            ops = [
-                {"op": "test", "path": "/metadata/uid", "value": meta(obj).get("uid")},
-                {"op": "add", "path": "/metadata/finalizers", "value": [keys.FINALIZER_CLAIM]},
-            ]
-        try:
-            self.access.claim_meta(namespace, claim_name, ops)
-            return
-        except ApiException as exc:
-            if exc.status not in LOST_RACE:
-                raise
-        for attempt in range(ATTEMPTS):
-            obj = self._reread(namespace, vmi_name, claim_name)
-            patch = finalizer_patch(obj, keys.FINALIZER_CLAIM, True)
-            if patch is None:
-                return
-            try:
-                self.access.claim_meta(namespace, claim_name, patch)
-                return
-            except ApiException as exc:
-                if exc.status not in LOST_RACE or attempt == ATTEMPTS - 1:
-                    raise
-
-    def _reread(self, namespace: str, vmi_name: str, claim_name: str) -> Claim:
-        """The claim after a finalizer write lost a race, if it may still be held by this
-        VMI."""
-        obj = self.access.claim(namespace, claim_name)
-        refusal = vmi_rules.held_claim_refusal(claim_name, obj, namespace, vmi_name)
-        if refusal is not None:
-            raise Refused(refusal.message, AdmissionReason.ATTACHMENT_RACE_LOST, 409)
-        assert obj is not None
-        return obj
-
-    def _release(self, namespace: str, vmi_name: str, claim_name: str, attachment_id: str) -> None:
-        """Take back an attachment this call wrote, if it is still this admission's."""
-        try:
-            for _attempt in range(ATTEMPTS):
-                obj = self.access.claim(namespace, claim_name)
-                status = (obj or {}).get("status") or {}
-                if obj is None or status.get("attachmentID") != attachment_id:
-                    return
-                body = {
-                    "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
-                    "status": dict(ATTACHMENT_CLEARED),
-                }
-                try:
-                    self.access.claim_status(namespace, claim_name, body)
-                    return
-                except ApiException as exc:
-                    if exc.status != 409:
-                        raise
-        except ApiException as exc:
-            # The binder clears an attachment whose VMI never appears, after the grace.
-            log.warning(
-                "could not take back the attachment of %s/%s: %s", namespace, claim_name, exc
-            )

@@ -87,7 +87,7 @@ def build(
         feed=feed,
         claims=ClaimWebhook(feed, access, clock),
         classes=ClassWebhook(access, clock),
-        vmis=VMIWebhook(access, pool, feed.largest_node, clock, feed.gpu_names),
+        vmis=VMIWebhook(access, pool, feed.largest_node, feed.gpu_names),
         pods=PodWebhook(access, pool),
         pool=pool,
     )
@@ -224,17 +224,18 @@ def validate_gpuclass(body: kopf.Body, memo: kopf.Memo, dryrun: bool = False, **
 
 @kopf.on.mutate(
     keys.VMI.group, keys.VMI.version, keys.VMI.plural, id="mutate-vmi",
-    operations=["CREATE"], side_effects=True,
+    operations=["CREATE"],
 )  # fmt: skip
-def mutate_vmi(body: kopf.Body, dryrun: bool, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Resolve the VMI's claims, record the attachments (not on a dry run), add one gpus
-    entry per unit and, for a licensed vGPU class, the licence disk."""
+def mutate_vmi(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Resolve the VMI's claims, add one gpus entry per unit and, for a licensed vGPU
+    class, the licence disk. Nothing is written: the binder attaches the claims once the
+    VMI is stored."""
     admission = _admission(memo)
     with _refusals("mutate-vmi"):
-        admitted = admission.vmis.admit(dict(body), dry_run=dryrun)
+        admitted = admission.vmis.admit(dict(body))
 
     def mutate(raw: Any) -> None:
-        vmi_rules.set_gpus(cast(dict[str, Any], raw), admitted.gpus, admitted.attachment_id)
+        vmi_rules.set_gpus(cast(dict[str, Any], raw), admitted.gpus)
         vmi_rules.set_license(cast(dict[str, Any], raw), admitted.license_copy)
 
     patch.fns.append(mutate)

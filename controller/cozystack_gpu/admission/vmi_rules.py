@@ -5,7 +5,7 @@ API server, and this module judges them and builds the ``gpus`` entries. The che
 a fixed order and the first failure is the answer, so one VMI always gets one message:
 
 1. every held claim exists, is not being deleted, is attached to no other VMI, and is Bound
-   (or already Attached to this VMI: a reinvocation, or the binder was quicker);
+   (or still attached to an earlier VMI of this name: see 8);
 2. the class of every held claim and every claim template exists, and no template orders
    from a class being deleted;
 3. the held claims share one node;
@@ -41,7 +41,7 @@ from cozystack_gpu.licensing.rules import (
 )
 from cozystack_gpu.model import Reason
 from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape
-from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects import Obj, attachment
 from cozystack_gpu.objects.annotation import ClaimsRequest
 from cozystack_gpu.objects.translate import class_resource_name, made_by_template, meta
 
@@ -56,11 +56,9 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Start:
-    """An accepted start: the held claims whose attachment must be written (all but those
-    this very admission attached already), and the ``gpus`` entries the VMI must carry, one
-    per unit."""
+    """An accepted start: the ``gpus`` entries the VMI must carry, one per unit (the binder
+    attaches the held claims once the VMI is stored)."""
 
-    attach: tuple[str, ...]
     gpus: tuple[dict[str, str], ...]
     # The namespace's licence copy the VM gets as a disk (a licensed vGPU class), or None.
     license_copy: str | None = None
@@ -192,12 +190,8 @@ def is_ours(entry: Obj) -> bool:
     return str(entry.get("name", "")).startswith(keys.VMI_GPU_NAME_PREFIX)
 
 
-def judge(
-    vmi: Obj, request: ClaimsRequest, facts: VMIFacts, attachment_id: str = ""
-) -> Refusal | Start:
-    """Refuse the VMI's start with one message, or say what to write: ``attach`` names the
-    held claims whose attachment (to this name, with ``attachment_id``) must be written —
-    every held claim but those this very admission attached already.
+def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
+    """Refuse the VMI's start with one message, or say what it must carry.
 
     The refusals, in the order they are judged (the first that holds is said):
     1. a held claim that is missing, not bound, or another VMI's (``held_claim_refusal``);
@@ -230,16 +224,13 @@ def judge(
         or _licence_refused(demand, facts, namespace)  # 5
         or _own_gpu_entries(vmi, facts, name, gpu_names)  # 6
         or _gpus_through_networks(vmi, facts, name, gpu_names)  # 7
-        or _same_name_vmi_holds(held, facts, name, attachment_id)  # 8
+        or _same_name_vmi_holds(held, facts, name)  # 8
     )
     if refusal is not None:
         return refusal
-    attach = tuple(
-        claim_name for claim_name, claim in held if not is_reinvocation(claim, name, attachment_id)
-    )
     licensed = licensed_classes(demand, facts.classes)
     copy = keys.license_copy_name(licensed[0]) if licensed else None
-    return Start(attach=attach, gpus=_gpu_entries(held, request, facts), license_copy=copy)
+    return Start(gpus=_gpu_entries(held, request, facts), license_copy=copy)
 
 
 Held = list[tuple[str, Obj]]  # (claim name, claim) of each claim the VMI holds
@@ -367,12 +358,9 @@ def _gpus_through_networks(
     )
 
 
-def _same_name_vmi_holds(
-    held: Held, facts: VMIFacts, name: str, attachment_id: str
-) -> Refusal | None:
+def _same_name_vmi_holds(held: Held, facts: VMIFacts, name: str) -> Refusal | None:
     if facts.same_name_vmi is None or not any(
-        _attached_to(claim) == name and not is_reinvocation(claim, name, attachment_id)
-        for _claim_name, claim in held
+        _attached_to(claim) == name for _claim_name, claim in held
     ):
         return None
     phase = str((facts.same_name_vmi.get("status") or {}).get("phase") or "Pending")
@@ -399,33 +387,10 @@ def _attached_to(claim: Obj) -> str:
     return str((claim.get("status") or {}).get("attachedTo") or "")
 
 
-def is_reinvocation(claim: Obj, vmi_name: str, attachment_id: str) -> bool:
-    """The claim carries the attachment this very admission wrote (the API server called
-    the webhook again): attached to this name with the attachment id the VMI carries, and
-    no VMI uid recorded yet (no stored VMI can have taken it over)."""
-    status = claim.get("status") or {}
-    return bool(
-        attachment_id
-        and status.get("attachedTo") == vmi_name
-        and status.get("attachmentID") == attachment_id
-        and not status.get("attachedToUID")
-    )
-
-
-def needs_same_name_check(claims: Iterable[Obj | None], vmi_name: str, attachment_id: str) -> bool:
-    """A held claim is attached to this name already, by an earlier VMI of the same name
-    (or an admission whose VMI was never stored): whether that VMI still exists decides."""
-    return any(
-        claim is not None
-        and _attached_to(claim) == vmi_name
-        and not is_reinvocation(claim, vmi_name, attachment_id)
-        for claim in claims
-    )
-
-
-def attachment_id_of(vmi: Obj) -> str:
-    """The attachment id a VMI carries (from an earlier invocation of this admission)."""
-    return str((meta(vmi).get("annotations") or {}).get(keys.ANNOTATION_ATTACHMENT_ID) or "")
+def needs_same_name_check(claims: Iterable[Obj | None], vmi_name: str) -> bool:
+    """A held claim is attached to this name already, by an earlier VMI of the same name:
+    whether that VMI still exists decides."""
+    return any(claim is not None and _attached_to(claim) == vmi_name for claim in claims)
 
 
 def held_claim_refusal(
@@ -457,8 +422,7 @@ def held_claim_refusal(
     if attached_to and attached_to != vmi_name:
         return Refusal(
             AdmissionReason.CLAIM_ATTACHED_ELSEWHERE,
-            f"GPUClaim {claim_name} is attached to VirtualMachineInstance {attached_to}; a "
-            "claim serves one VM at a time: stop that VM, or order another claim",
+            attachment.attached_elsewhere(claim_name, str(attached_to)),
         )
     phase = status.get("phase") or keys.Phase.PENDING.value
     if phase == keys.Phase.BOUND.value or (
@@ -584,14 +548,14 @@ def set_license(body: dict[str, Any], copy: str | None) -> None:
     devices["disks"] = [*disks, disk]
 
 
-def set_gpus(
-    body: dict[str, Any], ours: Iterable[Mapping[str, str]], attachment_id: str = ""
-) -> None:
-    """Write the gpus entries (and the attachment id, when the claims got one) into a VMI
-    body in place (kopf turns the change into the webhook's JSON patch)."""
-    if attachment_id:
-        annotations = body.setdefault("metadata", {}).setdefault("annotations", {})
-        annotations[keys.ANNOTATION_ATTACHMENT_ID] = attachment_id
+def set_gpus(body: dict[str, Any], ours: Iterable[Mapping[str, str]]) -> None:
+    """Write the gpus entries into a VMI body in place (kopf turns the change into the
+    webhook's JSON patch). An attachment id the VMI carries is dropped: only an earlier
+    release's webhook wrote one, and the binder reads it to tell which VMI an attachment of
+    that release belongs to, so a VMI must not bring its own."""
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    if keys.ANNOTATION_ATTACHMENT_ID in annotations:
+        del annotations[keys.ANNOTATION_ATTACHMENT_ID]
     spec = body.setdefault("spec", {})
     domain = spec.setdefault("domain", {})
     devices = domain.setdefault("devices", {})

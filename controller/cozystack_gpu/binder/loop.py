@@ -233,6 +233,7 @@ class Binder(Watcher):
             if not self._listing_in():
                 continue  # the term's claim listing is not in yet: nothing is decided
             self.attachments.run(now)
+            self.attachments.attach_started(now)
             self.publisher.protect(now)
             self.gatekeeper.run(now)
             self.rejections.run(now)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.counted_union import CountedUnion
 from cozystack_gpu.cluster.pod_index import PodIndex
+from cozystack_gpu.cluster.sync import sync_kind
 from cozystack_gpu.cluster.volume_index import VolumeIndex
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import (
@@ -70,6 +70,8 @@ class ClusterView:
         # once the VMI of the uid it was made for is gone, whatever VMI now has that name.
         self._vmi_uids: set[tuple[str, str]] = set()
         self._claim_vmi: dict[ClaimKey, str] = {}
+        # Live VMIs that name claims they hold: the binder attaches those claims.
+        self._holding: set[Key] = set()
         self._claim_vm: dict[ClaimKey, str] = {}
         self._attached: dict[Key, set[ClaimKey]] = {}
         # When this binder first saw each claim's current attachment: its grace counts from
@@ -298,9 +300,12 @@ class ClusterView:
                 if self._claim_vmi.get(claim_key) == key[1]:
                     del self._claim_vmi[claim_key]
                 touched.add(claim_key)
+        self._holding.discard(key)
         if new is not None:
             state = translate.vmi_state(new)
             self._vmis[key] = state
+            if state.held_claims and not state.final:
+                self._holding.add(key)
             self._vmi_uids.add((namespace, state.uid))
             for claim in state.held_claims:
                 claim_key = ClaimKey(namespace, claim)
@@ -492,6 +497,10 @@ class ClusterView:
         vmi = self._vmis.get((key.namespace, owner[0]))
         return vmi is not None and vmi.uid == owner[1] and not vmi.final
 
+    def holding_vmis(self) -> list[VMIState]:
+        """Live VMIs that name claims to hold (the claims annotation's ``claims``)."""
+        return [vmi for key in self._holding if (vmi := self._vmis.get(key)) is not None]
+
     def attachments(self) -> list[tuple[Key, frozenset[ClaimKey]]]:
         """Claims by the VMI their status names as attachedTo (namespace, VMI name)."""
         return [(vmi, frozenset(members)) for vmi, members in self._attached.items()]
@@ -558,19 +567,21 @@ class ClusterView:
         ``held`` keep their model state (and stay dirty for the next call). Returns whether
         the model saw a change, and what was dirty."""
         dirty = self.take_dirty()
-        changed = _sync(
+        changed = sync_kind(
             dirty.classes, self.class_info, snap.gpu_class, snap.upsert_class, snap.remove_class
         )
-        changed |= _sync(
+        changed |= sync_kind(
             dirty.namespaces,
             self.namespace_info,
             snap.namespace,
             snap.upsert_namespace,
             snap.remove_namespace,
         )
-        changed |= _sync(dirty.nodes, self.node_info, snap.node, snap.upsert_node, snap.remove_node)
+        changed |= sync_kind(
+            dirty.nodes, self.node_info, snap.node, snap.upsert_node, snap.remove_node
+        )
         self.dirty.claims |= dirty.claims & set(held)
-        changed |= _sync(
+        changed |= sync_kind(
             (key for key in dirty.claims if key not in held),
             lambda key: self.claim_info(key, now),
             snap.claim,
@@ -578,23 +589,3 @@ class ClusterView:
             snap.remove_claim,
         )
         return changed, dirty
-
-
-def _sync(
-    names: Iterable[Any],
-    build: Callable[[Any], Any],
-    current: Callable[[Any], Any],
-    upsert: Callable[[Any], None],
-    remove: Callable[[Any], None],
-) -> bool:
-    """Bring one kind of model input up to date; True when the model saw a change."""
-    changed = False
-    for name in names:
-        fresh = build(name)
-        if fresh is None:
-            changed |= current(name) is not None
-            remove(name)
-        elif current(name) != fresh:
-            upsert(fresh)
-            changed = True
-    return changed

@@ -14,7 +14,8 @@ from cozystack_gpu.objects.translate import VMIState, name_of, timestamp
 @dataclass(frozen=True)
 class Attachment:
     """A claim's attachment: the VMI's name, its uid once the controller recorded it, the
-    id the VMI webhook wrote with it (and into the VMI), and when it was written."""
+    id an earlier release's VMI webhook wrote with it (and into the VMI), and when it was
+    written."""
 
     vmi: str
     uid: str
@@ -77,9 +78,10 @@ def attachment_verdict(
 
     A VMI is known by its uid once the controller has recorded it: only the end of that VMI
     ends the attachment, so a stop and a start of the same VM racing each other never clear
-    the new start's claims. Before that, the webhook's attachment id says which VMI the
-    attachment was admitted with; another VMI of the same name (the previous start, still in
-    a lagging view) is no answer, and the attachment waits for its own within the grace.
+    the new start's claims. An attachment written by an earlier release's VMI webhook
+    carries its attachment id instead, which says which VMI it was admitted with. Another
+    VMI of the same name is no answer within the grace (the view may lag behind the
+    attachment); after it, the attached VMI is gone.
 
     The grace counts from the later of the webhook's ``attachedAt`` and ``seen_at`` (when
     this binder first saw the attachment): a webhook replica whose clock runs behind the
@@ -91,17 +93,17 @@ def attachment_verdict(
             return Verdict.FINISHED if vmi.final else Verdict.RUNS
         if attached.confirmed and claim_name not in vmi.held_claims:
             return Verdict.GONE  # a VMI of that name that does not hold the claim
-        if attached.confirmed:
-            # Another VMI of that name that names this claim: a newer one would have been
-            # admitted with it and have written a new attachment, so this is an older one
-            # in a view that lags (a new leader's first listing): wait for the view.
-            return Verdict.STARTING
+        # Another VMI of that name that names this claim: the next start of the VM (the
+        # binder attaches it once this attachment is cleared), or an older one in a view
+        # that lags (a new leader's first listing). Within the grace of the attachment, or
+        # of this binder's first look at it, the view may still bring the attached one;
+        # after it, that VMI is gone. A restart after a long run is judged at once.
     elif attached.confirmed:
         return Verdict.GONE
     starts = [t for t in (attached.at, seen_at) if t is not None]
     if starts and now < max(starts) + grace:
         return Verdict.STARTING
-    return Verdict.EXPIRED
+    return Verdict.GONE if attached.confirmed else Verdict.EXPIRED
 
 
 LIVE_VERDICTS = frozenset({Verdict.RUNS, Verdict.STARTING})
@@ -125,3 +127,12 @@ def vmi_live(
         return False
     verdict = attachment_verdict(attached, vmi, now, grace, seen_at, name_of(claim))
     return verdict in LIVE_VERDICTS
+
+
+def attached_elsewhere(claim_name: str, attached_to: str) -> str:
+    """Why a VM cannot have a claim another VMI holds (the webhook's refusal and the gate's
+    note say the same)."""
+    return (
+        f"GPUClaim {claim_name} is attached to VirtualMachineInstance {attached_to}; a "
+        "claim serves one VM at a time: stop that VM, or order another claim"
+    )

@@ -97,7 +97,7 @@ CONTRACT = {
         "virtualmachineinstances",
         ["CREATE"],
         {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE},
-        "NoneOnDryRun",
+        "None",
     ),
     ("MutatingWebhookConfiguration", "pod.gpu.cozystack.io"): (
         "/mutate-pod",

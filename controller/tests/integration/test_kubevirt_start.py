@@ -355,12 +355,10 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
 
     def let_go() -> dict[str, Any] | None:
         # The first VMI's hold ends: either the binder's release (Bound, no attachment) is
-        # seen, or the VM's next VMI was admitted first and its webhook attachment (another
-        # attachment id, no uid yet) replaced it. A poll cannot promise to see the first.
+        # seen, or the binder already attached the claim to the VM's next VMI (its uid). A
+        # poll cannot promise to see the first.
         status = env.kube.get_claim(env.tenant, "a").get("status") or {}
         if status.get("attachedToUID") == first["metadata"]["uid"]:
-            return None
-        if status.get("attachmentID") == held.get("attachmentID") and status.get("attachedTo"):
             return None
         return status
 
@@ -375,8 +373,7 @@ def test_a_vm_whose_running_pod_is_deleted_comes_back_as_a_new_vmi_holding_its_c
     assert [g["deviceName"] for g in second["spec"]["domain"]["devices"]["gpus"]] == [env.resource]
     again = kubevirt_kit.wait_launcher(kube, env.tenant, second, bound=True)
     assert vmi_pods.pinned_node(again) == again["spec"]["nodeName"] == node
-    # Attached may still be the phase the first VMI left when the webhook replaced its
-    # attachment: the hold is the second VMI's once the binder confirms it by uid.
+    # The hold is the second VMI's once the binder attaches it by uid.
     wait_for(
         lambda: (
             (env.kube.get_claim(env.tenant, "a").get("status") or {}).get("attachedToUID")

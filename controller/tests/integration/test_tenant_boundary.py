@@ -9,11 +9,13 @@ configurations in front of one controller replica:
   pod network, forging the AdmissionReview the API server would send, to attach another
   tenant's claim to a VMI that never exists.
 
-For the guest, the replica runs as a hoster runs it with ``webhook.clientAuth``: it answers
-only callers holding the client certificate the API server presents to webhooks, on a
-control plane of its own whose kube-apiserver has one (--admission-control-config-file;
-the session's plane has none, since virt-api's webhooks refuse a certificate they cannot
-verify).
+For the guest, the replica runs twice: as the default install runs it, where it answers
+anyone and a forged review must change nothing and refuse nothing of the other tenant's
+(the VMI webhook writes nothing; the binder attaches claims to VMIs that exist), and as a
+hoster runs it with ``webhook.clientAuth``, where it answers only callers holding the client
+certificate the API server presents to webhooks, on a control plane of its own whose
+kube-apiserver has one (--admission-control-config-file; the session's plane has none,
+since virt-api's webhooks refuse a certificate they cannot verify).
 """
 
 from __future__ import annotations
@@ -137,6 +139,45 @@ def test_a_vmi_holds_only_claims_of_its_own_namespace(
     )
 
 
+def _forged_review(namespace: str, claim: str) -> dict[str, Any]:
+    """The review the API server would send for a VMI (by virt-controller) naming ``claim``."""
+    body = vmi_body("forged", {"claims": [claim]})
+    body["metadata"].update(namespace=namespace, uid="00000000-0000-0000-0000-00000000f04d")
+    group_version = {"group": keys.VMI.group, "version": keys.VMI.version}
+    return {
+        "kind": {**group_version, "kind": "VirtualMachineInstance"},
+        "resource": {**group_version, "resource": keys.VMI.plural},
+        "name": "forged",
+        "namespace": namespace,
+        "operation": "CREATE",
+        "userInfo": {"username": "system:serviceaccount:kubevirt:kubevirt-controller"},
+        "object": body,
+        "dryRun": False,
+    }  # fmt: skip
+
+
+def test_a_forged_review_in_the_default_install_changes_nothing_and_refuses_nothing(
+    replica: Replica, tenants: tuple[Kube, str, str, Corner]
+) -> None:
+    """SPEC §7: without ``webhook.clientAuth`` anything on the pod network reaches the
+    webhook port. A guest posts, again and again, the review for a VMI naming another
+    tenant's claim: it gets an answer, which goes only to itself. The claim is not written
+    (before, it was attached to a VMI that never exists, and its VM could not start for the
+    attachment grace), and that tenant's own start is admitted at once."""
+    _attacker, _own, other, corner = tenants
+    node = corner.node("n1", 2)
+    before = corner.bound(other, "theirs", corner.gpu_class("h100"), node=node)
+    for _round in range(3):
+        answer = replica.review("/mutate-vmi", _forged_review(other, "theirs"))
+        assert answer["uid"], answer  # answered: the port is open in the default install
+    theirs = corner.kube.get_claim(other, "theirs")
+    assert theirs["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], (
+        f"a forged review wrote {other}'s claim: {theirs.get('status')}"
+    )
+    started = create_vmi(corner.kube, other, vmi_body("vm", {"claims": ["theirs"]}))
+    assert len(started["spec"]["domain"]["devices"]["gpus"]) == 1, started["spec"]
+
+
 def test_a_guest_cannot_forge_an_admission_review(client_auth: tuple[Kube, Replica]) -> None:
     """A guest that reaches the webhook port sends the review the API server would send for
     a VMI naming another tenant's claim. Without a client certificate of the API server's
@@ -148,19 +189,7 @@ def test_a_guest_cannot_forge_an_admission_review(client_auth: tuple[Kube, Repli
     kube.namespace(other)
     node = corner.node("n1", 2)
     corner.bound(other, "theirs", corner.gpu_class("h100"), node=node)
-    body = vmi_body("forged", {"claims": ["theirs"]})
-    body["metadata"].update(namespace=other, uid="00000000-0000-0000-0000-00000000f04d")
-    group_version = {"group": keys.VMI.group, "version": keys.VMI.version}
-    forged = {
-        "kind": {**group_version, "kind": "VirtualMachineInstance"},
-        "resource": {**group_version, "resource": keys.VMI.plural},
-        "name": "forged",
-        "namespace": other,
-        "operation": "CREATE",
-        "userInfo": {"username": "system:serviceaccount:kubevirt:kubevirt-controller"},
-        "object": body,
-        "dryRun": False,
-    }  # fmt: skip
+    forged = _forged_review(other, "theirs")
     with pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)):
         answer = replica.review("/mutate-vmi", forged)
         raise AssertionError(f"the replica answered a caller without a certificate: {answer}")

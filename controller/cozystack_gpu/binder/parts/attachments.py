@@ -1,5 +1,6 @@
-"""Attachments, the binder part that follows claims to their VMIs: Bound ⇄ Attached as
-VMIs start and end (an attachment the VMI never confirmed goes after its grace), and VMIs
+"""Attachments, the binder part that follows claims to their VMIs: a held claim attached to
+the live VMI that names it, Bound ⇄ Attached as VMIs start and end (an attachment an earlier
+release's webhook wrote whose VMI never appeared goes after its grace), and VMIs
 pinned to a node that is gone before they ever ran there, deleted so the VM starts again
 elsewhere with its claims."""
 
@@ -74,6 +75,29 @@ class Attachments(BinderPart):
                     replace(info, phase=change.phase, attached_to=attached_to),
                     Decision(key.namespace, key.name, body, step),
                 )
+
+    def attach_started(self, now: float) -> None:
+        """Attach the claims a live VMI names to it, by uid, once the binder sees the VMI.
+
+        The VMI webhook judges a start and writes nothing (SPEC §7), so this is the one
+        place a held claim becomes a VMI's. One claim named by two live VMIs goes to the one
+        seen first; the other's launcher pod waits at the gate, which says why.
+        """
+        for vmi in self.view.holding_vmis():
+            for name in vmi.held_claims:
+                key = ClaimKey(vmi.namespace, name)
+                if self.handle.in_flight((key,)):
+                    continue
+                obj = self.view.claim(key)
+                change = attachment_rules.start_attachment(obj, vmi)
+                if change is None or obj is None:
+                    continue
+                info = self.view.claim_info(key, now)
+                if info is None:
+                    continue
+                decided = replace(info, phase=Phase.ATTACHED, attached_to=vmi.name, vmi_live=True)
+                body = claim_status.attachment_patch(obj, change, now)
+                self.handle.decide(decided, Decision(*key, body, ATTACHMENT_STEPS[0]))
 
     def release_stuck_vmis(self) -> None:
         """Delete a VMI pinned to a node that is gone before it ever ran there.

@@ -147,6 +147,15 @@ class Gatekeeper(BinderPart):
             return None
         if any(c is None for c in infos):
             return None  # seen, but not in the model yet
+        held = self.view.vmi(at.vmi_key)
+        for name in held.held_claims if held is not None else ():
+            claim = self.view.claim(ClaimKey(at.vmi_key[0], name))
+            wait = gate.held_claim_wait(name, claim, at.vmi_key[1])
+            if wait is not None:
+                # Said on this VMI only: the claim serves the other VM, and its conditions
+                # are that VM's to show.
+                self._not_placed(at, wait[0], wait[1], now, on_claims=False)
+                return None
         claims = [c for c in infos if c is not None]
         mismatch = self._request_mismatch(at.pod, claims)
         if mismatch is not None:
@@ -299,7 +308,9 @@ class Gatekeeper(BinderPart):
             self._volume_nodes[volumes.volumes] = None if nodes is None else frozenset(nodes)
         return self._volume_nodes[volumes.volumes], volumes.unbound
 
-    def _not_placed(self, at: StartSet, reason: str, why: str, now: float) -> None:
+    def _not_placed(
+        self, at: StartSet, reason: str, why: str, now: float, *, on_claims: bool = True
+    ) -> None:
         """A set with nowhere to go keeps its pod gated; say so once per reason, on the
         claims (condition Placed) and on the VMI (a Warning event)."""
         said = f"{reason}: {why}"
@@ -308,6 +319,8 @@ class Gatekeeper(BinderPart):
         self._gate_told[at.pod_key] = said
         message = f"the VM's GPU set cannot start anywhere yet: {why}"
         self.handle.event(at.vmi, EventReason.SET_NOT_PLACED.value, message, True, kind=keys.VMI)
+        if not on_claims:
+            return
         cond = conditions.condition(keys.CONDITION_PLACED, False, reason, message, now)
         for key in at.members:
             obj = self.view.claim(key)

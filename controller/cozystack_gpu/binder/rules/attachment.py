@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from cozystack_gpu.keys import ClaimReason, Phase
 from cozystack_gpu.objects import Obj, attachment
-from cozystack_gpu.objects.translate import VMIState, name_of, timestamp
+from cozystack_gpu.objects.translate import VMIState, made_by_template, meta, name_of, timestamp
 
 # --- Attachment --------------------------------------------------------------------------
 
@@ -19,6 +19,7 @@ class AttachmentChange:
     reason: str
     message: str
     uid: str = ""  # the VMI's uid to record with the attachment (empty: none to write)
+    attach_to: str = ""  # the VMI to attach the claim to (empty: the attachment stays)
 
 
 def attachment_change(
@@ -67,6 +68,31 @@ def attachment_change(
         True,
         ClaimReason.ATTACHMENT_EXPIRED,
         f"VMI {name} did not appear within {grace:.0f} s of its attachment",
+    )
+
+
+def start_attachment(claim: Obj | None, vmi: VMIState) -> AttachmentChange | None:
+    """Attach a Bound claim that no VMI holds to the live VMI that names it (by uid).
+
+    The binder writes every attachment (SPEC §7): the VMI webhook only judges, so a review
+    that did not come from the API server changes nothing. A claim attached elsewhere, being
+    deleted, or not Bound stays as it is (the gate says why the VM waits); a template claim
+    is the gate's to attach, in the write that binds it.
+    """
+    if claim is None or vmi.final or not vmi.uid or made_by_template(claim):
+        return None
+    if meta(claim).get("deletionTimestamp"):
+        return None
+    status = claim.get("status") or {}
+    if status.get("attachedTo") or status.get("phase") != Phase.BOUND.value:
+        return None
+    return AttachmentChange(
+        Phase.ATTACHED,
+        False,
+        ClaimReason.ATTACHED,
+        f"attached to VMI {vmi.name}",
+        uid=vmi.uid,
+        attach_to=vmi.name,
     )
 
 

@@ -82,6 +82,8 @@ def attachment_patch(claim_obj: Obj, change: AttachmentChange, now: float) -> di
     status: dict[str, Any] = {"phase": change.phase.value}
     if change.clear_attachment:
         status.update(ATTACHMENT_CLEARED)
+    elif change.attach_to:
+        status.update(attachment_fields(change.attach_to, change.uid, now))
     elif change.uid:
         status["attachedToUID"] = change.uid
     cond = condition(keys.CONDITION_BOUND, True, change.reason, change.message, now)

@@ -23,7 +23,7 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.model import ClaimKey, VolumeAffinity
-from cozystack_gpu.objects import Obj, annotation, translate
+from cozystack_gpu.objects import Obj, annotation, attachment, translate
 from cozystack_gpu.objects.annotation import ClaimsRequest, TemplateEntry
 from cozystack_gpu.objects.conditions import merge_conditions
 from cozystack_gpu.objects.translate import meta, name_of, namespace_of, node_ready
@@ -267,11 +267,33 @@ def bound_on(claim: Obj | None, node: str) -> bool:
     )
 
 
+def held_claim_wait(claim_name: str, claim: Obj | None, vmi_name: str) -> tuple[str, str] | None:
+    """Why the binder cannot attach a claim the VMI holds by name, as (reason, message):
+    another VMI has it (two VMIs admitted before either was attached), or it is being
+    deleted. None when it is this VMI's or can become so."""
+    if claim is None:
+        return None
+    attached_to = str((claim.get("status") or {}).get("attachedTo") or "")
+    if attached_to and attached_to != vmi_name:
+        return (
+            keys.AdmissionReason.CLAIM_ATTACHED_ELSEWHERE.value,
+            attachment.attached_elsewhere(claim_name, attached_to),
+        )
+    if not attached_to and meta(claim).get("deletionTimestamp"):
+        return (
+            keys.AdmissionReason.CLAIM_BEING_DELETED.value,
+            f"GPUClaim {claim_name} is being deleted; remove it from the VM's "
+            f"{keys.ANNOTATION_CLAIMS} annotation, or order another claim",
+        )
+    return None
+
+
 def held_for_start(claim: Obj | None, vmi_name: str) -> bool:
     """A held claim (one the tenant ordered) is ready for its VM's start: Attached to this
     VMI and carrying the claim-protection finalizer. The pin waits for both, so a VM never
     runs on a claim that could still be moved or deleted from under it (the binder attaches
-    a claim once it sees the VMI, and protects it then where admission has not)."""
+    a claim once it sees the VMI, ``attachments``, and protects it then where admission has
+    not)."""
     if claim is None:
         return False
     status = claim.get("status") or {}

@@ -66,16 +66,21 @@ def act_vm(demo: Demo) -> None:
         gpus = vmi["spec"]["domain"]["devices"].get("gpus") or []
         wanted = [{"name": f"{keys.VMI_GPU_NAME_PREFIX}0", "deviceName": L40S_24C}]
         check(gpus == wanted, f"the VMI webhook to add gpus {wanted}", f"gpus {gpus}")
-        claim = demo.claim(RESEARCH, "desk") or {}
-        attached = (claim.get("status") or {}).get("attachedTo")
-        check(
-            attached == VM, f"claim desk attached to {VM}", _claim_summary(demo, RESEARCH, "desk")
+        # The controller attaches the claim once it sees the VMI stored (the webhook writes
+        # nothing).
+        wait_until(
+            lambda: (
+                ((demo.claim(RESEARCH, "desk") or {}).get("status") or {}).get("attachedTo") == VM
+            ),
+            expected=f"claim desk attached to {VM}",
+            saw=lambda: _claim_summary(demo, RESEARCH, "desk"),
+            timeout=60,
         )
         found.append(
             f"template annotation {keys.ANNOTATION_CLAIMS}: {annotation}, "
             f"label {keys.LABEL_CLAIMS_REF}=true; VMI {VM} made by virt-controller"
         )
-        found.append(f"VMI webhook: gpus {gpus}; desk.status.attachedTo={attached}")
+        found.append(f"VMI webhook: gpus {gpus}; controller: desk.status.attachedTo={VM}")
         volume, disk = _license_disk(vmi)
         copy = keys.license_copy_name(LICENSED)
         check(

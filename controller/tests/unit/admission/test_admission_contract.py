@@ -25,7 +25,7 @@ CONTRACT = {
     "validate-vm": (
         "kubevirt.io", "v1", "virtualmachines", ["CREATE", "UPDATE"], "validating", False
     ),
-    "mutate-vmi": ("kubevirt.io", "v1", "virtualmachineinstances", ["CREATE"], "mutating", True),
+    "mutate-vmi": ("kubevirt.io", "v1", "virtualmachineinstances", ["CREATE"], "mutating", False),
     "mutate-pod": ("", "v1", "pods", ["CREATE"], "mutating", False),
 }  # fmt: skip
 

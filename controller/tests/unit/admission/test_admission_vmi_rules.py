@@ -104,22 +104,18 @@ def test_held_and_template_units_each_get_one_gpus_entry_in_annotation_order() -
     request = ClaimsRequest(("b", "a"), (TemplateEntry("extra", "h100", 2),))
     result = judge(vmi(), request, facts(claim("a"), claim("b", count=2)))
     assert result == Start(
-        attach=("b", "a"),
         gpus=tuple({"name": f"gpu-cozystack-{i}", "deviceName": H100} for i in range(5)),
     )
 
 
-def test_only_what_this_very_admission_attached_is_not_written_again() -> None:
-    """A claim attached to this name by this admission (a reinvocation: same attachment id,
-    no VMI uid recorded) is not written again; one attached to this name by an earlier VMI
-    of the VM is, so the new start owns its attachment."""
-    ours = claim("a", attached_to="vm")
-    ours["status"]["attachmentID"] = "x1"
+def test_a_claim_still_attached_to_an_earlier_vmi_of_the_name_is_no_refusal() -> None:
+    """The VM's previous VMI ended (no VMI of the name is stored): its attachment on the
+    claim is the binder's to replace once the new VMI is stored, not a reason to refuse."""
     earlier = claim("b", phase="Attached", attached_to="vm")
-    earlier["status"].update(attachmentID="x0", attachedToUID="uid-0")
-    result = judge(vmi("vm"), ClaimsRequest(("a", "b")), facts(ours, earlier), "x1")
+    earlier["status"].update(attachedToUID="uid-0")
+    result = judge(vmi("vm"), ClaimsRequest(("a", "b")), facts(claim("a"), earlier))
     assert isinstance(result, Start)
-    assert result.attach == ("b",)
+    assert len(result.gpus) == 2
 
 
 def test_a_missing_claim_is_refused_with_where_it_was_looked_for() -> None:

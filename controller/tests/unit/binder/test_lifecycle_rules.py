@@ -166,6 +166,74 @@ def test_an_unconfirmed_attachment_expires_by_the_binders_clock_too() -> None:
     assert change is not None and change.reason == "AttachmentExpired"
 
 
+def test_the_binder_attaches_a_bound_claim_a_live_vmi_names_to_it_by_uid() -> None:
+    """The VMI webhook writes nothing: the binder attaches once it sees the VMI stored, by
+    uid, in one write that also says Attached."""
+    change = attachment_rules.start_attachment(claim("Bound"), started("uid-1"))
+    assert change is not None
+    assert (change.phase, change.attach_to, change.uid) == (Phase.ATTACHED, "vm", "uid-1")
+    body = claim_status.attachment_patch(claim("Bound"), change, NOW)
+    assert body["metadata"]["resourceVersion"] == "7", "an attachment must not overwrite a race"
+    status = body["status"]
+    assert status["phase"] == "Attached"
+    assert (status["attachedTo"], status["attachedToUID"]) == ("vm", "uid-1")
+    assert status["attachedAt"] == translate.rfc3339(NOW)
+    assert status["attachmentID"] is None  # an earlier release's id, cleared
+
+
+@pytest.mark.parametrize(
+    "held, vm",
+    [
+        pytest.param(claim("Bound", "other"), started("uid-1"), id="attached-to-another-vmi"),
+        pytest.param(claim("Bound", "vm"), started("uid-1"), id="attachment-being-replaced"),
+        pytest.param(
+            claim("Bound", deletionTimestamp="2027-01-01T00:00:00Z"),
+            started("uid-1"),
+            id="being-deleted",
+        ),
+        pytest.param(claim("Pending"), started("uid-1"), id="pending"),
+        pytest.param(claim("Lost"), started("uid-1"), id="lost"),
+        pytest.param(
+            claim("Bound", annotations={keys.ANNOTATION_TEMPLATE_VMI_UID: "uid-1"}),
+            started("uid-1"),
+            id="template-claim",
+        ),
+        pytest.param(claim("Bound"), started("uid-1", "Succeeded"), id="vmi-ended"),
+        pytest.param(claim("Bound"), started(""), id="vmi-without-uid"),
+    ],
+)
+def test_the_binder_attaches_only_a_free_bound_claim_to_a_live_vmi(
+    held: dict[str, Any], vm: VMIState
+) -> None:
+    assert attachment_rules.start_attachment(held, vm) is None
+
+
+def test_a_restart_after_a_long_run_hands_the_claim_to_the_next_vmi_of_the_name() -> None:
+    """Nothing re-attaches at admission any more: the attachment of the VMI that ran ends
+    once the view shows the next VMI of the name, and the binder attaches that one."""
+    long_ago = NOW - 10 * GRACE
+    first = attached("Attached", uid="uid-1", at=long_ago)
+    second = started("uid-2")
+    change = attachment_rules.attachment_change(first, second, NOW, GRACE, seen_at=long_ago)
+    assert change is not None and change.clear_attachment and change.reason == "VMIGone"
+    assert not attachment.vmi_live(first, second, NOW, GRACE, long_ago)
+    cleared = claim("Bound")
+    handed = attachment_rules.start_attachment(cleared, second)
+    assert handed is not None and handed.uid == "uid-2"
+
+
+def test_an_attachment_newer_than_a_lagging_view_waits_for_the_view() -> None:
+    """A new leader whose first listing of VMIs is older than its listing of claims sees
+    the previous VMI of the name beside an attachment to the next one: within the grace of
+    the attachment, or of its first look at it, it waits instead of taking the claim from a
+    running VM."""
+    second = attached("Attached", uid="uid-2", at=NOW - GRACE - 5)
+    lagging = started("uid-1")
+    assert attachment_rules.attachment_change(second, lagging, NOW, GRACE, seen_at=NOW) is None
+    assert attachment.vmi_live(second, lagging, NOW, GRACE, NOW)
+    assert attachment_rules.start_attachment(second, lagging) is None
+
+
 def test_merged_conditions_keep_other_writers_and_transition_times() -> None:
     current = [
         {"type": "Placed", "status": "True", "reason": "Pinned", "message": "m",

@@ -481,3 +481,53 @@ def test_a_failed_vmi_delete_is_sent_again() -> None:
     handle.answer(delete, Outcome.FAILED, "503 Service Unavailable")
     attachments.release_stuck_vmis()
     assert len(handle.of(VmiDelete)) == 2
+
+
+def _second_vmi(given: dict[str, list[dict[str, Any]]]) -> None:
+    """Another live VMI names the same claim: both were admitted before either was attached
+    (the VMI webhook writes nothing)."""
+    [vmi] = given[keys.VMI.kind]
+    other = json.loads(json.dumps(vmi))
+    other["metadata"].update(name="other", uid="uid-other")
+    given[keys.VMI.kind].append(other)
+
+
+def test_the_binder_attaches_a_held_claim_to_its_live_vmi_once_and_by_uid() -> None:
+    handle = _handle(BOUND, change=_protected)
+    attachments = Attachments(handle)
+    attachments.attach_started(NOW)
+    attachments.attach_started(NOW)  # the write is out: not sent twice
+    [(decided, call)] = handle.decided
+    assert (decided.key, decided.phase, decided.attached_to) == (KEY, Phase.ATTACHED, "vm")
+    assert call.body["status"]["attachedTo"] == "vm"
+    assert call.body["status"]["attachedToUID"] == "uid-vm"
+    assert call.body["metadata"] == {"resourceVersion": "1"}, "written over the claim it read"
+
+
+def test_one_claim_named_by_two_live_vmis_goes_to_one_of_them_only() -> None:
+    handle = _handle(BOUND, change=lambda given: (_second_vmi(given), _protected(given)))
+    attachments = Attachments(handle)
+    attachments.attach_started(NOW)
+    [(decided, call)] = handle.decided
+    assert decided.attached_to in ("vm", "other")
+    # The write lands: the view has the claim attached, and the other VMI does not get it.
+    [claim] = handle.view.raw[keys.GPU_CLAIM.kind].values()
+    written = json.loads(json.dumps(claim))
+    written["metadata"]["resourceVersion"] = "5"
+    written["status"].update(call.body["status"])
+    handle.view.apply(keys.GPU_CLAIM.kind, written, deleted=False)
+    handle.out.clear()
+    attachments.attach_started(NOW)
+    assert len(handle.decided) == 1, "one claim attached to two VMIs"
+
+
+def test_a_pod_whose_held_claim_another_vmi_holds_stays_gated_and_its_vmi_is_told_why() -> None:
+    held = {**BOUND, "phase": "Attached", "attachedTo": "other", "attachedToUID": "uid-other"}
+    handle = _handle(held, change=lambda given: (_second_vmi(given), _protected(given)))
+    Gatekeeper(handle).run(NOW)
+    Attachments(handle).attach_started(NOW)
+    assert handle.of(PodPin) == [], "a pod started on a claim another VMI holds"
+    assert handle.decided == [], "the claim was taken from the VMI that holds it"
+    # Said on the waiting VMI; the claim's conditions are the VM's that holds it.
+    assert handle.of(ClaimNote) == []
+    assert handle.events == [("vm", keys.EventReason.SET_NOT_PLACED.value)]
