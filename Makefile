@@ -44,9 +44,13 @@ $(STAMP):
 	touch $@
 
 # kube-apiserver, etcd, kubectl and helm built from source once per machine (cached in
-# ~/.cache/cozystack-gpu); prints progress while a first build runs.
-binaries: ## build the control plane, helm, KubeVirt and Prometheus from source, once per machine
+# ~/.cache/cozystack-gpu); prints progress while a first build runs. Also the real node's
+# kubelet, containerd and pause image, after the Debian packages it takes from the
+# distribution (runc, the CNI plugins, podman: tools/node-packages.sh, apt-get only when one
+# is missing).
+binaries: ## build the control plane, the real node, helm, KubeVirt and Prometheus from source, once per machine
 	@echo "== control plane binaries ==" >&2
+	tools/node-packages.sh
 	mkdir -p $(CACHE)
 	tools/build-binaries.sh > $(BIN_DIR_FILE).tmp && mv $(BIN_DIR_FILE).tmp $(BIN_DIR_FILE)
 	@echo "using $$(cat $(BIN_DIR_FILE))" >&2

@@ -7,8 +7,12 @@
 # Prints the directory holding kube-apiserver, kube-scheduler, kube-controller-manager,
 # kubectl, etcd, helm, prometheus, promtool, kubevirt-crds.yaml (KubeVirt's CRDs as its
 # virt-operator generates them), KubeVirt's virt-controller and virt-api, and
-# kubevirt-manifests.yaml (what virt-operator would install for virt-controller and virt-api)
-# on its last line.
+# kubevirt-manifests.yaml (what virt-operator would install for virt-controller and virt-api),
+# and the real node's kubelet, containerd, containerd-shim-runc-v2, ctr, pause.oci.tar (the
+# sandbox image as an OCI archive) and pause-image (its reference) on its last line.
+#
+# COZYSTACK_GPU_BUILD_JOBS: how many packages go builds at once (go's -p; the number of CPUs
+# by default), for a machine shared with other work.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,6 +38,7 @@ bin_dir="$cache_root/bin/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_helm-${H
 mkdir -p "$bin_dir"
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+jobs=${COZYSTACK_GPU_BUILD_JOBS:-$(nproc)}
 
 log() { echo "[build-binaries] $*" >&2; }
 
@@ -56,7 +61,7 @@ build() { # name, module dir, package, ldflags[, output dir]
   fi
   log "$name: building $pkg (a first build takes several minutes on 2 cores)..."
   local start=$SECONDS
-  (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$name.tmp" "$pkg")
+  (cd "$dir" && go build -p "$jobs" -trimpath -ldflags "$ldflags" -o "$out/$name.tmp" "$pkg")
   mv "$out/$name.tmp" "$out/$name"
   log "$name: built in $((SECONDS - start)) s"
 }
@@ -67,6 +72,8 @@ build kubectl "$here/k8s" k8s.io/kubernetes/cmd/kubectl "$(k8s_ldflags)"
 # The real scheduler and controller-manager judge pins, gates and owner references in tests.
 build kube-scheduler "$here/k8s" k8s.io/kubernetes/cmd/kube-scheduler "$(k8s_ldflags)"
 build kube-controller-manager "$here/k8s" k8s.io/kubernetes/cmd/kube-controller-manager "$(k8s_ldflags)"
+# The real node's kubelet (controller/cozystack_gpu_testkit/node.py), same release and flags.
+build kubelet "$here/k8s" k8s.io/kubernetes/cmd/kubelet "$(k8s_ldflags)"
 if [ ! -x "$bin_dir/helm" ]; then
   log "helm: building helm.sh/helm/v3/cmd/helm@$HELM_VERSION..."
   start=$SECONDS
@@ -181,6 +188,64 @@ prometheus() {
   ln -sfn "$dir/promtool" "$bin_dir/promtool"
 }
 prometheus
+# containerd v2 (the daemon, its runc shim, and ctr to import images) for the real node, in a
+# cache directory named after its release. Without the btrfs, devmapper and zfs snapshotters:
+# their cgo libraries are not here, and the node uses overlayfs.
+containerd() {
+  local v=$CONTAINERD_VERSION dir="$cache_root/bin/containerd-$CONTAINERD_VERSION"
+  local names=(containerd containerd-shim-runc-v2 ctr) name missing=0
+  mkdir -p "$dir"
+  for name in "${names[@]}"; do [ -x "$dir/$name" ] || missing=1; done
+  if [ "$missing" = 0 ]; then
+    log "containerd $v: cached in $dir"
+  else
+    log "containerd $v: building containerd, containerd-shim-runc-v2 and ctr (about 1.5 minutes warm)..."
+    local start=$SECONDS stage pkgs=()
+    stage=$(mktemp -d)
+    for name in "${names[@]}"; do pkgs+=("github.com/containerd/containerd/v2/cmd/$name@$v"); done
+    GOBIN="$stage" GOFLAGS='' go install -p "$jobs" -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+      -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$v \
+        -X github.com/containerd/containerd/v2/version.Revision=module-$v" "${pkgs[@]}"
+    for name in "${names[@]}"; do mv "$stage/$name" "$dir/$name"; done
+    rm -rf "$stage"
+    log "containerd $v: built in $((SECONDS - start)) s"
+  fi
+  for name in "${names[@]}"; do ln -sfn "$dir/$name" "$bin_dir/$name"; done
+}
+containerd
+# The real node's sandbox (pause) image: tools/pause built static, put in a FROM-scratch image
+# by podman and saved as an OCI archive that the kit imports into containerd; no registry.
+# Named after a hash of its sources, so a change builds it again. Needs podman (root).
+pause_image() {
+  local src="$here/pause" key dir ref
+  key=$(cat "$src/main.go" "$src/go.mod" "$src/Containerfile" | sha256sum | cut -c1-12)
+  dir="$cache_root/bin/pause-$key"
+  ref="localhost/cozystack-gpu/pause:$key"
+  if [ -s "$dir/pause.oci.tar" ] && [ -s "$dir/pause-image" ]; then
+    log "pause image: cached in $dir"
+  elif ! command -v podman >/dev/null; then
+    log "pause image: no podman (tools/node-packages.sh installs it); the real node cannot start"
+    return
+  else
+    log "pause image: building $ref..."
+    local start=$SECONDS stage
+    stage=$(mktemp -d)
+    (cd "$src" && go build -p "$jobs" -trimpath -ldflags "-s -w" -o "$stage/pause" .)
+    cp "$src/Containerfile" "$stage/"
+    mkdir -p "$dir"
+    podman build --quiet --tag "$ref" "$stage" >/dev/null
+    rm -f "$dir/pause.oci.tar.tmp"
+    podman save --quiet --format oci-archive --output "$dir/pause.oci.tar.tmp" "$ref"
+    podman rmi --force "$ref" >/dev/null
+    rm -rf "$stage"
+    mv "$dir/pause.oci.tar.tmp" "$dir/pause.oci.tar"
+    echo "$ref" >"$dir/pause-image"
+    log "pause image: built in $((SECONDS - start)) s"
+  fi
+  ln -sfn "$dir/pause.oci.tar" "$bin_dir/pause.oci.tar"
+  ln -sfn "$dir/pause-image" "$bin_dir/pause-image"
+}
+pause_image
 # The test kit finds everything in one directory.
 ln -sfn "$cache_root/bin/kubevirt-${KUBEVIRT_VERSION}/crds.yaml" "$bin_dir/kubevirt-crds.yaml"
 for f in virt-controller virt-api; do
