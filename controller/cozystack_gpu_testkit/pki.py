@@ -48,7 +48,17 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
 class CertificateAuthority:
     """A throw-away CA that signs serving and client certificates."""
 
-    def __init__(self, common_name: str = "cozystack-gpu-test-ca") -> None:
+    def __init__(
+        self, common_name: str = "cozystack-gpu-test-ca", *, _loaded: KeyPair | None = None
+    ) -> None:
+        if _loaded is not None:
+            self._cert = x509.load_pem_x509_certificate(_loaded.cert_pem)
+            key = serialization.load_pem_private_key(_loaded.key_pem, password=None)
+            if not isinstance(key, ec.EllipticCurvePrivateKey):
+                raise ValueError("the CA key is not an elliptic-curve key")
+            self._key = key
+            self._name = self._cert.subject
+            return
         self._key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         self._name = _name(common_name)
@@ -78,9 +88,19 @@ class CertificateAuthority:
             .sign(self._key, hashes.SHA256())
         )
 
+    @classmethod
+    def load(cls, cert_path: Path, key_path: Path) -> CertificateAuthority:
+        """The CA whose pair ``write`` left in these files: a later client of a running
+        plane (the real node's kubelet) gets certificates the API server trusts."""
+        return cls(_loaded=KeyPair(cert_path.read_bytes(), key_path.read_bytes()))
+
     @property
     def cert_pem(self) -> bytes:
         return self._cert.public_bytes(serialization.Encoding.PEM)
+
+    def write(self, cert_path: Path, key_path: Path) -> None:
+        """The certificate and the private key (mode 0600), for ``load``."""
+        KeyPair(self.cert_pem, _key_pem(self._key)).write(cert_path, key_path)
 
     def issue(
         self,

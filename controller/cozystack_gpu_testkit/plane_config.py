@@ -32,7 +32,9 @@ def certificates(pki: Path) -> tuple[CertificateAuthority, KeyPair]:
     extension API servers read at start (KubeVirt's virt-api refuses to start without the
     CA) and with which they trust the users it forwards."""
     ca = CertificateAuthority()
-    (pki / "ca.crt").write_bytes(ca.cert_pem)
+    # The key stays beside the certificate (0600, in the plane's own work directory): the real
+    # node (``node``) issues its kubelet's client certificate from it, as kubeadm's CA does.
+    ca.write(pki / "ca.crt", pki / "ca.key")
     ca.issue(
         "kube-apiserver",
         dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
