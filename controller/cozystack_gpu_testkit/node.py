@@ -1,0 +1,409 @@
+"""A real node on a running control plane: containerd 2 (with Debian's runc and CNI
+plugins) and kubelet, built from source like the plane (``tools/build-binaries.sh``), so pods
+really run, the product's images are run by a real container runtime, and kubelet's own
+pod-resources socket answers.
+
+Everything else in the kit plays the kubelet (``objects.Kube.node_status``): fast and
+deterministic, but blind to what only a runtime shows (an image that crashes under
+containerd for lack of a passwd entry, a socket kubelet really serves). This node is for
+those few tests; it costs its start (about a second to Ready, see TESTING.md) and a lock.
+
+What the plane lacks for a node, ``start`` supplies: a client certificate for kubelet from
+the plane's CA (``system:node:<name>``), the ``not-ready`` taint removed once Ready (no
+node-lifecycle controller runs), and the ``kube-root-ca.crt`` ConfigMap in every namespace
+(the real root-ca-certificate-publisher controller, in a kube-controller-manager of the
+node's own: pods with a service-account token wait for it). Pods reach kube-apiserver only
+with ``hostNetwork`` and ``KUBERNETES_SERVICE_HOST=127.0.0.1`` (no kube-proxy; the API
+server listens on loopback). The node carries the taint ``NODE_TAINT``, so the plane's
+scheduler places nobody else's pods on it; tests bind their pods with ``nodeName``.
+
+Images come from OCI archives (``import_image``, ``podman save --format oci-archive``):
+no registry is reachable; pods use ``imagePullPolicy: Never``.
+
+Host-global state (``node_host``): one real node per machine at a time, and ``stop`` puts
+back what it changed. Needs root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cozystack_gpu_testkit import node_config, node_host
+from cozystack_gpu_testkit.cluster import ControlPlane, _die_with_parent, terminate
+from cozystack_gpu_testkit.pki import CertificateAuthority
+from cozystack_gpu_testkit.ports import free_port
+
+CONTAINERD = "containerd"
+KUBELET = "kubelet"
+# A kube-controller-manager running only the root-ca-certificate-publisher controller.
+CA_PUBLISHER = "root-ca-publisher"
+CA_PUBLISHER_CONTROLLER = "root-ca-certificate-publisher-controller"
+STOP_ORDER = (KUBELET, CA_PUBLISHER, CONTAINERD)
+NODE_TAINT = {"key": "cozystack-gpu.test/real-node", "value": "true", "effect": "NoSchedule"}
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+READY_TIMEOUT_S = 90.0
+LOCK_TIMEOUT_S = 300.0
+# Set (to anything) to keep the node's work directory (logs, configs) after it stops.
+KEEP_WORKDIR_ENV = "COZYSTACK_GPU_KEEP_NODE"
+PAUSE_ARCHIVE = "pause.oci.tar"
+PAUSE_REF_FILE = "pause-image"
+NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr")
+SHIM = "containerd-shim-runc-v2"
+
+
+class NodeError(RuntimeError):
+    """The node could not start or stop cleanly; the message says what and shows logs."""
+
+
+def check_host(bin_dir: Path) -> None:
+    """Raises NodeError naming the fix when something the node needs is missing."""
+    missing = [
+        n for n in (*NODE_BINARIES, PAUSE_ARCHIVE, PAUSE_REF_FILE) if not (bin_dir / n).exists()
+    ]
+    if missing:
+        raise NodeError(f"{bin_dir} lacks {', '.join(missing)}: run `make binaries`")
+    packages = []
+    if shutil.which("runc") is None:
+        packages.append("runc")
+    if not (node_config.CNI_BIN_DIR / "bridge").exists():
+        packages.append("containernetworking-plugins")
+    if packages:
+        raise NodeError(f"missing {', '.join(packages)}: run tools/node-packages.sh as root")
+    if os.geteuid() != 0:
+        raise NodeError("a real node needs root (cgroups, mounts, network namespaces)")
+
+
+@dataclass
+class _HostState:
+    """What ``stop`` puts back: see ``node_host``."""
+
+    lock: node_host.NodeLock = field(default_factory=node_host.NodeLock)
+    sysctls: node_host.Sysctls = field(default_factory=node_host.Sysctls)
+    paths: node_host.HostPaths = field(default_factory=node_host.HostPaths)
+    chains: node_host.IptablesChains = field(default_factory=node_host.IptablesChains)
+    cgroups: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class RealNode:
+    """A running containerd + kubelet registered as Node ``name`` on ``plane``."""
+
+    plane: ControlPlane
+    name: str
+    layout: node_config.Layout
+    bin_dir: Path
+    pause_image: str
+    pids: dict[str, int] = field(default_factory=dict)
+    _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+    _host: _HostState = field(default_factory=_HostState, repr=False)
+    _owns_workdir: bool = field(default=False, repr=False)
+    # Every container id ``stop`` found, sandboxes' included (their CNI results, if left).
+    _containers: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """kubelet's pod-resources socket (``PodResourcesClient``'s ``socket_path``)."""
+        return self.layout.pod_resources_socket
+
+    # --- containerd ------------------------------------------------------------------
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """containerd's ``ctr`` on the node's socket, in kubelet's namespace."""
+        argv = [str(self.bin_dir / "ctr"), "--address", str(self.layout.containerd_socket)]
+        return subprocess.run(
+            [*argv, "--namespace", node_config.CRI_NAMESPACE, *args],
+            check=check,
+            capture_output=True,
+            text=True,
+        )
+
+    def import_image(self, archive: Path) -> None:
+        """Imports an OCI archive (``podman save --format oci-archive``) under the names it
+        carries: kubelet runs it with ``imagePullPolicy: Never``."""
+        done = self.ctr("images", "import", str(archive), check=False)
+        if done.returncode != 0:
+            raise NodeError(f"ctr images import {archive} failed:\n{done.stdout}{done.stderr}")
+
+    # --- the Node --------------------------------------------------------------------
+
+    def node(self) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self.plane.get_json(f"/api/v1/nodes/{self.name}")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+        return found
+
+    def ready(self) -> bool:
+        found = self.node()
+        conditions = (found or {}).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Waits until the Node is Ready, then removes the ``not-ready`` taint kubelet
+        registered it with (what the node-lifecycle controller would do)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            self._check_running()
+            if time.monotonic() > deadline:
+                raise NodeError(
+                    f"Node {self.name} not Ready after {timeout:.0f} s:\n{self.log_tail(KUBELET)}"
+                )
+            time.sleep(0.2)
+        self._untaint()
+
+    def _untaint(self) -> None:
+        from kubernetes import client
+
+        found = self.node() or {}
+        taints = found.get("spec", {}).get("taints") or []
+        kept = [t for t in taints if t["key"] != NOT_READY_TAINT]
+        if kept != taints:
+            client.CoreV1Api(self.plane.api_client(pool_size=1)).patch_node(
+                self.name, {"spec": {"taints": kept}}
+            )
+
+    # --- processes -------------------------------------------------------------------
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.layout.workdir / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        """Starts one process, logging to ``<workdir>/<name>.log``; it dies with the calling
+        process, even on SIGKILL (containerd's shims do not: ``stop`` finds them)."""
+        with (self.layout.workdir / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=_die_with_parent,
+            )
+        self.pids[name] = proc.pid
+        self._procs[name] = proc
+
+    def _check_running(self) -> None:
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                raise NodeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+
+    def _start_containerd(self, timeout: float = 30.0) -> None:
+        # containerd finds its shim on PATH; runc is Debian's, in /usr/sbin.
+        path = os.pathsep.join([str(self.bin_dir), "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+        self._spawn(
+            CONTAINERD,
+            node_config.containerd_args(self.bin_dir, self.layout),
+            env={**os.environ, "PATH": path},
+        )
+        deadline = time.monotonic() + timeout
+        while self.ctr("version", check=False).returncode != 0:
+            self._check_running()
+            if time.monotonic() > deadline:
+                raise NodeError(f"containerd did not answer in {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def _start_ca_publisher(self) -> None:
+        plane = self.plane
+        self._spawn(
+            CA_PUBLISHER,
+            [
+                str(plane.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={plane.kubeconfig}",
+                f"--controllers={CA_PUBLISHER_CONTROLLER}",
+                f"--root-ca-file={plane.ca_file}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--v=1",
+            ],
+        )
+
+    # --- stop ------------------------------------------------------------------------
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stops kubelet, the CA publisher, every pod container and containerd (and its
+        shims), deletes the Node, then puts the host back (``node_host``): mounts, the work
+        directory, cgroups, the bridge, new entries in the host paths, kubelet's iptables
+        chains, the sysctls; and releases the lock. Each step runs even when one before
+        failed; what could not be undone is raised at the end."""
+        problems: list[str] = []
+
+        def step(what: str, action: Any, *args: Any) -> None:
+            try:
+                action(*args)
+            except Exception as exc:  # every step must run
+                problems.append(f"{what}: {exc}")
+
+        step("pods", self._drain)
+        step("kubelet", self._stop_process, KUBELET, timeout)
+        step("CA publisher", self._stop_process, CA_PUBLISHER, timeout)
+        step("Node object", self._delete_node)
+        step("containers", self._remove_containers)
+        step("containerd", self._stop_process, CONTAINERD, timeout)
+        step("shims", self._kill_shims)
+        step("host", self._restore_host, problems)
+        self._host.lock.release()
+        if problems:
+            raise NodeError("the real node did not stop cleanly: " + "; ".join(problems))
+
+    def _stop_process(self, name: str, timeout: float) -> None:
+        pid = self.pids.pop(name, None)
+        proc = self._procs.pop(name, None)
+        if pid is not None:
+            terminate(pid, proc, timeout)
+
+    def _delete_node(self) -> None:
+        if self.plane.running("kube-apiserver") and self.node() is not None:
+            self.plane.kubectl("delete", "node", self.name, "--wait=false", check=False)
+
+    def _running_tasks(self) -> list[str]:
+        rows = self.ctr("tasks", "ls", check=False).stdout.splitlines()[1:]
+        return [row.split()[0] for row in rows if row.split()[2:3] == ["RUNNING"]]
+
+    def _drain(self, timeout: float = 20.0) -> None:
+        """Deletes the node's pods while kubelet runs, and waits until their containers are
+        gone: kubelet stops each sandbox as in a cluster, its network torn down by CNI (the
+        forced removal after it is for what kubelet leaves)."""
+        if not (self.running(KUBELET) and self.plane.running("kube-apiserver")):
+            return
+        self.plane.kubectl(
+            "delete",
+            "pods",
+            "--all-namespaces",
+            f"--field-selector=spec.nodeName={self.name}",
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+            check=False,
+        )
+        deadline = time.monotonic() + timeout
+        while self._running_tasks() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def running(self, name: str) -> bool:
+        proc = self._procs.get(name)
+        return proc is not None and proc.poll() is None
+
+    def _remove_containers(self) -> None:
+        """Kills and deletes every task and container (pods' and sandboxes') while
+        containerd runs: its shims and the containers' processes outlive it otherwise."""
+        if not self.running(CONTAINERD):
+            return
+        for task in self.ctr("tasks", "ls", "--quiet", check=False).stdout.split():
+            self.ctr("tasks", "delete", "--force", task, check=False)
+        for container in self.ctr("containers", "ls", "--quiet", check=False).stdout.split():
+            self._containers.add(container)
+            self.ctr("containers", "delete", container, check=False)
+
+    def _kill_shims(self) -> None:
+        for pid in node_host.pids_of(self.bin_dir / SHIM, str(self.layout.containerd_socket)):
+            terminate(pid, None, 2.0)
+
+    def _restore_host(self, problems: list[str]) -> None:
+        host = self.layout.workdir
+        node_host.unmount_under(host)
+        left = node_host.remove_cgroups(self._host.cgroups)
+        if left:
+            problems.append(f"cgroups left: {', '.join(map(str, left))}")
+        node_host.delete_link(node_config.BRIDGE)
+        node_host.remove_cni_results(node_config.CNI_NETWORK, self._containers)
+        self._host.paths.remove_new()
+        self._host.chains.remove_new()
+        failed = self._host.sysctls.restore()
+        if failed:
+            problems.append(f"sysctls not restored: {', '.join(failed)}")
+        if self._owns_workdir and not os.environ.get(KEEP_WORKDIR_ENV):
+            node_host.unmount_under(host)
+            shutil.rmtree(host, ignore_errors=True)
+
+    def __enter__(self) -> RealNode:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def start(
+    plane: ControlPlane,
+    *,
+    name: str | None = None,
+    workdir: Path | None = None,
+    images: Sequence[Path] = (),
+    lock_timeout: float = LOCK_TIMEOUT_S,
+    timeout: float = READY_TIMEOUT_S,
+) -> RealNode:
+    """Starts containerd, imports the pause image and ``images``, starts kubelet and the CA
+    publisher, and waits until the Node is Ready and untainted. Waits up to ``lock_timeout``
+    for another real node on this machine to stop. A node that does not come up is stopped
+    (its host state put back) before the error is raised."""
+    bin_dir = plane.bin_dir
+    check_host(bin_dir)
+    name = name or f"real-node-{uuid.uuid4().hex[:6]}"
+    owns = workdir is None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="cgpu-node-", dir="/var/tmp"))
+    node = RealNode(
+        plane=plane,
+        name=name,
+        layout=node_config.Layout(workdir),
+        bin_dir=bin_dir,
+        pause_image=(bin_dir / PAUSE_REF_FILE).read_text().strip(),
+        _owns_workdir=owns,
+    )
+    node._host.lock.acquire(lock_timeout)
+    try:
+        _bring_up(node, images, timeout)
+    except BaseException:
+        with contextlib.suppress(NodeError):
+            node.stop()
+        raise
+    return node
+
+
+def _bring_up(node: RealNode, images: Sequence[Path], timeout: float) -> None:
+    host = node._host
+    host.sysctls.record()
+    host.paths.record()
+    host.chains.record()
+    cgroup_root = f"cozystack-gpu-{node.name}"
+    host.cgroups = node_host.make_cgroup_root(cgroup_root)
+    node_config.write(
+        node.layout,
+        server=node.plane.server,
+        ca=CertificateAuthority.load(node.plane.ca_file, node.plane.ca_file.with_suffix(".key")),
+        node_name=node.name,
+        pause_image=node.pause_image,
+        kubelet_port=free_port(),
+        cgroup_root=f"/{cgroup_root}",
+        taints=[NODE_TAINT],
+    )
+    node_host.make_bridge(node_config.BRIDGE, f"{node_config.NODE_IP}/{node_config.NODE_IP_PREFIX}")
+    node._start_containerd()
+    for archive in (node.bin_dir / PAUSE_ARCHIVE, *images):
+        node.import_image(archive)
+    node._start_ca_publisher()
+    node._spawn(KUBELET, node_config.kubelet_args(node.bin_dir, node.layout, node.name))
+    node.wait_ready(timeout)
+
+
+@contextlib.contextmanager
+def running(plane: ControlPlane, **kwargs: Any) -> Iterator[RealNode]:
+    node = start(plane, **kwargs)
+    try:
+        yield node
+    finally:
+        node.stop()
