@@ -135,6 +135,16 @@ class RealNode:
         if done.returncode != 0:
             raise NodeError(f"ctr images import {archive} failed:\n{done.stdout}{done.stderr}")
 
+    def container_logs(self, namespace: str, pod: str) -> str:
+        """What the pod's containers wrote, read from kubelet's pod log directory (the plane
+        has no kubelet client certificate for ``kubectl logs``)."""
+        texts = []
+        for path in sorted(self.layout.pod_logs.glob(f"{namespace}_{pod}_*/*/*.log")):
+            texts.append(
+                f"--- {path.parent.name} ({path.name})\n{path.read_text(errors='replace')}"
+            )
+        return "\n".join(texts) or "(no logs)"
+
     # --- the Node --------------------------------------------------------------------
 
     def node(self) -> dict[str, Any] | None:

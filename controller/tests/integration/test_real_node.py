@@ -6,27 +6,39 @@ seen by every test that lists Nodes, and its scheduler could place other tests' 
 The plane runs kube-controller-manager, so pods get service-account tokens and wait for the
 ``kube-root-ca.crt`` ConfigMap the node's CA publisher writes. Needs root; one real node per
 machine at a time (the node waits for another's lock).
+
+The controller image (tools/build-image.sh, podman) runs here as the chart runs it: its own
+user, read-only root, no capabilities; under containerd nobody adds a passwd entry for it,
+which podman did and so hid a crash (``getpwuid(): uid not found``) until 0.2.0.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from kubernetes import client
 
+from cozystack_gpu import keys
 from cozystack_gpu.agent.podresources.client import PodResourcesClient, generated
 from cozystack_gpu_testkit import cluster, node_config
 from cozystack_gpu_testkit import node as real_node
+from cozystack_gpu_testkit.objects import install_extra_crds, wait_for
+from cozystack_gpu_testkit.ports import free_port
 
 pytestmark = pytest.mark.apiserver
 
 RUNNING_TIMEOUT_S = 60.0
+REPO = Path(__file__).resolve().parents[3]
+BUILD_IMAGE = REPO / "tools" / "build-image.sh"
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +148,137 @@ def test_kubelets_pod_resources_socket_answers(
     with PodResourcesClient(socket) as product_client:
         assert product_client.pods() == ()
         assert product_client.allocatable() == ()
+
+
+@pytest.fixture(scope="module")
+def controller_image(node: real_node.RealNode, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The controller image as tools/build-image.sh builds it (once per tree), saved as an
+    OCI archive and imported into the node's containerd. Other builds are kept: another
+    checkout's tests may be running theirs."""
+    built = subprocess.run(
+        ["bash", str(BUILD_IMAGE)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "COZYSTACK_GPU_IMAGE_KEEP_OTHERS": "1"},
+    )
+    assert built.returncode == 0, f"{BUILD_IMAGE} failed:\n{built.stderr[-4000:]}"
+    image = built.stdout.strip().splitlines()[-1]
+    archive = tmp_path_factory.mktemp("controller-image") / "controller.oci.tar"
+    saved = subprocess.run(
+        ["podman", "save", "--quiet", "--format", "oci-archive", "--output", str(archive), image],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert saved.returncode == 0, saved.stderr
+    node.import_image(archive)
+    archive.unlink()
+    return image
+
+
+def controller_pod(node: real_node.RealNode, image: str, ns: str, port: int) -> dict[str, Any]:
+    """The controller as the chart's Deployment runs it (its security contexts, its
+    liveness and readiness probes), on the host's network with the API server's loopback
+    address (no kube-proxy here), logging in with its service account's projected token."""
+    health, ready = free_port(), free_port()
+    return {
+        "metadata": {"name": "controller"},
+        "spec": {
+            "nodeName": node.name,
+            "hostNetwork": True,
+            "tolerations": [{"key": real_node.NODE_TAINT["key"], "operator": "Exists"}],
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65532,
+                "runAsGroup": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "controller",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-m", "cozystack_gpu"],
+                    "args": [
+                        f"--namespace={ns}",
+                        "--identity=on-a-real-node",
+                        f"--health-port={health}",
+                        f"--ready-port={ready}",
+                        f"--metrics-port={free_port()}",
+                        "--log-format=text",
+                    ],
+                    "env": [
+                        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                        {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
+                    ],
+                    "livenessProbe": {
+                        "httpGet": {"path": "/healthz", "port": health},
+                        "periodSeconds": 2,
+                        "failureThreshold": 3,
+                    },
+                    "readinessProbe": {
+                        "httpGet": {"path": "/readyz", "port": ready},
+                        "periodSeconds": 1,
+                    },
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                }
+            ],
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+        },
+    }
+
+
+def test_the_controller_image_runs_as_a_pod_and_stays_running(
+    node: real_node.RealNode,
+    node_plane: cluster.ControlPlane,
+    controller_image: str,
+    core: client.CoreV1Api,
+    ns: str,
+) -> None:
+    api = node_plane.api_client(pool_size=4)
+    cluster.install_crds(api)
+    install_extra_crds(api)
+    # What the chart's RBAC grants is tested elsewhere; here the runtime is under test.
+    client.RbacAuthorizationV1Api(api).create_cluster_role_binding(
+        {
+            "metadata": {"name": f"controller-{ns}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
+        }
+    )
+    port = int(node_plane.server.rsplit(":", 1)[1])
+    core.create_namespaced_pod(ns, controller_pod(node, controller_image, ns, port))
+    try:
+        wait_running(core, ns, "controller")
+        wait_for(
+            lambda: _lease_holder(api, ns) == "on-a-real-node",
+            timeout=60,
+            what="the controller pod to take the Lease",
+        )
+        # Several liveness periods later it has not restarted and is still Ready.
+        time.sleep(8)
+        pod = core.read_namespaced_pod("controller", ns)
+        status = pod.status.container_statuses[0]
+        assert (pod.status.phase, status.ready, status.restart_count) == ("Running", True, 0)
+    except BaseException:
+        print(node.container_logs(ns, "controller")[-4000:])
+        raise
+
+
+def _lease_holder(api: Any, ns: str) -> str | None:
+    try:
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(keys.LEASE_NAME_BINDER, ns)
+    except client.ApiException:
+        return None
+    return str(lease.spec.holder_identity or "") or None
