@@ -7,7 +7,8 @@ is no mocked Kubernetes API. The binaries come from ``tools/build-binaries.sh`` 
 source once per machine and cached). The scheduler binds pods as in a cluster; the
 controller-manager runs only the garbage collector and the namespace and service-account
 controllers. There is no kubelet and no node lifecycle controller: tests patch Node and Pod
-status as kubelets would (see ``objects.Kube.node_status``).
+status as kubelets would (see ``objects.Kube.node_status``); the few that need a container
+runtime start a real node on a plane (``node``).
 
 What etcd and kube-apiserver start with (certificates, kubeconfig, arguments):
 ``plane_config``. By hand: ``local_cluster`` (``make cluster``).
