@@ -59,7 +59,6 @@ KEEP_WORKDIR_ENV = "COZYSTACK_GPU_KEEP_NODE"
 PAUSE_ARCHIVE = "pause.oci.tar"
 PAUSE_REF_FILE = "pause-image"
 NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr")
-SHIM = "containerd-shim-runc-v2"
 
 
 class NodeError(RuntimeError):
@@ -85,17 +84,6 @@ def check_host(bin_dir: Path) -> None:
 
 
 @dataclass
-class _HostState:
-    """What ``stop`` puts back: see ``node_host``."""
-
-    lock: node_host.NodeLock = field(default_factory=node_host.NodeLock)
-    sysctls: node_host.Sysctls = field(default_factory=node_host.Sysctls)
-    paths: node_host.HostPaths = field(default_factory=node_host.HostPaths)
-    chains: node_host.IptablesChains = field(default_factory=node_host.IptablesChains)
-    cgroups: list[Path] = field(default_factory=list)
-
-
-@dataclass
 class RealNode:
     """A running containerd + kubelet registered as Node ``name`` on ``plane``."""
 
@@ -106,7 +94,8 @@ class RealNode:
     pause_image: str
     pids: dict[str, int] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
-    _host: _HostState = field(default_factory=_HostState, repr=False)
+    _host: node_host.HostRecord | None = field(default=None, repr=False)
+    _lock: node_host.NodeLock = field(default_factory=node_host.NodeLock, repr=False)
     _owns_workdir: bool = field(default=False, repr=False)
     # Every container id ``stop`` found, sandboxes' included (their CNI results, if left).
     _containers: set[str] = field(default_factory=set, repr=False)
@@ -265,9 +254,8 @@ class RealNode:
         step("Node object", self._delete_node)
         step("containers", self._remove_containers)
         step("containerd", self._stop_process, CONTAINERD, timeout)
-        step("shims", self._kill_shims)
         step("host", self._restore_host, problems)
-        self._host.lock.release()
+        self._lock.release()
         if problems:
             raise NodeError("the real node did not stop cleanly: " + "; ".join(problems))
 
@@ -320,26 +308,12 @@ class RealNode:
             self._containers.add(container)
             self.ctr("containers", "delete", container, check=False)
 
-    def _kill_shims(self) -> None:
-        for pid in node_host.pids_of(self.bin_dir / SHIM, str(self.layout.containerd_socket)):
-            terminate(pid, None, 2.0)
-
     def _restore_host(self, problems: list[str]) -> None:
-        host = self.layout.workdir
-        node_host.unmount_under(host)
-        left = node_host.remove_cgroups(self._host.cgroups)
-        if left:
-            problems.append(f"cgroups left: {', '.join(map(str, left))}")
-        node_host.delete_link(node_config.BRIDGE)
-        node_host.remove_cni_results(node_config.CNI_NETWORK, self._containers)
-        self._host.paths.remove_new()
-        self._host.chains.remove_new()
-        failed = self._host.sysctls.restore()
-        if failed:
-            problems.append(f"sysctls not restored: {', '.join(failed)}")
-        if self._owns_workdir and not os.environ.get(KEEP_WORKDIR_ENV):
-            node_host.unmount_under(host)
-            shutil.rmtree(host, ignore_errors=True)
+        if self._host is None:
+            return
+        remove = self._owns_workdir and not os.environ.get(KEEP_WORKDIR_ENV)
+        problems.extend(self._host.put_back(self._containers, remove_workdir=remove))
+        node_host.RECORD_FILE.unlink(missing_ok=True)
 
     def __enter__(self) -> RealNode:
         return self
@@ -374,8 +348,11 @@ def start(
         pause_image=(bin_dir / PAUSE_REF_FILE).read_text().strip(),
         _owns_workdir=owns,
     )
-    node._host.lock.acquire(lock_timeout)
+    node._lock.acquire(lock_timeout)
     try:
+        left = node_host.recover()
+        if left:
+            raise NodeError(f"a killed node's host state could not be put back: {left}")
         _bring_up(node, images, timeout)
     except BaseException:
         with contextlib.suppress(NodeError):
@@ -385,12 +362,17 @@ def start(
 
 
 def _bring_up(node: RealNode, images: Sequence[Path], timeout: float) -> None:
-    host = node._host
-    host.sysctls.record()
-    host.paths.record()
-    host.chains.record()
+    host = node._host = node_host.HostRecord(
+        workdir=node.layout.workdir,
+        socket=node.layout.containerd_socket,
+        bridge=node_config.BRIDGE,
+        network=node_config.CNI_NETWORK,
+    )
+    host.record()
     cgroup_root = f"cozystack-gpu-{node.name}"
-    host.cgroups = node_host.make_cgroup_root(cgroup_root)
+    host.cgroups = [h / cgroup_root for h in node_host.cgroup_hierarchies()]
+    host.save()
+    node_host.make_cgroup_root(cgroup_root)
     node_config.write(
         node.layout,
         server=node.plane.server,

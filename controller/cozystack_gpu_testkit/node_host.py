@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LOCK_FILE = Path("/run/lock/cozystack-gpu-real-node.lock")
+# What a running node recorded (``HostRecord``), removed by its stop: found by the next start,
+# it is the record of a node whose process was killed, and that start puts the host back.
+RECORD_FILE = Path("/run/lock/cozystack-gpu-real-node.json")
 # Directories kubelet or containerd write whatever their flags say: entries that appear in
 # them during the node's life are the node's.
 HOST_PATHS = (
@@ -228,23 +232,27 @@ def _rmdir_cgroup(path: Path, timeout: float) -> bool:
         time.sleep(0.1)
 
 
-def pids_of(executable: Path, argument: str) -> list[int]:
-    """Processes running ``executable`` with ``argument`` on their command line: the node's
-    containerd shims, which leave containerd's process tree (they run as their own session
-    leaders) and so are found by what they run and the socket they serve."""
+def pids_with_argument(argument: str) -> list[int]:
+    """Processes with ``argument`` (a whole word) on their command line: the node's containerd
+    shims (``-address <the node's socket>``), which leave containerd's process tree (they run
+    as their own session leaders) and outlive it."""
     found = []
-    target = str(executable.resolve())
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            exe = os.readlink(entry / "exe")
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if exe == target and argument.encode() in cmdline:
+        if argument.encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
@@ -313,3 +321,93 @@ def remove_cni_results(
         if ours:
             with contextlib.suppress(OSError):
                 entry.unlink()
+
+
+@dataclass
+class HostRecord:
+    """Everything a node changes on the host, recorded before it changes it, and how to put it
+    back (``put_back``). Kept in ``RECORD_FILE`` while the node runs (``save``), so a start
+    after a killed run can put the host back first (``recover``)."""
+
+    workdir: Path
+    socket: Path
+    sysctls: Sysctls = field(default_factory=Sysctls)
+    paths: HostPaths = field(default_factory=HostPaths)
+    chains: IptablesChains = field(default_factory=IptablesChains)
+    cgroups: list[Path] = field(default_factory=list)
+    bridge: str = ""
+    network: str = ""
+
+    def record(self) -> None:
+        self.sysctls.record()
+        self.paths.record()
+        self.chains.record()
+
+    def save(self, path: Path = RECORD_FILE) -> None:
+        body = {
+            "workdir": str(self.workdir),
+            "socket": str(self.socket),
+            "sysctls": self.sysctls.before,
+            "paths": {
+                str(p): None if e is None else sorted(e) for p, e in self.paths.before.items()
+            },
+            "chains": sorted(list(c) for c in self.chains.before),
+            "cgroups": [str(p) for p in self.cgroups],
+            "bridge": self.bridge,
+            "network": self.network,
+        }
+        path.write_text(json.dumps(body, indent=1))
+
+    @classmethod
+    def load(cls, path: Path = RECORD_FILE) -> HostRecord:
+        body = json.loads(path.read_text())
+        paths = {Path(p): None if e is None else frozenset(e) for p, e in body["paths"].items()}
+        return cls(
+            workdir=Path(body["workdir"]),
+            socket=Path(body["socket"]),
+            sysctls=Sysctls(dict(body["sysctls"])),
+            paths=HostPaths(paths),
+            chains=IptablesChains({(a, b, c) for a, b, c in body["chains"]}),
+            cgroups=[Path(p) for p in body["cgroups"]],
+            bridge=body["bridge"],
+            network=body["network"],
+        )
+
+    def put_back(self, containers: set[str], *, remove_workdir: bool) -> list[str]:
+        """Kills the shims still serving the node's socket, unmounts everything under its
+        work directory, removes its cgroups (killing what is left in them), its bridge and
+        CNI results, new host-path entries and iptables chains, restores the sysctls; what
+        could not be put back."""
+        problems = []
+        # containerd keeps each task's bundle under its state directory (the socket's), named
+        # by the container's id: the sandboxes whose CNI results may be left.
+        tasks = self.socket.parent / "io.containerd.runtime.v2.task"
+        containers = containers | {p.name for p in tasks.glob("*/*") if p.is_dir()}
+        kill_all(pids_with_argument(str(self.socket)))
+        unmount_under(self.workdir)
+        left = remove_cgroups(self.cgroups)
+        if left:
+            problems.append(f"cgroups left: {', '.join(map(str, left))}")
+        if self.bridge:
+            delete_link(self.bridge)
+        if self.network:
+            remove_cni_results(self.network, containers)
+        self.paths.remove_new()
+        self.chains.remove_new()
+        failed = self.sysctls.restore()
+        if failed:
+            problems.append(f"sysctls not restored: {', '.join(failed)}")
+        if remove_workdir:
+            unmount_under(self.workdir)
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return problems
+
+
+def recover(path: Path = RECORD_FILE) -> list[str]:
+    """Puts the host back after a node whose process died without its stop (the caller
+    holds the lock, so that node is gone); what could not be put back. No record: nothing."""
+    if not path.exists():
+        return []
+    problems = HostRecord.load(path).put_back(set(), remove_workdir=True)
+    path.unlink()
+    return problems
