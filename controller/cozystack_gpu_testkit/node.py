@@ -353,6 +353,11 @@ def start(
         left = node_host.recover()
         if left:
             raise NodeError(f"a killed node's host state could not be put back: {left}")
+        if node_host.other_kubelet():
+            raise NodeError(
+                f"a kubelet of this machine serves {node_host.DEVICE_PLUGIN_SOCKET}: a real "
+                "node would take its device-plugin socket over"
+            )
         _bring_up(node, images, timeout)
     except BaseException:
         with contextlib.suppress(NodeError):

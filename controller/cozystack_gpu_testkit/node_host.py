@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,23 @@ KUBELET_CHAINS = (
     ("nat", "KUBE-KUBELET-CANARY"),
     ("filter", "KUBE-KUBELET-CANARY"),
 )
+
+
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+
+
+def other_kubelet() -> bool:
+    """Whether a kubelet not started by the kit serves the fixed device-plugin socket (this
+    machine is a cluster's node): a real node would take that socket over."""
+    if not DEVICE_PLUGIN_SOCKET.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(DEVICE_PLUGIN_SOCKET))
+        except OSError:
+            return False
+    return True
 
 
 class NodeBusy(RuntimeError):
