@@ -7,6 +7,10 @@ The plane runs kube-controller-manager, so pods get service-account tokens and w
 ``kube-root-ca.crt`` ConfigMap the node's CA publisher writes. Needs root; one real node per
 machine at a time (the node waits for another's lock).
 
+A device plugin of the kit (``device_plugin``) registers two devices with the node's
+kubelet; a pod holding one is reported by kubelet's pod-resources API to the agent's own
+client, as on a GPU host.
+
 The controller image (tools/build-image.sh, podman) runs here as the chart runs it: its own
 user, read-only root, no capabilities; under containerd nobody adds a passwd entry for it,
 which podman did and so hid a crash (``getpwuid(): uid not found``) until 0.2.0.
@@ -28,8 +32,8 @@ import pytest
 from kubernetes import client
 
 from cozystack_gpu import keys
-from cozystack_gpu.agent.podresources.client import PodResourcesClient, generated
-from cozystack_gpu_testkit import cluster, node_config
+from cozystack_gpu.agent.podresources.client import DeviceSet, PodResourcesClient, generated
+from cozystack_gpu_testkit import cluster, device_plugin, node_config
 from cozystack_gpu_testkit import node as real_node
 from cozystack_gpu_testkit.objects import install_extra_crds, wait_for
 from cozystack_gpu_testkit.ports import free_port
@@ -151,6 +155,34 @@ def test_kubelets_pod_resources_socket_answers(
     with PodResourcesClient(socket) as product_client:
         assert product_client.pods() == ()
         assert product_client.allocatable() == ()
+
+
+def test_a_device_plugins_devices_are_allocated_and_read_by_the_agents_client(
+    node: real_node.RealNode, core: client.CoreV1Api, ns: str
+) -> None:
+    resource = "example.com/test-gpu"
+    with device_plugin.serving(resource, ["dev-a", "dev-b"]) as plugin:
+        wait_for(
+            lambda: (core.read_node(node.name).status.allocatable or {}).get(resource) == "2",
+            timeout=30,
+            what="kubelet to count the plugin's two devices as allocatable",
+            interval=0.2,
+        )
+        pod = pause_pod(node, "holder", host_network=True)
+        pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "1"}}
+        core.create_namespaced_pod(ns, pod)
+        wait_running(core, ns, "holder")
+        assert len(plugin.allocations) == 1
+        (held,) = plugin.allocations[0]
+        with PodResourcesClient(str(node.pod_resources_socket)) as product_client:
+            # kubelet answers one entry per device (each with its topology).
+            allocatable = product_client.allocatable()
+            ids = [i for d in allocatable if d.resource_name == resource for i in d.device_ids]
+            assert sorted(ids) == ["dev-a", "dev-b"]
+            (holder,) = [
+                p for p in product_client.pods() if (p.namespace, p.name) == (ns, "holder")
+            ]
+            assert holder.devices == (DeviceSet(resource, (held,)),)
 
 
 @pytest.fixture(scope="module")
