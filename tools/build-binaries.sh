@@ -221,6 +221,10 @@ pause_image() {
   key=$(cat "$src/main.go" "$src/go.mod" "$src/Containerfile" | sha256sum | cut -c1-12)
   dir="$cache_root/bin/pause-$key"
   ref="localhost/cozystack-gpu/pause:$key"
+  # One build at a time per machine: two checkouts' builds share the podman tag.
+  mkdir -p "$cache_root/bin"
+  exec 9>"$cache_root/bin/.pause.lock"
+  flock 9
   if [ -s "$dir/pause.oci.tar" ] && [ -s "$dir/pause-image" ]; then
     log "pause image: cached in $dir"
   elif ! command -v podman >/dev/null; then
@@ -244,6 +248,7 @@ pause_image() {
   fi
   ln -sfn "$dir/pause.oci.tar" "$bin_dir/pause.oci.tar"
   ln -sfn "$dir/pause-image" "$bin_dir/pause-image"
+  exec 9>&-
 }
 pause_image
 # The test kit finds everything in one directory.

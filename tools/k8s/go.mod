@@ -1,4 +1,5 @@
-// Wrapper module: builds kube-apiserver and kubectl at a pinned Kubernetes release.
+// Wrapper module: builds kube-apiserver, kubectl and the other commands of tools.go (kubelet
+// included) at a pinned Kubernetes release.
 // k8s.io/kubernetes replaces its staging modules with local paths, so each needs a
 // replace line here pointing at the published v0.x tag of the same release.
 module github.com/cozystack/gpu/tools/k8s
