@@ -125,8 +125,8 @@ class RealNode:
             raise NodeError(f"ctr images import {archive} failed:\n{done.stdout}{done.stderr}")
 
     def container_logs(self, namespace: str, pod: str) -> str:
-        """What the pod's containers wrote, read from kubelet's pod log directory (the plane
-        has no kubelet client certificate for ``kubectl logs``)."""
+        """What the pod's containers wrote, every run of each, read from kubelet's pod log
+        directory (``kubectl logs`` shows one run)."""
         texts = []
         for path in sorted(self.layout.pod_logs.glob(f"{namespace}_{pod}_*/*/*.log")):
             texts.append(

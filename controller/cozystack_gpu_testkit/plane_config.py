@@ -22,6 +22,8 @@ SERVICE_CIDR = "10.96.0.0/12"
 FRONT_PROXY_CLIENT = "front-proxy-client"
 # The client certificate kube-apiserver presents to the admission webhooks it calls.
 WEBHOOK_CLIENT = "kube-apiserver-webhook-client"
+# The client certificate kube-apiserver presents to kubelets.
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 
 
 def certificates(pki: Path) -> tuple[CertificateAuthority, KeyPair]:
@@ -43,6 +45,11 @@ def certificates(pki: Path) -> tuple[CertificateAuthority, KeyPair]:
     ).write(pki / "apiserver.crt", pki / "apiserver.key")
     admin = ca.issue(ADMIN_USER, organization="system:masters", client=True)
     admin.write(pki / "admin.crt", pki / "admin.key")
+    # What kube-apiserver presents to a kubelet (logs, exec, port-forward on the real node,
+    # ``node``), as kubeadm's apiserver-kubelet-client.
+    ca.issue(KUBELET_CLIENT, organization="system:masters", client=True).write(
+        pki / "apiserver-kubelet-client.crt", pki / "apiserver-kubelet-client.key"
+    )
     service_account_keys().write(pki / "sa.pub", pki / "sa.key")
     front_proxy = CertificateAuthority("front-proxy-ca")
     (pki / "front-proxy-ca.crt").write_bytes(front_proxy.cert_pem)
@@ -127,6 +134,10 @@ def apiserver_args(bin_dir: Path, pki: Path, etcd_client: int, secure_port: int)
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
         f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        # A real node's Hostname address is its name, which no resolver here knows.
+        "--kubelet-preferred-address-types=InternalIP",
     ]
 
 

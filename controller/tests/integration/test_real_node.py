@@ -305,6 +305,19 @@ def test_the_controller_image_runs_as_a_pod_and_stays_running(
             timeout=60,
             what="the controller pod to take the Lease",
         )
+        # Under containerd nobody adds a passwd entry: the image's own names its user.
+        whoami = node_plane.kubectl(
+            "exec",
+            "-n",
+            ns,
+            "controller",
+            "--",
+            "python",
+            "-c",
+            "import getpass, os; print(getpass.getuser(), os.getuid())",
+            check=False,
+        )
+        assert whoami.stdout.split() == ["nonroot", "65532"], whoami.stderr
         # Several liveness periods after the first probe it has not restarted, still Ready.
         started = core.read_namespaced_pod("controller", ns).status.container_statuses[0]
         alive_s = time.time() - started.state.running.started_at.timestamp()
