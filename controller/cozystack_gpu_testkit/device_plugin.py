@@ -121,11 +121,11 @@ class _Servicer:
 
     def Allocate(self, request: Any, context: Any) -> Any:
         m = self._messages
+        responses = []
         for container in request.container_requests:
             self._plugin.allocations.append(tuple(container.devices_ids))
-        return m.AllocateResponse(
-            container_responses=[m.ContainerAllocateResponse() for _ in request.container_requests]
-        )
+            responses.append(m.ContainerAllocateResponse())
+        return m.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:
         return self._messages.PreStartContainerResponse()

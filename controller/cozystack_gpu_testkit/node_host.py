@@ -385,7 +385,7 @@ class HostRecord:
             socket=Path(body["socket"]),
             sysctls=Sysctls(dict(body["sysctls"])),
             paths=HostPaths(paths),
-            chains=IptablesChains({(a, b, c) for a, b, c in body["chains"]}),
+            chains=IptablesChains({(c[0], c[1], c[2]) for c in body["chains"]}),
             cgroups=[Path(p) for p in body["cgroups"]],
             bridge=body["bridge"],
             network=body["network"],
