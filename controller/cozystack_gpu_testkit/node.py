@@ -337,33 +337,44 @@ def start(
     (its host state put back) before the error is raised."""
     bin_dir = plane.bin_dir
     check_host(bin_dir)
-    name = name or f"real-node-{uuid.uuid4().hex[:6]}"
+    lock = node_host.NodeLock()
+    lock.acquire(lock_timeout)
+    try:
+        _clear_host()
+    except BaseException:
+        lock.release()
+        raise
     owns = workdir is None
     workdir = Path(workdir or tempfile.mkdtemp(prefix="cgpu-node-", dir="/var/tmp"))
     node = RealNode(
         plane=plane,
-        name=name,
+        name=name or f"real-node-{uuid.uuid4().hex[:6]}",
         layout=node_config.Layout(workdir),
         bin_dir=bin_dir,
         pause_image=(bin_dir / PAUSE_REF_FILE).read_text().strip(),
+        _lock=lock,
         _owns_workdir=owns,
     )
-    node._lock.acquire(lock_timeout)
     try:
-        left = node_host.recover()
-        if left:
-            raise NodeError(f"a killed node's host state could not be put back: {left}")
-        if node_host.other_kubelet():
-            raise NodeError(
-                f"a kubelet of this machine serves {node_host.DEVICE_PLUGIN_SOCKET}: a real "
-                "node would take its device-plugin socket over"
-            )
         _bring_up(node, images, timeout)
     except BaseException:
         with contextlib.suppress(NodeError):
             node.stop()
         raise
     return node
+
+
+def _clear_host() -> None:
+    """With the lock held: puts back what a killed node left, and refuses a machine whose own
+    kubelet serves the fixed device-plugin socket."""
+    left = node_host.recover()
+    if left:
+        raise NodeError(f"a killed node's host state could not be put back: {left}")
+    if node_host.other_kubelet():
+        raise NodeError(
+            f"a kubelet of this machine serves {node_host.DEVICE_PLUGIN_SOCKET}: a real "
+            "node would take its device-plugin socket over"
+        )
 
 
 def _bring_up(node: RealNode, images: Sequence[Path], timeout: float) -> None:
