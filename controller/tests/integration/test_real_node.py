@@ -18,9 +18,11 @@ which podman did and so hid a crash (``getpwuid(): uid not found``) until 0.2.0.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,9 +34,11 @@ import pytest
 from kubernetes import client
 
 from cozystack_gpu import keys
+from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources.client import DeviceSet, PodResourcesClient, generated
-from cozystack_gpu_testkit import cluster, device_plugin, node_config
+from cozystack_gpu_testkit import cluster, device_plugin, node_config, sysfs_scenarios
 from cozystack_gpu_testkit import node as real_node
+from cozystack_gpu_testkit.fake_kubelet import plugin_devices
 from cozystack_gpu_testkit.objects import install_extra_crds, wait_for
 from cozystack_gpu_testkit.ports import free_port
 
@@ -183,6 +187,64 @@ def test_a_device_plugins_devices_are_allocated_and_read_by_the_agents_client(
                 p for p in product_client.pods() if (p.namespace, p.name) == (ns, "holder")
             ]
             assert holder.devices == (DeviceSet(resource, (held,)),)
+
+
+def test_the_agent_reports_what_a_real_kubelet_allocated_on_a_sysfs_tree(
+    node: real_node.RealNode,
+    node_plane: cluster.ControlPlane,
+    core: client.CoreV1Api,
+    ns: str,
+    tmp_path: Path,
+) -> None:
+    """The node agent, once, on a fixture sysfs tree, reading the real kubelet's allocatable
+    devices (advertised by device plugins as kubevirt-gpu-device-plugin names them) and the
+    pod holding one: its GPUNode as on a GPU host."""
+    tree = sysfs_scenarios.mixed(tmp_path / "host")
+    advertised = plugin_devices(sysfs.read_inventory(str(tree.root)))
+    api = node_plane.api_client(pool_size=4)
+    cluster.install_crds(api)
+    with contextlib.ExitStack() as plugins:
+        served = {
+            r: plugins.enter_context(device_plugin.serving(r, ids)) for r, ids in advertised.items()
+        }
+
+        def counted() -> bool:
+            allocatable = core.read_node(node.name).status.allocatable or {}
+            return all(allocatable.get(r) == str(len(ids)) for r, ids in advertised.items())
+
+        wait_for(counted, timeout=30, what="kubelet to count every plugin's devices", interval=0.2)
+        resource = sorted(advertised)[0]
+        pod = pause_pod(node, "holder", host_network=True)
+        pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "1"}}
+        core.create_namespaced_pod(ns, pod)
+        wait_running(core, ns, "holder")
+        ((held,),) = served[resource].allocations
+        agent = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cozystack_gpu.agent",
+                f"--node={node.name}",
+                f"--sysfs-root={tree.root}",
+                f"--pod-resources-socket={node.pod_resources_socket}",
+                f"--kubeconfig={node_plane.kubeconfig}",
+                "--listen=127.0.0.1:0",
+                "--once",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    assert agent.returncode == 0, agent.stderr[-4000:]
+    status = client.CustomObjectsApi(api).get_cluster_custom_object(
+        keys.GROUP, keys.VERSION, keys.PLURAL_NODES, node.name
+    )["status"]
+    assert status["resourceNames"] == sorted(advertised)
+    assert sum(d["allocatable"] for d in status["devices"]) == sum(map(len, advertised.values()))
+    # The first resource by name is a passthrough one: its device ID is the PCI address.
+    holders = {d["pciAddress"]: d["pods"] for d in status["devices"] if d["pods"]}
+    assert holders == {held: [{"namespace": ns, "name": "holder"}]}
 
 
 @pytest.fixture(scope="module")
