@@ -208,7 +208,9 @@ class Publisher(BinderPart):
             if self.handle.writing((ClassStatus.what, "", name)):
                 continue
             numbers = self.snapshot.class_status(name)
-            body = class_status.class_status_body(obj, numbers, now, kept)
+            info = self.snapshot.gpu_class(name)
+            shadowed_by = info.shadowed_by if info is not None else ""
+            body = class_status.class_status_body(obj, numbers, now, kept, shadowed_by)
             if body is not None:
                 self.handle.send(ClassStatus(name, body))
 
