@@ -5,10 +5,8 @@
 CEL validates one object at a time. The rule that two classes may share a device-plugin
 resource name only when their node selectors do not overlap needs every other class, so it
 lives here, once, as pure functions: the controller's GPUClass admission webhook enforces it
-for every write (``kubectl apply`` included) against the classes stored, the binder settles
-two classes created at the same moment (``shadowing_class``), and the
-``cozystack.gpu.gpu_class`` module checks it before it writes, to report a conflict with its
-own diff. The controller package
+for every write (``kubectl apply`` included), and the ``cozystack.gpu.gpu_class`` module
+checks it before it writes, to report a conflict with its own diff. The controller package
 owns this file (its image is built from ``controller/`` alone); the collection reaches it
 through the file link ``plugins/module_utils/gpu_class_rules.py``. Standard library only,
 no I/O, so it runs on the Pythons Ansible targets.
@@ -16,17 +14,24 @@ no I/O, so it runs on the Pythons Ansible targets.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "RECENT_ADMISSION_S",
     "ResourceNameConflict",
+    "recent_admissions",
     "resource_name_conflicts",
     "resource_name_of",
     "selectors_overlap",
-    "shadowing_class",
+    "with_admission",
 ]
+
+# How long an admitted class is judged against before its create is sure to be stored (or
+# refused by a later step): a webhook answers within its 10 s timeout, and the store follows.
+RECENT_ADMISSION_S = 60.0
 
 
 def selectors_overlap(a: Mapping[str, str] | None, b: Mapping[str, str] | None) -> bool:
@@ -91,22 +96,40 @@ def resource_name_conflicts(
     return sorted(conflicts, key=lambda c: c.other)
 
 
-def shadowing_class(
-    name: str,
-    spec: Mapping[str, Any],
-    created: str,
-    others: Iterable[tuple[str, Mapping[str, Any], str]],
-) -> str:
-    """The class, among ``others`` as ``(name, spec, creationTimestamp)``, created before
-    this one (the name breaks a tie) that serves its resource name on overlapping nodes; ""
-    when none does.
+def recent_admissions(
+    record: Mapping[str, str], now: float, live: Iterable[str] = ()
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(name, spec)`` of the classes admitted within ``RECENT_ADMISSION_S`` that a listing
+    may not show yet (``record`` is the admissions ConfigMap's data; classes in ``live`` are
+    judged by what is stored instead). Entries that cannot be read are ignored."""
+    stored = set(live)
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    for name, raw in sorted(record.items()):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict) or name in stored:
+            continue
+        at, spec = entry.get("at"), entry.get("spec")
+        fresh = isinstance(at, (int, float)) and now - at < RECENT_ADMISSION_S
+        if fresh and isinstance(spec, dict):
+            found.append((name, spec))
+    return found
 
-    The webhook judges a class against the classes stored, so two created at the same moment
-    through two replicas are each admitted before the other is stored. The controller then
-    lets the older serve and the newer take no orders while the older exists: no webhook
-    keeps a record of what it admitted, so a forged review changes nothing.
-    """
-    mine = (created, name)
-    older = [(other, other_spec) for other, other_spec, when in others if (when, other) < mine]
-    conflicts = resource_name_conflicts(name, spec, older)
-    return conflicts[0].other if conflicts else ""
+
+def with_admission(
+    record: Mapping[str, str], name: str, spec: Mapping[str, Any], now: float
+) -> dict[str, str]:
+    """The admissions data with ``name`` recorded at ``now``, entries too old to matter
+    dropped."""
+    kept = {}
+    for other, raw in record.items():
+        try:
+            at = json.loads(raw).get("at")
+        except (ValueError, AttributeError):
+            continue
+        if other != name and isinstance(at, (int, float)) and now - at < RECENT_ADMISSION_S:
+            kept[other] = raw
+    kept[name] = json.dumps({"at": now, "spec": dict(spec)}, sort_keys=True)
+    return kept

@@ -354,6 +354,7 @@ SETTINGS_KEY_RESOURCE_NAMES = "resourceNames"
 # admits, written with the resourceVersion it read: two classes that share a resource name
 # admitted at the same moment by two replicas see each other (the API server stores a class
 # only after every webhook answered, so neither could see the other in a listing).
+CLASS_ADMISSIONS_CONFIGMAP = "gpu-class-admissions"
 SETTINGS_KEY_RAW_RESOURCE_NAMES = "rawResourceNames"
 
 
@@ -480,7 +481,6 @@ class ClassReason(str, Enum):
     FREE = "Free"
     NO_FREE_UNITS = "NoFreeUnits"
     DELETING = "Deleting"
-    RESOURCE_NAME_SHARED = "ResourceNameShared"
 
 
 class LicenseReason(str, Enum):

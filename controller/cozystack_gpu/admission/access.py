@@ -157,3 +157,36 @@ class ApiAccess:
 
     def vmi(self, namespace: str, name: str) -> MutableObj | None:
         return self.get(keys.VMI, namespace, name)
+
+    # --- the record of classes admitted ----------------------------------------------
+
+    def class_admissions(self) -> tuple[dict[str, str], str | None]:
+        """The data of the class admissions ConfigMap and its resourceVersion (None: there
+        is none yet)."""
+        cm = self._config_map(keys.CLASS_ADMISSIONS_CONFIGMAP)
+        if cm is None:
+            return {}, None
+        return dict(cm.get("data") or {}), str(cm["metadata"]["resourceVersion"])
+
+    def write_class_admissions(self, data: dict[str, str], version: str | None) -> None:
+        """Create the ConfigMap (``version`` None) or replace it as of ``version``: another
+        admission written meanwhile answers 409, as a create that lost answers 409."""
+        metadata: dict[str, str] = {"name": keys.CLASS_ADMISSIONS_CONFIGMAP}
+        body: MutableObj = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata,
+            "data": data,
+        }
+        if version is None:
+            self.core.create_namespaced_config_map(
+                self.settings_namespace, body, _request_timeout=REQUEST_TIMEOUT_S
+            )
+            return
+        metadata["resourceVersion"] = version
+        self.core.replace_namespaced_config_map(
+            keys.CLASS_ADMISSIONS_CONFIGMAP,
+            self.settings_namespace,
+            body,
+            _request_timeout=REQUEST_TIMEOUT_S,
+        )

@@ -6,7 +6,7 @@ it is told. An order this replica cannot judge (before its first listing, or of 
 view has not caught up with) is refused with 503 and "try again", never admitted unchecked.
 Classes are few and written rarely: the shared-resource-name rule reads them
 all from the API server, so two classes applied one after the other are judged against
-each other; two applied at the same moment are the binder's to settle.
+each other.
 """
 
 from __future__ import annotations
@@ -14,16 +14,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from kubernetes.client.rest import ApiException
+
 from cozystack_gpu.admission import claim_rules
 from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.feed import SnapshotFeed
-from cozystack_gpu.class_rules import resource_name_conflicts
+from cozystack_gpu.class_rules import (
+    recent_admissions,
+    resource_name_conflicts,
+    resource_name_of,
+    with_admission,
+)
 from cozystack_gpu.keys import AdmissionReason
 from cozystack_gpu.model import Reason, Refusal
 from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import meta
 
+ADMISSION_ATTEMPTS = 3
 # How long an order of a class the API server has but this replica's view lacks waits for
 # the view to catch up (a class created moments ago) before it is refused, retryably.
 CLASS_LAG_WAIT_S = 2.0
@@ -108,22 +116,45 @@ class ClaimWebhook:
 
 
 class ClassWebhook:
-    def __init__(self, access: ApiAccess) -> None:
+    def __init__(self, access: ApiAccess, clock: Callable[[], float] = time.time) -> None:
         self.access = access
+        self.clock = clock
 
-    def admit(self, gpu_class: Obj) -> None:
-        """Refuse a class that shares a resource name with a stored class on overlapping
-        nodes. Nothing is written: two classes created at the same moment through two
-        replicas are each admitted before the other is stored, and the binder settles them
-        (``class_rules.shadowing_class``: the newer takes no orders while the older
-        exists), so a review from anyone but the API server changes nothing."""
+    def admit(self, gpu_class: Obj, *, dry_run: bool = False) -> None:
+        """Refuse a class that shares a resource name with another on overlapping nodes.
+
+        A class being created is stored only after every webhook answered, so two created
+        at once (through two replicas) would each pass against a listing without the other.
+        Each admission therefore also judges the classes admitted moments before, as recorded
+        in the admissions ConfigMap, and records itself there with the resourceVersion it
+        read: of two racing admissions one writes first, and the other, answered 409, reads
+        again and sees it.
+        """
         name = str(meta(gpu_class).get("name", ""))
         spec = gpu_class.get("spec") or {}
-        classes = self.access.classes(latest=True)
-        others = [(n, obj.get("spec") or {}) for n, obj in classes.items()]
-        conflicts = resource_name_conflicts(name, spec, others)
-        if conflicts:
-            raise Refused(
-                "; ".join(c.message(name) for c in conflicts),
-                AdmissionReason.RESOURCE_NAME_SHARED,
-            )
+        for _attempt in range(ADMISSION_ATTEMPTS):
+            classes = self.access.classes(latest=True)
+            record, version = self.access.class_admissions()
+            now = self.clock()
+            others = [(n, obj.get("spec") or {}) for n, obj in classes.items()]
+            others += recent_admissions(record, now, classes)
+            conflicts = resource_name_conflicts(name, spec, others)
+            if conflicts:
+                raise Refused(
+                    "; ".join(c.message(name) for c in conflicts),
+                    AdmissionReason.RESOURCE_NAME_SHARED,
+                )
+            if dry_run or resource_name_of(spec) is None:
+                return
+            try:
+                self.access.write_class_admissions(with_admission(record, name, spec, now), version)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        raise Refused(
+            f"GPUClass {name} could not be judged against the classes admitted at the same "
+            f"time ({ADMISSION_ATTEMPTS} tries); try again",
+            AdmissionReason.RESOURCE_NAME_SHARED,
+            409,
+        )

@@ -86,7 +86,7 @@ def build(
     return Admission(
         feed=feed,
         claims=ClaimWebhook(feed, access, clock),
-        classes=ClassWebhook(access),
+        classes=ClassWebhook(access, clock),
         vmis=VMIWebhook(access, pool, feed.largest_node, feed.gpu_names),
         pods=PodWebhook(access, pool),
         pool=pool,
@@ -215,11 +215,11 @@ def mutate_gpuclaim(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, id="validate-gpuclass",
     operations=["CREATE", "UPDATE"],
 )  # fmt: skip
-def validate_gpuclass(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+def validate_gpuclass(body: kopf.Body, memo: kopf.Memo, dryrun: bool = False, **_: Any) -> None:
     """Two classes share a resource name only with node selectors that do not overlap."""
     admission = _admission(memo)
     with _refusals("validate-gpuclass"):
-        admission.classes.admit(body)
+        admission.classes.admit(body, dry_run=dryrun)
 
 
 @kopf.on.mutate(

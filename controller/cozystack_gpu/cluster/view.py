@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from cozystack_gpu import class_rules, keys
+from cozystack_gpu import keys
 from cozystack_gpu.cluster.counted_union import CountedUnion
 from cozystack_gpu.cluster.pod_index import PodIndex
 from cozystack_gpu.cluster.sync import sync_kind
@@ -228,8 +228,7 @@ class ClusterView:
                     self._node_names(node)
 
     def _on_class(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
-        # Which class shadows which (``class_rules.shadowing_class``) may change with any.
-        self.dirty.classes |= {name for _ns, name in self.raw[keys.GPU_CLASS.kind]} | {key[1]}
+        self.dirty.classes.add(key[1])
         resource = translate.class_resource_name(new) if new is not None else ""
         self._set_names((keys.GPU_CLASS.kind, key[1]), frozenset({resource} - {""}))
         before = translate.class_resource_name(old) if old is not None else ""
@@ -532,11 +531,7 @@ class ClusterView:
 
     def class_info(self, name: str) -> ClassInfo | None:
         obj = self.gpu_class(name)
-        if obj is None:
-            return None
-        others = [(translate.name_of(o), o.get("spec") or {}, _created(o)) for o in self.classes()]
-        older = class_rules.shadowing_class(name, obj.get("spec") or {}, _created(obj), others)
-        return translate.class_info(obj, shadowed_by=older)
+        return None if obj is None else translate.class_info(obj)
 
     def claim_info(self, key: ClaimKey, now: float) -> ClaimInfo | None:
         obj = self.claim(key)
@@ -594,7 +589,3 @@ class ClusterView:
             snap.remove_claim,
         )
         return changed, dirty
-
-
-def _created(obj: MutableObj) -> str:
-    return str(translate.meta(obj).get("creationTimestamp") or "")

@@ -44,12 +44,10 @@ def untolerated_taint(node: NodeInfo, cls: ClassInfo) -> str | None:
 
 
 def shares_resource_on(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInfo]) -> bool:
-    """Another class with the same resource name also selects this node. A class an older
-    one shadows (``ClassInfo.shadowed_by``) serves no node, so it takes none from others."""
+    """Another class with the same resource name also selects this node."""
     return any(
         other.name != cls.name
         and other.resource_name == cls.resource_name
-        and not other.shadowed_by
         and selector_matches(node, other)
         for other in classes
     )

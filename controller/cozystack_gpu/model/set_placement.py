@@ -129,7 +129,7 @@ def place_set(
         for claim in claims
     ]
     shapes = {
-        name: ClassShape(klass.mode, klass.deleting, snap.max_count(name), klass.shadowed_by)
+        name: ClassShape(klass.mode, klass.deleting, snap.max_count(name))
         for name in {claim.class_name for claim in claims}
         if (klass := snap._classes.get(name)) is not None
     }

@@ -41,7 +41,6 @@ class ClassShape:
     mode: Mode
     deleting: bool
     max_count: int | None
-    shadowed_by: str = ""  # an older class serving its resource name (ClassInfo)
 
 
 def units(n: int) -> str:
@@ -63,15 +62,6 @@ def judge_set_shape(
             where = f" ({member.label})" if member.label else ""
             message = f"class {member.class_name} is being deleted and takes no new orders{where}"
             return demand, Refusal(Reason.CLASS_DELETING, message)
-        if shape.shadowed_by and member.order:
-            where = f" ({member.label})" if member.label else ""
-            message = (
-                f"class {member.class_name} serves the same resource name as class "
-                f"{shape.shadowed_by} on overlapping nodes (the two were created at once) and "
-                f"takes no new orders while {shape.shadowed_by} exists{where}; the hoster "
-                "deletes one of them or gives them nodeSelectors that do not overlap"
-            )
-            return demand, Refusal(Reason.RESOURCE_NAME_SHARED, message)
         demand[member.class_name] = demand.get(member.class_name, 0) + member.count
     vgpu = sorted(name for name in demand if classes[name].mode is Mode.VGPU)
     if len(vgpu) > 1:

@@ -140,9 +140,6 @@ class NodeInfo:
 class ClassInfo:
     """A GPUClass spec. ``deleting`` is True once the object has a deletion timestamp: the
     class then keeps serving its Bound, Attached and Lost claims and refuses Pending ones.
-    ``shadowed_by`` names an older class that serves the same resource name on overlapping
-    nodes (two classes created at once, each admitted before the other was stored): this
-    one takes no new orders while that one is there, as a class being deleted.
 
     ``max_count`` is the spec value as written (None when absent); the model resolves it by
     ``keys.effective_max_count`` against the largest node serving the class.
@@ -156,7 +153,6 @@ class ClassInfo:
     tolerations: tuple[Toleration, ...] = ()
     on_cordon: OnCordon = OnCordon.MOVE
     deleting: bool = False
-    shadowed_by: str = ""
 
     def tolerates(self, taint: Taint) -> bool:
         return any(t.tolerates(taint) for t in self.tolerations)
@@ -345,7 +341,6 @@ class Reason(StrEnum):
 
     CLASS_MISSING = "ClassMissing"
     CLASS_DELETING = "ClassDeleting"
-    RESOURCE_NAME_SHARED = "ResourceNameShared"
     MAX_COUNT_EXCEEDED = "MaxCountExceeded"
     VGPU_CLASSES_MIXED = "VGPUClassesMixed"
     VGPU_NOT_ENTITLED = "VGPUNotEntitled"

@@ -195,7 +195,7 @@ def class_resource_name(gpu_class: Obj) -> str:
     return str((source.get("devicePlugin") or {}).get("resourceName", ""))
 
 
-def class_info(gpu_class: Obj, shadowed_by: str = "") -> ClassInfo:
+def class_info(gpu_class: Obj) -> ClassInfo:
     spec = gpu_class.get("spec") or {}
     return ClassInfo(
         name=name_of(gpu_class),
@@ -214,7 +214,6 @@ def class_info(gpu_class: Obj, shadowed_by: str = "") -> ClassInfo:
         ),
         on_cordon=OnCordon(spec.get("onCordon") or OnCordon.MOVE.value),
         deleting=bool(meta(gpu_class).get("deletionTimestamp")),
-        shadowed_by=shadowed_by,
     )
 
 

@@ -307,41 +307,6 @@ def test_a_class_being_deleted_serves_held_claims_and_refuses_pending(env: Env) 
     )  # fmt: skip
 
 
-def test_of_two_classes_created_at_once_the_newer_takes_no_orders_while_the_older_exists(
-    env: Env,
-) -> None:
-    """The class webhook judges against the classes stored and writes nothing, so two
-    classes of one resource name on overlapping nodes, created at the same moment through
-    two replicas, are both stored (here: no webhook in front). The older serves; the newer
-    says why it offers nothing, and an order of it waits with the reason, until the older
-    is gone."""
-    env.node("n1", 4)
-    older = env.gpu_class("first")
-    newer = env.gpu_class("second")
-
-    def said() -> dict[str, Any] | None:
-        obj = env.kube.custom.get_cluster_custom_object(
-            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, newer
-        )
-        cond = condition(obj, keys.CONDITION_AVAILABLE)
-        return obj if cond.get("reason") == "ResourceNameShared" else None
-
-    shadowed = wait_for(said, what=f"class {newer} shadowed by {older}")
-    assert shadowed["status"]["free"] == 0
-    assert older in condition(shadowed, keys.CONDITION_AVAILABLE)["message"]
-    env.kube.claim(env.tenant, "late", newer, 1)
-    _refusal(env, "late", "ResourceNameShared")
-    env.kube.claim(env.tenant, "served", older, 1)
-    env.wait_phase("served", "Bound")
-    env.kube.custom.delete_namespaced_custom_object(
-        keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_CLAIMS, "served"
-    )
-    env.kube.custom.delete_cluster_custom_object(
-        keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, older
-    )
-    env.wait_phase("late", "Bound", timeout=30)
-
-
 def test_class_status_shows_free_units_and_nothing_else(env: Env) -> None:
     first = env.node("n1", 4)
     env.node("n2", 2)

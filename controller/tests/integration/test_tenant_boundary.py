@@ -178,38 +178,6 @@ def test_a_forged_review_in_the_default_install_changes_nothing_and_refuses_noth
     assert len(started["spec"]["domain"]["devices"]["gpus"]) == 1, started["spec"]
 
 
-def test_a_forged_class_review_records_nothing_and_refuses_no_class_of_the_hosters(
-    replica: Replica, tenants: tuple[Kube, str, str, Corner]
-) -> None:
-    """The GPUClass webhook used to record every class it admitted (for 60 s, in a
-    ConfigMap) so that two classes created at once were judged against each other: a
-    guest's forged review put a class that never exists there, and the hoster's own class
-    of that resource name was refused while it stayed. It now writes nothing; two classes
-    created at once are the binder's to settle."""
-    _attacker, _own, _other, corner = tenants
-    resource = corner.resource("H100")
-    forged = {
-        "kind": {"group": keys.GROUP, "version": keys.VERSION, "kind": keys.KIND_CLASS},
-        "resource": {"group": keys.GROUP, "version": keys.VERSION,
-                     "resource": keys.PLURAL_CLASSES},
-        "name": "forged",
-        "operation": "CREATE",
-        "userInfo": {"username": "kubernetes-admin"},
-        "object": {
-            "apiVersion": keys.API_VERSION, "kind": keys.KIND_CLASS,
-            "metadata": {"name": "forged"},
-            "spec": {"mode": "passthrough", "source": {"devicePlugin": {"resourceName": resource}}},
-        },
-        "dryRun": False,
-    }  # fmt: skip
-    for _round in range(3):
-        assert replica.review("/validate-gpuclass", forged)["allowed"]
-    maps = corner.kube.core.list_namespaced_config_map(replica.namespace).items
-    assert [m.metadata.name for m in maps if "admission" in m.metadata.name] == []
-    # The hoster's own class of that resource name, on every node, is admitted.
-    corner.gpu_class("h100", resource, selector={})
-
-
 def test_a_guest_cannot_forge_an_admission_review(client_auth: tuple[Kube, Replica]) -> None:
     """A guest that reaches the webhook port sends the review the API server would send for
     a VMI naming another tenant's claim. Without a client certificate of the API server's

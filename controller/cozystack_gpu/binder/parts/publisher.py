@@ -208,9 +208,7 @@ class Publisher(BinderPart):
             if self.handle.writing((ClassStatus.what, "", name)):
                 continue
             numbers = self.snapshot.class_status(name)
-            info = self.snapshot.gpu_class(name)
-            shadowed_by = info.shadowed_by if info is not None else ""
-            body = class_status.class_status_body(obj, numbers, now, kept, shadowed_by)
+            body = class_status.class_status_body(obj, numbers, now, kept)
             if body is not None:
                 self.handle.send(ClassStatus(name, body))
 

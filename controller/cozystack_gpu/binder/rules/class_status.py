@@ -24,30 +24,15 @@ def class_status_body(
     numbers: ClassStatus,
     now: float,
     kept: bool = False,
-    shadowed_by: str = "",
 ) -> dict[str, Any] | None:
     """The status a class should show, or None when it already does.
 
     Only free, maxFreePerNode and conditions: every authenticated user reads GPUClass, so
     no node names and no other counts go here (they go to metrics). A class being deleted
-    says whether claims still hold its units (``kept``): neither names nor counts. A class
-    an older one shadows (``shadowed_by``: the same resource name on overlapping nodes,
-    both created at once) offers nothing: 0 free, and why.
+    says whether claims still hold its units (``kept``): neither names nor counts.
     """
     current = class_obj.get("status") or {}
-    if shadowed_by and not meta(class_obj).get("deletionTimestamp"):
-        numbers = ClassStatus(free=0, max_free_per_node=0)
-        cond = condition(
-            keys.CONDITION_AVAILABLE,
-            False,
-            ClassReason.RESOURCE_NAME_SHARED,
-            f"class {shadowed_by} serves the same resource name on overlapping nodes and was "
-            "created first (the two were created at once): this class takes no orders while "
-            f"{shadowed_by} exists; delete one of them, or give them nodeSelectors that do "
-            "not overlap",
-            now,
-        )
-    elif meta(class_obj).get("deletionTimestamp"):
+    if meta(class_obj).get("deletionTimestamp"):
         cond = condition(
             keys.CONDITION_AVAILABLE,
             False,

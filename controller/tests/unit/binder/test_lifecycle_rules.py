@@ -301,16 +301,6 @@ def test_class_status_carries_free_numbers_only_and_skips_unchanged_writes() -> 
     assert empty is not None and empty["status"]["conditions"][0]["reason"] == "NoFreeUnits"
 
 
-def test_a_shadowed_class_offers_nothing_and_says_which_class_serves() -> None:
-    obj: dict[str, Any] = {"metadata": {"name": "b"}}
-    body = class_status.class_status_body(obj, ClassStatus(5, 3), NOW, shadowed_by="a")
-    assert body is not None
-    assert (body["status"]["free"], body["status"]["maxFreePerNode"]) == (0, 0)
-    cond = body["status"]["conditions"][0]
-    assert (cond["status"], cond["reason"]) == ("False", "ResourceNameShared")
-    assert cond["message"].startswith("class a serves the same resource name")
-
-
 @pytest.mark.parametrize(
     ("phase", "template", "wanted"),
     [("Bound", False, True), ("Attached", False, True), ("Lost", False, False),

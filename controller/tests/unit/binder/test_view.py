@@ -50,25 +50,6 @@ def test_a_write_answered_before_the_deletion_cannot_bring_the_object_back() -> 
     assert view.gpu_class("h100") == _class(12)
 
 
-def test_of_two_classes_of_one_resource_name_the_newer_is_shadowed_while_the_older_exists() -> None:
-    """Created at the same moment through two replicas, both were admitted: the view lets
-    the older serve and the newer take no orders, and the newer serves once the older goes."""
-    view = _view()
-    older = _class(3, creationTimestamp="2026-12-06T10:00:00Z")
-    newer = _class(4, creationTimestamp="2026-12-06T10:00:01Z")
-    newer["metadata"]["name"] = "h100-b"
-    view.apply(keys.GPU_CLASS.kind, newer, deleted=False)
-    view.apply(keys.GPU_CLASS.kind, older, deleted=False)
-    assert view.take_dirty().classes == {"h100", "h100-b"}, "every class is judged again"
-    newer_info, older_info = view.class_info("h100-b"), view.class_info("h100")
-    assert newer_info is not None and newer_info.shadowed_by == "h100"
-    assert older_info is not None and older_info.shadowed_by == ""
-    view.apply(keys.GPU_CLASS.kind, _class(5), deleted=True)
-    assert "h100-b" in view.take_dirty().classes
-    served = view.class_info("h100-b")
-    assert served is not None and served.shadowed_by == ""
-
-
 def _claim(
     name: str,
     *,

@@ -72,15 +72,3 @@ def test_the_refusal_names_the_member_it_is_about() -> None:
     )
     _demand, held = judge_set_shape([SetMember("a", 1, order=False)], classes, max_count=True)
     assert held is None, "units already held of a class being deleted stay"
-
-
-def test_a_shadowed_class_takes_no_new_orders_and_keeps_what_it_holds() -> None:
-    classes = {"b": ClassShape(Mode.PASSTHROUGH, deleting=False, max_count=None, shadowed_by="a")}
-    _demand, order = judge_set_shape([SetMember("b", 1, order=True)], classes, max_count=True)
-    assert order is not None and order.reason is Reason.RESOURCE_NAME_SHARED
-    assert order.message.startswith(
-        "class b serves the same resource name as class a on overlapping nodes"
-    )
-    assert "the hoster deletes one of them" in order.message
-    _demand, held = judge_set_shape([SetMember("b", 1, order=False)], classes, max_count=True)
-    assert held is None, "units already held of a shadowed class stay"

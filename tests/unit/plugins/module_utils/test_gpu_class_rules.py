@@ -57,22 +57,3 @@ def test_a_class_without_a_resource_name_never_conflicts():
     assert rules.resource_name_conflicts("x", {"mode": "vgpu"}, [("y", {"mode": "vgpu"})]) == []
     assert rules.resource_name_of(None) is None
     assert rules.resource_name_of({"source": {"devicePlugin": {"resourceName": ""}}}) is None
-
-
-def test_of_two_classes_created_at_once_the_older_serves_and_the_newer_is_shadowed():
-    """The webhook judges against the classes stored, so two created at the same moment
-    are both admitted; the binder lets the first created serve (the name breaks a tie)."""
-    others = [
-        ("older", spec(pool="l40s"), "2026-12-06T10:00:00Z"),
-        ("same-second", spec(pool="l40s"), "2026-12-06T10:00:05Z"),
-        ("elsewhere", spec(pool="h100"), "2026-12-06T09:00:00Z"),
-    ]
-    assert rules.shadowing_class("mine", spec(pool="l40s"), "2026-12-06T10:00:05Z", others) == (
-        "older"
-    )
-    assert rules.shadowing_class("older", spec(pool="l40s"), "2026-12-06T10:00:00Z", others) == ""
-    # Created in the same second: the name decides, so exactly one of the two serves.
-    assert rules.shadowing_class("a", spec(), "2026-12-06T10:00:05Z", [
-        ("b", spec(), "2026-12-06T10:00:05Z")]) == ""  # fmt: skip
-    assert rules.shadowing_class("b", spec(), "2026-12-06T10:00:05Z", [
-        ("a", spec(), "2026-12-06T10:00:05Z")]) == "a"  # fmt: skip
