@@ -129,7 +129,6 @@ def build_world(kube: Kube, test_id: str, *, nodes: int = 6, gpus: int = 8) -> W
 
 class VMStage(Enum):
     NEW = "new"
-    ATTACHED = "attached"
     VMI = "vmi"
     POD = "pod"
     RUNNING = "running"
@@ -425,8 +424,7 @@ class Load:
 
     def _advance(self, vm: VM) -> None:
         steps: dict[VMStage, Callable[[VM], None]] = {
-            VMStage.NEW: self._attach,
-            VMStage.ATTACHED: self._create_vmi,
+            VMStage.NEW: self._create_vmi,
             VMStage.VMI: self._create_pod,
             VMStage.POD: self._run_when_scheduled,
             VMStage.RUNNING: self._stop_when_due,
@@ -435,11 +433,6 @@ class Load:
         step = steps.get(vm.stage)
         if step is not None:
             step(vm)
-
-    def _attach(self, vm: VM) -> None:
-        """Nothing to write: the VMI webhook writes nothing, and the binder attaches the
-        claim once it sees the VMI stored (with or without webhooks in front)."""
-        vm.stage = VMStage.ATTACHED
 
     def _create_vmi(self, vm: VM) -> None:
         labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE, RUN_LABEL: self.world.id}
