@@ -414,9 +414,7 @@ def held_claim_refusal(
             f"in {keys.ANNOTATION_MEMBER_TEMPLATES} instead, or order a claim of your own",
         )
     if meta(claim).get("deletionTimestamp"):
-        return Refusal(
-            AdmissionReason.CLAIM_BEING_DELETED, f"GPUClaim {claim_name} is being deleted"
-        )
+        return Refusal(AdmissionReason.CLAIM_BEING_DELETED, attachment.being_deleted(claim_name))
     status = claim.get("status") or {}
     attached_to = status.get("attachedTo")
     if attached_to and attached_to != vmi_name:

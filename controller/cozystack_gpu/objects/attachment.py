@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from cozystack_gpu import keys
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import VMIState, name_of, timestamp
@@ -127,6 +128,15 @@ def vmi_live(
         return False
     verdict = attachment_verdict(attached, vmi, now, grace, seen_at, name_of(claim))
     return verdict in LIVE_VERDICTS
+
+
+def being_deleted(claim_name: str) -> str:
+    """Why a VM cannot start on a claim being deleted (the webhook's refusal and the gate's
+    note say the same)."""
+    return (
+        f"GPUClaim {claim_name} is being deleted; remove it from the VM's "
+        f"{keys.ANNOTATION_CLAIMS} annotation, or order another claim"
+    )
 
 
 def attached_elsewhere(claim_name: str, attached_to: str) -> str:

@@ -282,8 +282,7 @@ def held_claim_wait(claim_name: str, claim: Obj | None, vmi_name: str) -> tuple[
     if not attached_to and meta(claim).get("deletionTimestamp"):
         return (
             keys.AdmissionReason.CLAIM_BEING_DELETED.value,
-            f"GPUClaim {claim_name} is being deleted; remove it from the VM's "
-            f"{keys.ANNOTATION_CLAIMS} annotation, or order another claim",
+            attachment.being_deleted(claim_name),
         )
     return None
 

@@ -154,7 +154,10 @@ def test_a_claim_attached_to_another_vmi_is_refused_even_when_attached() -> None
 
 def test_a_claim_being_deleted_is_refused() -> None:
     result = judge(vmi(), ClaimsRequest(("a",)), facts(claim("a", deleting=True)))
-    assert refusal(result) == "GPUClaim a is being deleted"
+    assert refusal(result) == (
+        "GPUClaim a is being deleted; remove it from the VM's gpu.cozystack.io/claims "
+        "annotation, or order another claim"
+    )
 
 
 def test_claims_on_different_nodes_are_refused_naming_each_node() -> None:
