@@ -694,3 +694,21 @@ def test_a_young_template_claim_waits_for_its_vmi_and_an_order_is_never_deleted(
     assert protection.template_left_over(order, gone, NOW, GRACE) is None
     deleting = _made_for("vmi-1", deletionTimestamp=translate.rfc3339(NOW))
     assert protection.template_left_over(deleting, gone, NOW, GRACE) is None
+
+
+def test_the_gate_says_why_a_held_claim_cannot_become_this_vmis() -> None:
+    """A tenant's race or delete between admission and the binder's attachment: the
+    launcher pod waits, and its VMI hears which claim and why."""
+    elsewhere = gate.held_claim_wait("c", claim("Attached", "other"), "vm")
+    assert elsewhere is not None and elsewhere[0] == "ClaimAttachedElsewhere"
+    assert "attached to VirtualMachineInstance other" in elsewhere[1]
+    deleting = gate.held_claim_wait(
+        "c", claim("Bound", deletionTimestamp="2027-01-01T00:00:00Z"), "vm"
+    )
+    assert deleting is not None and deleting[0] == "ClaimBeingDeleted"
+    assert deleting[1].startswith("GPUClaim c is being deleted; remove it from the VM's")
+    # Its own claim, attached or about to be (a deletion after the attachment waits for it).
+    assert gate.held_claim_wait("c", claim("Bound"), "vm") is None
+    mine = claim("Attached", "vm", deletionTimestamp="2027-01-01T00:00:00Z")
+    assert gate.held_claim_wait("c", mine, "vm") is None
+    assert gate.held_claim_wait("c", None, "vm") is None  # the gate says "does not exist"
