@@ -69,6 +69,17 @@ CONTROLLERS = (
     # chart's tenant roles aggregate into them.
     "clusterrole-aggregation-controller",
 )
+# What a chart's pods need on a plane with a real node (``node``): the Deployment's
+# ReplicaSet, the DaemonSet's pods, the Service's EndpointSlices (kube-apiserver calls the
+# webhooks at them, with aggregator routing) and the PodDisruptionBudget's status.
+WORKLOAD_CONTROLLERS = (
+    *CONTROLLERS,
+    "deployment-controller",
+    "replicaset-controller",
+    "daemonset-controller",
+    "endpointslice-controller",
+    "disruption-controller",
+)
 # Clients first, the API server before its storage.
 STOP_ORDER = (VIRT_CONTROLLER, VIRT_API, SCHEDULER, CONTROLLER_MANAGER, "kube-apiserver", "etcd")
 # High enough that neither component's client is ever the limit of a test or benchmark
@@ -152,6 +163,8 @@ class ControlPlane:
     webhook_client_ca: Path | None = None
     # kube-apiserver's audit log, when ``start`` was given rules to log.
     audit_log: Path | None = None
+    # The controllers kube-controller-manager runs (``start_controller_manager``).
+    controllers: tuple[str, ...] = CONTROLLERS
 
     # --- clients ---------------------------------------------------------------------
 
@@ -307,7 +320,7 @@ class ControlPlane:
         )
 
     def start_controller_manager(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Starts kube-controller-manager with ``CONTROLLERS`` (no-op when it runs), and waits
+        """Starts kube-controller-manager with ``controllers`` (no-op when it runs), and waits
         until its service-account controller has made ``default/default``: from then on, pods
         pass the ServiceAccount admission plugin in namespaces it has seen."""
         if not self.running(CONTROLLER_MANAGER):
@@ -317,7 +330,7 @@ class ControlPlane:
                 [
                     str(self.bin_dir / CONTROLLER_MANAGER),
                     f"--kubeconfig={self.kubeconfig}",
-                    f"--controllers={','.join(CONTROLLERS)}",
+                    f"--controllers={','.join(self.controllers)}",
                     # The token controller signs with the key the API server verifies with.
                     f"--service-account-private-key-file={pki / 'sa.key'}",
                     f"--root-ca-file={self.ca_file}",
@@ -433,6 +446,7 @@ def start(
     extra_apiserver_args: tuple[str, ...] = (),
     scheduler: bool = False,
     controller_manager: bool = False,
+    controllers: Sequence[str] = CONTROLLERS,
     crds: Sequence[Path] = (),
     webhook_client_auth: bool = False,
     audit: Sequence[Mapping[str, Any]] = (),
@@ -449,6 +463,9 @@ def start(
 
     detach=False ties every process to the calling process (they die with it, even on
     SIGKILL); detach=True starts them in their own session for `cluster up`.
+
+    ``controllers``: what kube-controller-manager runs (``WORKLOAD_CONTROLLERS`` where a
+    real node runs a chart's pods).
 
     ``audit``: audit policy rules; what they match is logged to ``ControlPlane.audit_log``
     (every later stage than RequestReceived), and nothing else.
@@ -488,6 +505,7 @@ def start(
         _owns_workdir=owns,
         webhook_client_ca=webhook_client_ca,
         audit_log=audit_log,
+        controllers=tuple(controllers),
     )
 
     etcd_args = plane_config.etcd_args(bin_dir, workdir, etcd_client, etcd_peer)

@@ -101,14 +101,20 @@ CHART_RELEASE = ("cozystack-gpu", "cozy-gpu")
 
 
 def _hand_crds_to_helm(plane: ControlPlane) -> None:
-    """Mark the gpu CRDs as the chart release's, so a later `helm install` of the chart
-    into this plane adopts them instead of refusing objects it does not own."""
+    hand_crds_to_helm(plane.api_client(), *CHART_RELEASE)
+
+
+def hand_crds_to_helm(api: Any, release: str, namespace: str) -> None:
+    """Mark the gpu CRDs (those installed) as the chart release's, so a later `helm install`
+    of the chart into this plane adopts them instead of refusing objects it does not own."""
     from kubernetes import client
 
-    ext = client.ApiextensionsV1Api(plane.api_client())
-    release, namespace = CHART_RELEASE
+    ext = client.ApiextensionsV1Api(api)
+    installed = {c.metadata.name for c in ext.list_custom_resource_definition().items}
     for path in sorted(CRD_DIR.glob("*.yaml")):
         for crd in load_manifests(path):
+            if crd["metadata"]["name"] not in installed:
+                continue
             ext.patch_custom_resource_definition(
                 crd["metadata"]["name"],
                 {

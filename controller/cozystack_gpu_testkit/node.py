@@ -12,10 +12,13 @@ What the plane lacks for a node, ``start`` supplies: a client certificate for ku
 the plane's CA (``system:node:<name>``), the ``not-ready`` taint removed once Ready (no
 node-lifecycle controller runs), and the ``kube-root-ca.crt`` ConfigMap in every namespace
 (the real root-ca-certificate-publisher controller, in a kube-controller-manager of the
-node's own: pods with a service-account token wait for it). Pods reach kube-apiserver only
-with ``hostNetwork`` and ``KUBERNETES_SERVICE_HOST=127.0.0.1`` (no kube-proxy; the API
-server listens on loopback). The node carries the taint ``NODE_TAINT``, so the plane's
-scheduler places nobody else's pods on it; tests bind their pods with ``nodeName``.
+node's own: pods with a service-account token wait for it). Pods reach kube-apiserver as in
+a cluster, at the ``kubernetes`` Service's cluster IP that kubelet gives them: no kube-proxy
+runs, so the node routes that one Service itself (``node_host.route_service``, one nat rule
+from the pods' bridge to the API server's loopback address). Other Services are not routed
+for pods; kube-apiserver reaches a webhook Service's pods at their addresses (aggregator
+routing). The node carries the taint ``NODE_TAINT``, so the plane's scheduler places nobody
+else's pods on it; pods that tolerate it may be scheduled there or bound with ``nodeName``.
 
 Images come from OCI archives (``import_image``, ``podman save --format oci-archive``):
 no registry is reachable; pods use ``imagePullPolicy: Never``.
@@ -217,6 +220,24 @@ class RealNode:
                 raise NodeError(f"containerd did not answer in {timeout:.0f} s")
             time.sleep(0.1)
 
+    def _route_api_service(self, timeout: float = 30.0) -> None:
+        """The ``kubernetes`` Service's cluster IP and port (what kubelet gives every pod as
+        ``KUBERNETES_SERVICE_HOST``/``_PORT``) lead from the node's pods to kube-apiserver,
+        whose serving certificate names that address."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                service = self.plane.get_json("/api/v1/namespaces/default/services/kubernetes")
+                break
+            except urllib.error.HTTPError as exc:
+                # kube-apiserver makes the Service shortly after it is ready.
+                if exc.code != 404 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        port = int(service["spec"]["ports"][0]["port"])
+        target = self.plane.server.removeprefix("https://")
+        node_host.route_service(node_config.BRIDGE, service["spec"]["clusterIP"], port, target)
+
     def _start_ca_publisher(self) -> None:
         plane = self.plane
         self._spawn(
@@ -400,6 +421,9 @@ def _bring_up(node: RealNode, images: Sequence[Path], timeout: float) -> None:
         taints=[NODE_TAINT],
     )
     node_host.make_bridge(node_config.BRIDGE, f"{node_config.NODE_IP}/{node_config.NODE_IP_PREFIX}")
+    host.routes_services = True
+    host.save()
+    node._route_api_service()
     node._start_containerd()
     for archive in (node.bin_dir / PAUSE_ARCHIVE, *images):
         node.import_image(archive)

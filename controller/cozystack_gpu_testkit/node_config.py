@@ -161,8 +161,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 def cni_conflist(layout: Layout) -> dict[str, Any]:
     """The pods' network: a bridge with host-local addresses whose state stays in the
-    node's directory. No masquerading and no port mapping: nothing leaves the machine, and
-    the node touches no iptables rule."""
+    node's directory. No masquerading and no port mapping: nothing leaves the machine. The
+    pods' one route out is to the Services' addresses, through the bridge, where the node
+    routes the ``kubernetes`` Service (``node_host.route_service``)."""
     return {
         "cniVersion": "1.0.0",
         "name": CNI_NETWORK,
@@ -175,6 +176,7 @@ def cni_conflist(layout: Layout) -> dict[str, Any]:
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": POD_SUBNET}]],
+                    "routes": [{"dst": plane_config.SERVICE_CIDR}],
                     "dataDir": str(layout.cni_data_dir),
                 },
             },

@@ -317,6 +317,40 @@ def make_bridge(name: str, address: str) -> None:
     subprocess.run(["ip", "link", "set", name, "up"], check=True)
 
 
+# The node's own nat chain: kube-proxy's work for the one Service its pods need.
+SERVICE_CHAIN = "CGPU-NODE-SERVICES"
+
+
+def _nat(*args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["iptables", "-w", "5", "-t", "nat", *args], capture_output=True, check=check
+    )
+
+
+def route_service(bridge: str, cluster_ip: str, port: int, target: str) -> None:
+    """Pods on ``bridge`` reach ``cluster_ip:port`` at ``target`` (``address:port``), as
+    kube-proxy would route a Service; no kube-proxy runs here. The target may be loopback
+    (kube-apiserver of the test plane listens there): the bridge then accepts packets
+    rewritten to 127.0.0.1 (``route_localnet``, a setting of the bridge that goes with it)."""
+    remove_service_routes(bridge)
+    _nat("-N", SERVICE_CHAIN)
+    _nat(
+        "-A", SERVICE_CHAIN, "-d", f"{cluster_ip}/32", "-p", "tcp", "--dport", str(port),
+        "-j", "DNAT", "--to-destination", target,
+    )  # fmt: skip
+    _nat("-I", "PREROUTING", "-i", bridge, "-j", SERVICE_CHAIN)
+    if target.startswith("127."):
+        Path("/proc/sys/net/ipv4/conf", bridge, "route_localnet").write_text("1\n")
+
+
+def remove_service_routes(bridge: str) -> None:
+    """Removes what ``route_service`` added (no-op when it is not there)."""
+    while _nat("-D", "PREROUTING", "-i", bridge, "-j", SERVICE_CHAIN, check=False).returncode == 0:
+        pass
+    _nat("-F", SERVICE_CHAIN, check=False)
+    _nat("-X", SERVICE_CHAIN, check=False)
+
+
 def delete_link(name: str) -> None:
     """Deletes a network interface of the host's namespace (the node's pod bridge)."""
     if Path("/sys/class/net", name).exists():
@@ -355,6 +389,8 @@ class HostRecord:
     cgroups: list[Path] = field(default_factory=list)
     bridge: str = ""
     network: str = ""
+    # Set once the node routes a Service for its pods (``route_service``).
+    routes_services: bool = False
 
     def record(self) -> None:
         self.sysctls.record()
@@ -373,6 +409,7 @@ class HostRecord:
             "cgroups": [str(p) for p in self.cgroups],
             "bridge": self.bridge,
             "network": self.network,
+            "routes_services": self.routes_services,
         }
         path.write_text(json.dumps(body, indent=1))
 
@@ -389,13 +426,14 @@ class HostRecord:
             cgroups=[Path(p) for p in body["cgroups"]],
             bridge=body["bridge"],
             network=body["network"],
+            routes_services=bool(body.get("routes_services", False)),
         )
 
     def put_back(self, containers: set[str], *, remove_workdir: bool) -> list[str]:
         """Kills the shims still serving the node's socket, unmounts everything under its
-        work directory, removes its cgroups (killing what is left in them), its bridge and
-        CNI results, new host-path entries and iptables chains, restores the sysctls; what
-        could not be put back."""
+        work directory, removes its cgroups (killing what is left in them), its Service
+        routes, its bridge and CNI results, new host-path entries and iptables chains,
+        restores the sysctls; what could not be put back."""
         problems = []
         # containerd keeps each task's bundle under its state directory (the socket's), named
         # by the container's id: the sandboxes whose CNI results may be left.
@@ -406,6 +444,8 @@ class HostRecord:
         left = remove_cgroups(self.cgroups)
         if left:
             problems.append(f"cgroups left: {', '.join(map(str, left))}")
+        if self.routes_services:
+            remove_service_routes(self.bridge)
         if self.bridge:
             delete_link(self.bridge)
         if self.network:

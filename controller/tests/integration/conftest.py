@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from admission_env import Replica, serving
 from binder_env import GRACE_S, Corner, Env
+from real_node_env import build_controller_image, start_plane
 
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu_testkit import cluster, tenants
 from cozystack_gpu_testkit import kubevirt as kubevirt_kit
-from cozystack_gpu_testkit import tenants
+from cozystack_gpu_testkit import node as node_kit
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds
 
 _KUBEVIRT_WEBHOOKS: list[contextlib.ExitStack] = []
@@ -106,3 +109,29 @@ def vms(
     its namespaces go."""
     yield env
     kubevirt_kit.removes_vms(env.kube, env.tenant)
+
+
+@pytest.fixture(scope="session")
+def node_plane() -> Iterator[cluster.ControlPlane]:
+    """The real node's own control plane (``real_node_env``)."""
+    plane = start_plane()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node(node_plane: cluster.ControlPlane) -> Iterator[node_kit.RealNode]:
+    """The session's one real node: started by the first test that asks, stopped with the
+    session (its host state put back)."""
+    started = time.monotonic()
+    with node_kit.running(node_plane) as made:
+        print(f"[real node] {made.name} Ready in {time.monotonic() - started:.1f} s")
+        yield made
+
+
+@pytest.fixture(scope="session")
+def controller_image(real_node: node_kit.RealNode, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The controller image of this tree, in the real node's containerd."""
+    return build_controller_image(real_node, tmp_path_factory.mktemp("controller-image"))

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,41 +30,27 @@ from typing import Any
 import grpc
 import pytest
 from kubernetes import client
+from real_node_env import delete_namespace, fresh_namespace, pause_pod, wait_running
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu.agent.podresources.client import DeviceSet, PodResourcesClient, generated
 from cozystack_gpu_testkit import cluster, device_plugin, node_config, sysfs_scenarios
-from cozystack_gpu_testkit import node as real_node
+from cozystack_gpu_testkit import node as real_node_kit
 from cozystack_gpu_testkit.fake_kubelet import plugin_devices
 from cozystack_gpu_testkit.objects import install_extra_crds, wait_for
 from cozystack_gpu_testkit.ports import free_port
 
 pytestmark = pytest.mark.apiserver
 
-RUNNING_TIMEOUT_S = 60.0
-REPO = Path(__file__).resolve().parents[3]
-BUILD_IMAGE = REPO / "tools" / "build-image.sh"
 # How long the controller's container runs before the test looks at its restarts: the
 # liveness probe's initial delay, then four periods.
 LIVENESS_SEEN_S = 18.0
 
 
-@pytest.fixture(scope="module")
-def node_plane() -> Iterator[cluster.ControlPlane]:
-    plane = cluster.start(bin_dir=cluster.binary_dir(), controller_manager=True)
-    try:
-        yield plane
-    finally:
-        plane.stop()
-
-
-@pytest.fixture(scope="module")
-def node(node_plane: cluster.ControlPlane) -> Iterator[real_node.RealNode]:
-    started = time.monotonic()
-    with real_node.running(node_plane) as made:
-        print(f"[real node] {made.name} Ready in {time.monotonic() - started:.1f} s")
-        yield made
+@pytest.fixture
+def node(real_node: real_node_kit.RealNode) -> real_node_kit.RealNode:
+    return real_node
 
 
 @pytest.fixture
@@ -75,61 +59,29 @@ def core(node_plane: cluster.ControlPlane) -> client.CoreV1Api:
 
 
 @pytest.fixture
-def ns(core: client.CoreV1Api, node_plane: cluster.ControlPlane) -> str:
-    """A fresh namespace whose default ServiceAccount exists (pods need it)."""
-    name = f"rn-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name}})
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if core.list_namespaced_service_account(name).items:
-            return name
-        time.sleep(0.1)
-    raise AssertionError(f"no default ServiceAccount in {name}")
-
-
-def pause_pod(node: real_node.RealNode, name: str, *, host_network: bool) -> dict[str, Any]:
-    """A pod of the locally built pause image, bound to the real node by ``nodeName``."""
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": node.name,
-            "hostNetwork": host_network,
-            "tolerations": [{"key": real_node.NODE_TAINT["key"], "operator": "Exists"}],
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {"name": "pause", "image": node.pause_image, "imagePullPolicy": "Never"}
-            ],
-        },
-    }
-
-
-def wait_running(core: client.CoreV1Api, ns: str, name: str) -> Any:
-    deadline = time.monotonic() + RUNNING_TIMEOUT_S
-    pod = None
-    while time.monotonic() < deadline:
-        pod = core.read_namespaced_pod(name, ns)
-        statuses = pod.status.container_statuses or []
-        if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses):
-            return pod
-        assert pod.status.phase not in ("Failed", "Succeeded"), pod.status
-        time.sleep(0.2)
-    raise AssertionError(f"pod {ns}/{name} not Running in {RUNNING_TIMEOUT_S:.0f} s: {pod}")
+def ns(core: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace, deleted (its pods gone) after the test: the node is the session's."""
+    name = fresh_namespace(core)
+    try:
+        yield name
+    finally:
+        delete_namespace(core, name)
 
 
 def test_the_node_is_ready_untainted_and_keeps_its_own_taint(
-    node: real_node.RealNode, core: client.CoreV1Api
+    node: real_node_kit.RealNode, core: client.CoreV1Api
 ) -> None:
     found = core.read_node(node.name)
     ready = [c for c in found.status.conditions if c.type == "Ready"]
     assert ready and ready[0].status == "True"
     taints = {(t.key, t.effect) for t in found.spec.taints or []}
-    assert taints == {(real_node.NODE_TAINT["key"], real_node.NODE_TAINT["effect"])}
+    assert taints == {(real_node_kit.NODE_TAINT["key"], real_node_kit.NODE_TAINT["effect"])}
     assert found.status.node_info.kubelet_version.startswith("v1.")
     assert found.status.node_info.container_runtime_version.startswith("containerd://2.")
 
 
 def test_pods_of_the_local_pause_image_run_on_host_and_pod_networks(
-    node: real_node.RealNode, core: client.CoreV1Api, ns: str
+    node: real_node_kit.RealNode, core: client.CoreV1Api, ns: str
 ) -> None:
     core.create_namespaced_pod(ns, pause_pod(node, "on-host", host_network=True))
     core.create_namespaced_pod(ns, pause_pod(node, "on-bridge", host_network=False))
@@ -144,7 +96,7 @@ def test_pods_of_the_local_pause_image_run_on_host_and_pod_networks(
 
 
 def test_kubelets_pod_resources_socket_answers(
-    node: real_node.RealNode, core: client.CoreV1Api, ns: str
+    node: real_node_kit.RealNode, core: client.CoreV1Api, ns: str
 ) -> None:
     core.create_namespaced_pod(ns, pause_pod(node, "listed", host_network=True))
     wait_running(core, ns, "listed")
@@ -162,7 +114,7 @@ def test_kubelets_pod_resources_socket_answers(
 
 
 def test_a_device_plugins_devices_are_allocated_and_read_by_the_agents_client(
-    node: real_node.RealNode, core: client.CoreV1Api, ns: str
+    node: real_node_kit.RealNode, core: client.CoreV1Api, ns: str
 ) -> None:
     resource = "example.com/test-gpu"
     with device_plugin.serving(resource, ["dev-a", "dev-b"]) as plugin:
@@ -190,7 +142,7 @@ def test_a_device_plugins_devices_are_allocated_and_read_by_the_agents_client(
 
 
 def test_the_agent_reports_what_a_real_kubelet_allocated_on_a_sysfs_tree(
-    node: real_node.RealNode,
+    node: real_node_kit.RealNode,
     node_plane: cluster.ControlPlane,
     core: client.CoreV1Api,
     ns: str,
@@ -247,34 +199,7 @@ def test_the_agent_reports_what_a_real_kubelet_allocated_on_a_sysfs_tree(
     assert holders == {held: [{"namespace": ns, "name": "holder"}]}
 
 
-@pytest.fixture(scope="module")
-def controller_image(node: real_node.RealNode, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The controller image as tools/build-image.sh builds it (once per tree), saved as an
-    OCI archive and imported into the node's containerd. Other builds are kept: another
-    checkout's tests may be running theirs."""
-    built = subprocess.run(
-        ["bash", str(BUILD_IMAGE)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "COZYSTACK_GPU_IMAGE_KEEP_OTHERS": "1"},
-    )
-    assert built.returncode == 0, f"{BUILD_IMAGE} failed:\n{built.stderr[-4000:]}"
-    image = built.stdout.strip().splitlines()[-1]
-    archive = tmp_path_factory.mktemp("controller-image") / "controller.oci.tar"
-    saved = subprocess.run(
-        ["podman", "save", "--quiet", "--format", "oci-archive", "--output", str(archive), image],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert saved.returncode == 0, saved.stderr
-    node.import_image(archive)
-    archive.unlink()
-    return image
-
-
-def controller_pod(node: real_node.RealNode, image: str, ns: str, port: int) -> dict[str, Any]:
+def controller_pod(node: real_node_kit.RealNode, image: str, ns: str, port: int) -> dict[str, Any]:
     """The controller as the chart's Deployment runs it (its security contexts, its
     liveness and readiness probes), on the host's network with the API server's loopback
     address (no kube-proxy here), logging in with its service account's projected token."""
@@ -284,7 +209,7 @@ def controller_pod(node: real_node.RealNode, image: str, ns: str, port: int) -> 
         "spec": {
             "nodeName": node.name,
             "hostNetwork": True,
-            "tolerations": [{"key": real_node.NODE_TAINT["key"], "operator": "Exists"}],
+            "tolerations": [{"key": real_node_kit.NODE_TAINT["key"], "operator": "Exists"}],
             "terminationGracePeriodSeconds": 1,
             "securityContext": {
                 "runAsNonRoot": True,
@@ -337,7 +262,7 @@ def controller_pod(node: real_node.RealNode, image: str, ns: str, port: int) -> 
 
 
 def test_the_controller_image_runs_as_a_pod_and_stays_running(
-    node: real_node.RealNode,
+    node: real_node_kit.RealNode,
     node_plane: cluster.ControlPlane,
     controller_image: str,
     core: client.CoreV1Api,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from cozystack_gpu_testkit import node_config, node_host
+from cozystack_gpu_testkit import node_config, node_host, plane_config
 
 
 def test_containerd_config_keeps_everything_in_the_nodes_directory(tmp_path: Path) -> None:
@@ -41,6 +41,13 @@ def test_kubelet_config_touches_no_host_default(tmp_path: Path) -> None:
     assert config["containerRuntimeEndpoint"] == f"unix://{layout.containerd_socket}"
 
 
+def test_pods_route_only_to_the_services_through_the_bridge(tmp_path: Path) -> None:
+    (bridge, _) = node_config.cni_conflist(node_config.Layout(tmp_path))["plugins"]
+    assert bridge["isGateway"] and not bridge["ipMasq"]
+    # Their one way out is the Services' range, which the node routes for the API server's.
+    assert bridge["ipam"]["routes"] == [{"dst": plane_config.SERVICE_CIDR}]
+
+
 def test_socket_paths_fit_a_unix_socket_address() -> None:
     layout = node_config.Layout(Path("/var/tmp/cgpu-node-abcdefgh"))
     assert len(str(layout.pod_resources_socket)) < 100
@@ -57,6 +64,7 @@ def test_the_host_record_survives_its_file(tmp_path: Path) -> None:
         cgroups=[Path("/sys/fs/cgroup/cpu/n")],
         bridge="br",
         network="net",
+        routes_services=True,
     )
     record.save(tmp_path / "record.json")
     assert node_host.HostRecord.load(tmp_path / "record.json") == record
