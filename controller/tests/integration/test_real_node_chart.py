@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
 from cozystack_gpu_testkit import cluster, device_plugin, sysfs_scenarios, sysfs_tree
 from cozystack_gpu_testkit import node as node_kit
+from cozystack_gpu_testkit.answer_gap import Gap
 from cozystack_gpu_testkit.chart import CHART
 from cozystack_gpu_testkit.fake_kubelet import plugin_devices
 from cozystack_gpu_testkit.local_cluster import hand_crds_to_helm
@@ -400,5 +402,69 @@ def test_a_launcher_pods_gpu_is_pinned_allocated_by_kubelet_and_reported_by_the_
             timeout=60,
             what="the claim to be Attached to its running VMI",
         )
+    finally:
+        delete_class(kube)
+
+
+def order_webhook_answers(kube: Kube, tenant: str) -> bool:
+    """Whether the claim webhook answered a dry-run order: a refusal on the merits is an
+    answer; only a call that reached no replica is not."""
+    body = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND_CLAIM,
+        "metadata": {"name": "webhook-probe"},
+        "spec": {"class": CLASS, "count": 1},
+    }
+    try:
+        kube.custom.create_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, tenant, keys.PLURAL_CLAIMS, body, dry_run="All"
+        )
+    except ApiException as exc:
+        return "failed calling webhook" not in str(exc.body)
+    return True
+
+
+def test_a_rolling_upgrade_of_the_two_replicas_refuses_no_order_for_want_of_a_webhook(
+    installed: Installed, tenant: str
+) -> None:
+    """docs/operations.md: with the chart's two replicas and its PodDisruptionBudget one
+    replica serves while the other is replaced. The upgrade is the command operations.md
+    prints; the pod template changes as a new image changes it, so both replicas are
+    replaced, one at a time (maxSurge 1, maxUnavailable 0)."""
+    kube, plane = installed.kube, installed.plane
+    kube.gpu_class(CLASS, installed.passthrough, tolerations=[NODE_TOLERATION])
+    apps = client.AppsV1Api(kube.api)
+    selector = apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE).spec.selector.match_labels
+    label_selector = ",".join(f"{k}={v}" for k, v in selector.items())
+    before = {p.metadata.name for p in pods_of(kube, label_selector)}
+    try:
+        assert order_webhook_answers(kube, tenant)
+        with Gap(lambda: order_webhook_answers(kube, tenant), period_s=0.1) as gap:
+            helm(
+                plane,
+                "upgrade",
+                RELEASE,
+                str(CHART),
+                "-n",
+                NAMESPACE,
+                "--reset-then-reuse-values",
+                "--set",
+                f"controller.podAnnotations.rollout=r{uuid.uuid4().hex[:6]}",
+                "--wait",
+                f"--timeout={HELM_TIMEOUT}",
+            )
+            wait_for(
+                lambda: (
+                    {p.metadata.name for p in pods_of(kube, label_selector)}.isdisjoint(before)
+                    and len(pods_of(kube, label_selector)) == 2
+                ),
+                timeout=120,
+                what="both replicas replaced and the old ones gone",
+            )
+        print(
+            f"[rolling upgrade, 2 replicas, real node] webhook gap {gap.longest_s:.2f} s, "
+            f"{gap.refused} of {gap.probes} probes unanswered"
+        )
+        assert gap.refused == 0, f"{gap.refused} of {gap.probes} orders reached no replica"
     finally:
         delete_class(kube)
