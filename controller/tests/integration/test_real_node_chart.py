@@ -406,9 +406,10 @@ def test_a_launcher_pods_gpu_is_pinned_allocated_by_kubelet_and_reported_by_the_
         delete_class(kube)
 
 
-def order_webhook_answers(kube: Kube, tenant: str) -> bool:
+def order_webhook_answers(kube: Kube, tenant: str, unanswered: list[str] | None = None) -> bool:
     """Whether the claim webhook answered a dry-run order: a refusal on the merits is an
-    answer; only a call that reached no replica is not."""
+    answer; only a call that reached no replica is not (its message added to
+    ``unanswered``)."""
     body = {
         "apiVersion": keys.API_VERSION,
         "kind": keys.KIND_CLAIM,
@@ -420,7 +421,11 @@ def order_webhook_answers(kube: Kube, tenant: str) -> bool:
             keys.GROUP, keys.VERSION, tenant, keys.PLURAL_CLAIMS, body, dry_run="All"
         )
     except ApiException as exc:
-        return "failed calling webhook" not in str(exc.body)
+        if "failed calling webhook" not in str(exc.body):
+            return True
+        if unanswered is not None:
+            unanswered.append(message_of(exc))
+        return False
     return True
 
 
@@ -439,7 +444,8 @@ def test_a_rolling_upgrade_of_the_two_replicas_refuses_no_order_for_want_of_a_we
     before = {p.metadata.name for p in pods_of(kube, label_selector)}
     try:
         assert order_webhook_answers(kube, tenant)
-        with Gap(lambda: order_webhook_answers(kube, tenant), period_s=0.1) as gap:
+        unanswered: list[str] = []
+        with Gap(lambda: order_webhook_answers(kube, tenant, unanswered), period_s=0.1) as gap:
             helm(
                 plane,
                 "upgrade",
@@ -465,6 +471,8 @@ def test_a_rolling_upgrade_of_the_two_replicas_refuses_no_order_for_want_of_a_we
             f"[rolling upgrade, 2 replicas, real node] webhook gap {gap.longest_s:.2f} s, "
             f"{gap.refused} of {gap.probes} probes unanswered"
         )
-        assert gap.refused == 0, f"{gap.refused} of {gap.probes} orders reached no replica"
+        assert gap.refused == 0, (
+            f"{gap.refused} of {gap.probes} orders reached no replica: {unanswered}"
+        )
     finally:
         delete_class(kube)
