@@ -37,13 +37,13 @@ import tempfile
 import time
 import urllib.error
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cozystack_gpu_testkit import node_config, node_host
-from cozystack_gpu_testkit.cluster import ControlPlane, _die_with_parent, terminate
+from cozystack_gpu_testkit.cluster import ControlPlane, _die_with_parent, alive, terminate
 from cozystack_gpu_testkit.pki import CertificateAuthority
 from cozystack_gpu_testkit.ports import free_port
 
@@ -102,6 +102,9 @@ class RealNode:
     _owns_workdir: bool = field(default=False, repr=False)
     # Every container id ``stop`` found, sandboxes' included (their CNI results, if left).
     _containers: set[str] = field(default_factory=set, repr=False)
+    # Outlives the calling process (``make cluster``): its processes in sessions of their
+    # own, kubelet holding the machine's node lock; ``stop_detached`` stops it later.
+    detach: bool = False
 
     @property
     def pod_resources_socket(self) -> Path:
@@ -187,7 +190,9 @@ class RealNode:
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         """Starts one process, logging to ``<workdir>/<name>.log``; it dies with the calling
-        process, even on SIGKILL (containerd's shims do not: ``stop`` finds them)."""
+        process, even on SIGKILL (containerd's shims do not: ``stop`` finds them), unless
+        the node is detached. A detached kubelet holds the node lock."""
+        keeps_lock = self.detach and name == KUBELET
         with (self.layout.workdir / f"{name}.log").open("ab") as log:
             proc = subprocess.Popen(
                 args,
@@ -195,7 +200,9 @@ class RealNode:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                preexec_fn=_die_with_parent,
+                preexec_fn=None if self.detach else _die_with_parent,
+                start_new_session=self.detach,
+                pass_fds=(self._lock.fd,) if keeps_lock else (),
             )
         self.pids[name] = proc.pid
         self._procs[name] = proc
@@ -316,7 +323,14 @@ class RealNode:
 
     def running(self, name: str) -> bool:
         proc = self._procs.get(name)
-        return proc is not None and proc.poll() is None
+        if proc is not None:
+            return proc.poll() is None
+        pid = self.pids.get(name)  # a detached node's, stopped by another process
+        return pid is not None and alive(pid)
+
+    def state(self) -> dict[str, Any]:
+        """What ``stop_detached`` needs to stop this node from another process."""
+        return {"name": self.name, "workdir": str(self.layout.workdir), "pids": dict(self.pids)}
 
     def _remove_containers(self) -> None:
         """Kills and deletes every task and container (pods' and sandboxes') while
@@ -351,11 +365,16 @@ def start(
     images: Sequence[Path] = (),
     lock_timeout: float = LOCK_TIMEOUT_S,
     timeout: float = READY_TIMEOUT_S,
+    taints: Sequence[Mapping[str, str]] = (NODE_TAINT,),
+    detach: bool = False,
 ) -> RealNode:
     """Starts containerd, imports the pause image and ``images``, starts kubelet and the CA
     publisher, and waits until the Node is Ready and untainted. Waits up to ``lock_timeout``
     for another real node on this machine to stop. A node that does not come up is stopped
-    (its host state put back) before the error is raised."""
+    (its host state put back) before the error is raised.
+
+    ``taints``: the Node's own (by default ``NODE_TAINT``: only pods that tolerate it go
+    there). ``detach``: the node outlives the calling process (``RealNode.detach``)."""
     bin_dir = plane.bin_dir
     check_host(bin_dir)
     lock = node_host.NodeLock()
@@ -375,14 +394,47 @@ def start(
         pause_image=(bin_dir / PAUSE_REF_FILE).read_text().strip(),
         _lock=lock,
         _owns_workdir=owns,
+        detach=detach,
     )
     try:
-        _bring_up(node, images, timeout)
+        _bring_up(node, images, timeout, taints)
     except BaseException:
         with contextlib.suppress(NodeError):
             node.stop()
         raise
+    if detach:
+        lock.hand_over()
     return node
+
+
+def import_hint(node: RealNode) -> str:
+    """The command that puts an OCI archive into the node's containerd, for pods to run."""
+    return (
+        f"{node.bin_dir / 'ctr'} --address {node.layout.containerd_socket} "
+        f"-n {node_config.CRI_NAMESPACE} images import <image.oci.tar>"
+    )
+
+
+def stop_detached(plane: ControlPlane, state: Mapping[str, Any], timeout: float = 10.0) -> None:
+    """Stops a detached node (``RealNode.state``) from another process: its pods while
+    kubelet runs, then kubelet (the lock is free once it is gone), then the rest as
+    ``RealNode.stop`` does, the host put back from the node's record."""
+    node = RealNode(
+        plane=plane,
+        name=str(state["name"]),
+        layout=node_config.Layout(Path(state["workdir"])),
+        bin_dir=plane.bin_dir,
+        pause_image="",
+        pids={k: int(v) for k, v in state["pids"].items()},
+        _owns_workdir=True,
+        detach=True,
+    )
+    node._drain()
+    node._stop_process(KUBELET, timeout)
+    node._lock.acquire(LOCK_TIMEOUT_S)
+    if node_host.RECORD_FILE.exists():
+        node._host = node_host.HostRecord.load()
+    node.stop(timeout)
 
 
 def _clear_host() -> None:
@@ -398,7 +450,9 @@ def _clear_host() -> None:
         )
 
 
-def _bring_up(node: RealNode, images: Sequence[Path], timeout: float) -> None:
+def _bring_up(
+    node: RealNode, images: Sequence[Path], timeout: float, taints: Sequence[Mapping[str, str]]
+) -> None:
     host = node._host = node_host.HostRecord(
         workdir=node.layout.workdir,
         socket=node.layout.containerd_socket,
@@ -418,7 +472,7 @@ def _bring_up(node: RealNode, images: Sequence[Path], timeout: float) -> None:
         pause_image=node.pause_image,
         kubelet_port=free_port(),
         cgroup_root=f"/{cgroup_root}",
-        taints=[NODE_TAINT],
+        taints=[dict(t) for t in taints],
     )
     node_host.make_bridge(node_config.BRIDGE, f"{node_config.NODE_IP}/{node_config.NODE_IP_PREFIX}")
     host.routes_services = True

@@ -104,6 +104,21 @@ class NodeLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
 
+    @property
+    def fd(self) -> int:
+        """The locked descriptor: a process given it (``pass_fds``) holds the lock as long
+        as it lives, after this one has gone (a node that outlives ``make cluster``)."""
+        if self._fd is None:
+            raise NodeBusy("the lock is not held")
+        return self._fd
+
+    def hand_over(self) -> None:
+        """Closes this process's descriptor without unlocking: the process given ``fd``
+        keeps the lock."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
