@@ -1,6 +1,6 @@
 # cozystack.gpu: one entry point for setting up, testing and running the local platform.
 #   make test      set everything up on a fresh machine and run the whole suite (CI runs this)
-#   make cluster   start a real local control plane and print `export KUBECONFIG=...`
+#   make cluster   start a real local control plane (and, as root, a real node); print `export KUBECONFIG=...`
 #   make demo      the whole story on a local control plane, act by act; leaves it up
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -143,7 +143,7 @@ release-rebuild: setup binaries ## rebuild a recorded release from its commit: m
 	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python tools/release.py \
 	  rebuild $(VERSION) $(if $(SKIP_IMAGE),--skip-image)
 
-cluster: setup binaries ## a local control plane with KubeVirt, no product; prints export KUBECONFIG=...
+cluster: setup binaries ## a local control plane with KubeVirt and (as root) a real node, no product; prints export KUBECONFIG=...
 	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.local_cluster up
 
 cluster-down: setup ## stop the local control plane
