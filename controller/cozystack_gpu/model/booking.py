@@ -13,7 +13,7 @@ window is ever short of its units at its start, and no budget is over at any mom
 
 The claim an Active reservation makes (its name, Bound on its node) is counted by the
 snapshot from now on, and by its window until the window's end, when it is deleted: its
-units are given back to the snapshot's count while the window lasts (``_credit``), so
+units are given back to the snapshot's count while the window lasts (``_credited``), so
 they are counted once.
 
 Placement packs, as ``search.find_node`` does for orders: the node with the fewest units
@@ -23,7 +23,9 @@ sets. Nothing here does I/O or reads a clock: ``now`` is passed in.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -38,6 +40,7 @@ from cozystack_gpu.model.reservations import (
     ReservationPhase,
 )
 from cozystack_gpu.model.set_shape import ClassShape, SetMember, judge_set_shape, units
+from cozystack_gpu.model.timeline import Timeline
 from cozystack_gpu.model.types import ClassInfo, Placement, Reason
 
 if TYPE_CHECKING:
@@ -231,37 +234,62 @@ class _Judge:
         # Being placed again: its own units on its node are no one else's.
         self.own = self.reservation.node if self.reservation.holds_node else None
         self.limits: list[Limit] = []  # the budget keys on the way up, once judged
+        self.timelines = self.bookings.node_timelines(self.res)
+        # Kept for the refusal's words, which read the same window again.
+        self._busy: tuple[tuple[float, float], set[str]] | None = None
+        self._left: dict[tuple[str, float, float], int] = {}
+        self.active = self.bookings.active_nodes(self.res)
 
-    def free_in(self, node: str, free: int, a: float, b: float) -> int:
-        """Units of the node left at the busiest moment of ``[a, b)``; ``free`` is the
-        snapshot's free units now."""
-        booked = self.bookings.peak(node, self.res, a, b)
-        if node == self.own:
-            booked -= self.count  # ``[a, b)`` lies within its own window
-        return free + _node_credit(self.snap, self.bookings, node, self.res, self.now) - booked
+    def most(self, node: str, free: int) -> int:
+        """The most units of the node a window could have: its free units now, and an
+        Active window's claim given back."""
+        if node not in self.active:
+            return free
+        return free + _node_credit(self.snap, self.bookings, node, self.res, self.now)
+
+    def free_in(self, node: str, most: int, a: float, b: float) -> int:
+        """Units of the node left at the busiest moment of ``[a, b)``, from ``most``, its
+        units before any window (``_Judge.most``)."""
+        left = self._left.get((node, a, b))
+        if left is None:
+            timeline = self.timelines.get(node)
+            booked = timeline.peak(a, b) if timeline is not None else 0
+            if node == self.own:
+                booked -= self.count  # ``[a, b)`` lies within its own window
+            left = self._left[(node, a, b)] = most - booked
+        return left
 
     def busy(self, a: float, b: float) -> set[str]:
         """Nodes whose free units in ``[a, b)`` may differ from the snapshot's: booked
         then, or holding an Active window's claim."""
-        nodes = self.bookings.nodes_booked_in(self.res, a, b)
-        nodes.update(self.bookings.active_nodes(self.res))
-        return nodes
+        if self._busy is None or self._busy[0] != (a, b):
+            nodes = self.bookings.nodes_booked_in(self.res, a, b)
+            nodes.update(self.bookings.active_nodes(self.res))
+            self._busy = ((a, b), nodes)
+        return self._busy[1]
 
     def best_node(self, a: float, b: float) -> str | None:
         idx, count = self.idx, self.count
         own = self.own
-        if own is not None and own in idx and self.free_in(own, idx.free[own], a, b) >= count:
-            return own
+        # A window placed again keeps its node while the node takes it.
+        if own is not None and own in idx:
+            kept = self.free_in(own, self.most(own, idx.free[own]), a, b)
+            if kept >= count:
+                return own
         busy = self.busy(a, b)
         best: tuple[int, str] | None = None
+        frees = idx.free
         for node in busy:
-            free = idx.free.get(node)
-            if free is None:
+            free = frees.get(node)
+            if free is None or node == own:
                 continue
-            left = self.free_in(node, free, a, b)
+            most = self.most(node, free)
+            if most < count:
+                continue  # short even before its windows
+            left = self.free_in(node, most, a, b)
             if left >= count and (best is None or (left, node) < best):
                 best = (left, node)
-        found = idx.best(count, (lambda n: n not in busy) if busy else None)
+        found = idx.best_outside(count, busy)
         if found is not None and (best is None or (idx.free[found], found) < best):
             best = (idx.free[found], found)
         return best[1] if best is not None else None
@@ -269,11 +297,18 @@ class _Judge:
     def largest(self, a: float, b: float) -> int | None:
         """The most units one serving node has left across ``[a, b)``; None when none."""
         busy = self.busy(a, b)
-        frees = [self.free_in(n, self.idx.free[n], a, b) for n in busy if n in self.idx]
-        calm = self.idx.largest((lambda n: n not in busy) if busy else None)
-        if calm is not None:
-            frees.append(calm)
-        return max(frees) if frees else None
+        largest = self.idx.largest_outside(busy)
+        frees = self.idx.free
+        # Most first: once a node's units before its windows are no more than the largest
+        # found, no node after it has more.
+        for most, node in sorted(
+            ((self.most(n, frees[n]), n) for n in busy if n in frees), reverse=True
+        ):
+            if largest is not None and most <= largest:
+                break
+            left = self.free_in(node, most, a, b)
+            largest = left if largest is None else max(largest, left)
+        return largest
 
     def entitlement_and_budgets(
         self, a: float, b: float, settings: BookingSettings
@@ -317,6 +352,7 @@ class _Judge:
         first = self.reservation.start if not_before is None else not_before
         start = _ceil_minute(max(first, self.now))
         until = self.now + settings.max_lead
+        hint: str | None = None
         while start <= until:
             moved = False
             for limit in limits:
@@ -334,29 +370,42 @@ class _Judge:
                     break
             if moved:
                 continue
-            fits = self._earliest_node(start, length, until)
+            fits, hint = self._earliest_node(start, length, until, hint)
             if fits is None or fits == start:
                 return fits
             start = fits
         return None
 
-    def _earliest_node(self, start: int, length: int, until: float) -> int | None:
+    def _earliest_node(
+        self, start: int, length: int, until: float, hint: str | None
+    ) -> tuple[int | None, str | None]:
+        """The earliest start from ``start`` at which some node has room, and that node.
+        ``hint``, the node found last time, is asked first: after the budgets agree with
+        the start it gave, it usually still has room then."""
         idx, count = self.idx, self.count
         booked = self.bookings.node_timelines(self.res)
-        if idx.best(count, (lambda n: n not in booked) if booked else None) is not None:
-            return start
+        if idx.best_outside(count, booked.keys()) is not None:
+            return start, None
         best: int | None = None
-        for node, timeline in booked.items():
+        found: str | None = None
+        nodes: Iterable[tuple[str, Timeline]] = booked.items()
+        if hint is not None and hint in booked:
+            nodes = itertools.chain([(hint, booked[hint])], nodes)
+        for node, timeline in nodes:
             free = idx.free.get(node)
             if free is None:
                 continue
-            room = free + _node_credit(self.snap, self.bookings, node, self.res, self.now)
-            fits = timeline.earliest_fit(start, length, room - count, until)
+            room = self.most(node, free)
+            if room < count:
+                continue
+            # Only a start before the best so far is worth walking to.
+            latest = until if best is None else best - MINUTE
+            fits = timeline.earliest_fit(start, length, room - count, latest)
             if fits is not None and (best is None or fits < best):
-                best = fits
+                best, found = fits, node
                 if fits == start:
                     break
-        return best
+        return best, found
 
     def offer(self, earliest: int | None, settings: BookingSettings) -> str:
         length = span(self.reservation.length)

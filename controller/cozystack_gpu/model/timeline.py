@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import accumulate
 
 # Points per chunk before it splits in two: small enough that refreshing one is cheap,
@@ -46,11 +46,16 @@ class _Chunk:
 class Timeline:
     """A step function of time with integer values, changed by ``add``."""
 
-    __slots__ = ("_chunks", "_firsts")
+    __slots__ = ("_bases", "_chunks", "_firsts", "_highs")
 
     def __init__(self) -> None:
         self._chunks: list[_Chunk] = []
         self._firsts: list[int] = []  # each chunk's first time, for bisecting
+        # Built on the first read after a change, since reads outnumber changes: the units
+        # held before each chunk, and the highest value from each chunk on (so the peak
+        # from now on, which every order asks, reads one chunk and one number).
+        self._bases: list[int] | None = None
+        self._highs: list[int] | None = None
 
     def __bool__(self) -> bool:
         return bool(self._chunks)
@@ -70,18 +75,22 @@ class Timeline:
         if i < 0:
             return 0
         chunk = self._chunks[i]
-        held = sum(c.total for c in self._chunks[:i])
-        return held + sum(chunk.deltas[: bisect_right(chunk.times, t)])
+        return self._sums()[0][i] + sum(chunk.deltas[: bisect_right(chunk.times, t)])
 
     def peak(self, a: float, b: float = math.inf) -> int:
         """The most units held at any moment of ``[a, b)``."""
         chunks = self._chunks
+        if len(chunks) == 1:  # most nodes: a few windows, one chunk
+            times, deltas = chunks[0].times, chunks[0].deltas
+            j = bisect_right(times, a)
+            return max(accumulate(deltas[j : bisect_left(times, b, j)], initial=sum(deltas[:j])))
+        bases, highs = self._sums()
         i = bisect_right(self._firsts, a) - 1
         if i < 0:
             held = best = 0
             rest = 0
         else:
-            held = sum(c.total for c in chunks[:i])
+            held = bases[i]
             chunk = chunks[i]
             j = bisect_right(chunk.times, a)
             held += sum(chunk.deltas[:j])
@@ -92,6 +101,8 @@ class Timeline:
                 return best
             held += sum(chunk.deltas[j:])
             rest = i + 1
+        if b == math.inf:
+            return max(best, highs[rest]) if rest < len(chunks) else best
         for chunk in chunks[rest:]:
             if chunk.times[-1] < b:
                 best = max(best, held + chunk.top)
@@ -113,9 +124,17 @@ class Timeline:
         if cap < 0:
             return None
         start = s
-        held = self.value_at(s)
+        chunks = self._chunks
+        if len(chunks) == 1:  # most nodes: a few windows, one chunk
+            times, deltas = chunks[0].times, chunks[0].deltas
+            j = bisect_right(times, s)
+            held = sum(deltas[:j])
+            after: Iterable[tuple[int, int]] = zip(times[j:], deltas[j:], strict=True)
+        else:
+            held = self.value_at(s)
+            after = self._after(s)
         since = s  # the current stretch of constant value began here
-        for t, delta in self._after(s):
+        for t, delta in after:
             if since >= start + length:
                 return start
             if held > cap:
@@ -138,9 +157,18 @@ class Timeline:
         for chunk in chunks[i + 1 :]:
             yield from zip(chunk.times, chunk.deltas, strict=True)
 
+    def _sums(self) -> tuple[list[int], list[int]]:
+        if self._bases is None or self._highs is None:
+            chunks = self._chunks
+            self._bases = list(accumulate((c.total for c in chunks), initial=0))
+            tops = [base + c.top for base, c in zip(self._bases, chunks, strict=False)]
+            self._highs = list(accumulate(reversed(tops), max))[::-1]
+        return self._bases, self._highs
+
     def _bump(self, t: int, delta: int) -> None:
         if not delta:
             return
+        self._bases = self._highs = None
         chunks, firsts = self._chunks, self._firsts
         if not chunks:
             chunks.append(_Chunk([t], [delta]))

@@ -25,6 +25,7 @@ from reservation_world import (
 )
 
 from cozystack_gpu.model import Placement, Reason
+from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.booking import check_booking
 from cozystack_gpu.model.reservations import BookingRefusal, ReservationInfo
 from cozystack_gpu.model.timeline import Timeline
@@ -243,3 +244,24 @@ def test_a_timeline_answers_as_brute_force(
         None,
     )
     assert timeline.earliest_fit(a, length, cap, until) == expected
+
+
+@settings(max_examples=EXAMPLES * 5, deadline=None)
+@given(
+    frees=st.lists(st.integers(0, 8), min_size=1, max_size=120),
+    skipped=st.one_of(
+        st.sets(st.integers(0, 119), max_size=8), st.sets(st.integers(0, 119), min_size=33)
+    ),
+    need=st.integers(0, 9),
+)
+def test_best_fit_outside_a_crowd_answers_as_with_an_accept_test(
+    frees: list[int], skipped: set[int], need: int
+) -> None:
+    # Booking skips the nodes booked in its window; past a few dozen the index takes them
+    # out of each bucket as a set, which must answer as popping them off its heap does.
+    idx = ClassIndex()
+    for i, free in enumerate(frees):
+        idx.put(f"n{i:03}", free, 8)
+    skip = {f"n{i:03}" for i in skipped}
+    assert idx.best_outside(need, skip) == idx.best(need, lambda n: n not in skip)
+    assert idx.largest_outside(skip) == idx.largest(lambda n: n not in skip)
