@@ -14,11 +14,30 @@ Typical use by a controller::
     for claim in result.updates.values():    # record own writes before their events return
         snap.upsert_claim(claim)
     snap.class_status("l40s-24c")            # ClassStatus(free, max_free_per_node)
+
+Reservations (SPEC §11) hold units over a window; ``Bookings`` indexes them over time::
+
+    bookings = Bookings.build(snap, reservations)
+    decision = check_booking(snap, bookings, reservation, now)  # Placement or BookingRefusal
+    order_headroom(snap, bookings, node, resource, now)         # what an order leaves free
 """
 
+from cozystack_gpu.model.booking import (
+    budget_headroom,
+    check_booking,
+    earliest_window,
+    order_headroom,
+)
 from cozystack_gpu.model.eligibility import selector_matches, serves, untolerated_taint
 from cozystack_gpu.model.packing import MAX_MOVES, Move, Room, make_room
 from cozystack_gpu.model.planner import Action, Plan, Step, plan
+from cozystack_gpu.model.reservations import (
+    BookingRefusal,
+    Bookings,
+    BookingSettings,
+    ReservationInfo,
+    ReservationPhase,
+)
 from cozystack_gpu.model.set_placement import check_order, place_for_start, place_set
 from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import (
@@ -44,6 +63,9 @@ from cozystack_gpu.model.types import (
 __all__ = [
     "MAX_MOVES",
     "Action",
+    "BookingRefusal",
+    "BookingSettings",
+    "Bookings",
     "ClaimInfo",
     "ClaimKey",
     "ClassInfo",
@@ -59,15 +81,21 @@ __all__ = [
     "Reason",
     "Refusal",
     "RejectedNode",
+    "ReservationInfo",
+    "ReservationPhase",
     "Room",
     "Snapshot",
     "Step",
     "Taint",
     "Toleration",
     "VolumeAffinity",
+    "budget_headroom",
+    "check_booking",
     "check_order",
+    "earliest_window",
     "make_room",
     "merge_quotas",
+    "order_headroom",
     "place_for_start",
     "place_set",
     "plan",

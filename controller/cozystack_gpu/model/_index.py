@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
+
+# Up to this many names to skip, popping them off a bucket's heap is cheaper than a set
+# difference over the whole bucket.
+_FEW = 32
 
 
 class _Bucket:
@@ -121,6 +125,29 @@ class ClassIndex:
             found = self._buckets[keys[i]].first(accept)
             if found is not None:
                 return found
+        return None
+
+    def best_outside(self, need: int, skip: Set[str]) -> str | None:
+        """``best`` among the nodes not in ``skip``. A large ``skip`` (every node booked in a
+        crowded window) is taken out of each bucket by set difference, where ``best`` would
+        pop and push back every skipped name of the bucket's heap."""
+        if len(skip) <= _FEW:
+            return self.best(need, (lambda n: n not in skip) if skip else None)
+        keys = self._keys
+        for i in range(bisect_left(keys, need), len(keys)):
+            rest = self._buckets[keys[i]].members - skip
+            if rest:
+                return min(rest)
+        return None
+
+    def largest_outside(self, skip: Set[str]) -> int | None:
+        """``largest`` among the nodes not in ``skip``."""
+        if len(skip) <= _FEW:
+            return self.largest((lambda n: n not in skip) if skip else None)
+        keys = self._keys
+        for i in range(len(keys) - 1, -1, -1):
+            if not self._buckets[keys[i]].members <= skip:
+                return keys[i]
         return None
 
     def largest(self, accept: Callable[[str], bool] | None = None) -> int | None:

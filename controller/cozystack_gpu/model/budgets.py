@@ -16,6 +16,7 @@ budget check); a Pending one is judged when it binds.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from typing import NamedTuple
 
 from cozystack_gpu.keys import (
@@ -31,6 +32,40 @@ from cozystack_gpu.keys import (
 from cozystack_gpu.model.types import ClaimInfo, ClassInfo, NamespaceInfo, Reason, Refusal
 
 Table = dict[str, dict[str, int]]
+
+
+class Tally(StrEnum):
+    """Which count a budget key reads: one class, every class, or one resource name."""
+
+    CLASS = "class"
+    TOTAL = "total"
+    RESOURCE = "resource"
+
+
+def tallies(class_name: str, resource: str | None) -> tuple[tuple[Tally, str], ...]:
+    """The counts a unit of the class adds to: its class, the total and, when its class is
+    known, its resource name (which the raw keys read)."""
+    rows = ((Tally.CLASS, class_name), (Tally.TOTAL, ""))
+    return rows if resource is None else (*rows, (Tally.RESOURCE, resource))
+
+
+def tally_of_key(key: str) -> tuple[Tally, str]:
+    """The count one budget key reads: ``gpu.cozystack.io/total``, ``gpu.cozystack.io/<class>``
+    or a raw key on a resource name (``requests.<name>`` or ``<name>``)."""
+    if key == QUOTA_KEY_TOTAL:
+        return Tally.TOTAL, ""
+    class_name = class_of_quota_key(key)
+    if class_name is not None:
+        return Tally.CLASS, class_name
+    return Tally.RESOURCE, key.removeprefix(QUOTA_RAW_REQUESTS_PREFIX)
+
+
+class Limit(NamedTuple):
+    """One budget key an order must stay under: the tenant that set it, the key, its limit."""
+
+    tenant: str
+    key: str
+    limit: int
 
 
 class Charge(NamedTuple):
@@ -83,6 +118,11 @@ class Ledger:
         self._total: Table = {}  # tenant -> "" -> units
         self._by_resource: Table = {}  # tenant -> resource name -> units of claims
         self._raw: Table = {}  # tenant -> resource name -> units of raw-name pods
+        self._tables = {
+            Tally.CLASS: self._by_class,
+            Tally.TOTAL: self._total,
+            Tally.RESOURCE: self._by_resource,
+        }
 
     # --- tenants -----------------------------------------------------------------------
 
@@ -116,11 +156,12 @@ class Ledger:
 
     def charge(self, charge: Charge, sign: int) -> None:
         delta = sign * charge.units
+        rows = [
+            (self._tables[t], inner) for t, inner in tallies(charge.class_name, charge.resource)
+        ]
         for tenant in charge.ancestors:
-            bump(self._by_class, tenant, charge.class_name, delta)
-            bump(self._total, tenant, "", delta)
-            if charge.resource is not None:
-                bump(self._by_resource, tenant, charge.resource, delta)
+            for table, inner in rows:
+                bump(table, tenant, inner, delta)
 
     def _charge_raw(self, ancestors: tuple[str, ...], raw: Mapping[str, int], sign: int) -> None:
         for res, units in raw.items():
@@ -133,13 +174,14 @@ class Ledger:
         ``key`` is ``gpu.cozystack.io/<class>``, ``gpu.cozystack.io/total`` or a raw key
         (``requests.<resource>`` or ``<resource>``, raw-name pods included).
         """
-        if key == QUOTA_KEY_TOTAL:
-            return self._total.get(tenant, {}).get("", 0)
-        class_name = class_of_quota_key(key)
-        if class_name is not None:
-            return self._by_class.get(tenant, {}).get(class_name, 0)
-        res = key.removeprefix(QUOTA_RAW_REQUESTS_PREFIX)
-        return self._by_resource.get(tenant, {}).get(res, 0) + self._raw.get(tenant, {}).get(res, 0)
+        tally, inner = tally_of_key(key)
+        if tally is Tally.TOTAL:
+            return self._total.get(tenant, {}).get(inner, 0)
+        if tally is Tally.CLASS:
+            return self._by_class.get(tenant, {}).get(inner, 0)
+        return self._by_resource.get(tenant, {}).get(inner, 0) + self._raw.get(tenant, {}).get(
+            inner, 0
+        )
 
     def tables(self) -> dict[str, Table]:
         """Every tally, for comparing two ledgers of the same objects."""
@@ -188,32 +230,39 @@ class Ledger:
         extra: dict[tuple[str, str], int] = {}
         for claim in orders:
             klass = classes[claim.class_name]
-            ns = self._namespaces.get(claim.namespace)
-            if klass.mode is Mode.VGPU and (ns is None or not ns.vgpu_entitled):
-                return Refusal(
-                    Reason.VGPU_NOT_ENTITLED, vgpu_not_entitled(claim.namespace, klass.name)
-                )
+            refusal = self.entitlement_refusal(claim.namespace, klass)
+            if refusal is not None:
+                return refusal
             refusal = self._check_budget(claim, klass, extra)
             if refusal is not None:
                 return refusal
         return None
 
-    def _check_budget(
-        self, claim: ClaimInfo, klass: ClassInfo, extra: dict[tuple[str, str], int]
-    ) -> Refusal | None:
+    def entitlement_refusal(self, namespace: str, klass: ClassInfo) -> Refusal | None:
+        """A vGPU class needs the namespace's vGPU entitlement; None when it may order."""
+        ns = self._namespaces.get(namespace)
+        if klass.mode is Mode.VGPU and (ns is None or not ns.vgpu_entitled):
+            return Refusal(Reason.VGPU_NOT_ENTITLED, vgpu_not_entitled(namespace, klass.name))
+        return None
+
+    def budget_checks(self, namespace: str, klass: ClassInfo) -> tuple[list[Limit], Refusal | None]:
+        """Every budget key an order of the class in the namespace must stay under, nearest
+        tenant first; and the refusal of a raw key a tenant left without a class key, which
+        comes after the keys of the tenants below it (so those are judged first) and stops
+        the list there."""
         class_key = quota_key(klass.name)
         res = klass.resource_name
-        count = claim.count
-        for tenant in self.ancestors(claim.namespace):
+        limits: list[Limit] = []
+        for tenant in self.ancestors(namespace):
             ns = self._namespaces.get(tenant)
             if ns is None or not ns.quota:
                 continue
             quota = ns.quota
-            checks: list[tuple[str, int]] = []
+            own: list[Limit] = []
             if class_key in quota:
-                checks.append((class_key, quota[class_key]))
+                own.append(Limit(tenant, class_key, quota[class_key]))
             if QUOTA_KEY_TOTAL in quota:
-                checks.append((QUOTA_KEY_TOTAL, quota[QUOTA_KEY_TOTAL]))
+                own.append(Limit(tenant, QUOTA_KEY_TOTAL, quota[QUOTA_KEY_TOTAL]))
             for raw_key in raw_quota_keys(res):
                 if raw_key not in quota:
                     continue
@@ -224,21 +273,36 @@ class Ledger:
                 )
                 if not covered:
                     also = "" if klass.mode is Mode.VGPU else f" or {QUOTA_KEY_TOTAL}"
-                    return Refusal(
+                    return limits, Refusal(
                         Reason.RAW_KEY_UNCOVERED,
                         f"{tenant} limits {res} by quota key {raw_key} and has no "
                         f"{class_key}{also} key for class {klass.name}",
                     )
-                checks.append((raw_key, quota[raw_key]))
-            for key, limit in checks:
-                used = self.used(tenant, key) + extra.get((tenant, key), 0)
-                if used + count > limit:
-                    return Refusal(
-                        Reason.BUDGET_EXCEEDED,
-                        f"budget {key} of {tenant} ({self._level(tenant, claim.namespace)}) "
-                        f"allows {limit}: {used} in use, the order asks {count} more; "
-                        + self._who_raises(tenant),
-                    )
-            for key, _limit in checks:
-                extra[(tenant, key)] = extra.get((tenant, key), 0) + count
+                own.append(Limit(tenant, raw_key, quota[raw_key]))
+            limits += own
+        return limits, None
+
+    def over_budget(self, limit: Limit, namespace: str, held: str, asks: str) -> Refusal:
+        """The refusal of a budget key: who set it, how far above the namespace, what it
+        allows, what ``held`` already and what ``asks`` more, and who can raise it."""
+        return Refusal(
+            Reason.BUDGET_EXCEEDED,
+            f"budget {limit.key} of {limit.tenant} ({self._level(limit.tenant, namespace)}) "
+            f"allows {limit.limit}: {held}, {asks} more; " + self._who_raises(limit.tenant),
+        )
+
+    def _check_budget(
+        self, claim: ClaimInfo, klass: ClassInfo, extra: dict[tuple[str, str], int]
+    ) -> Refusal | None:
+        limits, uncovered = self.budget_checks(claim.namespace, klass)
+        count = claim.count
+        for limit in limits:
+            used = self.used(limit.tenant, limit.key) + extra.get((limit.tenant, limit.key), 0)
+            if used + count > limit.limit:
+                held, asks = f"{used} in use", f"the order asks {count}"
+                return self.over_budget(limit, claim.namespace, held, asks)
+        if uncovered is not None:
+            return uncovered
+        for limit in limits:
+            extra[(limit.tenant, limit.key)] = extra.get((limit.tenant, limit.key), 0) + count
         return None

@@ -337,7 +337,8 @@ def merge_quotas(hards: list[Mapping[str, int]]) -> dict[str, int]:
 
 
 class Reason(StrEnum):
-    """Why an order or a set does not fit: one machine reason per missing thing."""
+    """Why an order, a set or a reservation does not fit: one machine reason per missing
+    thing."""
 
     CLASS_MISSING = "ClassMissing"
     CLASS_DELETING = "ClassDeleting"
@@ -352,6 +353,11 @@ class Reason(StrEnum):
     # holds frees one node for the order (see ``packing``).
     CAPACITY_FRAGMENTED = "CapacityFragmented"
     VMI_STILL_RUNNING = "VMIStillRunning"
+    # A reservation's window (SPEC §11): it starts before now, starts later than the
+    # hoster's reservations.maxLead ahead, or lasts longer than reservations.maxLength.
+    WINDOW_IN_PAST = "WindowInPast"
+    WINDOW_TOO_FAR_AHEAD = "WindowTooFarAhead"
+    WINDOW_TOO_LONG = "WindowTooLong"
 
 
 @dataclass(frozen=True, slots=True)
