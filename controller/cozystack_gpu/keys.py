@@ -24,9 +24,11 @@ API_VERSION = GROUP + "/" + VERSION
 KIND_CLASS = "GPUClass"
 KIND_CLAIM = "GPUClaim"
 KIND_NODE = "GPUNode"
+KIND_RESERVATION = "GPUReservation"
 PLURAL_CLASSES = "gpuclasses"
 PLURAL_CLAIMS = "gpuclaims"
 PLURAL_NODES = "gpunodes"
+PLURAL_RESERVATIONS = "gpureservations"
 
 # Usage records: Cozystack's Workload, read by an external billing system.
 WORKLOAD_GROUP = "cozystack.io"
@@ -63,6 +65,7 @@ POD = ApiKind("Pod", "", "v1", "pods", True)
 GPU_CLASS = ApiKind(KIND_CLASS, GROUP, VERSION, PLURAL_CLASSES, False)
 GPU_CLAIM = ApiKind(KIND_CLAIM, GROUP, VERSION, PLURAL_CLAIMS, True)
 GPU_NODE = ApiKind(KIND_NODE, GROUP, VERSION, PLURAL_NODES, False)
+GPU_RESERVATION = ApiKind(KIND_RESERVATION, GROUP, VERSION, PLURAL_RESERVATIONS, True)
 VMI = ApiKind(
     "VirtualMachineInstance", KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances", True
 )

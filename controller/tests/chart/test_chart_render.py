@@ -525,12 +525,14 @@ def test_tenant_roles_are_aggregated_and_never_reach_gpunodes_or_status(helm: Pa
     assert manage["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
     assert "rbac.authorization.k8s.io/aggregate-to-edit" not in manage["metadata"]["labels"]
     assert read["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    # Reservations are managed as claims are (SPEC §11).
+    tenant_kinds = [keys.PLURAL_CLAIMS, keys.PLURAL_RESERVATIONS]
     assert _rules(manage) == _expand(
         keys.GROUP,
-        ["gpuclaims"],
+        tenant_kinds,
         ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"],
     )
-    assert _rules(read) == _expand(keys.GROUP, ["gpuclaims"], ["get", "list", "watch"])
+    assert _rules(read) == _expand(keys.GROUP, tenant_kinds, ["get", "list", "watch"])
     catalog = find(objects, "ClusterRole", "cozystack-gpu-catalog-read")
     assert _rules(catalog) == _expand(keys.GROUP, ["gpuclasses"], ["get", "list", "watch"])
     binding = find(objects, "ClusterRoleBinding", "cozystack-gpu-catalog-read")

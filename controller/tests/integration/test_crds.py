@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.cluster import ControlPlane
-from cozystack_gpu_testkit.objects import unless
+from cozystack_gpu_testkit.objects import Kube, unless
 
 pytestmark = pytest.mark.apiserver
 
@@ -486,6 +486,134 @@ def test_kubectl_shows_claim_printer_columns(
     out = control_plane.kubectl("get", "gpuclaims", "-n", namespace).stdout.splitlines()
     assert out[0].split() == ["NAME", "CLASS", "COUNT", "PHASE", "NODE", "AGE"]
     assert out[1].split()[:5] == ["pc", "l40s-24c", "2", "Bound", "gpu-node-7"]
+
+
+# --- GPUReservation ----------------------------------------------------------------------
+
+MONDAY_9, MONDAY_18 = "2026-12-14T09:00:00Z", "2026-12-14T18:00:00Z"
+
+
+def _reservation(
+    name: str, start: str = MONDAY_9, end: str = MONDAY_18, count: int = 8
+) -> dict[str, Any]:
+    return {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND_RESERVATION,
+        "metadata": {"name": name},
+        "spec": {"class": "h100", "count": count, "start": start, "end": end},
+    }
+
+
+def _book(api: Api, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = api.custom.create_namespaced_custom_object(
+        keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, body
+    )
+    return result
+
+
+def test_reservation_window_starts_before_it_ends_on_whole_minutes(
+    api: Api, namespace: str
+) -> None:
+    _book(api, namespace, _reservation("monday"))
+    # Any offset is a time: 10:00+01:00 is 09:00Z.
+    _book(api, namespace, _reservation("offset", start="2026-12-14T10:00:00+01:00"))
+    message = refusal(lambda: _book(api, namespace, _reservation("backwards", MONDAY_18, MONDAY_9)))
+    assert "start must be before end" in message
+    assert "start must be before end" in refusal(
+        lambda: _book(api, namespace, _reservation("empty", MONDAY_9, MONDAY_9))
+    )
+    for start in ("2026-12-14T09:00:30Z", "2026-12-14T09:00:00.5Z"):
+        message = refusal(lambda start=start: _book(api, namespace, _reservation("s", start)))
+        assert "start must be on a whole minute (seconds 00)" in message
+    message = refusal(lambda: _book(api, namespace, _reservation("e", end="2026-12-14T18:00:01Z")))
+    assert "end must be on a whole minute (seconds 00)" in message
+    assert "spec.count in body should be greater than or equal to 1" in refusal(
+        lambda: _book(api, namespace, _reservation("zero", count=0))
+    )
+
+
+def test_reservation_spec_is_immutable_as_a_whole(api: Api, namespace: str) -> None:
+    booked = _book(api, namespace, _reservation("fixed"))
+    booked["spec"]["end"] = "2026-12-14T19:00:00Z"
+    message = refusal(
+        lambda: api.custom.replace_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, "fixed", booked
+        )
+    )
+    assert "spec is immutable; delete the reservation and book a new one" in message
+
+
+def test_reservation_status_is_a_subresource_with_the_phases_of_spec_11(
+    api: Api, namespace: str
+) -> None:
+    body = _reservation("forged")
+    body["status"] = {"phase": "Booked", "nodeName": "gpu-node-1"}
+    created = _book(api, namespace, body)
+    assert "nodeName" not in created.get("status", {})
+
+    def write(status: dict[str, Any]) -> Any:
+        written = copy.deepcopy(created)
+        written["status"] = status
+        return api.custom.replace_namespaced_custom_object_status(
+            keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, "forged", written
+        )
+
+    assert 'status.phase: Unsupported value: "Running"' in refusal(
+        lambda: write({"phase": "Running"})
+    )
+    for phase in ("Pending", "Booked", "Active", "Ended", "Lost"):
+        written = api.custom.patch_namespaced_custom_object_status(
+            keys.GROUP,
+            keys.VERSION,
+            namespace,
+            keys.PLURAL_RESERVATIONS,
+            "forged",
+            {"status": {"phase": phase}},
+        )
+        assert written["status"]["phase"] == phase
+
+
+def test_kubectl_shows_reservation_printer_columns(
+    control_plane: ControlPlane, api: Api, namespace: str
+) -> None:
+    created = _book(api, namespace, _reservation("next-monday"))
+    created["status"] = {"phase": "Booked", "nodeName": "gpu-node-7"}
+    api.custom.replace_namespaced_custom_object_status(
+        keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, "next-monday", created
+    )
+    out = control_plane.kubectl("get", "gpureservations", "-n", namespace).stdout.splitlines()
+    assert out[0].split() == ["NAME", "CLASS", "COUNT", "START", "END", "PHASE", "NODE", "AGE"]
+    assert out[1].split()[:7] == [
+        "next-monday", "h100", "8", MONDAY_9, MONDAY_18, "Booked", "gpu-node-7",
+    ]  # fmt: skip
+
+
+def test_a_tenant_admin_books_and_cancels_but_cannot_write_a_reservations_status(
+    tenant_admin: Kube, namespace: str
+) -> None:
+    """The chart's tenant roles give reservations the rights claims have (aggregated into
+    admin and view), and no status: a tenant cannot say its own booking is Booked."""
+    custom = tenant_admin.custom
+    custom.create_namespaced_custom_object(
+        keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, _reservation("mine")
+    )
+    listed = custom.list_namespaced_custom_object(
+        keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS
+    )
+    assert [r["metadata"]["name"] for r in listed["items"]] == ["mine"]
+    with pytest.raises(ApiException) as forged:
+        custom.patch_namespaced_custom_object_status(
+            keys.GROUP,
+            keys.VERSION,
+            namespace,
+            keys.PLURAL_RESERVATIONS,
+            "mine",
+            {"status": {"phase": "Booked", "nodeName": "gpu-node-1"}},
+        )
+    assert forged.value.status == 403
+    custom.delete_namespaced_custom_object(
+        keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, "mine"
+    )
 
 
 # --- GPUNode -----------------------------------------------------------------------------
