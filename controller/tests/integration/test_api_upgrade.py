@@ -220,11 +220,17 @@ class Objects:
 
 def _apply_this_trees_crds(api_client: Any) -> None:
     """Replaces each CRD with this tree's, even when the specs are equal (cluster.install_crds
-    would skip those), as `helm upgrade` does."""
+    would skip those), as `helm upgrade` does; a CRD the release did not have is created."""
     ext = client.ApiextensionsV1Api(api_client)
     paths = sorted((REPO / CRD_DIR).glob("*.yaml"))
     for crd in cluster.load_manifests(*paths):
-        current = ext.read_custom_resource_definition(crd["metadata"]["name"])
+        try:
+            current = ext.read_custom_resource_definition(crd["metadata"]["name"])
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            ext.create_custom_resource_definition(crd)
+            continue
         body = copy.deepcopy(crd)
         body["metadata"]["resourceVersion"] = current.metadata.resource_version
         ext.replace_custom_resource_definition(crd["metadata"]["name"], body)
