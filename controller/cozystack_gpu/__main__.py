@@ -5,7 +5,7 @@ holds the Lease, and keeps its snapshot warm in the others); once the binder has
 first pass, or the election says another replica leads, kopf and the webhooks are imported
 and kopf runs them (``cozystack_gpu.operator``): the admission webhooks of every
 replica, the liveness probe and the clean-up. The readiness probe (``/readyz``, ready once
-the webhooks' feed has read the cluster) is a server of its own.
+the webhooks' feed has read the cluster and their port answers) is a server of its own.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ def _arguments(argv: Sequence[str] | None) -> tuple[argparse.Namespace, settings
         "--ready-port",
         type=int,
         default=8081,
-        help="port of /readyz: 200 once this replica has read the cluster (0: off)",
+        help="port of /readyz: 200 once this replica has read the cluster and its webhooks "
+        "listen (0: off)",
     )
     parser.add_argument("--log-format", choices=("json", "text"), default="json")
     args = parser.parse_args(argv)
@@ -170,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # standard sources: KUBECONFIG makes it use the same file as our own client.
         os.environ["KUBECONFIG"] = args.kubeconfig
     memo = kopf.Memo()
-    # Not ready (503) from the start until the webhooks' feed has read the cluster.
+    # Not ready (503) from the start until the webhooks' feed has read the cluster and
+    # their server listens.
     ready = (
         ReadinessServer(args.ready_port, lambda: operator.not_ready(memo))
         if args.ready_port

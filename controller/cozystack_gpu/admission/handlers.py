@@ -20,11 +20,12 @@ Handlers are plain functions taking keyword arguments, so tests may call them di
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
@@ -67,6 +68,8 @@ class Admission:
     vmis: VMIWebhook
     pods: PodWebhook
     pool: ThreadPoolExecutor
+    # Set once the webhook server's port answers (``server.CertDirWebhookServer``).
+    listening: threading.Event = field(default_factory=threading.Event)
 
     def stop(self) -> None:
         self.feed.stop()
@@ -112,9 +115,11 @@ def start(
             config.webhook_cert_dir,
             config.webhook_port,
             client_ca=config.webhook_client_ca or None,
+            listening=admission.listening,
         )
     else:
         settings.admission.server = NoWebhookServer()
+        admission.listening.set()  # no port to wait for
     # The chart renders the configurations: kopf must not create or patch them.
     settings.admission.managed = None
     # A line per admission request (aiohttp's access log, kopf's "succeeded") cost a tenth
@@ -275,6 +280,8 @@ def not_ready(admission: Admission | None) -> str | None:
         return f"admission snapshot feed stopped: {', '.join(dead)}"
     if not feed.synced.is_set():
         return "this replica has not finished reading the cluster (its first listing)"
+    if not admission.listening.is_set():
+        return "the admission webhooks' server is not listening yet"
     return None
 
 

@@ -1,9 +1,11 @@
 """The readiness endpoint: ``GET /readyz`` answers 200 only once this replica can judge.
 
-Ready means synced: a replica joins the webhook Service (kubelet's readiness probe) only
-after its admission feed has read the cluster once. Liveness stays kopf's ``/healthz``
-(a part of the replica died); the two differ on purpose, since a replica that is still
-listing is alive and must not be restarted, only kept out of the Service. kopf serves one
+Ready means synced and listening: a replica joins the webhook Service (kubelet's readiness
+probe) only after its admission feed has read the cluster once and its webhook server's port
+answers (kube-apiserver calls each replica at its address: a replica in the Service whose
+port is closed refuses orders). Liveness stays kopf's ``/healthz`` (a part of the replica
+died); the two differ on purpose, since a replica that is still listing is alive and must
+not be restarted, only kept out of the Service. kopf serves one
 path per health server, so this is a small server of its own on ``--ready-port``.
 """
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -47,7 +48,11 @@ class CertDirWebhookServer(kopf.WebhookServer):
         addr: str = "0.0.0.0",
         file_check_interval: float = FILE_CHECK_INTERVAL_S,
         client_ca: str | Path | None = None,
+        listening: threading.Event | None = None,
     ) -> None:
+        # Set once the port answers: the replica's readiness waits for it (a replica in the
+        # webhook Service whose port is closed refuses kube-apiserver's calls).
+        self.listening = listening if listening is not None else threading.Event()
         self.cert_dir = Path(cert_dir)
         self.client_ca = Path(client_ca) if client_ca else None
         ca = self.cert_dir / CA_FILE
@@ -95,6 +100,8 @@ class CertDirWebhookServer(kopf.WebhookServer):
             else "any caller",
         )
         async for client_config in super().__call__(fn):
+            # kopf yields once its site has started: the port answers from here on.
+            self.listening.set()
             yield client_config
 
 

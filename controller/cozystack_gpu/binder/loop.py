@@ -50,6 +50,7 @@ from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.leader import Term
 from cozystack_gpu.model import (
+    WINDOW_REASONS,
     Action,
     ClaimInfo,
     ClaimKey,
@@ -113,7 +114,8 @@ class Binder(Watcher):
     ) -> None:
         metrics.start_at_zero(
             steps=[*(str(s) for s in Step if s is not Step.WAIT), *ATTACHMENT_STEPS],
-            reasons=[str(r) for r in Reason],
+            # An order's refusals: the window reasons are a booking's, never a bind's.
+            reasons=[str(r) for r in Reason if r not in WINDOW_REASONS],
         )
         self.api = api
         self.config = config

@@ -41,6 +41,7 @@ from cozystack_gpu.model.reservations import (
 from cozystack_gpu.model.set_placement import check_order, place_for_start, place_set
 from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import (
+    WINDOW_REASONS,
     ClaimInfo,
     ClaimKey,
     ClassInfo,
@@ -62,6 +63,7 @@ from cozystack_gpu.model.types import (
 
 __all__ = [
     "MAX_MOVES",
+    "WINDOW_REASONS",
     "Action",
     "BookingRefusal",
     "BookingSettings",

@@ -360,6 +360,12 @@ class Reason(StrEnum):
     WINDOW_TOO_LONG = "WindowTooLong"
 
 
+# The reasons only a reservation is refused for: an order has no window.
+WINDOW_REASONS = frozenset(
+    {Reason.WINDOW_IN_PAST, Reason.WINDOW_TOO_FAR_AHEAD, Reason.WINDOW_TOO_LONG}
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """An order or set that does not fit: ``reason`` for machines and metrics, ``message``

@@ -122,6 +122,28 @@ async def test_the_server_waits_for_its_key_pair(tmp_path: Path, ca: Certificate
             await task
 
 
+async def test_the_server_says_it_listens_only_once_its_port_answers(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    """The replica's readiness waits for this: a replica in the webhook Service whose port
+    is not open yet is a refused order (``connection refused``, seen in a rolling upgrade)."""
+    port = free_port()
+    server = CertDirWebhookServer(tmp_path, port, addr="127.0.0.1", file_check_interval=0.1)
+    task = asyncio.create_task(_drain(_serve(server)))
+    try:
+        await asyncio.sleep(0.3)
+        assert not server.listening.is_set(), "listening without its key pair"
+        _issue(ca, tmp_path)
+        assert await asyncio.to_thread(server.listening.wait, 10)
+        # Said only once a caller is answered: no retry needed.
+        _served, answer = await asyncio.to_thread(_call, port, ca.cert_pem)
+        assert answer["response"]["allowed"] is True
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 async def _drain(events: AsyncIterator[None]) -> None:
     async for _config in events:
         pass

@@ -1,5 +1,7 @@
-"""Ready means synced: /readyz says 503, with the reason, until the admission feed has read
-the cluster, and 200 only then (kubelet keeps the replica out of the webhook Service)."""
+"""Ready means synced and listening: /readyz says 503, with the reason, until the admission
+feed has read the cluster and the webhook server listens on its port, and 200 only then
+(kubelet keeps the replica out of the webhook Service, where kube-apiserver would be refused
+a connection)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def admission() -> Iterator[handlers.Admission]:
         built.pool.shutdown(wait=False)
 
 
-def test_a_replica_is_ready_only_once_its_feed_has_read_the_cluster(
+def test_a_replica_is_ready_only_once_its_feed_has_read_the_cluster_and_its_webhooks_listen(
     admission: handlers.Admission,
 ) -> None:
     memo: dict[str, handlers.Admission] = {}
@@ -47,6 +49,11 @@ def test_a_replica_is_ready_only_once_its_feed_has_read_the_cluster(
         assert status == 503, "ready before the first listing"
         assert "has not finished reading the cluster" in body
         admission.feed.take(full_listing())
+        # Synced, but kube-apiserver would be refused at the webhook port: not yet.
+        status, body = get(server.port)
+        assert status == 503, "ready before the webhook server listens"
+        assert "not listening yet" in body
+        admission.listening.set()
         assert get(server.port) == (200, "ok\n")
         admission.feed._threads.failure = "RuntimeError: boom"
         assert get(server.port)[0] == 503
