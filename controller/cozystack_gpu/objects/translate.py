@@ -25,6 +25,8 @@ from cozystack_gpu.model import (
     NamespaceInfo,
     NodeInfo,
     RejectedNode,
+    ReservationInfo,
+    ReservationPhase,
     Taint,
     Toleration,
     VolumeAffinity,
@@ -360,6 +362,36 @@ def claim_info(
         set_id=set_id,
         template=is_template_claim(claim),
         volumes=volumes,
+    )
+
+
+# --- Reservations ------------------------------------------------------------------------
+
+
+def reservation_info(reservation: Obj) -> ReservationInfo | None:
+    """A GPUReservation as the booking model reads it; None when its window cannot be read
+    (the CRD's rules refuse such a window, so only an object stored before them has one):
+    a reservation without a window holds nothing."""
+    spec = reservation.get("spec") or {}
+    status = reservation.get("status") or {}
+    start, end = timestamp(spec.get("start")), timestamp(spec.get("end"))
+    if start is None or end is None or start >= end or start % 60 or end % 60:
+        return None
+    try:
+        phase = ReservationPhase(status.get("phase") or ReservationPhase.PENDING.value)
+    except ValueError:
+        phase = ReservationPhase.PENDING
+    return ReservationInfo(
+        namespace=namespace_of(reservation),
+        name=name_of(reservation),
+        uid=str(meta(reservation).get("uid", "")),
+        class_name=str(spec.get("class", "")),
+        count=int(spec.get("count") or 1),
+        start=int(start),
+        end=int(end),
+        node=status.get("nodeName") or None,
+        phase=phase,
+        created=timestamp(meta(reservation).get("creationTimestamp")) or 0.0,
     )
 
 
