@@ -281,7 +281,10 @@ def not_ready(admission: Admission | None) -> str | None:
     if not feed.synced.is_set():
         return "this replica has not finished reading the cluster (its first listing)"
     if not admission.listening.is_set():
-        return "the admission webhooks' server is not listening yet"
+        return (
+            "the admission webhooks' server is not listening yet (starting, or waiting for "
+            "its key pair in the webhook certificate directory)"
+        )
     return None
 
 

@@ -229,6 +229,9 @@ def controller_pod(node: real_node_kit.RealNode, image: str, ns: str, port: int)
                         f"--health-port={health}",
                         f"--ready-port={ready}",
                         f"--metrics-port={free_port()}",
+                        # No webhook certificate here (test_real_node_chart.py serves the
+                        # webhooks): without a port to wait for, ready once synced.
+                        "--webhook-port=0",
                         "--log-format=text",
                     ],
                     "env": [
