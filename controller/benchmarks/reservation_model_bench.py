@@ -129,7 +129,7 @@ def bench_bookings(snap: Snapshot, bookings: Bookings, asks: Asks, n: int) -> No
     refused: list[int] = []
     offered = 0
     reasons: Counter[str] = Counter()
-    for _ in range(n):
+    for _round in range(n):
         ask = asks(NOW)
         start = time.perf_counter_ns()
         decision = check_booking(snap, bookings, ask, NOW)
@@ -161,10 +161,10 @@ def bench_bookings(snap: Snapshot, bookings: Bookings, asks: Asks, n: int) -> No
 
 def bench_events(snap: Snapshot, bookings: Bookings, asks: Asks, n: int) -> None:
     """Upsert a booked reservation and remove it again: one watch event each."""
-    nodes = [name for name in (node.name for node in snap.nodes())]
+    nodes = [node.name for node in snap.nodes()]
     ups: list[int] = []
     downs: list[int] = []
-    for _ in range(n):
+    for _round in range(n):
         ask = asks(NOW)
         node = asks.rng.choice(nodes)
         booked = replace(ask, node=node, phase=ReservationPhase.BOOKED)
@@ -182,7 +182,7 @@ def bench_events(snap: Snapshot, bookings: Bookings, asks: Asks, n: int) -> None
 
 def timed(call: Callable[[], object], n: int) -> list[int]:
     out = []
-    for _ in range(n):
+    for _round in range(n):
         start = time.perf_counter_ns()
         call()
         out.append(time.perf_counter_ns() - start)
@@ -229,7 +229,7 @@ def bench_headroom(
         plain.append(time.perf_counter_ns() - start)
         if isinstance(decision, Placement):
             order_headroom(snap, bookings, decision.node, res_of[klass.name], NOW)
-            limits, _ = snap._ledger.budget_checks(order.namespace, klass)
+            limits, _uncovered = snap._ledger.budget_checks(order.namespace, klass)
             for limit in limits:
                 budget_headroom(snap, bookings, limit.tenant, limit.key, NOW)
         beside.append(time.perf_counter_ns() - start)

@@ -421,7 +421,7 @@ class _Judge:
         largest = self.largest(a, b)
         if largest is None or (largest == 0 and self.idx.max_cap() == 0):
             message = f"no node serves class {name}"
-            if any(True for _ in self.snap.nodes()):
+            if next(self.snap.nodes(), None) is not None:
                 message += ": " + self.snap.why_no_node_serves(name)
             return BookingRefusal(Reason.NO_NODE_SERVES, message)
         message = (

@@ -42,7 +42,7 @@ def test_kubelet_config_touches_no_host_default(tmp_path: Path) -> None:
 
 
 def test_pods_route_only_to_the_services_through_the_bridge(tmp_path: Path) -> None:
-    (bridge, _) = node_config.cni_conflist(node_config.Layout(tmp_path))["plugins"]
+    (bridge, _loopback) = node_config.cni_conflist(node_config.Layout(tmp_path))["plugins"]
     assert bridge["isGateway"] and not bridge["ipMasq"]
     # Their one way out is the Services' range, which the node routes for the API server's.
     assert bridge["ipam"]["routes"] == [{"dst": plane_config.SERVICE_CIDR}]

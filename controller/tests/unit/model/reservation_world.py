@@ -135,9 +135,9 @@ class Sim:
         for name in TENANTS:
             sim.namespaces[name] = make_namespace(name, r)
             sim.snap.upsert_namespace(sim.namespaces[name])
-        for _ in range(r.randrange(3, 7)):
+        for _node in range(r.randrange(3, 7)):
             sim.add_node(r.randrange(1000))
-        for _ in range(r.randrange(0, 6)):
+        for _step in range(r.randrange(0, 6)):
             sim.order(r.randrange(1000), r.randrange(1000), r.randrange(1000))
         return sim
 

@@ -185,7 +185,7 @@ def test_the_random_runs_book_start_end_refuse_offer_move_and_lose() -> None:
     for seed in range(40):
         ops = [
             (rng.randrange(N_OPS), rng.randrange(1000), rng.randrange(1000), rng.randrange(1000))
-            for _ in range(60)
+            for _draw in range(60)
         ]
         seen += random_sim(seed, ops).seen
     for what in (
