@@ -402,6 +402,32 @@ class Kube:
         )
 
 
+def order_webhook_answers(
+    kube: Kube, namespace: str, gpu_class: str, unanswered: list[str] | None = None
+) -> bool:
+    """Whether the claim webhook answered a dry-run order of ``gpu_class`` in ``namespace``
+    (as ``kube``'s user): a refusal on the merits (a budget, capacity) is an answer; only a
+    call that reached no replica is not (its message added to ``unanswered``). The probe of
+    a webhook gap (``answer_gap.Gap``)."""
+    body = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND_CLAIM,
+        "metadata": {"name": "webhook-probe"},
+        "spec": {"class": gpu_class, "count": 1},
+    }
+    try:
+        kube.custom.create_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS, body, dry_run="All"
+        )
+    except ApiException as exc:
+        if "failed calling webhook" not in str(exc.body):
+            return True
+        if unanswered is not None:
+            unanswered.append(message_of(exc))
+        return False
+    return True
+
+
 def pod_body(
     name: str,
     *,

@@ -14,7 +14,8 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from cozystack_gpu import keys
 from cozystack_gpu.keys import Mode, OnCordon, Phase
@@ -33,6 +34,8 @@ from cozystack_gpu.model import (
     merge_quotas,
 )
 from cozystack_gpu.objects import Obj, annotation
+
+PhaseT = TypeVar("PhaseT", bound=Enum)
 
 FINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
 FINAL_VMI_PHASES = frozenset({"Succeeded", "Failed"})
@@ -329,6 +332,15 @@ def set_id_for(claim: Obj, vmi_of_claim: str | None, vm_of_claim: str | None) ->
     return None
 
 
+def status_phase(status: Mapping[str, Any], default: PhaseT) -> PhaseT:
+    """``status.phase`` as ``default``'s enum; ``default`` when absent or not one it knows
+    (a phase a newer release writes)."""
+    try:
+        return type(default)(status.get("phase") or default.value)
+    except ValueError:
+        return default
+
+
 def claim_info(
     claim: Obj,
     *,
@@ -343,10 +355,7 @@ def claim_info(
         until = timestamp(entry.get("until"))
         if entry.get("node") and until is not None:
             rejected.append(RejectedNode(str(entry["node"]), until))
-    try:
-        phase = Phase(status.get("phase") or Phase.PENDING.value)
-    except ValueError:
-        phase = Phase.PENDING
+    phase = status_phase(status, Phase.PENDING)
     return ClaimInfo(
         namespace=namespace_of(claim),
         name=name_of(claim),
@@ -377,10 +386,7 @@ def reservation_info(reservation: Obj) -> ReservationInfo | None:
     start, end = timestamp(spec.get("start")), timestamp(spec.get("end"))
     if start is None or end is None or start >= end or start % 60 or end % 60:
         return None
-    try:
-        phase = ReservationPhase(status.get("phase") or ReservationPhase.PENDING.value)
-    except ValueError:
-        phase = ReservationPhase.PENDING
+    phase = status_phase(status, ReservationPhase.PENDING)
     return ReservationInfo(
         namespace=namespace_of(reservation),
         name=name_of(reservation),

@@ -55,7 +55,7 @@ from cozystack_gpu_testkit.demo.console import Console
 from cozystack_gpu_testkit.demo.hosts import H100, L40S_24C
 from cozystack_gpu_testkit.invariants import Invariants
 from cozystack_gpu_testkit.kubevirt import HANDLER_USER
-from cozystack_gpu_testkit.objects import Kube, wait_for
+from cozystack_gpu_testkit.objects import Kube, order_webhook_answers, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -94,25 +94,6 @@ def _held(claim: dict[str, Any]) -> Held:
         status.get("attachedTo"),
         status.get("attachedToUID"),
     )
-
-
-def _order_webhook_answers(tenant: Any) -> bool:
-    """Whether the claim webhook answered a dry-run order of ``tenant``'s: the webhook the
-    orders in flight go through, under the same identity. A refusal on the merits (a budget,
-    capacity) is an answer; only a call that never reached a replica is not."""
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND_CLAIM,
-        "metadata": {"name": "webhook-probe"},
-        "spec": {"class": ORDER_CLASS, "count": 1},
-    }
-    try:
-        tenant.custom.create_namespaced_custom_object(
-            keys.GROUP, keys.VERSION, RESEARCH, keys.PLURAL_CLAIMS, body, dry_run="All"
-        )
-    except ApiException as exc:
-        return "failed calling webhook" not in str(exc.body)
-    return True
 
 
 def _until_admitted(write: Callable[[], object], what: str) -> float:
@@ -342,7 +323,7 @@ def _roll(c: Cluster, change: Any, code: Path, order: str, vm: str | None) -> Ro
     old_lease = c.lease()
     alice, bob = c.tenant[RESEARCH], c.tenant[ACME]
     invariants = Invariants(c.demo.api)
-    answered = functools.partial(_order_webhook_answers, alice)
+    answered = functools.partial(order_webhook_answers, alice, RESEARCH, ORDER_CLASS)
     with (
         invariants.watching(),
         Gap(answered, period_s=PROBE_S, close_within_s=ROLLOUT_TIMEOUT_S) as gap,

@@ -18,6 +18,7 @@ and virt-handler (the VMI's phase). The node is the plane's only Node.
 from __future__ import annotations
 
 import contextlib
+import functools
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -38,7 +39,13 @@ from cozystack_gpu_testkit.answer_gap import Gap
 from cozystack_gpu_testkit.chart import CHART
 from cozystack_gpu_testkit.fake_kubelet import plugin_devices
 from cozystack_gpu_testkit.local_cluster import hand_crds_to_helm
-from cozystack_gpu_testkit.objects import Kube, install_extra_crds, message_of, wait_for
+from cozystack_gpu_testkit.objects import (
+    Kube,
+    install_extra_crds,
+    message_of,
+    order_webhook_answers,
+    wait_for,
+)
 
 pytestmark = pytest.mark.apiserver
 
@@ -406,29 +413,6 @@ def test_a_launcher_pods_gpu_is_pinned_allocated_by_kubelet_and_reported_by_the_
         delete_class(kube)
 
 
-def order_webhook_answers(kube: Kube, tenant: str, unanswered: list[str] | None = None) -> bool:
-    """Whether the claim webhook answered a dry-run order: a refusal on the merits is an
-    answer; only a call that reached no replica is not (its message added to
-    ``unanswered``)."""
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND_CLAIM,
-        "metadata": {"name": "webhook-probe"},
-        "spec": {"class": CLASS, "count": 1},
-    }
-    try:
-        kube.custom.create_namespaced_custom_object(
-            keys.GROUP, keys.VERSION, tenant, keys.PLURAL_CLAIMS, body, dry_run="All"
-        )
-    except ApiException as exc:
-        if "failed calling webhook" not in str(exc.body):
-            return True
-        if unanswered is not None:
-            unanswered.append(message_of(exc))
-        return False
-    return True
-
-
 def test_a_rolling_upgrade_of_the_two_replicas_refuses_no_order_for_want_of_a_webhook(
     installed: Installed, tenant: str
 ) -> None:
@@ -443,9 +427,10 @@ def test_a_rolling_upgrade_of_the_two_replicas_refuses_no_order_for_want_of_a_we
     label_selector = ",".join(f"{k}={v}" for k, v in selector.items())
     before = {p.metadata.name for p in pods_of(kube, label_selector)}
     try:
-        assert order_webhook_answers(kube, tenant)
+        assert order_webhook_answers(kube, tenant, CLASS)
         unanswered: list[str] = []
-        with Gap(lambda: order_webhook_answers(kube, tenant, unanswered), period_s=0.1) as gap:
+        probe = functools.partial(order_webhook_answers, kube, tenant, CLASS, unanswered)
+        with Gap(probe, period_s=0.1) as gap:
             helm(
                 plane,
                 "upgrade",
