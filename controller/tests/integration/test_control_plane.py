@@ -70,8 +70,10 @@ def test_a_killed_test_run_leaves_no_server_behind(tmp_path: Path) -> None:
 
 def test_command_line_up_prints_kubeconfig_and_down_stops(tmp_path: Path) -> None:
     state = tmp_path / "dev"
+    # The plane alone: the real node's path is test_install_on_make_cluster's, and one node
+    # per machine is the session's (an `auto` node here would take the machine's lock).
     up = subprocess.run(
-        [*LOCAL_CLUSTER, "--dir", str(state), "up"],
+        [*LOCAL_CLUSTER, "--dir", str(state), "up", "--node=no"],
         capture_output=True,
         text=True,
         check=True,
