@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import shutil
 import sys
 import tempfile
 import threading
@@ -57,12 +58,17 @@ def generated() -> tuple[ModuleType, ModuleType]:
     )
     if code != 0:
         raise RuntimeError(f"protoc failed on {PROTO} ({code})")
-    # The generated stubs import the messages by their bare module name.
+    # The generated stubs import the messages by their bare module name; once both are
+    # imported, the files are not read again and go.
     sys.path.insert(0, str(out))
-    return (
-        importlib.import_module("cgpu_deviceplugin_v1beta1_pb2"),
-        importlib.import_module("cgpu_deviceplugin_v1beta1_pb2_grpc"),
-    )
+    try:
+        return (
+            importlib.import_module("cgpu_deviceplugin_v1beta1_pb2"),
+            importlib.import_module("cgpu_deviceplugin_v1beta1_pb2_grpc"),
+        )
+    finally:
+        sys.path.remove(str(out))
+        shutil.rmtree(out, ignore_errors=True)
 
 
 class DevicePlugin:

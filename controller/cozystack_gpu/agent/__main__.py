@@ -103,10 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     server = serve(agent, host or "0.0.0.0", int(port))
     metrics_host, _colon, metrics_port = args.metrics_listen.rpartition(":")
     metrics = None
+    # A self-signed pair lives only as long as this process: removed on the way out.
+    own_cert_dir: tempfile.TemporaryDirectory[str] | None = None
     if int(metrics_port):
-        cert_dir = args.metrics_cert_dir or self_signed(
-            tempfile.mkdtemp(prefix="agent-metrics-"), f"cozystack-gpu-agent.{args.node}"
-        )
+        cert_dir = args.metrics_cert_dir
+        if not cert_dir:
+            own_cert_dir = tempfile.TemporaryDirectory(prefix="agent-metrics-")
+            cert_dir = self_signed(own_cert_dir.name, f"cozystack-gpu-agent.{args.node}")
         metrics = MetricsServer(
             api,
             cert_dir,
@@ -126,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         server.shutdown()
         if metrics is not None:
             metrics.stop()
+        if own_cert_dir is not None:
+            own_cert_dir.cleanup()
         kubelet.close()
     # A part of the agent ended on its own: exit non-zero so kubelet restarts the agent.
     return 1 if agent.failure else 0
