@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cozystack_gpu.keys import RawNamesPolicy, parse_resource_names
+from cozystack_gpu.model.reservations import BookingSettings
 
 DEFAULT_WEBHOOK_CERT_DIR = "/var/run/cozystack-gpu/webhook-certs"
 
@@ -103,6 +104,20 @@ SETTINGS: tuple[Setting, ...] = (
         "write cozystack.io Workload usage records: true|false",
     ),
     Setting(
+        "--reservation-max-lead",
+        "GPU_RESERVATION_MAX_LEAD",
+        "90d",
+        "how far ahead a GPUReservation's window may start (reservations.maxLead): days, "
+        "hours or minutes as 90d, 36h, 45m, or seconds",
+    ),
+    Setting(
+        "--reservation-max-length",
+        "GPU_RESERVATION_MAX_LENGTH",
+        "30d",
+        "how long a GPUReservation's window may last (reservations.maxLength), as "
+        "--reservation-max-lead is written",
+    ),
+    Setting(
         "--webhook-port",
         "GPU_WEBHOOK_PORT",
         "9443",
@@ -147,6 +162,13 @@ class Config:
     webhook_cert_dir: str = DEFAULT_WEBHOOK_CERT_DIR
     # Only callers with a certificate of this CA reach the webhooks (empty: any caller).
     webhook_client_ca: str = ""
+    # reservations.maxLead and reservations.maxLength, in seconds (SPEC §11).
+    reservation_max_lead: int = 90 * 24 * 3600
+    reservation_max_length: int = 30 * 24 * 3600
+
+    @property
+    def booking(self) -> BookingSettings:
+        return BookingSettings(self.reservation_max_lead, self.reservation_max_length)
 
 
 def _attr(setting: Setting) -> str:
@@ -169,6 +191,22 @@ def _bool(name: str, value: str) -> bool:
     if value.lower() in ("false", "0", "no"):
         return False
     raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+DURATION_UNITS = {"d": 24 * 3600, "h": 3600, "m": 60, "s": 1}
+
+
+def _duration(name: str, value: str) -> int:
+    """Whole seconds from ``90d``, ``36h``, ``45m``, ``30s`` or a plain number of seconds."""
+    text = value.strip()
+    unit = DURATION_UNITS.get(text[-1:])
+    digits = text[:-1] if unit is not None else text
+    if not digits.isdigit() or int(digits) == 0:
+        raise ValueError(
+            f"{name} must be a positive whole number of days, hours, minutes or seconds "
+            f"(90d, 36h, 45m, 30s), got {value!r}"
+        )
+    return int(digits) * (unit or 1)
 
 
 def _port(name: str, value: float) -> int:
@@ -220,6 +258,8 @@ def from_arguments(args: argparse.Namespace | None = None) -> Config:
         webhook_port=_port("webhook-port", number("webhook_port")),
         webhook_cert_dir=raw["webhook_cert_dir"],
         webhook_client_ca=raw["webhook_client_ca"],
+        reservation_max_lead=_duration("reservation-max-lead", raw["reservation_max_lead"]),
+        reservation_max_length=_duration("reservation-max-length", raw["reservation_max_length"]),
     )
 
 

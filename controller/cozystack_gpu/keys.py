@@ -103,6 +103,7 @@ BINDER_WATCHES = (
     GPU_NODE,
     GPU_CLASS,
     GPU_CLAIM,
+    GPU_RESERVATION,
     NAMESPACE,
     RESOURCE_QUOTA,
     POD,
@@ -524,6 +525,7 @@ class AdmissionReason(str, Enum):
     LICENSE_COPY_UNTRUSTED = "LicenseCopyUntrusted"
     LICENSE_SECRET_REFUSED = "LicenseSecretRefused"
     NETWORK_GPU_RESOURCE = "NetworkRequestsGPU"
+    WINDOW_UNREADABLE = "WindowUnreadable"
 
 
 class EventReason(str, Enum):

@@ -21,6 +21,8 @@ from dataclasses import replace
 
 from cozystack_gpu import keys
 from cozystack_gpu.model import Refusal, Snapshot, set_placement
+from cozystack_gpu.model.booking import check_booking
+from cozystack_gpu.model.reservations import BookingSettings, ReservationPhase
 from cozystack_gpu.objects import Obj, translate
 from cozystack_gpu.objects.translate import meta
 
@@ -54,6 +56,32 @@ def order_refusal(snapshot: Snapshot, claim: Obj, now: float) -> Refusal | None:
     info = replace(info, phase=keys.Phase.PENDING, node=None, attached_to=None, rejected=())
     decision = set_placement.check_order(snapshot, info, now)
     return decision if isinstance(decision, Refusal) else None
+
+
+def booking_refusal(
+    snapshot: Snapshot, reservation: Obj, now: float, settings: BookingSettings
+) -> Refusal | None:
+    """The model's refusal of a new reservation (SPEC §11), or None when its window fits:
+    judged as a new booking (Pending, on no node), whatever status the request carries.
+    A refusal for short capacity or budget names the earliest window that fits. The
+    window must be readable (``unreadable_window`` first)."""
+    info = translate.reservation_info(reservation)
+    if info is None:
+        raise ValueError("booking_refusal: the window cannot be read")
+    info = replace(info, phase=ReservationPhase.PENDING, node=None)
+    decision = check_booking(snapshot, snapshot.bookings, info, now, settings)
+    return decision if isinstance(decision, Refusal) else None
+
+
+def unreadable_window(reservation: Obj) -> str | None:
+    """Why a reservation's window cannot be read, or None. The CRD's rules refuse such a
+    window before any webhook is called; this answers the rest, should they be dropped."""
+    if translate.reservation_info(reservation) is not None:
+        return None
+    return (
+        "spec.start and spec.end must be RFC 3339 times on whole minutes (seconds 00), "
+        "start before end, e.g. start: 2027-01-04T09:00:00Z, end: 2027-01-04T18:00:00Z"
+    )
 
 
 def update_refusal(old: Obj, new: Obj) -> tuple[str, keys.AdmissionReason] | None:

@@ -115,6 +115,7 @@ class SnapshotFeed(Watcher):
         if now - self._last_staleness >= STALENESS_EVERY_S:
             self._last_staleness = now
             self.view.refresh_staleness(now)
+            self.view.reservations.ended(now)
         if self.view.dirty:
             with self._lock:
                 self.view.sync_into(self._snapshot, now)

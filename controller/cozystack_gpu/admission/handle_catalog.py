@@ -28,6 +28,7 @@ from cozystack_gpu.class_rules import (
 )
 from cozystack_gpu.keys import AdmissionReason
 from cozystack_gpu.model import Reason, Refusal
+from cozystack_gpu.model.reservations import BookingSettings
 from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import meta
 
@@ -54,10 +55,19 @@ def class_not_seen(class_name: str) -> str:
 
 
 class ClaimWebhook:
-    def __init__(self, feed: SnapshotFeed, access: ApiAccess, clock: Callable[[], float]) -> None:
+    """Orders (GPUClaim) and bookings (GPUReservation), judged at create time."""
+
+    def __init__(
+        self,
+        feed: SnapshotFeed,
+        access: ApiAccess,
+        clock: Callable[[], float],
+        settings: BookingSettings | None = None,
+    ) -> None:
         self.feed = feed
         self.access = access
         self.clock = clock
+        self.settings = settings or BookingSettings()
 
     def admit_create(self, claim: Obj) -> list[str]:
         """Warnings for the client; ``Refused`` when the order does not fit, or retryably
@@ -67,10 +77,16 @@ class ClaimWebhook:
             if problem is not None:
                 raise Refused(problem, AdmissionReason.TEMPLATE_LABEL_MISUSED)
             return []
+        self._judge_create(claim, self._judge)
+        return []
+
+    def _judge_create(self, obj: Obj, judge: Callable[[Obj], Refusal | None]) -> None:
+        """An order or a booking judged on this replica's snapshot: refused retryably
+        while it cannot judge, and with the model's words when it does not fit."""
         if self.feed.failure is not None:
             raise Refused(
-                "GPUClaim orders cannot be checked on this controller replica: its watch "
-                f"feed stopped ({self.feed.failure})",
+                "GPUClaim orders and GPUReservation bookings cannot be checked on this "
+                f"controller replica: its watch feed stopped ({self.feed.failure})",
                 AdmissionReason.REPLICA_CANNOT_CHECK,
                 500,
             )
@@ -79,16 +95,32 @@ class ClaimWebhook:
         # replica is not ready meanwhile, and the webhook Service sends orders elsewhere).
         if not self.feed.synced.is_set():
             raise Refused(NOT_SYNCED, AdmissionReason.REPLICA_NOT_SYNCED, RETRY_CODE)
-        refusal = self._judge(claim)
+        refusal = judge(obj)
         if refusal is None:
-            return []
+            return
         if refusal.reason is Reason.CLASS_MISSING:
-            class_name = str((claim.get("spec") or {}).get("class", ""))
+            class_name = str((obj.get("spec") or {}).get("class", ""))
             if class_name in self.access.classes(latest=True):
-                refusal = self._judge_once_seen(claim, class_name)
+                refusal = self._judge_once_seen(obj, class_name, judge)
                 if refusal is None:
-                    return []
+                    return
         raise Refused(refusal.message, refusal.reason)
+
+    def admit_reservation(self, reservation: Obj) -> None:
+        """``Refused`` when the window does not fit (SPEC §11: the earliest window that
+        would is named), or retryably when this replica cannot judge it yet; the same
+        checks as an order's, over the window."""
+        problem = claim_rules.unreadable_window(reservation)
+        if problem is not None:
+            raise Refused(problem, AdmissionReason.WINDOW_UNREADABLE, 400)
+        self._judge_create(reservation, self._judge_booking)
+
+    def _judge_booking(self, reservation: Obj) -> Refusal | None:
+        now = self.clock()
+        refusal: Refusal | None = self.feed.read(
+            lambda snap: claim_rules.booking_refusal(snap, reservation, now, self.settings)
+        )
+        return refusal
 
     def _judge(self, claim: Obj) -> Refusal | None:
         now = self.clock()
@@ -97,7 +129,9 @@ class ClaimWebhook:
         )
         return refusal
 
-    def _judge_once_seen(self, claim: Obj, class_name: str) -> Refusal | None:
+    def _judge_once_seen(
+        self, claim: Obj, class_name: str, judge: Callable[[Obj], Refusal | None]
+    ) -> Refusal | None:
         """The order judged once this replica's view has the class the API server has;
         refused retryably if the view does not catch up within ``CLASS_LAG_WAIT_S``."""
         deadline = time.monotonic() + CLASS_LAG_WAIT_S
@@ -107,7 +141,7 @@ class ClaimWebhook:
                     class_not_seen(class_name), AdmissionReason.REPLICA_NOT_SYNCED, RETRY_CODE
                 )
             time.sleep(CLASS_LAG_POLL_S)
-        return self._judge(claim)
+        return judge(claim)
 
     def admit_update(self, old: Obj, new: Obj) -> None:
         problem = claim_rules.update_refusal(old, new)

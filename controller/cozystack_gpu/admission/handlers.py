@@ -5,6 +5,7 @@ kopf serves handler ``id`` at URL path ``/<id>`` (CONTRACTS.md):
 | path | object | operations |
 |---|---|---|
 | ``/validate-gpuclaim`` | GPUClaim | CREATE, UPDATE |
+| ``/validate-gpureservation`` | GPUReservation | CREATE |
 | ``/validate-gpuclass`` | GPUClass | CREATE, UPDATE |
 | ``/mutate-gpuclaim`` | GPUClaim | CREATE (where no MutatingAdmissionPolicy serves) |
 | ``/mutate-vmi`` | VirtualMachineInstance | CREATE |
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 WEBHOOKS = (
     "validate-gpuclaim",
+    "validate-gpureservation",
     "mutate-gpuclaim",
     "validate-gpuclass",
     "validate-vm",
@@ -88,7 +90,7 @@ def build(
     pool = ThreadPoolExecutor(IO_WORKERS, thread_name_prefix="admission-io")
     return Admission(
         feed=feed,
-        claims=ClaimWebhook(feed, access, clock),
+        claims=ClaimWebhook(feed, access, clock, config.booking),
         classes=ClassWebhook(access, clock),
         vmis=VMIWebhook(access, pool, feed.largest_node, feed.gpu_names),
         pods=PodWebhook(access, pool),
@@ -201,6 +203,19 @@ def validate_gpuclaim(
             warnings.extend(admission.claims.admit_create(body))
         elif operation == "UPDATE" and old is not None:
             admission.claims.admit_update(old, body)
+
+
+@kopf.on.validate(
+    keys.GROUP, keys.VERSION, keys.PLURAL_RESERVATIONS, id="validate-gpureservation",
+    operations=["CREATE"],
+)  # fmt: skip
+def validate_gpureservation(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A window is booked at create time (dry runs alike: nothing is written): refused
+    when capacity or a budget is short in it, naming the earliest window that fits. The
+    spec never changes afterwards (the CRD's rules)."""
+    admission = _admission(memo)
+    with _refusals("validate-gpureservation"):
+        admission.claims.admit_reservation(body)
 
 
 @kopf.on.mutate(

@@ -17,11 +17,12 @@ back after its DELETED event.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.counted_union import CountedUnion
+from cozystack_gpu.cluster.dirty import Dirty
 from cozystack_gpu.cluster.pod_index import PodIndex
+from cozystack_gpu.cluster.reservation_index import ReservationIndex
 from cozystack_gpu.cluster.sync import sync_kind
 from cozystack_gpu.cluster.volume_index import VolumeIndex
 from cozystack_gpu.config import Config
@@ -39,19 +40,6 @@ from cozystack_gpu.objects.translate import VMIState, object_key
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
 MAX_TOMBSTONES = 20_000  # per kind; the oldest half goes when a kind has more
 Handler = Callable[[Key, MutableObj | None, MutableObj | None], None]
-
-
-@dataclass
-class Dirty:
-    """Names whose model input must be built again before the next pass."""
-
-    nodes: set[str] = field(default_factory=set)
-    classes: set[str] = field(default_factory=set)
-    claims: set[ClaimKey] = field(default_factory=set)
-    namespaces: set[str] = field(default_factory=set)
-
-    def __bool__(self) -> bool:
-        return bool(self.nodes or self.classes or self.claims or self.namespaces)
 
 
 class ClusterView:
@@ -105,12 +93,16 @@ class ClusterView:
         # When each node agent last reported, and which nodes' reports are too old.
         self._reported_at: dict[str, float | None] = {}
         self._stale: set[str] = set()
+        self.reservations = ReservationIndex(
+            lambda: self.raw.get(keys.GPU_RESERVATION.kind, {}), lambda: self.dirty
+        )
         # Which index each kind feeds; kinds without an entry are only stored.
         self._handlers: dict[str, Handler] = {
             keys.NODE.kind: self._on_node,
             keys.GPU_NODE.kind: self._on_gpunode,
             keys.GPU_CLASS.kind: self._on_class,
             keys.GPU_CLAIM.kind: self._on_claim,
+            keys.GPU_RESERVATION.kind: self.reservations.on_event,
             keys.NAMESPACE.kind: self._on_namespace,
             keys.RESOURCE_QUOTA.kind: self._on_quota,
             keys.POD.kind: self._pod_index.on_pod,
@@ -197,6 +189,7 @@ class ClusterView:
             classes={name for _ns, name in self.raw[keys.GPU_CLASS.kind]},
             claims={ClaimKey(*k) for k in self.raw[keys.GPU_CLAIM.kind]},
             namespaces={name for _ns, name in self.raw[keys.NAMESPACE.kind]},
+            reservations={ClaimKey(*k) for k in self.raw.get(keys.GPU_RESERVATION.kind, {})},
         )
 
     # --- index upkeep, one handler per kind -----------------------------------------
@@ -558,6 +551,9 @@ class ClusterView:
             classes=[cls for name in dirty.classes if (cls := self.class_info(name))],
             claims=[claim for key in dirty.claims if (claim := self.claim_info(key, now))],
             namespaces=[ns for name in dirty.namespaces if (ns := self.namespace_info(name))],
+            reservations=[
+                r for key in dirty.reservations if (r := self.reservations.info(key, now))
+            ],
         )
 
     def sync_into(
@@ -566,6 +562,7 @@ class ClusterView:
         """Bring ``snap`` up to date with what changed since the last call; claims in
         ``held`` keep their model state (and stay dirty for the next call). Returns whether
         the model saw a change, and what was dirty."""
+        self.reservations.ended(now)
         dirty = self.take_dirty()
         changed = sync_kind(
             dirty.classes, self.class_info, snap.gpu_class, snap.upsert_class, snap.remove_class
@@ -587,5 +584,12 @@ class ClusterView:
             snap.claim,
             snap.upsert_claim,
             snap.remove_claim,
+        )
+        changed |= sync_kind(
+            dirty.reservations,
+            lambda key: self.reservations.info(key, now),
+            snap.reservation,
+            snap.upsert_reservation,
+            snap.remove_reservation,
         )
         return changed, dirty

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Set
+from typing import Any, TypeVar
 
 # Up to this many names to skip, popping them off a bucket's heap is cheaper than a set
 # difference over the whole bucket.
@@ -183,3 +184,21 @@ class ClassIndex:
 
     def max_cap(self) -> int:
         return max(self._cap_counts) if self._cap_counts else 0
+
+
+Member = TypeVar("Member")
+
+
+def discard_member(table: dict[Any, set[Member]], key: Any, item: Member) -> None:
+    """Take ``item`` out of ``table[key]``, dropping the set once empty."""
+    members = table.get(key)
+    if members is not None:
+        members.discard(item)
+        if not members:
+            del table[key]
+
+
+def remove_sorted(entries: list[Any], entry: Any) -> int:
+    """Takes ``entry`` out of the sorted ``entries``; returns how many are left."""
+    del entries[bisect_left(entries, entry)]
+    return len(entries)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from cozystack_gpu.model.budgets import Limit, tallies, tally_of_key
+from cozystack_gpu.model.budgets import Limit, Tally, tallies, tally_of_key
 from cozystack_gpu.model.reservations import (
     MINUTE,
     BookingRefusal,
@@ -134,7 +134,28 @@ def budget_headroom(snap: Snapshot, bookings: Bookings, tenant: str, key: str, n
     subtree count against it at any moment from now on, less what their claims already
     count."""
     peak = bookings.budget_peak(tenant, key, now)
-    return peak - _budget_credit(snap, bookings, tenant, key, now)
+    return peak - _budget_credit(snap, bookings, tenant, tally_of_key(key), now)
+
+
+# What the snapshot keeps for its order decisions: the two headrooms over all time, which
+# needs no clock. While every window in ``bookings`` ends after now (the binder ends each
+# at its end), units held before now were held by windows still held now, so the busiest
+# moment of all time is one from now on, and these equal the headrooms above.
+
+
+def held_back_on_node(snap: Snapshot, bookings: Bookings, node: str, resource: str) -> int:
+    """``order_headroom`` with no clock (see above)."""
+    peak = bookings.peak(node, resource, -math.inf)
+    return peak - _node_credit(snap, bookings, node, resource, None)
+
+
+def held_back_under(
+    snap: Snapshot, bookings: Bookings, tenant: str, tally: Tally, inner: str
+) -> int:
+    """``budget_headroom`` with no clock, for one count of a tenant (see above)."""
+    timeline = bookings.budget_timeline_of(tenant, tally, inner)
+    peak = timeline.peak(-math.inf) if timeline is not None else 0
+    return peak - _budget_credit(snap, bookings, tenant, (tally, inner), None)
 
 
 def window_refusal(
@@ -184,13 +205,17 @@ def _shape(snap: Snapshot, klass: ClassInfo) -> ClassShape:
     return ClassShape(klass.mode, klass.deleting, snap.max_count(klass.name))
 
 
-def _credited(snap: Snapshot, reservation: ReservationInfo, now: float, *, on_node: bool) -> int:
+def _credited(
+    snap: Snapshot, reservation: ReservationInfo, now: float | None, *, on_node: bool
+) -> int:
     """Units of an Active reservation's claim that the snapshot counts while the window,
     which counts them too, lasts: its claim is the one of its name, of its class (on its
-    node, for capacity); it is deleted at the window's end, so none after."""
+    node, for capacity); it is deleted at the window's end, so none after. With no clock
+    (``now`` None), Active means within the window: the binder sets it at the start and
+    ends it at the end."""
     if reservation.phase is not ReservationPhase.ACTIVE:
         return 0
-    if not reservation.start <= now < reservation.end:
+    if now is not None and not reservation.start <= now < reservation.end:
         return 0
     claim = snap.claim(reservation.key)
     if claim is None or claim.class_name != reservation.class_name:
@@ -202,12 +227,15 @@ def _credited(snap: Snapshot, reservation: ReservationInfo, now: float, *, on_no
     return min(claim.count, reservation.count)
 
 
-def _node_credit(snap: Snapshot, bookings: Bookings, node: str, resource: str, now: float) -> int:
+def _node_credit(
+    snap: Snapshot, bookings: Bookings, node: str, resource: str, now: float | None
+) -> int:
     return sum(_credited(snap, r, now, on_node=True) for r in bookings.active_on(node, resource))
 
 
-def _budget_credit(snap: Snapshot, bookings: Bookings, tenant: str, key: str, now: float) -> int:
-    tally = tally_of_key(key)
+def _budget_credit(
+    snap: Snapshot, bookings: Bookings, tenant: str, tally: tuple[Tally, str], now: float | None
+) -> int:
     credit = 0
     for reservation in bookings.active_under(tenant):
         charge = bookings.held(reservation.key)[2]
@@ -336,7 +364,7 @@ class _Judge:
     def used(self, limit: Limit) -> int:
         """Units in use under the key now, an Active window's claim left to its window."""
         tenant, key = limit.tenant, limit.key
-        credit = _budget_credit(self.snap, self.bookings, tenant, key, self.now)
+        credit = _budget_credit(self.snap, self.bookings, tenant, tally_of_key(key), self.now)
         return self.snap.budget_used(tenant, key) - credit
 
     def earliest(self, settings: BookingSettings, not_before: float | None = None) -> int | None:

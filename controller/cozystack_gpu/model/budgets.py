@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cozystack_gpu.keys import (
     LABEL_VGPU_ENTITLEMENT,
@@ -123,6 +123,9 @@ class Ledger:
             Tally.TOTAL: self._total,
             Tally.RESOURCE: self._by_resource,
         }
+        # What reservations hold under each count at their busiest moment, beyond what
+        # their claims already count (set by the snapshot): an order leaves it free.
+        self._booked: dict[tuple[str, Tally, str], int] = {}
 
     # --- tenants -----------------------------------------------------------------------
 
@@ -183,13 +186,27 @@ class Ledger:
             inner, 0
         )
 
-    def tables(self) -> dict[str, Table]:
+    def set_booked(self, tenant: str, tally: Tally, inner: str, units: int) -> None:
+        """What reservations keep from orders under one count of a tenant (0 forgets it)."""
+        if units:
+            self._booked[(tenant, tally, inner)] = units
+        else:
+            self._booked.pop((tenant, tally, inner), None)
+
+    def booked(self, tenant: str, key: str) -> int:
+        """Units an order must leave under one budget key for the windows booked below it."""
+        if not self._booked:
+            return 0
+        return self._booked.get((tenant, *tally_of_key(key)), 0)
+
+    def tables(self) -> dict[str, Any]:
         """Every tally, for comparing two ledgers of the same objects."""
         return {
             "class": self._by_class,
             "total": self._total,
             "resource": self._by_resource,
             "raw": self._raw,
+            "booked": self._booked,
         }
 
     def depth(self, tenant: str) -> int:
@@ -298,8 +315,12 @@ class Ledger:
         count = claim.count
         for limit in limits:
             used = self.used(limit.tenant, limit.key) + extra.get((limit.tenant, limit.key), 0)
-            if used + count > limit.limit:
-                held, asks = f"{used} in use", f"the order asks {count}"
+            booked = self.booked(limit.tenant, limit.key)
+            if used + booked + count > limit.limit:
+                held = f"{used} in use"
+                if booked:
+                    held += f" and {booked} booked by reservations at their busiest moment"
+                asks = f"the order asks {count}"
                 return self.over_budget(limit, claim.namespace, held, asks)
         if uncovered is not None:
             return uncovered

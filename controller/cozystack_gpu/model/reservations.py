@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cozystack_gpu.model._index import discard_member
 from cozystack_gpu.model.budgets import Charge, Tally, tallies, tally_of_key
 from cozystack_gpu.model.timeline import Timeline
 from cozystack_gpu.model.types import ClaimKey, Refusal
@@ -119,6 +120,25 @@ class BookingRefusal(Refusal):
         return cls(refusal.reason, refusal.message, earliest)
 
 
+class NodeMark(NamedTuple):
+    """Where a reservation holds units: a resource name on a node."""
+
+    resource: str
+    node: str
+
+
+class BudgetMark(NamedTuple):
+    """A budget count a reservation adds to: one tenant's tally of a class, of every class
+    or of a resource name (``budgets.tallies``)."""
+
+    tenant: str
+    tally: Tally
+    inner: str
+
+
+Mark = NodeMark | BudgetMark
+
+
 class _Held(NamedTuple):
     """What one reservation added to the index, so removing it takes back exactly that."""
 
@@ -197,6 +217,39 @@ class Bookings:
     def budget_timeline(self, tenant: str, key: str) -> Timeline | None:
         return self._budgets.get((tenant, *tally_of_key(key)))
 
+    def budget_timeline_of(self, tenant: str, tally: Tally, inner: str) -> Timeline | None:
+        return self._budgets.get((tenant, tally, inner))
+
+    def marks(self, key: ClaimKey) -> set[Mark]:
+        """What the reservation's holds count in: (resource name, node) where it holds
+        units, and (tenant, tally, inner) for each budget count it adds to. Empty for one
+        not indexed."""
+        held = self._held.get(key)
+        if held is None:
+            return set()
+        marks: set[Mark] = set()
+        if held.node is not None and held.resource is not None:
+            marks.add(NodeMark(held.resource, held.node))
+        if held.charge is not None:
+            counts = tallies(held.charge.class_name, held.charge.resource)
+            marks.update(
+                BudgetMark(tenant, tally, inner)
+                for tenant in held.charge.ancestors
+                for tally, inner in counts
+            )
+        return marks
+
+    def keys_of(
+        self, *, namespace: str | None = None, class_name: str | None = None
+    ) -> set[ClaimKey]:
+        """The reservations of a namespace, or of a class (both: either)."""
+        keys: set[ClaimKey] = set()
+        if namespace is not None:
+            keys |= self._by_namespace.get(namespace, set())
+        if class_name is not None:
+            keys |= self._by_class.get(class_name, set())
+        return keys
+
     def node_timelines(self, resource: str) -> dict[str, Timeline]:
         """Per node, the units reservations hold there: every node with a booking of the
         resource name, at any time. Read only."""
@@ -271,19 +324,14 @@ class Bookings:
     ) -> None:
         """Count again the reservations of a namespace whose tenants changed, or of a class
         whose resource name changed (or that came or went)."""
-        keys: set[ClaimKey] = set()
-        if namespace is not None:
-            keys |= self._by_namespace.get(namespace, set())
-        if class_name is not None:
-            keys |= self._by_class.get(class_name, set())
-        for key in sorted(keys):
+        for key in sorted(self.keys_of(namespace=namespace, class_name=class_name)):
             self.upsert(self._items[key], snap)
 
     def _drop(self, key: ClaimKey) -> None:
         reservation = self._items.pop(key)
         self._apply(key, self._held.pop(key), -1)
-        _discard(self._by_namespace, reservation.namespace, key)
-        _discard(self._by_class, reservation.class_name, key)
+        discard_member(self._by_namespace, reservation.namespace, key)
+        discard_member(self._by_class, reservation.class_name, key)
 
     def _apply(self, key: ClaimKey, held: _Held, sign: int) -> None:
         units = sign * held.units
@@ -306,9 +354,9 @@ class Bookings:
                     self._active_on.setdefault(res, {}).setdefault(node, set()).add(key)
             else:
                 del starts[bisect_left(starts, row)]
-                _discard(self._on_node, node, key)
+                discard_member(self._on_node, node, key)
                 if held.active:
-                    _discard(self._active_on[res], node, key)
+                    discard_member(self._active_on[res], node, key)
                     if not self._active_on[res]:
                         del self._active_on[res]
         if held.charge is not None:
@@ -325,12 +373,4 @@ class Bookings:
                     if sign > 0:
                         self._active_under.setdefault(tenant, set()).add(key)
                     else:
-                        _discard(self._active_under, tenant, key)
-
-
-def _discard(table: dict[str, set[ClaimKey]], outer: str, key: ClaimKey) -> None:
-    members = table.get(outer)
-    if members is not None:
-        members.discard(key)
-        if not members:
-            del table[outer]
+                        discard_member(self._active_under, tenant, key)

@@ -99,7 +99,7 @@ def _pinned_node(
             need[res] = need.get(res, 0) + claim.count
     if need and node.inventory_stale:
         return None  # a stale node takes no new units
-    if any(snap.free(name, res) < units for res, units in need.items()):
+    if any(snap.order_free(name, res) < units for res, units in need.items()):
         return None
     waiting = [c for c in claims if not c.counts_budget]
     if snap._ledger.check_orders(waiting, snap._classes) is not None:
@@ -142,7 +142,9 @@ def place_set(
     refusal = snap._ledger.check_orders([c for c in claims if not c.counts_budget], snap._classes)
     if refusal is not None:
         return refusal
-    decision = find_node(snap._classes, snap._idx, demand, claims, now, nodes, exclude)
+    decision = find_node(
+        snap._classes, snap._idx, demand, claims, now, nodes, exclude, snap.windows.nodes
+    )
     # A set's classes may each have serving nodes, just none in common: no words then.
     if (
         isinstance(decision, Refusal)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from cozystack_gpu.keys import Phase, effective_max_count
-from cozystack_gpu.model._index import ClassIndex
+from cozystack_gpu.model._index import ClassIndex, discard_member, remove_sorted
 from cozystack_gpu.model.budgets import Charge, Ledger, bump
 from cozystack_gpu.model.eligibility import (
     LeftOut,
@@ -32,6 +32,8 @@ from cozystack_gpu.model.eligibility import (
     takes_new,
     why_not_placeable,
 )
+from cozystack_gpu.model.held_back import HeldBack
+from cozystack_gpu.model.reservations import Bookings, ReservationInfo
 from cozystack_gpu.model.types import (
     ClaimInfo,
     ClaimKey,
@@ -103,6 +105,8 @@ class Snapshot:
         # Nodes per rule that leaves them out, per class, for refusals; dropped on any node
         # or class change (a refusal's words are worth one walk over the nodes, not more).
         self._left_out: dict[str, dict[LeftOut | None, int]] = {}
+        # Reservations (SPEC §11), and what orders must leave free for their windows.
+        self.windows = HeldBack(self)
 
     @classmethod
     def build(
@@ -112,6 +116,7 @@ class Snapshot:
         classes: Iterable[ClassInfo] = (),
         claims: Iterable[ClaimInfo] = (),
         namespaces: Iterable[NamespaceInfo] = (),
+        reservations: Iterable[ReservationInfo] = (),
     ) -> Snapshot:
         """A snapshot of these objects; the same as upserting them one by one."""
         snap = cls()
@@ -125,6 +130,8 @@ class Snapshot:
             snap.upsert_claim(claim)
         for node in nodes:
             snap.upsert_node(node)
+        for reservation in reservations:
+            snap.upsert_reservation(reservation)
         return snap
 
     # --- reading ---------------------------------------------------------------------------
@@ -249,6 +256,14 @@ class Snapshot:
         raw = info.raw_used.get(resource, 0)
         return max(0, self.capacity(node, resource) - self.used(node, resource) - raw)
 
+    def held_back(self, node: str, resource: str) -> int:
+        """Units of the node that orders must leave free for the windows booked there."""
+        return self.windows.on_node(node, resource)
+
+    def order_free(self, node: str, resource: str) -> int:
+        """Units of the node an order may take: free, less those held back for windows."""
+        return max(0, self.free(node, resource) - self.held_back(node, resource))
+
     def over_capacity(self, node: str) -> dict[str, int]:
         """Resource names whose held units exceed capacity there, with the excess."""
         info = self._nodes.get(node)
@@ -275,11 +290,12 @@ class Snapshot:
         )
 
     def class_status(self, class_name: str) -> ClassStatus:
-        """``free`` and ``maxFreePerNode`` for GPUClass status, over serving nodes only."""
+        """``free`` and ``maxFreePerNode`` for GPUClass status, over serving nodes only:
+        what orders may take, so units held back for booked windows are not counted."""
         idx = self._idx.get(class_name)
         if idx is None:
             return ClassStatus(free=0, max_free_per_node=0)
-        return ClassStatus(free=idx.total_free, max_free_per_node=idx.max_free())
+        return self.windows.class_status(idx, self._classes[class_name].resource_name)
 
     def serving_by_free(self, class_name: str) -> Iterator[tuple[str, int]]:
         """(node, free units) of the nodes serving the class, most free first, then by name.
@@ -346,6 +362,8 @@ class Snapshot:
         affected |= self._classes_by_res[klass.resource_name]
         self._idx.setdefault(klass.name, ClassIndex())
         self._recount(keys, affected)
+        if old is None or old.resource_name != klass.resource_name:
+            self.windows.recharge(class_name=klass.name)
 
     def remove_class(self, name: str) -> None:
         old = self._classes.get(name)
@@ -364,6 +382,7 @@ class Snapshot:
         for node in idx.free:
             self._served[node].discard(name)
         self._recount(keys, same)
+        self.windows.recharge(class_name=name)
 
     def _recount(self, keys: set[ClaimKey], classes: set[str]) -> None:
         """After a class changed: its claims counted again, and where the classes sharing
@@ -383,12 +402,14 @@ class Snapshot:
         self._namespaces[ns.name] = ns
         if self._ledger.set_namespace(ns):
             self._reaccount(self._ns_claims.get(ns.name, set()))
+            self.windows.recharge(namespace=ns.name)
 
     def remove_namespace(self, name: str) -> None:
         if self._namespaces.pop(name, None) is None:
             return
         if self._ledger.remove_namespace(name):
             self._reaccount(self._ns_claims.get(name, set()))
+            self.windows.recharge(namespace=name)
 
     # --- claims ----------------------------------------------------------------------------
 
@@ -417,38 +438,57 @@ class Snapshot:
                 self._order_keys.pop(claim.shape, None)
         elif claim.phase is Phase.LOST:
             self._lost.add(key)
+        if self.windows.bookings:
+            self.windows.claim_changed(key)
 
     def remove_claim(self, key: ClaimKey) -> None:
         if key in self._claims:
             self._drop_claim(key)
+            if self.windows.bookings:
+                self.windows.claim_changed(key)
 
     def _drop_claim(self, key: ClaimKey) -> None:
         claim = self._claims.pop(key)
         self._apply(self._acct.pop(key), -1)
-        _discard(self._class_claims, claim.class_name, key)
+        discard_member(self._class_claims, claim.class_name, key)
         if claim.phase is not Phase.PENDING:
             left = self._class_holds[claim.class_name] - 1
             if left:
                 self._class_holds[claim.class_name] = left
             else:
                 del self._class_holds[claim.class_name]
-        _discard(self._ns_claims, claim.namespace, key)
-        _discard(self._set_claims, claim.set_key, key)
+        discard_member(self._ns_claims, claim.namespace, key)
+        discard_member(self._set_claims, claim.set_key, key)
         if claim.node is not None:
-            _discard(self._node_claims, claim.node, key)
+            discard_member(self._node_claims, claim.node, key)
             self._dirty.add(claim.node)
         if key in self._pending:
             self._pending.discard(key)
-            if claim.created > 0 and not _remove_sorted(
+            if claim.created > 0 and not remove_sorted(
                 self._dated[claim.class_name], (claim.created, key)
             ):
                 del self._dated[claim.class_name]
             if not claim.template:
                 shape = claim.shape
                 self._order_keys.pop(shape, None)
-                if not _remove_sorted(self._orders[shape], (claim.created, key)):
+                if not remove_sorted(self._orders[shape], (claim.created, key)):
                     del self._orders[shape]
         self._lost.discard(key)
+
+    # --- reservations ----------------------------------------------------------------------
+
+    @property
+    def bookings(self) -> Bookings:
+        return self.windows.bookings
+
+    def reservation(self, key: ClaimKey) -> ReservationInfo | None:
+        return self.windows.bookings.get(key)
+
+    def upsert_reservation(self, reservation: ReservationInfo) -> None:
+        self.windows.upsert(reservation)
+
+    def remove_reservation(self, key: ClaimKey) -> None:
+        self.windows.remove(key)
 
     # --- bookkeeping -----------------------------------------------------------------------
 
@@ -555,17 +595,3 @@ class Snapshot:
         if not (node.inventory_stale and node.ready and not node.unschedulable):
             return False
         return self.why_not_placeable(node, self._classes[class_name]) is None
-
-
-def _discard(table: dict[Any, set[ClaimKey]], key: Any, item: ClaimKey) -> None:
-    members = table.get(key)
-    if members is not None:
-        members.discard(item)
-        if not members:
-            del table[key]
-
-
-def _remove_sorted(entries: list[tuple[float, ClaimKey]], entry: tuple[float, ClaimKey]) -> int:
-    """Takes ``entry`` out of the sorted ``entries``; returns how many are left."""
-    del entries[bisect.bisect_left(entries, entry)]
-    return len(entries)

@@ -128,6 +128,15 @@ CONTRACT = {
         None,
         "None",
     ),
+    ("ValidatingWebhookConfiguration", "gpureservation.gpu.cozystack.io"): (
+        "/validate-gpureservation",
+        keys.GROUP,
+        keys.VERSION,
+        keys.PLURAL_RESERVATIONS,
+        ["CREATE"],
+        None,
+        "None",
+    ),
     ("ValidatingWebhookConfiguration", "gpuclass.gpu.cozystack.io"): (
         "/validate-gpuclass",
         keys.GROUP,

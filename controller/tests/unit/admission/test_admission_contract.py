@@ -16,6 +16,9 @@ CONTRACT = {
     "validate-gpuclaim": (
         keys.GROUP, keys.VERSION, keys.PLURAL_CLAIMS, ["CREATE", "UPDATE"], "validating", False
     ),
+    "validate-gpureservation": (
+        keys.GROUP, keys.VERSION, keys.PLURAL_RESERVATIONS, ["CREATE"], "validating", False
+    ),
     "mutate-gpuclaim": (
         keys.GROUP, keys.VERSION, keys.PLURAL_CLAIMS, ["CREATE"], "mutating", False
     ),

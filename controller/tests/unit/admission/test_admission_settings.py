@@ -37,3 +37,22 @@ def config_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     config.add_arguments(parser)
     return parser.parse_args(list(argv))
+
+
+def test_booking_limits_default_to_90_and_30_days_and_read_days_hours_minutes_or_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GPU_RESERVATION_MAX_LEAD", raising=False)
+    monkeypatch.delenv("GPU_RESERVATION_MAX_LENGTH", raising=False)
+    booking = config.parse([]).booking
+    assert (booking.max_lead, booking.max_length) == (90 * 86400, 30 * 86400)
+    monkeypatch.setenv("GPU_RESERVATION_MAX_LEAD", "36h")
+    settings = config.parse(["--reservation-max-length", "45m"])
+    assert (settings.booking.max_lead, settings.booking.max_length) == (36 * 3600, 45 * 60)
+    assert config.parse(["--reservation-max-lead", "600"]).booking.max_lead == 600
+
+
+@pytest.mark.parametrize("value", ["0d", "-1h", "1.5d", "90 days", ""])
+def test_a_booking_limit_that_is_no_positive_duration_is_refused_by_name(value: str) -> None:
+    with pytest.raises(ValueError, match="reservation-max-lead must be a positive whole number"):
+        config.parse([f"--reservation-max-lead={value}"])

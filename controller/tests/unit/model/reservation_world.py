@@ -4,9 +4,10 @@ properties.
 
 Operations are tuples of small integers, as in ``model_world``, so hypothesis can shrink a
 failing sequence. Bookings are accepted only through ``check_booking``, orders only where
-they leave ``order_headroom`` and ``budget_headroom`` (as the snapshot will once they are
-wired), and the clock moves windows through their lives: at ``start`` a Booked window
-becomes Active with its claim Bound on its node, at ``end`` both go.
+the snapshot's own order decision (``set_placement.check_order``) places them, which must
+agree with ``order_headroom`` and ``budget_headroom`` read with the clock; and the clock
+moves windows through their lives: at ``start`` a Booked window becomes Active with its
+claim Bound on its node, at ``end`` both go.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from cozystack_gpu.model import (
     NamespaceInfo,
     NodeInfo,
     Placement,
+    Refusal,
     Snapshot,
     set_placement,
 )
@@ -67,6 +69,7 @@ TENANTS = {
 }
 QUOTA_KEYS = (quota_key("pa"), quota_key("pb"), quota_key("va"), QUOTA_KEY_TOTAL)
 CAPACITY_SHORT = (Reason.INSUFFICIENT_CAPACITY, Reason.BUDGET_EXCEEDED)
+ORDER_JUDGED = (*CAPACITY_SHORT, Reason.NO_NODE_SERVES)
 
 Op = tuple[int, int, int, int]
 N_OPS = 10
@@ -121,7 +124,6 @@ class Sim:
     claims: dict[ClaimKey, ClaimInfo] = field(default_factory=dict)  # orders, and windows'
     windows: dict[ClaimKey, ReservationInfo] = field(default_factory=dict)
     snap: Snapshot = field(default_factory=Snapshot)
-    bookings: Bookings = field(default_factory=Bookings)
     now: float = float(T0)
     serial: int = 0
     seen: Counter[str] = field(default_factory=Counter)
@@ -141,6 +143,10 @@ class Sim:
             sim.order(r.randrange(1000), r.randrange(1000), r.randrange(1000))
         return sim
 
+    @property
+    def bookings(self) -> Bookings:
+        return self.snap.bookings
+
     def rebuilt(self) -> tuple[Snapshot, Bookings]:
         """A snapshot and bookings built afresh from the objects (reservations in reverse)."""
         snap = Snapshot.build(
@@ -148,8 +154,9 @@ class Sim:
             classes=CLASSES.values(),
             claims=self.claims.values(),
             namespaces=self.namespaces.values(),
+            reservations=sorted(self.windows.values(), key=_order)[::-1],
         )
-        return snap, Bookings.build(snap, sorted(self.windows.values(), key=_order)[::-1])
+        return snap, snap.bookings
 
     # --- operations ------------------------------------------------------------------------
 
@@ -271,27 +278,43 @@ class Sim:
         self.place_lost()
 
     def order(self, a: int, b: int, c: int) -> None:
-        """An on-demand order, bound where it leaves every booked window its units and
-        every budget its room at every moment from now on."""
+        """An on-demand order, bound where the snapshot's order decision places it. With
+        the clock, the booking model says where it may go (every booked window keeps its
+        units and every budget its room at every moment from now on): the decision must
+        be that best fit, and a refusal must mean there is none."""
         self.serial += 1
         class_name = sorted(CLASSES)[a % 3]
         ns = sorted(TENANTS)[b % len(TENANTS)]
         order = ClaimInfo(ns, f"c{self.serial}", class_name, 1 + c % 3, created=self.now)
         decision = set_placement.check_order(self.snap, order, self.now)
-        if not isinstance(decision, Placement):
-            return  # shape, entitlement, budget now or capacity now
-        klass = CLASSES[class_name]
-        limits, _uncovered = self.snap._ledger.budget_checks(ns, klass)
+        expected = self.where_an_order_fits(order)
+        if expected is None:
+            assert not isinstance(decision, Placement), (order, decision)
+            return
+        if isinstance(decision, Refusal) and decision.reason not in ORDER_JUDGED:
+            return  # shape or entitlement: the oracle reads capacity and budgets only
+        assert isinstance(decision, Placement), (order, decision, expected)
+        assert decision.node == expected, (order, decision, expected)
+        self.put_claim(replace(order, phase=Phase.BOUND, node=decision.node, bound_at=self.now))
+        self.seen["ordered"] += 1
+
+    def where_an_order_fits(self, order: ClaimInfo) -> str | None:
+        """The best-fit node an order may take beside the booked windows, judged with the
+        clock by the booking model; None when a budget or every node is short."""
+        klass = CLASSES[order.class_name]
+        limits, uncovered = self.snap._ledger.budget_checks(order.namespace, klass)
+        if uncovered is not None:
+            return None
         for limit in limits:
             room = budget_headroom(self.snap, self.bookings, limit.tenant, limit.key, self.now)
             if self.snap.budget_used(limit.tenant, limit.key) + room + order.count > limit.limit:
                 self.seen["order kept out by a budget's windows"] += 1
-                return
+                return None
         res = klass.resource_name
         fits = [
             (left, name)
             for name in sorted(self.nodes)
-            if self.snap.serves(name, class_name)
+            if self.snap.serves(name, order.class_name)
             and (
                 left := self.snap.free(name, res)
                 - order_headroom(self.snap, self.bookings, name, res, self.now)
@@ -300,10 +323,8 @@ class Sim:
         ]
         if not fits:
             self.seen["order kept out by a node's windows"] += 1
-            return
-        node = min(fits)[1]
-        self.put_claim(replace(order, phase=Phase.BOUND, node=node, bound_at=self.now))
-        self.seen["ordered"] += 1
+            return None
+        return min(fits)[1]
 
     def release(self, a: int) -> None:
         orders = sorted(k for k in self.claims if k not in self.windows)
@@ -327,11 +348,11 @@ class Sim:
 
     def put_window(self, window: ReservationInfo) -> None:
         self.windows[window.key] = window
-        self.bookings.upsert(window, self.snap)
+        self.snap.upsert_reservation(window)
 
     def drop_window(self, key: ClaimKey) -> None:
         del self.windows[key]
-        self.bookings.remove(key)
+        self.snap.remove_reservation(key)
         if key in self.claims:
             self.drop_claim(key)
 

@@ -12,7 +12,7 @@ from model_builders import H100, L40S_24C, bound, node, passthrough, tenant, vgp
 from reservation_world import reservation
 
 from cozystack_gpu.keys import QUOTA_KEY_TOTAL, quota_key, raw_quota_keys
-from cozystack_gpu.model import Placement, Reason, Snapshot
+from cozystack_gpu.model import ClaimInfo, ClaimKey, Placement, Reason, Refusal, Snapshot
 from cozystack_gpu.model.booking import (
     budget_headroom,
     check_booking,
@@ -26,6 +26,7 @@ from cozystack_gpu.model.reservations import (
     ReservationInfo,
     ReservationPhase,
 )
+from cozystack_gpu.model.set_placement import check_order
 
 HOUR = 3600
 DAY = 24 * HOUR
@@ -341,3 +342,76 @@ def test_a_pending_or_ended_window_holds_nothing() -> None:
         assert bookings.peak("n1", H100, NOW) == 0
         assert bookings.budget_peak("tenant-a", QUOTA_KEY_TOTAL, NOW) == 0
         assert not bookings.on_node("n1")
+
+
+# --- orders beside the windows, through the snapshot's own decisions ------------------------
+
+
+def order_of(count: int, name: str = "o", ns: str = "tenant-a") -> ClaimInfo:
+    return ClaimInfo(ns, name, "h100", count, created=NOW)
+
+
+def test_an_order_that_would_eat_into_a_booked_window_is_refused_saying_so() -> None:
+    # One node of 8: Monday's window holds 6 of them, so an order for good may take 2.
+    snap = world("n1")
+    snap.upsert_reservation(monday(6, "a", node="n1", phase=BOOKED))
+    assert check_order(snap, order_of(2), NOW) == Placement("n1")
+    decision = check_order(snap, order_of(3), NOW)
+    assert isinstance(decision, Refusal) and decision.reason is Reason.INSUFFICIENT_CAPACITY
+    assert "the largest has 2" in decision.message
+    assert "reservations booked for their windows are not free to orders" in decision.message
+    # The class's free units are what an order may take.
+    assert snap.class_status("h100").free == 2
+    # Cancelling the window gives the units back to orders at once.
+    snap.remove_reservation(ClaimKey("tenant-a", "a"))
+    assert check_order(snap, order_of(3), NOW) == Placement("n1")
+    assert snap.class_status("h100").free == 8
+
+
+def test_an_order_goes_to_a_node_whose_windows_leave_it_room() -> None:
+    snap = world("n1", "n2")
+    snap.upsert_reservation(monday(7, "a", node="n1", phase=BOOKED))
+    # n1 would be the best fit by free units alone (both have 8); its window leaves 1.
+    assert check_order(snap, order_of(2), NOW) == Placement("n2")
+    assert check_order(snap, order_of(1), NOW) == Placement("n1"), "best fit counts the window"
+
+
+def test_an_order_under_a_budget_leaves_the_booked_units_and_says_how_many() -> None:
+    snap = world("n1", "n2", namespaces=TREE)  # tenant-a: 10 H100, the root: 12
+    snap.upsert_reservation(monday(8, "a", node="n1", phase=BOOKED))
+    assert check_order(snap, order_of(2), NOW) == Placement("n2")
+    decision = check_order(snap, order_of(3), NOW)
+    assert isinstance(decision, Refusal) and decision.reason is Reason.BUDGET_EXCEEDED
+    assert "0 in use and 8 booked by reservations at their busiest moment" in decision.message
+    # A tenant beside it under the same root shares the root's 12.
+    snap.upsert_namespace(tenant("tenant-b", "tenant-root"))
+    decision = check_order(snap, order_of(5, ns="tenant-b"), NOW)
+    assert isinstance(decision, Refusal) and "budget gpu.cozystack.io/h100 of tenant-root" in (
+        decision.message
+    )
+
+
+def test_an_active_window_is_held_back_once_beside_its_claim() -> None:
+    window = monday(6, "a", node="n1", phase=ACTIVE)
+    snap = world("n1", claims=(bound("h100", 6, "n1", name="a"),))
+    snap.upsert_reservation(window)
+    assert snap.held_back("n1", H100) == 0, "its claim holds the units already"
+    assert check_order(snap, order_of(2), MONDAY_9 + HOUR) == Placement("n1")
+    # Its claim deleted (the window is ending): the window alone holds them back.
+    snap.remove_claim(ClaimKey("tenant-a", "a"))
+    assert snap.held_back("n1", H100) == 6
+
+
+def test_held_back_units_follow_a_class_and_a_namespace_that_change() -> None:
+    namespaces = [*TREE, tenant("tenant-b", "tenant-root")]
+    snap = world("n1", namespaces=namespaces)
+    snap.upsert_reservation(monday(3, "a", ns="tenant-b", node="n1", phase=BOOKED))
+    assert snap._ledger.booked("tenant-root", quota_key("h100")) == 3
+    snap.upsert_namespace(tenant("tenant-b", "tenant-other"))
+    assert snap._ledger.booked("tenant-root", quota_key("h100")) == 0
+    assert snap._ledger.booked("tenant-other", quota_key("h100")) == 3
+    assert snap.held_back("n1", H100) == 3
+    snap.remove_class("h100")
+    assert snap.held_back("n1", H100) == 0, "a window of no class holds no node"
+    snap.upsert_class(passthrough())
+    assert snap.held_back("n1", H100) == 3
