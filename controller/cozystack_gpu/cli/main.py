@@ -94,6 +94,30 @@ def parser() -> argparse.ArgumentParser:
         "window of its length that fits.",
     )
     reservation.add_argument("name", metavar="NAME", help="the GPUReservation")
+    _add_list(verbs, common)
+    top_verb = verbs.add_parser("top", parents=[common], help="GPU units per node or class")
+    show = top_verb.add_subparsers(dest="what", metavar="{nodes,classes}", required=True)
+    show.add_parser(
+        "nodes",
+        parents=[common],
+        help="units per node and class (hosters)",
+        description="Per node and class: units allocatable, held, attached, lost, free, "
+        "raw use, with the node's Ready reason, layout state and inventory age.",
+    )
+    show.add_parser(
+        "classes",
+        parents=[common],
+        help="units per class (hosters)",
+        description="Per class: serving nodes, units allocatable, held, attached, lost, "
+        "free, the most free on one node, units waiting and raw use.",
+    )
+    return top_parser
+
+
+def _add_list(
+    verbs: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """``list claims`` and ``list reservations``: the same filters, each kind's phases."""
     list_verb = verbs.add_parser(
         "list", parents=[common], help="GPU claims or reservations, filtered"
     )
@@ -137,23 +161,6 @@ def parser() -> argparse.ArgumentParser:
     reservations.add_argument(
         "--node", metavar="NODE", help="only reservations booked on this node"
     )
-    top_verb = verbs.add_parser("top", parents=[common], help="GPU units per node or class")
-    show = top_verb.add_subparsers(dest="what", metavar="{nodes,classes}", required=True)
-    show.add_parser(
-        "nodes",
-        parents=[common],
-        help="units per node and class (hosters)",
-        description="Per node and class: units allocatable, held, attached, lost, free, "
-        "raw use, with the node's Ready reason, layout state and inventory age.",
-    )
-    show.add_parser(
-        "classes",
-        parents=[common],
-        help="units per class (hosters)",
-        description="Per class: serving nodes, units allocatable, held, attached, lost, "
-        "free, the most free on one node, units waiting and raw use.",
-    )
-    return top_parser
 
 
 def _opt(args: argparse.Namespace, name: str, default: Any = None) -> Any:
