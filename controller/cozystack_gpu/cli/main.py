@@ -17,7 +17,14 @@ import yaml
 
 from cozystack_gpu import config as settings
 from cozystack_gpu import keys
-from cozystack_gpu.cli import explain_claim, explain_vm, list_claims, top
+from cozystack_gpu.cli import (
+    explain_claim,
+    explain_reservation,
+    explain_vm,
+    list_claims,
+    list_reservations,
+    top,
+)
 from cozystack_gpu.cli.kube import EVENT, CliError, Session
 
 OUTPUTS = ("wide", "yaml", "json")
@@ -53,9 +60,11 @@ def parser() -> argparse.ArgumentParser:
     )
     verbs = top_parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     explain = verbs.add_parser(
-        "explain", parents=[common], help="why a claim or a VM's GPUs stand where they do"
+        "explain",
+        parents=[common],
+        help="why a claim, a VM's GPUs or a reservation stand where they do",
     )
-    what = explain.add_subparsers(dest="what", metavar="{claim,vm}", required=True)
+    what = explain.add_subparsers(dest="what", metavar="{claim,vm,reservation}", required=True)
     claim = what.add_parser(
         "claim",
         parents=[common],
@@ -74,25 +83,18 @@ def parser() -> argparse.ArgumentParser:
         "events.",
     )
     vm.add_argument("name", metavar="NAME", help="the VirtualMachine (or VMI)")
-    list_verb = verbs.add_parser("list", parents=[common], help="GPU claims, filtered")
-    listed = list_verb.add_subparsers(dest="what", metavar="{claims}", required=True)
-    claims = listed.add_parser(
-        "claims",
+    reservation = what.add_parser(
+        "reservation",
         parents=[common],
-        help="claims by class, phase, tenant or node, and why a waiting one waits",
-        description="The claims you can list (in the namespace, or every namespace with "
-        "-A), one line each: class, count, phase, node and the reason a waiting claim "
-        "gives. Filters combine.",
+        help="a reservation's window, phase, node and why it waits",
+        description="A GPUReservation's class, count, window (RFC 3339, its length), phase, "
+        "node and bookedAt, its conditions, and why a Pending one waits. A hoster (who can "
+        "list everything, reservations included) also gets the booking model's judgement of "
+        "one not yet booked: the node it would be booked on, or why not and the earliest "
+        "window of its length that fits.",
     )
-    claims.add_argument("--class", dest="gpu_class", metavar="CLASS", help="only this class")
-    claims.add_argument("--phase", choices=list_claims.PHASES, help="only claims in this phase")
-    claims.add_argument(
-        "--tenant",
-        metavar="NAMESPACE",
-        help="only the claims of this tenant's namespace and the tenants below it (needs to "
-        "list namespaces)",
-    )
-    claims.add_argument("--node", metavar="NODE", help="only claims held on this node")
+    reservation.add_argument("name", metavar="NAME", help="the GPUReservation")
+    _add_list(verbs, common)
     top_verb = verbs.add_parser("top", parents=[common], help="GPU units per node or class")
     show = top_verb.add_subparsers(dest="what", metavar="{nodes,classes}", required=True)
     show.add_parser(
@@ -110,6 +112,55 @@ def parser() -> argparse.ArgumentParser:
         "free, the most free on one node, units waiting and raw use.",
     )
     return top_parser
+
+
+def _add_list(
+    verbs: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """``list claims`` and ``list reservations``: the same filters, each kind's phases."""
+    list_verb = verbs.add_parser(
+        "list", parents=[common], help="GPU claims or reservations, filtered"
+    )
+    listed = list_verb.add_subparsers(dest="what", metavar="{claims,reservations}", required=True)
+    claims = listed.add_parser(
+        "claims",
+        parents=[common],
+        help="claims by class, phase, tenant or node, and why a waiting one waits",
+        description="The claims you can list (in the namespace, or every namespace with "
+        "-A), one line each: class, count, phase, node and the reason a waiting claim "
+        "gives. Filters combine.",
+    )
+    claims.add_argument("--class", dest="gpu_class", metavar="CLASS", help="only this class")
+    claims.add_argument("--phase", choices=list_claims.PHASES, help="only claims in this phase")
+    claims.add_argument(
+        "--tenant",
+        metavar="NAMESPACE",
+        help="only the claims of this tenant's namespace and the tenants below it (needs to "
+        "list namespaces)",
+    )
+    claims.add_argument("--node", metavar="NODE", help="only claims held on this node")
+    reservations = listed.add_parser(
+        "reservations",
+        parents=[common],
+        help="reservations by class, phase, tenant or node, with their windows",
+        description="The reservations you can list (in the namespace, or every namespace "
+        "with -A), one line each: class, count, start, end, phase, node and age, as kubectl "
+        "get prints them; -o wide adds the window's length, bookedAt and why a waiting one "
+        "waits. Filters combine.",
+    )
+    reservations.add_argument("--class", dest="gpu_class", metavar="CLASS", help="only this class")
+    reservations.add_argument(
+        "--phase", choices=list_reservations.PHASES, help="only reservations in this phase"
+    )
+    reservations.add_argument(
+        "--tenant",
+        metavar="NAMESPACE",
+        help="only the reservations of this tenant's namespace and the tenants below it "
+        "(needs to list namespaces)",
+    )
+    reservations.add_argument(
+        "--node", metavar="NODE", help="only reservations booked on this node"
+    )
 
 
 def _opt(args: argparse.Namespace, name: str, default: Any = None) -> Any:
@@ -202,13 +253,33 @@ def _list(session: Session, args: argparse.Namespace, now: float) -> Any:
         tenants = list_claims.subtree(filters.tenant, namespaces)
     every = _opt(args, "all_namespaces", False) or filters.tenant is not None
     namespace = None if every else str(_opt(args, "namespace") or session.default_namespace)
-    claims = session.list_of(keys.GPU_CLAIM, namespace, field_selector=filters.field_selector())
-    if claims is None:
+    kind, listed = (
+        (keys.GPU_RESERVATION, list_reservations)
+        if args.what == "reservations"
+        else (keys.GPU_CLAIM, list_claims)
+    )
+    objects = session.list_of(kind, namespace, field_selector=filters.field_selector())
+    if objects is None:
         where = "in every namespace" if namespace is None else f"in namespace {namespace}"
-        raise CliError(f"this user may not list gpuclaims {where}")
+        raise CliError(f"this user may not list {kind.plural} {where}")
     scope = "" if namespace is None else f" in namespace {namespace}"
-    report = {"items": list_claims.rows(claims, filters, now, tenants), "scope": scope}
-    return report, list_claims.render
+    report = {"items": listed.rows(objects, filters, now, tenants), "scope": scope}
+    return report, listed.render
+
+
+def _reservation(session: Session, args: argparse.Namespace, now: float) -> Any:
+    ns = _namespace(session, args, keys.GPU_RESERVATION)
+    reservation = session.get_required(keys.GPU_RESERVATION, args.name, ns)
+    cluster = session.listing()
+    readings = explain_reservation.ReservationReadings(
+        reservation=reservation,
+        classes=session.list_of(keys.GPU_CLASS) or [],
+        cluster=cluster,
+        # Only a hoster's judgement reads them: other windows hold units too.
+        reservations=session.list_of(keys.GPU_RESERVATION) if cluster is not None else None,
+    )
+    report = explain_reservation.explain(readings, settings.parse([]), now)
+    return report, explain_reservation.render
 
 
 def _top(session: Session, args: argparse.Namespace, now: float) -> Any:
@@ -251,7 +322,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             _opt(args, "as_groups", []) or [],
         )
         run = _claim if args.verb == "explain" and args.what == "claim" else _vm
-        if args.verb == "top":
+        if args.verb == "explain" and args.what == "reservation":
+            run = _reservation
+        elif args.verb == "top":
             run = _top
         elif args.verb == "list":
             run = _list

@@ -3,8 +3,8 @@ server judges its rights) and as a hoster (the admin identity), with a binder ru
 every line printed is checked.
 
 The tenant's user reads what a tenant's roles give it: in its namespace claims, quotas,
-pods, Events and KubeVirt objects; GPUClass cluster-wide. It cannot read Namespaces, nodes,
-GPUNodes, or anything of another tenant.
+pods, Events and KubeVirt objects, and it books reservations there; GPUClass cluster-wide.
+It cannot read Namespaces, nodes, GPUNodes, or anything of another tenant.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def _grant_tenant(kube: Kube, namespace: str, user: str) -> None:
             "metadata": {"name": "tenant"},
             "rules": [
                 {"apiGroups": [keys.GROUP], "resources": ["gpuclaims"], "verbs": READ},
+                {"apiGroups": [keys.GROUP], "resources": ["gpureservations"],
+                 "verbs": [*READ, "create"]},
                 {"apiGroups": [""], "resources": ["events", "pods", "resourcequotas"],
                  "verbs": READ},
                 {"apiGroups": [keys.KUBEVIRT_GROUP], "resources": ["*"], "verbs": READ},
@@ -455,3 +457,57 @@ def test_explain_vm_of_no_vm_names_it_and_exits_1(
     assert capsys.readouterr().err.splitlines() == [
         f'error: virtualmachines.kubevirt.io "nope" not found in namespace "{env.tenant}"'
     ]
+
+
+def test_a_tenants_reservation_lists_and_explains_and_a_hoster_sees_the_models_booking(
+    env: Env,
+    control_plane: ControlPlane,
+    tenant_user: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    n0 = env.node("n0", 2)
+    h100 = env.gpu_class("h100", maxCount=4)
+    _class_settled(env, h100, 2)
+    # A window of 2h starting on the hour after next (whole minutes, as the CRD asks).
+    start = (int(time.time()) // 3600 + 2) * 3600
+    begin, end = translate.rfc3339(start), translate.rfc3339(start + 2 * 3600)
+    tenant = tenants.impersonating(control_plane.api_client(), tenant_user)
+    tenant.custom.create_namespaced_custom_object(
+        keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_RESERVATIONS,
+        {"apiVersion": keys.API_VERSION, "kind": keys.KIND_RESERVATION,
+         "metadata": {"name": "train"},
+         "spec": {"class": h100, "count": 1, "start": begin, "end": end}},
+    )  # fmt: skip
+
+    # The tenant: its namespace's reservations, with kubectl get's columns.
+    code, lines = run(control_plane, "list", "reservations", "-n", env.tenant,
+                      "--as", tenant_user)  # fmt: skip
+    assert code == 0, lines
+    assert [ln.split()[:8] for ln in lines] == [
+        ["NAMESPACE", "NAME", "CLASS", "COUNT", "START", "END", "PHASE", "NODE"],
+        [env.tenant, "train", h100, "1", begin, end, "Pending", "-"],
+    ]
+    code, lines = run(control_plane, "list", "reservations", "-A", "--as", tenant_user)
+    assert (code, lines) == (1, [])
+    assert "may not list gpureservations in every namespace" in capsys.readouterr().err
+
+    # Its explain says what it books and that it waits, and no model's judgement: the
+    # tenant cannot read the nodes and windows the model judges with.
+    code, lines = run(control_plane, "explain", "reservation", "train", "-n", env.tenant,
+                      "--as", tenant_user)  # fmt: skip
+    assert code == 0, lines
+    assert lines[0] == f"Reservation: {env.tenant}/train (class {h100}, 1 unit)"
+    assert lines[1].startswith(f"Window:      {begin} to {end} (2h; starts in ")
+    assert lines[2:] == [
+        "Phase:       Pending",
+        f"Class:       {h100} (passthrough): 2 free, 2 on one node, maxCount 4",
+        "Waiting:     to be judged: no condition says why yet",
+    ]
+    assert n0 not in "\n".join(lines)
+
+    # The hoster: the booking model's answer on the binder's view of the cluster.
+    code, lines = run(control_plane, "explain", "reservation", "train", "-n", env.tenant)
+    assert code == 0, lines
+    assert lines[-1] == f"Booking:     fits now on node {n0}: the model would book it there"
+    code, lines = run(control_plane, "list", "reservations", "-A", "--class", h100)
+    assert [ln.split()[:2] for ln in lines[1:]] == [[env.tenant, "train"]]

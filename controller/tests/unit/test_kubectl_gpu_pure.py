@@ -14,10 +14,21 @@ from typing import Any
 import pytest
 
 from cozystack_gpu import keys
-from cozystack_gpu.cli import explain_claim, explain_vm, list_claims, main, text, whatif
+from cozystack_gpu.cli import (
+    explain_claim,
+    explain_reservation,
+    explain_vm,
+    list_claims,
+    list_reservations,
+    main,
+    text,
+    whatif,
+)
 from cozystack_gpu.config import parse
 from cozystack_gpu.keys import Mode, Phase
 from cozystack_gpu.model import ClaimInfo, ClaimKey, ClassInfo, Device, NodeInfo, Snapshot
+from cozystack_gpu.objects import translate
+from cozystack_gpu.objects.translate import rfc3339
 
 CONFIG = parse([])
 
@@ -214,7 +225,8 @@ def test_ages_read_like_kubectls() -> None:
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["explain", "--help"], ["explain", "claim", "--help"], ["explain", "vm", "--help"],
-     ["top", "--help"], ["top", "nodes", "--help"], ["top", "classes", "--help"]],
+     ["top", "--help"], ["top", "nodes", "--help"], ["top", "classes", "--help"],
+     ["explain", "reservation", "--help"], ["list", "reservations", "--help"]],
 )  # fmt: skip
 def test_every_verb_has_help_and_exits_0(
     argv: list[str], capsys: pytest.CaptureFixture[str]
@@ -227,8 +239,10 @@ def test_every_verb_has_help_and_exits_0(
 
 
 @pytest.mark.parametrize(
-    "argv", [[], ["explain"], ["explain", "claim"], ["top", "pods"], ["top", "nodes", "-o", "x"]]
-)
+    "argv",
+    [[], ["explain"], ["explain", "claim"], ["top", "pods"], ["top", "nodes", "-o", "x"],
+     ["explain", "reservation"], ["list", "reservations", "--phase", "Bound"]],
+)  # fmt: skip
 def test_a_usage_error_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main.main(argv, io.StringIO()) == 2
     assert "usage: kubectl gpu" in capsys.readouterr().err
@@ -376,7 +390,11 @@ def test_list_claims_keeps_what_every_filter_allows_and_says_why_a_claim_waits()
 
 @pytest.mark.parametrize(
     ("verb", "kinds"),
-    [("list", "{claims}"), ("top", "{nodes,classes}"), ("explain", "{claim,vm}")],
+    [
+        ("list", "{claims,reservations}"),
+        ("top", "{nodes,classes}"),
+        ("explain", "{claim,vm,reservation}"),
+    ],
 )
 def test_a_verb_without_a_kind_names_the_kinds_it_takes(
     verb: str, kinds: str, capsys: pytest.CaptureFixture[str]
@@ -384,3 +402,152 @@ def test_a_verb_without_a_kind_names_the_kinds_it_takes(
     # A newcomer's first try ("kubectl gpu list") was told only that KIND is required.
     assert main.main([verb]) == 2
     assert f"the following arguments are required: {kinds}" in capsys.readouterr().err
+
+
+# --- reservations ------------------------------------------------------------------------
+
+NOW = 1_800_000_000 - 1_800_000_000 % 60  # a whole minute: windows are whole minutes
+HOUR = 3600
+
+
+def _reservation(
+    ns: str, name: str, count: int, start: float, end: float, cls: str = "h100", **status: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}",
+                     "creationTimestamp": rfc3339(NOW - 600)},
+        "spec": {"class": cls, "count": count, "start": rfc3339(start), "end": rfc3339(end)},
+        "status": status,
+    }  # fmt: skip
+
+
+REFUSED = {
+    "type": "Booked",
+    "status": "False",
+    "reason": "InsufficientCapacity",
+    "message": "no node serving class h100 has 2 units free from ... to ...",
+}
+
+
+def test_list_reservations_prints_the_crds_columns_and_filters_as_list_claims_does() -> None:
+    start, end = NOW + 2 * HOUR, NOW + 10 * HOUR
+    reservations = [
+        _reservation(
+            "b", "train", 2, start, end, phase="Booked", nodeName="n1", bookedAt=rfc3339(NOW - 300)
+        ),
+        _reservation("a", "late", 1, end, end + HOUR, conditions=[REFUSED]),
+        _reservation("a", "early", 1, start, end, cls="t4", phase="Active", nodeName="n2"),
+    ]
+
+    def names(filters: list_claims.Filters) -> list[str]:
+        rows = list_reservations.rows(reservations, filters, NOW, None)
+        return [f"{r['namespace']}/{r['name']}" for r in rows]
+
+    # By namespace, then start: a tenant's windows read in time order.
+    assert names(list_claims.Filters()) == ["a/early", "a/late", "b/train"]
+    assert names(list_claims.Filters(gpu_class="h100", phase="Pending")) == ["a/late"]
+    assert names(list_claims.Filters(node="n1")) == ["b/train"]
+    rows = list_reservations.rows(reservations, list_claims.Filters(), NOW, frozenset({"b"}))
+    lines = list_reservations.render({"items": rows})
+    assert [ln.split() for ln in lines] == [
+        ["NAMESPACE", "NAME", "CLASS", "COUNT", "START", "END", "PHASE", "NODE", "AGE"],
+        ["b", "train", "h100", "2", rfc3339(start), rfc3339(end), "Booked", "n1", "10m"],
+    ]
+    rows = list_reservations.rows(reservations, list_claims.Filters(phase="Pending"), NOW, None)
+    wide = list_reservations.render({"items": rows}, wide=True)
+    assert [ln.split() for ln in wide] == [
+        ["NAMESPACE", "NAME", "CLASS", "COUNT", "START", "END", "PHASE", "NODE", "LENGTH",
+         "BOOKED", "WHY", "AGE"],
+        ["a", "late", "h100", "1", rfc3339(end), rfc3339(end + HOUR), "Pending", "-", "1h", "-",
+         "InsufficientCapacity", "10m"],
+    ]  # fmt: skip
+    assert list_reservations.render({"items": [], "scope": " in namespace x"}) == [
+        "No GPU reservations found in namespace x."
+    ]
+
+
+def test_explain_reservation_says_its_window_phase_node_and_conditions_in_words() -> None:
+    booked = {"type": "Booked", "status": "True", "reason": "Booked",
+              "message": "2 units of class h100 on node n1", "lastTransitionTime": "T"}  # fmt: skip
+    obj = _reservation("a", "train", 2, NOW + 90 * 60, NOW + 9 * HOUR + 90 * 60,
+                       phase="Booked", nodeName="n1", bookedAt=rfc3339(NOW - 300),
+                       conditions=[booked])  # fmt: skip
+    readings = explain_reservation.ReservationReadings(
+        reservation=obj, classes=[_class("h100", 2, 2)]
+    )
+    report = explain_reservation.explain(readings, CONFIG, NOW)
+    assert "booking" not in report  # booked: nothing for the model to judge
+    assert explain_reservation.render(report) == [
+        "Reservation: a/train (class h100, 2 units)",
+        f"Window:      {rfc3339(NOW + 5400)} to {rfc3339(NOW + 37800)} (9h; starts in 1h30m)",
+        f"Phase:       Booked (on node n1, booked at {rfc3339(NOW - 300)})",
+        "Class:       h100 (passthrough): 2 free, 2 on one node",
+        "Conditions:",
+        "  Booked: yes (Booked): 2 units of class h100 on node n1",
+    ]
+    assert explain_reservation.render(report, wide=True)[-1].endswith(", since T")
+    # While the window lasts, and after it.
+    open_now = explain_reservation.explain(readings, CONFIG, NOW + 2 * HOUR)
+    assert explain_reservation.render(open_now)[1].endswith("; open, ends in 8h30m)")
+    ended = explain_reservation.explain(readings, CONFIG, NOW + 12 * HOUR)
+    assert explain_reservation.render(ended)[1].endswith("; ended 1h30m ago)")
+
+
+def test_explain_reservation_says_why_a_pending_one_waits_from_its_conditions() -> None:
+    obj = _reservation("a", "train", 2, NOW + HOUR, NOW + 2 * HOUR, conditions=[REFUSED])
+    readings = explain_reservation.ReservationReadings(reservation=obj, classes=[])
+    lines = explain_reservation.render(explain_reservation.explain(readings, CONFIG, NOW))
+    assert lines[2:] == [
+        "Phase:       Pending",
+        "Class:       h100 does not exist",
+        "Conditions:",
+        "  Booked: no (InsufficientCapacity)",  # its message is the Waiting line's
+        f"Waiting:     InsufficientCapacity: {REFUSED['message']}",
+    ]
+    obj["status"] = {}
+    lines = explain_reservation.render(explain_reservation.explain(readings, CONFIG, NOW))
+    assert lines[-1] == "Waiting:     to be judged: no condition says why yet"
+
+
+def test_explain_reservation_for_a_tenant_has_no_model_judgement_and_no_other_node() -> None:
+    """A tenant cannot list the nodes and the other reservations the model judges with: its
+    report says what its own object says, and names no node its object does not."""
+    obj = _reservation("a", "train", 1, NOW + HOUR, NOW + 2 * HOUR)
+    readings = explain_reservation.ReservationReadings(
+        reservation=obj, classes=[_class("h100", 2, 2)], cluster=None, reservations=None
+    )
+    report = explain_reservation.explain(readings, CONFIG, NOW)
+    assert "booking" not in report
+    assert report["reservation"]["node"] is None
+    assert not any("node n" in line for line in explain_reservation.render(report))
+
+
+def test_the_models_booking_judgement_names_the_node_or_the_earliest_window_that_fits() -> None:
+    snap = _snapshot()  # n0 and n1: one h100 unit free each, held from now on
+    others = [
+        _reservation("b", f"b{i}", 1, NOW + HOUR, NOW + 3 * HOUR, phase="Booked", nodeName=node)
+        for i, node in enumerate(("n0", "n1"))
+    ]
+
+    def judged(obj: dict[str, Any]) -> dict[str, Any]:
+        info = translate.reservation_info(obj)
+        assert info is not None
+        # Its own object among those listed is left out (a Lost one would count twice).
+        return explain_reservation.judge(info, snap, [*others, obj], NOW)
+
+    after = _reservation("a", "after", 1, NOW + 3 * HOUR, NOW + 4 * HOUR)
+    assert judged(after) == {"verdict": "fits", "node": "n0", "reason": None,
+                             "message": None, "earliest": rfc3339(NOW + 3 * HOUR)}  # fmt: skip
+    overlapping = _reservation("a", "overlap", 1, NOW + 2 * HOUR, NOW + 4 * HOUR)
+    answer = judged(overlapping)
+    assert (answer["verdict"], answer["reason"]) == ("refused", "InsufficientCapacity")
+    assert answer["earliest"] == rfc3339(NOW + 3 * HOUR)
+    readings = explain_reservation.ReservationReadings(overlapping, [])
+    window = explain_reservation.explain(readings, CONFIG, NOW)["reservation"]
+    assert explain_reservation.render_booking(answer, window)[-1] == (
+        f"  earliest window of 2h that fits: {rfc3339(NOW + 3 * HOUR)} to {rfc3339(NOW + 5 * HOUR)}"
+    )
+    # A window asked too late: the earliest of its length from now on.
+    past = _reservation("a", "past", 1, NOW - HOUR, NOW + HOUR)
+    answer = judged(past)
+    assert (answer["reason"], answer["earliest"]) == ("WindowInPast", rfc3339(NOW + 3 * HOUR))
