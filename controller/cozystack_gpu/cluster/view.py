@@ -588,8 +588,8 @@ class ClusterView:
         changed |= sync_kind(
             dirty.reservations,
             lambda key: self.reservations.info(key, now),
-            snap.reservation,
-            snap.upsert_reservation,
-            snap.remove_reservation,
+            snap.windows.get,
+            snap.windows.upsert,
+            snap.windows.remove,
         )
         return changed, dirty

@@ -9,8 +9,8 @@ claim an Active window made, changes: an order decision reads them as it reads f
 They need no clock (``booking.held_back_on_node``): the binder ends every window at its
 end, and the cluster view forgets one whose end has passed even before it does.
 
-The class indexes keep the free units (a booking reads those); ``search.find_node`` takes
-these off for orders, node by node.
+The snapshot keeps two class indexes: by free units (a booking reads those) and by the units
+an order may take, these taken off (order decisions read those, at today's cost).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from cozystack_gpu.model._index import ClassIndex
 from cozystack_gpu.model.booking import held_back_on_node, held_back_under
 from cozystack_gpu.model.reservations import (
     Bookings,
@@ -27,7 +26,7 @@ from cozystack_gpu.model.reservations import (
     ReservationInfo,
     ReservationPhase,
 )
-from cozystack_gpu.model.types import ClaimKey, ClassStatus
+from cozystack_gpu.model.types import ClaimKey
 
 if TYPE_CHECKING:
     from cozystack_gpu.model.snapshot import Snapshot
@@ -46,18 +45,8 @@ class HeldBack:
         rows = self.nodes.get(resource)
         return rows.get(node, 0) if rows else 0
 
-    def class_status(self, idx: ClassIndex, resource: str) -> ClassStatus:
-        """A class's free units and the most on one node, for orders."""
-        back = self.nodes.get(resource)
-        if not back:
-            return ClassStatus(free=idx.total_free, max_free_per_node=idx.max_free())
-        total, most = idx.total_free, idx.largest(lambda n: n not in back) or 0
-        for node, units in back.items():
-            free = idx.free.get(node)
-            if free is not None:
-                total -= min(free, units)
-                most = max(most, free - units)
-        return ClassStatus(free=total, max_free_per_node=most)
+    def get(self, key: ClaimKey) -> ReservationInfo | None:
+        return self.bookings.get(key)
 
     # --- changes ---------------------------------------------------------------------------
 
@@ -97,12 +86,15 @@ class HeldBack:
             if isinstance(mark, NodeMark):
                 units = held_back_on_node(self.snap, self.bookings, mark.node, mark.resource)
                 rows = self.nodes.setdefault(mark.resource, {})
+                before = rows.get(mark.node, 0)
                 if units:
                     rows[mark.node] = units
                 else:
                     rows.pop(mark.node, None)
                 if not rows:
                     del self.nodes[mark.resource]
+                if units != before:
+                    self.snap._refresh_free(mark.node, mark.resource)  # its order units move
             else:
                 units = held_back_under(self.snap, self.bookings, *mark)
                 self.snap._ledger.set_booked(mark.tenant, mark.tally, mark.inner, units)

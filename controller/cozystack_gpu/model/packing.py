@@ -116,7 +116,7 @@ def make_room(
     try:
         # The search changes the snapshot and undoes it before the next node is read.
         for name, free in snap.serving_by_free(klass.name):
-            room = _room(snap, name, res)
+            room = _room(snap, name, res) - snap.held_back(name, res)
             if name in skip or room < need:
                 continue
             if room - snap.pinned(name, res) < need:

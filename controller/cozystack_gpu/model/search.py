@@ -31,14 +31,11 @@ def find_node(
     now: float,
     nodes: Collection[str] | None,
     exclude: Collection[str],
-    held_back: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Decision:
     """The best-fit node for ``demand`` (units per class), or a refusal naming what is
     missing. ``claims`` are the set's members (their held units count as free where they
     are, their rejected nodes are skipped until ``until``); ``nodes`` limits the choice and
-    ``exclude`` leaves nodes out. ``held_back`` (resource name -> node -> units) is what
-    booked windows keep from orders: those nodes are judged one by one with it taken off,
-    the rest through the index."""
+    ``exclude`` leaves nodes out."""
     res_of = {name: classes[name].resource_name for name in demand}
     by_res: dict[str, str] = {}
     for name in sorted(demand):
@@ -62,18 +59,14 @@ def find_node(
     pidx = indexes[primary]
     pres = res_of[primary]
     pneed = demand[primary]
-    back = held_back or {}
-    pback = back.get(pres) or {}
-    others = [(indexes[n], demand[n], res_of[n], back.get(res_of[n]) or {}) for n in order[1:]]
+    others = [(indexes[n], demand[n], res_of[n]) for n in order[1:]]
     allowed = None if nodes is None else set(nodes)
 
     def fits_others(node: str) -> bool:
         row = credit.get(node)
-        for idx, need, res, kept in others:
+        for idx, need, res in others:
             free = idx.free.get(node)
-            if free is None:
-                return False
-            if free + (row.get(res, 0) if row else 0) - kept.get(node, 0) < need:
+            if free is None or free + (row.get(res, 0) if row else 0) < need:
                 return False
         return True
 
@@ -85,7 +78,7 @@ def find_node(
         free = pidx.free.get(node)
         if free is None or not usable(node):
             continue
-        free += credit[node].get(pres, 0) - pback.get(node, 0)
+        free += credit[node].get(pres, 0)
         if free >= pneed and fits_others(node):
             if len(credit) == 1:
                 return Placement(node)
@@ -94,41 +87,25 @@ def find_node(
     if allowed is not None:
         for node in allowed:
             free = pidx.free.get(node)
-            if free is None or node in skip or node in credit:
+            if free is None or free < pneed or node in skip or node in credit:
                 continue
-            free -= pback.get(node, 0)
-            if free < pneed or (others and not fits_others(node)):
+            if others and not fits_others(node):
                 continue
             if best is None or (free, node) < best:
                 best = (free, node)
     else:
-        # Nodes with units held back for windows, one by one; the index skips them.
-        for node, kept in pback.items():
-            free = pidx.free.get(node)
-            if free is None or node in skip or node in credit:
-                continue
-            free -= kept
-            if free < pneed or (others and not fits_others(node)):
-                continue
-            if best is None or (free, node) < best:
-                best = (free, node)
         accept: Callable[[str], bool] | None = None
-        if skip or credit or others or pback:
+        if skip or credit or others:
 
             def accept(node: str) -> bool:
-                return (
-                    node not in skip
-                    and node not in credit
-                    and node not in pback
-                    and fits_others(node)
-                )
+                return node not in skip and node not in credit and fits_others(node)
 
         found = pidx.best(pneed, accept)
         if found is not None and (best is None or (pidx.free[found], found) < best):
             best = (pidx.free[found], found)
     if best is not None:
         return Placement(best[1])
-    return capacity_refusal(indexes, order, demand, skip, allowed, pback)
+    return capacity_refusal(indexes, order, demand, skip, allowed)
 
 
 def capacity_refusal(
@@ -137,11 +114,10 @@ def capacity_refusal(
     demand: dict[str, int],
     skip: set[str],
     allowed: set[str] | None,
-    pback: Mapping[str, int] | None = None,
 ) -> Refusal:
     """Why no node takes the demand: no serving node at all, or none with room (naming the
-    most free units one node has, for a single class, less what booked windows keep there).
-    Nodes are counted, never named: the tenant reads this and cannot read nodes."""
+    most free units one node has, for a single class). Nodes are counted, never named: the
+    tenant reads this and cannot read nodes."""
     where = ""
     if allowed is not None:
         where += " among the nodes the VM may use"
@@ -153,34 +129,20 @@ def capacity_refusal(
         return node not in skip and (allowed is None or node in allowed)
 
     pidx = indexes[order[0]]
-    kept = pback or {}
     if len(order) == 1:
         if allowed is not None:
-            frees = [
-                max(0, pidx.free[n] - kept.get(n, 0))
-                for n in allowed
-                if n in pidx.free and usable(n)
-            ]
+            frees = [pidx.free[n] for n in allowed if n in pidx.free and usable(n)]
             largest = max(frees) if frees else None
-        elif kept:
-            largest = pidx.largest(lambda n: usable(n) and n not in kept)
-            for node, units in kept.items():
-                if node in pidx.free and usable(node):
-                    free = max(0, pidx.free[node] - units)
-                    largest = free if largest is None else max(largest, free)
         else:
             largest = pidx.largest(usable if skip else None)
         # Serving nodes that advertise no units of the class serve nothing: say so.
         if largest is None or (largest == 0 and pidx.max_cap() == 0):
             return Refusal(Reason.NO_NODE_SERVES, f"no node serves class {order[0]}{where}")
-        booked = ""
-        if kept and any(usable(n) and n in pidx.free for n in kept):
-            booked = " (units reservations booked for their windows are not free to orders)"
         return Refusal(
             Reason.INSUFFICIENT_CAPACITY,
             f"no node serving class {order[0]}{where} has {demand[order[0]]} free "
             f"{'unit' if demand[order[0]] == 1 else 'units'}; "
-            f"the largest has {largest}{booked}",
+            f"the largest has {largest}",
         )
     names = sorted(order)
     idxs = [indexes[n] for n in names]

@@ -107,6 +107,9 @@ def _pinned_node(
     return name
 
 
+BOOKED_WORDS = " (units reservations booked for their windows are not free to orders)"
+
+
 def place_set(
     snap: Snapshot,
     claims: Sequence[ClaimInfo],
@@ -142,9 +145,12 @@ def place_set(
     refusal = snap._ledger.check_orders([c for c in claims if not c.counts_budget], snap._classes)
     if refusal is not None:
         return refusal
-    decision = find_node(
-        snap._classes, snap._idx, demand, claims, now, nodes, exclude, snap.windows.nodes
-    )
+    # By the units orders may take: booked windows' units are left out (SPEC §11).
+    decision = find_node(snap._classes, snap._oidx, demand, claims, now, nodes, exclude)
+    if isinstance(decision, Refusal) and decision.reason is Reason.INSUFFICIENT_CAPACITY:
+        resources = {snap._classes[name].resource_name for name in demand}
+        if any(snap.windows.nodes.get(res) for res in resources):
+            return Refusal(decision.reason, decision.message + BOOKED_WORDS)
     # A set's classes may each have serving nodes, just none in common: no words then.
     if (
         isinstance(decision, Refusal)

@@ -75,6 +75,9 @@ class Snapshot:
         self._namespaces: dict[str, NamespaceInfo] = {}
         self._ledger = Ledger()
         self._idx: dict[str, ClassIndex] = {}
+        # The same nodes by the units an order may take (free, less what booked windows
+        # hold back there): order decisions read these, bookings the free units above.
+        self._oidx: dict[str, ClassIndex] = {}
         self._served: dict[str, set[str]] = {}
         self._used: dict[str, dict[str, int]] = {}
         self._pinned: dict[str, dict[str, int]] = {}
@@ -131,7 +134,7 @@ class Snapshot:
         for node in nodes:
             snap.upsert_node(node)
         for reservation in reservations:
-            snap.upsert_reservation(reservation)
+            snap.windows.upsert(reservation)
         return snap
 
     # --- reading ---------------------------------------------------------------------------
@@ -292,15 +295,15 @@ class Snapshot:
     def class_status(self, class_name: str) -> ClassStatus:
         """``free`` and ``maxFreePerNode`` for GPUClass status, over serving nodes only:
         what orders may take, so units held back for booked windows are not counted."""
-        idx = self._idx.get(class_name)
+        idx = self._oidx.get(class_name)
         if idx is None:
             return ClassStatus(free=0, max_free_per_node=0)
-        return self.windows.class_status(idx, self._classes[class_name].resource_name)
+        return ClassStatus(free=idx.total_free, max_free_per_node=idx.max_free())
 
     def serving_by_free(self, class_name: str) -> Iterator[tuple[str, int]]:
-        """(node, free units) of the nodes serving the class, most free first, then by name.
-        A change to the snapshot must be undone before the next node is read."""
-        idx = self._idx.get(class_name)
+        """(node, units an order may take) of the nodes serving the class, most first, then
+        by name. A change to the snapshot must be undone before the next node is read."""
+        idx = self._oidx.get(class_name)
         return idx.by_free_desc() if idx is not None else iter(())
 
     def largest_capacity(self, class_name: str) -> int:
@@ -338,6 +341,7 @@ class Snapshot:
         self._reaccount_volumes(name)
         for class_name in self._served.pop(name, set()):
             self._idx[class_name].remove(name)
+            self._oidx[class_name].remove(name)
         self._dirty.add(name)
 
     # --- classes ---------------------------------------------------------------------------
@@ -361,6 +365,7 @@ class Snapshot:
         self._classes_by_res.setdefault(klass.resource_name, set()).add(klass.name)
         affected |= self._classes_by_res[klass.resource_name]
         self._idx.setdefault(klass.name, ClassIndex())
+        self._oidx.setdefault(klass.name, ClassIndex())
         self._recount(keys, affected)
         if old is None or old.resource_name != klass.resource_name:
             self.windows.recharge(class_name=klass.name)
@@ -379,6 +384,7 @@ class Snapshot:
         if not same:
             del self._classes_by_res[old.resource_name]
         idx = self._idx.pop(name)
+        del self._oidx[name]
         for node in idx.free:
             self._served[node].discard(name)
         self._recount(keys, same)
@@ -481,15 +487,6 @@ class Snapshot:
     def bookings(self) -> Bookings:
         return self.windows.bookings
 
-    def reservation(self, key: ClaimKey) -> ReservationInfo | None:
-        return self.windows.bookings.get(key)
-
-    def upsert_reservation(self, reservation: ReservationInfo) -> None:
-        self.windows.upsert(reservation)
-
-    def remove_reservation(self, key: ClaimKey) -> None:
-        self.windows.remove(key)
-
     # --- bookkeeping -----------------------------------------------------------------------
 
     def _make_acct(self, claim: ClaimInfo) -> _Acct:
@@ -537,7 +534,12 @@ class Snapshot:
             return
         for class_name in served:
             if self._classes[class_name].resource_name == res:
-                self._idx[class_name].put(node, self.free(node, res), self.capacity(node, res))
+                self._put(class_name, node, res)
+
+    def _put(self, class_name: str, node: str, res: str) -> None:
+        free, cap = self.free(node, res), self.capacity(node, res)
+        self._idx[class_name].put(node, free, cap)
+        self._oidx[class_name].put(node, max(0, free - self.held_back(node, res)), cap)
 
     def _refresh_eligibility(self, node_name: str, class_name: str) -> None:
         node = self._nodes[node_name]
@@ -554,13 +556,11 @@ class Snapshot:
             if served is None:
                 served = self._served[node_name] = set()
             served.add(class_name)
-            res = klass.resource_name
-            self._idx[class_name].put(
-                node_name, self.free(node_name, res), self.capacity(node_name, res)
-            )
+            self._put(class_name, node_name, klass.resource_name)
         elif served is not None and class_name in served:
             served.discard(class_name)
             self._idx[class_name].remove(node_name)
+            self._oidx[class_name].remove(node_name)
 
     def _flush(self) -> None:
         for node in self._dirty:

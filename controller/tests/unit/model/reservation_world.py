@@ -348,11 +348,11 @@ class Sim:
 
     def put_window(self, window: ReservationInfo) -> None:
         self.windows[window.key] = window
-        self.snap.upsert_reservation(window)
+        self.snap.windows.upsert(window)
 
     def drop_window(self, key: ClaimKey) -> None:
         del self.windows[key]
-        self.snap.remove_reservation(key)
+        self.snap.windows.remove(key)
         if key in self.claims:
             self.drop_claim(key)
 

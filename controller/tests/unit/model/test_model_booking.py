@@ -354,7 +354,7 @@ def order_of(count: int, name: str = "o", ns: str = "tenant-a") -> ClaimInfo:
 def test_an_order_that_would_eat_into_a_booked_window_is_refused_saying_so() -> None:
     # One node of 8: Monday's window holds 6 of them, so an order for good may take 2.
     snap = world("n1")
-    snap.upsert_reservation(monday(6, "a", node="n1", phase=BOOKED))
+    snap.windows.upsert(monday(6, "a", node="n1", phase=BOOKED))
     assert check_order(snap, order_of(2), NOW) == Placement("n1")
     decision = check_order(snap, order_of(3), NOW)
     assert isinstance(decision, Refusal) and decision.reason is Reason.INSUFFICIENT_CAPACITY
@@ -363,14 +363,14 @@ def test_an_order_that_would_eat_into_a_booked_window_is_refused_saying_so() -> 
     # The class's free units are what an order may take.
     assert snap.class_status("h100").free == 2
     # Cancelling the window gives the units back to orders at once.
-    snap.remove_reservation(ClaimKey("tenant-a", "a"))
+    snap.windows.remove(ClaimKey("tenant-a", "a"))
     assert check_order(snap, order_of(3), NOW) == Placement("n1")
     assert snap.class_status("h100").free == 8
 
 
 def test_an_order_goes_to_a_node_whose_windows_leave_it_room() -> None:
     snap = world("n1", "n2")
-    snap.upsert_reservation(monday(7, "a", node="n1", phase=BOOKED))
+    snap.windows.upsert(monday(7, "a", node="n1", phase=BOOKED))
     # n1 would be the best fit by free units alone (both have 8); its window leaves 1.
     assert check_order(snap, order_of(2), NOW) == Placement("n2")
     assert check_order(snap, order_of(1), NOW) == Placement("n1"), "best fit counts the window"
@@ -378,7 +378,7 @@ def test_an_order_goes_to_a_node_whose_windows_leave_it_room() -> None:
 
 def test_an_order_under_a_budget_leaves_the_booked_units_and_says_how_many() -> None:
     snap = world("n1", "n2", namespaces=TREE)  # tenant-a: 10 H100, the root: 12
-    snap.upsert_reservation(monday(8, "a", node="n1", phase=BOOKED))
+    snap.windows.upsert(monday(8, "a", node="n1", phase=BOOKED))
     assert check_order(snap, order_of(2), NOW) == Placement("n2")
     decision = check_order(snap, order_of(3), NOW)
     assert isinstance(decision, Refusal) and decision.reason is Reason.BUDGET_EXCEEDED
@@ -394,7 +394,7 @@ def test_an_order_under_a_budget_leaves_the_booked_units_and_says_how_many() -> 
 def test_an_active_window_is_held_back_once_beside_its_claim() -> None:
     window = monday(6, "a", node="n1", phase=ACTIVE)
     snap = world("n1", claims=(bound("h100", 6, "n1", name="a"),))
-    snap.upsert_reservation(window)
+    snap.windows.upsert(window)
     assert snap.held_back("n1", H100) == 0, "its claim holds the units already"
     assert check_order(snap, order_of(2), MONDAY_9 + HOUR) == Placement("n1")
     # Its claim deleted (the window is ending): the window alone holds them back.
@@ -405,7 +405,7 @@ def test_an_active_window_is_held_back_once_beside_its_claim() -> None:
 def test_held_back_units_follow_a_class_and_a_namespace_that_change() -> None:
     namespaces = [*TREE, tenant("tenant-b", "tenant-root")]
     snap = world("n1", namespaces=namespaces)
-    snap.upsert_reservation(monday(3, "a", ns="tenant-b", node="n1", phase=BOOKED))
+    snap.windows.upsert(monday(3, "a", ns="tenant-b", node="n1", phase=BOOKED))
     assert snap._ledger.booked("tenant-root", quota_key("h100")) == 3
     snap.upsert_namespace(tenant("tenant-b", "tenant-other"))
     assert snap._ledger.booked("tenant-root", quota_key("h100")) == 0
