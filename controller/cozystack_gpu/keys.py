@@ -433,6 +433,7 @@ CONDITION_DELETING = "Deleting"  # on GPUClaim: deletion waits for the VMI to st
 CONDITION_OFFER_WITHDRAWN = "OfferWithdrawn"  # on GPUClaim: its class is being deleted
 # on a licensed GPUClass: written by the licence copier: is its token Secret copied
 CONDITION_LICENSE_READY = "LicenseReady"
+CONDITION_BOOKED = "Booked"  # on GPUReservation: booked on a node, or why it waits
 
 
 # Condition and Event reasons the controller writes, besides the model's refusal reasons

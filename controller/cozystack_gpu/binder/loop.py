@@ -31,6 +31,7 @@ from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
 from cozystack_gpu.binder.calls.claims import ClaimListing, ClaimRead, Decision
 from cozystack_gpu.binder.calls.reports import EventWrite
 from cozystack_gpu.binder.parts.attachments import ATTACHMENT_STEPS, Attachments
+from cozystack_gpu.binder.parts.bookings import Bookings
 from cozystack_gpu.binder.parts.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.parts.publisher import Publisher
 from cozystack_gpu.binder.parts.rejections import Rejections
@@ -161,6 +162,7 @@ class Binder(Watcher):
         self.publisher = Publisher(self)
         self.attachments = Attachments(self)
         self.waiting = WaitingNotes(self)
+        self.bookings = Bookings(self)
         # Claims whose placement write is out: no decision touches them until it returns.
         self.inflight: set[ClaimKey] = set()
         # Holds packing is moving off each node: no placement there is sent until their
@@ -239,6 +241,7 @@ class Binder(Watcher):
             self.publisher.protect(now)
             self.gatekeeper.run(now)
             self.rejections.run(now)
+            self.bookings.run(now)
             self._decide(now)
             self.attachments.release_stuck_vmis()
             self.publisher.publish(now)
@@ -281,7 +284,9 @@ class Binder(Watcher):
         if now - self._last_staleness >= STALENESS_EVERY_S:
             self._last_staleness = now
             self.view.refresh_staleness(now)
-        changed, dirty = self.view.sync_into(self.snapshot, now, held=self.inflight)
+        changed, dirty = self.view.sync_into(
+            self.snapshot, now, held=self.inflight, booking=self.bookings.held()
+        )
         if standby:
             self._changed |= changed
             return

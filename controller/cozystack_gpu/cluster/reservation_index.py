@@ -38,6 +38,9 @@ class ReservationIndex:
         while self._ends and self._ends[0][0] <= now:
             self._dirty().reservations.add(heapq.heappop(self._ends)[1])
 
+    def get(self, key: ClaimKey) -> MutableObj | None:
+        return self._raw().get(key)
+
     def info(self, key: ClaimKey, now: float) -> ReservationInfo | None:
         """A reservation as the model reads it; None once its window has ended."""
         obj = self._raw().get(key)

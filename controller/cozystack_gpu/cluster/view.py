@@ -38,6 +38,7 @@ from cozystack_gpu.objects import MutableObj, attachment, pod_usage, translate
 from cozystack_gpu.objects.translate import VMIState, object_key
 
 Key = tuple[str, str]  # (namespace, name); cluster-scoped objects use ("", name)
+Keys = Collection[ClaimKey]
 MAX_TOMBSTONES = 20_000  # per kind; the oldest half goes when a kind has more
 Handler = Callable[[Key, MutableObj | None, MutableObj | None], None]
 
@@ -557,11 +558,11 @@ class ClusterView:
         )
 
     def sync_into(
-        self, snap: Snapshot, now: float, *, held: Collection[ClaimKey] = ()
+        self, snap: Snapshot, now: float, *, held: Keys = (), booking: Keys = ()
     ) -> tuple[bool, Dirty]:
-        """Bring ``snap`` up to date with what changed since the last call; claims in
-        ``held`` keep their model state (and stay dirty for the next call). Returns whether
-        the model saw a change, and what was dirty."""
+        """Bring ``snap`` up to date with what changed since the last call; claims in ``held``
+        and reservations in ``booking`` (their writes out) keep their model state, dirty for
+        the next call. Returns whether the model saw a change, and what was dirty."""
         self.reservations.ended(now)
         dirty = self.take_dirty()
         changed = sync_kind(
@@ -585,8 +586,9 @@ class ClusterView:
             snap.upsert_claim,
             snap.remove_claim,
         )
+        self.dirty.reservations |= dirty.reservations & set(booking)
         changed |= sync_kind(
-            dirty.reservations,
+            (key for key in dirty.reservations if key not in booking),
             lambda key: self.reservations.info(key, now),
             snap.windows.get,
             snap.windows.upsert,

@@ -1,0 +1,121 @@
+"""The binder books reservations (SPEC §11) against the real API server: a window that fits
+is booked on one node in the single loop, and orders then leave its units; a window that
+does not fit waits saying why; two windows after the same last units get one booking.
+
+No webhook runs here (each test has its own binder, binder_env.py): the binder judges every
+window itself, as it must for one a lagging replica admitted."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from binder_env import Env, condition
+
+from cozystack_gpu import keys
+from cozystack_gpu_testkit.objects import Kube, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+
+def tomorrow(hour: int) -> datetime.datetime:
+    day = datetime.datetime.now(datetime.UTC).date() + datetime.timedelta(days=1)
+    return datetime.datetime(day.year, day.month, day.day, hour, tzinfo=datetime.UTC)
+
+
+def rfc3339(t: datetime.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def reserve(kube: Kube, namespace: str, name: str, gpu_class: str, count: int) -> None:
+    """Book ``count`` of the class tomorrow 09:00-18:00."""
+    kube.custom.create_namespaced_custom_object(
+        keys.GROUP,
+        keys.VERSION,
+        namespace,
+        keys.PLURAL_RESERVATIONS,
+        {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_RESERVATION,
+            "metadata": {"name": name},
+            "spec": {
+                "class": gpu_class,
+                "count": count,
+                "start": rfc3339(tomorrow(9)),
+                "end": rfc3339(tomorrow(18)),
+            },
+        },
+    )
+
+
+def reservation(env: Env, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = env.kube.custom.get_namespaced_custom_object(
+        keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_RESERVATIONS, name
+    )
+    return obj
+
+
+def wait_reservation(env: Env, name: str, phase: str) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        obj = reservation(env, name)
+        return obj if (obj.get("status") or {}).get("phase") == phase else None
+
+    result: dict[str, Any] = wait_for(check, 15, f"reservation {name} {phase}")
+    return result
+
+
+def test_a_window_is_booked_on_one_node_and_orders_then_leave_its_units(env: Env) -> None:
+    node = env.node("n1", 4)
+    gpu_class = env.gpu_class(maxCount=4)
+    # The tenant's own booking: its role creates reservations; only the binder books them.
+    reserve(env.tenant_admin(), env.tenant, "monday", gpu_class, 3)
+    booked = wait_reservation(env, "monday", "Booked")
+    assert booked["status"]["nodeName"] == node
+    assert booked["status"]["bookedAt"]
+    cond = condition(booked, keys.CONDITION_BOOKED)
+    assert (cond["status"], cond["reason"]) == ("True", "Booked")
+    assert cond["message"].startswith(f"3 of class {gpu_class} booked on node {node} from ")
+    # An order for good may take what the window leaves, not more.
+    env.kube.claim(env.tenant, "two", gpu_class, 2)
+
+    def refused() -> dict[str, Any] | None:
+        found = condition(env.kube.get_claim(env.tenant, "two"))
+        return found if found.get("reason") == "InsufficientCapacity" else None
+
+    words = wait_for(refused, 15, "the order refused for the booked window")["message"]
+    assert words == (
+        f"no node serving class {gpu_class} has 2 free units; the largest has 1 (units "
+        "reservations booked for their windows are not free to orders)"
+    )
+    env.kube.claim(env.tenant, "one", gpu_class, 1)
+    assert env.wait_phase("one", "Bound")["status"]["nodeName"] == node
+
+
+def test_a_window_that_does_not_fit_waits_saying_why(env: Env) -> None:
+    env.node("n1", 2)
+    gpu_class = env.gpu_class(maxCount=8)
+    reserve(env.kube, env.tenant, "big", gpu_class, 4)
+    waiting = wait_reservation(env, "big", "Pending")
+    cond = condition(waiting, keys.CONDITION_BOOKED)
+    assert (cond["status"], cond["reason"]) == ("False", "InsufficientCapacity")
+    assert cond["message"].startswith(f"no node serving class {gpu_class} has 4 units free"), cond
+    assert "nodeName" not in waiting["status"]
+
+
+def test_two_windows_after_the_same_last_units_get_one_booking(env: Env) -> None:
+    env.node("n1", 4)
+    gpu_class = env.gpu_class(maxCount=4)
+    # Both written before the binder's next pass can see either booked.
+    reserve(env.kube, env.tenant, "first", gpu_class, 3)
+    reserve(env.kube, env.tenant, "second", gpu_class, 3)
+
+    def settled() -> list[str] | None:
+        phases = sorted(
+            (reservation(env, n).get("status") or {}).get("phase") or ""
+            for n in ("first", "second")
+        )
+        return phases if phases == ["Booked", "Pending"] else None
+
+    wait_for(settled, 15, "one window booked and the other waiting")
+    assert wait_reservation(env, "first", "Booked"), "the one that came first is booked"
