@@ -270,6 +270,7 @@ class Binder(Watcher):
         self._listed_in_term = False
         self._term_started = time.monotonic()
         self.publisher.took_over()
+        self.bookings.nodes_changed((), everything=True)
         log.info("binder leads: %s in its snapshot; listing the claims afresh", self.view.sizes())
 
     def _flush(self, *, standby: bool = False) -> None:
@@ -293,6 +294,7 @@ class Binder(Watcher):
         for key in dirty.claims & self._unanswered.keys():
             self._confirm(self._unanswered[key], self.view.claim(key))
         self.publisher.changed(dirty.claims, dirty.nodes)
+        self.bookings.nodes_changed(dirty.nodes, everything=bool(dirty.classes))
         self.rejections.nodes_changed(dirty.nodes)
         for key in dirty.claims:
             if self.view.claim(key) is None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from cozystack_gpu.keys import OnCordon
 from cozystack_gpu.model.budgets import Limit, Tally, tallies, tally_of_key
 from cozystack_gpu.model.reservations import (
     MINUTE,
@@ -156,6 +157,32 @@ def held_back_under(
     timeline = bookings.budget_timeline_of(tenant, tally, inner)
     peak = timeline.peak(-math.inf) if timeline is not None else 0
     return peak - _budget_credit(snap, bookings, tenant, (tally, inner), None)
+
+
+def why_move(snap: Snapshot, reservation: ReservationInfo) -> str | None:
+    """Why a Booked reservation must be judged again before its window (SPEC §11), or None
+    while its node keeps it: the node is gone, cordoned (a Move class), no longer serves
+    the class, or lost capacity so that some window on it is short at its busiest moment.
+    A node NotReady or with an old report keeps its bookings: it may be back before the
+    window. A class deleted keeps its windows, as it keeps its claims' holds."""
+    name = reservation.node
+    if name is None or reservation.phase is not ReservationPhase.BOOKED:
+        return None
+    node = snap.node(name)
+    if node is None:
+        return f"its node {name} is gone"
+    klass = snap.gpu_class(reservation.class_name)
+    if klass is None:
+        return None
+    if node.unschedulable and klass.on_cordon is OnCordon.MOVE:
+        return f"its node {name} is cordoned"
+    why = snap.why_not_placeable(node, klass)
+    if why is not None:
+        return f"its node {name} no longer serves class {klass.name} ({why})"
+    res = klass.resource_name
+    if snap.free(name, res) < snap.held_back(name, res):
+        return f"its node {name} lost capacity: its windows need more than it has"
+    return None
 
 
 def window_refusal(

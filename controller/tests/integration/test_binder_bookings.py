@@ -119,3 +119,35 @@ def test_two_windows_after_the_same_last_units_get_one_booking(env: Env) -> None
 
     wait_for(settled, 15, "one window booked and the other waiting")
     assert wait_reservation(env, "first", "Booked"), "the one that came first is booked"
+
+
+def test_a_booked_window_whose_node_goes_moves_and_is_lost_when_none_has_room(env: Env) -> None:
+    first = env.node("n1", 4)
+    gpu_class = env.gpu_class(maxCount=4)
+    reserve(env.kube, env.tenant, "monday", gpu_class, 3)
+    assert wait_reservation(env, "monday", "Booked")["status"]["nodeName"] == first
+    second = env.node("n2", 4)
+    # The node is cordoned before the window (a Move class): the booking moves.
+    env.kube.cordon(first)
+
+    def on(node: str) -> dict[str, Any] | None:
+        obj = reservation(env, "monday")
+        status = obj.get("status") or {}
+        return obj if status.get("phase") == "Booked" and status.get("nodeName") == node else None
+
+    moved = wait_for(lambda: on(second), 15, "the booking moved to the other node")
+    cond = condition(moved, keys.CONDITION_BOOKED)
+    assert cond["reason"] == "Moved"
+    assert cond["message"].endswith(f"moved because its node {first} is cordoned"), cond
+    # Now that node goes too, and no node serving the class has room: Lost, saying why.
+    env.kube.core.delete_node(second)
+    lost = wait_reservation(env, "monday", "Lost")
+    assert "nodeName" not in lost["status"]
+    cond = condition(lost, keys.CONDITION_BOOKED)
+    assert cond["status"] == "False"
+    assert cond["message"].startswith(f"lost: its node {second} is gone, and no node has room"), (
+        cond
+    )
+    # A node with room comes: the Lost window is placed again, first.
+    third = env.node("n3", 4)
+    assert wait_reservation(env, "monday", "Booked")["status"]["nodeName"] == third

@@ -18,18 +18,22 @@ from cozystack_gpu.objects.conditions import condition, merge_conditions, same_c
 from cozystack_gpu.objects.translate import meta, rfc3339
 
 BOOKED_REASON = "Booked"
+MOVED_REASON = "Moved"
 
 
-def booked_patch(obj: Obj, reservation: ReservationInfo, node: str, now: float) -> dict[str, Any]:
-    """The booking: phase Booked on ``node``, when, and a condition saying so."""
-    cond = condition(
-        keys.CONDITION_BOOKED,
-        True,
-        BOOKED_REASON,
+def booked_patch(
+    obj: Obj, reservation: ReservationInfo, node: str, now: float, moved: str | None = None
+) -> dict[str, Any]:
+    """The booking: phase Booked on ``node``, when, and a condition saying so (and why it
+    moved there, for a booking placed again)."""
+    words = (
         f"{reservation.count} of class {reservation.class_name} booked on node {node} from "
-        f"{at(reservation.start)} to {at(reservation.end)}",
-        now,
+        f"{at(reservation.start)} to {at(reservation.end)}"
     )
+    if moved is not None:
+        words = f"{words}; moved because {moved}"
+    reason = BOOKED_REASON if moved is None else MOVED_REASON
+    cond = condition(keys.CONDITION_BOOKED, True, reason, words, now)
     status = obj.get("status") or {}
     return {
         "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
@@ -58,3 +62,24 @@ def waiting_patch(obj: Obj, refusal: Refusal, now: float) -> dict[str, Any] | No
             "conditions": merge_conditions(current, cond),
         },
     }
+
+
+def lost_patch(obj: Obj, why: str, refusal: Refusal, now: float) -> dict[str, Any]:
+    """A booking no node has room for any more (SPEC §11): phase Lost, no node, and the
+    condition saying why; the binder places it again first, as soon as a node has room."""
+    cond = condition(
+        keys.CONDITION_BOOKED, False, str(refusal.reason), lost_words(why, refusal), now
+    )
+    status = obj.get("status") or {}
+    return {
+        "metadata": {"resourceVersion": meta(obj).get("resourceVersion")},
+        "status": {
+            "phase": ReservationPhase.LOST.value,
+            "nodeName": None,
+            "conditions": merge_conditions(status.get("conditions") or [], cond),
+        },
+    }
+
+
+def lost_words(why: str, refusal: Refusal) -> str:
+    return f"lost: {why}, and no node has room in the window: {refusal.message}"

@@ -11,13 +11,14 @@ import pytest
 from model_builders import H100, L40S_24C, bound, node, passthrough, tenant, vgpu
 from reservation_world import reservation
 
-from cozystack_gpu.keys import QUOTA_KEY_TOTAL, quota_key, raw_quota_keys
+from cozystack_gpu.keys import QUOTA_KEY_TOTAL, OnCordon, quota_key, raw_quota_keys
 from cozystack_gpu.model import ClaimInfo, ClaimKey, Placement, Reason, Refusal, Snapshot
 from cozystack_gpu.model.booking import (
     budget_headroom,
     check_booking,
     earliest_window,
     order_headroom,
+    why_move,
 )
 from cozystack_gpu.model.reservations import (
     BookingRefusal,
@@ -415,3 +416,28 @@ def test_held_back_units_follow_a_class_and_a_namespace_that_change() -> None:
     assert snap.held_back("n1", H100) == 0, "a window of no class holds no node"
     snap.upsert_class(passthrough())
     assert snap.held_back("n1", H100) == 3
+
+
+def test_a_booking_is_judged_again_when_its_node_goes_is_cordoned_or_loses_capacity() -> None:
+    window = monday(6, "a", node="n1", phase=BOOKED)
+    snap = world("n1", "n2")
+    snap.windows.upsert(window)
+    assert why_move(snap, window) is None
+    # NotReady keeps it: the node may be back before the window.
+    snap.upsert_node(node("n1", 8, ready=False))
+    assert why_move(snap, window) is None
+    snap.upsert_node(node("n1", 8, unschedulable=True))
+    assert why_move(snap, window) == "its node n1 is cordoned"
+    # A class that stays on cordon keeps its bookings there too.
+    snap.upsert_class(passthrough(on_cordon=OnCordon.STAY))
+    assert why_move(snap, window) is None
+    snap.upsert_node(node("n1", 4))
+    assert why_move(snap, window) == (
+        "its node n1 lost capacity: its windows need more than it has"
+    )
+    # Judged again, it goes where the window fits.
+    assert check_booking(snap, snap.bookings, window, NOW) == Placement("n2")
+    snap.remove_node("n1")
+    assert why_move(snap, window) == "its node n1 is gone"
+    # Pending, Lost and Active ones are not this rule's.
+    assert why_move(snap, replace(window, phase=ReservationPhase.LOST, node=None)) is None
