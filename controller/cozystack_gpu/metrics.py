@@ -88,6 +88,20 @@ STATUS_WRITES = Counter(
     ["purpose"],
 )
 
+RESERVATION_DECISIONS = Counter(
+    "cozystack_gpu_reservation_decisions_total",
+    "Binder decisions on reservations, by outcome (Booked, Moved, Lost; Waiting: a window "
+    "that did not fit when the binder came to it)",
+    ["outcome"],
+)
+BOOKED_UNITS = Gauge(
+    "cozystack_gpu_class_booked_units",
+    "Units of the class that booked windows hold at each whole hour ahead (0 to 23)",
+    ["class", "hours_ahead"],
+)
+RESERVATION_OUTCOMES = ("Booked", "Moved", "Lost", "Waiting")
+HOURS_AHEAD = 24
+
 _waiting_classes: set[str] = set()
 
 
@@ -108,9 +122,29 @@ def start_at_zero(
     """Series at 0 for every label value known up front: a labelled counter's series is
     otherwise born at its first increment, already 1, and ``rate()`` or ``increase()``
     (the dashboard's, the alerts') never see that first decision, refusal or error."""
+    for outcome in RESERVATION_OUTCOMES:
+        RESERVATION_DECISIONS.labels(outcome)
     for step in steps:
         DECISIONS.labels(step)
     for reason in reasons:
         REFUSALS.labels(reason)
     for webhook in webhooks:
         ADMISSION_ERRORS.labels(webhook)
+
+
+def booked_by_hour(
+    windows: Iterable[tuple[str, int, int, int]], now: float
+) -> dict[str, list[int]]:
+    """Per class, the units windows (class, count, start, end) hold at each whole hour from
+    the next one on, for ``HOURS_AHEAD`` hours."""
+    first = (int(now) // 3600 + 1) * 3600
+    out: dict[str, list[int]] = {}
+    for class_name, count, start, end in windows:
+        lo = max(0, -(-(start - first) // 3600))
+        hi = min(HOURS_AHEAD, -(-(end - first) // 3600))
+        if lo >= hi:
+            continue
+        row = out.setdefault(class_name, [0] * HOURS_AHEAD)
+        for hour in range(lo, hi):
+            row[hour] += count
+    return out

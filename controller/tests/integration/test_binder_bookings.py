@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from binder_env import Env, condition
+from prometheus_client import REGISTRY
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.objects import Kube, wait_for
@@ -68,9 +69,12 @@ def wait_reservation(env: Env, name: str, phase: str) -> dict[str, Any]:
 def test_a_window_is_booked_on_one_node_and_orders_then_leave_its_units(env: Env) -> None:
     node = env.node("n1", 4)
     gpu_class = env.gpu_class(maxCount=4)
+    decisions = ("cozystack_gpu_reservation_decisions_total", {"outcome": "Booked"})
+    before = REGISTRY.get_sample_value(*decisions) or 0.0
     # The tenant's own booking: its role creates reservations; only the binder books them.
     reserve(env.tenant_admin(), env.tenant, "monday", gpu_class, 3)
     booked = wait_reservation(env, "monday", "Booked")
+    assert (REGISTRY.get_sample_value(*decisions) or 0.0) == before + 1
     assert booked["status"]["nodeName"] == node
     assert booked["status"]["bookedAt"]
     cond = condition(booked, keys.CONDITION_BOOKED)

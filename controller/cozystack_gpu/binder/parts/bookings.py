@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from cozystack_gpu import keys
+from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder.calls.reservations import ReservationStatus
 from cozystack_gpu.binder.parts.handle import PartHandle
 from cozystack_gpu.binder.rules import reservation_status
@@ -79,6 +79,7 @@ class Bookings:
                 continue  # it stays Lost, its condition saying why, until a node has room
             body = reservation_status.waiting_patch(obj, decision, now)
             if body is not None:
+                metrics.RESERVATION_DECISIONS.labels("Waiting").inc()
                 call = ReservationStatus(reservation.namespace, reservation.name, body, "waiting")
                 self.handle.send(call)
         # A booking whose answer never came: sent again as it was.
@@ -117,10 +118,11 @@ class Bookings:
             body = reservation_status.lost_patch(obj, why, decision, now)
             lost = replace(reservation, phase=ReservationPhase.LOST, node=None)
             self._send(obj, lost, ReservationStatus(lost.namespace, lost.name, body, "lose"))
+            metrics.RESERVATION_DECISIONS.labels("Lost").inc()
             self.handle.event(
                 obj,
                 str(decision.reason),
-                body["status"]["conditions"][-1]["message"],
+                reservation_status.lost_words(why, decision),
                 True,
                 kind=keys.GPU_RESERVATION,
             )
@@ -140,6 +142,7 @@ class Bookings:
         reason = reservation_status.BOOKED_REASON
         if moved is not None:
             words, reason = f"{words}; moved because {moved}", reservation_status.MOVED_REASON
+        metrics.RESERVATION_DECISIONS.labels(reason).inc()
         self.handle.event(obj, reason, words, False, kind=keys.GPU_RESERVATION)
 
     def _send(self, obj: MutableObj, decided: ReservationInfo, call: ReservationStatus) -> None:

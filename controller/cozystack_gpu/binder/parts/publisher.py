@@ -321,7 +321,14 @@ class Publisher(BinderPart):
             if claim.phase is not Phase.PENDING:
                 k = (claim.class_name, claim.phase.value)
                 claimed[k] = claimed.get(k, 0) + claim.count
+        booked = metrics.booked_by_hour(
+            ((r.class_name, r.count, r.start, r.end) for r in snap.bookings if r.counts_budget),
+            self.handle.clock(),
+        )
         for gpu_class in snap.classes():
+            hours = booked.get(gpu_class.name) or [0] * metrics.HOURS_AHEAD
+            for hour, units in enumerate(hours):
+                metrics.BOOKED_UNITS.labels(gpu_class.name, str(hour)).set(units)
             capacity = sum(
                 snap.capacity(node.name, gpu_class.resource_name)
                 for node in snap.nodes()

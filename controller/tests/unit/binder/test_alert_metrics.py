@@ -73,3 +73,17 @@ def test_known_label_values_start_at_zero_so_rates_see_the_first_event() -> None
         REGISTRY.get_sample_value("cozystack_gpu_admission_errors_total", {"webhook": "zero-hook"})
         == 0
     )
+
+
+def test_booked_units_are_counted_at_each_whole_hour_ahead_for_a_day() -> None:
+    now = 36_000.0 + 600  # 10:10 on day one: the first hour counted is 11:00
+    windows = [
+        ("h100", 8, 11 * 3600, 18 * 3600),  # 11:00-18:00: hours 0 to 6
+        ("h100", 2, 17 * 3600, 17 * 3600 + 60),  # 17:00-17:01: hour 6 only
+        ("h100", 4, 9 * 3600, 10 * 3600 + 1800),  # ended at 10:30: none
+        ("l40s", 1, 30 * 3600, 40 * 3600),  # 06:00 next day on: hours 19 to 23
+    ]
+    hours = metrics.booked_by_hour(windows, now)
+    assert hours["h100"][:8] == [8, 8, 8, 8, 8, 8, 10, 0]
+    assert sum(hours["h100"]) == 8 * 7 + 2
+    assert hours["l40s"] == [0] * 19 + [1] * 5
