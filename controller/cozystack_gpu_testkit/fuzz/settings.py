@@ -48,6 +48,9 @@ class FuzzSettings:
             "node_gpu_short": 0.5,
             "node_restore": 1.2,
             "kill_leader": 0.6,
+            # Windows booked ahead (SPEC §11): orders, moves and bookings must leave them.
+            "book": 1.2,
+            "cancel_booking": 0.4,
         }
     )
 

@@ -77,6 +77,7 @@ class Stage:
         self.killed: list[tuple[str, float]] = []  # replica, restart due (monotonic)
         self.forged: list[tuple[str, int]] = []  # (violation, journal index)
         self.nads: set[tuple[str, str]] = set()
+        self.reservations: set[tuple[str, str]] = set()  # booked by the run, not cancelled
         self._seq = 0
 
     @staticmethod

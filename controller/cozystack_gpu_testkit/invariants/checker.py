@@ -267,6 +267,10 @@ class Invariants:
             for resource, units in usage.requests.items():
                 if resource in gpu_names and usage.node is not None:
                     add(usage.node, resource, units, f"uncovered launcher {pod_name}")
+        # Booked windows: the units they hold at their busiest moment from now on count as
+        # held (SPEC §11: no order, and no other booking, may leave a window short).
+        for (node_name, resource), (peak, who, booked_at) in _windows(state, resource_of).items():
+            add(node_name, resource, peak, who, booked_at)
         devices = {_name(g): (g.get("status") or {}).get("devices") or [] for g in state.gpunodes}
         for node in state.nodes:
             if not self.scope.has_node(node):
@@ -323,6 +327,10 @@ class Invariants:
             for resource, units in usage.requests.items():
                 if resource in gpu_names:
                     charge(usage.namespace, keys.raw_quota_keys(resource), units)
+        # Windows booked (or Lost, still counted) hold their units under every key at their
+        # busiest moment from now on.
+        for (tenant, key), peak in _booked_budgets(state, ancestors, resource_of).items():
+            used[(tenant, key)] = used.get((tenant, key), 0) + peak
         for quota in state.quotas:
             tenant = _namespace(quota)
             if not self.scope.has_namespace(tenant):
@@ -619,3 +627,70 @@ class Invariants:
                 yield Violation(RECORDS, subject, "no usage record of its own")
             elif len(held) > 1:
                 yield Violation(RECORDS, subject, f"{len(held)} usage records: {sorted(held)}")
+
+
+WINDOW_HOLDING = ("Booked",)  # on their node (Active: its claim holds them)
+WINDOW_COUNTING = ("Booked", "Lost")  # under their budgets
+
+
+def _window(reservation: MutableObj) -> tuple[float, float] | None:
+    spec = reservation.get("spec") or {}
+    start, end = _epoch(spec.get("start")), _epoch(spec.get("end"))
+    return None if start is None or end is None else (start, end)
+
+
+def _peak(windows: list[tuple[float, float, int]], now: float) -> int:
+    """The most units ``windows`` (start, end, units) hold at any moment from ``now`` on."""
+    moments = [now, *(start for start, _end, _units in windows if start > now)]
+    return max(sum(u for s, e, u in windows if s <= t < e) for t in moments)
+
+
+def _windows(
+    state: State, resource_of: dict[str, str]
+) -> dict[tuple[str, str], tuple[int, str, float | None]]:
+    """Per node and resource name: the units its Booked windows hold at their busiest moment
+    from now on, who they are, and the latest bookedAt among them."""
+    rows: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    names: dict[tuple[str, str], list[str]] = {}
+    latest: dict[tuple[str, str], float] = {}
+    for reservation in state.reservations:
+        status = reservation.get("status") or {}
+        node = status.get("nodeName")
+        resource = resource_of.get(str((reservation.get("spec") or {}).get("class")))
+        window = _window(reservation)
+        if status.get("phase") not in WINDOW_HOLDING or not node or not resource or not window:
+            continue
+        if window[1] <= state.read_at:
+            continue  # ended: it holds nothing
+        key = (str(node), resource)
+        rows.setdefault(key, []).append((*window, _count(reservation)))
+        names.setdefault(key, []).append(f"window {_namespace(reservation)}/{_name(reservation)}")
+        booked = _epoch(status.get("bookedAt")) or float("inf")
+        latest[key] = max(latest.get(key, 0.0), booked)
+    return {
+        key: (_peak(windows, state.read_at), ", ".join(names[key]), latest[key])
+        for key, windows in rows.items()
+    }
+
+
+def _booked_budgets(
+    state: State, ancestors: dict[str, frozenset[str]], resource_of: dict[str, str]
+) -> dict[tuple[str, str], int]:
+    """Per tenant and budget key: the units windows below it count at their busiest moment
+    from now on."""
+    rows: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    for reservation in state.reservations:
+        status = reservation.get("status") or {}
+        window = _window(reservation)
+        if status.get("phase") not in WINDOW_COUNTING or not window or window[1] <= state.read_at:
+            continue
+        class_name = str((reservation.get("spec") or {}).get("class"))
+        charged = [keys.QUOTA_KEY_TOTAL, keys.quota_key(class_name)]
+        resource = resource_of.get(class_name)
+        if resource:
+            charged += keys.raw_quota_keys(resource)
+        namespace = _namespace(reservation)
+        for tenant in ancestors.get(namespace, frozenset({namespace})):
+            for key in charged:
+                rows.setdefault((tenant, key), []).append((*window, _count(reservation)))
+    return {key: _peak(windows, state.read_at) for key, windows in rows.items()}

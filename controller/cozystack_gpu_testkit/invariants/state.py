@@ -84,6 +84,7 @@ class State:
     pods: list[MutableObj]
     workloads: list[MutableObj]
     vmis: list[MutableObj]
+    reservations: list[MutableObj] = field(default_factory=list)
     resource_version: str | None = None  # the revision every list was served at
     read_at: float = field(default_factory=time.time)  # when its revision was served
 
@@ -98,6 +99,7 @@ _LISTS: dict[str, keys.ApiKind] = {
     "pods": keys.POD,
     "workloads": keys.WORKLOAD,
     "vmis": keys.VMI,
+    "reservations": keys.GPU_RESERVATION,
 }
 
 
@@ -139,6 +141,7 @@ def read_state(api: client.ApiClient, at: str | None = None) -> State:
         pods=items["pods"],
         workloads=items["workloads"],
         vmis=items["vmis"],
+        reservations=items["reservations"],
         resource_version=revision,
         read_at=started,
     )

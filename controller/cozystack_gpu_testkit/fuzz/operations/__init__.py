@@ -1,14 +1,21 @@
 """The fuzz's operations, each a function of the stage and the run that returns what it did
 (its arguments as the journal shows them), what came of it, and the names it touched; one
-module per thing they touch: ``claims``, ``vms``, ``pods`` (a tenant's own), ``nodes``,
-``controller``. ``OPERATIONS`` names each as ``FuzzSettings.weights`` does."""
+module per thing they touch: ``claims``, ``reservations``, ``vms``, ``pods`` (a tenant's
+own), ``nodes``, ``controller``. ``OPERATIONS`` names each as ``FuzzSettings.weights`` does."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
 from cozystack_gpu_testkit.fault_suite import Run
-from cozystack_gpu_testkit.fuzz.operations import claims, controller, nodes, pods, vms
+from cozystack_gpu_testkit.fuzz.operations import (
+    claims,
+    controller,
+    nodes,
+    pods,
+    reservations,
+    vms,
+)
 from cozystack_gpu_testkit.fuzz.stage import Stage
 
 # (arguments, outcome, names touched)
@@ -40,4 +47,6 @@ OPERATIONS: Mapping[str, Operation] = {
     "node_gpu_short": nodes.node_gpu_short,
     "node_restore": nodes.node_restore,
     "kill_leader": controller.kill_leader,
+    "book": reservations.book,
+    "cancel_booking": reservations.cancel_booking,
 }
