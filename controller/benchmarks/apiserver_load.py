@@ -154,6 +154,29 @@ class Bench:
 
         return create
 
+    def reservation_creator(
+        self, windows: Callable[[str], tuple[str, str, int]]
+    ) -> Callable[[str], None]:
+        """Creates a GPUReservation of the bench's class; ``windows(name)`` gives its start,
+        end (RFC 3339) and count."""
+        custom = self.kube.custom
+        namespace, klass = self.tenant, self.gpu_class
+
+        def create(name: str) -> None:
+            start, end, count = windows(name)
+            body = {
+                "apiVersion": keys.API_VERSION,
+                "kind": keys.KIND_RESERVATION,
+                "metadata": {"name": name},
+                "spec": {"class": klass, "count": count, "start": start, "end": end},
+            }
+            answered(custom.create_namespaced_custom_object(
+                keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, body,
+                _preload_content=False,
+            ))  # fmt: skip
+
+        return create
+
     def pod_creator(self, units: int = 1) -> Callable[[str], None]:
         core = self.kube.core
         namespace = self.tenant
@@ -280,11 +303,14 @@ class BoundWatcher:
         self.nodes: dict[str, str] = {}
         self.seen = 0  # events read, the first listing's included
         self._stop = False
-        if kind == "claims":
+        if kind in ("claims", "reservations"):
             custom = client.CustomObjectsApi(api)
+            plural = keys.PLURAL_CLAIMS if kind == "claims" else keys.PLURAL_RESERVATIONS
             self._list: Callable[..., Any] = custom.list_namespaced_custom_object
-            self._args: tuple[str, ...] = (keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS)
-            self._node_of: Callable[[dict[str, Any]], str | None] = _claim_node
+            self._args: tuple[str, ...] = (keys.GROUP, keys.VERSION, namespace, plural)
+            self._node_of: Callable[[dict[str, Any]], str | None] = (
+                _claim_node if kind == "claims" else _booked_node
+            )
         else:
             self._list = client.CoreV1Api(api).list_namespaced_pod
             self._args = (namespace,)
@@ -329,6 +355,12 @@ def _claim_node(obj: dict[str, Any]) -> str | None:
     status = obj.get("status") or {}
     node = status.get("nodeName")
     return str(node) if status.get("phase") == "Bound" and node else None
+
+
+def _booked_node(obj: dict[str, Any]) -> str | None:
+    status = obj.get("status") or {}
+    node = status.get("nodeName")
+    return str(node) if status.get("phase") == "Booked" and node else None
 
 
 def _pod_node(obj: dict[str, Any]) -> str | None:

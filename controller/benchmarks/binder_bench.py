@@ -12,7 +12,11 @@ Phases, each on a fresh control plane:
   head-of-line  10,000 unsatisfiable orders, then 1,000 satisfiable ones: p99 create →
               Bound of the satisfiable ones;
   node-lost   an 8-GPU node holding 8 unattached claims is deleted: time until all 8 are
-              Bound elsewhere.
+              Bound elsewhere;
+  bookings    (issue 43) with the binder running, 2,000 reservations created as fast as 8
+              threads can, windows of 1 to 4 hours over the next two days: create ->
+              Booked rate and p99; then 2,000 ordered claims the same way on the same plane,
+              beside the bookings: create -> Bound rate and p99, and the two as a ratio.
 """
 
 from __future__ import annotations
@@ -158,11 +162,56 @@ def node_lost(nodes: int, bin_dir: Path) -> None:
         bench.stop()
 
 
+def bookings(count: int, nodes: int, units: int, bin_dir: Path) -> None:
+    bench = Bench.start(nodes, units, bin_dir)
+    try:
+        binder = Binder(bench.kube.api, config(bench.controller_ns))
+        binder.start()
+        binder.synced.wait(120)
+        first = (int(time.time()) // 3600 + 1) * 3600
+
+        def window(name: str) -> tuple[str, str, int]:
+            i = int(name[1:])
+            start = first + (i * 7 % 48) * 3600
+            return _at(start), _at(start + (1 + i % 4) * 3600), 1 + i % 2
+
+        figures: dict[str, tuple[float, float]] = {}
+        for what, kind, create, prefix in (
+            ("bookings", "reservations", bench.reservation_creator(window), "r"),
+            ("orders", "claims", bench.claim_creator(), "c"),
+        ):
+            watcher = BoundWatcher(bench.kube.api, bench.tenant, kind)
+            time.sleep(1)
+            started = time.perf_counter()
+            created = create_many(create, (f"{prefix}{i:05d}" for i in range(count)))
+            wait_until(lambda w=watcher: len(w.bound_at) >= count, 600)
+            watcher.stop()
+            latency = [watcher.bound_at[n] - created[n] for n in created]
+            total = max(watcher.bound_at.values()) - started
+            figures[what] = (count / total, percentile(latency, 0.99))
+            print(
+                f"  {count} {what}: {count / total:.0f}/s create -> "
+                f"{'Booked' if kind == 'reservations' else 'Bound'}, p50 "
+                f"{statistics.median(latency) * 1000:.0f} ms, p99 "
+                f"{percentile(latency, 0.99) * 1000:.0f} ms"
+            )
+        binder.stop()
+        (rate_b, p99_b), (rate_o, p99_o) = figures["bookings"], figures["orders"]
+        print(f"  bookings against orders: rate {rate_b / rate_o:.2f}x, p99 {p99_b / p99_o:.2f}x")
+    finally:
+        bench.stop()
+
+
+def _at(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--claims", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--units", type=int, default=64, help="units per node (vGPU VFs)")
+    parser.add_argument("--bookings", type=int, default=2_000, help="the bookings phase's count")
     parser.add_argument(
         "--phases", default="throughput,burst,head-of-line,node-lost", help="comma-joined"
     )
@@ -182,6 +231,9 @@ def main() -> None:
     if "node-lost" in phases:
         print("node-lost:")
         node_lost(args.nodes, bin_dir)
+    if "bookings" in phases:
+        print("bookings:")
+        bookings(args.bookings, args.nodes, args.units, bin_dir)
 
 
 if __name__ == "__main__":
