@@ -181,6 +181,7 @@ def read_only_identity(env: Env) -> str:
                         keys.PLURAL_CLASSES,
                         keys.PLURAL_CLAIMS,
                         keys.PLURAL_NODES,
+                        keys.PLURAL_RESERVATIONS,
                         "virtualmachineinstances",
                         "virtualmachines",
                         "persistentvolumeclaims",
