@@ -83,6 +83,18 @@ def _class_name(claim: Obj) -> str:
     return str((claim.get("spec") or {}).get("class") or "")
 
 
+def class_words(klass: Mapping[str, Any] | None, name: str) -> str:
+    """A class summary (``class_summary``) in words, for the ``Class:`` line of a report."""
+    if klass is None:
+        return f"{name} does not exist"
+    return (
+        f"{klass['name']} ({klass['mode']}): {klass['free']} free, "
+        f"{klass['maxFreePerNode']} on one node"
+        + (f", maxCount {klass['maxCount']}" if klass["maxCount"] else "")
+        + (", being deleted" if klass["deleting"] else "")
+    )
+
+
 def class_summary(gpu_class: Obj) -> dict[str, Any]:
     spec = gpu_class.get("spec") or {}
     status = gpu_class.get("status") or {}
@@ -348,16 +360,7 @@ def render(report: Report, *, wide: bool = False) -> list[str]:
         lines.append(
             f"{cond['type'] + ':':<11} {cond['status']} {cond['reason']}: {cond['message']}{since}"
         )
-    klass = report["class"]
-    if klass is None:
-        lines.append(f"Class:      {claim['class']} does not exist")
-    else:
-        lines.append(
-            f"Class:      {klass['name']} ({klass['mode']}): {klass['free']} free, "
-            f"{klass['maxFreePerNode']} on one node"
-            + (f", maxCount {klass['maxCount']}" if klass["maxCount"] else "")
-            + (", being deleted" if klass["deleting"] else "")
-        )
+    lines.append(f"Class:      {class_words(report['class'], claim['class'])}")
     lines.append("Budget:")
     rows = []
     for level in report["budget"]["levels"]:

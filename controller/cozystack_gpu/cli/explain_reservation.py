@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozystack_gpu.cli import text, whatif
-from cozystack_gpu.cli.explain_claim import class_summary
+from cozystack_gpu.cli.explain_claim import class_summary, class_words
 from cozystack_gpu.cli.list_reservations import phase_of, window
 from cozystack_gpu.config import Config
 from cozystack_gpu.model import (
@@ -182,16 +182,7 @@ def render(report: Report, *, wide: bool = False) -> list[str]:
         f"Window:      {_window(r)}",
         f"Phase:       {r['phase']}" + _where(r),
     ]
-    klass = report["class"]
-    if klass is None:
-        lines.append(f"Class:       {r['class']} does not exist")
-    else:
-        lines.append(
-            f"Class:       {klass['name']} ({klass['mode']}): {klass['free']} free, "
-            f"{klass['maxFreePerNode']} on one node"
-            + (f", maxCount {klass['maxCount']}" if klass["maxCount"] else "")
-            + (", being deleted" if klass["deleting"] else "")
-        )
+    lines.append(f"Class:       {class_words(report['class'], r['class'])}")
     waits = report["waiting"]
     told = {w["type"] for w in waits or []}
     if report["conditions"]:

@@ -32,6 +32,18 @@ class Filters:
     def field_selector(self) -> str:
         return f"{keys.FIELD_CLAIM_NODE}={self.node}" if self.node else ""
 
+    def keep(self, obj: Obj, phase: str, tenant_namespaces: frozenset[str] | None) -> bool:
+        """Whether a claim or reservation (whose phase is ``phase``) passes the filters and
+        lies in ``tenant_namespaces`` (None: any namespace)."""
+        spec = obj.get("spec") or {}
+        node = (obj.get("status") or {}).get("nodeName")
+        return (
+            (self.gpu_class is None or spec.get("class") == self.gpu_class)
+            and (self.phase is None or phase == self.phase)
+            and (self.node is None or node == self.node)
+            and (tenant_namespaces is None or translate.namespace_of(obj) in tenant_namespaces)
+        )
+
 
 def _status(claim: Obj) -> Mapping[str, Any]:
     return claim.get("status") or {}
@@ -71,13 +83,7 @@ def rows(
         spec = claim.get("spec") or {}
         status = _status(claim)
         namespace = translate.namespace_of(claim)
-        if filters.gpu_class is not None and spec.get("class") != filters.gpu_class:
-            continue
-        if filters.phase is not None and phase_of(claim) != filters.phase:
-            continue
-        if filters.node is not None and status.get("nodeName") != filters.node:
-            continue
-        if tenant_namespaces is not None and namespace not in tenant_namespaces:
+        if not filters.keep(claim, phase_of(claim), tenant_namespaces):
             continue
         created = translate.timestamp((claim.get("metadata") or {}).get("creationTimestamp"))
         kept.append(

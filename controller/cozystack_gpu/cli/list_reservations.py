@@ -55,13 +55,7 @@ def rows(
         spec = reservation.get("spec") or {}
         status = reservation.get("status") or {}
         namespace = translate.namespace_of(reservation)
-        if filters.gpu_class is not None and spec.get("class") != filters.gpu_class:
-            continue
-        if filters.phase is not None and phase_of(reservation) != filters.phase:
-            continue
-        if filters.node is not None and status.get("nodeName") != filters.node:
-            continue
-        if tenant_namespaces is not None and namespace not in tenant_namespaces:
+        if not filters.keep(reservation, phase_of(reservation), tenant_namespaces):
             continue
         start, end = window(reservation)
         created = translate.timestamp(translate.meta(reservation).get("creationTimestamp"))
