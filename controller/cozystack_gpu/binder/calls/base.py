@@ -206,6 +206,37 @@ class Call(ABC):
             take_into(view, self.takes, answer)
 
 
+def refused_and_read_again(
+    call: Call, exc: Exception, read: Callable[[], Any], label: str
+) -> Answer:
+    """What a status write guarded by a resourceVersion comes to when it raised: 409 a
+    conflict, 404 gone, anything else a failure (logged). Unless gone, the object is read
+    again (``read``), so the view takes what the server holds and it is judged again; a
+    read the server cannot answer leaves that to the watch."""
+    outcome = {409: Outcome.CONFLICT, 404: Outcome.GONE}.get(status_of(exc) or 0, Outcome.FAILED)
+    if outcome is Outcome.GONE:
+        return Answer(call, outcome)
+    error = describe(exc)
+    if isinstance(exc, WriterStopped):
+        return Answer(call, outcome, error=error)
+    what = call.takes.kind if call.takes is not None else call.what
+    if outcome is Outcome.FAILED:
+        log.warning(
+            "status write of %s %s (%s) failed: %s; it is judged again",
+            what, call.path, label, error,
+        )  # fmt: skip
+    try:
+        fresh = read()
+    except ApiException as again:
+        if again.status == 404:
+            return Answer(call, Outcome.GONE)
+        fresh = None
+    except Exception as again:  # the server is away: the watch brings the object later
+        log.debug("%s %s not read again: %s", what, call.path, again)
+        fresh = None
+    return Answer(call, outcome, fresh, error, code=status_of(exc))
+
+
 def take_into(view: ClusterView, kind: keys.ApiKind, answer: Answer) -> None:
     if answer.obj is not None:
         answer.obj.setdefault("kind", kind.kind)

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
-from kubernetes.client.rest import ApiException
-
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder.calls import base
 from cozystack_gpu.binder.calls.base import (
@@ -22,9 +20,9 @@ from cozystack_gpu.binder.calls.base import (
     Heard,
     Outcome,
     Priority,
-    WriterStopped,
     claims_of,
     describe,
+    refused_and_read_again,
     status_of,
 )
 from cozystack_gpu.cluster.informer import LIST_TIMEOUT_S, slim
@@ -93,33 +91,12 @@ class _ClaimStatus(Call):
         return dict(json.loads(response.data))
 
     def refused(self, exc: Exception, api: Clients) -> Answer:
-        outcome = {409: Outcome.CONFLICT, 404: Outcome.GONE}.get(
-            status_of(exc) or 0, Outcome.FAILED
-        )
-        if outcome is Outcome.GONE:
-            return Answer(self, outcome)
-        error = describe(exc)
-        if isinstance(exc, WriterStopped):
-            return Answer(self, outcome, error=error)
-        if outcome is Outcome.FAILED:
-            log.warning(
-                "status write of claim %s (%s) failed: %s; it is judged again",
-                self.path,
-                self.label,
-                error,
-            )
-        try:
-            fresh = api.custom.get_namespaced_custom_object(
+        def read() -> object:
+            return api.custom.get_namespaced_custom_object(
                 *claims_of(self.namespace), self.name, _request_timeout=base.REQUEST_TIMEOUT_S
             )
-        except ApiException as again:
-            if again.status == 404:
-                return Answer(self, Outcome.GONE)
-            fresh = None
-        except Exception as again:  # the server is away: the watch brings the claim later
-            log.debug("claim %s not read again: %s", self.path, again)
-            fresh = None
-        return Answer(self, outcome, fresh, error, code=status_of(exc))
+
+        return refused_and_read_again(self, exc, read, self.label)
 
 
 @dataclass(frozen=True)

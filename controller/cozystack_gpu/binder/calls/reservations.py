@@ -7,19 +7,14 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kubernetes.client.rest import ApiException
-
 from cozystack_gpu import keys, metrics
 from cozystack_gpu.binder.calls import base
 from cozystack_gpu.binder.calls.base import (
     Answer,
     Call,
     Clients,
-    Outcome,
     Priority,
-    WriterStopped,
-    describe,
-    status_of,
+    refused_and_read_again,
 )
 from cozystack_gpu.objects import MutableObj
 
@@ -56,32 +51,10 @@ class ReservationStatus(Call):
         return dict(json.loads(response.data))
 
     def refused(self, exc: Exception, api: Clients) -> Answer:
-        outcome = {409: Outcome.CONFLICT, 404: Outcome.GONE}.get(
-            status_of(exc) or 0, Outcome.FAILED
-        )
-        if outcome is Outcome.GONE or isinstance(exc, WriterStopped):
-            return Answer(self, outcome, error=describe(exc))
-        if outcome is Outcome.FAILED:
-            log.warning(
-                "status write of reservation %s (%s) failed: %s; it is judged again",
-                self.path,
-                self.label,
-                describe(exc),
-            )
-        try:
-            fresh = api.custom.get_namespaced_custom_object(
-                KIND.group,
-                KIND.version,
-                self.namespace,
-                KIND.plural,
-                self.name,
+        def read() -> object:
+            return api.custom.get_namespaced_custom_object(
+                KIND.group, KIND.version, self.namespace, KIND.plural, self.name,
                 _request_timeout=base.REQUEST_TIMEOUT_S,
-            )
-        except ApiException as again:
-            if again.status == 404:
-                return Answer(self, Outcome.GONE)
-            fresh = None
-        except Exception as again:  # the server is away: the watch brings it later
-            log.debug("reservation %s not read again: %s", self.path, again)
-            fresh = None
-        return Answer(self, outcome, fresh, describe(exc), code=status_of(exc))
+            )  # fmt: skip
+
+        return refused_and_read_again(self, exc, read, self.label)
