@@ -33,6 +33,7 @@ from apiserver_load import RESOURCE, Bench, BoundWatcher, create_many, percentil
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import RawNamesPolicy
+from cozystack_gpu.objects.translate import rfc3339
 from cozystack_gpu_testkit import cluster
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 
@@ -173,7 +174,7 @@ def bookings(count: int, nodes: int, units: int, bin_dir: Path) -> None:
         def window(name: str) -> tuple[str, str, int]:
             i = int(name[1:])
             start = first + (i * 7 % 48) * 3600
-            return _at(start), _at(start + (1 + i % 4) * 3600), 1 + i % 2
+            return rfc3339(start), rfc3339(start + (1 + i % 4) * 3600), 1 + i % 2
 
         figures: dict[str, tuple[float, float]] = {}
         for what, kind, create, prefix in (
@@ -200,10 +201,6 @@ def bookings(count: int, nodes: int, units: int, bin_dir: Path) -> None:
         print(f"  bookings against orders: rate {rate_b / rate_o:.2f}x, p99 {p99_b / p99_o:.2f}x")
     finally:
         bench.stop()
-
-
-def _at(t: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def main() -> None:

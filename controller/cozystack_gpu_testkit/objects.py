@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import RawNamesPolicy
+from cozystack_gpu.objects import translate
 from cozystack_gpu_testkit import cluster
 
 WORKLOAD_CRD = cluster.CRD_DIR / "extra" / "workloads.yaml"
@@ -259,6 +260,44 @@ class Kube:
                 "metadata": metadata,
                 "spec": {"class": gpu_class, "count": count},
             },
+        )
+        return result
+
+    def reservation(
+        self,
+        namespace: str,
+        name: str,
+        gpu_class: str,
+        count: int,
+        start: float,
+        end: float,
+        **kw: Any,
+    ) -> dict[str, Any]:
+        """A GPUReservation as a tenant creates it, for the window ``[start, end)`` (epoch
+        seconds on whole minutes); ``kw`` goes to the create (``dry_run="All"``)."""
+        result: dict[str, Any] = self.custom.create_namespaced_custom_object(
+            keys.GROUP,
+            keys.VERSION,
+            namespace,
+            keys.PLURAL_RESERVATIONS,
+            {
+                "apiVersion": keys.API_VERSION,
+                "kind": keys.KIND_RESERVATION,
+                "metadata": {"name": name},
+                "spec": {
+                    "class": gpu_class,
+                    "count": count,
+                    "start": translate.rfc3339(start),
+                    "end": translate.rfc3339(end),
+                },
+            },
+            **kw,
+        )
+        return result
+
+    def get_reservation(self, namespace: str, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, name
         )
         return result
 

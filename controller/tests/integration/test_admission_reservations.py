@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 from test_admission_catalog import CLAIM_HOOK, order
 
 from cozystack_gpu import keys
+from cozystack_gpu.objects import translate
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
@@ -46,7 +47,7 @@ def tomorrow(hour: int) -> datetime.datetime:
 
 
 def rfc3339(t: datetime.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return translate.rfc3339(t.timestamp())
 
 
 def reserve(
@@ -59,23 +60,8 @@ def reserve(
     end: datetime.datetime,
     **kw: Any,
 ) -> Any:
-    return kube.custom.create_namespaced_custom_object(
-        keys.GROUP,
-        keys.VERSION,
-        namespace,
-        keys.PLURAL_RESERVATIONS,
-        {
-            "apiVersion": keys.API_VERSION,
-            "kind": keys.KIND_RESERVATION,
-            "metadata": {"name": name},
-            "spec": {
-                "class": gpu_class,
-                "count": count,
-                "start": rfc3339(start),
-                "end": rfc3339(end),
-            },
-        },
-        **kw,
+    return kube.reservation(
+        namespace, name, gpu_class, count, start.timestamp(), end.timestamp(), **kw
     )
 
 

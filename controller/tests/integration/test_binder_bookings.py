@@ -7,12 +7,12 @@ window itself, as it must for one a lagging replica admitted."""
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import pytest
 from binder_env import Env, condition
 from prometheus_client import REGISTRY
+from test_admission_reservations import tomorrow
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit.objects import Kube, wait_for
@@ -20,41 +20,15 @@ from cozystack_gpu_testkit.objects import Kube, wait_for
 pytestmark = pytest.mark.apiserver
 
 
-def tomorrow(hour: int) -> datetime.datetime:
-    day = datetime.datetime.now(datetime.UTC).date() + datetime.timedelta(days=1)
-    return datetime.datetime(day.year, day.month, day.day, hour, tzinfo=datetime.UTC)
-
-
-def rfc3339(t: datetime.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def reserve(kube: Kube, namespace: str, name: str, gpu_class: str, count: int) -> None:
     """Book ``count`` of the class tomorrow 09:00-18:00."""
-    kube.custom.create_namespaced_custom_object(
-        keys.GROUP,
-        keys.VERSION,
-        namespace,
-        keys.PLURAL_RESERVATIONS,
-        {
-            "apiVersion": keys.API_VERSION,
-            "kind": keys.KIND_RESERVATION,
-            "metadata": {"name": name},
-            "spec": {
-                "class": gpu_class,
-                "count": count,
-                "start": rfc3339(tomorrow(9)),
-                "end": rfc3339(tomorrow(18)),
-            },
-        },
+    kube.reservation(
+        namespace, name, gpu_class, count, tomorrow(9).timestamp(), tomorrow(18).timestamp()
     )
 
 
 def reservation(env: Env, name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = env.kube.custom.get_namespaced_custom_object(
-        keys.GROUP, keys.VERSION, env.tenant, keys.PLURAL_RESERVATIONS, name
-    )
-    return obj
+    return env.kube.get_reservation(env.tenant, name)
 
 
 def wait_reservation(env: Env, name: str, phase: str) -> dict[str, Any]:

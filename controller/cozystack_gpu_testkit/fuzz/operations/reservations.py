@@ -27,18 +27,10 @@ def book(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     first = (int(datetime.datetime.now(datetime.UTC).timestamp()) // HOUR + 1) * HOUR
     start = first + rng.randrange(0, 12) * HOUR
     end = start + rng.randrange(1, 7) * HOUR
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND_RESERVATION,
-        "metadata": {"name": name},
-        "spec": {"class": gpu_class, "count": count, "start": _at(start), "end": _at(end)},
-    }
     ahead, length = (start - first) // HOUR, (end - start) // HOUR
     args = f"{namespace}/{name} {gpu_class} x{count} +{ahead}h {length}h"
     try:
-        stage.tenant.custom.create_namespaced_custom_object(
-            keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, body
-        )
+        stage.tenant.reservation(namespace, name, gpu_class, count, start, end)
     except ApiException as exc:
         return args, f"refused: {message_of(exc)}", {name}
     stage.reservations.add((namespace, name))
@@ -57,7 +49,3 @@ def cancel_booking(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     except ApiException as exc:
         return f"{namespace}/{name}", f"refused: {message_of(exc)}", {name}
     return f"{namespace}/{name}", "cancelled", {name}
-
-
-def _at(t: int) -> str:
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
