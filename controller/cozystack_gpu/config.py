@@ -118,6 +118,13 @@ SETTINGS: tuple[Setting, ...] = (
         "--reservation-max-lead is written",
     ),
     Setting(
+        "--reservation-warn-before",
+        "GPU_RESERVATION_WARN_BEFORE",
+        "30m",
+        "how long before a GPUReservation's window ends its reservation and VMs are told "
+        "(reservations.warnBefore), as --reservation-max-lead is written",
+    ),
+    Setting(
         "--webhook-port",
         "GPU_WEBHOOK_PORT",
         "9443",
@@ -165,6 +172,8 @@ class Config:
     # reservations.maxLead and reservations.maxLength, in seconds (SPEC §11).
     reservation_max_lead: int = 90 * 24 * 3600
     reservation_max_length: int = 30 * 24 * 3600
+    # reservations.warnBefore: the Ending condition and Events come this long before the end.
+    reservation_warn_before: int = 30 * 60
 
     @property
     def booking(self) -> BookingSettings:
@@ -260,6 +269,9 @@ def from_arguments(args: argparse.Namespace | None = None) -> Config:
         webhook_client_ca=raw["webhook_client_ca"],
         reservation_max_lead=_duration("reservation-max-lead", raw["reservation_max_lead"]),
         reservation_max_length=_duration("reservation-max-length", raw["reservation_max_length"]),
+        reservation_warn_before=_duration(
+            "reservation-warn-before", raw["reservation_warn_before"]
+        ),
     )
 
 

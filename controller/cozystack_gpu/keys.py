@@ -217,6 +217,12 @@ LABEL_TEMPLATE_CLAIM_VALUE = "true"
 # it, the label or the ownerReferences.
 ANNOTATION_TEMPLATE_VMI_UID = GROUP + "/template-vmi-uid"
 
+# Label of the claim the controller creates at a GPUReservation's start (SPEC §11), of the
+# reservation's name and owned by it; its value is the reservation's name. Like the template
+# label it is the controller's alone (the protection policy): the claim webhook admits such
+# a claim without the order check, since its units were booked with the window.
+LABEL_RESERVATION = GROUP + "/reservation"
+
 # Prefix of the gpus entries the VMI webhook adds, one per unit.
 VMI_GPU_NAME_PREFIX = "gpu-cozystack-"
 
@@ -434,6 +440,7 @@ CONDITION_OFFER_WITHDRAWN = "OfferWithdrawn"  # on GPUClaim: its class is being 
 # on a licensed GPUClass: written by the licence copier: is its token Secret copied
 CONDITION_LICENSE_READY = "LicenseReady"
 CONDITION_BOOKED = "Booked"  # on GPUReservation: booked on a node, or why it waits
+CONDITION_ENDING = "Ending"  # on GPUReservation: its window ends within warnBefore
 
 
 # Condition and Event reasons the controller writes, besides the model's refusal reasons

@@ -52,6 +52,17 @@ def test_booking_limits_default_to_90_and_30_days_and_read_days_hours_minutes_or
     assert config.parse(["--reservation-max-lead", "600"]).booking.max_lead == 600
 
 
+def test_the_end_warning_defaults_to_30_minutes_and_reads_a_duration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GPU_RESERVATION_WARN_BEFORE", raising=False)
+    assert config.parse([]).reservation_warn_before == 30 * 60
+    monkeypatch.setenv("GPU_RESERVATION_WARN_BEFORE", "2m")
+    assert config.parse([]).reservation_warn_before == 120
+    with pytest.raises(ValueError, match="reservation-warn-before must be a positive whole"):
+        config.parse(["--reservation-warn-before=0m"])
+
+
 @pytest.mark.parametrize("value", ["0d", "-1h", "1.5d", "90 days", ""])
 def test_a_booking_limit_that_is_no_positive_duration_is_refused_by_name(value: str) -> None:
     with pytest.raises(ValueError, match="reservation-max-lead must be a positive whole number"):
