@@ -534,6 +534,8 @@ class AdmissionReason(str, Enum):
     LICENSE_SECRET_REFUSED = "LicenseSecretRefused"
     NETWORK_GPU_RESOURCE = "NetworkRequestsGPU"
     WINDOW_UNREADABLE = "WindowUnreadable"
+    WINDOW_LABEL_MISUSED = "ReservationLabelMisused"
+    WINDOW_NOT_OPEN = "WindowNotOpen"
 
 
 class EventReason(str, Enum):

@@ -12,6 +12,11 @@ placed; they are admitted without the check, but only as what they claim to be: 
 VMI. Only the controller creates them: the chart's protection policy
 (templates/protection-policy.yaml) refuses the label on a claim anyone else creates.
 
+A window's claim (label ``gpu.cozystack.io/reservation``) is made by the controller at a
+GPUReservation's start, of the reservation's name and owned by it; its units were booked
+with the window, so it is admitted without the check, but only as what it claims to be
+(and the protection policy refuses the label on a claim anyone else creates).
+
 Pure: no kopf, no client; the snapshot is passed in.
 """
 
@@ -44,6 +49,23 @@ def template_refusal(claim: Obj) -> str | None:
         f"GPUClaim {meta(claim).get('name', '')} is labelled {keys.LABEL_TEMPLATE_CLAIM}, "
         "which marks the claims the controller creates from a VMI's claimTemplates; such "
         "a claim is owned by its VirtualMachineInstance. Remove the label to order a claim"
+    )
+
+
+def window_label_refusal(claim: Obj) -> str | None:
+    """A claim labelled as a window's must be owned by the GPUReservation of its name, as
+    the controller makes them: the label alone would let an order skip the check."""
+    name = str(meta(claim).get("name", ""))
+    labels = meta(claim).get("labels") or {}
+    if labels.get(keys.LABEL_RESERVATION) == name:
+        for ref in meta(claim).get("ownerReferences") or []:
+            if ref.get("kind") == keys.KIND_RESERVATION and ref.get("name") == name:
+                return None
+    return (
+        f"GPUClaim {name} is labelled {keys.LABEL_RESERVATION}, which marks the claim the "
+        "controller makes when a GPUReservation's window opens; such a claim has the "
+        "reservation's name and is owned by it. Remove the label to order a claim, or book "
+        "a window with a GPUReservation"
     )
 
 
@@ -94,5 +116,10 @@ def update_refusal(old: Obj, new: Obj) -> tuple[str, keys.AdmissionReason] | Non
             f"label {keys.LABEL_TEMPLATE_CLAIM} cannot be added to or removed from an "
             "existing claim",
             keys.AdmissionReason.TEMPLATE_LABEL_MISUSED,
+        )
+    if translate.is_window_claim(old) != translate.is_window_claim(new):
+        return (
+            f"label {keys.LABEL_RESERVATION} cannot be added to or removed from an existing claim",
+            keys.AdmissionReason.WINDOW_LABEL_MISUSED,
         )
     return None

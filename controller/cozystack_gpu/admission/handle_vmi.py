@@ -172,6 +172,9 @@ class VMIWebhook:
                 )
             instancetype = vmi_rules.InstanceType(ref[0].kind, ref[1], spec.get("spec") or {})
         read = {c: f.result() for c, f in claims.items()}
+        # A held claim not there yet may be a window's, made at its reservation's start.
+        missing = [c for c, obj in read.items() if obj is None]
+        booked = {c: submit(access.get, keys.GPU_RESERVATION, namespace, c) for c in missing}
         known = classes.result()
         # A licensed class's copy, and the labels that say why one is missing: only for a
         # set of a licensed vGPU class.
@@ -206,4 +209,5 @@ class VMIWebhook:
             instancetype=instancetype,
             largest_node=self.largest_node,
             network_resources={ref: f.result() for ref, f in networks.items()},
+            reservations={c: f.result() for c, f in booked.items()},
         )

@@ -106,6 +106,9 @@ class VMIFacts:
     # The resource each NetworkAttachmentDefinition the VMI's multus networks name carries
     # (keys.ANNOTATION_NAD_RESOURCE), by (namespace, name): "" none, None not readable.
     network_resources: Mapping[tuple[str, str], str | None] = field(default_factory=dict)
+    # The GPUReservation of each held claim's name that does not exist (read only then): a
+    # window's claim is made at its start, and before it the VM is told when that is.
+    reservations: Mapping[str, Obj | None] = field(default_factory=dict)
 
 
 def licensed_classes(class_names: Iterable[str], classes: Mapping[str, Obj]) -> list[str]:
@@ -242,7 +245,9 @@ def _held_claims(
     held: Held = []
     for claim_name in request.claims:
         claim = facts.claims.get(claim_name)
-        refusal = held_claim_refusal(claim_name, claim, namespace, name)
+        refusal = held_claim_refusal(
+            claim_name, claim, namespace, name, facts.reservations.get(claim_name)
+        )
         if refusal is not None:
             return refusal
         assert claim is not None
@@ -394,8 +399,14 @@ def needs_same_name_check(claims: Iterable[Obj | None], vmi_name: str) -> bool:
 
 
 def held_claim_refusal(
-    claim_name: str, claim: Obj | None, namespace: str, vmi_name: str
+    claim_name: str,
+    claim: Obj | None,
+    namespace: str,
+    vmi_name: str,
+    reservation: Obj | None = None,
 ) -> Refusal | None:
+    if claim is None and reservation is not None:
+        return Refusal(AdmissionReason.WINDOW_NOT_OPEN, window_not_open(claim_name, reservation))
     if claim is None:
         return Refusal(
             AdmissionReason.CLAIM_NOT_FOUND,
@@ -431,6 +442,29 @@ def held_claim_refusal(
     return Refusal(
         AdmissionReason.CLAIM_NOT_BOUND,
         f"GPUClaim {claim_name} is {phase}, not Bound" + (f": {why}" if why else ""),
+    )
+
+
+def window_not_open(claim_name: str, reservation: Obj) -> str:
+    """Why a VM cannot hold a window's claim yet, or any more (SPEC §11)."""
+    status = reservation.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    spec = reservation.get("spec") or {}
+    start, end = spec.get("start", "?"), spec.get("end", "?")
+    head = (
+        f"GPUClaim {claim_name} named in {keys.ANNOTATION_CLAIMS} is GPUReservation {claim_name}'s"
+    )
+    if phase == "Ended":
+        return f"{head}, whose window ended at {end}; book another window, or order a claim"
+    if phase in ("Booked", "Active"):
+        return (
+            f"{head}, made when its window opens at {start} (it ends at {end}); start the VM then"
+        )
+    why = _condition_message(status, keys.CONDITION_BOOKED)
+    return (
+        f"{head}, which is {phase}, not booked"
+        + (f": {why}" if why else "")
+        + f"; its window opens at {start} once it is booked"
     )
 
 

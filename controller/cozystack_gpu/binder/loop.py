@@ -36,6 +36,7 @@ from cozystack_gpu.binder.parts.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.parts.publisher import Publisher
 from cozystack_gpu.binder.parts.rejections import Rejections
 from cozystack_gpu.binder.parts.waiting_notes import WaitingNotes
+from cozystack_gpu.binder.parts.windows import Windows
 from cozystack_gpu.binder.rules import claim_status
 from cozystack_gpu.binder.rules.events import EventBook
 from cozystack_gpu.binder.writer import Writer
@@ -163,6 +164,7 @@ class Binder(Watcher):
         self.attachments = Attachments(self)
         self.waiting = WaitingNotes(self)
         self.bookings = Bookings(self)
+        self.windows = Windows(self)
         # Claims whose placement write is out: no decision touches them until it returns.
         self.inflight: set[ClaimKey] = set()
         # Holds packing is moving off each node: no placement there is sent until their
@@ -242,6 +244,7 @@ class Binder(Watcher):
             self.gatekeeper.run(now)
             self.rejections.run(now)
             self.bookings.run(now)
+            self.windows.run(now)
             self._decide(now)
             self.attachments.release_stuck_vmis()
             self.publisher.publish(now)
@@ -271,6 +274,7 @@ class Binder(Watcher):
         self._term_started = time.monotonic()
         self.publisher.took_over()
         self.bookings.nodes_changed((), everything=True)
+        self.windows.took_over()
         log.info("binder leads: %s in its snapshot; listing the claims afresh", self.view.sizes())
 
     def _flush(self, *, standby: bool = False) -> None:
@@ -295,6 +299,7 @@ class Binder(Watcher):
             self._confirm(self._unanswered[key], self.view.claim(key))
         self.publisher.changed(dirty.claims, dirty.nodes)
         self.bookings.nodes_changed(dirty.nodes, everything=bool(dirty.classes))
+        self.windows.changed(dirty.reservations, dirty.claims)
         self.rejections.nodes_changed(dirty.nodes)
         for key in dirty.claims:
             if self.view.claim(key) is None:

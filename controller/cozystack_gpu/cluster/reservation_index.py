@@ -41,6 +41,9 @@ class ReservationIndex:
     def get(self, key: ClaimKey) -> MutableObj | None:
         return self._raw().get(key)
 
+    def keys(self) -> list[ClaimKey]:
+        return [ClaimKey(*key) for key in self._raw()]
+
     def info(self, key: ClaimKey, now: float) -> ReservationInfo | None:
         """A reservation as the model reads it; None once its window has ended."""
         obj = self._raw().get(key)

@@ -470,9 +470,9 @@ class _Planner:
 
     def _order(self, key: ClaimKey) -> ClaimInfo | None:
         """The claim if it is an order still waiting; a VM's template claim is placed with
-        its set, by the gate."""
+        its set, by the gate, and a window's claim where its window is booked."""
         claim = self.snap.claim(key)
-        if claim is None or claim.template or claim.phase is not Phase.PENDING:
+        if claim is None or not claim.ordered or claim.phase is not Phase.PENDING:
             return None
         return claim
 

@@ -52,7 +52,7 @@ class _Acct(NamedTuple):
     resource: str | None
     node: str | None  # set when the claim takes capacity there
     units: int
-    pinned: bool  # packing may not move it (attached, starting, template, Lost, on its disk)
+    pinned: bool  # packing may not move it (attached, starting, template, window, Lost, disk)
 
 
 class Snapshot:
@@ -439,7 +439,7 @@ class Snapshot:
             self._pending.add(key)
             if claim.created > 0:
                 bisect.insort(self._dated.setdefault(claim.class_name, []), (claim.created, key))
-            if not claim.template:
+            if claim.ordered:
                 bisect.insort(self._orders.setdefault(claim.shape, []), (claim.created, key))
                 self._order_keys.pop(claim.shape, None)
         elif claim.phase is Phase.LOST:
@@ -474,7 +474,7 @@ class Snapshot:
                 self._dated[claim.class_name], (claim.created, key)
             ):
                 del self._dated[claim.class_name]
-            if not claim.template:
+            if claim.ordered:
                 shape = claim.shape
                 self._order_keys.pop(shape, None)
                 if not remove_sorted(self._orders[shape], (claim.created, key)):
@@ -499,7 +499,7 @@ class Snapshot:
             charge = Charge(ancestors, claim.class_name, res, claim.count)
         pinned = (
             not (claim.phase is Phase.BOUND and claim.attached_to is None)
-            or claim.template
+            or not claim.ordered
             or (node is not None and kept_by_volumes(claim, self._nodes.get(node)))
         )
         return _Acct(charge, res, node, claim.count, pinned)

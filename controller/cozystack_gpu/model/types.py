@@ -231,6 +231,9 @@ class ClaimInfo:
       no VM names yet.
     - ``template``: created from a VMI's claim template. A Pending template claim is placed
       with its set by ``place_set`` when the launcher pod is gated, never by ``plan``.
+    - ``window``: made by a GPUReservation at its window's start (SPEC §11), of its name
+      and for its booked units: the binder binds it onto the booked node, never ``plan``,
+      and packing leaves it where the window is booked.
     - ``volumes``: the node affinity of each bound PersistentVolume of the claim's VM (its
       VirtualMachine's volumes, which exist while it is stopped). A set whose volumes can be
       used from its node stays there: no move but for the node gone, no packing move (a
@@ -251,6 +254,7 @@ class ClaimInfo:
     set_id: str | None = None
     template: bool = False
     volumes: tuple[VolumeAffinity, ...] = ()
+    window: bool = False
 
     @property
     def key(self) -> ClaimKey:
@@ -264,6 +268,12 @@ class ClaimInfo:
         if self.rejected:
             return None
         return (self.class_name, self.namespace, self.count)
+
+    @property
+    def ordered(self) -> bool:
+        """A tenant's order, which ``plan`` places: neither a VM's template claim (placed
+        with its set at the gate) nor a window's claim (bound where its window is booked)."""
+        return not (self.template or self.window)
 
     @property
     def counts_budget(self) -> bool:

@@ -285,6 +285,13 @@ def is_template_claim(claim: Obj) -> bool:
     return bool(labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE)
 
 
+def is_window_claim(claim: Obj) -> bool:
+    """The claim a GPUReservation made at its window's start (SPEC §11): labelled with the
+    reservation's name (the protection policy lets only the controller write the label)."""
+    labels = meta(claim).get("labels") or {}
+    return bool(labels.get(keys.LABEL_RESERVATION))
+
+
 def made_by_template(claim: Obj) -> bool:
     """A claim the controller made from a claim template: labelled so, or carrying the uid
     of the VMI it was made for (a label taken off does not make it an order)."""
@@ -371,6 +378,7 @@ def claim_info(
         set_id=set_id,
         template=is_template_claim(claim),
         volumes=volumes,
+        window=is_window_claim(claim),
     )
 
 

@@ -1,5 +1,6 @@
 """The start path's writes on other objects: the launcher pod's pin and delete, a VMI's
-template claims made and, once their VMI is gone, deleted, and a VMI that can never run."""
+template claims and a window's claim made and deleted, a VMI that can never run deleted,
+and a VM halted at its window's end."""
 
 from __future__ import annotations
 
@@ -76,14 +77,15 @@ class PodDelete(Call):
 
 
 @dataclass(frozen=True)
-class TemplateClaimCreate(Call):
-    """A VMI's template claim; one created before (409) is brought by the watch. One the
-    API server refuses as invalid is told to the gate (``heard``), which sends it no more."""
+class ClaimCreate(Call):
+    """A claim the controller makes: a VMI's template claim, or a reservation's at its
+    window's start. One created before (409) is brought by the watch. One the API server
+    refuses as invalid is told to its sender (``heard``), which sends it no more."""
 
     what: ClassVar[str] = "claim-create"
     priority: ClassVar[Priority] = Priority.BIND
     done_when: ClassVar[frozenset[int]] = frozenset({409})
-    unwritten: ClassVar[str] = "template claim %s not created"
+    unwritten: ClassVar[str] = "claim %s not created"
     takes: ClassVar[keys.ApiKind] = keys.GPU_CLAIM
     namespace: str
     name: str
@@ -127,13 +129,14 @@ class VmiDelete(Call):
 
 @dataclass(frozen=True)
 class ClaimDelete(Call):
-    """A template claim whose VMI is gone, deleted: only the very one judged (its uid as a
-    precondition), so a claim of the same name made since is not touched."""
+    """A template claim whose VMI is gone, or a window's claim at its end, deleted: only
+    the very one judged (its uid as a precondition), so a claim of the same name made
+    since is not touched."""
 
     what: ClassVar[str] = "claim-delete"
     priority: ClassVar[Priority] = Priority.BIND
     done_when: ClassVar[frozenset[int]] = frozenset({404})
-    unwritten: ClassVar[str] = "left-over template claim %s not deleted"
+    unwritten: ClassVar[str] = "claim %s not deleted"
     namespace: str
     name: str
     uid: str
@@ -148,3 +151,32 @@ class ClaimDelete(Call):
             _request_timeout=base.REQUEST_TIMEOUT_S,
         )
         log.info("deleted GPUClaim %s: %s", self.path, self.why)
+
+
+@dataclass(frozen=True)
+class VmHalt(Call):
+    """A VirtualMachine whose window ended, halted: ``runStrategy: Halted`` as a merge patch
+    (the controller's one right on VMs). One gone meanwhile (404) is as good."""
+
+    what: ClassVar[str] = "vm-halt"
+    priority: ClassVar[Priority] = Priority.BIND
+    done_when: ClassVar[frozenset[int]] = frozenset({404})
+    unwritten: ClassVar[str] = "VM %s not halted"
+    namespace: str
+    name: str
+    body: MutableObj
+
+    def request(self, api: Clients) -> None:
+        discard(
+            api.custom.patch_namespaced_custom_object(
+                keys.VM.group,
+                keys.VM.version,
+                self.namespace,
+                keys.VM.plural,
+                self.name,
+                self.body,
+                _preload_content=False,
+                _request_timeout=base.REQUEST_TIMEOUT_S,
+            )
+        )
+        log.info("halted VM %s: its reservation's window ended", self.path)

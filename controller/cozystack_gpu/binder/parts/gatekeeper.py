@@ -15,7 +15,7 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import INVALID, Answer
 from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
-from cozystack_gpu.binder.calls.start_path import PodPin, TemplateClaimCreate
+from cozystack_gpu.binder.calls.start_path import ClaimCreate, PodPin
 from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle, StartSet, start_set
 from cozystack_gpu.binder.rules import claim_status, gate
 from cozystack_gpu.cluster.view import Key
@@ -273,9 +273,9 @@ class Gatekeeper(BinderPart):
                     f"{keys.ANNOTATION_CLAIMS} annotation"
                 )
                 self._not_placed(at, ClaimReason.TEMPLATE_CLAIM_INVALID.value, why, now)
-            elif not self.handle.writing((TemplateClaimCreate.what, *key)):
+            elif not self.handle.writing((ClaimCreate.what, *key)):
                 heard = partial(self._template_heard, key, uid)
-                self.handle.send(TemplateClaimCreate(*key, body, heard=heard))
+                self.handle.send(ClaimCreate(*key, body, heard=heard))
         return missing
 
     def _template_heard(self, key: ClaimKey, uid: str, answer: Answer) -> None:

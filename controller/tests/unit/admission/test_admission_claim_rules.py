@@ -15,6 +15,7 @@ from cozystack_gpu.admission.claim_rules import (
     order_refusal,
     template_refusal,
     update_refusal,
+    window_label_refusal,
 )
 from cozystack_gpu.keys import Mode, Phase
 from cozystack_gpu.model import ClaimInfo, Reason, Snapshot
@@ -123,5 +124,31 @@ def test_the_template_mark_is_fixed_at_create() -> None:
         "label gpu.cozystack.io/template-claim cannot be added to or removed from an "
         "existing claim",
         keys.AdmissionReason.TEMPLATE_LABEL_MISUSED,
+    )
+    assert update_refusal(labelled, claim_obj()) is not None
+
+
+def test_a_window_claim_must_be_owned_by_the_reservation_of_its_name() -> None:
+    """The reservation label skips the order check: only the claim the controller makes at
+    a window's start (of the reservation's name, owned by it) may carry it."""
+    labels = {keys.LABEL_RESERVATION: "c"}
+    owner = {"apiVersion": keys.API_VERSION, "kind": keys.KIND_RESERVATION, "name": "c", "uid": "u"}
+    assert window_label_refusal(claim_obj(labels=labels, ownerReferences=[owner])) is None
+    forged = window_label_refusal(claim_obj(labels=labels))
+    assert forged is not None and forged.startswith(
+        "GPUClaim c is labelled gpu.cozystack.io/reservation, which marks the claim the "
+        "controller makes when a GPUReservation's window opens"
+    )
+    other = {**owner, "name": "someone-elses"}
+    assert window_label_refusal(claim_obj(labels=labels, ownerReferences=[other])) is not None
+    renamed = {keys.LABEL_RESERVATION: "other"}
+    assert window_label_refusal(claim_obj(labels=renamed, ownerReferences=[owner])) is not None
+
+
+def test_the_window_mark_is_fixed_at_create() -> None:
+    labelled = claim_obj(labels={keys.LABEL_RESERVATION: "c"})
+    assert update_refusal(claim_obj(), labelled) == (
+        "label gpu.cozystack.io/reservation cannot be added to or removed from an existing claim",
+        keys.AdmissionReason.WINDOW_LABEL_MISUSED,
     )
     assert update_refusal(labelled, claim_obj()) is not None

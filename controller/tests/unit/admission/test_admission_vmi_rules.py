@@ -126,6 +126,40 @@ def test_a_missing_claim_is_refused_with_where_it_was_looked_for() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("phase", "words"),
+    [
+        ("Booked", "made when its window opens at 2027-01-04T09:00:00Z (it ends at "
+         "2027-01-04T18:00:00Z); start the VM then"),
+        ("Ended", "whose window ended at 2027-01-04T18:00:00Z; book another window"),
+        ("Pending", "which is Pending, not booked: no node has 8 free"),
+    ],
+)  # fmt: skip
+def test_a_window_claim_named_before_its_start_is_refused_with_when_it_opens(
+    phase: str, words: str
+) -> None:
+    """SPEC §11: before ``start`` the VMI webhook refuses the window's claim with the
+    window's start (the claim does not exist yet; its reservation does)."""
+    booked = {
+        "metadata": {"name": "train", "namespace": "tenant-a"},
+        "spec": {"start": "2027-01-04T09:00:00Z", "end": "2027-01-04T18:00:00Z"},
+        "status": {
+            "phase": phase,
+            "conditions": [{"type": "Booked", "status": "False", "message": "no node has 8 free"}],
+        },
+    }
+    result = judge(
+        vmi(),
+        ClaimsRequest(("train",)),
+        facts(claims={"train": None}, reservations={"train": booked}),
+    )
+    assert isinstance(result, Refusal) and result.reason is keys.AdmissionReason.WINDOW_NOT_OPEN
+    assert result.message.startswith(
+        "GPUClaim train named in gpu.cozystack.io/claims is GPUReservation train's"
+    )
+    assert words in result.message
+
+
 def test_a_claim_attached_to_another_vmi_is_refused() -> None:
     result = judge(vmi("vm"), ClaimsRequest(("a",)), facts(claim("a", attached_to="other")))
     assert refusal(result) == (

@@ -18,7 +18,7 @@ from cozystack_gpu.binder.calls.reports import (
     RecordDelete,
     RecordStatus,
 )
-from cozystack_gpu.binder.calls.start_path import PodPin, TemplateClaimCreate
+from cozystack_gpu.binder.calls.start_path import PodPin, ClaimCreate
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu_testkit.objects import binder_config
 
@@ -40,7 +40,7 @@ def _obj(name: str, namespace: str = NS, version: str = "7") -> dict[str, Any]:
 CASES: list[tuple[Call, keys.ApiKind]] = [
     (Decision(NS, "c", {"status": {}}, "Bind"), keys.GPU_CLAIM),
     (ClaimNote(NS, "c", {"status": {}}, Note.WAIT), keys.GPU_CLAIM),
-    (TemplateClaimCreate(NS, "c", {"metadata": {"name": "c"}}), keys.GPU_CLAIM),
+    (ClaimCreate(NS, "c", {"metadata": {"name": "c"}}), keys.GPU_CLAIM),
     (PodPin(NS, "c", {"spec": {}}), keys.POD),
     (ClassStatus("c", {"status": {}}), keys.GPU_CLASS),
     (GpuNodeStatus("c", {"status": {}}), keys.GPU_NODE),

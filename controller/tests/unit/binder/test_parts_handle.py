@@ -14,7 +14,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
 from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
 from cozystack_gpu.binder.calls.reports import ClassStatus, RecordCreate, RecordStatus, Settings
-from cozystack_gpu.binder.calls.start_path import PodPin, TemplateClaimCreate, VmiDelete
+from cozystack_gpu.binder.calls.start_path import PodPin, ClaimCreate, VmiDelete
 from cozystack_gpu.binder.parts.attachments import Attachments
 from cozystack_gpu.binder.parts.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.parts.publisher import SETTINGS_REFRESH_S, Publisher
@@ -287,20 +287,20 @@ def test_a_template_claim_refused_as_invalid_is_not_sent_again_but_said() -> Non
     handle = _handle(BOUND, change=_one_template)
     gatekeeper = Gatekeeper(handle)
     gatekeeper.run(NOW)
-    [create] = handle.of(TemplateClaimCreate)
+    [create] = handle.of(ClaimCreate)
     handle.answer(create, Outcome.FAILED, "422 Unprocessable Entity", code=422)
     for _turn in range(5):
         gatekeeper.run(NOW)
-    assert handle.of(TemplateClaimCreate) == [create], "sent once, never again as it is"
+    assert handle.of(ClaimCreate) == [create], "sent once, never again as it is"
     assert handle.events == [("vm", "GPUSetNotPlaced")], "said once, on the VMI"
     # A create that failed for another reason (the server away) is sent again.
     other = _handle(BOUND, change=_one_template)
     keeper = Gatekeeper(other)
     keeper.run(NOW)
-    [first] = other.of(TemplateClaimCreate)
+    [first] = other.of(ClaimCreate)
     other.answer(first, Outcome.FAILED, "MaxRetryError")
     keeper.run(NOW)
-    assert len(other.of(TemplateClaimCreate)) == 2
+    assert len(other.of(ClaimCreate)) == 2
 
 
 def test_the_gate_touches_no_set_whose_claim_has_a_write_out() -> None:

@@ -36,7 +36,7 @@ from cozystack_gpu.binder.calls.start_path import (
     ClaimDelete,
     PodDelete,
     PodPin,
-    TemplateClaimCreate,
+    ClaimCreate,
     VmiDelete,
 )
 from cozystack_gpu.binder.rules.events import EventBook
@@ -107,7 +107,7 @@ def one_of_each() -> list[Call]:
         ClaimNote("t", "w", {"status": {}}, Note.WAIT),
         PodPin("t", "virt-launcher-vm", {"spec": {}}),
         PodDelete("t", "virt-launcher-old", "uid-old"),
-        TemplateClaimCreate("t", "vm-gpu", {"metadata": {"name": "vm-gpu"}}),
+        ClaimCreate("t", "vm-gpu", {"metadata": {"name": "vm-gpu"}}),
         VmiDelete("t", "vm"),
         ClaimDelete("t", "vm-gpu", "uid-gpu", "its VMI is gone"),
         Finalizer(keys.GPU_CLAIM, "t", "c", {"metadata": {"finalizers": []}}),
