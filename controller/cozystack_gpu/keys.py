@@ -39,6 +39,15 @@ WORKLOAD_PLURAL = "workloads"
 # Workload status.kind / status.type of a GPU usage record.
 WORKLOAD_STATUS_KIND = "GPUClaim"
 WORKLOAD_STATUS_TYPE = "gpu"
+# ... and of a reservation's usage record (SPEC §11): one per booked window.
+WORKLOAD_RESERVATION_STATUS_KIND = "GPUReservation"
+WORKLOAD_RESERVATION_STATUS_TYPE = "gpu-reservation"
+# A reservation's usage record carries its window and node in these annotations (RFC 3339,
+# and the node's name while it is booked on one): the Workload's status holds only kind,
+# type, resources and operational (Cozystack's CRD has nothing else, and prunes the rest).
+ANNOTATION_RECORD_START = GROUP + "/window-start"
+ANNOTATION_RECORD_END = GROUP + "/window-end"
+ANNOTATION_RECORD_NODE = GROUP + "/window-node"
 
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"

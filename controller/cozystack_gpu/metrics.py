@@ -78,8 +78,9 @@ SETTINGS_WRITE_FAILING = Gauge(
 )
 USAGE_RECORD_WRITE_FAILURES = Counter(
     "cozystack_gpu_usage_record_write_failures_total",
-    "Writes of usage records (Workload) that failed: a Bound or Attached order unbilled, or "
-    "a record left over, until a later write lands; by write (create, status, delete)",
+    "Writes of usage records (Workload) that failed: a Bound or Attached order or a booked "
+    "window unbilled, or a record left over, until a later write lands; by write (create, "
+    "status, metadata, delete)",
     ["write"],
 )
 STATUS_WRITES = Counter(

@@ -52,15 +52,16 @@ def template_refusal(claim: Obj) -> str | None:
     )
 
 
+def has_window_label(claim: Obj) -> bool:
+    return keys.LABEL_RESERVATION in (meta(claim).get("labels") or {})
+
+
 def window_label_refusal(claim: Obj) -> str | None:
     """A claim labelled as a window's must be owned by the GPUReservation of its name, as
     the controller makes them: the label alone would let an order skip the check."""
+    if translate.is_window_claim(claim):
+        return None
     name = str(meta(claim).get("name", ""))
-    labels = meta(claim).get("labels") or {}
-    if labels.get(keys.LABEL_RESERVATION) == name:
-        for ref in meta(claim).get("ownerReferences") or []:
-            if ref.get("kind") == keys.KIND_RESERVATION and ref.get("name") == name:
-                return None
     return (
         f"GPUClaim {name} is labelled {keys.LABEL_RESERVATION}, which marks the claim the "
         "controller makes when a GPUReservation's window opens; such a claim has the "
@@ -117,7 +118,7 @@ def update_refusal(old: Obj, new: Obj) -> tuple[str, keys.AdmissionReason] | Non
             "existing claim",
             keys.AdmissionReason.TEMPLATE_LABEL_MISUSED,
         )
-    if translate.is_window_claim(old) != translate.is_window_claim(new):
+    if has_window_label(old) != has_window_label(new):
         return (
             f"label {keys.LABEL_RESERVATION} cannot be added to or removed from an existing claim",
             keys.AdmissionReason.WINDOW_LABEL_MISUSED,

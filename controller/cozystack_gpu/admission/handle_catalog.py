@@ -29,7 +29,7 @@ from cozystack_gpu.class_rules import (
 from cozystack_gpu.keys import AdmissionReason
 from cozystack_gpu.model import Reason, Refusal
 from cozystack_gpu.model.reservations import BookingSettings
-from cozystack_gpu.objects import Obj, translate
+from cozystack_gpu.objects import Obj
 from cozystack_gpu.objects.translate import meta
 
 ADMISSION_ATTEMPTS = 3
@@ -77,7 +77,7 @@ class ClaimWebhook:
             if problem is not None:
                 raise Refused(problem, AdmissionReason.TEMPLATE_LABEL_MISUSED)
             return []
-        if translate.is_window_claim(claim):
+        if claim_rules.has_window_label(claim):
             problem = claim_rules.window_label_refusal(claim)
             if problem is not None:
                 raise Refused(problem, AdmissionReason.WINDOW_LABEL_MISUSED)

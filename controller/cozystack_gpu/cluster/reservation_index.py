@@ -9,7 +9,7 @@ dirty when its end passes: the next sync takes it out of the model.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from cozystack_gpu.cluster.dirty import Dirty
 from cozystack_gpu.model import ClaimKey, ReservationInfo
@@ -37,6 +37,10 @@ class ReservationIndex:
         """Reservations whose window ended by ``now`` are built again."""
         while self._ends and self._ends[0][0] <= now:
             self._dirty().reservations.add(heapq.heappop(self._ends)[1])
+
+    def objects(self) -> Iterable[MutableObj]:
+        """Every reservation as the API confirmed it, whatever its phase or window."""
+        return self._raw().values()
 
     def get(self, key: ClaimKey) -> MutableObj | None:
         return self._raw().get(key)

@@ -285,11 +285,28 @@ def is_template_claim(claim: Obj) -> bool:
     return bool(labels.get(keys.LABEL_TEMPLATE_CLAIM) == keys.LABEL_TEMPLATE_CLAIM_VALUE)
 
 
-def is_window_claim(claim: Obj) -> bool:
-    """The claim a GPUReservation made at its window's start (SPEC §11): labelled with the
-    reservation's name (the protection policy lets only the controller write the label)."""
+def window_reservation_uid(claim: Obj) -> str | None:
+    """Uid of the GPUReservation whose window claim ``claim`` is (SPEC §11): the claim of the
+    reservation's name that it makes at its start, labelled with that name and owned by it.
+    None for any other claim (an order, a template claim)."""
+    name = name_of(claim)
     labels = meta(claim).get("labels") or {}
-    return bool(labels.get(keys.LABEL_RESERVATION))
+    if not name or labels.get(keys.LABEL_RESERVATION) != name:
+        return None
+    for ref in meta(claim).get("ownerReferences") or []:
+        if (
+            ref.get("kind") == keys.KIND_RESERVATION
+            and ref.get("apiVersion") == keys.API_VERSION
+            and ref.get("name") == name
+            and ref.get("uid")
+        ):
+            return str(ref["uid"])
+    return None
+
+
+def is_window_claim(claim: Obj) -> bool:
+    """The claim a reservation makes at its window's start: its units are the window's."""
+    return window_reservation_uid(claim) is not None
 
 
 def made_by_template(claim: Obj) -> bool:

@@ -591,13 +591,20 @@ class Invariants:
                 yield Violation(NOT_JUDGED, subject, detail)
 
     def _records(self, state: State) -> Iterator[Violation]:
-        """Every Bound or Attached order has exactly one usage record of its own (owned by
-        its uid, whatever the record's name), counting its units; no other record of the
-        controller's exists."""
-        wanted: dict[str, MutableObj] = {}
+        """Every Bound or Attached order, and every reservation from Booked until its
+        window's end, has exactly one usage record of its own (owned by its uid, whatever
+        the record's name), counting its units; the claim a window makes has none (the
+        window is billed once); no other record of the controller's exists."""
+        windows: dict[str, MutableObj] = {}
+        for reservation in state.reservations:
+            window = _window(reservation)
+            phase = (reservation.get("status") or {}).get("phase")
+            if phase in WINDOW_RECORDED and window and window[1] > state.read_at:
+                windows[str(_meta(reservation).get("uid"))] = reservation
+        wanted = dict(windows)
         for claim in state.claims:
             phase = (claim.get("status") or {}).get("phase")
-            if phase in HOLDING and not _template(claim):
+            if phase in HOLDING and not _template(claim) and not _billed_window(claim, windows):
                 wanted[str(_meta(claim).get("uid"))] = claim
         have: dict[str, list[str]] = {}
         for record in state.workloads:
@@ -609,14 +616,14 @@ class Invariants:
             uid = records.owner_uid(record)
             wanted_claim = wanted.get(str(uid)) if uid is not None else None
             if wanted_claim is None:
-                yield Violation(RECORDS, subject, "a record of no Bound or Attached order")
+                yield Violation(RECORDS, subject, "a record of no held order or booked window")
                 continue
             have.setdefault(str(uid), []).append(subject)
             units = _count(wanted_claim)
             class_key = keys.quota_key(str((wanted_claim.get("spec") or {}).get("class")))
             resources = ((record.get("status") or {}).get("resources")) or {}
             if resources != {class_key: str(units)}:
-                yield Violation(RECORDS, subject, f"counts {resources}, the claim {units}")
+                yield Violation(RECORDS, subject, f"counts {resources}, its owner {units}")
         for uid, claim in sorted(wanted.items()):
             if not self.scope.has_namespace(_namespace(claim)):
                 continue
@@ -631,6 +638,23 @@ class Invariants:
 
 WINDOW_HOLDING = ("Booked",)  # on their node (Active: its claim holds them)
 WINDOW_COUNTING = ("Booked", "Lost")  # under their budgets
+WINDOW_RECORDED = ("Booked", "Active", "Lost")  # each with a usage record until its end
+
+
+def _billed_window(claim: MutableObj, windows: dict[str, MutableObj]) -> bool:
+    """The claim a window makes (labelled with its reservation's name, its own, and owned
+    by it) while that reservation, of the same class and count, has a record."""
+    name = _name(claim)
+    if (_meta(claim).get("labels") or {}).get(keys.LABEL_RESERVATION) != name:
+        return False
+    for ref in _meta(claim).get("ownerReferences") or []:
+        reservation = windows.get(str(ref.get("uid")))
+        if ref.get("kind") == keys.KIND_RESERVATION and reservation and ref.get("name") == name:
+            spec, its = claim.get("spec") or {}, reservation.get("spec") or {}
+            return bool(
+                spec.get("class") == its.get("class") and _count(claim) == _count(reservation)
+            )
+    return False
 
 
 def _window(reservation: MutableObj) -> tuple[float, float] | None:

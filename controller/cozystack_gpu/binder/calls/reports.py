@@ -199,10 +199,19 @@ class _RecordCall(Call):
                 answer.error,
             )
 
+    def _conflict(self, api: Clients, exc: ApiException) -> Answer:
+        """Changed since it was read: the fresh record, so the view takes it and the next
+        publish judges it again."""
+        fresh = api.custom.get_namespaced_custom_object(
+            *_workloads(self.namespace), self.name, _request_timeout=base.REQUEST_TIMEOUT_S
+        )
+        return Answer(self, Outcome.CONFLICT, dict(fresh), describe(exc))
+
 
 @dataclass(frozen=True)
 class RecordCreate(_RecordCall):
-    """A claim's usage record; one there already (409) is brought by the watch."""
+    """A claim's or a reservation's usage record; one there already (409) is brought by the
+    watch."""
 
     write: ClassVar[str] = "create"
     done_when: ClassVar[frozenset[int]] = frozenset({409})
@@ -268,16 +277,38 @@ class RecordStatus(_RecordCall):
                 return self._conflict(api, again)
             raise
 
-    def _conflict(self, api: Clients, exc: ApiException) -> Answer:
-        fresh = api.custom.get_namespaced_custom_object(
-            *_workloads(self.namespace), self.name, _request_timeout=base.REQUEST_TIMEOUT_S
-        )
-        return Answer(self, Outcome.CONFLICT, dict(fresh), describe(exc))
+
+@dataclass(frozen=True)
+class RecordMeta(_RecordCall):
+    """A record's annotations written back (a reservation's window and node): ``body`` a
+    merge patch carrying the resourceVersion read, as ``RecordStatus``'s. On the object
+    always: where the Workload CRD has a status subresource, a write there drops metadata."""
+
+    write: ClassVar[str] = "metadata"
+    namespace: str
+    name: str
+    body: MutableObj
+
+    def request(self, api: Clients) -> MutableObj | Answer:
+        try:
+            return dict(
+                api.custom.patch_namespaced_custom_object(
+                    *_workloads(self.namespace),
+                    self.name,
+                    self.body,
+                    _request_timeout=base.REQUEST_TIMEOUT_S,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return self._conflict(api, exc)
+            raise
 
 
 @dataclass(frozen=True)
 class RecordDelete(_RecordCall):
-    """A record whose claim no longer holds units; one gone already (404) is as good."""
+    """A record whose claim no longer holds units, or whose reservation's window is over;
+    one gone already (404) is as good."""
 
     write: ClassVar[str] = "delete"
     done_when: ClassVar[frozenset[int]] = frozenset({404})

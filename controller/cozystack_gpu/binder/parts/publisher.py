@@ -19,6 +19,7 @@ from cozystack_gpu.binder.calls.reports import (
     GpuNodeStatus,
     RecordCreate,
     RecordDelete,
+    RecordMeta,
     RecordStatus,
     Settings,
 )
@@ -193,7 +194,7 @@ class Publisher(BinderPart):
         self._publish_gpunode_conditions(now)
         self._publish_settings(now)
         if self.config.workload_records:
-            self._publish_records()
+            self._publish_records(now)
         if now - self._last_metrics >= METRICS_EVERY_S:
             self._last_metrics = now
             self._publish_metrics()
@@ -269,12 +270,16 @@ class Publisher(BinderPart):
         self._settings_written, self._settings_at = data, now
         self.handle.send(Settings(namespace, data, heard=self._settings_heard))
 
-    def _publish_records(self) -> None:
-        """One usage record of its own per ordered Bound or Attached claim, as the API
-        confirmed it, and none else (``records.plan_records``); one write per record at a
-        time."""
-        wanting = [claim for _key, claim in self.view.claims() if records.wants_usage_record(claim)]
-        plan = records.plan_records(wanting, self.view.usage_records())
+    def _publish_records(self, now: float) -> None:
+        """One usage record of its own per ordered Bound or Attached claim and per booked
+        reservation whose window has not ended, as the API confirmed them, and none else
+        (``records.record_owners``, ``records.plan_records``); one write per record at a
+        time. Judged again from the whole view at every publish: a reservation's change
+        needs no hook, and its window's end is read against ``now``."""
+        claims, reservations = records.record_owners(
+            (claim for _key, claim in self.view.claims()), self.view.reservations.objects(), now
+        )
+        plan = records.plan_records(claims, self.view.usage_records(), reservations)
         for body in plan.create:
             meta = body["metadata"]
             if not self.handle.writing((RecordCreate.what, meta["namespace"], meta["name"])):
@@ -283,13 +288,16 @@ class Publisher(BinderPart):
             if not self.handle.writing((RecordStatus.what, *record_key)):
                 # Billing reads the status: one edited or never written is written back.
                 log.info(
-                    "usage record %s/%s: its status is not its claim's; writing it back",
+                    "usage record %s/%s: its status is not its owner's; writing it back",
                     *record_key,
                 )
                 self.handle.send(RecordStatus(*record_key, patch))
+        for record_key, patch in plan.annotate:
+            if not self.handle.writing((RecordMeta.what, *record_key)):
+                self.handle.send(RecordMeta(*record_key, patch))
         for record_key in plan.delete:
             if not self.handle.writing((RecordDelete.what, *record_key)):
-                log.info("usage record %s/%s: no Bound or Attached order owns it", *record_key)
+                log.info("usage record %s/%s: no holding claim or window owns it", *record_key)
                 self.handle.send(RecordDelete(*record_key))
 
     def _publish_metrics(self) -> None:

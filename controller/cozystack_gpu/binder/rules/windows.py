@@ -20,7 +20,7 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.model.booking import at, span
 from cozystack_gpu.model.reservations import ReservationInfo, ReservationPhase
-from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects import Obj, translate
 from cozystack_gpu.objects.conditions import condition, merge_conditions
 from cozystack_gpu.objects.translate import meta, name_of, namespace_of
 
@@ -66,14 +66,8 @@ def made_by(claim: Obj, reservation: Obj) -> bool:
     """Whether the claim is the one this very reservation made (its label, and its owner by
     uid), not a tenant's order of the same name nor one an earlier reservation of the name
     made."""
-    labels = meta(claim).get("labels") or {}
-    if labels.get(keys.LABEL_RESERVATION) != name_of(reservation):
-        return False
-    uid = str(meta(reservation).get("uid") or "")
-    return any(
-        ref.get("kind") == keys.GPU_RESERVATION.kind and ref.get("uid") == uid
-        for ref in meta(claim).get("ownerReferences") or []
-    )
+    uid = translate.window_reservation_uid(claim)
+    return uid is not None and uid == meta(reservation).get("uid")
 
 
 def name_taken(claim: Obj, info: ReservationInfo) -> str:

@@ -18,7 +18,7 @@ from cozystack_gpu.binder.calls.reports import (
     RecordDelete,
     RecordStatus,
 )
-from cozystack_gpu.binder.calls.start_path import PodPin, ClaimCreate
+from cozystack_gpu.binder.calls.start_path import ClaimCreate, PodPin
 from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu_testkit.objects import binder_config
 

@@ -13,8 +13,14 @@ import pytest
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Answer, Call, CallKey, Outcome
 from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
-from cozystack_gpu.binder.calls.reports import ClassStatus, RecordCreate, RecordStatus, Settings
-from cozystack_gpu.binder.calls.start_path import PodPin, ClaimCreate, VmiDelete
+from cozystack_gpu.binder.calls.reports import (
+    ClassStatus,
+    RecordCreate,
+    RecordDelete,
+    RecordStatus,
+    Settings,
+)
+from cozystack_gpu.binder.calls.start_path import ClaimCreate, PodPin, VmiDelete
 from cozystack_gpu.binder.parts.attachments import Attachments
 from cozystack_gpu.binder.parts.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.parts.publisher import SETTINGS_REFRESH_S, Publisher
@@ -24,6 +30,7 @@ from cozystack_gpu.cluster.view import ClusterView
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
 from cozystack_gpu.model import Action, ClaimInfo, ClaimKey, Reason, Refusal, Snapshot, Step
+from cozystack_gpu.objects import translate
 from cozystack_gpu_testkit.objects import binder_config
 
 NS, RES, NOW = "tenant-a", "nvidia.com/X", 1_800_000_000.0
@@ -382,6 +389,41 @@ def test_the_reports_write_back_a_usage_records_edited_status_once_at_a_time() -
     assert handle.of(RecordCreate) == [], "it exists: no second record"
     publisher.publish(NOW + 1)
     assert len(handle.of(RecordStatus)) == 1, "one write in flight at a time"
+
+
+def _booked(given: dict[str, list[dict[str, Any]]]) -> None:
+    """A window booked on n1 for the hour after NOW, beside the claim."""
+    start = NOW - NOW % 60 + 600
+    given[keys.GPU_RESERVATION.kind] = [
+        {
+            "metadata": _meta("train", namespace=NS),
+            "spec": {
+                "class": "h100",
+                "count": 1,
+                "start": translate.rfc3339(start),
+                "end": translate.rfc3339(start + 3600),
+            },
+            "status": {"phase": "Booked", "nodeName": "n1"},
+        }
+    ]
+
+
+def test_the_reports_write_a_booked_windows_record_and_remove_it_at_its_end() -> None:
+    handle = _handle({}, change=_booked)
+    publisher = Publisher(handle)
+    publisher.publish(NOW)
+    [create] = handle.of(RecordCreate)
+    assert (create.namespace, create.name) == (NS, "gpureservation-train")
+    assert create.body["status"]["type"] == "gpu-reservation"
+    assert create.body["metadata"]["ownerReferences"][0]["uid"] == "uid-train"
+    handle.answer(create, Outcome.WRITTEN)
+    handle.view.apply(keys.WORKLOAD.kind, {**create.body, "metadata": {
+        **create.body["metadata"], "resourceVersion": "7"}}, deleted=False)  # fmt: skip
+    publisher.publish(NOW + 1)
+    assert len(handle.of(RecordCreate)) == 1 and handle.of(RecordDelete) == []
+    publisher.publish(NOW - NOW % 60 + 600 + 3600)  # the window's end, still Booked
+    [delete] = handle.of(RecordDelete)
+    assert (delete.namespace, delete.name) == (NS, "gpureservation-train")
 
 
 def test_a_waiting_order_is_told_why_once_and_never_while_a_placement_is_out() -> None:

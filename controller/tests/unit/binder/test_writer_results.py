@@ -33,10 +33,10 @@ from cozystack_gpu.binder.calls.reports import (
     Settings,
 )
 from cozystack_gpu.binder.calls.start_path import (
+    ClaimCreate,
     ClaimDelete,
     PodDelete,
     PodPin,
-    ClaimCreate,
     VmiDelete,
 )
 from cozystack_gpu.binder.rules.events import EventBook
