@@ -34,6 +34,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
+from cozystack_gpu.objects.translate import rfc3339 as _rfc3339
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,8 @@ class Counts:
     orders_sent: int = 0
     orders_accepted: int = 0
     orders_refused: int = 0
+    bookings_sent: int = 0
+    bookings_accepted: int = 0
     released: int = 0
     vms_started: int = 0
     vms_stopped: int = 0
@@ -182,6 +185,9 @@ class LoadSettings:
     vm_lifetime_s: float = 6.0
     release_per_tick: float = 0.6  # chance a Bound claim is released each tick
     webhooks: bool = False  # the real admission webhooks attach and gate (scenario 6)
+    # Share of the order loop's turns that book a short window instead (SPEC §11): it opens
+    # 1 to 2 minutes ahead and lasts 1 to 2, so windows open and end under the faults.
+    booking_share: float = 0.05
 
 
 class Load:
@@ -324,7 +330,45 @@ class Load:
                 continue
             if self.live_orders() >= self.settings.max_live_orders:
                 continue
+            if self._rng.random() < self.settings.booking_share:
+                self.book()
+                continue
             self.order(*self._next_order())
+
+    def book(self) -> bool:
+        """One window a minute or two ahead, a minute or two long, sent until the server
+        answers it; True when it was accepted. Its claim is made at its start and deleted
+        at its end by the controller; no VM of the load uses it."""
+        tenant, name, gpu_class, count = self._next_order()
+        first = (int(time.time()) // 60 + 1) * 60
+        start = first + self._rng.randrange(1, 3) * 60
+        end = start + self._rng.randrange(1, 3) * 60
+        body = {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND_RESERVATION,
+            "metadata": {"name": f"w{name}", "labels": {RUN_LABEL: self.world.id}},
+            "spec": {"class": gpu_class, "count": count, "start": _rfc3339(start),
+                     "end": _rfc3339(end)},
+        }  # fmt: skip
+        self.counts.bookings_sent += 1
+        while not self._stop.is_set():
+            try:
+                self.custom.create_namespaced_custom_object(
+                    keys.GROUP, keys.VERSION, tenant, keys.PLURAL_RESERVATIONS, body,
+                    _request_timeout=TIMEOUT,
+                )  # fmt: skip
+            except ApiException as exc:
+                if exc.status in (400, 403, 409, 422):
+                    return False  # refused, or an earlier try landed without an answer
+                self._retry()
+                continue
+            except Exception:  # connection refused or reset: the server is away
+                self._retry()
+                continue
+            with self._lock:
+                self.counts.bookings_accepted += 1
+            return True
+        return False
 
     # --- VMs and releases --------------------------------------------------------------
 

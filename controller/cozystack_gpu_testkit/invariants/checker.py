@@ -55,6 +55,7 @@ from cozystack_gpu_testkit.invariants.state import (
     SERVES_TWO,
     UNPINNED,
     UNPROTECTED,
+    WINDOW_NOT_KEPT,
     Scope,
     State,
     Violation,
@@ -143,7 +144,7 @@ class Invariants:
         state = state or read_state(self.api)
         found = self.check(state)
         with self._lock:
-            eventual = [*self._judged(state), *self._records(state)]
+            eventual = [*self._judged(state), *self._records(state), *self._windows_kept(state)]
             found += eventual
         return found
 
@@ -589,6 +590,41 @@ class Invariants:
                     f"created {created}, resourceVersion {_meta(claim).get('resourceVersion')}"
                 )
                 yield Violation(NOT_JUDGED, subject, detail)
+
+    def _windows_kept(self, state: State) -> Iterator[Violation]:
+        """SPEC §11, once nothing is in flight: a booked window that has opened is Active
+        with the claim it made Bound or Attached on its booked node (Lost only when that
+        node is gone), and a window that has ended is Ended. So no window starts short of
+        its units, and none outlives its end."""
+        claims = {(_namespace(c), _name(c)): c for c in state.claims}
+        nodes = {_name(n) for n in state.nodes}
+        for reservation in state.reservations:
+            if not self.scope.has_namespace(_namespace(reservation)):
+                continue
+            window = _window(reservation)
+            status = reservation.get("status") or {}
+            phase, node = status.get("phase"), status.get("nodeName")
+            if window is None or state.read_at < window[0]:
+                continue
+            self.checks += 1
+            subject = f"{_namespace(reservation)}/{_name(reservation)}"
+            if state.read_at >= window[1]:
+                if phase != "Ended":
+                    yield Violation(WINDOW_NOT_KEPT, subject, f"{phase} after its window's end")
+                continue
+            if phase == "Booked":
+                yield Violation(WINDOW_NOT_KEPT, subject, "still Booked in its window")
+            if phase != "Active":
+                continue
+            claim = claims.get((_namespace(reservation), _name(reservation)))
+            owner = _owner_ref(claim, keys.KIND_RESERVATION) if claim is not None else None
+            made = owner is not None and owner.get("uid") == _meta(reservation).get("uid")
+            claim_status = (claim or {}).get("status") or {}
+            held = claim_status.get("phase") in HOLDING and claim_status.get("nodeName") == node
+            lost = claim_status.get("phase") == "Lost" and node not in nodes
+            if not made or not (held or lost):
+                detail = f"Active on {node}, its claim {json.dumps(claim_status, sort_keys=True)}"
+                yield Violation(WINDOW_NOT_KEPT, subject, detail if made else "Active, no claim")
 
     def _records(self, state: State) -> Iterator[Violation]:
         """Every Bound or Attached order, and every reservation from Booked until its

@@ -29,6 +29,7 @@ UNPROTECTED = "running VMI's claim unprotected"
 FOREIGN_TEMPLATE = "running VMI uses a template claim not its own"
 SERVES_TWO = "claim serves two VMIs"
 UNPINNED = "launcher pod ungated without its pin"
+WINDOW_NOT_KEPT = "booked window not kept at its start or end"
 # What a driver judges itself (``driver_looks``; the lifecycle fuzz's): a VMI or launcher pod
 # with GPU entries of its own admitted under ``forbidden``, a started VM stranded at a node
 # that refuses its pinned pod, a template claim left behind by its VMI, a tenant's own pod
