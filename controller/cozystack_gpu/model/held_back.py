@@ -48,6 +48,12 @@ class HeldBack:
     def get(self, key: ClaimKey) -> ReservationInfo | None:
         return self.bookings.get(key)
 
+    def of_class(self, class_name: str) -> int:
+        """Reservations of the class that hold a window (Booked, Active or Lost): they keep
+        a class being deleted, as its holds do."""
+        keys = self.bookings.keys_of(class_name=class_name)
+        return sum(1 for key in keys if (r := self.bookings.get(key)) and r.counts_budget)
+
     # --- changes ---------------------------------------------------------------------------
 
     def upsert(self, reservation: ReservationInfo) -> None:

@@ -150,7 +150,11 @@ class Publisher(BinderPart):
             class_key = ("", translate.name_of(obj))
             if self.handle.writing(Finalizer.key_of(keys.GPU_CLASS, class_key)):
                 continue
-            body = protection.class_protection(obj, self.snapshot.holds_of_class(class_key[1]))
+            # A window booked of the class keeps it as a hold does (SPEC §11): its units on
+            # its node, and its budget, until it ends or is cancelled.
+            holds = self.snapshot.holds_of_class(class_key[1])
+            holds += self.snapshot.windows.of_class(class_key[1])
+            body = protection.class_protection(obj, holds)
             if body is not None:
                 self._patch_meta(keys.GPU_CLASS, class_key, body)
 

@@ -24,7 +24,8 @@ def deleting(obj: Obj) -> bool:
 
 def class_protection(class_obj: Obj, holding_claims: int) -> dict[str, Any] | None:
     """Keep the class-protection finalizer on a live class; let a class being deleted go
-    once no claim holds units of it (Bound, Attached or Lost)."""
+    once nothing holds units of it: no claim Bound, Attached or Lost, and no reservation
+    Booked, Active or Lost (``holding_claims`` counts both)."""
     if not deleting(class_obj):
         return finalizer_patch(class_obj, keys.FINALIZER_CLASS, True)
     if holding_claims == 0:

@@ -441,3 +441,48 @@ def test_a_booking_is_judged_again_when_its_node_goes_is_cordoned_or_loses_capac
     assert why_move(snap, window) == "its node n1 is gone"
     # Pending, Lost and Active ones are not this rule's.
     assert why_move(snap, replace(window, phase=ReservationPhase.LOST, node=None)) is None
+
+
+# --- what changes under a booked window (the issue's bad input) ----------------------------
+
+
+def test_a_window_keeps_its_units_and_budget_when_its_class_is_being_deleted() -> None:
+    """As a held claim keeps its unit: the class, being deleted, stays (its finalizer waits
+    for its windows too), the window is not moved or lost, and orders still leave it."""
+    window = monday(6, "a", node="n1", phase=BOOKED)
+    snap = world("n1", namespaces=TREE)
+    snap.windows.upsert(window)
+    snap.upsert_class(passthrough(deleting=True))
+    assert why_move(snap, window) is None, "a class being deleted keeps its windows"
+    assert snap.held_back("n1", H100) == 6
+    assert snap._ledger.booked("tenant-a", quota_key("h100")) == 6
+    assert snap.windows.of_class("h100") == 1, "it keeps the class from going"
+
+
+def test_a_window_keeps_its_place_when_its_namespace_loses_the_vgpu_entitlement() -> None:
+    window = reservation("l40s-24c", 2, MONDAY_9, MONDAY_18, name="v", node="n1", phase=BOOKED)
+    snap = Snapshot.build(
+        nodes=[node("n1", 8, L40S_24C)],
+        classes=[vgpu()],
+        namespaces=[tenant("tenant-root"), tenant("tenant-a", "tenant-root", vgpu=True)],
+    )
+    snap.windows.upsert(window)
+    snap.upsert_namespace(tenant("tenant-a", "tenant-root"))  # the entitlement label gone
+    assert why_move(snap, window) is None
+    assert snap.held_back("n1", L40S_24C) == 2
+    # A new booking of the class is refused for the entitlement; the booked one stays.
+    new = reservation("l40s-24c", 1, MONDAY_9, MONDAY_18, name="w")
+    again = check_booking(snap, snap.bookings, new, NOW)
+    assert refusal(again).reason is Reason.VGPU_NOT_ENTITLED
+
+
+def test_a_budget_cut_below_a_booked_window_keeps_the_window_and_refuses_new_orders() -> None:
+    window = monday(8, "a", node="n1", phase=BOOKED)
+    snap = world("n1", "n2", namespaces=TREE)
+    snap.windows.upsert(window)
+    snap.upsert_namespace(tenant("tenant-a", "tenant-root", quota={quota_key("h100"): 4}))
+    assert why_move(snap, window) is None, "a budget cut never revokes a booking"
+    assert snap._ledger.booked("tenant-a", quota_key("h100")) == 8
+    decision = check_order(snap, order_of(1), NOW)
+    assert isinstance(decision, Refusal) and decision.reason is Reason.BUDGET_EXCEEDED
+    assert "8 booked by reservations" in decision.message
