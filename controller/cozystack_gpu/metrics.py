@@ -4,8 +4,12 @@ readable by every authenticated user) are exported here, for the hoster only."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from cozystack_gpu.model.timeline import Timeline
 
 CLASS_CAPACITY = Gauge(
     "cozystack_gpu_class_capacity_units",
@@ -97,7 +101,8 @@ RESERVATION_DECISIONS = Counter(
 )
 BOOKED_UNITS = Gauge(
     "cozystack_gpu_class_booked_units",
-    "Units of the class that booked windows hold at each whole hour ahead (0 to 23)",
+    "Units of the class that booked windows (Booked or Active) hold at each whole hour ahead "
+    "(0 to 23)",
     ["class", "hours_ahead"],
 )
 RESERVATION_OUTCOMES = ("Booked", "Moved", "Lost", "Waiting")
@@ -133,19 +138,11 @@ def start_at_zero(
         ADMISSION_ERRORS.labels(webhook)
 
 
-def booked_by_hour(
-    windows: Iterable[tuple[str, int, int, int]], now: float
-) -> dict[str, list[int]]:
-    """Per class, the units windows (class, count, start, end) hold at each whole hour from
-    the next one on, for ``HOURS_AHEAD`` hours."""
+def booked_by_hour(booked: Mapping[str, Timeline], now: float) -> dict[str, list[int]]:
+    """Per class, the units booked (``model.booked_by_class``) at each whole hour from the
+    next one on, for ``HOURS_AHEAD`` hours."""
     first = (int(now) // 3600 + 1) * 3600
-    out: dict[str, list[int]] = {}
-    for class_name, count, start, end in windows:
-        lo = max(0, -(-(start - first) // 3600))
-        hi = min(HOURS_AHEAD, -(-(end - first) // 3600))
-        if lo >= hi:
-            continue
-        row = out.setdefault(class_name, [0] * HOURS_AHEAD)
-        for hour in range(lo, hi):
-            row[hour] += count
-    return out
+    return {
+        class_name: [timeline.value_at(first + hour * 3600) for hour in range(HOURS_AHEAD)]
+        for class_name, timeline in booked.items()
+    }

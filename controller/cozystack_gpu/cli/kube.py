@@ -138,13 +138,16 @@ class Session:
             raise CliError(_server_message(exc)) from exc
         return [dict(i) for i in items]
 
-    def listing(self) -> dict[str, list[MutableObj]] | None:
+    def listing(self, optional: Sequence[keys.ApiKind] = ()) -> dict[str, list[MutableObj]] | None:
         """Everything the binder watches, cluster-wide; None unless the user may list it all
-        (a hoster)."""
+        (a hoster). A kind of ``optional`` the user may not list is left out of it instead,
+        so the caller can say what it could not count."""
         out: dict[str, list[MutableObj]] = {}
         for kind in keys.BINDER_WATCHES:
             items = self.list_of(kind)
             if items is None:
+                if kind in optional:
+                    continue
                 return None
             out[kind.kind] = items
         return out

@@ -109,7 +109,9 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
         help="units per class (hosters)",
         description="Per class: serving nodes, units allocatable, held, attached, lost, "
-        "free, the most free on one node, units waiting and raw use.",
+        "free, the most free on one node, units waiting, raw use, and the most units "
+        "reservations book at any moment of the next 24 hours (unknown, with a note, to a "
+        "user who may not list every GPUReservation).",
     )
     return top_parser
 
@@ -283,7 +285,9 @@ def _reservation(session: Session, args: argparse.Namespace, now: float) -> Any:
 
 
 def _top(session: Session, args: argparse.Namespace, now: float) -> Any:
-    listing = session.listing()
+    # Reservations only add the classes' booked units (and what free leaves for them): a
+    # user who may list the rest but not them still gets the tables, the rows saying so.
+    listing = session.listing(optional=(keys.GPU_RESERVATION,))
     if listing is None:
         raise CliError(
             "top needs to list nodes, GPU nodes, classes, claims, namespaces, quotas, pods and "
@@ -292,7 +296,12 @@ def _top(session: Session, args: argparse.Namespace, now: float) -> Any:
     config = settings.parse([])
     if args.what == "nodes":
         return {"items": top.node_rows(listing, config, now)}, _items(top.render_nodes)
-    return {"items": top.class_rows(listing, config, now)}, _items(top.render_classes)
+    known = keys.GPU_RESERVATION.kind in listing
+    report = {
+        "items": top.class_rows(listing, config, now, reservations_known=known),
+        "notes": top.class_notes(reservations_known=known),
+    }
+    return report, top.render_class_report
 
 
 def _items(render: Callable[..., list[str]]) -> Callable[..., list[str]]:

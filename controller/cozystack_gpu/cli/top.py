@@ -4,7 +4,9 @@ Pure: the listing of everything the binder watches in, rows out. The figures are
 binder's model of that listing (``whatif.build``): allocatable is what the node agent
 reports capped at the Node's allocatable, held is what claims hold there (Bound, Attached,
 and Lost while their VMI still runs there), raw is what pods using the resource name without
-claims take, free is what is left.
+claims take, free is what is left. A class's booked units are the most that its reservations
+booked on nodes (Booked or Active) hold at any moment of the next 24 hours, counted as the
+metric ``cozystack_gpu_class_booked_units`` counts them (``model.booked_by_class``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,19 @@ from cozystack_gpu import keys
 from cozystack_gpu.cli import text, whatif
 from cozystack_gpu.config import Config
 from cozystack_gpu.keys import Phase
-from cozystack_gpu.model import ClaimInfo, selector_matches
+from cozystack_gpu.model import ClaimInfo, booked_by_class, selector_matches
 from cozystack_gpu.objects import translate
 from cozystack_gpu.objects.translate import name_of
 
 Row = dict[str, Any]
+
+AHEAD = 24 * 3600  # the booked column's horizon: the next 24 hours
+# When the user may not list every GPUReservation, the listing has none: the class's
+# booked units are not known, and its free units count those windows hold back as free.
+UNLISTED_RESERVATIONS = (
+    "BOOKED24H is unknown: this user may not list gpureservations in every namespace, so "
+    "FREE and MAXFREE also count as free the units booked windows hold back"
+)
 
 
 def _phase_units(claims: Sequence[ClaimInfo], phase: Phase) -> int:
@@ -76,11 +86,15 @@ def node_rows(listing: whatif.Listing, config: Config, now: float) -> list[Row]:
     return rows
 
 
-def class_rows(listing: whatif.Listing, config: Config, now: float) -> list[Row]:
+def class_rows(
+    listing: whatif.Listing, config: Config, now: float, *, reservations_known: bool = True
+) -> list[Row]:
     """One row per class: units over the nodes serving it (those with units of it), held by
-    phase, free, the most free on one node, units ordered and waiting, and raw use of its
-    resource name."""
+    phase, free, the most free on one node, units ordered and waiting, raw use of its
+    resource name, and the most units reservations book at any moment of the next 24 hours
+    (None unless ``reservations_known``: the listing holds every GPUReservation)."""
     _view, snap = whatif.build(listing, config, now)
+    booked = booked_by_class(snap.bookings)
     rows: list[Row] = []
     for klass in sorted(snap.classes(), key=lambda k: k.name):
         res = klass.resource_name
@@ -91,6 +105,8 @@ def class_rows(listing: whatif.Listing, config: Config, now: float) -> list[Row]
         ]
         claims = [c for k in snap.claims_of_class(klass.name) if (c := snap.claim(k)) is not None]
         status = snap.class_status(klass.name)
+        timeline = booked.get(klass.name)
+        ahead = timeline.peak(now, now + AHEAD) if timeline is not None else 0
         rows.append(
             {
                 "class": klass.name,
@@ -105,6 +121,7 @@ def class_rows(listing: whatif.Listing, config: Config, now: float) -> list[Row]
                 "maxFreePerNode": status.max_free_per_node,
                 "pending": sum(c.count for c in claims if c.waiting),
                 "raw": sum(n.raw_used.get(res, 0) for n in serving),
+                "bookedNext24h": ahead if reservations_known else None,
                 "deleting": klass.deleting,
             }
         )
@@ -137,9 +154,20 @@ def render_nodes(rows: Sequence[Row], *, wide: bool = False) -> list[str]:
     return text.table(header, body)
 
 
+def class_notes(*, reservations_known: bool) -> list[str]:
+    """What the class rows could not count, in words."""
+    return [] if reservations_known else [UNLISTED_RESERVATIONS]
+
+
+def render_class_report(report: Mapping[str, Any], *, wide: bool = False) -> list[str]:
+    """The class table, then its notes."""
+    notes = [f"Note: {note}" for note in report.get("notes") or ()]
+    return render_classes(report["items"], wide=wide) + notes
+
+
 def render_classes(rows: Sequence[Row], *, wide: bool = False) -> list[str]:
     header = ["CLASS", "MODE", "NODES", "ALLOCATABLE", "HELD", "ATTACHED", "LOST", "FREE"]
-    header += ["MAXFREE", "PENDING", "RAW"]
+    header += ["MAXFREE", "PENDING", "RAW", "BOOKED24H"]
     if wide:
         header += ["RESOURCE"]
     body = []
@@ -156,6 +184,7 @@ def render_classes(rows: Sequence[Row], *, wide: bool = False) -> list[str]:
             r["maxFreePerNode"],
             r["pending"],
             r["raw"],
+            "<unknown>" if r["bookedNext24h"] is None else r["bookedNext24h"],
         ]
         if wide:
             row.append(r["resourceName"])

@@ -20,6 +20,7 @@ Reservations (SPEC §11) hold units over a window; ``Bookings`` indexes them ove
     bookings = Bookings.build(snap, reservations)
     decision = check_booking(snap, bookings, reservation, now)  # Placement or BookingRefusal
     order_headroom(snap, bookings, node, resource, now)         # what an order leaves free
+    booked_by_class(bookings)  # per class, a Timeline of the units booked on nodes
 """
 
 from cozystack_gpu.model.booking import (
@@ -37,6 +38,7 @@ from cozystack_gpu.model.reservations import (
     BookingSettings,
     ReservationInfo,
     ReservationPhase,
+    booked_by_class,
 )
 from cozystack_gpu.model.set_placement import check_order, place_for_start, place_set
 from cozystack_gpu.model.snapshot import Snapshot
@@ -91,6 +93,7 @@ __all__ = [
     "Taint",
     "Toleration",
     "VolumeAffinity",
+    "booked_by_class",
     "budget_headroom",
     "check_booking",
     "check_order",

@@ -99,6 +99,20 @@ _COUNTING = frozenset({ReservationPhase.BOOKED, ReservationPhase.ACTIVE, Reserva
 _HOLDING = frozenset({ReservationPhase.BOOKED, ReservationPhase.ACTIVE})
 
 
+def booked_by_class(reservations: Iterable[ReservationInfo]) -> dict[str, Timeline]:
+    """Per class, the units its reservations booked on a node (Booked or Active:
+    ``holds_node``) hold over time, each window ``[start, end)``; a Pending, Lost or Ended one
+    holds none. The one count of "units booked" that the metric
+    ``cozystack_gpu_class_booked_units`` samples at each whole hour ahead and ``kubectl gpu
+    top classes`` reads the busiest moment of over the next day."""
+    out: dict[str, Timeline] = {}
+    for reservation in reservations:
+        if reservation.holds_node:
+            timeline = out.setdefault(reservation.class_name, Timeline())
+            timeline.add(reservation.start, reservation.end, reservation.count)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class BookingSettings:
     """The hoster's limits on a window (seconds): ``reservations.maxLead``, how far ahead a

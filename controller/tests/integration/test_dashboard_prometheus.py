@@ -117,6 +117,10 @@ STAND_INS: dict[str, tuple[str, Callable[[float], str]]] = {
         "rates vary with the scrapes' timing: shown as 0 or > 0",
         zero_or_not,
     ),
+    "Reservation decisions by outcome": (
+        "rates vary with the scrapes' timing: shown as 0 or > 0",
+        zero_or_not,
+    ),
 }
 
 
@@ -582,10 +586,15 @@ def test_every_dashboard_query_and_every_alert_against_a_real_prometheus(
             (("node", agent_node), ("resource_name", H100)): 8
         },
         "Binder leader": {(("pod", REPLICA),): 1},
+        # No reservation of the class: each hour of the next 24 books none.
+        "Units booked by reservations (next 24 h)": {
+            (("class", gpu_class), ("hours_ahead", str(hour))): 0 for hour in range(24)
+        },
     }
     queries = dashboard_queries()
     assert set(expected) | {
         "Pending claims", "Bind latency", "Refusals by reason", "Binder decisions by step",
+        "Reservation decisions by outcome",
     } == set(queries)  # fmt: skip
 
     def ours_only(labels: dict[str, str]) -> bool:
@@ -630,6 +639,10 @@ def test_every_dashboard_query_and_every_alert_against_a_real_prometheus(
     decisions = vector(prom, queries["Binder decisions by step"][0])
     for step in ("Bind", "Attach", "Lose"):
         assert decisions.get((("step", step),), 0) > 0, (step, decisions)
+    # Every outcome is a series from the start (the counter starts at 0 for each).
+    outcomes = vector(prom, queries["Reservation decisions by outcome"][0])
+    for outcome in ("Booked", "Moved", "Lost", "Waiting"):
+        assert (("outcome", outcome),) in outcomes, (outcome, outcomes)
 
     # The picture, from the same queries asked again now that each has its scenario result.
     results = {title: [vector(prom, q) for q in qs] for title, qs in queries.items()}

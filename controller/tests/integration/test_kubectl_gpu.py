@@ -263,12 +263,12 @@ def test_top_shows_each_nodes_and_classes_units_by_phase(
     assert code == 0
     assert lines[0].split() == [
         "CLASS", "MODE", "NODES", "ALLOCATABLE", "HELD", "ATTACHED", "LOST", "FREE", "MAXFREE",
-        "PENDING", "RAW",
+        "PENDING", "RAW", "BOOKED24H",
     ]  # fmt: skip
     rows = [ln.split() for ln in lines if env.id in ln]
     assert rows == [
-        [h100, "passthrough", "2", "4", "2", "0", "0", "2", "2", "6", "0"],
-        [t4, "passthrough", "1", "4", "0", "0", "0", "4", "4", "0", "0"],
+        [h100, "passthrough", "2", "4", "2", "0", "0", "2", "2", "6", "0", "0"],
+        [t4, "passthrough", "1", "4", "0", "0", "0", "4", "4", "0", "0", "0"],
     ]
 
 

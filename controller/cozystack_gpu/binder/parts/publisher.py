@@ -28,7 +28,7 @@ from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle
 from cozystack_gpu.binder.rules import claim_status, class_status, node_reports, protection, records
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import EventReason, Phase
-from cozystack_gpu.model import ClaimKey
+from cozystack_gpu.model import ClaimKey, booked_by_class
 from cozystack_gpu.objects import attachment, conditions, translate
 
 log = logging.getLogger(__name__)
@@ -333,10 +333,7 @@ class Publisher(BinderPart):
             if claim.phase is not Phase.PENDING:
                 k = (claim.class_name, claim.phase.value)
                 claimed[k] = claimed.get(k, 0) + claim.count
-        booked = metrics.booked_by_hour(
-            ((r.class_name, r.count, r.start, r.end) for r in snap.bookings if r.counts_budget),
-            self.handle.clock(),
-        )
+        booked = metrics.booked_by_hour(booked_by_class(snap.bookings), self.handle.clock())
         for gpu_class in snap.classes():
             hours = booked.get(gpu_class.name) or [0] * metrics.HOURS_AHEAD
             for hour, units in enumerate(hours):

@@ -12,7 +12,14 @@ from cozystack_gpu import metrics
 from cozystack_gpu.binder.calls.base import Answer, Outcome
 from cozystack_gpu.binder.calls.reports import Settings
 from cozystack_gpu.keys import Phase
-from cozystack_gpu.model import ClaimInfo, ClaimKey, Snapshot
+from cozystack_gpu.model import (
+    ClaimInfo,
+    ClaimKey,
+    ReservationInfo,
+    ReservationPhase,
+    Snapshot,
+    booked_by_class,
+)
 
 OLDEST = "cozystack_gpu_class_oldest_waiting_order_timestamp_seconds"
 
@@ -75,15 +82,27 @@ def test_known_label_values_start_at_zero_so_rates_see_the_first_event() -> None
     )
 
 
+def window(
+    name: str, class_name: str, count: int, start: int, end: int, phase: str = "Booked"
+) -> ReservationInfo:
+    held = phase in ("Booked", "Active")
+    return ReservationInfo("t", name, f"uid-{name}", class_name, count, start, end,
+                           node="n1" if held else None, phase=ReservationPhase(phase))  # fmt: skip
+
+
 def test_booked_units_are_counted_at_each_whole_hour_ahead_for_a_day() -> None:
     now = 36_000.0 + 600  # 10:10 on day one: the first hour counted is 11:00
     windows = [
-        ("h100", 8, 11 * 3600, 18 * 3600),  # 11:00-18:00: hours 0 to 6
-        ("h100", 2, 17 * 3600, 17 * 3600 + 60),  # 17:00-17:01: hour 6 only
-        ("h100", 4, 9 * 3600, 10 * 3600 + 1800),  # ended at 10:30: none
-        ("l40s", 1, 30 * 3600, 40 * 3600),  # 06:00 next day on: hours 19 to 23
+        window("a", "h100", 8, 11 * 3600, 18 * 3600),  # 11:00-18:00: hours 0 to 6
+        window("b", "h100", 2, 17 * 3600, 17 * 3600 + 60, "Active"),  # 17:00-17:01: hour 6
+        window("c", "h100", 4, 9 * 3600, 10 * 3600 + 1800),  # ended at 10:30: none
+        window("d", "l40s", 1, 30 * 3600, 40 * 3600),  # 06:00 next day on: hours 19 to 23
+        # Booked on no node: they hold no units (the CLI's column counts the same).
+        window("e", "h100", 16, 11 * 3600, 12 * 3600, "Lost"),
+        window("f", "h100", 16, 11 * 3600, 12 * 3600, "Pending"),
+        window("g", "h100", 16, 11 * 3600, 12 * 3600, "Ended"),
     ]
-    hours = metrics.booked_by_hour(windows, now)
+    hours = metrics.booked_by_hour(booked_by_class(windows), now)
     assert hours["h100"][:8] == [8, 8, 8, 8, 8, 8, 10, 0]
     assert sum(hours["h100"]) == 8 * 7 + 2
     assert hours["l40s"] == [0] * 19 + [1] * 5
