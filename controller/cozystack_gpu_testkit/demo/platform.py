@@ -98,14 +98,15 @@ log = logging.getLogger(__name__)
 
 # --- the control plane -----------------------------------------------------------------------
 
-# Who wrote the objects a tenant owns in the story (claims, VMs), as the API server judged it:
-# its audit log, in the plane's directory. Metadata only, and nothing else is logged.
+# Who wrote the objects a tenant owns in the story (claims, reservations, VMs), as the API
+# server judged it: its audit log, in the plane's directory. Metadata only, and nothing else
+# is logged.
 AUDIT_RULES = [
     {
         "level": "Metadata",
         "verbs": ["create", "update", "patch", "delete"],
         "resources": [
-            {"group": keys.GROUP, "resources": [keys.PLURAL_CLAIMS]},
+            {"group": keys.GROUP, "resources": [keys.PLURAL_CLAIMS, keys.PLURAL_RESERVATIONS]},
             {"group": keys.KUBEVIRT_GROUP, "resources": [keys.VM.plural]},
         ],
     },
@@ -124,7 +125,8 @@ class AuditedWrite:
 
 
 def audited_writes(directory: Path) -> list[AuditedWrite]:
-    """The writes of claims and VMs the demo's own plane in ``directory`` logged, in order."""
+    """The writes of claims, reservations and VMs the demo's own plane in ``directory``
+    logged, in order."""
     path = directory / "cluster" / "audit.log"  # the plane's (cluster.start's audit)
     found = []
     for line in path.read_text().splitlines() if path.exists() else []:

@@ -1,4 +1,4 @@
-"""The demo's story: a platform, then seven acts, each a function whose outcome is checked.
+"""The demo's story: a platform, then eight acts, each a function whose outcome is checked.
 
 Every act reads back what it did from the API server (or the hosts' sysfs trees) and stops the
 demo when that is not what it expects (:mod:`.console`). The acts hand on what later acts need
@@ -32,6 +32,7 @@ from cozystack_gpu_testkit.demo.acts.hosts import act_hosts
 from cozystack_gpu_testkit.demo.acts.life import act_life
 from cozystack_gpu_testkit.demo.acts.orders import act_orders
 from cozystack_gpu_testkit.demo.acts.platform_up import platform_act
+from cozystack_gpu_testkit.demo.acts.reservation import act_window
 from cozystack_gpu_testkit.demo.acts.the_end import act_end
 from cozystack_gpu_testkit.demo.acts.vm_start import act_vm
 from cozystack_gpu_testkit.demo.console import Console, DemoFailure
@@ -45,6 +46,7 @@ ACTS: tuple[Callable[[Demo], None], ...] = (
     act_catalog,
     act_orders,
     act_vm,
+    act_window,
     act_life,
     act_day_two,
     act_end,
@@ -87,6 +89,7 @@ def finish(demo: Demo) -> None:
     # kubectl and helm from the built binaries, kubectl-gpu from this environment.
     say(f"  export PATH={demo.state.bin_dir}:{Path(sys.executable).parent}:$PATH")
     say("  kubectl get gpuclasses; kubectl get gpuclaims -A; kubectl get gpunodes")
+    say("  kubectl get gpureservations -A")
     say(f"  kubectl gpu explain claim {keys.template_claim_name(BURST, 'gpu')} -n {RESEARCH} "
         f"--as {TENANT_USER}; kubectl gpu top classes")  # fmt: skip
     say()

@@ -22,7 +22,16 @@ from cozystack_gpu_testkit.demo.console import DemoFailure
 
 pytestmark = pytest.mark.apiserver
 
-ACTS = ("Hosts", "Catalog", "Orders", "A VM starts", "Life goes on", "Day two", "The end")
+ACTS = (
+    "Hosts",
+    "Catalog",
+    "Orders",
+    "A VM starts",
+    "A booked window",
+    "Life goes on",
+    "Day two",
+    "The end",
+)
 
 
 def _marks(state: run_state.State) -> dict[str, str | None]:
@@ -103,6 +112,19 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
         assert (verb, "virtualmachines", "tenant-acme-research", name) in done, (name, by_hand)
     refused = {(w.namespace, w.name) for w in by_hand if w.code >= 400}
     assert refused >= {("tenant-acme-research", "more"), ("tenant-acme", "big")}, by_hand
+    # The booked window: bob's booking (a day ahead refused, minutes ahead booked), his
+    # on-demand order refused for it, his VM on it; the controller halted the VM at its end.
+    assert ("create", "gpureservations", "tenant-acme", "sprint") in done, by_hand
+    assert ("create", "virtualmachines", "tenant-acme", "sprint-vm") in done, by_hand
+    assert refused >= {("tenant-acme", "sprint"), ("tenant-acme", "on-demand")}, by_hand
+    controller = f"system:serviceaccount:{run_state.NAMESPACE}:cozystack-gpu-controller"
+    halted = ("patch", "virtualmachines", "tenant-acme", "sprint-vm", controller)
+    assert any((w.verb, w.resource, w.namespace, w.name, w.user) == halted and w.code < 300
+               for w in tenant_writes), tenant_writes  # fmt: skip
+    assert "(reservations.maxLead, which the hoster sets)" in text, text
+    assert "(units reservations booked for their windows are not free to orders)" in text, text
+    assert "Events WindowEnding on GPUReservation sprint and VMI sprint-vm" in text, text
+    assert "VM sprint-vm: runStrategy Halted by the controller; VMI gone" in text, text
     # kubectl gpu: a tenant's explain of its waiting claim, and the hoster's top.
     assert "alice creates the VM with its own rights (ClusterRole admin)" in text, text
     assert "$ kubectl gpu explain vm burst -n tenant-acme-research --as alice" in text, text

@@ -1,6 +1,6 @@
 """The demo's pure parts: how a pod's container is mapped to a local process, which nodes a
-DaemonSet selects, when the local kubelet restarts a pod, and how a step that does not turn
-out as expected stops the demo."""
+DaemonSet selects, when the local kubelet restarts a pod, how a step that does not turn out
+as expected stops the demo, and the booked window's times and the hoster's limits on it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+from cozystack_gpu import config
+from cozystack_gpu_testkit.demo.acts import reservation
+from cozystack_gpu_testkit.demo.acts.common import CHART_VALUES, WINDOW_WARN_S
 from cozystack_gpu_testkit.demo.console import Console, DemoFailure, Mismatch, check, wait_until
 from cozystack_gpu_testkit.demo.existing_cluster import chosen_cluster
 from cozystack_gpu_testkit.demo.hosts import check_socket_paths
@@ -153,3 +156,40 @@ def test_the_demo_never_writes_to_a_cluster_it_was_not_told_to_use() -> None:
     assert "removes only what" in told and "carries this run's label" in told, told
     with pytest.raises(ValueError, match="KUBECONFIG is not set"):
         chosen_cluster(None, existing=True)
+
+
+def test_the_booked_window_opens_on_a_whole_minute_after_the_booking() -> None:
+    minute = 60
+    hour = 1_800_000_000  # a whole minute (and hour) in epoch seconds
+    # Early in a minute the window opens at the next one; later, at the one after.
+    assert reservation.window_times(hour + 10) == (hour + minute, hour + 3 * minute)
+    assert reservation.window_times(hour + 30) == (hour + minute, hour + 3 * minute)
+    assert reservation.window_times(hour + 31) == (hour + 2 * minute, hour + 4 * minute)
+    assert reservation.window_times(hour) == (hour + minute, hour + 3 * minute)
+    for second in range(0, 2 * minute):
+        now = hour + second + 0.5
+        start, end = reservation.window_times(now)
+        # Whole minutes, as the reservation webhook takes them; far enough ahead for the
+        # booking and the refused order, near enough that the act waits a minute and a half
+        # at most.
+        assert start % minute == 0 and end % minute == 0
+        assert reservation.WINDOW_LEAD_S <= start - now < reservation.WINDOW_LEAD_S + minute
+        assert end - start == reservation.WINDOW_MINUTES * minute
+
+
+def test_the_hosters_limits_in_the_demo_put_the_warning_inside_the_window() -> None:
+    limits = CHART_VALUES["reservations"]
+    settings = config.parse(
+        [
+            f"--reservation-max-lead={limits['maxLead']}",
+            f"--reservation-warn-before={limits['warnBefore']}",
+        ]
+    )
+    length = reservation.WINDOW_MINUTES * 60
+    # Warned after the VM has had time to start, before the end; as the act's step says.
+    assert 0 < settings.reservation_warn_before <= length / 2
+    assert settings.reservation_warn_before == WINDOW_WARN_S
+    # The act's window is booked within maxLead; the same window a day later is not.
+    assert reservation.WINDOW_LEAD_S + 60 <= settings.reservation_max_lead < reservation.DAY
+    assert reservation.clock(1_800_000_000) == "08:00 UTC"
+    assert reservation.clock(1_800_000_000 + 90) == "08:01:30 UTC"

@@ -17,7 +17,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit import cluster, tenants
+from cozystack_gpu.objects import vmi_pods
+from cozystack_gpu_testkit import cluster, kubevirt, tenants
 from cozystack_gpu_testkit.demo import existing_cluster, local_pods, run_state
 from cozystack_gpu_testkit.demo.console import Console, check
 from cozystack_gpu_testkit.demo.hosts import Kubelets
@@ -26,6 +27,10 @@ from cozystack_gpu_testkit.objects import Kube, unless
 ANSIBLE_DIR = Path(__file__).parent.with_name("ansible")  # demo/ansible, beside acts/
 # Seconds a playbook may take before the demo gives up on it (it takes about 20 on 2 cores).
 ANSIBLE_TIMEOUT = 600
+# Act 5's window lasts minutes, not hours: the hoster's limits on windows are as short, so
+# its warning (warnBefore) comes inside it and a window a day ahead is too far (maxLead).
+WINDOW_WARN_S = 30
+WINDOW_MAX_LEAD = "1h"
 # The demo's chart values: what a hoster would set for this cluster.
 CHART_VALUES: dict[str, Any] = {
     # No Cozystack here: the chart brings the Workload CRD of the usage records.
@@ -45,11 +50,12 @@ CHART_VALUES: dict[str, Any] = {
             ]
         }
     },
+    "reservations": {"maxLead": WINDOW_MAX_LEAD, "warnBefore": f"{WINDOW_WARN_S}s"},
 }
-# Act 6's `helm upgrade`: a setting the hoster changes, so the controller's pod template
+# Act 7's `helm upgrade`: a setting the hoster changes, so the controller's pod template
 # changes (an env var) and the local kubelet rolls the pod.
 UPGRADE_SETTING = ("rejectionTTLSeconds", "GPU_REJECTION_TTL", 300)
-# Act 6's VM, whose claim template asks for more than its tenant's budget leaves.
+# Act 7's VM, whose claim template asks for more than its tenant's budget leaves.
 BURST = "burst"
 BURST_TEMPLATE = {"name": "gpu", "class": "h100", "count": 1}
 TENANTS = (
@@ -118,7 +124,7 @@ class Demo:
     agents: dict[str, local_pods.LocalPod] = field(default_factory=dict)
     claim_nodes: dict[str, str] = field(default_factory=dict)
     launcher: str = ""
-    # The chart values installed (act 6 upgrades from them).
+    # The chart values installed (act 7 upgrades from them).
     chart_values: dict[str, Any] = field(default_factory=dict)
     # The token the demo's "Prometheus" scrapes /metrics with.
     metrics_token: str = ""
@@ -167,14 +173,15 @@ class Demo:
         return found
 
     def workload(self, namespace: str, claim: str) -> dict[str, Any] | None:
+        """A claim's usage record."""
+        return self.record(namespace, f"gpuclaim-{claim}")
+
+    def record(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A usage record (Workload) by its name."""
         found: dict[str, Any] | None = unless(
             404,
             lambda: self.kube.custom.get_namespaced_custom_object(
-                keys.WORKLOAD_GROUP,
-                keys.WORKLOAD_VERSION,
-                namespace,
-                keys.WORKLOAD_PLURAL,
-                f"gpuclaim-{claim}",
+                keys.WORKLOAD_GROUP, keys.WORKLOAD_VERSION, namespace, keys.WORKLOAD_PLURAL, name
             ),
         )
         return found
@@ -387,14 +394,53 @@ def _claim_summary(demo: Demo, namespace: str, name: str) -> str:
     )
 
 
-def _vmi(demo: Demo) -> dict[str, Any] | None:
+def _vmi(demo: Demo, namespace: str = RESEARCH, name: str = VM) -> dict[str, Any] | None:
+    """A VMI (act 4's by default)."""
     found: dict[str, Any] | None = unless(
         404,
         lambda: demo.kube.custom.get_namespaced_custom_object(
-            keys.VMI.group, keys.VMI.version, RESEARCH, keys.VMI.plural, VM
+            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name
         ),
     )
     return found
+
+
+def _virt_handler(demo: Demo) -> Kube:
+    """Who writes a VMI's phase as virt-handler: its ServiceAccount on the kit's own plane
+    (its virt-api keeps no one else's VMI status write), the admin on a cluster of one's own."""
+    return demo.kube if demo.options.kubeconfig else kubevirt.virt_handler(demo.kube)
+
+
+def _bound_pod(demo: Demo, namespace: str, name: str) -> dict[str, Any] | None:
+    """A pod once kube-scheduler has bound it to a node."""
+    pod = demo.pod(namespace, name)
+    return pod if pod and pod["spec"].get("nodeName") else None
+
+
+def _pod_summary(demo: Demo, namespace: str, name: str) -> str:
+    """Where a launcher pod stands: gated, pinned, bound, and why not scheduled."""
+    pod = demo.pod(namespace, name)
+    if pod is None:
+        return f"no pod {name}"
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    scheduled: dict[str, Any] = next((c for c in conditions if c["type"] == "PodScheduled"), {})
+    return (
+        f"gated {vmi_pods.is_gated(pod)}, pinned to {vmi_pods.pinned_node(pod)}, nodeName "
+        f"{pod['spec'].get('nodeName')}, PodScheduled {scheduled.get('status')} "
+        f"{scheduled.get('reason', '')} {scheduled.get('message', '')}"
+    )
+
+
+def _device(demo: Demo, node: str, address: str) -> dict[str, Any]:
+    """A device of a GPUNode by its PCI address (empty where it has none)."""
+    for device in ((demo.gpunode(node) or {}).get("status") or {}).get("devices") or []:
+        if device.get("pciAddress") == address:
+            return dict(device)
+    return {}
+
+
+def _device_used_by(demo: Demo, node: str, address: str, pod: str) -> bool:
+    return any(p.get("name") == pod for p in _device(demo, node, address).get("pods") or [])
 
 
 def _left(demo: Demo, namespace: str, name: str, node: str) -> dict[str, Any] | None:

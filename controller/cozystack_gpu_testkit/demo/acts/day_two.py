@@ -1,4 +1,4 @@
-"""Act 6, Day two: upgrades, a tenant admin's own rights, a claim template."""
+"""Act 7, Day two: upgrades, a tenant admin's own rights, a claim template."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from cozystack_gpu_testkit.objects import Kube
 def act_day_two(demo: Demo) -> None:
     console = demo.console
     console.act(
-        6,
+        7,
         "Day two",
         "The hoster upgrades the chart; a tenant asks why its VM waits; the hoster looks at "
         "the nodes.",

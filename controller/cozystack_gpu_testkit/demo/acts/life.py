@@ -1,4 +1,4 @@
-"""Act 5, Life goes on: nodes drain and fail, claims move or go Lost."""
+"""Act 6, Life goes on: nodes drain and fail, claims move or go Lost."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from cozystack_gpu_testkit.demo.console import check, wait_until
 def act_life(demo: Demo) -> None:
     console = demo.console
     console.act(
-        5,
+        6,
         "Life goes on",
         "Maintenance moves a hold; a node fails; claims follow; usage records follow them.",
     )

@@ -1,4 +1,4 @@
-"""Act 7, The end: what is left free once the tenants let go."""
+"""Act 8, The end: what is left free once the tenants let go."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from cozystack_gpu_testkit.demo.hosts import HOSTS
 
 def act_end(demo: Demo) -> None:
     console = demo.console
-    console.act(7, "The end", "Classes, claims and nodes as they stand; the cluster stays up.")
+    console.act(8, "The end", "Classes, claims and nodes as they stand; the cluster stays up.")
     with console.step("the catalog, the holds and the nodes agree") as found:
         wait_until(
             lambda: _free(demo) == FREE_AT_END,

@@ -14,9 +14,14 @@ from cozystack_gpu_testkit.demo.acts.common import (
     TENANT_USERS,
     VM,
     Demo,
+    _bound_pod,
     _claim_summary,
     _condition,
+    _device,
+    _device_used_by,
     _phase_is,
+    _pod_summary,
+    _virt_handler,
     _vmi,
 )
 from cozystack_gpu_testkit.demo.console import check, wait_until
@@ -129,16 +134,16 @@ def act_vm(demo: Demo) -> None:
 
     with console.step("the controller pins and ungates it; kube-scheduler binds it") as found:
         bound = wait_until(
-            lambda: _bound_pod(demo),
+            lambda: _bound_pod(demo, RESEARCH, demo.launcher),
             expected=f"pod {demo.launcher} bound by kube-scheduler",
-            saw=lambda: _pod_summary(demo),
+            saw=lambda: _pod_summary(demo, RESEARCH, demo.launcher),
             timeout=60,
         )
         pinned = vmi_pods.pinned_node(bound)
         check(
             pinned == node and not vmi_pods.is_gated(bound) and bound["spec"]["nodeName"] == node,
             f"pinned to {node} (desk's node), ungated, bound to {node}",
-            _pod_summary(demo),
+            _pod_summary(demo, RESEARCH, demo.launcher),
         )
         placed = _condition(demo.claim(RESEARCH, "desk"), keys.CONDITION_PLACED)
         check(
@@ -151,10 +156,7 @@ def act_vm(demo: Demo) -> None:
 
     with console.step("the VM runs: kubelet starts the pod, virt-handler the VMI") as found:
         devices = demo.kubelets.run_pod(node, RESEARCH, demo.launcher, {L40S_24C: 1})
-        # As virt-handler on the kit's own plane: its virt-api keeps no one else's VMI
-        # status write.
-        handler = demo.kube if demo.options.kubeconfig else kubevirt.virt_handler(demo.kube)
-        handler.vmi_phase(RESEARCH, VM, "Running", node)
+        _virt_handler(demo).vmi_phase(RESEARCH, VM, "Running", node)
         attached = wait_until(
             lambda: _phase_is(demo, RESEARCH, "desk", "Attached"),
             expected="claim desk Attached",
@@ -200,32 +202,3 @@ def _license_disk(vmi: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def _finalizers(demo: Demo, namespace: str, name: str) -> list[str]:
     claim = demo.claim(namespace, name) or {}
     return list((claim.get("metadata") or {}).get("finalizers") or [])
-
-
-def _bound_pod(demo: Demo) -> dict[str, Any] | None:
-    pod = demo.pod(RESEARCH, demo.launcher)
-    return pod if pod and pod["spec"].get("nodeName") else None
-
-
-def _pod_summary(demo: Demo) -> str:
-    pod = demo.pod(RESEARCH, demo.launcher)
-    if pod is None:
-        return f"no pod {demo.launcher}"
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    scheduled: dict[str, Any] = next((c for c in conditions if c["type"] == "PodScheduled"), {})
-    return (
-        f"gated {vmi_pods.is_gated(pod)}, pinned to {vmi_pods.pinned_node(pod)}, nodeName "
-        f"{pod['spec'].get('nodeName')}, PodScheduled {scheduled.get('status')} "
-        f"{scheduled.get('reason', '')} {scheduled.get('message', '')}"
-    )
-
-
-def _device(demo: Demo, node: str, address: str) -> dict[str, Any]:
-    for device in ((demo.gpunode(node) or {}).get("status") or {}).get("devices") or []:
-        if device.get("pciAddress") == address:
-            return dict(device)
-    return {}
-
-
-def _device_used_by(demo: Demo, node: str, address: str, pod: str) -> bool:
-    return any(p.get("name") == pod for p in _device(demo, node, address).get("pods") or [])
