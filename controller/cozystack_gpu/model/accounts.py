@@ -1,7 +1,8 @@
 """What one claim adds to a snapshot's counters: the rule in one place.
 
-A claim counts against its tenant's budgets (Bound, Attached, Lost) and takes capacity on
-its node while it holds it. The snapshot keeps the ``Account`` it applied for each
+A claim counts against its tenant's budgets once (Bound, Attached, Lost), takes capacity on
+its node while it holds it, and, while a live migration of its VMI runs (SPEC §12), on the
+migration's target node as well. The snapshot keeps the ``Account`` it applied for each
 claim, so taking the claim back takes back exactly what it added, and ``Snapshot.build`` of
 the same claims counts what upserting them one by one counts.
 """
@@ -25,6 +26,8 @@ class Account(NamedTuple):
     node: str | None  # set when the claim takes capacity there
     units: int
     pinned: bool  # packing may not move it (attached, starting, template, window, Lost, disk)
+    # A live migration's target node: the units count there too, pinned, budgets untouched.
+    target: str | None = None
 
 
 def account(
@@ -38,12 +41,14 @@ def account(
     klass = classes.get(claim.class_name)
     res = klass.resource_name if klass is not None else None
     node = claim.node if claim.holds_node and res is not None else None
+    target = claim.migrating_to if res is not None else None
     charge = None
     if claim.counts_budget:
         charge = Charge(ledger.ancestors(claim.namespace), claim.class_name, res, claim.count)
     pinned = (
         not (claim.phase is Phase.BOUND and claim.attached_to is None)
         or not claim.ordered
+        or claim.migration is not None
         or (node is not None and kept_by_volumes(claim, nodes.get(node)))
     )
-    return Account(charge, res, node, claim.count, pinned)
+    return Account(charge, res, node, claim.count, pinned, target)

@@ -232,13 +232,15 @@ class Snapshot:
         return self._cap.get(node, {}).get(resource, 0)
 
     def used(self, node: str, resource: str) -> int:
-        """Units claims hold on the node, raw-name pods excluded."""
+        """Units claims hold on the node, raw-name pods excluded: those of claims bound there
+        and those a live migration's target holds there for its claims (SPEC §12)."""
         return self._used.get(node, {}).get(resource, 0)
 
     def pinned(self, node: str, resource: str) -> int:
         """Units held on the node by claims no packing move may take away: attached ones,
         those of a starting VM (attachment recorded), template claims, Lost ones whose VMI
-        still runs there, and those whose VM's volumes are bound to the node."""
+        still runs there, those whose VM's volumes are bound to the node, and those of a
+        migrating set, on its node and on its migration's target."""
         return self._pinned.get(node, {}).get(resource, 0)
 
     def free(self, node: str, resource: str) -> int:
@@ -484,12 +486,16 @@ class Snapshot:
     def _apply(self, acct: Account, sign: int) -> None:
         if acct.charge is not None:
             self._ledger.charge(acct.charge, sign)
-        if acct.node is not None and acct.resource is not None:
-            bump(self._used, acct.node, acct.resource, sign * acct.units)
-            if acct.pinned:
-                bump(self._pinned, acct.node, acct.resource, sign * acct.units)
-            self._refresh_free(acct.node, acct.resource)
-            self._dirty.add(acct.node)
+        if acct.resource is None:
+            return
+        # A migration's target units are pinned: packing never moves them.
+        for node, pinned in ((acct.node, acct.pinned), (acct.target, True)):
+            if node is not None:
+                bump(self._used, node, acct.resource, sign * acct.units)
+                if pinned:
+                    bump(self._pinned, node, acct.resource, sign * acct.units)
+                self._refresh_free(node, acct.resource)
+                self._dirty.add(node)
 
     def _reaccount(self, keys: Iterable[ClaimKey]) -> None:
         for key in list(keys):
