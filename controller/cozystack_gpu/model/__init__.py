@@ -15,6 +15,12 @@ Typical use by a controller::
         snap.upsert_claim(claim)
     snap.class_status("l40s-24c")            # ClassStatus(free, max_free_per_node)
 
+A live migration's target (SPEC §12) goes to another node, recorded on each claim of the set
+as ``ClaimInfo.migration``; while it is recorded its units count on both nodes::
+
+    decision = place_migration(snap, members, now)  # Placement(target) or Refusal
+    snap.upsert_claim(replace(member, migration=MigrationTarget(node, uid, now)))
+
 Reservations (SPEC §11) hold units over a window; ``Bookings`` indexes them over time::
 
     bookings = Bookings.build(snap, reservations)
@@ -40,7 +46,12 @@ from cozystack_gpu.model.reservations import (
     ReservationPhase,
     booked_by_class,
 )
-from cozystack_gpu.model.set_placement import check_order, place_for_start, place_set
+from cozystack_gpu.model.set_placement import (
+    check_order,
+    place_for_start,
+    place_migration,
+    place_set,
+)
 from cozystack_gpu.model.snapshot import Snapshot
 from cozystack_gpu.model.types import (
     WINDOW_REASONS,
@@ -50,6 +61,7 @@ from cozystack_gpu.model.types import (
     ClassStatus,
     Decision,
     Device,
+    MigrationTarget,
     NamespaceInfo,
     NodeInfo,
     NodeRequirement,
@@ -76,6 +88,7 @@ __all__ = [
     "ClassStatus",
     "Decision",
     "Device",
+    "MigrationTarget",
     "Move",
     "NamespaceInfo",
     "NodeInfo",
@@ -102,6 +115,7 @@ __all__ = [
     "merge_quotas",
     "order_headroom",
     "place_for_start",
+    "place_migration",
     "place_set",
     "plan",
     "selector_matches",

@@ -11,7 +11,8 @@ resourceVersion, so a hold that changed meanwhile is not moved.
 What may move: a set whose every member is Bound on the node being freed, has no
 attachment recorded (a VMI may be starting with it), is no template claim (its launcher pod
 is pinned to that node) nor a window's claim (its window is booked there), has no VM
-volume bound to that node (a stopped VM's local disk: its next start can only be there)
+volume bound to that node (a stopped VM's local disk: its next start can only be there),
+has no live migration recorded (its target holds units elsewhere until the migration ends)
 and was not changed earlier in the same pass. Attached claims never move.
 
 Budgets: a move keeps every claim's namespace, class and count, and a Bound claim counts
@@ -197,6 +198,7 @@ def may_move(claim: ClaimInfo, node: NodeInfo | None, frozen: Collection[ClaimKe
         and claim.node == node.name
         and claim.attached_to is None
         and claim.ordered
+        and claim.migration is None
         and not kept_by_volumes(claim, node)
         and claim.key not in frozen
     )

@@ -20,6 +20,8 @@ Order of the pass, each step seeing the ones before it:
    order, then the order binds there in the same pass.
 
 Holds come before new orders (steps 3-5 before 6) because a tenant already has them.
+A set with a live migration recorded (SPEC §12) moves neither in step 3 nor 5 nor for
+packing until the migration ends; a Lost one whose VMI is gone rebinds without it.
 Planning the result of a plan changes nothing more.
 """
 
@@ -209,11 +211,19 @@ class _Planner:
             )
 
     def unattached_sets(self, name: str) -> dict[tuple[str, str], list[ClaimInfo]]:
+        """The sets with Bound claims on the node, but those with a live migration recorded:
+        its target holds units for them elsewhere, and they stay until it ends."""
         sets: dict[tuple[str, str], list[ClaimInfo]] = {}
+        migrating: set[tuple[str, str]] = set()
         for claim in self.claims(self.snap.claims_on(name)):
             if claim.phase is Phase.BOUND:
                 sets.setdefault(claim.set_key, []).append(claim)
-        return sets
+        for set_key in sets:
+            for key in self.snap.set_members(set_key):
+                member = self.snap.claim(key)
+                if member is not None and member.migration is not None:
+                    migrating.add(set_key)
+        return {k: v for k, v in sets.items() if k not in migrating}
 
     def must_leave(self, node: NodeInfo | None, name: str, members: list[ClaimInfo]) -> str | None:
         if node is None:
@@ -334,6 +344,7 @@ class _Planner:
                             bound_at=self.now,
                             attached_to=None,
                             vmi_live=False,
+                            migration=None,  # its VMI is gone, and any migration with it
                         )
                     )
                 self.actions.append(Action(Step.REBIND, keys, node=decision.node))

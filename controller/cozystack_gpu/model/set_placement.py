@@ -1,8 +1,9 @@
 """Where one VM's set of claims goes: a best fit, or the node it already holds.
 
-``check_order``, ``place_set`` and ``place_for_start``: the set's shape and budgets are
-judged first, then one node that serves every class of the set is found (``search``); at a
-VM's start, a set held whole on a cordoned or stale node may be pinned where it is. These
+``check_order``, ``place_set``, ``place_for_start`` and ``place_migration``: the set's shape
+and budgets are judged first, then one node that serves every class of the set is found
+(``search``); at a VM's start, a set held whole on a cordoned or stale node may be pinned
+where it is; a live migration's target goes to another node than the set's. These
 functions read the snapshot's indexes and never change them; they live beside it, not in
 it, so the snapshot keeps only the bookkeeping (and never calls back here).
 
@@ -12,6 +13,7 @@ Nothing here does I/O or reads a clock: ``now`` is passed in.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from cozystack_gpu.keys import OnCordon, Phase
@@ -160,4 +162,35 @@ def place_set(
     ):
         why = snap.why_no_node_serves(next(iter(demand)))
         return Refusal(Reason.NO_NODE_SERVES, f"{decision.message}: {why}")
+    return decision
+
+
+MIGRATION_WORDS = "the live migration needs another node for the VM's GPUs: "
+
+
+def place_migration(
+    snap: Snapshot,
+    claims: Sequence[ClaimInfo],
+    now: float,
+    nodes: Collection[str] | None = None,
+) -> Decision:
+    """Where a live migration's target pod goes (SPEC §12): the whole set on one node other
+    than the one it is held on, serving every class of the set, by best fit, skipping the
+    set's unexpired rejected nodes, ``nodes`` limiting the choice as in ``place_set``.
+
+    Every member already counts against its budgets, so, like a move, the target is judged
+    by capacity alone (and by the units orders may take: booked windows are left out). A
+    target already recorded on members (the leader placed it and went before it pinned the
+    pod) holds their units there: they count as the set's own, so that node is kept while
+    it still takes the set. Raises ValueError unless every claim holds units on one node.
+    """
+    held = {c.node for c in claims if c.node is not None and c.holds_node}
+    if not claims or len(held) != 1 or not all(c.holds_node for c in claims):
+        raise ValueError("place_migration needs a set held whole on one node")
+    source = held.pop()
+    # The search credits a set's held units on the node they are held on.
+    judged = [replace(c, node=c.migrating_to) if c.migrating_to else c for c in claims]
+    decision = place_set(snap, judged, now, nodes, exclude=(source,))
+    if isinstance(decision, Refusal):
+        return Refusal(decision.reason, MIGRATION_WORDS + decision.message)
     return decision

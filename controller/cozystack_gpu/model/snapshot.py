@@ -6,8 +6,8 @@ scan); per node and resource name, the units claims hold; per tenant and budget 
 units its subtree uses (the budget ``Ledger``). Every ``upsert_*``/``remove_*`` call keeps
 them exact, so a decision costs the same at 500 nodes as at 50,000, and ``Snapshot.build`` of
 the same objects gives the same indexes (the model tests compare an incremental snapshot with
-a rebuild through the public reads). Node search is in ``search``, set placement in
-``set_placement``, budget arithmetic in ``budgets``.
+a rebuild through the public reads). What one claim adds to them is in ``accounts``, node
+search in ``search``, set placement in ``set_placement``, budget arithmetic in ``budgets``.
 
 Nothing here does I/O or reads a clock: ``now`` is passed to every call whose answer depends
 on time (rejected-node expiry).
@@ -18,14 +18,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
-from typing import NamedTuple
 
 from cozystack_gpu.keys import Phase, effective_max_count
 from cozystack_gpu.model._index import ClassIndex, discard_member, remove_sorted
-from cozystack_gpu.model.budgets import Charge, Ledger, bump
+from cozystack_gpu.model.accounts import Account, account
+from cozystack_gpu.model.budgets import Ledger, bump
 from cozystack_gpu.model.eligibility import (
     LeftOut,
-    kept_by_volumes,
     left_out_by,
     left_out_words,
     selector_matches,
@@ -43,16 +42,6 @@ from cozystack_gpu.model.types import (
     NodeInfo,
     OrderShape,
 )
-
-
-class _Acct(NamedTuple):
-    """What one claim added to the counters, so removing it takes back exactly that."""
-
-    charge: Charge | None  # set when the claim counts against budgets
-    resource: str | None
-    node: str | None  # set when the claim takes capacity there
-    units: int
-    pinned: bool  # packing may not move it (attached, starting, template, window, Lost, disk)
 
 
 class Snapshot:
@@ -102,7 +91,7 @@ class Snapshot:
         # most of a pass behind a backlog (and held the orders that fit behind it).
         self._dated: dict[str, list[tuple[float, ClaimKey]]] = {}
         self._lost: set[ClaimKey] = set()
-        self._acct: dict[ClaimKey, _Acct] = {}
+        self._acct: dict[ClaimKey, Account] = {}
         self._dirty: set[str] = set()
         self._unsettled: set[str] = set()
         # Nodes per rule that leaves them out, per class, for refusals; dropped on any node
@@ -243,13 +232,15 @@ class Snapshot:
         return self._cap.get(node, {}).get(resource, 0)
 
     def used(self, node: str, resource: str) -> int:
-        """Units claims hold on the node, raw-name pods excluded."""
+        """Units claims hold on the node, raw-name pods excluded: those of claims bound there
+        and those a live migration's target holds there for its claims (SPEC §12)."""
         return self._used.get(node, {}).get(resource, 0)
 
     def pinned(self, node: str, resource: str) -> int:
         """Units held on the node by claims no packing move may take away: attached ones,
         those of a starting VM (attachment recorded), template claims, Lost ones whose VMI
-        still runs there, and those whose VM's volumes are bound to the node."""
+        still runs there, those whose VM's volumes are bound to the node, and those of a
+        migrating set, on its node and on its migration's target."""
         return self._pinned.get(node, {}).get(resource, 0)
 
     def free(self, node: str, resource: str) -> int:
@@ -489,30 +480,22 @@ class Snapshot:
 
     # --- bookkeeping -----------------------------------------------------------------------
 
-    def _make_acct(self, claim: ClaimInfo) -> _Acct:
-        klass = self._classes.get(claim.class_name)
-        res = klass.resource_name if klass is not None else None
-        node = claim.node if claim.holds_node and res is not None else None
-        charge = None
-        if claim.counts_budget:
-            ancestors = self._ledger.ancestors(claim.namespace)
-            charge = Charge(ancestors, claim.class_name, res, claim.count)
-        pinned = (
-            not (claim.phase is Phase.BOUND and claim.attached_to is None)
-            or not claim.ordered
-            or (node is not None and kept_by_volumes(claim, self._nodes.get(node)))
-        )
-        return _Acct(charge, res, node, claim.count, pinned)
+    def _make_acct(self, claim: ClaimInfo) -> Account:
+        return account(claim, self._classes, self._ledger, self._nodes)
 
-    def _apply(self, acct: _Acct, sign: int) -> None:
+    def _apply(self, acct: Account, sign: int) -> None:
         if acct.charge is not None:
             self._ledger.charge(acct.charge, sign)
-        if acct.node is not None and acct.resource is not None:
-            bump(self._used, acct.node, acct.resource, sign * acct.units)
-            if acct.pinned:
-                bump(self._pinned, acct.node, acct.resource, sign * acct.units)
-            self._refresh_free(acct.node, acct.resource)
-            self._dirty.add(acct.node)
+        if acct.resource is None:
+            return
+        # A migration's target units are pinned: packing never moves them.
+        for node, pinned in ((acct.node, acct.pinned), (acct.target, True)):
+            if node is not None:
+                bump(self._used, node, acct.resource, sign * acct.units)
+                if pinned:
+                    bump(self._pinned, node, acct.resource, sign * acct.units)
+                self._refresh_free(node, acct.resource)
+                self._dirty.add(node)
 
     def _reaccount(self, keys: Iterable[ClaimKey]) -> None:
         for key in list(keys):

@@ -214,6 +214,17 @@ class RejectedNode:
     until: float
 
 
+@dataclass(frozen=True, slots=True)
+class MigrationTarget:
+    """A ``status.migration`` entry (SPEC §12): a live migration of the claim's VMI runs,
+    and its target pod holds the claim's units on ``node`` too until it ends. ``uid`` is
+    the VirtualMachineInstanceMigration's uid, ``since`` when the target was placed."""
+
+    node: str
+    uid: str
+    since: float
+
+
 OrderShape = tuple[str, str, int]  # class, tenant (namespace), count: ``ClaimInfo.shape``
 
 
@@ -238,6 +249,9 @@ class ClaimInfo:
       VirtualMachine's volumes, which exist while it is stopped). A set whose volumes can be
       used from its node stays there: no move but for the node gone, no packing move (a
       VM's local disk does not follow its GPUs, so the next start could only go there).
+    - ``migration``: a live migration's target placed for the claim's set (SPEC §12). While
+      the claim holds its node, its units count on the target node too (``migrating_to``);
+      budgets count it once; nothing moves or rebinds the set meanwhile.
     """
 
     namespace: str
@@ -255,6 +269,7 @@ class ClaimInfo:
     template: bool = False
     volumes: tuple[VolumeAffinity, ...] = ()
     window: bool = False
+    migration: MigrationTarget | None = None
 
     @property
     def key(self) -> ClaimKey:
@@ -296,6 +311,15 @@ class ClaimInfo:
         if self.phase is Phase.BOUND or self.phase is Phase.ATTACHED:
             return True
         return self.phase is Phase.LOST and self.vmi_live
+
+    @property
+    def migrating_to(self) -> str | None:
+        """The node a live migration's target holds the claim's units on as well: set while
+        the claim holds its node and a migration to another node is recorded."""
+        target = self.migration
+        if target is None or not self.holds_node or target.node == self.node:
+            return None
+        return target.node
 
     @property
     def set_key(self) -> tuple[str, str]:

@@ -23,6 +23,7 @@ from cozystack_gpu.model import (
     ClaimInfo,
     ClassInfo,
     Device,
+    MigrationTarget,
     NamespaceInfo,
     NodeInfo,
     RejectedNode,
@@ -365,6 +366,19 @@ def status_phase(status: Mapping[str, Any], default: PhaseT) -> PhaseT:
         return default
 
 
+def migration_target(status: Mapping[str, Any]) -> MigrationTarget | None:
+    """``status.migration`` (SPEC §12) as the model reads it; None when absent or when a
+    field is missing or malformed (no node, no migration uid, no RFC 3339 ``since``)."""
+    entry = status.get("migration")
+    if not isinstance(entry, Mapping):
+        return None
+    node, uid = entry.get("node"), entry.get("migrationUID")
+    since = timestamp(entry.get("since"))
+    if not (isinstance(node, str) and node and isinstance(uid, str) and uid) or since is None:
+        return None
+    return MigrationTarget(node, uid, since)
+
+
 def claim_info(
     claim: Obj,
     *,
@@ -396,6 +410,7 @@ def claim_info(
         template=is_template_claim(claim),
         volumes=volumes,
         window=is_window_claim(claim),
+        migration=migration_target(status),
     )
 
 

@@ -17,8 +17,13 @@ def digest(snap: Snapshot) -> dict[str, Any]:
     classes = sorted(snap.classes(), key=lambda c: c.name)
     claims = list(snap.claims())
     resources = sorted({c.resource_name for c in classes})
-    # Claims may name nodes the snapshot no longer has; their counters still exist.
-    named = sorted(set(nodes) | {c.node for c in claims if c.node})
+    # Claims may name nodes the snapshot no longer has (their own or their migration's
+    # target); their counters still exist.
+    named = sorted(
+        set(nodes)
+        | {c.node for c in claims if c.node}
+        | {c.migration.node for c in claims if c.migration}
+    )
     serving = {c.name: [n for n in nodes if snap.serves(n, c.name)] for c in classes}
     tenants: set[str] = {c.namespace for c in claims}
     for ns in snap.namespaces():

@@ -8,7 +8,7 @@ from model_builders import H100, NOW, bound, claim, node, passthrough, record_bi
 from model_digest import digest
 
 from cozystack_gpu.keys import QUOTA_KEY_TOTAL, Phase, quota_key
-from cozystack_gpu.model import Placement, Snapshot, set_placement
+from cozystack_gpu.model import MigrationTarget, Placement, Snapshot, set_placement
 from cozystack_gpu.model._index import ClassIndex
 
 
@@ -23,23 +23,47 @@ def rebuilt(snap: Snapshot) -> Snapshot:
 
 def test_every_kind_of_event_leaves_the_snapshot_equal_to_a_rebuild() -> None:
     snap = Snapshot()
+    c1 = bound("h100", 2, "n1", name="c1")
     events = [
         lambda: snap.upsert_class(passthrough()),
         lambda: snap.upsert_namespace(tenant("tenant-root", quota={QUOTA_KEY_TOTAL: 6})),
         lambda: snap.upsert_namespace(tenant("tenant-a", "tenant-root")),
         lambda: snap.upsert_node(node("n1", 4)),
         lambda: snap.upsert_node(node("n2", 8)),
-        lambda: snap.upsert_claim(bound("h100", 2, "n1", name="c1")),
+        lambda: snap.upsert_claim(c1),
         lambda: snap.upsert_claim(claim("h100", 1, name="c2")),
         lambda: snap.upsert_claim(bound("h100", 3, "n2", name="c2")),  # c2 binds
+        # c1's VM migrates to n2: its target holds c1's units there too.
+        lambda: snap.upsert_claim(replace(c1, migration=MigrationTarget("n2", "m1", NOW))),
         lambda: snap.upsert_node(node("n1", 4, ready=False)),
         lambda: snap.upsert_class(passthrough(selector={"pool": "x"})),
         lambda: snap.upsert_class(passthrough()),
         lambda: snap.upsert_namespace(tenant("tenant-a")),  # leaves the tree
-        lambda: snap.remove_claim(bound("h100", 2, "n1", name="c1").key),
+        lambda: snap.upsert_claim(c1),  # the migration failed: its target is free
+        lambda: snap.remove_claim(c1.key),
         lambda: snap.remove_node("n2"),
         lambda: snap.remove_namespace("tenant-root"),
         lambda: snap.remove_class("h100"),
+    ]
+    for event in events:
+        event()
+        assert digest(snap) == digest(rebuilt(snap))
+
+
+def test_claims_with_migrations_leave_the_snapshot_equal_to_a_rebuild() -> None:
+    vm = claim("h100", 2, name="c1", phase=Phase.ATTACHED, node="n1", attached_to="vm")
+    vm = replace(vm, vmi_live=True)
+    nodes = [node("n1", 4), node("n2", 4)]
+    snap = Snapshot.build(nodes=nodes, classes=[passthrough()], claims=[vm])
+    events = [
+        lambda: snap.upsert_claim(replace(vm, migration=MigrationTarget("n2", "m1", NOW))),
+        lambda: snap.upsert_node(node("n2", 4, unschedulable=True)),  # the target is cordoned
+        lambda: snap.upsert_class(passthrough(res="nvidia.com/OTHER")),  # a new resource name
+        lambda: snap.upsert_class(passthrough()),
+        lambda: snap.remove_node("n2"),  # the target node goes under the migration
+        lambda: snap.upsert_node(node("n2", 1)),  # and comes back smaller: over capacity
+        lambda: snap.upsert_claim(replace(vm, node="n2")),  # succeeded
+        lambda: snap.remove_claim(vm.key),
     ]
     for event in events:
         event()
