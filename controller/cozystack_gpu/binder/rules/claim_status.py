@@ -56,6 +56,8 @@ def claim_status_patch(
     current = claim_obj.get("status") or {}
     if updated.attached_to is None and current.get("attachedTo"):
         status.update(ATTACHMENT_CLEARED)
+    if updated.migration is None and current.get("migration"):
+        status["migration"] = None  # a rebind ends a migration's target (SPEC §12)
     conditions = list(current.get("conditions") or [])
     moved = current.get("nodeName") not in (None, updated.node)
     if moved and any(c.get("type") == keys.CONDITION_PLACED for c in conditions):

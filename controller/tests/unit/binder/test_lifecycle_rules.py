@@ -289,6 +289,23 @@ def test_a_claim_moved_off_the_node_its_pod_was_pinned_to_says_placed_no_more() 
     ]
 
 
+def test_a_rebind_clears_the_migration_target_it_ends_and_other_writes_keep_it() -> None:
+    """SPEC §12: a decision whose claim has no migration any more (a Lost claim rebound)
+    writes ``migration: null``, or the watch would bring the old target back to count on
+    its node; a decision of a migrating claim leaves the field as it is."""
+    from cozystack_gpu.model import ClaimInfo, MigrationTarget
+
+    obj = claim("Lost")
+    obj["status"].update(nodeName="n2", migration={"node": "n3", "migrationUID": "m", "since": "x"})
+    rebound = ClaimInfo("t", "c", "l40s-24c", 2, phase=Phase.BOUND, node="n1", bound_at=NOW)
+    assert claim_status.claim_status_patch(obj, rebound, None)["status"]["migration"] is None
+    migrating = ClaimInfo(
+        "t", "c", "l40s-24c", 2, phase=Phase.BOUND, node="n2", bound_at=NOW,
+        migration=MigrationTarget("n3", "m", NOW),
+    )  # fmt: skip
+    assert "migration" not in claim_status.claim_status_patch(obj, migrating, None)["status"]
+
+
 def test_class_status_carries_free_numbers_only_and_skips_unchanged_writes() -> None:
     obj: dict[str, Any] = {"metadata": {"name": "h100"}}
     body = class_status.class_status_body(obj, ClassStatus(free=5, max_free_per_node=3), NOW)
