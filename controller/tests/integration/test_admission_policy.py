@@ -1074,6 +1074,65 @@ def test_a_tenant_admin_cannot_cut_a_template_claim_from_its_vmi(
     )
     assert message.endswith(
         f"the GPU controller ({protection.controller}) deletes only template claims, once "
-        f"their VMI is gone; GPUClaim {ns}/plain is an order, which only its tenant deletes"
+        f"their VMI is gone, and windows' claims at their end; GPUClaim {ns}/plain is an "
+        "order, which only its tenant deletes"
     ), f"the controller's identity deleted order plain: {message!r}"
     controller.custom.delete_namespaced_custom_object(*claims, "vm-g")
+
+
+def test_only_the_controller_makes_a_windows_claim_and_nobody_cuts_it_from_its_reservation(
+    kube: Kube, control_plane: ControlPlane, protection: Protection
+) -> None:
+    """SPEC §11: the claim a window makes at its start is admitted without the order check,
+    its units booked with the window. A tenant admin who could label a claim so, or turn an
+    order into one, would hold GPUs no order check judged; cut from its reservation, the
+    claim would outlive the window. Only the controller makes it, and deletes it at the end."""
+    ns = protection.tenant_ns
+    claims = (keys.GROUP, keys.VERSION, ns, keys.PLURAL_CLAIMS)
+    booked = kube.reservation(ns, "train", "h100", 1, 1_900_000_020, 1_900_003_620)
+    reservation_uid = booked["metadata"]["uid"]
+    window_claim = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND_CLAIM,
+        "metadata": {
+            "name": "train",
+            "labels": {keys.LABEL_RESERVATION: "train"},
+            "ownerReferences": [
+                {"apiVersion": keys.API_VERSION, "kind": keys.KIND_RESERVATION,
+                 "name": "train", "uid": reservation_uid, "controller": True}
+            ],
+        },
+        "spec": {"class": "h100", "count": 1},
+    }  # fmt: skip
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT_ADMIN)
+    message = refused_with(
+        lambda: tenant.custom.create_namespaced_custom_object(*claims, window_claim)
+    )
+    assert "creates GPUClaims labelled gpu.cozystack.io/reservation" in message, message
+    controller = tenants.impersonating(control_plane.api_client(), protection.controller)
+    controller.custom.create_namespaced_custom_object(*claims, window_claim)
+    for what, patch in {
+        "its label removed": {"metadata": {"labels": {keys.LABEL_RESERVATION: None}}},
+        "its label renamed": {"metadata": {"labels": {keys.LABEL_RESERVATION: "other"}}},
+        "its owner removed": {"metadata": {"ownerReferences": None}},
+    }.items():
+        try:
+            tenant.custom.patch_namespaced_custom_object(*claims, "train", patch, **MERGE_PATCH)
+        except ApiException as exc:
+            assert "may change the label gpu.cozystack.io/reservation" in refusal(exc), what
+            continue
+        raise AssertionError(f"a tenant admin cut the window's claim train ({what})")
+    # Nor can an order be turned into a window's claim.
+    kube.claim(ns, "mine", "h100")
+    message = refused_with(
+        lambda: tenant.custom.patch_namespaced_custom_object(
+            *claims, "mine", {"metadata": {"labels": {keys.LABEL_RESERVATION: "mine"}}},
+            **MERGE_PATCH,
+        )
+    )  # fmt: skip
+    assert "may change the label gpu.cozystack.io/reservation" in message, message
+    # The controller deletes the window's claim at the end; an order stays the tenant's.
+    controller.custom.delete_namespaced_custom_object(*claims, "train")
+    assert "is an order, which only its tenant deletes" in refused_with(
+        lambda: controller.custom.delete_namespaced_custom_object(*claims, "mine")
+    )

@@ -40,7 +40,8 @@ def clocked(env: Env) -> Iterator[tuple[Env, Clock]]:
     """The test's binder again, on a clock the test moves (now, to begin with)."""
     clock = Clock(tomorrow(9).timestamp() - 86_400 / 2)
     env.binder.stop()
-    config = binder_config(env.controller_ns, attachment_grace=GRACE_S)
+    # Hours pass in seconds: no node agent's report would stay fresh, so none goes stale.
+    config = binder_config(env.controller_ns, attachment_grace=GRACE_S, inventory_stale_after=0)
     env.binder = Binder(env.kube.api, config, clock=clock)
     env.binder.start()
     assert env.binder.synced.wait(30)
