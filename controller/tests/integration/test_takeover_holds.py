@@ -32,6 +32,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Answer, Outcome
 from cozystack_gpu.binder.calls.claims import Decision
+from cozystack_gpu.binder.calls.reservations import ReservationStatus
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu.binder.writer import Writer
 from cozystack_gpu.cluster.informer import Event, EventType
@@ -271,3 +272,57 @@ def test_a_leaders_write_the_network_held_past_a_takeover_is_refused_by_its_term
                     admission.delete_validating_admission_policy(obj["metadata"]["name"])
                 else:
                     admission.delete_validating_admission_policy_binding(obj["metadata"]["name"])
+
+
+def test_a_booking_of_an_overtaken_leader_is_refused_by_its_term(
+    own_plane: cluster.ControlPlane,
+) -> None:
+    """A reservation's booking holds a window's units as a bind holds a claim's: the same
+    fence refuses one decided in a term the Lease has left, and lets the leader's own land."""
+    api = own_plane.api_client()
+    kube = Kube(api)
+    namespace = "ctl-fence-bookings"
+    kube.namespace(namespace)
+    kube.namespace("booked")
+    _lease(kube, namespace, "r1", 4)
+    fence = helm_template("claim-fence-policy.yaml", namespace)
+    install_policies(api, fence)
+    answers: queue.Queue[Any] = queue.Queue()
+    stale = Writer(api, answers, 1, term=lambda: Term("r1", 4))
+    stale.start()
+    try:
+        made = kube.reservation("booked", "w", "h100", 1, 1_900_000_020, 1_900_003_620)
+
+        def booking(obj: dict[str, Any]) -> dict[str, Any]:
+            version = obj["metadata"]["resourceVersion"]
+            return {
+                "metadata": {"resourceVersion": version},
+                "status": {"phase": "Booked", "nodeName": "n1", "bookedAt": _stamp()},
+            }
+
+        _lease(kube, namespace, "r2", 5)  # r2 took over
+
+        def refused_now() -> bool:
+            current = kube.get_reservation("booked", "w")
+            stale.send(ReservationStatus("booked", "w", booking(current)))
+            answer = answers.get(timeout=30)
+            return bool(answer.outcome is Outcome.FAILED and answer.code == 403)
+
+        wait_for(refused_now, 30, "the API server refusing term 4's booking")
+        assert (kube.get_reservation("booked", "w").get("status") or {}).get("phase") != "Booked"
+        stale.stop()
+        stale = Writer(api, answers, 1, term=lambda: Term("r2", 5))
+        stale.start()
+        stale.send(ReservationStatus("booked", "w", booking(kube.get_reservation("booked", "w"))))
+        assert answers.get(timeout=30).ok
+        status = kube.get_reservation("booked", "w")["status"]
+        assert status["phase"] == "Booked" and status["writer"]["term"] == 5
+        assert made["metadata"]["uid"] == kube.get_reservation("booked", "w")["metadata"]["uid"]
+    finally:
+        stale.stop()
+        admission = client.AdmissionregistrationV1Api(api)
+        for obj in fence:
+            if obj["kind"] == "ValidatingAdmissionPolicy":
+                admission.delete_validating_admission_policy(obj["metadata"]["name"])
+            else:
+                admission.delete_validating_admission_policy_binding(obj["metadata"]["name"])

@@ -16,6 +16,7 @@ from cozystack_gpu.binder.calls.base import (
     Priority,
     refused_and_read_again,
 )
+from cozystack_gpu.binder.calls.claims import fenced
 from cozystack_gpu.objects import MutableObj
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,9 @@ KIND = keys.GPU_RESERVATION
 @dataclass(frozen=True)
 class ReservationStatus(Call):
     """A status merge patch of a reservation, carrying the resourceVersion its body was
-    built on: a reservation changed since answers 409, and comes back as it is now."""
+    built on: a reservation changed since answers 409, and comes back as it is now. It is
+    fenced by the binder's Lease as a claim's status write is (``claims.fenced``): a late
+    booking of an overtaken leader is refused by the API server."""
 
     what: ClassVar[str] = "reservation-status"
     priority: ClassVar[Priority] = Priority.BIND
@@ -44,7 +47,7 @@ class ReservationStatus(Call):
             self.namespace,
             KIND.plural,
             self.name,
-            self.body,
+            fenced(self.body, api.term()),
             _preload_content=False,
             _request_timeout=base.REQUEST_TIMEOUT_S,
         )
