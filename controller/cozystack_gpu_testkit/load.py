@@ -158,6 +158,7 @@ class Counts:
     orders_refused: int = 0
     bookings_sent: int = 0
     bookings_accepted: int = 0
+    bookings_cancelled: int = 0
     released: int = 0
     vms_started: int = 0
     vms_stopped: int = 0
@@ -203,6 +204,7 @@ class Load:
         self.counts = Counts()
         self.accepted: dict[tuple[str, str], float] = {}  # orders the server took, when
         self.released_names: set[tuple[str, str]] = set()
+        self.booked: list[tuple[str, str]] = []  # reservations accepted, not cancelled
         self.refusal_messages: list[str] = []
         self.vms: dict[tuple[str, str], VM] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}  # last listing
@@ -330,8 +332,12 @@ class Load:
                 continue
             if self.live_orders() >= self.settings.max_live_orders:
                 continue
-            if self._rng.random() < self.settings.booking_share:
+            draw = self._rng.random()
+            if draw < self.settings.booking_share:
                 self.book()
+                continue
+            if draw < self.settings.booking_share * 1.3 and self.booked:
+                self.cancel_booking()
                 continue
             self.order(*self._next_order())
 
@@ -367,8 +373,26 @@ class Load:
                 continue
             with self._lock:
                 self.counts.bookings_accepted += 1
+                self.booked.append((tenant, f"w{name}"))
             return True
         return False
+
+    def cancel_booking(self) -> None:
+        """A tenant cancels one of its windows, before or during it: its units (and its
+        claim, by the garbage collector) go at once. One the server does not answer is
+        let be: the settled look judges what is left."""
+        with self._lock:
+            namespace, name = self.booked.pop(self._rng.randrange(len(self.booked)))
+        try:
+            self.custom.delete_namespaced_custom_object(
+                keys.GROUP, keys.VERSION, namespace, keys.PLURAL_RESERVATIONS, name,
+                _request_timeout=TIMEOUT,
+            )  # fmt: skip
+        except Exception:  # gone already, or the server is away
+            self.counts.retries += 1
+            return
+        with self._lock:
+            self.counts.bookings_cancelled += 1
 
     # --- VMs and releases --------------------------------------------------------------
 
