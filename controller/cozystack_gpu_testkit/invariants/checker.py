@@ -246,6 +246,10 @@ class Invariants:
             for v in state.vmis
             if (v.get("status") or {}).get("phase") not in FINAL_VMI
         }
+        # The claim an Active window made holds its units until the window's end, not for
+        # good: a window booked on the node after that end may count on them (SPEC §11).
+        open_windows = _open_windows(state)
+        window_claims: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
         for claim in state.claims:
             status = claim.get("status") or {}
             node, phase = status.get("nodeName"), status.get("phase")
@@ -255,6 +259,12 @@ class Invariants:
             vmi_there = running.get((_namespace(claim), str(status.get("attachedTo")))) == node
             if phase in HOLDING or (phase == "Lost" and vmi_there):
                 who = f"claim {_namespace(claim)}/{_name(claim)} {phase} {status.get('attachedTo')}"
+                end = open_windows.get(_owner_uid(claim, keys.KIND_RESERVATION) or "")
+                if end is not None and phase in HOLDING:
+                    rows = window_claims.setdefault((str(node), resource), [])
+                    rows.append((state.read_at, end, _count(claim)))
+                    holders.setdefault((str(node), resource), []).append(f"{who} until its end")
+                    continue
                 add(str(node), resource, _count(claim), who, _epoch(status.get("boundAt")))
         gpu_names = set(resource_of.values())
         for pod in _raw_pods(state):
@@ -270,7 +280,8 @@ class Invariants:
                     add(usage.node, resource, units, f"uncovered launcher {pod_name}")
         # Booked windows: the units they hold at their busiest moment from now on count as
         # held (SPEC §11: no order, and no other booking, may leave a window short).
-        for (node_name, resource), (peak, who, booked_at) in _windows(state, resource_of).items():
+        windows = _windows(state, resource_of, window_claims)
+        for (node_name, resource), (peak, who, booked_at) in windows.items():
             add(node_name, resource, peak, who, booked_at)
         devices = {_name(g): (g.get("status") or {}).get("devices") or [] for g in state.gpunodes}
         for node in state.nodes:
@@ -705,12 +716,33 @@ def _peak(windows: list[tuple[float, float, int]], now: float) -> int:
     return max(sum(u for s, e, u in windows if s <= t < e) for t in moments)
 
 
+def _open_windows(state: State) -> dict[str, float]:
+    """Active reservations whose window has not ended, by uid: the end of each."""
+    ends: dict[str, float] = {}
+    for reservation in state.reservations:
+        window = _window(reservation)
+        phase = (reservation.get("status") or {}).get("phase")
+        if phase == "Active" and window is not None and window[1] > state.read_at:
+            ends[str(_meta(reservation).get("uid"))] = window[1]
+    return ends
+
+
+def _owner_uid(obj: MutableObj, kind: str) -> str | None:
+    owner = _owner_ref(obj, kind)
+    return str(owner.get("uid")) if owner is not None else None
+
+
 def _windows(
-    state: State, resource_of: dict[str, str]
+    state: State,
+    resource_of: dict[str, str],
+    window_claims: dict[tuple[str, str], list[tuple[float, float, int]]],
 ) -> dict[tuple[str, str], tuple[int, str, float | None]]:
-    """Per node and resource name: the units its Booked windows hold at their busiest moment
-    from now on, who they are, and the latest bookedAt among them."""
-    rows: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    """Per node and resource name: the units its Booked windows, and the claims Active
+    windows made (until their end), hold at their busiest moment from now on, who the
+    windows are, and the latest bookedAt among them."""
+    rows: dict[tuple[str, str], list[tuple[float, float, int]]] = {
+        key: list(claims) for key, claims in window_claims.items()
+    }
     names: dict[tuple[str, str], list[str]] = {}
     latest: dict[tuple[str, str], float] = {}
     for reservation in state.reservations:
@@ -728,7 +760,7 @@ def _windows(
         booked = _epoch(status.get("bookedAt")) or float("inf")
         latest[key] = max(latest.get(key, 0.0), booked)
     return {
-        key: (_peak(windows, state.read_at), ", ".join(names[key]), latest[key])
+        key: (_peak(windows, state.read_at), ", ".join(names.get(key, [])), latest.get(key))
         for key, windows in rows.items()
     }
 

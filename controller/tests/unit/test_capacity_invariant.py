@@ -131,3 +131,44 @@ def test_a_launcher_pod_counts_beyond_its_own_vmis_claims_only() -> None:
     assert not _over(checker, _state(1, held, vmis=[running], pods=[earlier]))
     # A pod whose VMI is gone at that moment: nothing either.
     assert not _over(checker, _state(1, held, vmis=[], pods=[own]))
+
+
+def _reservation(name: str, phase: str, start: float, end: float) -> dict[str, Any]:
+    def at(t: float) -> str:
+        return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    return {
+        "metadata": {"name": name, "namespace": NS, "uid": f"r-{name}"},
+        "spec": {"class": "a", "count": 1, "start": at(start), "end": at(end)},
+        "status": {"phase": phase, "nodeName": NODE},
+    }
+
+
+def _window_claim(name: str) -> dict[str, Any]:
+    claim = _claim(name)
+    claim["metadata"]["labels"] = {keys.LABEL_RESERVATION: name}
+    claim["metadata"]["ownerReferences"] = [
+        {"apiVersion": keys.API_VERSION, "kind": keys.KIND_RESERVATION, "name": name,
+         "uid": f"r-{name}", "controller": True}
+    ]  # fmt: skip
+    return claim
+
+
+def test_an_open_windows_claim_holds_its_unit_until_the_end_only() -> None:
+    """SPEC §11: the claim an Active window made is the window's until its end; a window
+    booked after that end may count on the same unit, one that overlaps may not."""
+    checker = Invariants(client.ApiClient())
+    now = time.time()
+    hour = 3600.0
+    ending = _reservation("now", "Active", now - hour, now + hour)
+    after = _reservation("later", "Booked", now + hour, now + 2 * hour)
+    state = _state(1, [_window_claim("now")])
+    state.reservations = [ending, after]
+    assert not _over(checker, state), "back-to-back windows share the unit"
+    overlapping = _reservation("later", "Booked", now + hour / 2, now + 2 * hour)
+    state.reservations = [ending, overlapping]
+    assert _over(checker, state)
+    # A claim whose window has ended (its deletion waits) holds its unit for good.
+    ended = _reservation("now", "Ended", now - 2 * hour, now - hour)
+    state.reservations = [ended, after]
+    assert _over(checker, state)

@@ -136,8 +136,14 @@ class Windows(BinderPart):
             return False
         if current.phase is not Phase.PENDING:
             return True  # bound (or, its node gone, Lost: rebound as any hold)
-        if info.node is None or self.handle.snapshot.node(info.node) is None:
+        snap = self.handle.snapshot
+        if info.node is None or snap.node(info.node) is None:
             return False  # its node went at the start: the bookings part places it again
+        klass = snap.gpu_class(info.class_name)
+        if klass is not None and snap.free(info.node, klass.resource_name) < info.count:
+            # The window before it on the node still holds them (its VM is stopping): the
+            # claim waits for them, never over the node's capacity.
+            return False
         bound = replace(current, phase=Phase.BOUND, node=info.node, bound_at=now)
         cond = condition(
             keys.CONDITION_BOUND, True, ClaimReason.BOUND, windows.bound_words(info), now

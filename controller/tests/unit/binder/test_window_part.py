@@ -206,3 +206,38 @@ def test_a_window_that_ends_lost_is_ended_and_deletes_no_claim_it_did_not_make()
     [ended] = handle.of(ReservationStatus)
     assert ended.body["status"]["phase"] == "Ended"
     assert "while the reservation was Lost" in ended.body["status"]["conditions"][0]["message"]
+
+
+def test_the_window_claim_waits_while_the_units_are_still_held_and_never_overcommits() -> None:
+    """Back-to-back windows: the earlier window's claim is deleted at its end but holds its
+    units until its VM has stopped; the next window's claim is bound only once they are
+    free (the node has 2 units: the earlier claim holds both here)."""
+    reservation = _reservation("Active")
+
+    def change(given: dict[str, list[dict[str, Any]]]) -> None:
+        given[keys.GPU_RESERVATION.kind] = [reservation]
+        earlier = {
+            "metadata": _meta("earlier", namespace=NS, deletionTimestamp="2026-12-01T10:00:00Z",
+                              finalizers=[keys.FINALIZER_CLAIM]),
+            "spec": {"class": "h100", "count": 2},
+            "status": {"phase": "Attached", "nodeName": "n1", "attachedTo": "old"},
+        }  # fmt: skip
+        given[keys.GPU_CLAIM.kind] = [_window_claim(reservation, {}), earlier]
+        given[keys.VMI.kind] = []
+        given[keys.POD.kind] = []
+
+    from test_parts_handle import _handle as make
+
+    handle = make({}, change=change)
+    part = Windows(handle)
+    part.run(START + 5)
+    assert handle.decided == [], "bound over units another claim still holds"
+    handle.view.apply(
+        keys.GPU_CLAIM.kind,
+        {"metadata": _meta("earlier", namespace=NS), "spec": {}, "status": {}},
+        deleted=True,
+    )
+    handle.snapshot = handle.view.build_snapshot(START + 6)
+    part.run(START + 6)
+    [(bound, _decision)] = handle.decided
+    assert (bound.node, bound.phase.value) == ("n1", "Bound")
