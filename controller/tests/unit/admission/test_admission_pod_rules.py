@@ -1,5 +1,5 @@
-"""The pod webhook's rules: the gate once, the classes' tolerations once, migration targets
-never, the VMI found through the ownerReference."""
+"""The pod webhook's rules: the gate once (a live migration's target pod too), the classes'
+tolerations once, the VMI found through the ownerReference."""
 
 from __future__ import annotations
 
