@@ -11,8 +11,9 @@ import datetime
 from typing import Any
 
 import pytest
-from admission_env import Replica, order
+from admission_env import Replica, order, refusal
 from binder_env import Env
+from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.objects import vmi_pods
@@ -55,8 +56,18 @@ def migratable(kube: Kube, namespace: str, name: str) -> None:
         c for c in (found.get("status") or {}).get("conditions") or []
         if c.get("type") != "LiveMigratable"
     ]  # fmt: skip
-    conditions.append({"type": "LiveMigratable", "status": "True", "lastTransitionTime": _now()})
-    as_handler_writes(kube, namespace, name, {"conditions": conditions})
+    conditions.append(
+        {"type": "LiveMigratable", "status": "True", "lastProbeTime": None,
+         "lastTransitionTime": _now()}
+    )  # fmt: skip
+    # virt-handler reports the SELinux context it runs the guest in ("none" without SELinux)
+    # and how the VM migrates; virt-controller waits for both before a target pod.
+    written = {
+        "conditions": conditions,
+        "selinuxContext": "none",
+        "migrationMethod": "LiveMigration",
+    }
+    as_handler_writes(kube, namespace, name, written)
 
 
 def migrate(kube: Kube, namespace: str, vmi: str, name: str) -> dict[str, Any]:
@@ -100,7 +111,17 @@ def test_a_migration_target_is_placed_pinned_and_the_hold_follows_the_vm(
     job = migrate(kube, env.tenant, "vm", "move")
     uid = job["metadata"]["uid"]
     found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
-    first = wait_for(found, TIMEOUT, "virt-controller's target pod")
+    try:
+        first = wait_for(found, TIMEOUT, "virt-controller's target pod")
+    except AssertionError:
+        job = kube.custom.get_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, env.tenant, "virtualmachineinstancemigrations", "move"
+        )
+        now = kubevirt_kit.get_vmi(kube, env.tenant, "vm")
+        raise AssertionError(
+            f"VMIM: {job.get('status')}\nVMI status: {(now or {}).get('status')}\n"
+            f"virt-controller:\n{kubevirt.log_tail()}"
+        ) from None
     assert vmi_pods.is_gated(first) or vmi_pods.pinned_node(first) == other, first["metadata"]
 
     # The target recorded on the claim, then the pod pinned there and bound by the scheduler.
@@ -116,9 +137,14 @@ def test_a_migration_target_is_placed_pinned_and_the_hold_follows_the_vm(
     assert bound["spec"]["nodeName"] == other
     assert vmi_pods.pinned_node(bound) == other and not vmi_pods.is_gated(bound)
 
-    # While it runs, the target's unit counts on its node: the other node has one left.
-    order(kube, env.tenant, "two", gpu_class, 2)
-    assert env.phase("two") != "Bound"
+    # While it runs, the target's unit counts on its node: each node has one left, so an
+    # order of two is refused at create.
+    try:
+        kube.claim(env.tenant, "two", gpu_class, 2)
+    except ApiException as exc:
+        assert exc.status == 403 and "the largest has 1" in refusal(exc), refusal(exc)
+    else:
+        raise AssertionError("an order took the unit the migration's target holds")
 
     # virt-handler: the VM runs on the target now.
     kubevirt_kit.kubelet_runs(kube.api, env.tenant, bound["metadata"]["name"])
@@ -133,3 +159,82 @@ def test_a_migration_target_is_placed_pinned_and_the_hold_follows_the_vm(
 
     status = wait_for(moved, TIMEOUT, "the hold moved to the target")
     assert status["phase"] == "Attached" and status["attachedTo"] == "vm"
+
+
+def running_migratable(env: Env, nodes: list[str], claim: str) -> tuple[dict[str, Any], str]:
+    """VM "vm" holding ``claim``, Running where the claim is bound and marked migratable."""
+    kube = env.kube
+    for node in nodes:
+        kubevirt_kit.as_virt_handler(kube.api, node)
+    source = env.wait_phase(claim, "Bound", timeout=TIMEOUT)["status"]["nodeName"]
+    kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": [claim]})
+    vmi = kubevirt_kit.runs(kube, env.tenant, kubevirt_kit.wait_vmi(kube, env.tenant, "vm"))
+    env.wait_phase(claim, "Attached", timeout=TIMEOUT)
+    migratable(kube, env.tenant, "vm")
+    return vmi, source
+
+
+def test_a_cancelled_migration_frees_its_target_and_the_hold_stays(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    env = vms
+    kube = env.kube
+    nodes = [env.node(n, 1) for n in ("n1", "n2")]
+    gpu_class = env.gpu_class(maxCount=1)
+    order(kube, env.tenant, "a", gpu_class, 1)
+    vmi, source = running_migratable(env, nodes, "a")
+    (other,) = [n for n in nodes if n != source]
+    job = migrate(kube, env.tenant, "vm", "move")
+    uid = job["metadata"]["uid"]
+    found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
+    wait_for(lambda: (p := found()) and p["spec"].get("nodeName") and p, TIMEOUT, "target bound")
+    assert kube.get_claim(env.tenant, "a")["status"]["migration"]["node"] == other
+    # The tenant cancels: virt-controller deletes the target pod (kubelet removes it here).
+    kube.custom.delete_namespaced_custom_object(
+        keys.VMI.group, keys.VMI.version, env.tenant, "virtualmachineinstancemigrations", "move"
+    )
+
+    def target_gone() -> bool:
+        kubevirt_kit.kubelet_removes(kube, env.tenant)
+        return found() is None
+
+    wait_for(target_gone, TIMEOUT, "the target pod gone")
+
+    def cleared() -> dict[str, Any] | None:
+        status = kube.get_claim(env.tenant, "a").get("status") or {}
+        return status if not status.get("migration") else None
+
+    status = wait_for(cleared, TIMEOUT, "the target freed")
+    assert status["nodeName"] == source, "the hold stays where the VM runs"
+    # The target's unit is free again: an order takes it.
+    order(kube, env.tenant, "b", gpu_class, 1)
+    assert env.wait_phase("b", "Bound", timeout=TIMEOUT)["status"]["nodeName"] == other
+
+
+def test_a_target_with_no_room_stays_gated_and_the_vmi_is_told(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    env = vms
+    kube = env.kube
+    nodes = [env.node(n, 1) for n in ("n1", "n2")]
+    gpu_class = env.gpu_class(maxCount=1)
+    order(kube, env.tenant, "a", gpu_class, 1)
+    order(kube, env.tenant, "b", gpu_class, 1)  # the other node's one unit
+    vmi, _source = running_migratable(env, nodes, "a")
+    job = migrate(kube, env.tenant, "vm", "move")
+    found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], job["metadata"]["uid"])
+    first = wait_for(found, TIMEOUT, "virt-controller's target pod")
+
+    def told() -> list[dict[str, Any]] | None:
+        listed = kube.core.list_namespaced_event(
+            env.tenant, field_selector="involvedObject.name=vm"
+        ).items
+        said = [e for e in listed if e.reason == keys.EventReason.SET_NOT_PLACED.value]
+        return said or None
+
+    (event, *_rest) = wait_for(told, TIMEOUT, "the VMI told why its target waits")
+    assert "the live migration of VMI vm waits" in event.message, event.message
+    pod = found()
+    assert pod is not None and vmi_pods.is_gated(pod) and not pod["spec"].get("nodeName")
+    assert pod["metadata"]["uid"] == first["metadata"]["uid"]
+    assert not (kube.get_claim(env.tenant, "a").get("status") or {}).get("migration")
