@@ -47,6 +47,23 @@ def as_handler_writes(kube: Kube, namespace: str, name: str, status: dict[str, A
     kubevirt_kit.retried_on_conflict(write)
 
 
+def lands(
+    kube: Kube, namespace: str, name: str, uid: str, source: str, target: str, pod: str
+) -> None:
+    """virt-handler's side of a migration that succeeds: the target's address, the start,
+    then the end, and the VMI on the target node (kept beside what virt-controller wrote in
+    ``migrationState``)."""
+    found = kubevirt_kit.get_vmi(kube, namespace, name)
+    assert found is not None
+    state = {**((found.get("status") or {}).get("migrationState") or {})}
+    state.update(
+        migrationUid=uid, sourceNode=source, targetNode=target, targetPod=pod,
+        targetNodeAddress="127.0.0.1", startTimestamp=_now(), endTimestamp=_now(),
+        completed=True,
+    )  # fmt: skip
+    as_handler_writes(kube, namespace, name, {"nodeName": target, "migrationState": state})
+
+
 def migratable(kube: Kube, namespace: str, name: str) -> None:
     """What virt-handler reports of a VMI whose devices can move (mdev vGPU with KubeVirt's
     VGPULiveMigration gate): the LiveMigratable condition."""
@@ -238,3 +255,74 @@ def test_a_target_with_no_room_stays_gated_and_the_vmi_is_told(
     assert pod is not None and vmi_pods.is_gated(pod) and not pod["spec"].get("nodeName")
     assert pod["metadata"]["uid"] == first["metadata"]["uid"]
     assert not (kube.get_claim(env.tenant, "a").get("status") or {}).get("migration")
+
+
+def test_a_new_leader_finds_the_migration_where_it_is_and_a_second_migration_moves_again(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    """The binder restarted between the target's record and the VM landing (a new leader
+    knows only what status says), then the VM migrates back: each hold follows it."""
+    env = vms
+    kube = env.kube
+    nodes = [env.node(n, 1) for n in ("n1", "n2")]
+    gpu_class = env.gpu_class(maxCount=1)
+    order(kube, env.tenant, "a", gpu_class, 1)
+    vmi, source = running_migratable(env, nodes, "a")
+    (other,) = [n for n in nodes if n != source]
+    where = source
+    for leg, to in enumerate((other, source)):
+        job = migrate(kube, env.tenant, "vm", f"move-{leg}")
+        uid = job["metadata"]["uid"]
+        found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
+
+        def recorded(uid: str = uid) -> dict[str, Any] | None:
+            status = kube.get_claim(env.tenant, "a").get("status") or {}
+            return status if (status.get("migration") or {}).get("migrationUID") == uid else None
+
+        assert wait_for(recorded, TIMEOUT, "the target recorded")["migration"]["node"] == to
+        if leg == 0:
+            env.restart_binder()  # a new leader: memory gone, status kept
+        bound = wait_for(
+            lambda found=found: (p := found()) and p["spec"].get("nodeName") and p,
+            TIMEOUT,
+            "the target bound",
+        )
+        assert bound["spec"]["nodeName"] == to
+        kubevirt_kit.kubelet_runs(kube.api, env.tenant, bound["metadata"]["name"])
+        lands(kube, env.tenant, "vm", uid, where, to, bound["metadata"]["name"])
+
+        def moved(to: str = to) -> dict[str, Any] | None:
+            status = kube.get_claim(env.tenant, "a").get("status") or {}
+            landed = status.get("nodeName") == to and not status.get("migration")
+            return status if landed else None
+
+        try:
+            wait_for(moved, TIMEOUT, f"the hold moved to {to}")
+        except AssertionError:
+            now = kubevirt_kit.get_vmi(kube, env.tenant, "vm") or {}
+            raise AssertionError(
+                f"claim {kube.get_claim(env.tenant, 'a').get('status')}\nvmi {now.get('status')}"
+            ) from None
+        # KubeVirt's own clean-up of the finished migration: its source pod goes.
+        for pod in kubevirt_kit.launcher_pods(kube, env.tenant, vmi["metadata"]["uid"]):
+            if pod["spec"].get("nodeName") == where:
+                kube.core.delete_namespaced_pod(pod["metadata"]["name"], env.tenant)
+        kubevirt_kit.kubelet_removes(kube, env.tenant)
+        # The finished migration's object goes, so KubeVirt takes the next one.
+        kube.custom.delete_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, env.tenant, "virtualmachineinstancemigrations",
+            f"move-{leg}",
+        )  # fmt: skip
+
+        def job_gone(name: str = f"move-{leg}") -> bool:
+            try:
+                got = kube.custom.get_namespaced_custom_object(
+                    keys.VMI.group, keys.VMI.version, env.tenant,
+                    "virtualmachineinstancemigrations", name,
+                )  # fmt: skip
+            except ApiException as exc:
+                return exc.status == 404
+            raise AssertionError(f"{got.get('status')} {got['metadata'].get('finalizers')}")
+
+        wait_for(job_gone, TIMEOUT, "the finished migration gone")
+        where = to

@@ -12,7 +12,8 @@ the migration ends otherwise.
 2. **Pin.** Once the view shows the target on every claim, the pod is pinned and ungated.
 3. **Follow.** A claim whose migration is recorded: moved to the target in one write when
    the VMI runs there (``nodeName``, ``migration`` cleared), or the target cleared when the
-   migration failed, was cancelled or its pod went (``rules.migration.outcome``).
+   migration failed, was cancelled, its pod went (``rules.migration.outcome``) or its target
+   node is gone.
 
 All of it is read from status, not memory: a new leader finds each migration where it is.
 """
@@ -147,9 +148,11 @@ class Migrations(BinderPart):
         pod = self.view.pod(pod_key) if pod_key is not None else None
         pod_live = pod_key is None or (
             pod is not None
-            and (pod.get("status") or {}).get("phase") not in launcher.FINAL_POD_PHASES
+            and (pod.get("status") or {}).get("phase") not in translate.FINAL_POD_PHASES
         )
         state = migration.outcome(target, vmi, pod_live, claim.node)
+        if state is migration.Outcome.RUNNING and self.snapshot.node(target.node) is None:
+            state = migration.Outcome.ENDED  # its target node is gone: the VM cannot land there
         if state is migration.Outcome.RUNNING:
             return False
         if state is migration.Outcome.LANDED:

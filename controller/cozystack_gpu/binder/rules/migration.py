@@ -14,7 +14,7 @@ from typing import Any
 
 from cozystack_gpu.model import MigrationTarget
 from cozystack_gpu.objects import Obj
-from cozystack_gpu.objects.translate import meta, rfc3339
+from cozystack_gpu.objects.translate import meta, rfc3339, timestamp
 
 
 class Outcome(Enum):
@@ -46,7 +46,8 @@ def outcome(
     - the VMI gone or final: ended (its claims detach as at any VM's end);
     - the VMI on the target node: landed (virt-handler moves ``nodeName`` once it runs
       there), whatever the target pod does next;
-    - ``migrationState`` of this migration failed, or of a later one: ended;
+    - ``migrationState`` of this migration failed, or of one started after this one's
+      target was placed: ended;
     - its target pod gone or final while the VMI is still on ``source``: ended;
     - else running.
     """
@@ -61,8 +62,10 @@ def outcome(
     uid = state.get("migrationUid")
     if uid == target.uid and state.get("failed"):
         return Outcome.ENDED
-    if uid and uid != target.uid and (state.get("completed") or state.get("failed")):
-        return Outcome.ENDED  # a later migration has come and gone: this one is over
+    started = timestamp(state.get("startTimestamp"))
+    if uid and uid != target.uid and started is not None and started > target.since:
+        return Outcome.ENDED  # a later migration has started: this one is over
+    # (An earlier migration's state, still on the VMI, says nothing of this one.)
     if not target_pod_live and status.get("nodeName") == source:
         return Outcome.ENDED
     return Outcome.RUNNING

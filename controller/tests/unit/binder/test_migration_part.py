@@ -146,7 +146,10 @@ def test_the_outcome_of_a_migration_is_read_from_its_vmi() -> None:
     landed = {"status": {"phase": "Running", "nodeName": "n2"}}
     assert migration.outcome(target, landed, False, "n1") is migration.Outcome.LANDED
     assert migration.outcome(target, None, True, "n1") is migration.Outcome.ENDED
-    state = {"migrationUid": "mig-2", "completed": True}
+    state = {"migrationUid": "mig-2", "completed": True, "startTimestamp": "1970-01-01T00:01:00Z"}
     later = {"status": {"phase": "Running", "nodeName": "n1", "migrationState": state}}
     assert migration.outcome(target, later, True, "n1") is migration.Outcome.ENDED
+    # The state an earlier migration left on the VMI says nothing of this one.
+    placed_later = MigrationTarget("n2", UID, 120.0)
+    assert migration.outcome(placed_later, later, True, "n1") is migration.Outcome.RUNNING
     assert json.dumps(migration.record_patch({"metadata": {"resourceVersion": "9"}}, target))
