@@ -19,8 +19,6 @@ from cozystack_gpu.keys import AdmissionReason
 from cozystack_gpu.objects import MutableObj
 from cozystack_gpu.objects.translate import meta
 
-NO_CHANGE = pod_rules.PodChanges(gate=False, tolerations=())
-
 
 class PodWebhook:
     def __init__(self, access: ApiAccess, pool: ThreadPoolExecutor) -> None:
@@ -28,8 +26,9 @@ class PodWebhook:
         self.pool = pool
 
     def admit(self, pod: MutableObj) -> pod_rules.PodChanges:
-        if pod_rules.is_migration_target(pod):
-            return NO_CHANGE
+        # A live migration's target pod is gated as a launcher pod is (SPEC §12): the leader
+        # places the set's target and pins it, so its GPU request never lands on units
+        # another claim holds.
         namespace = str(meta(pod).get("namespace", ""))
         name = str(meta(pod).get("name") or meta(pod).get("generateName") or "")
         vmi_name = pod_rules.owner_vmi(pod)

@@ -5,9 +5,9 @@ WaitForFirstConsumer volumes first a temporary pod (annotation
 ``kubevirt.io/ephemeral-provisioning: "true"``), from one template
 (``TemplateService.renderLaunchManifest``): both copy every VMI label, so both carry the
 reference label, and both have the VMI as their controlling ownerReference. That
-ownerReference is how a pod is linked to its VMI. A migration target is rendered the same
-way but also labelled ``kubevirt.io/migrationJobUID``: its VMI already runs and its claims
-are attached, so it is left alone.
+ownerReference is how a pod is linked to its VMI. A live migration's target pod is rendered
+the same way but also labelled ``kubevirt.io/migrationJobUID``: it is gated too, and the
+leader places the set's target for it (SPEC §12).
 
 Pure: the caller reads the VMI, its claims and their classes.
 """
@@ -32,10 +32,6 @@ class PodChanges:
 
     def __bool__(self) -> bool:
         return self.gate or bool(self.tolerations)
-
-
-def is_migration_target(pod: Obj) -> bool:
-    return keys.LABEL_MIGRATION_JOB_UID in (meta(pod).get("labels") or {})
 
 
 def owner_vmi(pod: Obj) -> str | None:

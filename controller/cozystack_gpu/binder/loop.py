@@ -33,6 +33,7 @@ from cozystack_gpu.binder.calls.reports import EventWrite
 from cozystack_gpu.binder.parts.attachments import ATTACHMENT_STEPS, Attachments
 from cozystack_gpu.binder.parts.bookings import Bookings
 from cozystack_gpu.binder.parts.gatekeeper import Gatekeeper
+from cozystack_gpu.binder.parts.migrations import Migrations
 from cozystack_gpu.binder.parts.publisher import Publisher
 from cozystack_gpu.binder.parts.rejections import Rejections
 from cozystack_gpu.binder.parts.waiting_notes import WaitingNotes
@@ -165,6 +166,7 @@ class Binder(Watcher):
         self.waiting = WaitingNotes(self)
         self.bookings = Bookings(self)
         self.windows = Windows(self)
+        self.migrations = Migrations(self)
         # Claims whose placement write is out: no decision touches them until it returns.
         self.inflight: set[ClaimKey] = set()
         # Holds packing is moving off each node: no placement there is sent until their
@@ -242,6 +244,7 @@ class Binder(Watcher):
             self.attachments.attach_started(now)
             self.publisher.protect(now)
             self.gatekeeper.run(now)
+            self.migrations.run(now)
             self.rejections.run(now)
             self.bookings.run(now)
             self.windows.run(now)
@@ -275,6 +278,7 @@ class Binder(Watcher):
         self.publisher.took_over()
         self.bookings.nodes_changed((), everything=True)
         self.windows.took_over()
+        self.migrations.took_over()
         log.info("binder leads: %s in its snapshot; listing the claims afresh", self.view.sizes())
 
     def _flush(self, *, standby: bool = False) -> None:
@@ -300,6 +304,7 @@ class Binder(Watcher):
         self.publisher.changed(dirty.claims, dirty.nodes)
         self.bookings.nodes_changed(dirty.nodes, everything=bool(dirty.classes))
         self.windows.changed(dirty.reservations, dirty.claims)
+        self.migrations.changed(dirty.claims)
         self.rejections.nodes_changed(dirty.nodes)
         for key in dirty.claims:
             if self.view.claim(key) is None:

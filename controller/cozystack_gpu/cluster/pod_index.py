@@ -203,4 +203,5 @@ class PodIndex:
             for obj in self._claims_of((namespace, vmi_name))
             if pod_usage.claim_serves_vmi(obj, vmi_name)
         ]
-        return pod_usage.claims_cover(claims, self._resource_of, str(node))
+        migration = launcher.migration_of(pod)
+        return pod_usage.claims_cover(claims, self._resource_of, str(node), migration)

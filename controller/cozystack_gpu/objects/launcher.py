@@ -128,6 +128,28 @@ def _candidate(pod: Obj, vmi_uid: str) -> bool:
     )
 
 
+def migration_of(pod: Obj) -> str | None:
+    """The uid of the VirtualMachineInstanceMigration a pod is the target pod of (its
+    ``kubevirt.io/migrationJobUID`` label), or None for any other pod."""
+    value = (meta(pod).get("labels") or {}).get(keys.LABEL_MIGRATION_JOB_UID)
+    return str(value) if value else None
+
+
+def migration_target_of(pods: Iterable[Obj], vmi_uid: str, migration: str) -> Obj | None:
+    """The one target pod of a migration among ``pods``: the oldest that names the VMI by
+    uid, carries the migration's uid and is not final. A second one (or one forged with
+    the label later) is not it: it stays gated, and counts as raw usage."""
+    candidates = [
+        p
+        for p in pods
+        if vmi_uid
+        and owning_vmi_uid(p) == vmi_uid
+        and migration_of(p) == migration
+        and (p.get("status") or {}).get("phase") not in FINAL_POD_PHASES
+    ]
+    return min(candidates, key=_age_key) if candidates else None
+
+
 def _age_key(pod: Obj) -> tuple[str, str]:
     return (str(meta(pod).get("creationTimestamp") or ""), name_of(pod))
 
@@ -170,6 +192,16 @@ def pod_role(
         return PodRole.FINISHING if ended_launcher == name_of(pod) else PodRole.RAW
     if vmi is None or vmi.uid != uid or vmi.final or not vmi.uses_claims:
         return PodRole.RAW
+    migration = migration_of(pod)
+    if migration is not None:
+        # A live migration's target pod (SPEC §12): covered by the units its VMI's claims
+        # hold for that migration's target (``pod_usage.claims_cover``), and only the one.
+        target = migration_target_of(siblings, uid, migration)
+        return (
+            PodRole.COVERED
+            if target is not None and name_of(target) == name_of(pod)
+            else (PodRole.RAW)
+        )
     launcher = launcher_of(siblings, uid)
     if launcher is not None and name_of(launcher) == name_of(pod):
         return PodRole.COVERED

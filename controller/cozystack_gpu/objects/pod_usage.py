@@ -47,14 +47,25 @@ def template_owner(claim: Obj) -> str | None:
 
 
 def claims_cover(
-    claims: Iterable[Obj], resource_of: Callable[[str], str | None], node: str
+    claims: Iterable[Obj],
+    resource_of: Callable[[str], str | None],
+    node: str,
+    migration: str | None = None,
 ) -> dict[str, int]:
     """Units, by resource name, that one VMI's claims (see ``claim_serves_vmi``) hold on
-    ``node``: what its launcher pod there may use without taking anyone else's."""
+    ``node``: what its launcher pod there may use without taking anyone else's. For the
+    target pod of the migration of uid ``migration`` (SPEC §12), the units the claims hold
+    for that migration's target on ``node`` instead."""
     cover: dict[str, int] = {}
     for claim in claims:
         status = claim.get("status") or {}
-        if status.get("nodeName") != node or status.get("phase") not in _COVERING_PHASES:
+        if status.get("phase") not in _COVERING_PHASES:
+            continue
+        if migration is not None:
+            target = status.get("migration") or {}
+            if target.get("migrationUID") != migration or target.get("node") != node:
+                continue
+        elif status.get("nodeName") != node:
             continue
         resource = resource_of(str((claim.get("spec") or {}).get("class", "")))
         if resource:

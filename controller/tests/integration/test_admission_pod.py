@@ -1,6 +1,7 @@
 """The pod webhook, called by the real kube-apiserver over HTTPS: the virt-launcher pod and
 KubeVirt's temporary WaitForFirstConsumer pod get the scheduling gate (once) and the
-tolerations of the claims' classes; migration targets and unlabelled pods are untouched.
+tolerations of the claims' classes, and so does a live migration's target pod (SPEC §12);
+unlabelled pods are untouched.
 
 The pods are written by hand, after virt-controller's: each test needs a shape this
 platform's virt-controller does not make (a migration target needs virt-handler, the
@@ -136,13 +137,15 @@ def test_the_temporary_wait_for_first_consumer_pod_is_gated_too(
     assert len(ours(pod)) == 2
 
 
-def test_a_migration_target_is_left_alone(
+def test_a_migration_target_is_gated_as_a_launcher_pod(
     kube: Kube, namespace: str, started: dict[str, Any]
 ) -> None:
+    """Ungated, the target pod's GPU request would reach the scheduler on units no claim
+    holds for it (another tenant's, SPEC §12): the leader places and pins it."""
     body = launcher(started, labels={keys.LABEL_MIGRATION_JOB_UID: "0b8e5c56"})
     pod = create_pod(kube, namespace, body)
-    assert not pod["spec"].get("schedulingGates")
-    assert ours(pod) == []
+    assert pod["spec"]["schedulingGates"] == [GATE]
+    assert len(ours(pod)) == 2
 
 
 def test_a_pod_without_the_reference_label_is_not_sent_to_the_webhook(

@@ -106,7 +106,9 @@ class Gatekeeper(BinderPart):
             self._gate_told = {k: v for k, v in self._gate_told.items() if k in waiting}
         for pod_key in gated:
             pod = self.view.pod(pod_key)
-            if pod is not None and not self.handle.writing((PodPin.what, *pod_key)):
+            if pod is None or launcher.migration_of(pod) is not None:
+                continue  # a live migration's target pod is ``migrations``'
+            if not self.handle.writing((PodPin.what, *pod_key)):
                 yield pod_key, pod
 
     def _unreadable(self, at: StartSet, now: float) -> bool:

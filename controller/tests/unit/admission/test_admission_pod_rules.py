@@ -1,5 +1,5 @@
-"""The pod webhook's rules: the gate once, the classes' tolerations once, migration targets
-never, the VMI found through the ownerReference."""
+"""The pod webhook's rules: the gate once (a live migration's target pod too), the classes'
+tolerations once, the VMI found through the ownerReference."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from cozystack_gpu.admission.pod_rules import (
     apply,
     changes,
     class_tolerations,
-    is_migration_target,
     owner_vmi,
 )
+from cozystack_gpu.objects.launcher import migration_of
 
 GATE = {"name": keys.SCHEDULING_GATE_CLAIMS}
 
@@ -51,11 +51,13 @@ def test_the_vmi_is_the_pods_controlling_owner() -> None:
     assert owner_vmi({"metadata": {}}) is None
 
 
-def test_a_migration_target_is_recognised_by_its_label() -> None:
+def test_a_migration_target_is_recognised_by_its_label_and_gated_as_a_launcher() -> None:
+    """SPEC §12: the target pod is gated (the leader places and pins it), not left alone."""
     p = pod()
-    assert not is_migration_target(p)
+    assert migration_of(p) is None
     p["metadata"]["labels"][keys.LABEL_MIGRATION_JOB_UID] = "m"
-    assert is_migration_target(p)
+    assert migration_of(p) == "m"
+    assert changes(p, ()).gate
 
 
 def test_tolerations_of_several_classes_are_joined_once_in_class_order() -> None:

@@ -105,12 +105,15 @@ _pods = st.lists(
 
 
 @given(pods=_pods, vmi=st.builds(_vmi, uid=st.sampled_from(["u1", "u2"])), seed=st.randoms())
-def test_at_most_one_pod_of_a_vmi_is_covered_whatever_the_order(
+def test_at_most_one_launcher_and_one_target_pod_of_a_vmi_are_covered_whatever_the_order(
     pods: list[dict[str, Any]], vmi: VMIState, seed: Any
 ) -> None:
+    """One launcher pod, and for a live migration one target pod (SPEC §12), never more."""
     covered = [
         p["metadata"]["name"] for p in pods if launcher.pod_role(p, vmi, pods) is PodRole.COVERED
     ]
+    by_role = {launcher.migration_of(p) for p in pods if p["metadata"]["name"] in covered}
+    assert len(by_role) == len(covered), "two covered pods of one role"
     shuffled = list(pods)
     seed.shuffle(shuffled)
     again = [
@@ -118,7 +121,7 @@ def test_at_most_one_pod_of_a_vmi_is_covered_whatever_the_order(
         for p in pods
         if launcher.pod_role(p, vmi, shuffled) is PodRole.COVERED
     ]
-    assert len(covered) <= 1
+    assert len(covered) <= 2
     assert covered == again, "the choice does not depend on the order pods are seen in"
 
 
@@ -152,3 +155,32 @@ def test_requests_short_of_the_claims_keep_the_pod_gated_too() -> None:
     pod = _pod("p")
     why = launcher.request_mismatch(pod, frozenset({GPU}), {GPU: 2})
     assert why is not None and f"1 unit(s) of {GPU} fewer than its claims cover (2" in why
+
+
+def test_a_migration_target_pod_is_covered_by_the_target_its_claims_record_and_only_one() -> None:
+    """SPEC §12: the target pod's GPU request is its migration's, counted on the target node
+    by the claims' recorded target, never raw usage; a second pod of the same migration (or
+    one forged with its label) is raw; the launcher pod stays covered on its own node."""
+    from cozystack_gpu.objects import pod_usage
+
+    mig = {keys.LABEL_MIGRATION_JOB_UID: "m1"}
+    launcher_pod = _pod("virt-launcher-vm-abcde")
+    target = _pod("virt-launcher-vm-xyz", created="2026-12-01T10:05:00Z", labels=mig)
+    target["spec"]["nodeName"] = "n2"
+    second = _pod("virt-launcher-vm-zzz", created="2026-12-01T10:06:00Z", labels=mig)
+    pods = [launcher_pod, target, second]
+    assert launcher.pod_role(launcher_pod, _vmi(), pods) is PodRole.COVERED
+    assert launcher.pod_role(target, _vmi(), pods) is PodRole.COVERED
+    assert launcher.pod_role(second, _vmi(), pods) is PodRole.RAW
+    claim = {
+        "spec": {"class": "h100", "count": 1},
+        "status": {
+            "phase": "Attached", "nodeName": "n1", "attachedTo": "vm",
+            "migration": {"node": "n2", "migrationUID": "m1", "since": "2026-12-01T10:05:00Z"},
+        },
+    }  # fmt: skip
+    resource_of = {"h100": GPU}.get
+    assert pod_usage.claims_cover([claim], resource_of, "n2", "m1") == {GPU: 1}
+    assert pod_usage.claims_cover([claim], resource_of, "n2", "other") == {}
+    assert pod_usage.claims_cover([claim], resource_of, "n1") == {GPU: 1}
+    assert pod_usage.claims_cover([claim], resource_of, "n2") == {}

@@ -1,0 +1,171 @@
+"""Live migration keeps the hold (SPEC §12): a migration's target pod, gated by the pod
+webhook, gets the whole set's target placed, recorded on each claim and then the pod pinned
+and ungated in one update; the hold follows the VM when it lands, and the target goes when
+the migration ends otherwise.
+
+1. **Place.** For the one target pod of a migration (``launcher.migration_target_of``) of a
+   running VMI whose claims all hold units on its node: ``set_placement.place_migration``
+   picks another node serving every class of the set (capacity alone: the units are held
+   already, budgets count them once). Each claim gets ``status.migration`` (node, uid,
+   since) as a decision, so the snapshot counts the target's units on that node from the
+   moment the write is sent. A set with no room keeps its pod gated, says why on the VMI.
+2. **Pin.** Once the view shows the target on every claim, the pod is pinned and ungated.
+3. **Follow.** A claim whose migration is recorded: moved to the target in one write when
+   the VMI runs there (``nodeName``, ``migration`` cleared), or the target cleared when the
+   migration failed, was cancelled, its pod went (``rules.migration.outcome``) or its target
+   node is gone.
+
+All of it is read from status, not memory: a new leader finds each migration where it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.calls.claims import Decision
+from cozystack_gpu.binder.calls.start_path import PodPin
+from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle
+from cozystack_gpu.binder.rules import claim_status, gate, migration
+from cozystack_gpu.cluster.view import Key
+from cozystack_gpu.keys import ClaimReason, EventReason, Phase
+from cozystack_gpu.model import ClaimKey, MigrationTarget, Refusal
+from cozystack_gpu.model.set_placement import place_migration
+from cozystack_gpu.objects import MutableObj, conditions, launcher, translate, vmi_pods
+
+HELD = (Phase.BOUND, Phase.ATTACHED)
+
+
+class Migrations(BinderPart):
+    def __init__(self, handle: PartHandle) -> None:
+        super().__init__(handle)
+        self._migrating: set[ClaimKey] = set()  # claims with a target recorded
+        self._seen_all = False
+        self._targets: dict[str, Key] = {}  # migration uid -> its target pod, once seen
+        self._told: dict[Key, str] = {}  # target pod -> what its VMI was last told
+
+    def took_over(self) -> None:
+        self._seen_all = False
+
+    def changed(self, claims: Iterable[ClaimKey]) -> None:
+        for key in claims:
+            info = self.snapshot.claim(key)
+            if info is not None and info.migration is not None:
+                self._migrating.add(key)
+
+    def run(self, now: float) -> None:
+        if not self._seen_all:
+            self._seen_all = True
+            self._migrating |= {c.key for c in self.snapshot.claims() if c.migration is not None}
+        for pod_key in self.view.gated_pods():
+            pod = self.view.pod(pod_key)
+            uid = launcher.migration_of(pod) if pod is not None else None
+            if pod is None or uid is None or self.handle.writing((PodPin.what, *pod_key)):
+                continue
+            self._targets[uid] = pod_key
+            self._place(pod_key, pod, uid, now)
+        for key in sorted(self._migrating):
+            if self._follow(key, now):
+                self._migrating.discard(key)
+
+    # --- place and pin -----------------------------------------------------------------
+
+    def _place(self, pod_key: Key, pod: MutableObj, uid: str, now: float) -> None:
+        vmi_name = vmi_pods.owning_vmi(pod)
+        vmi = self.view.vmi_object((pod_key[0], vmi_name)) if vmi_name else None
+        if vmi_name is None or vmi is None:
+            return
+        vmi_uid = vmi_pods.owning_vmi_uid(pod)
+        if translate.meta(vmi).get("uid") != vmi_uid:
+            return
+        siblings = [p for k in self.view.gated_pods() if (p := self.view.pod(k)) is not None]
+        chosen = launcher.migration_target_of([pod, *siblings], vmi_uid, uid)
+        if chosen is None or translate.name_of(chosen) != pod_key[1]:
+            return  # a second target pod of the migration: never pinned
+        members = gate.claim_keys((pod_key[0], vmi_name), vmi)
+        if not members or self.handle.in_flight(members):
+            return
+        infos = [self.snapshot.claim(k) for k in members]
+        source = (vmi.get("status") or {}).get("nodeName")
+        if any(c is None or c.phase not in HELD or c.node != source for c in infos):
+            return  # not every claim holds units where the VM runs (yet)
+        claims = [c for c in infos if c is not None]
+        recorded = {c.migration.node for c in claims if c.migration and c.migration.uid == uid}
+        if len(recorded) == 1 and all(c.migration and c.migration.uid == uid for c in claims):
+            node = next(iter(recorded))
+            if all(self._shows_target(k, uid, node) for k in members):
+                self._pin(pod_key, pod, node)
+            return
+        decision = place_migration(self.snapshot, claims, now)
+        if isinstance(decision, Refusal):
+            self._tell(pod_key, vmi, decision.message)
+            return
+        target = MigrationTarget(decision.node, uid, now)
+        for claim in claims:
+            if claim.migration is not None and claim.migration.uid == uid:
+                continue
+            obj = self.view.claim(claim.key)
+            if obj is None:
+                continue
+            body = migration.record_patch(obj, target)
+            updated = replace(claim, migration=target)
+            self.handle.decide(updated, Decision(*claim.key, body, "migrate"))
+            self._migrating.add(claim.key)
+
+    def _shows_target(self, key: ClaimKey, uid: str, node: str) -> bool:
+        obj = self.view.claim(key)
+        recorded = translate.migration_target((obj or {}).get("status") or {})
+        return recorded is not None and (recorded.uid, recorded.node) == (uid, node)
+
+    def _pin(self, pod_key: Key, pod: MutableObj, node: str) -> None:
+        self._told.pop(pod_key, None)
+        self.handle.send(PodPin(*pod_key, gate.pin_and_ungate(pod, node)))
+
+    def _tell(self, pod_key: Key, vmi: MutableObj, refusal: str) -> None:
+        words = migration.not_placed_words(translate.name_of(vmi), refusal)
+        if self._told.get(pod_key) == words:
+            return
+        self._told[pod_key] = words
+        self.handle.event(vmi, EventReason.SET_NOT_PLACED.value, words, True, kind=keys.VMI)
+
+    # --- follow ------------------------------------------------------------------------
+
+    def _follow(self, key: ClaimKey, now: float) -> bool:
+        """Move the claim to its target once its VM runs there, or clear a target whose
+        migration ended otherwise; True once it has no migration any more."""
+        claim = self.snapshot.claim(key)
+        obj = self.view.claim(key)
+        if claim is None or obj is None or claim.migration is None:
+            return True
+        if self.handle.in_flight([key]):
+            return False
+        target = claim.migration
+        vmi = (
+            self.view.vmi_object((key.namespace, claim.attached_to)) if claim.attached_to else None
+        )
+        pod_key = self._targets.get(target.uid)
+        pod = self.view.pod(pod_key) if pod_key is not None else None
+        pod_live = pod_key is None or (
+            pod is not None
+            and (pod.get("status") or {}).get("phase") not in translate.FINAL_POD_PHASES
+        )
+        state = migration.outcome(target, vmi, pod_live, claim.node)
+        if state is migration.Outcome.RUNNING and self.snapshot.node(target.node) is None:
+            state = migration.Outcome.ENDED  # its target node is gone: the VM cannot land there
+        if state is migration.Outcome.RUNNING:
+            return False
+        if state is migration.Outcome.LANDED:
+            updated = replace(claim, node=target.node, migration=None)
+            words = f"moved to node {target.node} with its VM's live migration {target.uid}"
+            cond = conditions.condition(keys.CONDITION_BOUND, True, ClaimReason.MOVED, words, now)
+            step = "migrated"
+        else:
+            updated = replace(claim, migration=None)
+            cond = None
+            step = "migration-ended"
+        body = claim_status.claim_status_patch(obj, updated, cond)
+        if updated.migration is None:
+            body["status"]["migration"] = None
+        self.handle.decide(updated, Decision(*key, body, step))
+        return False  # done once the view shows no migration (``changed`` no longer adds it)

@@ -1,0 +1,78 @@
+"""What the binder reads of a live migration and writes on its claims (SPEC §12). Pure.
+
+KubeVirt's virt-controller makes the target pod of a ``VirtualMachineInstanceMigration``
+(labelled ``kubevirt.io/migrationJobUID``); virt-handler writes the VMI's
+``status.migrationState`` (``migrationUid``, ``targetNode``, ``completed``, ``failed``) and,
+once the VM runs on the target, ``status.nodeName``. The binder records the target it
+placed on each claim of the set (``status.migration``), and reads the outcome here.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from cozystack_gpu.model import MigrationTarget
+from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects.translate import meta, rfc3339, timestamp
+
+
+class Outcome(Enum):
+    RUNNING = "running"  # still on its way: the target keeps its units
+    LANDED = "landed"  # the VM runs on the target: the claims move there
+    ENDED = "ended"  # failed, cancelled, its target pod or its VMI gone: the target goes
+
+
+def record_patch(claim: Obj, target: MigrationTarget) -> dict[str, Any]:
+    """The target placed for a migration, on one claim of the set, over the version read."""
+    return {
+        "metadata": {"resourceVersion": meta(claim).get("resourceVersion")},
+        "status": {
+            "migration": {
+                "node": target.node,
+                "migrationUID": target.uid,
+                "since": rfc3339(target.since),
+            }
+        },
+    }
+
+
+def outcome(
+    target: MigrationTarget, vmi: Obj | None, target_pod_live: bool, source: str | None
+) -> Outcome:
+    """Where the migration the claim records stands, from its VMI (as virt-handler writes
+    it) and whether its target pod is still there.
+
+    - the VMI gone or final: ended (its claims detach as at any VM's end);
+    - the VMI on the target node: landed (virt-handler moves ``nodeName`` once it runs
+      there), whatever the target pod does next;
+    - ``migrationState`` of this migration failed, or of one started after this one's
+      target was placed: ended;
+    - its target pod gone or final while the VMI is still on ``source``: ended;
+    - else running.
+    """
+    if vmi is None:
+        return Outcome.ENDED
+    status = vmi.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return Outcome.ENDED
+    if status.get("nodeName") == target.node:
+        return Outcome.LANDED
+    state = status.get("migrationState") or {}
+    uid = state.get("migrationUid")
+    if uid == target.uid and state.get("failed"):
+        return Outcome.ENDED
+    started = timestamp(state.get("startTimestamp"))
+    if uid and uid != target.uid and started is not None and started > target.since:
+        return Outcome.ENDED  # a later migration has started: this one is over
+    # (An earlier migration's state, still on the VMI, says nothing of this one.)
+    if not target_pod_live and status.get("nodeName") == source:
+        return Outcome.ENDED
+    return Outcome.RUNNING
+
+
+def not_placed_words(vmi: str, refusal: str) -> str:
+    return (
+        f"the live migration of VMI {vmi} waits: {refusal}. Its target pod stays gated, and "
+        "KubeVirt fails the migration at its own timeout; the VM keeps running where it is"
+    )

@@ -1,0 +1,328 @@
+"""Live migration keeps the hold (SPEC §12), on KubeVirt's own virt-controller: a
+``VirtualMachineInstanceMigration`` makes virt-controller render the target pod; the pod
+webhook gates it, the binder places the set's target on another node, records it on the
+claim and pins and ungates the pod in one update; the real kube-scheduler binds it there.
+The kit plays virt-handler (the VMI ``LiveMigratable``, then the VM landing on the target)
+and kubelet. The hold follows the VM when it lands; a failed migration frees the target."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from admission_env import Replica, order, refusal
+from binder_env import Env
+from kubernetes.client.rest import ApiException
+
+from cozystack_gpu import keys
+from cozystack_gpu.objects import vmi_pods
+from cozystack_gpu_testkit import kubevirt as kubevirt_kit
+from cozystack_gpu_testkit.kubevirt.virt_controller import virt_handler
+from cozystack_gpu_testkit.objects import Kube, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+TIMEOUT = kubevirt_kit.START_TIMEOUT_S
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def as_handler_writes(kube: Kube, namespace: str, name: str, status: dict[str, Any]) -> None:
+    """A VMI status change written as virt-handler writes it (virt-api's mutator drops a
+    status change of anyone else), over the version read."""
+
+    def write() -> None:
+        found = kubevirt_kit.get_vmi(kube, namespace, name)
+        assert found is not None
+        merged = {**(found.get("status") or {}), **status}
+        virt_handler(kube).custom.patch_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name,
+            {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]},
+             "status": merged},
+        )  # fmt: skip
+
+    kubevirt_kit.retried_on_conflict(write)
+
+
+def lands(
+    kube: Kube, namespace: str, name: str, uid: str, source: str, target: str, pod: str
+) -> None:
+    """virt-handler's side of a migration that succeeds: the target's address, the start,
+    then the end, and the VMI on the target node (kept beside what virt-controller wrote in
+    ``migrationState``)."""
+    found = kubevirt_kit.get_vmi(kube, namespace, name)
+    assert found is not None
+    state = {**((found.get("status") or {}).get("migrationState") or {})}
+    state.update(
+        migrationUid=uid, sourceNode=source, targetNode=target, targetPod=pod,
+        targetNodeAddress="127.0.0.1", startTimestamp=_now(), endTimestamp=_now(),
+        completed=True,
+    )  # fmt: skip
+    as_handler_writes(kube, namespace, name, {"nodeName": target, "migrationState": state})
+
+
+def migratable(kube: Kube, namespace: str, name: str) -> None:
+    """What virt-handler reports of a VMI whose devices can move (mdev vGPU with KubeVirt's
+    VGPULiveMigration gate): the LiveMigratable condition."""
+    found = kubevirt_kit.get_vmi(kube, namespace, name)
+    assert found is not None
+    conditions = [
+        c for c in (found.get("status") or {}).get("conditions") or []
+        if c.get("type") != "LiveMigratable"
+    ]  # fmt: skip
+    conditions.append(
+        {"type": "LiveMigratable", "status": "True", "lastProbeTime": None,
+         "lastTransitionTime": _now()}
+    )  # fmt: skip
+    # virt-handler reports the SELinux context it runs the guest in ("none" without SELinux)
+    # and how the VM migrates; virt-controller waits for both before a target pod.
+    written = {
+        "conditions": conditions,
+        "selinuxContext": "none",
+        "migrationMethod": "LiveMigration",
+    }
+    as_handler_writes(kube, namespace, name, written)
+
+
+def migrate(kube: Kube, namespace: str, vmi: str, name: str) -> dict[str, Any]:
+    made: dict[str, Any] = kube.custom.create_namespaced_custom_object(
+        keys.VMI.group, keys.VMI.version, namespace, "virtualmachineinstancemigrations",
+        {"apiVersion": keys.VMI.api_version, "kind": "VirtualMachineInstanceMigration",
+         "metadata": {"name": name}, "spec": {"vmiName": vmi}},
+    )  # fmt: skip
+    return made
+
+
+def target_pod(kube: Kube, namespace: str, vmi_uid: str, migration_uid: str) -> Any:
+    def found() -> dict[str, Any] | None:
+        for pod in kubevirt_kit.launcher_pods(kube, namespace, vmi_uid):
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get(keys.LABEL_MIGRATION_JOB_UID) == migration_uid:
+                return pod
+        return None
+
+    return found
+
+
+def test_a_migration_target_is_placed_pinned_and_the_hold_follows_the_vm(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    env = vms
+    kube = env.kube
+    nodes = [env.node(n, 2) for n in ("n1", "n2")]
+    for node in nodes:
+        kubevirt_kit.as_virt_handler(kube.api, node)
+    gpu_class = env.gpu_class(maxCount=2)
+    order(kube, env.tenant, "a", gpu_class, 1)
+    source = env.wait_phase("a", "Bound", timeout=TIMEOUT)["status"]["nodeName"]
+    (other,) = [n for n in nodes if n != source]
+    kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": ["a"]})
+    vmi = kubevirt_kit.runs(kube, env.tenant, kubevirt_kit.wait_vmi(kube, env.tenant, "vm"))
+    assert vmi["status"]["nodeName"] == source
+    env.wait_phase("a", "Attached", timeout=TIMEOUT)
+    migratable(kube, env.tenant, "vm")
+
+    job = migrate(kube, env.tenant, "vm", "move")
+    uid = job["metadata"]["uid"]
+    found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
+    try:
+        first = wait_for(found, TIMEOUT, "virt-controller's target pod")
+    except AssertionError:
+        job = kube.custom.get_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, env.tenant, "virtualmachineinstancemigrations", "move"
+        )
+        now = kubevirt_kit.get_vmi(kube, env.tenant, "vm")
+        raise AssertionError(
+            f"VMIM: {job.get('status')}\nVMI status: {(now or {}).get('status')}\n"
+            f"virt-controller:\n{kubevirt.log_tail()}"
+        ) from None
+    assert vmi_pods.is_gated(first) or vmi_pods.pinned_node(first) == other, first["metadata"]
+
+    # The target recorded on the claim, then the pod pinned there and bound by the scheduler.
+    def recorded() -> dict[str, Any] | None:
+        status = kube.get_claim(env.tenant, "a").get("status") or {}
+        return status if (status.get("migration") or {}).get("migrationUID") == uid else None
+
+    status = wait_for(recorded, TIMEOUT, "the target recorded on claim a")
+    assert status["migration"]["node"] == other and status["nodeName"] == source
+    bound = wait_for(
+        lambda: (p := found()) and p["spec"].get("nodeName") and p, TIMEOUT, "the target bound"
+    )
+    assert bound["spec"]["nodeName"] == other
+    assert vmi_pods.pinned_node(bound) == other and not vmi_pods.is_gated(bound)
+
+    # While it runs, the target's unit counts on its node: each node has one left, so an
+    # order of two is refused at create.
+    try:
+        kube.claim(env.tenant, "two", gpu_class, 2)
+    except ApiException as exc:
+        assert exc.status == 403 and "the largest has 1" in refusal(exc), refusal(exc)
+    else:
+        raise AssertionError("an order took the unit the migration's target holds")
+
+    # virt-handler: the VM runs on the target now.
+    kubevirt_kit.kubelet_runs(kube.api, env.tenant, bound["metadata"]["name"])
+    state = {"migrationUid": uid, "sourceNode": source, "targetNode": other,
+             "targetPod": bound["metadata"]["name"], "completed": True,
+             "startTimestamp": _now(), "endTimestamp": _now()}  # fmt: skip
+    as_handler_writes(kube, env.tenant, "vm", {"nodeName": other, "migrationState": state})
+
+    def moved() -> dict[str, Any] | None:
+        status = kube.get_claim(env.tenant, "a").get("status") or {}
+        return status if status.get("nodeName") == other and not status.get("migration") else None
+
+    status = wait_for(moved, TIMEOUT, "the hold moved to the target")
+    assert status["phase"] == "Attached" and status["attachedTo"] == "vm"
+
+
+def running_migratable(env: Env, nodes: list[str], claim: str) -> tuple[dict[str, Any], str]:
+    """VM "vm" holding ``claim``, Running where the claim is bound and marked migratable."""
+    kube = env.kube
+    for node in nodes:
+        kubevirt_kit.as_virt_handler(kube.api, node)
+    source = env.wait_phase(claim, "Bound", timeout=TIMEOUT)["status"]["nodeName"]
+    kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": [claim]})
+    vmi = kubevirt_kit.runs(kube, env.tenant, kubevirt_kit.wait_vmi(kube, env.tenant, "vm"))
+    env.wait_phase(claim, "Attached", timeout=TIMEOUT)
+    migratable(kube, env.tenant, "vm")
+    return vmi, source
+
+
+def test_a_cancelled_migration_frees_its_target_and_the_hold_stays(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    env = vms
+    kube = env.kube
+    nodes = [env.node(n, 1) for n in ("n1", "n2")]
+    gpu_class = env.gpu_class(maxCount=1)
+    order(kube, env.tenant, "a", gpu_class, 1)
+    vmi, source = running_migratable(env, nodes, "a")
+    (other,) = [n for n in nodes if n != source]
+    job = migrate(kube, env.tenant, "vm", "move")
+    uid = job["metadata"]["uid"]
+    found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
+    wait_for(lambda: (p := found()) and p["spec"].get("nodeName") and p, TIMEOUT, "target bound")
+    assert kube.get_claim(env.tenant, "a")["status"]["migration"]["node"] == other
+    # The tenant cancels: virt-controller deletes the target pod (kubelet removes it here).
+    kube.custom.delete_namespaced_custom_object(
+        keys.VMI.group, keys.VMI.version, env.tenant, "virtualmachineinstancemigrations", "move"
+    )
+
+    def target_gone() -> bool:
+        kubevirt_kit.kubelet_removes(kube, env.tenant)
+        return found() is None
+
+    wait_for(target_gone, TIMEOUT, "the target pod gone")
+
+    def cleared() -> dict[str, Any] | None:
+        status = kube.get_claim(env.tenant, "a").get("status") or {}
+        return status if not status.get("migration") else None
+
+    status = wait_for(cleared, TIMEOUT, "the target freed")
+    assert status["nodeName"] == source, "the hold stays where the VM runs"
+    # The target's unit is free again: an order takes it.
+    order(kube, env.tenant, "b", gpu_class, 1)
+    assert env.wait_phase("b", "Bound", timeout=TIMEOUT)["status"]["nodeName"] == other
+
+
+def test_a_target_with_no_room_stays_gated_and_the_vmi_is_told(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    env = vms
+    kube = env.kube
+    nodes = [env.node(n, 1) for n in ("n1", "n2")]
+    gpu_class = env.gpu_class(maxCount=1)
+    order(kube, env.tenant, "a", gpu_class, 1)
+    order(kube, env.tenant, "b", gpu_class, 1)  # the other node's one unit
+    vmi, _source = running_migratable(env, nodes, "a")
+    job = migrate(kube, env.tenant, "vm", "move")
+    found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], job["metadata"]["uid"])
+    first = wait_for(found, TIMEOUT, "virt-controller's target pod")
+
+    def told() -> list[dict[str, Any]] | None:
+        listed = kube.core.list_namespaced_event(
+            env.tenant, field_selector="involvedObject.name=vm"
+        ).items
+        said = [e for e in listed if e.reason == keys.EventReason.SET_NOT_PLACED.value]
+        return said or None
+
+    (event, *_rest) = wait_for(told, TIMEOUT, "the VMI told why its target waits")
+    assert "the live migration of VMI vm waits" in event.message, event.message
+    pod = found()
+    assert pod is not None and vmi_pods.is_gated(pod) and not pod["spec"].get("nodeName")
+    assert pod["metadata"]["uid"] == first["metadata"]["uid"]
+    assert not (kube.get_claim(env.tenant, "a").get("status") or {}).get("migration")
+
+
+def test_a_new_leader_finds_the_migration_where_it_is_and_a_second_migration_moves_again(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    """The binder restarted between the target's record and the VM landing (a new leader
+    knows only what status says), then the VM migrates back: each hold follows it."""
+    env = vms
+    kube = env.kube
+    nodes = [env.node(n, 1) for n in ("n1", "n2")]
+    gpu_class = env.gpu_class(maxCount=1)
+    order(kube, env.tenant, "a", gpu_class, 1)
+    vmi, source = running_migratable(env, nodes, "a")
+    (other,) = [n for n in nodes if n != source]
+    where = source
+    for leg, to in enumerate((other, source)):
+        job = migrate(kube, env.tenant, "vm", f"move-{leg}")
+        uid = job["metadata"]["uid"]
+        found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
+
+        def recorded(uid: str = uid) -> dict[str, Any] | None:
+            status = kube.get_claim(env.tenant, "a").get("status") or {}
+            return status if (status.get("migration") or {}).get("migrationUID") == uid else None
+
+        assert wait_for(recorded, TIMEOUT, "the target recorded")["migration"]["node"] == to
+        if leg == 0:
+            env.restart_binder()  # a new leader: memory gone, status kept
+        bound = wait_for(
+            lambda found=found: (p := found()) and p["spec"].get("nodeName") and p,
+            TIMEOUT,
+            "the target bound",
+        )
+        assert bound["spec"]["nodeName"] == to
+        kubevirt_kit.kubelet_runs(kube.api, env.tenant, bound["metadata"]["name"])
+        lands(kube, env.tenant, "vm", uid, where, to, bound["metadata"]["name"])
+
+        def moved(to: str = to) -> dict[str, Any] | None:
+            status = kube.get_claim(env.tenant, "a").get("status") or {}
+            landed = status.get("nodeName") == to and not status.get("migration")
+            return status if landed else None
+
+        try:
+            wait_for(moved, TIMEOUT, f"the hold moved to {to}")
+        except AssertionError:
+            now = kubevirt_kit.get_vmi(kube, env.tenant, "vm") or {}
+            raise AssertionError(
+                f"claim {kube.get_claim(env.tenant, 'a').get('status')}\nvmi {now.get('status')}"
+            ) from None
+        # KubeVirt's own clean-up of the finished migration: its source pod goes.
+        for pod in kubevirt_kit.launcher_pods(kube, env.tenant, vmi["metadata"]["uid"]):
+            if pod["spec"].get("nodeName") == where:
+                kube.core.delete_namespaced_pod(pod["metadata"]["name"], env.tenant)
+        kubevirt_kit.kubelet_removes(kube, env.tenant)
+        # The finished migration's object goes, so KubeVirt takes the next one.
+        kube.custom.delete_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, env.tenant, "virtualmachineinstancemigrations",
+            f"move-{leg}",
+        )  # fmt: skip
+
+        def job_gone(name: str = f"move-{leg}") -> bool:
+            try:
+                got = kube.custom.get_namespaced_custom_object(
+                    keys.VMI.group, keys.VMI.version, env.tenant,
+                    "virtualmachineinstancemigrations", name,
+                )  # fmt: skip
+            except ApiException as exc:
+                return exc.status == 404
+            raise AssertionError(f"{got.get('status')} {got['metadata'].get('finalizers')}")
+
+        wait_for(job_gone, TIMEOUT, "the finished migration gone")
+        where = to

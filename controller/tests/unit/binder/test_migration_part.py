@@ -1,0 +1,155 @@
+"""A live migration in the binder (SPEC §12), against a fake handle: the target pod's set is
+placed on another node and recorded on each claim before the pod is pinned there; the hold
+follows the VM when it lands, and the target goes when the migration fails; a second
+target pod of the migration is never pinned."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from test_parts_handle import NS, RES, FakeHandle, _handle, _meta
+
+from cozystack_gpu import keys
+from cozystack_gpu.binder.calls.start_path import PodPin
+from cozystack_gpu.binder.parts.migrations import Migrations
+from cozystack_gpu.binder.rules import migration
+from cozystack_gpu.model import ClaimKey, MigrationTarget
+
+KEY = ClaimKey(NS, "c")
+UID = "mig-1"
+ATTACHED = {"phase": "Attached", "nodeName": "n1", "attachedTo": "vm", "attachedToUID": "uid-vm"}
+
+
+def _world(claim_status: dict[str, Any], *, vmi_node: str = "n1", state: Any = None) -> Any:
+    def change(given: dict[str, list[dict[str, Any]]]) -> None:
+        n2 = copy.deepcopy(given[keys.NODE.kind][0])
+        n2["metadata"] = _meta("n2", labels={"kubernetes.io/hostname": "n2"})
+        given[keys.NODE.kind].append(n2)
+        g2 = copy.deepcopy(given[keys.GPU_NODE.kind][0])
+        g2["metadata"] = _meta("n2")
+        given[keys.GPU_NODE.kind].append(g2)
+        [vmi] = given[keys.VMI.kind]
+        vmi["status"] = {"phase": "Running", "nodeName": vmi_node}
+        if state is not None:
+            vmi["status"]["migrationState"] = state
+        [launcher] = given[keys.POD.kind]
+        launcher["spec"].pop("schedulingGates")
+        launcher["spec"]["nodeName"] = "n1"
+        launcher["status"] = {"phase": "Running"}
+        given[keys.POD.kind].append(_target_pod("virt-launcher-vm-target"))
+        given[keys.GPU_CLAIM.kind][0]["metadata"]["finalizers"] = [keys.FINALIZER_CLAIM]
+
+    return _handle(claim_status, change=change)
+
+
+def _target_pod(name: str, created: str = "2026-12-01T10:05:00Z") -> dict[str, Any]:
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE, keys.LABEL_MIGRATION_JOB_UID: UID}
+    owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": "vm",
+             "uid": "uid-vm", "controller": True}  # fmt: skip
+    return {
+        "metadata": _meta(name, namespace=NS, labels=labels, ownerReferences=[owner],
+                          creationTimestamp=created),
+        "spec": {
+            "containers": [{"name": "compute", "resources": {"limits": {RES: "1"}}}],
+            "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
+        },
+        "status": {"phase": "Pending"},
+    }  # fmt: skip
+
+
+def _record(handle: FakeHandle, target: dict[str, Any]) -> None:
+    """The view takes the claim as the record write left it."""
+    obj = copy.deepcopy(handle.view.claim(KEY))
+    assert obj is not None
+    obj["status"]["migration"] = target
+    obj["metadata"]["resourceVersion"] = "2"
+    handle.view.apply(keys.GPU_CLAIM.kind, obj, deleted=False)
+    handle.out.clear()
+    handle.unanswered.clear()
+
+
+def test_a_target_pod_gets_its_set_placed_on_another_node_recorded_then_pinned() -> None:
+    handle = _world(ATTACHED)
+    part = Migrations(handle)
+    part.run(1_800_000_000.0)
+    [(recorded, decision)] = handle.decided
+    assert recorded.migration is not None and recorded.migration.node == "n2"
+    assert recorded.node == "n1", "the claim holds its source until the VM lands"
+    assert decision.body["status"]["migration"]["node"] == "n2"
+    assert decision.body["status"]["migration"]["migrationUID"] == UID
+    assert handle.of(PodPin) == [], "pinned only once every claim shows the target"
+    assert handle.snapshot.used("n2", RES) == 1, "the target's unit counts on n2 at once"
+    assert handle.snapshot.used("n1", RES) == 1, "and the source's stays"
+    _record(handle, decision.body["status"]["migration"])
+    handle.snapshot = handle.view.build_snapshot(1_800_000_001.0)
+    part.run(1_800_000_001.0)
+    [pin] = handle.of(PodPin)
+    assert pin.name == "virt-launcher-vm-target"
+    assert pin.body["spec"]["schedulingGates"] is None
+    terms = pin.body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert all({"key": "metadata.name", "operator": "In", "values": ["n2"]} in t["matchFields"]
+               for t in terms)  # fmt: skip
+
+
+def test_the_hold_follows_the_vm_when_it_lands_on_the_target() -> None:
+    target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
+    handle = _world({**ATTACHED, "migration": target}, vmi_node="n2")
+    Migrations(handle).run(1_800_000_000.0)
+    [(moved, decision)] = handle.decided
+    assert (moved.node, moved.migration) == ("n2", None)
+    assert decision.body["status"]["nodeName"] == "n2"
+    assert decision.body["status"]["migration"] is None
+
+
+def test_a_failed_migration_frees_its_target_and_the_claim_stays() -> None:
+    target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
+    state = {"migrationUid": UID, "failed": True, "targetNode": "n2"}
+    handle = _world({**ATTACHED, "migration": target}, state=state)
+    assert handle.snapshot.used("n2", RES) == 1
+    Migrations(handle).run(1_800_000_000.0)
+    [(cleared, decision)] = handle.decided
+    assert (cleared.node, cleared.migration) == ("n1", None)
+    assert decision.body["status"]["migration"] is None
+    assert "nodeName" not in decision.body["status"] or decision.body["status"]["nodeName"] == "n1"
+    assert handle.snapshot.used("n2", RES) == 0, "the target's unit is free again"
+
+
+def test_a_running_migration_keeps_its_target() -> None:
+    target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
+    state = {"migrationUid": UID, "targetNode": "n2"}
+    handle = _world({**ATTACHED, "migration": target}, state=state)
+    Migrations(handle).run(1_800_000_000.0)
+    assert handle.decided == []
+
+
+def test_only_the_first_target_pod_of_a_migration_is_placed() -> None:
+    handle = _world(ATTACHED)
+    handle.view.apply(keys.POD.kind, _target_pod("forged", "2026-12-01T10:06:00Z"), deleted=False)
+    part = Migrations(handle)
+    part.run(1_800_000_000.0)
+    [(_recorded, decision)] = handle.decided
+    _record(handle, decision.body["status"]["migration"])
+    handle.snapshot = handle.view.build_snapshot(1_800_000_001.0)
+    part.run(1_800_000_001.0)
+    assert [p.name for p in handle.of(PodPin)] == ["virt-launcher-vm-target"]
+
+
+def test_the_outcome_of_a_migration_is_read_from_its_vmi() -> None:
+    target = MigrationTarget("n2", UID, 0.0)
+    running = {"status": {"phase": "Running", "nodeName": "n1"}}
+    assert migration.outcome(target, running, True, "n1") is migration.Outcome.RUNNING
+    assert migration.outcome(target, running, False, "n1") is migration.Outcome.ENDED
+    landed = {"status": {"phase": "Running", "nodeName": "n2"}}
+    assert migration.outcome(target, landed, False, "n1") is migration.Outcome.LANDED
+    assert migration.outcome(target, None, True, "n1") is migration.Outcome.ENDED
+    state = {"migrationUid": "mig-2", "completed": True, "startTimestamp": "1970-01-01T00:01:00Z"}
+    later = {"status": {"phase": "Running", "nodeName": "n1", "migrationState": state}}
+    assert migration.outcome(target, later, True, "n1") is migration.Outcome.ENDED
+    # The state an earlier migration left on the VMI says nothing of this one.
+    placed_later = MigrationTarget("n2", UID, 120.0)
+    assert migration.outcome(placed_later, later, True, "n1") is migration.Outcome.RUNNING
+    assert json.dumps(migration.record_patch({"metadata": {"resourceVersion": "9"}}, target))
