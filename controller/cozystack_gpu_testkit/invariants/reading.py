@@ -10,10 +10,13 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.objects import MutableObj, annotation
-from cozystack_gpu.objects.launcher import PodRole, launcher_usage, pod_role
+from cozystack_gpu.objects.launcher import PodRole, launcher_usage, migration_of, pod_role
 from cozystack_gpu.objects.pod_usage import PodUsage, claims_cover, template_owner
 from cozystack_gpu.objects.translate import vmi_state
 from cozystack_gpu_testkit.invariants.state import State, _meta
+
+HOLDING = ("Bound", "Attached")  # claim phases that hold units on their node
+FINAL_VMI = ("Succeeded", "Failed")
 
 
 def _pod_roles(state: State) -> list[tuple[MutableObj, PodRole]]:
@@ -66,7 +69,9 @@ def _uncovered_launcher_usage(
         if role is not PodRole.COVERED or owner is None or not node:
             continue
         claims = serving.get((_namespace(pod), owner), [])
-        usage = launcher_usage(pod, claims_cover(claims, resource_of.get, str(node)))
+        # A live migration's target pod is covered by the target its claims record there.
+        cover = claims_cover(claims, resource_of.get, str(node), migration_of(pod))
+        usage = launcher_usage(pod, cover)
         if usage is not None:
             found.append((f"{_namespace(pod)}/{_name(pod)}", usage))
     return found

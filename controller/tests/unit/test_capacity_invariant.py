@@ -172,3 +172,29 @@ def test_an_open_windows_claim_holds_its_unit_until_the_end_only() -> None:
     ended = _reservation("now", "Ended", now - 2 * hour, now - hour)
     state.reservations = [ended, after]
     assert _over(checker, state)
+
+
+def test_a_migration_target_counts_on_its_node_and_its_pod_is_covered_there() -> None:
+    """SPEC §12: while a live migration runs, the set's target holds units on the target
+    node beside the source's; its target pod is covered by them, not counted again."""
+    checker = Invariants(client.ApiClient())
+    moving = _claim("a", attached="vm")
+    moving["status"]["migration"] = {"node": "n2", "migrationUID": "m1", "since": OLD}
+    vmi = _vmi("u1", OLD)
+    vmi["metadata"]["labels"] = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+    vmi["metadata"]["annotations"] = {keys.ANNOTATION_CLAIMS: '{"claims": ["a"]}'}
+    state = _state(1, [moving], vmis=[vmi])
+    devices = {"devices": [{"resourceName": RESOURCE, "allocatable": 1}]}
+    state.nodes.append({"metadata": {"name": "n2"}, "status": {"allocatable": {RESOURCE: "1"}}})
+    state.gpunodes.append({"metadata": {"name": "n2"}, "status": devices})
+    assert not _over(checker, state)
+    target_pod = _launcher("u1", "2026-01-01T00:05:00Z")
+    target_pod["metadata"]["name"] = "virt-launcher-vm-target"
+    target_pod["metadata"]["labels"][keys.LABEL_MIGRATION_JOB_UID] = "m1"
+    target_pod["spec"]["nodeName"] = "n2"
+    state.pods = [_launcher("u1", OLD), target_pod]
+    assert not _over(checker, state), "the target pod counted beside its claim's target"
+    other = _claim("b")
+    other["status"]["nodeName"] = "n2"
+    state.claims = [moving, other]
+    assert _over(checker, state), "an order bound on the unit the target holds"
