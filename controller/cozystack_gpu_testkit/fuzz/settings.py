@@ -51,6 +51,9 @@ class FuzzSettings:
             # Windows booked ahead (SPEC §11): orders, moves and bookings must leave them.
             "book": 1.2,
             "cancel_booking": 0.4,
+            # Live migrations (SPEC §12): the target's units count before the VM moves.
+            "migrate_vm": 1.0,
+            "cancel_migration": 0.3,
         }
     )
 

@@ -78,6 +78,7 @@ class Stage:
         self.forged: list[tuple[str, int]] = []  # (violation, journal index)
         self.nads: set[tuple[str, str]] = set()
         self.reservations: set[tuple[str, str]] = set()  # booked by the run, not cancelled
+        self.migrations: set[tuple[str, str]] = set()  # VMI migrations made, not deleted
         self._seq = 0
 
     @staticmethod

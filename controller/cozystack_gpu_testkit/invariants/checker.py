@@ -410,13 +410,14 @@ class Invariants:
             if status.get("attachedTo") and status.get("phase") in HOLDING:
                 vmi_key = (_namespace(claim), str(status["attachedTo"]))
                 nodes_of.setdefault(vmi_key, set()).add(str(status.get("nodeName")))
+        moving = _migrating(state)
         for pod in state.pods:
             node = (pod.get("spec") or {}).get("nodeName")
             owner = _owning_vmi(pod)
             if not node or owner is None or not self.scope.has_namespace(_namespace(pod)):
                 continue
             claim_nodes = nodes_of.get((_namespace(pod), owner))
-            if not claim_nodes:
+            if not claim_nodes or _in_migration(pod, moving):
                 continue
             self.checks += 1
             if claim_nodes != {node}:
@@ -468,7 +469,8 @@ class Invariants:
                 phase, attached = status.get("phase"), status.get("attachedTo")
                 uid = status.get(ATTACHED_TO_UID)
                 held_on = status.get("nodeName")
-                if phase in HOLDING and held_on and held_on != node:
+                following = (status.get("migration") or {}).get("node") == node
+                if phase in HOLDING and held_on and held_on != node and not following:
                     # No grace: a claim of a running VM holds the node it runs on.
                     detail = f"{what} of VMI {name} running on {node} holds {held_on} ({phase})"
                     yield Violation(NOT_ATTACHED, subject, detail)
@@ -502,6 +504,7 @@ class Invariants:
         node-selector term, to the one node its claims hold."""
         vmis = {(_namespace(v), str(_meta(v).get("uid"))): v for v in state.vmis}
         claims = {(_namespace(c), _name(c)): c for c in state.claims}
+        moving = _migrating(state)
         for pod in state.pods:
             namespace = _namespace(pod)
             labels = _meta(pod).get("labels") or {}
@@ -528,7 +531,7 @@ class Invariants:
                 yield Violation(UNPINNED, subject, detail)
                 continue
             pin = pins[0]
-            if request is None or vmi is None:
+            if request is None or vmi is None or _in_migration(pod, moving):
                 continue
             names = list(request.claims) + [
                 keys.template_claim_name(_name(vmi), e.name) for e in request.templates
@@ -663,3 +666,33 @@ class Invariants:
                 yield Violation(RECORDS, subject, "no usage record of its own")
             elif len(held) > 1:
                 yield Violation(RECORDS, subject, f"{len(held)} usage records: {sorted(held)}")
+
+
+def _migrating(state: State) -> dict[tuple[str, str], set[str]]:
+    """Per VMI (namespace, name): the pods a live migration leaves off its claims' node
+    for a while (SPEC §12): the target pod its claims record a target for, and the source
+    pod of a migration that ended (its launcher exits once the VM has left)."""
+    pods: dict[tuple[str, str], set[str]] = {}
+    uids: dict[tuple[str, str], set[str]] = {}
+    for claim in state.claims:
+        status = claim.get("status") or {}
+        target = status.get("migration") or {}
+        if target.get("migrationUID") and status.get("attachedTo"):
+            key = (_namespace(claim), str(status["attachedTo"]))
+            uids.setdefault(key, set()).add(str(target["migrationUID"]))
+    for vmi in state.vmis:
+        key = (_namespace(vmi), _name(vmi))
+        state_of = (vmi.get("status") or {}).get("migrationState") or {}
+        if state_of.get("completed") and state_of.get("sourcePod"):
+            pods.setdefault(key, set()).add(str(state_of["sourcePod"]))
+    for pod in state.pods:
+        owner = _owning_vmi(pod)
+        job = (_meta(pod).get("labels") or {}).get(keys.LABEL_MIGRATION_JOB_UID)
+        if owner is not None and job and str(job) in uids.get((_namespace(pod), owner), set()):
+            pods.setdefault((_namespace(pod), owner), set()).add(_name(pod))
+    return pods
+
+
+def _in_migration(pod: MutableObj, moving: dict[tuple[str, str], set[str]]) -> bool:
+    owner = _owning_vmi(pod)
+    return owner is not None and _name(pod) in moving.get((_namespace(pod), owner), set())

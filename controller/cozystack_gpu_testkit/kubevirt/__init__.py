@@ -70,6 +70,14 @@ from cozystack_gpu_testkit.kubevirt.install import (
     go_architecture,
     install,
 )
+from cozystack_gpu_testkit.kubevirt.migration import (
+    MIGRATIONS,
+    handler_writes,
+    is_migratable,
+    lands,
+    migratable,
+    migrate,
+)
 from cozystack_gpu_testkit.kubevirt.node import (
     KUBELET_LABELS,
     NODE_DEVICES,
@@ -116,6 +124,7 @@ __all__ = [
     "KUBELET_LABELS",
     "LAUNCHER_IMAGE",
     "LAUNCHER_SELECTOR",
+    "MIGRATIONS",
     "NAMESPACE",
     "NODE_DEVICES",
     "NODE_LABELS",
@@ -132,10 +141,15 @@ __all__ = [
     "get_vm",
     "get_vmi",
     "go_architecture",
+    "handler_writes",
     "install",
+    "is_migratable",
     "kubelet_removes",
     "kubelet_runs",
+    "lands",
     "launcher_pods",
+    "migratable",
+    "migrate",
     "removes_vms",
     "reports",
     "restarts",

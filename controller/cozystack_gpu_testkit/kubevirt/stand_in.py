@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
-from cozystack_gpu.objects import MutableObj
+from cozystack_gpu.objects import MutableObj, launcher
 from cozystack_gpu.objects.translate import meta
 from cozystack_gpu_testkit import kubevirt
 from cozystack_gpu_testkit.cluster import ControlPlane
@@ -266,6 +266,8 @@ class RealKubeVirt:
             kubevirt.shuts_down(self.kube, namespace, name)
             return
         node = status.get("nodeName")
+        if status.get("phase") == "Running" and uid in self._reported and node:
+            self._migrations(vmi, pods, str(node))
         if status.get("phase") != "Scheduled" or uid in self._reported or not node:
             return
         if not any(
@@ -280,6 +282,49 @@ class RealKubeVirt:
         self.running.add((namespace, name))
         self.starts += 1
         self.journal.record("virt-handler", args, f"uid {uid[:8]} Running on {node}", {name, node})
+
+    def _migrations(self, vmi: MutableObj, pods: list[MutableObj], node: str) -> None:
+        """virt-handler's part of a live migration (SPEC §12): a running VMI is marked
+        LiveMigratable once; a target pod that runs on another node is where the VM lands
+        (the migration's end written, the VMI on that node), and the source pod goes."""
+        namespace, name, uid = meta(vmi)["namespace"], meta(vmi)["name"], meta(vmi)["uid"]
+        if not kubevirt.is_migratable(vmi):
+            kubevirt.migratable(self.kube, namespace, name)
+            return
+        state = (vmi.get("status") or {}).get("migrationState") or {}
+        for pod in pods:
+            job = launcher.migration_of(pod)
+            target = (pod.get("spec") or {}).get("nodeName")
+            running = (pod.get("status") or {}).get("phase") == "Running"
+            if job is None or not target or target == node or not running:
+                continue
+            if meta(pod).get("deletionTimestamp") or (
+                state.get("migrationUid") == job and state.get("completed")
+            ):
+                continue
+            sources = [
+                str(meta(p)["name"]) for p in pods if (p.get("spec") or {}).get("nodeName") == node
+            ]
+            kubevirt.lands(
+                self.kube, namespace, name, job, node, target, meta(pod)["name"],
+                sources[0] if sources else None,
+            )  # fmt: skip
+            args = f"vmi {namespace}/{name}"
+            self.journal.record(
+                "virt-handler", args, f"uid {uid[:8]} migrated {node} -> {target}", {name, target}
+            )
+            for source in pods:
+                if (source.get("spec") or {}).get("nodeName") == node:
+                    self._source_goes(namespace, str(meta(source)["name"]))
+            return
+
+    def _source_goes(self, namespace: str, pod: str) -> None:
+        """The migrated VM's source pod ends (its launcher exits once the VM left)."""
+        try:
+            self.kube.core.delete_namespaced_pod(pod, namespace, _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def guest_shuts_down(self, namespace: str, name: str) -> str:
         """The guest powers itself off: virt-handler reports its VMI Succeeded; with

@@ -7,7 +7,6 @@ and kubelet. The hold follows the VM when it lands; a failed migration frees the
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import pytest
@@ -18,82 +17,11 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit import kubevirt as kubevirt_kit
-from cozystack_gpu_testkit.kubevirt.virt_controller import virt_handler
 from cozystack_gpu_testkit.objects import Kube, wait_for
 
 pytestmark = pytest.mark.apiserver
 
 TIMEOUT = kubevirt_kit.START_TIMEOUT_S
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def as_handler_writes(kube: Kube, namespace: str, name: str, status: dict[str, Any]) -> None:
-    """A VMI status change written as virt-handler writes it (virt-api's mutator drops a
-    status change of anyone else), over the version read."""
-
-    def write() -> None:
-        found = kubevirt_kit.get_vmi(kube, namespace, name)
-        assert found is not None
-        merged = {**(found.get("status") or {}), **status}
-        virt_handler(kube).custom.patch_namespaced_custom_object(
-            keys.VMI.group, keys.VMI.version, namespace, keys.VMI.plural, name,
-            {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]},
-             "status": merged},
-        )  # fmt: skip
-
-    kubevirt_kit.retried_on_conflict(write)
-
-
-def lands(
-    kube: Kube, namespace: str, name: str, uid: str, source: str, target: str, pod: str
-) -> None:
-    """virt-handler's side of a migration that succeeds: the target's address, the start,
-    then the end, and the VMI on the target node (kept beside what virt-controller wrote in
-    ``migrationState``)."""
-    found = kubevirt_kit.get_vmi(kube, namespace, name)
-    assert found is not None
-    state = {**((found.get("status") or {}).get("migrationState") or {})}
-    state.update(
-        migrationUid=uid, sourceNode=source, targetNode=target, targetPod=pod,
-        targetNodeAddress="127.0.0.1", startTimestamp=_now(), endTimestamp=_now(),
-        completed=True,
-    )  # fmt: skip
-    as_handler_writes(kube, namespace, name, {"nodeName": target, "migrationState": state})
-
-
-def migratable(kube: Kube, namespace: str, name: str) -> None:
-    """What virt-handler reports of a VMI whose devices can move (mdev vGPU with KubeVirt's
-    VGPULiveMigration gate): the LiveMigratable condition."""
-    found = kubevirt_kit.get_vmi(kube, namespace, name)
-    assert found is not None
-    conditions = [
-        c for c in (found.get("status") or {}).get("conditions") or []
-        if c.get("type") != "LiveMigratable"
-    ]  # fmt: skip
-    conditions.append(
-        {"type": "LiveMigratable", "status": "True", "lastProbeTime": None,
-         "lastTransitionTime": _now()}
-    )  # fmt: skip
-    # virt-handler reports the SELinux context it runs the guest in ("none" without SELinux)
-    # and how the VM migrates; virt-controller waits for both before a target pod.
-    written = {
-        "conditions": conditions,
-        "selinuxContext": "none",
-        "migrationMethod": "LiveMigration",
-    }
-    as_handler_writes(kube, namespace, name, written)
-
-
-def migrate(kube: Kube, namespace: str, vmi: str, name: str) -> dict[str, Any]:
-    made: dict[str, Any] = kube.custom.create_namespaced_custom_object(
-        keys.VMI.group, keys.VMI.version, namespace, "virtualmachineinstancemigrations",
-        {"apiVersion": keys.VMI.api_version, "kind": "VirtualMachineInstanceMigration",
-         "metadata": {"name": name}, "spec": {"vmiName": vmi}},
-    )  # fmt: skip
-    return made
 
 
 def target_pod(kube: Kube, namespace: str, vmi_uid: str, migration_uid: str) -> Any:
@@ -123,9 +51,9 @@ def test_a_migration_target_is_placed_pinned_and_the_hold_follows_the_vm(
     vmi = kubevirt_kit.runs(kube, env.tenant, kubevirt_kit.wait_vmi(kube, env.tenant, "vm"))
     assert vmi["status"]["nodeName"] == source
     env.wait_phase("a", "Attached", timeout=TIMEOUT)
-    migratable(kube, env.tenant, "vm")
+    kubevirt_kit.migratable(kube, env.tenant, "vm")
 
-    job = migrate(kube, env.tenant, "vm", "move")
+    job = kubevirt_kit.migrate(kube, env.tenant, "vm", "move")
     uid = job["metadata"]["uid"]
     found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
     try:
@@ -165,10 +93,7 @@ def test_a_migration_target_is_placed_pinned_and_the_hold_follows_the_vm(
 
     # virt-handler: the VM runs on the target now.
     kubevirt_kit.kubelet_runs(kube.api, env.tenant, bound["metadata"]["name"])
-    state = {"migrationUid": uid, "sourceNode": source, "targetNode": other,
-             "targetPod": bound["metadata"]["name"], "completed": True,
-             "startTimestamp": _now(), "endTimestamp": _now()}  # fmt: skip
-    as_handler_writes(kube, env.tenant, "vm", {"nodeName": other, "migrationState": state})
+    kubevirt_kit.lands(kube, env.tenant, "vm", uid, source, other, bound["metadata"]["name"])
 
     def moved() -> dict[str, Any] | None:
         status = kube.get_claim(env.tenant, "a").get("status") or {}
@@ -187,7 +112,7 @@ def running_migratable(env: Env, nodes: list[str], claim: str) -> tuple[dict[str
     kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": [claim]})
     vmi = kubevirt_kit.runs(kube, env.tenant, kubevirt_kit.wait_vmi(kube, env.tenant, "vm"))
     env.wait_phase(claim, "Attached", timeout=TIMEOUT)
-    migratable(kube, env.tenant, "vm")
+    kubevirt_kit.migratable(kube, env.tenant, "vm")
     return vmi, source
 
 
@@ -201,7 +126,7 @@ def test_a_cancelled_migration_frees_its_target_and_the_hold_stays(
     order(kube, env.tenant, "a", gpu_class, 1)
     vmi, source = running_migratable(env, nodes, "a")
     (other,) = [n for n in nodes if n != source]
-    job = migrate(kube, env.tenant, "vm", "move")
+    job = kubevirt_kit.migrate(kube, env.tenant, "vm", "move")
     uid = job["metadata"]["uid"]
     found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
     wait_for(lambda: (p := found()) and p["spec"].get("nodeName") and p, TIMEOUT, "target bound")
@@ -238,7 +163,7 @@ def test_a_target_with_no_room_stays_gated_and_the_vmi_is_told(
     order(kube, env.tenant, "a", gpu_class, 1)
     order(kube, env.tenant, "b", gpu_class, 1)  # the other node's one unit
     vmi, _source = running_migratable(env, nodes, "a")
-    job = migrate(kube, env.tenant, "vm", "move")
+    job = kubevirt_kit.migrate(kube, env.tenant, "vm", "move")
     found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], job["metadata"]["uid"])
     first = wait_for(found, TIMEOUT, "virt-controller's target pod")
 
@@ -271,7 +196,7 @@ def test_a_new_leader_finds_the_migration_where_it_is_and_a_second_migration_mov
     (other,) = [n for n in nodes if n != source]
     where = source
     for leg, to in enumerate((other, source)):
-        job = migrate(kube, env.tenant, "vm", f"move-{leg}")
+        job = kubevirt_kit.migrate(kube, env.tenant, "vm", f"move-{leg}")
         uid = job["metadata"]["uid"]
         found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
 
@@ -289,7 +214,7 @@ def test_a_new_leader_finds_the_migration_where_it_is_and_a_second_migration_mov
         )
         assert bound["spec"]["nodeName"] == to
         kubevirt_kit.kubelet_runs(kube.api, env.tenant, bound["metadata"]["name"])
-        lands(kube, env.tenant, "vm", uid, where, to, bound["metadata"]["name"])
+        kubevirt_kit.lands(kube, env.tenant, "vm", uid, where, to, bound["metadata"]["name"])
 
         def moved(to: str = to) -> dict[str, Any] | None:
             status = kube.get_claim(env.tenant, "a").get("status") or {}

@@ -49,4 +49,6 @@ OPERATIONS: Mapping[str, Operation] = {
     "kill_leader": controller.kill_leader,
     "book": reservations.book,
     "cancel_booking": reservations.cancel_booking,
+    "migrate_vm": vms.migrate_vm,
+    "cancel_migration": vms.cancel_migration,
 }

@@ -1,7 +1,8 @@
 """What tenants do to VMs: create one with held claims and/or claim templates, one with an odd
 claims annotation and a raw GPU entry, one on a network that names the GPU resource, one at a
 preempting priority, one with a claims annotation beyond the limits; stop, start, restart
-(the guest powers off) and delete it, or delete its VMI."""
+(the guest powers off) and delete it, or delete its VMI; live-migrate it, and cancel a
+migration (SPEC §12)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+
 from cozystack_gpu import keys
 from cozystack_gpu.objects import MutableObj
+from cozystack_gpu_testkit import kubevirt
 from cozystack_gpu_testkit.fault_suite import Run
 from cozystack_gpu_testkit.fuzz.stage import FuzzVM, Stage, labelled_template
+from cozystack_gpu_testkit.objects import message_of
 
 # The NetworkAttachmentDefinition of each tenant whose k8s.v1.cni.cncf.io/resourceName is the
 # world's GPU resource: a VM on it would get a launcher pod asking a unit beyond its claims.
@@ -201,3 +206,39 @@ def huge_annotation_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     body = stage.vm_body(vm, labels, {keys.ANNOTATION_CLAIMS: note}, [])
     args = f"{namespace}/{vm.name} claims annotation of {len(claims)} claims, {len(note)} bytes"
     return stage.submit_vm(vm, body, args, {vm.name})
+
+
+def migrate_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """The tenant live-migrates a running VM: virt-controller makes the target pod, the
+    binder places the set's target and pins it, and the kit's virt-handler lands the VM
+    there once it runs (``kubevirt.stand_in``)."""
+    running = sorted(
+        (vm.namespace, vm.name) for vm in stage.vms.values()
+        if not vm.gone and not vm.odd and (vm.namespace, vm.name) in stage.kubevirt.running
+    )  # fmt: skip
+    if not running:
+        return "", "no running VM", set()
+    namespace, name = stage.rng.choice(running)
+    job = stage.next_name("mig")
+    try:
+        kubevirt.migrate(stage.tenant, namespace, name, job)
+    except ApiException as exc:
+        return f"{namespace}/{name}", f"refused: {message_of(exc)[:120]}", {name}
+    stage.migrations.add((namespace, job))
+    return f"{namespace}/{name} {job}", "migration created", {name, job}
+
+
+def cancel_migration(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
+    """The tenant deletes a migration: one not done yet is aborted (its target pod goes,
+    and its target with it); one done is only its record."""
+    if not stage.migrations:
+        return "", "no migration", set()
+    namespace, job = stage.rng.choice(sorted(stage.migrations))
+    stage.migrations.discard((namespace, job))
+    try:
+        stage.tenant.custom.delete_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, namespace, kubevirt.MIGRATIONS, job
+        )
+    except ApiException as exc:
+        return f"{namespace}/{job}", f"error {exc.status}", {job}
+    return f"{namespace}/{job}", "migration deleted", {job}
