@@ -251,3 +251,28 @@ def test_a_new_leader_finds_the_migration_where_it_is_and_a_second_migration_mov
 
         wait_for(job_gone, TIMEOUT, "the finished migration gone")
         where = to
+
+
+def test_a_target_whose_node_is_lost_mid_migration_is_freed_and_the_hold_stays(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    env = vms
+    kube = env.kube
+    nodes = [env.node(n, 1) for n in ("n1", "n2")]
+    gpu_class = env.gpu_class(maxCount=1)
+    order(kube, env.tenant, "a", gpu_class, 1)
+    vmi, source = running_migratable(env, nodes, "a")
+    (other,) = [n for n in nodes if n != source]
+    job = kubevirt_kit.migrate(kube, env.tenant, "vm", "move")
+    found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], job["metadata"]["uid"])
+    wait_for(lambda: (p := found()) and p["spec"].get("nodeName") and p, TIMEOUT, "target bound")
+    # The target's node fails before the VM lands: gone from the cluster.
+    kube.core.delete_node(other)
+    kube.custom.delete_cluster_custom_object(keys.GROUP, keys.VERSION, keys.PLURAL_NODES, other)
+
+    def cleared() -> dict[str, Any] | None:
+        status = kube.get_claim(env.tenant, "a").get("status") or {}
+        return status if not status.get("migration") else None
+
+    status = wait_for(cleared, TIMEOUT, "the lost target freed")
+    assert (status["nodeName"], status["phase"]) == (source, "Attached")
