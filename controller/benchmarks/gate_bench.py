@@ -20,7 +20,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,11 @@ from cozystack_gpu.objects import vmi_pods
 
 
 class ReleaseWatch:
-    """When each launcher pod was first seen pinned and ungated."""
+    """When each launcher pod was first seen pinned and ungated, and the node it was pinned to."""
 
     def __init__(self, kube: Any, namespace: str) -> None:
         self.released: dict[str, float] = {}
+        self.nodes: dict[str, str] = {}
         self._stopped = False
         self._watch = watch.Watch()
         self._thread = threading.Thread(
@@ -50,12 +53,10 @@ class ReleaseWatch:
             for event in self._watch.stream(kube.core.list_namespaced_pod, namespace):
                 pod = kube.api.sanitize_for_serialization(event["object"])
                 name = pod["metadata"]["name"]
-                if (
-                    name in self.released
-                    or vmi_pods.is_gated(pod)
-                    or vmi_pods.pinned_node(pod) is None
-                ):
+                node = vmi_pods.pinned_node(pod)
+                if name in self.released or vmi_pods.is_gated(pod) or node is None:
                     continue
+                self.nodes[name] = node
                 self.released[name] = time.perf_counter()
         except Exception:  # the plane stopped under the watch: the figures are taken
             if not self._stopped:
@@ -79,15 +80,20 @@ def vmi_body(name: str, claim: str) -> dict[str, Any]:
     }
 
 
-def launcher_body(name: str, vmi: dict[str, Any]) -> dict[str, Any]:
+def launcher_body(name: str, vmi: dict[str, Any], migration: str | None = None) -> dict[str, Any]:
+    """VMI ``name``'s launcher pod held at the gate, as the pod webhook leaves it; with a
+    ``migration`` uid, the target pod virt-controller makes for that migration of the VMI
+    (the same pod, labelled with the migration and named apart)."""
     requests = {RESOURCE: "1"}
+    labels = {"kubevirt.io": "virt-launcher", keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+    pod = f"virt-launcher-{name}"
+    if migration is not None:
+        labels[keys.LABEL_MIGRATION_JOB_UID] = migration
+        pod = f"{pod}-{migration[:5]}"
     return {
         "metadata": {
-            "name": f"virt-launcher-{name}",
-            "labels": {
-                "kubevirt.io": "virt-launcher",
-                keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE,
-            },
+            "name": pod,
+            "labels": labels,
             "ownerReferences": [
                 {
                     "apiVersion": keys.VMI.api_version,
@@ -111,63 +117,92 @@ def launcher_body(name: str, vmi: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
+@contextmanager
+def gate_plane(nodes: int, bin_dir: Path) -> Iterator[tuple[Bench, Binder]]:
+    """A fresh control plane with ``nodes`` GPU nodes of 8 units and one class, and the
+    binder in this process (usage records off), its first listing done."""
     bench = Bench.start(nodes, 8, bin_dir)
     binder = Binder(bench.kube.api, config(bench.controller_ns))
     try:
         binder.start()
         assert binder.synced.wait(60), "the binder did not finish its first listing"
-        kube, tenant = bench.kube, bench.tenant
-        claims = [f"c{i:05d}" for i in range(vms)]
-        create_many(bench.claim_creator(), claims)
+        yield bench, binder
+    finally:
+        binder.stop()
+        bench.stop()
 
-        def all_bound() -> bool:
-            phases = [(c.get("status") or {}).get("phase") for c in kube.claims(tenant)]
-            return phases.count("Bound") == vms
 
-        wait_until(all_bound, 120)
-        vmis = {}
-        for claim in claims:
-            name = f"vm-{claim}"
-            vmis[name] = kube.custom.create_namespaced_custom_object(
-                keys.VMI.group, keys.VMI.version, tenant, keys.VMI.plural, vmi_body(name, claim)
-            )
-        watcher = ReleaseWatch(kube, tenant)
-        created: dict[str, float] = {}
+def ready_vmis(bench: Bench, claims: list[str]) -> dict[str, dict[str, Any]]:
+    """Claims of 1 unit named ``claims``, ordered and waited for until every one is bound,
+    then a VMI ``vm-<claim>`` naming each (stored as the VMI webhook leaves it): each VMI
+    as created, by name."""
+    kube, tenant = bench.kube, bench.tenant
+    create_many(bench.claim_creator(), claims)
+    wanted = set(claims)
+
+    def all_bound() -> bool:
+        bound = [
+            c for c in kube.claims(tenant)
+            if c["metadata"]["name"] in wanted and (c.get("status") or {}).get("phase") == "Bound"
+        ]  # fmt: skip
+        return len(bound) == len(wanted)
+
+    wait_until(all_bound, 120)
+    vmis = {}
+    for claim in claims:
+        name = f"vm-{claim}"
+        vmis[name] = kube.custom.create_namespaced_custom_object(
+            keys.VMI.group, keys.VMI.version, tenant, keys.VMI.plural, vmi_body(name, claim)
+        )
+    return vmis
+
+
+def create_at_rate(
+    bench: Bench, pods: list[dict[str, Any]], rate: float, started: float
+) -> dict[str, float]:
+    """Create ``pods`` in order, the i-th due ``i / rate`` seconds after ``started``, from 4
+    client threads as virt-controller creates them; when each create returned, by name."""
+    core, tenant = bench.kube.core, bench.tenant
+    created: dict[str, float] = {}
+
+    def create(index_and_pod: tuple[int, dict[str, Any]]) -> None:
+        index, pod = index_and_pod
+        time.sleep(max(0.0, started + index / rate - time.perf_counter()))
+        answered(core.create_namespaced_pod(tenant, pod, _preload_content=False))
+        created[pod["metadata"]["name"]] = time.perf_counter()
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(create, enumerate(pods)))
+    return created
+
+
+def spread(latencies: list[float]) -> str:
+    return (
+        f"p50 {percentile(latencies, 0.5):.0f} ms, p99 {percentile(latencies, 0.99):.0f} ms, "
+        f"max {max(latencies):.0f} ms"
+    )
+
+
+def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
+    with gate_plane(nodes, bin_dir) as (bench, _binder):
+        vmis = ready_vmis(bench, [f"c{i:05d}" for i in range(vms)])
+        watcher = ReleaseWatch(bench.kube, bench.tenant)
         cpu_before = os.times()
         started = time.perf_counter()
-
-        def create(index_and_name: tuple[int, str]) -> None:
-            index, name = index_and_name
-            due = started + index / rate
-            time.sleep(max(0.0, due - time.perf_counter()))
-            answered(
-                kube.core.create_namespaced_pod(
-                    tenant, launcher_body(name, vmis[name]), _preload_content=False
-                )
-            )
-            created[f"virt-launcher-{name}"] = time.perf_counter()
-
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(create, enumerate(vmis)))
+        pods = [launcher_body(name, vmi) for name, vmi in vmis.items()]
+        created = create_at_rate(bench, pods, rate, started)
         wait_until(lambda: len(watcher.released) >= vms, 120)
         elapsed = time.perf_counter() - started
         cpu = os.times()
         watcher.stop()
         latencies = [(watcher.released[p] - created[p]) * 1000 for p in created]
         print(f"gate: {vms} gated launcher pods at {rate:g}/s on {nodes} nodes")
-        print(
-            f"  created → pinned and ungated: p50 {percentile(latencies, 0.5):.0f} ms, "
-            f"p99 {percentile(latencies, 0.99):.0f} ms, max {max(latencies):.0f} ms"
-        )
+        print(f"  created → pinned and ungated: {spread(latencies)}")
         busy = (cpu.user + cpu.system) - (cpu_before.user + cpu_before.system)
         print(
             f"  all released {elapsed:.1f} s after the first create; this process (binder and "
             f"load) {busy / vms * 1000:.1f} ms CPU per start"
         )
-    finally:
-        binder.stop()
-        bench.stop()
 
 
 def main() -> None:
