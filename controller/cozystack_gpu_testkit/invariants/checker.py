@@ -67,6 +67,8 @@ from cozystack_gpu_testkit.invariants.windows import (
     _billed_window,
     _booked_budgets,
     _claim_holds,
+    _open_windows,
+    _owner_uid,
     _window,
     _windows,
 )
@@ -304,9 +306,16 @@ class Invariants:
                 for key in budget_keys:
                     used[(tenant, key)] = used.get((tenant, key), 0) + units
 
+        # The claim an Active window made counts until the window's end (SPEC §11).
+        open_windows = _open_windows(state)
+        window_claims: list[tuple[MutableObj, float]] = []
         for claim in state.claims:
             phase = (claim.get("status") or {}).get("phase")
             if phase not in (*HOLDING, "Lost"):
+                continue
+            end = open_windows.get(_owner_uid(claim, keys.KIND_RESERVATION) or "")
+            if end is not None and phase in HOLDING:
+                window_claims.append((claim, end))
                 continue
             class_name = str((claim.get("spec") or {}).get("class"))
             charged = [keys.QUOTA_KEY_TOTAL, keys.quota_key(class_name)]
@@ -323,7 +332,8 @@ class Invariants:
                     charge(usage.namespace, keys.raw_quota_keys(resource), units)
         # Windows booked (or Lost, still counted) hold their units under every key at their
         # busiest moment from now on.
-        for (tenant, key), peak in _booked_budgets(state, ancestors, resource_of).items():
+        booked = _booked_budgets(state, ancestors, resource_of, window_claims)
+        for (tenant, key), peak in booked.items():
             used[(tenant, key)] = used.get((tenant, key), 0) + peak
         for quota in state.quotas:
             tenant = _namespace(quota)

@@ -145,23 +145,30 @@ def _windows(
 
 
 def _booked_budgets(
-    state: State, ancestors: dict[str, frozenset[str]], resource_of: dict[str, str]
+    state: State,
+    ancestors: dict[str, frozenset[str]],
+    resource_of: dict[str, str],
+    window_claims: list[tuple[MutableObj, float]],
 ) -> dict[tuple[str, str], int]:
     """Per tenant and budget key: the units windows below it count at their busiest moment
-    from now on."""
+    from now on: Booked and Lost windows over their window, and the claims Active windows
+    made (``window_claims``, each with its window's end) from now to that end."""
     rows: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    held = [(obj, (state.read_at, end)) for obj, end in window_claims]
     for reservation in state.reservations:
         status = reservation.get("status") or {}
         window = _window(reservation)
         if status.get("phase") not in WINDOW_COUNTING or not window or window[1] <= state.read_at:
             continue
-        class_name = str((reservation.get("spec") or {}).get("class"))
+        held.append((reservation, window))
+    for obj, window in held:
+        class_name = str((obj.get("spec") or {}).get("class"))
         charged = [keys.QUOTA_KEY_TOTAL, keys.quota_key(class_name)]
         resource = resource_of.get(class_name)
         if resource:
             charged += keys.raw_quota_keys(resource)
-        namespace = _namespace(reservation)
+        namespace = _namespace(obj)
         for tenant in ancestors.get(namespace, frozenset({namespace})):
             for key in charged:
-                rows.setdefault((tenant, key), []).append((*window, _count(reservation)))
+                rows.setdefault((tenant, key), []).append((*window, _count(obj)))
     return {key: _peak(windows, state.read_at) for key, windows in rows.items()}

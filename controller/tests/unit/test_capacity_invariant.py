@@ -198,3 +198,24 @@ def test_a_migration_target_counts_on_its_node_and_its_pod_is_covered_there() ->
     other["status"]["nodeName"] = "n2"
     state.claims = [moving, other]
     assert _over(checker, state), "an order bound on the unit the target holds"
+
+
+def test_an_open_windows_claim_counts_under_its_budget_until_the_end_only() -> None:
+    """SPEC §11, budgets as capacity: a window booked after an open window's end may count
+    on the same budget unit; one that overlaps may not."""
+    from cozystack_gpu_testkit.invariants import BUDGET
+
+    checker = Invariants(client.ApiClient())
+    now = time.time()
+    hour = 3600.0
+    state = _state(2, [_window_claim("now")])
+    state.nodes[0]["status"]["allocatable"][RESOURCE] = "2"
+    state.namespaces = [{"metadata": {"name": NS}}]
+    state.quotas = [
+        {"metadata": {"name": "q", "namespace": NS}, "spec": {"hard": {keys.QUOTA_KEY_TOTAL: "1"}}}
+    ]
+    ending = _reservation("now", "Active", now - hour, now + hour)
+    state.reservations = [ending, _reservation("later", "Booked", now + hour, now + 2 * hour)]
+    assert not any(v.rule == BUDGET for v in checker.check(state))
+    state.reservations = [ending, _reservation("later", "Booked", now, now + 2 * hour)]
+    assert any(v.rule == BUDGET for v in checker.check(state))
