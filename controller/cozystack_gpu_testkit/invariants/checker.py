@@ -102,6 +102,9 @@ class _Seen:
     # The attachment's VMI was seen placed on its node (its launcher pod bound there, or
     # the VMI reporting the node): from then on the VM may run there.
     started: bool = False
+    # The node a live migration's target was recorded on (SPEC §12): the one node an
+    # attached claim may move to, when its VM lands there.
+    migrating_to: str | None = None
 
 
 class Invariants:
@@ -398,9 +401,14 @@ class Invariants:
         # uid under the same name is another attachment.
         if vmi and status.get(ATTACHED_TO_UID):
             vmi = f"{vmi} (uid {status[ATTACHED_TO_UID]})"
+        target = (status.get("migration") or {}).get("node")
         if phase == "Attached" and vmi and node:
             if seen.attached is None or seen.attached[0] != vmi:
                 seen.attached, seen.started = (str(vmi), str(node)), False
+            elif seen.attached[1] != node and seen.migrating_to == node:
+                # Its VM live-migrated there, the target recorded first: the hold followed.
+                seen.attached = (str(vmi), str(node))
+                self.moves += 1
             elif seen.attached[1] != node and seen.started:
                 detail = f"attached to VMI {vmi} on {seen.attached[1]}, now on {node}"
                 yield Violation(ATTACHED_MOVED, seen.name, detail)
@@ -411,6 +419,7 @@ class Invariants:
                 self.moves += 1
         elif not vmi:
             seen.attached, seen.started = None, False
+        seen.migrating_to = str(target) if target else None
 
     def _pods(self, state: State) -> Iterator[Violation]:
         """A launcher pod the scheduler placed sits where its VMI's claims are."""

@@ -240,6 +240,29 @@ def test_an_attached_claim_moves_only_before_its_vmi_was_placed_on_its_node() ->
     assert ATTACHED_MOVED in look(back, [bound])
 
 
+def test_an_attached_claim_follows_its_vm_only_to_the_migration_target_it_recorded() -> None:
+    """SPEC §12: once a running VM's claim records a live migration's target, the claim
+    may move there (its VM landed); to any other node it is still the broken promise."""
+    running = vmi(uid="u1")
+    bound = pod(running)
+    checker = Invariants(client.ApiClient())
+
+    def look(obj: dict[str, Any]) -> set[str]:
+        return {v.rule for v in checker.check(state([running], [obj], pods=[bound]))}
+
+    held = claim("vm-gpu", uid="u1", template_of="u1")
+    assert ATTACHED_MOVED not in look(held)
+    recorded = copy.deepcopy(held)
+    recorded["status"]["migration"] = {"node": "n3", "migrationUID": "m", "since": _stamp(1)}
+    assert ATTACHED_MOVED not in look(recorded)
+    landed = copy.deepcopy(held)
+    landed["status"]["nodeName"] = "n3"
+    assert ATTACHED_MOVED not in look(landed), "the hold followed the VM to its target"
+    elsewhere = copy.deepcopy(landed)
+    elsewhere["status"]["nodeName"] = "n4"
+    assert ATTACHED_MOVED in look(elsewhere)
+
+
 def test_an_ended_vmis_pod_may_stay_pinned_where_its_claims_have_left() -> None:
     """At a VMI's end its claims go back to Bound and may move (packing, SPEC §5) while its
     launcher pod still stands until it is deleted: its old pin is no broken pin. A pod
