@@ -54,18 +54,22 @@ def claims_cover(
 ) -> dict[str, int]:
     """Units, by resource name, that one VMI's claims (see ``claim_serves_vmi``) hold on
     ``node``: what its launcher pod there may use without taking anyone else's. For the
-    target pod of the migration of uid ``migration`` (SPEC §12), the units the claims hold
-    for that migration's target on ``node`` instead."""
+    target pod of the migration of uid ``migration`` (SPEC §12), also the units the claims
+    hold for that migration's target on ``node``: before the VM lands there, the target
+    recorded on them; once it has, the claims themselves (they moved to its node, and the
+    pod keeps KubeVirt's migration label for the rest of its life)."""
     cover: dict[str, int] = {}
     for claim in claims:
         status = claim.get("status") or {}
         if status.get("phase") not in _COVERING_PHASES:
             continue
-        if migration is not None:
-            target = status.get("migration") or {}
-            if target.get("migrationUID") != migration or target.get("node") != node:
-                continue
-        elif status.get("nodeName") != node:
+        target = status.get("migration") or {}
+        recorded = (
+            migration is not None
+            and target.get("migrationUID") == migration
+            and target.get("node") == node
+        )
+        if status.get("nodeName") != node and not recorded:
             continue
         resource = resource_of(str((claim.get("spec") or {}).get("class", "")))
         if resource:

@@ -184,3 +184,7 @@ def test_a_migration_target_pod_is_covered_by_the_target_its_claims_record_and_o
     assert pod_usage.claims_cover([claim], resource_of, "n2", "other") == {}
     assert pod_usage.claims_cover([claim], resource_of, "n1") == {GPU: 1}
     assert pod_usage.claims_cover([claim], resource_of, "n2") == {}
+    # Landed: the claim moved to n2 with its VM, and the target pod (its label for life)
+    # is the VM's pod there, covered by the claim as any launcher pod.
+    landed = {**claim, "status": {"phase": "Attached", "nodeName": "n2", "attachedTo": "vm"}}
+    assert pod_usage.claims_cover([landed], resource_of, "n2", "m1") == {GPU: 1}
