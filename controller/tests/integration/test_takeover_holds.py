@@ -301,14 +301,23 @@ def test_a_booking_of_an_overtaken_leader_is_refused_by_its_term(
             }
 
         _lease(kube, namespace, "r2", 5)  # r2 took over
+        kube.reservation("booked", "probe", "h100", 1, 1_900_000_020, 1_900_003_620)
 
-        def refused_now() -> bool:
-            current = kube.get_reservation("booked", "w")
-            stale.send(ReservationStatus("booked", "w", booking(current)))
-            answer = answers.get(timeout=30)
-            return bool(answer.outcome is Outcome.FAILED and answer.code == 403)
+        def fenced_now() -> bool:
+            try:
+                kube.custom.patch_namespaced_custom_object_status(
+                    keys.GROUP, keys.VERSION, "booked", keys.PLURAL_RESERVATIONS, "probe",
+                    {"status": {"writer": {"holder": "r1", "term": 4, "basedOn": _stamp()}}},
+                )  # fmt: skip
+            except ApiException as exc:
+                return exc.status == 403
+            return False
 
-        wait_for(refused_now, 30, "the API server refusing term 4's booking")
+        # The policy is in force once the API server has it: term 4's writes are refused.
+        wait_for(fenced_now, 60, "the API server enforcing term 5 of the Lease")
+        stale.send(ReservationStatus("booked", "w", booking(kube.get_reservation("booked", "w"))))
+        answer = answers.get(timeout=60)
+        assert answer.outcome is Outcome.FAILED and answer.code == 403, answer
         assert (kube.get_reservation("booked", "w").get("status") or {}).get("phase") != "Booked"
         stale.stop()
         stale = Writer(api, answers, 1, term=lambda: Term("r2", 5))
