@@ -185,6 +185,19 @@ def _lease(kube: Kube, namespace: str, holder: str, transitions: int) -> None:
         coordination.patch_namespaced_lease(keys.LEASE_NAME_BINDER, namespace, body)
 
 
+def _fenced(kube: Kube, namespace: str, plural: str) -> bool:
+    """Whether the API server refuses a term-4 token on object "probe" (of ``plural``):
+    the fence policy is in force for term 5."""
+    try:
+        kube.custom.patch_namespaced_custom_object_status(
+            keys.GROUP, keys.VERSION, namespace, plural, "probe",
+            {"status": {"writer": {"holder": "r1", "term": 4, "basedOn": _stamp()}}},
+        )  # fmt: skip
+    except ApiException as exc:
+        return exc.status == 403
+    return False
+
+
 def _bind(claim: dict[str, Any], node: str) -> dict[str, Any]:
     return {
         "metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
@@ -231,17 +244,11 @@ def test_a_leaders_write_the_network_held_past_a_takeover_is_refused_by_its_term
             _lease(kube, namespace, "r2", 5)
             kube.claim("fenced", "probe", "h100", 1)
 
-            def fenced_now() -> bool:
-                try:
-                    kube.custom.patch_namespaced_custom_object_status(
-                        keys.GROUP, keys.VERSION, "fenced", keys.PLURAL_CLAIMS, "probe",
-                        {"status": {"writer": {"holder": "r1", "term": 4, "basedOn": _stamp()}}},
-                    )  # fmt: skip
-                except ApiException as exc:
-                    return exc.status == 403
-                return False
-
-            wait_for(fenced_now, 30, "the API server enforcing term 5 of the Lease")
+            wait_for(
+                lambda: _fenced(kube, "fenced", keys.PLURAL_CLAIMS),
+                30,
+                "the API server enforcing term 5 of the Lease",
+            )
             proxy.heal()  # the held bind arrives now, after the takeover
             answer = answers.get(timeout=60)
             assert isinstance(answer, Answer) and answer.outcome is Outcome.FAILED, answer
@@ -303,18 +310,12 @@ def test_a_booking_of_an_overtaken_leader_is_refused_by_its_term(
         _lease(kube, namespace, "r2", 5)  # r2 took over
         kube.reservation("booked", "probe", "h100", 1, 1_900_000_020, 1_900_003_620)
 
-        def fenced_now() -> bool:
-            try:
-                kube.custom.patch_namespaced_custom_object_status(
-                    keys.GROUP, keys.VERSION, "booked", keys.PLURAL_RESERVATIONS, "probe",
-                    {"status": {"writer": {"holder": "r1", "term": 4, "basedOn": _stamp()}}},
-                )  # fmt: skip
-            except ApiException as exc:
-                return exc.status == 403
-            return False
-
         # The policy is in force once the API server has it: term 4's writes are refused.
-        wait_for(fenced_now, 60, "the API server enforcing term 5 of the Lease")
+        wait_for(
+            lambda: _fenced(kube, "booked", keys.PLURAL_RESERVATIONS),
+            60,
+            "the API server enforcing term 5 of the Lease",
+        )
         stale.send(ReservationStatus("booked", "w", booking(kube.get_reservation("booked", "w"))))
         answer = answers.get(timeout=60)
         assert answer.outcome is Outcome.FAILED and answer.code == 403, answer
