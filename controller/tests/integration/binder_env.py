@@ -128,8 +128,10 @@ class Corner:
         self, claim: str, phase: str, namespace: str | None = None, timeout: float = 15.0
     ) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
-            obj = self.kube.get_claim(namespace or self.tenant, claim)
-            return obj if (obj.get("status") or {}).get("phase") == phase else None
+            # Absent counts as not yet: a window's claim is made after its reservation
+            # says Active, so a test that saw Active may look before the create lands.
+            obj = unless(404, lambda: self.kube.get_claim(namespace or self.tenant, claim))
+            return obj if obj and (obj.get("status") or {}).get("phase") == phase else None
 
         result: dict[str, Any] = wait_for(check, timeout, f"claim {claim} {phase}")
         return result

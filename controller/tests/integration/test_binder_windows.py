@@ -145,8 +145,13 @@ def test_a_window_opens_holds_its_vm_warns_and_ends_it(clocked: tuple[Env, Clock
     assert "running" not in vm_spec(env, "trainer")
     ended = wait_reservation(env, "train", "Ended")
     assert condition(ended, keys.CONDITION_BOOKED)["reason"] == "WindowEnded"
-    deleting = env.kube.get_claim(env.tenant, "train")
-    assert deleting["metadata"].get("deletionTimestamp"), "deleted, kept until its VMI stops"
+    # Deleted, and kept by its finalizer until its VMI stops (the delete and the Ended
+    # status are separate writes: either may land first).
+    wait_for(
+        lambda: env.kube.get_claim(env.tenant, "train")["metadata"].get("deletionTimestamp"),
+        15,
+        "the window's claim deleted, kept until its VMI stops",
+    )
     env.kube.delete_vmi(env.tenant, "trainer")  # what virt-controller does for Halted
     wait_for(
         lambda: unless(404, lambda: env.kube.get_claim(env.tenant, "train")) is None or None,
