@@ -446,6 +446,8 @@ CONDITION_READY = "Ready"  # on GPUNode: written by the binder: does the node se
 CONDITION_NAMES_ADVERTISED = "ResourceNamesAdvertised"
 CONDITION_DELETING = "Deleting"  # on GPUClaim: deletion waits for the VMI to stop
 CONDITION_OFFER_WITHDRAWN = "OfferWithdrawn"  # on GPUClaim: its class is being deleted
+# on GPUClaim: its VM's live migration: the target placed, why it waits, how it ended
+CONDITION_MIGRATION = "Migration"
 # on a licensed GPUClass: written by the licence copier: is its token Secret copied
 CONDITION_LICENSE_READY = "LicenseReady"
 CONDITION_BOOKED = "Booked"  # on GPUReservation: booked on a node, or why it waits
@@ -458,7 +460,8 @@ CONDITION_ENDING = "Ending"  # on GPUReservation: its window ends within warnBef
 
 
 class ClaimReason(str, Enum):
-    """Reasons of a GPUClaim's Bound, Placed and Deleting conditions when it does not wait."""
+    """Reasons of a GPUClaim's Bound, Placed, Deleting and Migration conditions when it does
+    not wait."""
 
     BOUND = "Bound"  # bound to a node when ordered (or at its VM's start)
     MOVED = "Moved"  # moved with its set to another node
@@ -479,6 +482,13 @@ class ClaimReason(str, Enum):
     NOT_THE_LAUNCHER = "NotTheLauncherPod"
     # (Placed False) the API server refuses one of the VM's template claims as invalid
     TEMPLATE_CLAIM_INVALID = "TemplateClaimInvalid"
+    # (Migration) its VM's live migration: the target's units held on the node recorded
+    MIGRATION_TARGET_PLACED = "MigrationTargetPlaced"
+    # (Migration False) no node has room for the set's target: its target pod stays gated
+    MIGRATION_TARGET_NOT_PLACED = "MigrationTargetNotPlaced"
+    MIGRATION_LANDED = "MigrationLanded"  # (Migration False) the VM runs on the target now
+    # (Migration False) it failed, was cancelled, or its target pod or node went
+    MIGRATION_ENDED = "MigrationEnded"
 
 
 class NodeReason(str, Enum):

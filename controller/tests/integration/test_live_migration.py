@@ -7,6 +7,7 @@ and kubelet. The hold follows the VM when it lands; a failed migration frees the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -33,6 +34,17 @@ def target_pod(kube: Kube, namespace: str, vmi_uid: str, migration_uid: str) -> 
         return None
 
     return found
+
+
+def removed(kube: Kube, namespace: str, found: Any) -> Any:
+    """A wait for the target pod ``found`` finds to be gone, playing kubelet for each
+    deleted launcher pod on the way."""
+
+    def gone() -> bool:
+        kubevirt_kit.kubelet_removes(kube, namespace)
+        return found() is None
+
+    return gone
 
 
 def test_a_migration_target_is_placed_pinned_and_the_hold_follows_the_vm(
@@ -116,41 +128,58 @@ def running_migratable(env: Env, nodes: list[str], claim: str) -> tuple[dict[str
     return vmi, source
 
 
-def test_a_cancelled_migration_frees_its_target_and_the_hold_stays(
-    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
-) -> None:
-    env = vms
+@dataclass
+class UnderWay:
+    """A migration of VM "vm" (holding claim "a" of one unit) whose target pod is bound to
+    the other of two one-unit nodes: where each test of how one ends starts."""
+
+    gpu_class: str
+    source: str
+    other: str
+    uid: str
+    found: Any  # the target pod, or None once gone
+
+
+def migration_under_way(env: Env) -> UnderWay:
     kube = env.kube
     nodes = [env.node(n, 1) for n in ("n1", "n2")]
     gpu_class = env.gpu_class(maxCount=1)
     order(kube, env.tenant, "a", gpu_class, 1)
     vmi, source = running_migratable(env, nodes, "a")
     (other,) = [n for n in nodes if n != source]
-    job = kubevirt_kit.migrate(kube, env.tenant, "vm", "move")
-    uid = job["metadata"]["uid"]
+    uid = kubevirt_kit.migrate(kube, env.tenant, "vm", "move")["metadata"]["uid"]
     found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], uid)
     wait_for(lambda: (p := found()) and p["spec"].get("nodeName") and p, TIMEOUT, "target bound")
     assert kube.get_claim(env.tenant, "a")["status"]["migration"]["node"] == other
+    return UnderWay(gpu_class, source, other, uid, found)
+
+
+def target_cleared(kube: Kube, namespace: str) -> Any:
+    """A wait for claim "a" to record no migration: its status then."""
+
+    def cleared() -> dict[str, Any] | None:
+        status = kube.get_claim(namespace, "a").get("status") or {}
+        return status if not status.get("migration") else None
+
+    return cleared
+
+
+def test_a_cancelled_migration_frees_its_target_and_the_hold_stays(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    env = vms
+    kube = env.kube
+    under_way = migration_under_way(env)
     # The tenant cancels: virt-controller deletes the target pod (kubelet removes it here).
     kube.custom.delete_namespaced_custom_object(
         keys.VMI.group, keys.VMI.version, env.tenant, "virtualmachineinstancemigrations", "move"
     )
-
-    def target_gone() -> bool:
-        kubevirt_kit.kubelet_removes(kube, env.tenant)
-        return found() is None
-
-    wait_for(target_gone, TIMEOUT, "the target pod gone")
-
-    def cleared() -> dict[str, Any] | None:
-        status = kube.get_claim(env.tenant, "a").get("status") or {}
-        return status if not status.get("migration") else None
-
-    status = wait_for(cleared, TIMEOUT, "the target freed")
-    assert status["nodeName"] == source, "the hold stays where the VM runs"
+    wait_for(removed(kube, env.tenant, under_way.found), TIMEOUT, "the target pod gone")
+    status = wait_for(target_cleared(kube, env.tenant), TIMEOUT, "the target freed")
+    assert status["nodeName"] == under_way.source, "the hold stays where the VM runs"
     # The target's unit is free again: an order takes it.
-    order(kube, env.tenant, "b", gpu_class, 1)
-    assert env.wait_phase("b", "Bound", timeout=TIMEOUT)["status"]["nodeName"] == other
+    order(kube, env.tenant, "b", under_way.gpu_class, 1)
+    assert env.wait_phase("b", "Bound", timeout=TIMEOUT)["status"]["nodeName"] == under_way.other
 
 
 def test_a_target_with_no_room_stays_gated_and_the_vmi_is_told(
@@ -163,7 +192,9 @@ def test_a_target_with_no_room_stays_gated_and_the_vmi_is_told(
     order(kube, env.tenant, "a", gpu_class, 1)
     order(kube, env.tenant, "b", gpu_class, 1)  # the other node's one unit
     vmi, _source = running_migratable(env, nodes, "a")
-    job = kubevirt_kit.migrate(kube, env.tenant, "vm", "move")
+    # The tenant admin migrates its VM (kubevirt.io:admin, aggregated into admin, grants
+    # it) to where the only unit is held: its target pod must not take that unit.
+    job = kubevirt_kit.migrate(env.tenant_admin(), env.tenant, "vm", "move")
     found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], job["metadata"]["uid"])
     first = wait_for(found, TIMEOUT, "virt-controller's target pod")
 
@@ -180,6 +211,15 @@ def test_a_target_with_no_room_stays_gated_and_the_vmi_is_told(
     assert pod is not None and vmi_pods.is_gated(pod) and not pod["spec"].get("nodeName")
     assert pod["metadata"]["uid"] == first["metadata"]["uid"]
     assert not (kube.get_claim(env.tenant, "a").get("status") or {}).get("migration")
+
+    def claim_told() -> dict[str, Any] | None:
+        for cond in (kube.get_claim(env.tenant, "a").get("status") or {}).get("conditions", []):
+            if cond["type"] == keys.CONDITION_MIGRATION and cond["status"] == "False":
+                return dict(cond)
+        return None
+
+    said = wait_for(claim_told, TIMEOUT, "claim a told why its VM's target waits")
+    assert said["reason"] == "MigrationTargetNotPlaced" and "has 1 free unit" in said["message"]
 
 
 def test_a_new_leader_finds_the_migration_where_it_is_and_a_second_migration_moves_again(
@@ -258,27 +298,32 @@ def test_a_target_whose_node_is_lost_mid_migration_is_freed_and_the_hold_stays(
 ) -> None:
     env = vms
     kube = env.kube
-    nodes = [env.node(n, 1) for n in ("n1", "n2")]
-    gpu_class = env.gpu_class(maxCount=1)
-    order(kube, env.tenant, "a", gpu_class, 1)
-    vmi, source = running_migratable(env, nodes, "a")
-    (other,) = [n for n in nodes if n != source]
-    job = kubevirt_kit.migrate(kube, env.tenant, "vm", "move")
-    found = target_pod(kube, env.tenant, vmi["metadata"]["uid"], job["metadata"]["uid"])
-    wait_for(lambda: (p := found()) and p["spec"].get("nodeName") and p, TIMEOUT, "target bound")
+    under_way = migration_under_way(env)
     # The target's node fails before the VM lands: gone from the cluster.
-    kube.core.delete_node(other)
+    kube.core.delete_node(under_way.other)
     # Its GPUNode is owned by the Node: the garbage collector may have taken it already.
     unless(
         404,
         lambda: kube.custom.delete_cluster_custom_object(
-            keys.GROUP, keys.VERSION, keys.PLURAL_NODES, other
+            keys.GROUP, keys.VERSION, keys.PLURAL_NODES, under_way.other
         ),
     )
+    status = wait_for(target_cleared(kube, env.tenant), TIMEOUT, "the lost target freed")
+    assert (status["nodeName"], status["phase"]) == (under_way.source, "Attached")
 
-    def cleared() -> dict[str, Any] | None:
-        status = kube.get_claim(env.tenant, "a").get("status") or {}
-        return status if not status.get("migration") else None
 
-    status = wait_for(cleared, TIMEOUT, "the lost target freed")
-    assert (status["nodeName"], status["phase"]) == (source, "Attached")
+def test_a_failed_migration_frees_its_target_and_the_hold_stays(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    env = vms
+    kube = env.kube
+    under_way = migration_under_way(env)
+    # virt-handler: the guest could not be moved; the VM stays on the source.
+    kubevirt_kit.fails(kube, env.tenant, "vm", under_way.uid, under_way.source, under_way.other)
+    status = wait_for(target_cleared(kube, env.tenant), TIMEOUT, "the failed target freed")
+    assert (status["nodeName"], status["phase"]) == (under_way.source, "Attached")
+    # virt-controller deletes the failed target pod (kubelet removes it here); until then its
+    # unit is in use, after it the unit is orders' again.
+    wait_for(removed(kube, env.tenant, under_way.found), TIMEOUT, "the failed target removed")
+    order(kube, env.tenant, "b", under_way.gpu_class, 1)
+    assert env.wait_phase("b", "Bound", timeout=TIMEOUT)["status"]["nodeName"] == under_way.other

@@ -203,6 +203,7 @@ class Note(StrEnum):
     DELETING = "Deleting"  # why a claim's deletion waits
     PLACED = "Placed"  # where a VM's set starts, or why it cannot
     WITHDRAWN = "Withdrawn"  # its class is being deleted
+    MIGRATION = "Migration"  # why a live migration's target waits
 
 
 @dataclass(frozen=True)

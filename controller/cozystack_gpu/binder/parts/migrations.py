@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.calls.claims import Decision
+from cozystack_gpu.binder.calls.base import Answer
+from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
 from cozystack_gpu.binder.calls.start_path import PodPin
 from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle
 from cozystack_gpu.binder.rules import claim_status, gate, migration
@@ -99,7 +101,7 @@ class Migrations(BinderPart):
             return
         decision = place_migration(self.snapshot, claims, now)
         if isinstance(decision, Refusal):
-            self._tell(pod_key, vmi, decision.message)
+            self._tell(pod_key, vmi, members, decision.message, now)
             return
         target = MigrationTarget(decision.node, uid, now)
         for claim in claims:
@@ -122,12 +124,27 @@ class Migrations(BinderPart):
         self._told.pop(pod_key, None)
         self.handle.send(PodPin(*pod_key, gate.pin_and_ungate(pod, node)))
 
-    def _tell(self, pod_key: Key, vmi: MutableObj, refusal: str) -> None:
+    def _tell(
+        self, pod_key: Key, vmi: MutableObj, members: list[ClaimKey], refusal: str, now: float
+    ) -> None:
+        """Why the target waits, once per reason: an Event on the VMI and the Migration
+        condition on each claim of the set."""
         words = migration.not_placed_words(translate.name_of(vmi), refusal)
         if self._told.get(pod_key) == words:
             return
         self._told[pod_key] = words
         self.handle.event(vmi, EventReason.SET_NOT_PLACED.value, words, True, kind=keys.VMI)
+        for key in members:
+            obj = self.view.claim(key)
+            if obj is not None:
+                body = migration.not_placed_patch(obj, words, now)
+                heard = partial(self._not_placed_heard, pod_key)
+                self.handle.send(ClaimNote(*key, body, Note.MIGRATION, heard=heard))
+
+    def _not_placed_heard(self, pod_key: Key, answer: Answer) -> None:
+        """A claim changed before its condition landed: told again on the next pass."""
+        if not answer.ok:
+            self._told.pop(pod_key, None)
 
     # --- follow ------------------------------------------------------------------------
 
@@ -165,7 +182,7 @@ class Migrations(BinderPart):
             cond = None
             step = "migration-ended"
         body = claim_status.claim_status_patch(obj, updated, cond)
-        if updated.migration is None:
-            body["status"]["migration"] = None
+        body["status"]["migration"] = None
+        migration.told_ended(body, obj, target, state is migration.Outcome.LANDED, now)
         self.handle.decide(updated, Decision(*key, body, step))
         return False  # done once the view shows no migration (``changed`` no longer adds it)

@@ -12,8 +12,12 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+from cozystack_gpu import keys
+from cozystack_gpu.binder.rules.claim_status import condition_patch
+from cozystack_gpu.keys import ClaimReason
 from cozystack_gpu.model import MigrationTarget
 from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects.conditions import condition, merge_conditions
 from cozystack_gpu.objects.translate import meta, rfc3339, timestamp
 
 
@@ -24,7 +28,16 @@ class Outcome(Enum):
 
 
 def record_patch(claim: Obj, target: MigrationTarget) -> dict[str, Any]:
-    """The target placed for a migration, on one claim of the set, over the version read."""
+    """The target placed for a migration, on one claim of the set, over the version read,
+    and the Migration condition that says so."""
+    words = (
+        f"live migration {target.uid}: the target's units are held on node {target.node} "
+        "until the VM lands there or the migration ends"
+    )
+    told = condition(
+        keys.CONDITION_MIGRATION, True, ClaimReason.MIGRATION_TARGET_PLACED, words, target.since
+    )
+    current = (claim.get("status") or {}).get("conditions") or []
     return {
         "metadata": {"resourceVersion": meta(claim).get("resourceVersion")},
         "status": {
@@ -32,9 +45,37 @@ def record_patch(claim: Obj, target: MigrationTarget) -> dict[str, Any]:
                 "node": target.node,
                 "migrationUID": target.uid,
                 "since": rfc3339(target.since),
-            }
+            },
+            "conditions": merge_conditions(current, told),
         },
     }
+
+
+def not_placed_patch(claim: Obj, words: str, now: float) -> dict[str, Any]:
+    """Why the target of the VM's migration waits (``not_placed_words``), on a claim."""
+    told = condition(
+        keys.CONDITION_MIGRATION, False, ClaimReason.MIGRATION_TARGET_NOT_PLACED, words, now
+    )
+    return condition_patch(claim, told)
+
+
+def told_ended(
+    body: dict[str, Any], claim: Obj, target: MigrationTarget, landed: bool, now: float
+) -> None:
+    """The Migration condition of a status write that moves the claim to its target
+    (``landed``) or clears the target, merged into ``body``."""
+    if landed:
+        reason, words = ClaimReason.MIGRATION_LANDED, f"live migration {target.uid} landed"
+    else:
+        reason = ClaimReason.MIGRATION_ENDED
+        words = (
+            f"live migration {target.uid} ended before the VM landed on node {target.node} "
+            "(failed, cancelled, or its target pod or node went): the target's units are free"
+        )
+    told = condition(keys.CONDITION_MIGRATION, False, reason, words, now)
+    status = body["status"]
+    current = status.get("conditions", (claim.get("status") or {}).get("conditions") or [])
+    status["conditions"] = merge_conditions(current, told)
 
 
 def outcome(

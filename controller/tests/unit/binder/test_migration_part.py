@@ -12,6 +12,7 @@ from typing import Any
 from test_parts_handle import NS, RES, FakeHandle, _handle, _meta
 
 from cozystack_gpu import keys
+from cozystack_gpu.binder.calls.claims import ClaimNote, Note
 from cozystack_gpu.binder.calls.start_path import PodPin
 from cozystack_gpu.binder.parts.migrations import Migrations
 from cozystack_gpu.binder.rules import migration
@@ -22,7 +23,9 @@ UID = "mig-1"
 ATTACHED = {"phase": "Attached", "nodeName": "n1", "attachedTo": "vm", "attachedToUID": "uid-vm"}
 
 
-def _world(claim_status: dict[str, Any], *, vmi_node: str = "n1", state: Any = None) -> Any:
+def _world(
+    claim_status: dict[str, Any], *, vmi_node: str = "n1", state: Any = None, more: Any = None
+) -> Any:
     def change(given: dict[str, list[dict[str, Any]]]) -> None:
         n2 = copy.deepcopy(given[keys.NODE.kind][0])
         n2["metadata"] = _meta("n2", labels={"kubernetes.io/hostname": "n2"})
@@ -40,6 +43,8 @@ def _world(claim_status: dict[str, Any], *, vmi_node: str = "n1", state: Any = N
         launcher["status"] = {"phase": "Running"}
         given[keys.POD.kind].append(_target_pod("virt-launcher-vm-target"))
         given[keys.GPU_CLAIM.kind][0]["metadata"]["finalizers"] = [keys.FINALIZER_CLAIM]
+        if more is not None:
+            more(given)
 
     return _handle(claim_status, change=change)
 
@@ -79,6 +84,9 @@ def test_a_target_pod_gets_its_set_placed_on_another_node_recorded_then_pinned()
     assert recorded.node == "n1", "the claim holds its source until the VM lands"
     assert decision.body["status"]["migration"]["node"] == "n2"
     assert decision.body["status"]["migration"]["migrationUID"] == UID
+    told = _migration_condition(decision.body)
+    assert (told["status"], told["reason"]) == ("True", "MigrationTargetPlaced")
+    assert "node n2" in told["message"]
     assert handle.of(PodPin) == [], "pinned only once every claim shows the target"
     assert handle.snapshot.used("n2", RES) == 1, "the target's unit counts on n2 at once"
     assert handle.snapshot.used("n1", RES) == 1, "and the source's stays"
@@ -103,6 +111,8 @@ def test_the_hold_follows_the_vm_when_it_lands_on_the_target() -> None:
     assert (moved.node, moved.migration) == ("n2", None)
     assert decision.body["status"]["nodeName"] == "n2"
     assert decision.body["status"]["migration"] is None
+    told = _migration_condition(decision.body)
+    assert (told["status"], told["reason"]) == ("False", "MigrationLanded")
 
 
 def test_a_failed_migration_frees_its_target_and_the_claim_stays() -> None:
@@ -116,6 +126,39 @@ def test_a_failed_migration_frees_its_target_and_the_claim_stays() -> None:
     assert decision.body["status"]["migration"] is None
     assert "nodeName" not in decision.body["status"] or decision.body["status"]["nodeName"] == "n1"
     assert handle.snapshot.used("n2", RES) == 0, "the target's unit is free again"
+    told = _migration_condition(decision.body)
+    assert (told["status"], told["reason"]) == ("False", "MigrationEnded")
+
+
+def test_a_target_with_no_room_stays_gated_and_its_claims_say_why() -> None:
+    """SPEC §12: no node has room for the set's target, so its pod stays gated; the VMI
+    gets an Event and each claim of the set the Migration condition, once per reason."""
+    occupied = {"phase": "Bound", "nodeName": "n2", "boundAt": "2026-12-01T10:00:00Z"}
+
+    def fill_n2(given: dict[str, list[dict[str, Any]]]) -> None:
+        other = copy.deepcopy(given[keys.GPU_CLAIM.kind][0])
+        other["metadata"] = _meta("other", namespace=NS)
+        other["spec"]["count"] = 2  # n2's two units
+        other["status"] = occupied
+        given[keys.GPU_CLAIM.kind].append(other)
+
+    handle = _world(ATTACHED, more=fill_n2)
+    part = Migrations(handle)
+    part.run(1_800_000_000.0)
+    part.run(1_800_000_001.0)
+    assert handle.decided == [] and handle.of(PodPin) == []
+    [note] = handle.of(ClaimNote)
+    assert (note.name, note.note) == ("c", Note.MIGRATION)
+    told = _migration_condition(note.body)
+    assert (told["status"], told["reason"]) == ("False", "MigrationTargetNotPlaced")
+    assert "the live migration of VMI vm waits" in told["message"]
+    [event] = handle.events
+    assert event[1] == keys.EventReason.SET_NOT_PLACED.value
+
+
+def _migration_condition(body: dict[str, Any]) -> dict[str, Any]:
+    [told] = [c for c in body["status"]["conditions"] if c["type"] == keys.CONDITION_MIGRATION]
+    return dict(told)
 
 
 def test_a_running_migration_keeps_its_target() -> None:
