@@ -91,7 +91,12 @@ def grant_tenant_admin(
                 "rules": [
                     {
                         "apiGroups": [keys.KUBEVIRT_GROUP],
-                        "resources": ["virtualmachines", "virtualmachineinstances"],
+                        # kubevirt.io:admin's, which a tenant's migrations need too.
+                        "resources": [
+                            "virtualmachines",
+                            "virtualmachineinstances",
+                            "virtualmachineinstancemigrations",
+                        ],
                         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
                     }
                 ],

@@ -72,6 +72,7 @@ from cozystack_gpu_testkit.kubevirt.install import (
 )
 from cozystack_gpu_testkit.kubevirt.migration import (
     MIGRATIONS,
+    fails,
     handler_writes,
     is_migratable,
     lands,
@@ -138,6 +139,7 @@ __all__ = [
     "VirtController",
     "as_virt_handler",
     "create_vm",
+    "fails",
     "get_vm",
     "get_vmi",
     "go_architecture",

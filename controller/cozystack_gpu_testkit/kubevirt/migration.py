@@ -1,7 +1,8 @@
 """virt-handler's part of a live migration, which no real component plays here (SPEC §12):
 it marks a running VMI ``LiveMigratable`` (as it does for mdev vGPUs with KubeVirt's
 ``VGPULiveMigration`` gate), and, once the target pod runs, writes the migration's end and
-the VMI on the target node. KubeVirt's own virt-controller makes the target pod from a
+the VMI on the target node (``lands``) or, when it fails, the failure on the source
+(``fails``). KubeVirt's own virt-controller makes the target pod from a
 ``VirtualMachineInstanceMigration`` (``migrate``) and hands the VMI over."""
 
 from __future__ import annotations
@@ -102,3 +103,17 @@ def lands(
     if source_pod is not None:
         state["sourcePod"] = source_pod
     handler_writes(kube, namespace, name, {"nodeName": target, "migrationState": state})
+
+
+def fails(kube: Kube, namespace: str, name: str, uid: str, source: str, target: str) -> None:
+    """The migration of ``uid`` failed (the guest could not be moved): virt-handler ends it
+    with ``failed``, and the VMI stays on the source node."""
+    found = get_vmi(kube, namespace, name)
+    if found is None:
+        raise AssertionError(f"VMI {namespace}/{name} is gone")
+    state = {**((found.get("status") or {}).get("migrationState") or {})}
+    state.update(
+        migrationUid=uid, sourceNode=source, targetNode=target, startTimestamp=_now(),
+        endTimestamp=_now(), completed=True, failed=True,
+    )  # fmt: skip
+    handler_writes(kube, namespace, name, {"nodeName": source, "migrationState": state})

@@ -282,6 +282,29 @@ def test_under_forbidden_virt_controller_starts_the_launcher_pod_of_a_vmi_with_c
     assert refusal(caught.value).endswith(RAW_POD.format(ns=tenant_ns))
 
 
+def test_under_forbidden_only_virt_controller_makes_a_migration_target_pod(
+    kube: Kube, control_plane: ControlPlane, raw: RawNames, tenant_ns: str
+) -> None:
+    """SPEC §12: a live migration's target pod is virt-controller's, as a launcher pod is. A
+    tenant admin (``admin`` grants pods create) that forges one, with KubeVirt's migration
+    label, the reference label and its own VMI as owner, still asks for a raw GPU name."""
+    forbidden(raw, kube, tenant_ns)
+    vmi = create_vmi(kube, tenant_ns, vmi_body("vm", {"claims": ["a"]}))
+
+    def target(name: str) -> dict[str, Any]:
+        body = launcher(name, raw.resource, vmi, labelled=True)
+        body["metadata"]["labels"][keys.LABEL_MIGRATION_JOB_UID] = "5d0c2b8e"
+        return body
+
+    tenant = tenants.impersonating(control_plane.api_client(), TENANT)
+    with pytest.raises(ApiException) as caught:
+        tenant.core.create_namespaced_pod(tenant_ns, target("forged-target"))
+    assert refusal(caught.value).endswith(RAW_POD.format(ns=tenant_ns))
+    # (No pod webhook is configured here: the policy alone is under test.)
+    controller = tenants.impersonating(control_plane.api_client(), raw.virt_controller)
+    controller.core.create_namespaced_pod(tenant_ns, target("virt-launcher-vm-target"))
+
+
 def test_under_forbidden_pods_outside_tenant_namespaces_are_not_judged(
     kube: Kube, raw: RawNames, namespace: str, tenant_ns: str
 ) -> None:
