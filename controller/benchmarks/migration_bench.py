@@ -11,15 +11,17 @@ VMI naming each, its launcher pod pinned and ungated by the binder (created as f
 threads go, not timed). Each VMI is then written Running on the node its launcher pod was
 pinned to, as virt-handler would (no KubeVirt here, so no virt-api to refuse it); the
 binder attached its claim when it saw the VMI, so every running VM's claim is Attached on
-that node. Then ``--vms`` fresh starts are made ready as gate_bench makes them (new claims
-bound, a VMI naming each), and the timed stream begins: for each running VM a migration
-target pod (the same launcher pod of its VMI, labelled ``kubevirt.io/migrationJobUID``
-with a new uid and held at the gate, as virt-controller renders it and the pod webhook
-gates it), interleaved one for one with a fresh start's gated launcher pod, at ``--rate``
-pods a second of each kind from 4 threads. A pod watch times every pod from its create
-returned to the first version pinned and ungated. A target needs the binder to place the
-set on another node, record it on the claim and, once its view shows that, pin the pod (two
-writes); a start needs one.
+that node (and ``LiveMigratable``, as virt-handler marks an mdev vGPU VMI). Then ``--vms``
+fresh starts are made ready as gate_bench makes them (new claims bound, a VMI naming each),
+and the timed stream begins, from 4 threads for each kind: for each running VM, at
+``--rate`` a second, a ``VirtualMachineInstanceMigration`` and, as soon as its create
+returns, its target pod (the same launcher pod of its VMI, labelled
+``kubevirt.io/migrationJobUID`` with the migration's uid and held at the gate, as
+virt-controller renders it once it sees the migration and the pod webhook gates it);
+between them, at the same rate, a fresh start's gated launcher pod. A pod watch times
+every pod from its create returned to the first version pinned and ungated. The binder
+places and records a target when it sees the migration, so the pod, when it comes, waits
+for that record at most, then for one pod update, as a start does.
 
 Every VM's unit is held twice during its migration, and the fresh starts hold theirs: the
 nodes must have room for three units a VM (``--nodes`` of 8 units, at least 3 ``--vms`` / 8).
@@ -30,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,8 @@ def run_vmis(bench: Bench, binder: Binder, nodes: dict[str, str]) -> None:
     custom, tenant = bench.kube.custom, bench.tenant
 
     def running(name: str) -> None:
-        body = {"status": {"phase": "Running", "nodeName": nodes[name]}}
+        migratable = [{"type": "LiveMigratable", "status": "True"}]
+        body = {"status": {"phase": "Running", "nodeName": nodes[name], "conditions": migratable}}
         answered(custom.patch_namespaced_custom_object(
             keys.VMI.group, keys.VMI.version, tenant, keys.VMI.plural, name, body,
             _preload_content=False,
@@ -80,6 +82,36 @@ def run_vmis(bench: Bench, binder: Binder, nodes: dict[str, str]) -> None:
     wait_until(attached, 60)
 
 
+def migrations_at_rate(
+    bench: Bench, running: dict[str, dict[str, Any]], rate: float, started: float
+) -> tuple[dict[str, tuple[dict[str, Any], float]], list[float]]:
+    """For each running VMI, due ``i / rate`` seconds after ``started`` from 4 threads: a
+    migration of it, then its target pod labelled with the migration's uid. Returns each
+    VMI's target pod with when its create returned, and how long each migration create
+    took (ms)."""
+    custom, core, tenant = bench.kube.custom, bench.kube.core, bench.tenant
+    made: dict[str, tuple[dict[str, Any], float]] = {}
+    job_ms: list[float] = []
+
+    def migrate(index_and_name: tuple[int, str]) -> None:
+        index, name = index_and_name
+        time.sleep(max(0.0, started + index / rate - time.perf_counter()))
+        asked = time.perf_counter()
+        job = custom.create_namespaced_custom_object(
+            keys.VMIM.group, keys.VMIM.version, tenant, keys.VMIM.plural,
+            {"apiVersion": keys.VMIM.api_version, "kind": keys.VMIM.kind,
+             "metadata": {"name": f"move-{name}"}, "spec": {"vmiName": name}},
+        )  # fmt: skip
+        job_ms.append((time.perf_counter() - asked) * 1000)
+        pod = launcher_body(name, running[name], str(job["metadata"]["uid"]))
+        answered(core.create_namespaced_pod(tenant, pod, _preload_content=False))
+        made[name] = (pod, time.perf_counter())
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(migrate, enumerate(running)))
+    return made, job_ms
+
+
 def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
     if nodes * UNITS < HELD_PER_VM * vms:
         raise SystemExit(
@@ -96,14 +128,16 @@ def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
         run_vmis(bench, binder, source)
 
         fresh = ready_vmis(bench, [f"s{i:05d}" for i in range(vms)])
-        targets = {
-            name: launcher_body(name, vmi, str(uuid.uuid4())) for name, vmi in running.items()
-        }
         starts = [launcher_body(name, vmi) for name, vmi in fresh.items()]
-        pods = [pod for pair in zip(targets.values(), starts, strict=True) for pod in pair]
         cpu_before = os.times()
         started = time.perf_counter()
-        created = create_at_rate(bench, pods, 2 * rate, started)
+        # Each migration: the VirtualMachineInstanceMigration, then at once its target pod
+        # (virt-controller renders it once it sees the migration), between two starts.
+        with ThreadPoolExecutor(1) as beside:
+            migrating = beside.submit(migrations_at_rate, bench, running, rate, started)
+            created = create_at_rate(bench, starts, rate, started + 0.5 / rate)
+            targets, jobs_ms = migrating.result()
+        created.update({pod["metadata"]["name"]: at for pod, at in targets.values()})
         wait_until(lambda: all(p in watcher.released for p in created), 120)
         elapsed = time.perf_counter() - started
         cpu = os.times()
@@ -111,7 +145,7 @@ def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
 
         moved = sum(
             1
-            for vmi, pod in targets.items()
+            for vmi, (pod, _at) in targets.items()
             if watcher.nodes[pod["metadata"]["name"]] != source[vmi]
         )
         recorded = sum(
@@ -125,13 +159,15 @@ def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
             names = [p["metadata"]["name"] for p in kind]
             return [(watcher.released[p] - created[p]) * 1000 for p in names]
 
-        target_ms, start_ms = latencies(list(targets.values())), latencies(starts)
+        target_ms = latencies([pod for pod, _at in targets.values()])
+        start_ms = latencies(starts)
         ratio = percentile(target_ms, 0.99) / percentile(start_ms, 0.99)
         busy = (cpu.user + cpu.system) - (cpu_before.user + cpu_before.system)
         print(
             f"migration: {vms} target pods interleaved with {vms} VM starts at {rate:g}/s each, "
             f"{vms} VMs running, on {nodes} nodes"
         )
+        print(f"  migration object created (its create call): {spread(jobs_ms)}")
         print(f"  target pod created → pinned and ungated: {spread(target_ms)}")
         print(f"  start pod created → pinned and ungated:  {spread(start_ms)}")
         print(

@@ -79,6 +79,13 @@ VMI = ApiKind(
     "VirtualMachineInstance", KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances", True
 )
 VM = ApiKind("VirtualMachine", KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachines", True)
+VMIM = ApiKind(
+    "VirtualMachineInstanceMigration",
+    KUBEVIRT_GROUP,
+    KUBEVIRT_VERSION,
+    "virtualmachineinstancemigrations",
+    True,
+)
 WORKLOAD = ApiKind(WORKLOAD_KIND, WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, True)
 SECRET = ApiKind("Secret", "", "v1", "secrets", True)
 PVC = ApiKind("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims", True)
@@ -118,6 +125,7 @@ BINDER_WATCHES = (
     POD,
     VMI,
     VM,
+    VMIM,
     PVC,
     PV,
     STORAGE_CLASS,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.counted_union import CountedUnion
 from cozystack_gpu.cluster.dirty import Dirty
+from cozystack_gpu.cluster.migration_index import MigrationIndex
 from cozystack_gpu.cluster.pod_index import PodIndex
 from cozystack_gpu.cluster.reservation_index import ReservationIndex
 from cozystack_gpu.cluster.sync import sync_kind
@@ -97,6 +98,7 @@ class ClusterView:
         self.reservations = ReservationIndex(
             lambda: self.raw.get(keys.GPU_RESERVATION.kind, {}), lambda: self.dirty
         )
+        self.migrations = MigrationIndex(lambda: self.raw.get(keys.VMIM.kind, {}))
         # Which index each kind feeds; kinds without an entry are only stored.
         self._handlers: dict[str, Handler] = {
             keys.NODE.kind: self._on_node,
@@ -109,6 +111,7 @@ class ClusterView:
             keys.POD.kind: self._pod_index.on_pod,
             keys.VMI.kind: self._on_vmi,
             keys.VM.kind: self._on_vm,
+            keys.VMIM.kind: self.migrations.on_event,
             keys.PVC.kind: self._on_pvc,
             keys.PV.kind: self._on_pv,
         }

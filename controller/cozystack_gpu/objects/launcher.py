@@ -29,6 +29,9 @@ from cozystack_gpu.objects.translate import (
 )
 from cozystack_gpu.objects.vmi_pods import owning_vmi_uid
 
+# A VirtualMachineInstanceMigration in one of these phases is over (KubeVirt's own words).
+MIGRATION_FINAL_PHASES = ("Succeeded", "Failed")
+
 # --- what a pod asks for ------------------------------------------------------------------
 
 
@@ -133,6 +136,14 @@ def migration_of(pod: Obj) -> str | None:
     ``kubevirt.io/migrationJobUID`` label), or None for any other pod."""
     value = (meta(pod).get("labels") or {}).get(keys.LABEL_MIGRATION_JOB_UID)
     return str(value) if value else None
+
+
+def migration_open(job: Obj) -> bool:
+    """Whether a ``VirtualMachineInstanceMigration`` is still under way: not Succeeded or
+    Failed, and not being deleted (a tenant cancels a migration by deleting it)."""
+    if meta(job).get("deletionTimestamp"):
+        return False
+    return (job.get("status") or {}).get("phase") not in MIGRATION_FINAL_PHASES
 
 
 def migration_target_of(pods: Iterable[Obj], vmi_uid: str, migration: str) -> Obj | None:

@@ -18,6 +18,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Call, CallKey
 from cozystack_gpu.binder.calls.claims import Decision
 from cozystack_gpu.binder.rules import gate
+from cozystack_gpu.cluster.migration_index import MigrationIndex
 from cozystack_gpu.cluster.reservation_index import ReservationIndex
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.config import Config
@@ -34,6 +35,9 @@ class ViewReader(Protocol):
 
     @property
     def reservations(self) -> ReservationIndex: ...
+
+    @property
+    def migrations(self) -> MigrationIndex: ...
 
     @property
     def node_labels_version(self) -> int: ...

@@ -45,7 +45,7 @@ class Migrations(BinderPart):
         self._migrating: set[ClaimKey] = set()  # claims with a target recorded
         self._seen_all = False
         self._targets: dict[str, Key] = {}  # migration uid -> its target pod, once seen
-        self._told: dict[Key, str] = {}  # target pod -> what its VMI was last told
+        self._told: dict[str, str] = {}  # migration uid -> what its VMI was last told
 
     def took_over(self) -> None:
         self._seen_all = False
@@ -60,6 +60,10 @@ class Migrations(BinderPart):
         if not self._seen_all:
             self._seen_all = True
             self._migrating |= {c.key for c in self.snapshot.claims() if c.migration is not None}
+        for job_key in self.view.migrations.open():
+            job = self.view.migrations.get(job_key)
+            if job is not None:
+                self._ahead(job_key[0], job, now)
         for pod_key in self.view.gated_pods():
             pod = self.view.pod(pod_key)
             uid = launcher.migration_of(pod) if pod is not None else None
@@ -73,36 +77,56 @@ class Migrations(BinderPart):
 
     # --- place and pin -----------------------------------------------------------------
 
+    def _ahead(self, namespace: str, job: MutableObj, now: float) -> None:
+        """A migration seen before its target pod: the target placed and recorded now, so
+        the pod virt-controller renders next is pinned in one update (``rules.migration
+        .ahead`` says when)."""
+        uid = str(translate.meta(job).get("uid") or "")
+        vmi_name = str((job.get("spec") or {}).get("vmiName") or "")
+        vmi = self.view.vmi_object((namespace, vmi_name)) if uid and vmi_name else None
+        if vmi is not None and uid not in self._targets and migration.ahead(job, vmi):
+            self._target(namespace, vmi_name, vmi, uid, now)
+
     def _place(self, pod_key: Key, pod: MutableObj, uid: str, now: float) -> None:
+        job = self.view.migrations.by_uid(uid)
         vmi_name = vmi_pods.owning_vmi(pod)
         vmi = self.view.vmi_object((pod_key[0], vmi_name)) if vmi_name else None
-        if vmi_name is None or vmi is None:
-            return
+        if vmi_name is None or vmi is None or job is None or not launcher.migration_open(job):
+            return  # no open migration of that uid: the label alone pins nothing
         vmi_uid = vmi_pods.owning_vmi_uid(pod)
         if translate.meta(vmi).get("uid") != vmi_uid:
+            return
+        if (job.get("spec") or {}).get("vmiName") != vmi_name:
             return
         siblings = [p for k in self.view.gated_pods() if (p := self.view.pod(k)) is not None]
         chosen = launcher.migration_target_of([pod, *siblings], vmi_uid, uid)
         if chosen is None or translate.name_of(chosen) != pod_key[1]:
             return  # a second target pod of the migration: never pinned
+        node = self._target(pod_key[0], vmi_name, vmi, uid, now)
         members = gate.claim_keys((pod_key[0], vmi_name), vmi)
+        if node is not None and all(self._shows_target(k, uid, node) for k in members):
+            self._pin(pod_key, pod, node, uid)
+
+    def _target(
+        self, namespace: str, vmi_name: str, vmi: MutableObj, uid: str, now: float
+    ) -> str | None:
+        """The node of the migration's target once every claim of the set records it;
+        until then the target placed and its record sent (or why it waits told)."""
+        members = gate.claim_keys((namespace, vmi_name), vmi)
         if not members or self.handle.in_flight(members):
-            return
+            return None
         infos = [self.snapshot.claim(k) for k in members]
         source = (vmi.get("status") or {}).get("nodeName")
         if any(c is None or c.phase not in HELD or c.node != source for c in infos):
-            return  # not every claim holds units where the VM runs (yet)
+            return None  # not every claim holds units where the VM runs (yet)
         claims = [c for c in infos if c is not None]
         recorded = {c.migration.node for c in claims if c.migration and c.migration.uid == uid}
         if len(recorded) == 1 and all(c.migration and c.migration.uid == uid for c in claims):
-            node = next(iter(recorded))
-            if all(self._shows_target(k, uid, node) for k in members):
-                self._pin(pod_key, pod, node)
-            return
+            return next(iter(recorded))
         decision = place_migration(self.snapshot, claims, now)
         if isinstance(decision, Refusal):
-            self._tell(pod_key, vmi, members, decision.message, now)
-            return
+            self._tell(uid, vmi, members, decision.message, now)
+            return None
         target = MigrationTarget(decision.node, uid, now)
         for claim in claims:
             if claim.migration is not None and claim.migration.uid == uid:
@@ -114,37 +138,38 @@ class Migrations(BinderPart):
             updated = replace(claim, migration=target)
             self.handle.decide(updated, Decision(*claim.key, body, "migrate"))
             self._migrating.add(claim.key)
+        return None
 
     def _shows_target(self, key: ClaimKey, uid: str, node: str) -> bool:
         obj = self.view.claim(key)
         recorded = translate.migration_target((obj or {}).get("status") or {})
         return recorded is not None and (recorded.uid, recorded.node) == (uid, node)
 
-    def _pin(self, pod_key: Key, pod: MutableObj, node: str) -> None:
-        self._told.pop(pod_key, None)
+    def _pin(self, pod_key: Key, pod: MutableObj, node: str, uid: str) -> None:
+        self._told.pop(uid, None)
         self.handle.send(PodPin(*pod_key, gate.pin_and_ungate(pod, node)))
 
     def _tell(
-        self, pod_key: Key, vmi: MutableObj, members: list[ClaimKey], refusal: str, now: float
+        self, uid: str, vmi: MutableObj, members: list[ClaimKey], refusal: str, now: float
     ) -> None:
-        """Why the target waits, once per reason: an Event on the VMI and the Migration
-        condition on each claim of the set."""
+        """Why the target of migration ``uid`` waits, once per reason: an Event on the VMI
+        and the Migration condition on each claim of the set."""
         words = migration.not_placed_words(translate.name_of(vmi), refusal)
-        if self._told.get(pod_key) == words:
+        if self._told.get(uid) == words:
             return
-        self._told[pod_key] = words
+        self._told[uid] = words
         self.handle.event(vmi, EventReason.SET_NOT_PLACED.value, words, True, kind=keys.VMI)
         for key in members:
             obj = self.view.claim(key)
             if obj is not None:
                 body = migration.not_placed_patch(obj, words, now)
-                heard = partial(self._not_placed_heard, pod_key)
+                heard = partial(self._not_placed_heard, uid)
                 self.handle.send(ClaimNote(*key, body, Note.MIGRATION, heard=heard))
 
-    def _not_placed_heard(self, pod_key: Key, answer: Answer) -> None:
+    def _not_placed_heard(self, uid: str, answer: Answer) -> None:
         """A claim changed before its condition landed: told again on the next pass."""
         if not answer.ok:
-            self._told.pop(pod_key, None)
+            self._told.pop(uid, None)
 
     # --- follow ------------------------------------------------------------------------
 
@@ -167,6 +192,9 @@ class Migrations(BinderPart):
             pod is not None
             and (pod.get("status") or {}).get("phase") not in translate.FINAL_POD_PHASES
         )
+        job = self.view.migrations.by_uid(target.uid)
+        # Its migration gone (cancelled, or collected) or over: nothing lands any more.
+        pod_live = pod_live and job is not None and launcher.migration_open(job)
         state = migration.outcome(target, vmi, pod_live, claim.node)
         if state is migration.Outcome.RUNNING and self.snapshot.node(target.node) is None:
             state = migration.Outcome.ENDED  # its target node is gone: the VM cannot land there

@@ -112,6 +112,27 @@ def outcome(
     return Outcome.RUNNING
 
 
+# The phases of a VirtualMachineInstanceMigration before virt-controller's target pod runs:
+# the binder may place the target then, ahead of the pod.
+BEFORE_TARGET_POD = ("", "Pending", "Scheduling")
+
+
+def ahead(job: Obj, vmi: Obj) -> bool:
+    """Whether the target of migration ``job`` may be placed before its pod is seen: the
+    migration has not got past scheduling its target pod (later, the pod is there and
+    placed; once it lands, the claims are on the target and must not be placed again),
+    and its VMI runs and is one KubeVirt calls migratable (virt-controller makes no target
+    pod for another)."""
+    if str((job.get("status") or {}).get("phase") or "") not in BEFORE_TARGET_POD:
+        return False
+    status = vmi.get("status") or {}
+    migratable = any(
+        c.get("type") == "LiveMigratable" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return status.get("phase") == "Running" and migratable
+
+
 def not_placed_words(vmi: str, refusal: str) -> str:
     return (
         f"the live migration of VMI {vmi} waits: {refusal}. Its target pod stays gated, and "

@@ -23,8 +23,23 @@ UID = "mig-1"
 ATTACHED = {"phase": "Attached", "nodeName": "n1", "attachedTo": "vm", "attachedToUID": "uid-vm"}
 
 
+def _job(phase: str = "Scheduling", **more: Any) -> dict[str, Any]:
+    """The VirtualMachineInstanceMigration of uid UID, of VMI vm."""
+    return {
+        "metadata": {**_meta("move", namespace=NS), "uid": UID, **more},
+        "spec": {"vmiName": "vm"},
+        "status": {"phase": phase},
+    }
+
+
 def _world(
-    claim_status: dict[str, Any], *, vmi_node: str = "n1", state: Any = None, more: Any = None
+    claim_status: dict[str, Any],
+    *,
+    vmi_node: str = "n1",
+    state: Any = None,
+    more: Any = None,
+    job: dict[str, Any] | None = None,
+    target_pod: bool = True,
 ) -> Any:
     def change(given: dict[str, list[dict[str, Any]]]) -> None:
         n2 = copy.deepcopy(given[keys.NODE.kind][0])
@@ -41,7 +56,10 @@ def _world(
         launcher["spec"].pop("schedulingGates")
         launcher["spec"]["nodeName"] = "n1"
         launcher["status"] = {"phase": "Running"}
-        given[keys.POD.kind].append(_target_pod("virt-launcher-vm-target"))
+        vmi["status"]["conditions"] = [{"type": "LiveMigratable", "status": "True"}]
+        if target_pod:
+            given[keys.POD.kind].append(_target_pod("virt-launcher-vm-target"))
+        given[keys.VMIM.kind] = [job if job is not None else _job()]
         given[keys.GPU_CLAIM.kind][0]["metadata"]["finalizers"] = [keys.FINALIZER_CLAIM]
         if more is not None:
             more(given)
@@ -196,3 +214,56 @@ def test_the_outcome_of_a_migration_is_read_from_its_vmi() -> None:
     placed_later = MigrationTarget("n2", UID, 120.0)
     assert migration.outcome(placed_later, later, True, "n1") is migration.Outcome.RUNNING
     assert json.dumps(migration.record_patch({"metadata": {"resourceVersion": "9"}}, target))
+
+
+def test_a_migration_seen_before_its_target_pod_is_placed_ahead_and_its_pod_pinned_at_once() -> (
+    None
+):
+    """The target is recorded from the migration object alone, so when virt-controller's
+    target pod comes, one pod update pins it: no claim write waits between."""
+    handle = _world(ATTACHED, job=_job("Pending"), target_pod=False)
+    part = Migrations(handle)
+    part.run(1_800_000_000.0)
+    [(recorded, decision)] = handle.decided
+    assert recorded.migration is not None and recorded.migration.node == "n2"
+    _record(handle, decision.body["status"]["migration"])
+    handle.snapshot = handle.view.build_snapshot(1_800_000_001.0)
+    handle.view.apply(keys.POD.kind, _target_pod("virt-launcher-vm-target"), deleted=False)
+    part.run(1_800_000_001.0)
+    assert len(handle.decided) == 1, "nothing recorded again"
+    [pin] = handle.of(PodPin)
+    assert pin.name == "virt-launcher-vm-target"
+
+
+def test_a_migration_past_scheduling_or_of_a_vmi_not_migratable_is_not_placed_ahead() -> None:
+    """Once its target pod runs, or after the VM landed (its claims on the target node),
+    a migration still open must not get a second target."""
+    for phase in ("Running", "TargetReady", "Succeeded"):
+        handle = _world(ATTACHED, job=_job(phase), target_pod=False)
+        Migrations(handle).run(1_800_000_000.0)
+        assert handle.decided == [], phase
+    vmi = {"status": {"phase": "Running", "conditions": []}}
+    assert not migration.ahead(_job("Pending"), vmi), "virt-controller makes no target pod"
+
+
+def test_a_target_pod_of_no_open_migration_is_never_placed() -> None:
+    """A pod labelled with a migration uid that no open migration of its VMI has (forged,
+    or its migration cancelled) stays gated: the label alone holds no units."""
+    for job in (
+        _job("Running", uid="another"),
+        _job("Failed"),
+        _job(deletionTimestamp="2026-12-01T10:06:00Z"),
+    ):
+        handle = _world(ATTACHED, job=job)
+        Migrations(handle).run(1_800_000_000.0)
+        assert handle.decided == [] and handle.of(PodPin) == [], job
+
+
+def test_a_cancelled_migration_frees_its_target_even_before_its_pod_goes() -> None:
+    target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
+    cancelled = _job(deletionTimestamp="2026-12-01T10:06:00Z")
+    handle = _world({**ATTACHED, "migration": target}, job=cancelled)
+    Migrations(handle).run(1_800_000_000.0)
+    [(cleared, decision)] = handle.decided
+    assert (cleared.node, cleared.migration) == ("n1", None)
+    assert _migration_condition(decision.body)["reason"] == "MigrationEnded"
