@@ -249,3 +249,101 @@ def selector_errors(
 ) -> tuple[str, ...]:
     """Why the class's selectors cannot be used, one text each; () when they can."""
     return compile_matcher(device_class, selectors, class_name).errors
+
+
+# --- allocations and capacity --------------------------------------------------------------
+
+
+class ClaimKey(NamedTuple):
+    namespace: str
+    name: str
+
+
+def key_of(obj: Obj) -> ClaimKey:
+    meta = obj.get("metadata") or {}
+    return ClaimKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def allocated_devices(resource_claim: Obj) -> frozenset[DeviceId]:
+    """The devices a ResourceClaim's allocation holds. A result with ``adminAccess`` holds
+    none: Kubernetes allocates such access beside the device's ordinary claims."""
+    allocation = (resource_claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or ()
+    return frozenset(
+        DeviceId(str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))
+        for r in results
+        if not r.get("adminAccess")
+    )
+
+
+@dataclass(frozen=True)
+class DraCapacity:
+    """What the nodes' devices give one class, before the model takes its claims' holds."""
+
+    free: Mapping[str, int]  # by node: matching devices no other ResourceClaim holds
+    matching: Mapping[str, int]  # by node: devices the class matches, held or not
+    errors: tuple[str, ...] = ()  # why a selector could not judge a device
+
+    def of(self, node: str) -> int:
+        return self.free.get(node, 0)
+
+
+def dra_capacity(
+    slices: Iterable[Obj],
+    resource_claims: Iterable[Obj],
+    matcher: DeviceMatcher,
+    ours: Mapping[ClaimKey, str],
+) -> DraCapacity:
+    """Per node, the devices the class matches, less those allocated to any ResourceClaim
+    that is not one of ours where its claim holds its units.
+
+    ``ours`` maps the ResourceClaims the controller made for GPUClaims (``made_for``) to
+    the node where the model counts their claim's units ("" where it counts them nowhere: a
+    Pending claim, a Lost one whose VM no longer runs).
+
+    Why this is SPEC §13's capacity (the devices matched, less the devices allocated to any
+    ResourceClaim, less the units held by claims whose ResourceClaim is not allocated yet)
+    once the model subtracts every held claim's units, as it does for ``devicePlugin``: our
+    ResourceClaim requests exactly ``count`` devices of the class's DeviceClass and
+    selectors, and kube-scheduler allocates it on the claim's node, so where it is
+    allocated it holds ``count`` matching devices of the node where the claim holds
+    ``count`` units. Leaving those devices in here and letting the model subtract the
+    claim's units takes the same number as the SPEC's two terms together: allocated claims
+    through their devices, unallocated ones through their units. Our ResourceClaim
+    allocated on any other node (its claim moved or lost its node) holds devices no unit
+    stands for, so there it counts as anyone's.
+
+    Devices of one PCI function (NVIDIA's driver offers a GPU both as ``gpu-N`` and as
+    ``gpu-vfio-N`` and withdraws the sibling only once one is prepared) are one device:
+    a matching device whose function another ResourceClaim holds is not free either.
+    """
+    devices = node_devices(slices)
+    where = {device.id: device for node in devices.values() for device in node}
+    taken: set[DeviceId] = set()
+    for resource_claim in resource_claims:
+        node = ours.get(key_of(resource_claim))
+        for device_id in allocated_devices(resource_claim):
+            held = where.get(device_id)
+            if node is None or held is None or held.node != node:
+                taken.add(device_id)
+    taken_functions = {
+        (where[d].node, where[d].pci_bus_id) for d in taken if d in where and where[d].pci_bus_id
+    }
+    free: dict[str, int] = {}
+    matching: dict[str, int] = {}
+    errors: list[str] = []
+    for node, node_list in sorted(devices.items()):
+        matched = []
+        for device in node_list:
+            if not device.allocatable:
+                continue
+            judgement = matcher.judge(device)
+            if judgement.error:
+                errors.append(judgement.error)
+            if judgement.matches:
+                matched.append(device)
+        matching[node] = len(matched)
+        free[node] = sum(
+            1 for d in matched if d.id not in taken and (node, d.pci_bus_id) not in taken_functions
+        )
+    return DraCapacity(free, matching, tuple(dict.fromkeys(errors)))
