@@ -20,13 +20,15 @@ that cannot start:
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from cozystack_gpu.objects import Obj, dra_cel
+from cozystack_gpu import keys
+from cozystack_gpu.objects import MutableObj, Obj, dra_cel
 
 # Kubernetes' standard attribute naming a device's PCI function (deviceattribute package).
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
@@ -347,3 +349,141 @@ def dra_capacity(
             1 for d in matched if d.id not in taken and (node, d.pci_bus_id) not in taken_functions
         )
     return DraCapacity(free, matching, tuple(dict.fromkeys(errors)))
+
+
+# --- the ResourceClaim the controller makes ------------------------------------------------
+
+
+def request_name(index: int) -> str:
+    """The name of the ``index``-th unit's request (and of its VMI gpus entry's
+    ``requestName``)."""
+    return f"{keys.DRA_REQUEST_PREFIX}{index}"
+
+
+def _owner_reference(gpu_claim: Obj) -> dict[str, Any]:
+    meta = gpu_claim.get("metadata") or {}
+    return {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND_CLAIM,
+        "name": str(meta.get("name") or ""),
+        "uid": str(meta.get("uid") or ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def resource_claim_for(gpu_claim: Obj, source: DraSource) -> MutableObj:
+    """The ResourceClaim the controller makes for a claim of a ``dra`` class: the claim's
+    name and namespace, owned by it (deleting the claim deletes it), one request per unit.
+
+    One request per unit, each for exactly one device, because KubeVirt attaches a device
+    per gpus entry and refuses two entries naming one (claimName, requestName) pair."""
+    meta = gpu_claim.get("metadata") or {}
+    spec = gpu_claim.get("spec") or {}
+    exactly: dict[str, Any] = {
+        "deviceClassName": source.device_class,
+        "allocationMode": "ExactCount",
+        "count": 1,
+    }
+    if source.selectors:
+        exactly["selectors"] = [{"cel": {"expression": s}} for s in source.selectors]
+    count = max(int(spec.get("count") or 1), 1)
+    return {
+        "apiVersion": keys.RESOURCE_CLAIM.api_version,
+        "kind": keys.RESOURCE_CLAIM.kind,
+        "metadata": {
+            "name": str(meta.get("name") or ""),
+            "namespace": str(meta.get("namespace") or ""),
+            "labels": {
+                keys.LABEL_MANAGED_BY: keys.MANAGED_BY_CONTROLLER,
+                keys.LABEL_DRA_CLASS: str(spec.get("class") or ""),
+            },
+            "ownerReferences": [_owner_reference(gpu_claim)],
+        },
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": request_name(i), "exactly": dict(exactly)} for i in range(count)
+                ]
+            }
+        },
+    }
+
+
+def made_for(resource_claim: Obj, gpu_claim: Obj) -> bool:
+    """Whether the controller made this ResourceClaim for this claim: the same namespace and
+    name, and a controller reference naming the claim's uid (a tenant can copy a name and
+    labels, not a uid it has not been given)."""
+    uid = str((gpu_claim.get("metadata") or {}).get("uid") or "")
+    if not uid or key_of(resource_claim) != key_of(gpu_claim):
+        return False
+    return any(
+        ref.get("controller") is True
+        and ref.get("kind") == keys.KIND_CLAIM
+        and str(ref.get("apiVersion") or "").split("/")[0] == keys.GROUP
+        and ref.get("uid") == uid
+        for ref in (resource_claim.get("metadata") or {}).get("ownerReferences") or ()
+    )
+
+
+def reserved_for_entry(gpu_claim: Obj) -> dict[str, str]:
+    """The ``status.reservedFor`` entry that keeps the claim itself a consumer of its
+    ResourceClaim, so Kubernetes keeps the allocation while no pod uses it (VEP 344)."""
+    meta = gpu_claim.get("metadata") or {}
+    return {
+        "apiGroup": keys.GROUP,
+        "resource": keys.PLURAL_CLAIMS,
+        "name": str(meta.get("name") or ""),
+        "uid": str(meta.get("uid") or ""),
+    }
+
+
+def is_reserved_for(resource_claim: Obj, gpu_claim: Obj) -> bool:
+    """Whether the ResourceClaim's ``status.reservedFor`` holds the claim's entry."""
+    wanted = reserved_for_entry(gpu_claim)
+    return any(
+        {k: str(entry.get(k) or "") for k in wanted} == wanted
+        for entry in (resource_claim.get("status") or {}).get("reservedFor") or ()
+    )
+
+
+# --- the VMI side --------------------------------------------------------------------------
+
+
+def vmi_claim_entry_name(claim_name: str) -> str:
+    """The name of a held claim's ``spec.resourceClaims`` entry in a VMI: a DNS label, as
+    KubeVirt and the launcher pod want, readable when the claim's name allows."""
+    plain = keys.VMI_RESOURCE_CLAIM_PREFIX + claim_name
+    if keys.is_dns_label(plain):
+        return plain
+    digest = hashlib.sha256(claim_name.encode()).hexdigest()[:10]
+    head = plain.lower().replace(".", "-")[: 63 - 11].rstrip("-")
+    return f"{head}-{digest}"
+
+
+@dataclass(frozen=True)
+class VmiClaimEntries:
+    """What a VMI of a ``dra`` class carries for one held claim (KubeVirt's DRA form): one
+    ``spec.resourceClaims`` entry naming the claim's ResourceClaim, and one
+    ``spec.domain.devices.gpus`` entry per unit naming its request."""
+
+    resource_claim: dict[str, str]
+    gpus: tuple[dict[str, str], ...]
+
+
+def vmi_claim_entries(claim_name: str, count: int, first_unit: int = 0) -> VmiClaimEntries:
+    """The entries for a claim of ``count`` units whose first unit is the ``first_unit``-th
+    of its VM's set: gpus entries are named per unit of the set, as for ``devicePlugin``
+    classes, so several claims' entries never collide."""
+    entry = vmi_claim_entry_name(claim_name)
+    return VmiClaimEntries(
+        resource_claim={"name": entry, "resourceClaimName": claim_name},
+        gpus=tuple(
+            {
+                "name": f"{keys.VMI_GPU_NAME_PREFIX}{first_unit + i}",
+                "claimName": entry,
+                "requestName": request_name(i),
+            }
+            for i in range(count)
+        ),
+    )
