@@ -109,6 +109,13 @@ CLUSTER_INSTANCETYPE = ApiKind(
     "virtualmachineclusterinstancetypes",
     False,
 )
+# Dynamic resource allocation (SPEC §13): a `dra` class counts the devices of ResourceSlices
+# that a DeviceClass matches, less those ResourceClaims hold, and the controller makes one
+# ResourceClaim per claim of such a class. GA (v1) since Kubernetes 1.34.
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_CLAIM = ApiKind("ResourceClaim", RESOURCE_GROUP, "v1", "resourceclaims", True)
+RESOURCE_SLICE = ApiKind("ResourceSlice", RESOURCE_GROUP, "v1", "resourceslices", False)
+DEVICE_CLASS = ApiKind("DeviceClass", RESOURCE_GROUP, "v1", "deviceclasses", False)
 
 # Everything the binder watches, in one place: its informers and its cluster view are built
 # from this table. Usage records (WORKLOAD) are watched too unless they are switched off.
@@ -287,6 +294,20 @@ def template_claim_name(vmi_name: str, entry_name: str) -> str:
     head = re.sub(r"[^a-z0-9-]", "-", plain.lower())[: 63 - 11].strip("-") or "claim"
     return f"{head}-{digest}"
 
+
+# --- DRA (SPEC §13) ---------------------------------------------------------------------
+
+# The ResourceClaim the controller makes for a claim of a `dra` class has the claim's name
+# and namespace, is owned by it, and carries LABEL_MANAGED_BY: MANAGED_BY_CONTROLLER and
+# this label, whose value is the class's name (a DNS label, so a valid label value). Labels
+# only say what a ResourceClaim claims to be (a tenant may write them on its own): the
+# controller ownerReference naming the claim's uid says which ResourceClaims it made.
+LABEL_DRA_CLASS = GROUP + "/class"
+# Its requests, one per unit: gpu-0, gpu-1, ... (DNS labels, as the API wants request names).
+DRA_REQUEST_PREFIX = "gpu-"
+# Prefix of the spec.resourceClaims entries the VMI webhook adds, one per held claim of a
+# `dra` class (its gpus entries keep VMI_GPU_NAME_PREFIX, one per unit).
+VMI_RESOURCE_CLAIM_PREFIX = "gpu-cozystack-"
 
 # --- Guest licence (vGPU) --------------------------------------------------------------
 

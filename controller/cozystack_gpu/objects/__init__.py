@@ -1,6 +1,7 @@
 """The vocabulary of the API objects every part reads: accessors, timestamps, the claims
 annotation, launcher pod readers, finalizer and attachment patches, attachments and their
-verdicts, pod usage, volumes, and the translation of objects into the model's inputs.
+verdicts, pod usage, volumes, the translation of objects into the model's inputs, and the
+devices, ResourceClaims and VMI entries of the ``dra`` source.
 Below the admission webhooks and the binder, which both speak it; it imports only the keys
 and the model."""
 
