@@ -121,6 +121,13 @@ class PodIndex:
         chosen = launcher.launcher_of(pods, uid)
         return None if chosen is None else (vmi[0], translate.name_of(chosen))
 
+    def migration_target(self, vmi: Key, uid: str, migration: str) -> Key | None:
+        """The one target pod of migration ``migration`` of the VMI ``vmi`` with ``uid``
+        (``launcher.migration_target_of``), gated or not, or None."""
+        pods = [p for k in self._pods_of_vmi.get(vmi, ()) if (p := self._pod(k)) is not None]
+        chosen = launcher.migration_target_of(pods, uid, migration)
+        return None if chosen is None else (vmi[0], translate.name_of(chosen))
+
     def gated_pods(self) -> list[Key]:
         return sorted(self._gated)
 

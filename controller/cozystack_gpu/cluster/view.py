@@ -1,11 +1,10 @@
 """The cluster as the binder's watches deliver it, and the model inputs built from it.
 
 The view keeps every watched object as the API has it (or as the binder's own writes
-returned it), the indexes derived from them (VMIs and the claims they name, attachments per
-VMI; what pods use per node and namespace in its ``PodIndex``, VMs' volumes in its
-``VolumeIndex``), and the names of what changed since the binder last read it into its
-model. It decides nothing and writes nothing: the loop asks it for model inputs
-(``node_info``, ``claim_info``...) of what is dirty and feeds them to the snapshot.
+returned it), the indexes derived from them (VMIs and the claims they name, attachments,
+pods in its ``PodIndex``, volumes in its ``VolumeIndex``, migrations, reservations), and
+the names of what changed since the binder last read it into its model. It decides and
+writes nothing: the loop asks it for the model inputs of what is dirty (``node_info``...).
 
 Events older than what the view already holds of an object are dropped (etcd revisions are
 integers and grow), so the echo of an old watch event never undoes the binder's own write.
@@ -446,9 +445,10 @@ class ClusterView:
         return self.raw.get(keys.STORAGE_CLASS.kind, {}).get(("", name))
 
     def launcher_pod(self, vmi: Key, uid: str) -> Key | None:
-        """The one launcher pod of the VMI ``vmi`` with ``uid`` (``launcher.launcher_of``
-        over the pods naming it), or None."""
-        return self._pod_index.launcher_pod(vmi, uid)
+        return self._pod_index.launcher_pod(vmi, uid)  # (``launcher.launcher_of``)
+
+    def migration_target(self, vmi: Key, uid: str, migration: str) -> Key | None:
+        return self._pod_index.migration_target(vmi, uid, migration)
 
     def gated_pods(self) -> list[Key]:
         return self._pod_index.gated_pods()

@@ -173,6 +173,23 @@ class Migrations(BinderPart):
 
     # --- follow ------------------------------------------------------------------------
 
+    def _target_live(self, target: MigrationTarget, vmi: MutableObj | None) -> bool:
+        """Whether the migration's target still stands: its target pod, once there is one,
+        lives (seen by this leader, or found among the VMI's pods); before one, its
+        migration is open (placed ahead; a cancelled migration is deleted)."""
+        pod_key = self._targets.get(target.uid)
+        if pod_key is None and vmi is not None:
+            vmi_key = (translate.namespace_of(vmi), translate.name_of(vmi))
+            vmi_uid = str(translate.meta(vmi).get("uid") or "")
+            pod_key = self.view.migration_target(vmi_key, vmi_uid, target.uid)
+        if pod_key is not None:
+            pod = self.view.pod(pod_key)
+            return pod is not None and (
+                (pod.get("status") or {}).get("phase") not in translate.FINAL_POD_PHASES
+            )
+        job = self.view.migrations.by_uid(target.uid)
+        return job is not None and launcher.migration_open(job)
+
     def _follow(self, key: ClaimKey, now: float) -> bool:
         """Move the claim to its target once its VM runs there, or clear a target whose
         migration ended otherwise; True once it has no migration any more."""
@@ -186,16 +203,7 @@ class Migrations(BinderPart):
         vmi = (
             self.view.vmi_object((key.namespace, claim.attached_to)) if claim.attached_to else None
         )
-        pod_key = self._targets.get(target.uid)
-        pod = self.view.pod(pod_key) if pod_key is not None else None
-        pod_live = pod_key is None or (
-            pod is not None
-            and (pod.get("status") or {}).get("phase") not in translate.FINAL_POD_PHASES
-        )
-        job = self.view.migrations.by_uid(target.uid)
-        # Its migration gone (cancelled, or collected) or over: nothing lands any more.
-        pod_live = pod_live and job is not None and launcher.migration_open(job)
-        state = migration.outcome(target, vmi, pod_live, claim.node)
+        state = migration.outcome(target, vmi, self._target_live(target, vmi), claim.node)
         if state is migration.Outcome.RUNNING and self.snapshot.node(target.node) is None:
             state = migration.Outcome.ENDED  # its target node is gone: the VM cannot land there
         if state is migration.Outcome.RUNNING:

@@ -259,11 +259,22 @@ def test_a_target_pod_of_no_open_migration_is_never_placed() -> None:
         assert handle.decided == [] and handle.of(PodPin) == [], job
 
 
-def test_a_cancelled_migration_frees_its_target_even_before_its_pod_goes() -> None:
+def test_a_cancelled_migration_frees_its_target_once_its_pod_is_gone_or_never_came() -> None:
+    """A migration deleted (cancelled) before virt-controller rendered its target pod has
+    nothing left to land; one whose target pod still runs keeps the target's units until
+    the pod goes (the units are in use until then)."""
     target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
     cancelled = _job(deletionTimestamp="2026-12-01T10:06:00Z")
-    handle = _world({**ATTACHED, "migration": target}, job=cancelled)
+    handle = _world({**ATTACHED, "migration": target}, job=cancelled, target_pod=False)
     Migrations(handle).run(1_800_000_000.0)
     [(cleared, decision)] = handle.decided
     assert (cleared.node, cleared.migration) == ("n1", None)
     assert _migration_condition(decision.body)["reason"] == "MigrationEnded"
+    handle = _world({**ATTACHED, "migration": target}, job=cancelled)
+    part = Migrations(handle)
+    part.run(1_800_000_000.0)
+    assert handle.decided == [], "its target pod still there"
+    handle.view.forget(keys.POD.kind, (NS, "virt-launcher-vm-target"))
+    part.run(1_800_000_001.0)
+    [(cleared, _decision)] = handle.decided
+    assert cleared.migration is None
