@@ -105,9 +105,12 @@ def lands(
     handler_writes(kube, namespace, name, {"nodeName": target, "migrationState": state})
 
 
-def fails(kube: Kube, namespace: str, name: str, uid: str, source: str, target: str) -> None:
+def fails(
+    kube: Kube, namespace: str, name: str, uid: str, source: str, target: str, pod: str
+) -> None:
     """The migration of ``uid`` failed (the guest could not be moved): virt-handler ends it
-    with ``failed``, and the VMI stays on the source node."""
+    with ``failed``, the VMI stays on the source node, and the target pod's launcher exits
+    (kubelet writes the pod Failed)."""
     found = get_vmi(kube, namespace, name)
     if found is None:
         raise AssertionError(f"VMI {namespace}/{name} is gone")
@@ -117,3 +120,4 @@ def fails(kube: Kube, namespace: str, name: str, uid: str, source: str, target: 
         endTimestamp=_now(), completed=True, failed=True,
     )  # fmt: skip
     handler_writes(kube, namespace, name, {"nodeName": source, "migrationState": state})
+    kube.core.patch_namespaced_pod_status(pod, namespace, {"status": {"phase": "Failed"}})

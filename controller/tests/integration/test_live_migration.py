@@ -318,12 +318,15 @@ def test_a_failed_migration_frees_its_target_and_the_hold_stays(
     env = vms
     kube = env.kube
     under_way = migration_under_way(env)
-    # virt-handler: the guest could not be moved; the VM stays on the source.
-    kubevirt_kit.fails(kube, env.tenant, "vm", under_way.uid, under_way.source, under_way.other)
+    pod = under_way.found()["metadata"]["name"]
+    kubevirt_kit.kubelet_runs(kube.api, env.tenant, pod)
+    # virt-handler: the guest could not be moved; the VM stays on the source, and the
+    # target's launcher exits.
+    kubevirt_kit.fails(
+        kube, env.tenant, "vm", under_way.uid, under_way.source, under_way.other, pod
+    )
     status = wait_for(target_cleared(kube, env.tenant), TIMEOUT, "the failed target freed")
     assert (status["nodeName"], status["phase"]) == (under_way.source, "Attached")
-    # virt-controller deletes the failed target pod (kubelet removes it here); until then its
-    # unit is in use, after it the unit is orders' again.
-    wait_for(removed(kube, env.tenant, under_way.found), TIMEOUT, "the failed target removed")
+    # The target's unit is orders' again.
     order(kube, env.tenant, "b", under_way.gpu_class, 1)
     assert env.wait_phase("b", "Bound", timeout=TIMEOUT)["status"]["nodeName"] == under_way.other
