@@ -20,12 +20,13 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
 from apiserver_load import RESOURCE, Bench, answered, create_many, percentile, wait_until
 from binder_bench import config
 from kubernetes import watch
@@ -33,6 +34,7 @@ from kubernetes import watch
 from cozystack_gpu import keys
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu.objects import vmi_pods
+from cozystack_gpu_testkit import cluster
 
 
 class ReleaseWatch:
@@ -118,10 +120,17 @@ def launcher_body(name: str, vmi: dict[str, Any], migration: str | None = None) 
 
 
 @contextmanager
-def gate_plane(nodes: int, bin_dir: Path) -> Iterator[tuple[Bench, Binder]]:
-    """A fresh control plane with ``nodes`` GPU nodes of 8 units and one class, and the
-    binder in this process (usage records off), its first listing done."""
+def gate_plane(
+    nodes: int, bin_dir: Path, crds: Sequence[dict[str, Any]] = ()
+) -> Iterator[tuple[Bench, Binder]]:
+    """A fresh control plane with ``nodes`` GPU nodes of 8 units and one class (and the
+    CRDs of ``crds``), and the binder in this process (usage records off), its first
+    listing done."""
     bench = Bench.start(nodes, 8, bin_dir)
+    if crds:
+        path = bench.plane.workdir / "bench-crds.yaml"
+        path.write_text(yaml.safe_dump_all(list(crds)))
+        cluster.install_crds(bench.kube.api, [path])
     binder = Binder(bench.kube.api, config(bench.controller_ns))
     try:
         binder.start()

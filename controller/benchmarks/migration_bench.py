@@ -41,6 +41,8 @@ from gate_bench import ReleaseWatch, create_at_rate, gate_plane, launcher_body, 
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.kubevirt.install import manifests_file
 
 UNITS = 8  # a node's units (gate_plane's)
 HELD_PER_VM = 3  # its source, its migration's target, and a fresh start's
@@ -118,7 +120,14 @@ def run(vms: int, nodes: int, rate: float, bin_dir: Path) -> None:
             f"{vms} VMs need {HELD_PER_VM * vms} units (source, target, a fresh start's): "
             f"--nodes {-(-HELD_PER_VM * vms // UNITS)} at least"
         )
-    with gate_plane(nodes, bin_dir) as (bench, binder):
+    # KubeVirt's VirtualMachineInstanceMigration CRD, from what virt-operator installs.
+    manifests = cluster.load_manifests(manifests_file(bin_dir))
+    crds = [
+        d for d in manifests
+        if d["kind"] == "CustomResourceDefinition"
+        and d["spec"]["names"]["plural"] == keys.VMIM.plural
+    ]  # fmt: skip
+    with gate_plane(nodes, bin_dir, crds) as (bench, binder):
         watcher = ReleaseWatch(bench.kube, bench.tenant)
         running = ready_vmis(bench, [f"r{i:05d}" for i in range(vms)])
         launchers = {name: launcher_body(name, vmi) for name, vmi in running.items()}
