@@ -137,6 +137,10 @@ BINDER_WATCHES = (
     PV,
     STORAGE_CLASS,
 )
+# What is read to judge from one listing (the kubectl plugin, the layout preview): all the
+# binder watches but the migrations, which it watches only to place targets early (their
+# targets are on the claims). Those callers' identities need not read migrations.
+MODEL_KINDS = tuple(kind for kind in BINDER_WATCHES if kind is not VMIM)
 
 # --- Budgets -----------------------------------------------------------------------------
 

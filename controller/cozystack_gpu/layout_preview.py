@@ -59,13 +59,13 @@ VFIO_DRIVERS = frozenset({"vfio-pci", "nvgrace_gpu_vfio_pci"})
 
 
 def read_cluster(api_client: client.ApiClient) -> dict[str, list[MutableObj]]:
-    """Every object the binder watches, by kind, as the API returns them (a kind whose CRD
+    """Every object the model is built from, by kind, as the API returns them (a kind whose CRD
     is not installed, such as KubeVirt's on a cluster without it, is empty)."""
     # Only here: judging a change needs no client, listing does.
     from cozystack_gpu.cluster import informer
 
     objects: dict[str, list[MutableObj]] = {}
-    for kind in keys.BINDER_WATCHES:
+    for kind in keys.MODEL_KINDS:
         list_fn = informer.list_function(api_client, kind)
         try:
             response = list_fn(_preload_content=False, _request_timeout=60)

@@ -143,10 +143,7 @@ class Session:
         (a hoster). A kind of ``optional`` the user may not list is left out of it instead,
         so the caller can say what it could not count."""
         out: dict[str, list[MutableObj]] = {}
-        # Live migrations are the binder's working state, not what the CLI shows or judges
-        # (their targets are on the claims): a hoster who may not list them loses nothing.
-        optional = (*optional, keys.VMIM)
-        for kind in keys.BINDER_WATCHES:
+        for kind in keys.MODEL_KINDS:
             items = self.list_of(kind)
             if items is None:
                 if kind in optional:
