@@ -420,7 +420,7 @@ def made_for(resource_claim: Obj, gpu_claim: Obj) -> bool:
     return any(
         ref.get("controller") is True
         and ref.get("kind") == keys.KIND_CLAIM
-        and str(ref.get("apiVersion") or "").split("/")[0] == keys.GROUP
+        and str(ref.get("apiVersion") or "").split("/", maxsplit=1)[0] == keys.GROUP
         and ref.get("uid") == uid
         for ref in (resource_claim.get("metadata") or {}).get("ownerReferences") or ()
     )

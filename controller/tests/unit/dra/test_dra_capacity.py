@@ -216,7 +216,7 @@ def test_with_the_models_holds_it_is_spec_13s_capacity(
             next_free += count
         else:
             unallocated_units += count
-    held = sum(count for count, _ in units)
+    held = sum(count for count, _allocated in units)
     spec_capacity = gpus - next_free - unallocated_units
     capacity = dra_capacity(passthrough_node("n1", gpus), claims, VFIO, ours)
     assert capacity.of("n1") - held == spec_capacity

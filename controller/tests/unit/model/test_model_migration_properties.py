@@ -333,7 +333,7 @@ def test_random_sequences_do_place_migration_targets() -> None:
     for seed in range(20):
         w = random_world(seed)
         r = random.Random(seed)
-        for _ in range(150):
+        for _step in range(150):
             apply(w, (r.randrange(N_OPS), r.randrange(1000), r.randrange(1000)))
             check(w)
         placed += w.migrations
