@@ -771,8 +771,88 @@ def test_helm_uninstall_leaves_the_crds_and_the_claims(release: Release) -> None
     assert gone.value.status == 404
     # gpu-settings is kept, like the CRDs: Helm deletes ConfigMaps before policies.
     assert release.kube.core.read_namespaced_config_map(keys.SETTINGS_CONFIGMAP, NAMESPACE)
+    # So are the parameter anchors (param-anchors.yaml), and they judge nothing.
+    for kind in ("lease", "configmap"):
+        anchor = admission.read_validating_admission_policy_binding(
+            f"{RELEASE}-param-anchor-{kind}"
+        )
+        assert anchor.spec.validation_actions == ["Audit"]
     with pytest.raises(ApiException) as removed:
         client.AppsV1Api(release.api).read_namespaced_deployment(
             "cozystack-gpu-controller", NAMESPACE
         )
     assert removed.value.status == 404
+
+
+def _serve_webhooks_again(release: Release, tmp: Path) -> None:
+    """After an install anew: the chart's new certificate, served at the new Service."""
+    release.webhooks.stop()
+    release.cert_dir = write_cert_dir(release.api, NAMESPACE, SECRET, tmp)
+    release.webhooks = AdmissionRecorder(release.cert_dir).start()
+    route_service(release.api, NAMESPACE, SERVICE, host_address(), release.webhooks.port)
+
+
+def _lease_now(release: Release, holder: str, term: int) -> None:
+    """The binder's Lease as an election leaves it: ``holder`` leads in ``term``."""
+    coordination = client.CoordinationV1Api(release.api)
+    body = {
+        "metadata": {"name": keys.LEASE_NAME_BINDER, "namespace": NAMESPACE},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": term},
+    }
+    try:
+        coordination.create_namespaced_lease(NAMESPACE, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        coordination.patch_namespaced_lease(keys.LEASE_NAME_BINDER, NAMESPACE, body)
+
+
+def _status_write(release: Release, holder: str, term: int) -> int:
+    """A binder status write of claim "held" decided by ``holder`` in ``term``: its answer."""
+    writer = {"holder": holder, "term": term, "basedOn": uuid.uuid4().hex}
+    custom = client.CustomObjectsApi(_impersonating(release.plane, CONTROLLER))
+    try:
+        custom.patch_namespaced_custom_object_status(
+            keys.GROUP, keys.VERSION, release.tenant, keys.PLURAL_CLAIMS, "held",
+            {"status": {keys.CLAIM_STATUS_WRITER: writer}},
+        )  # fmt: skip
+    except ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+def test_a_chart_installed_again_judges_by_its_parameters_as_they_are_now(
+    release: Release, tmp_path: Path
+) -> None:
+    """The raw-name policy reads gpu-settings and the claim fence the binder's Lease, through
+    informers inside kube-apiserver. kube-apiserver stops such an informer for a built-in
+    kind once no binding names that kind, and a policy created later reads its frozen store
+    (kubernetes/kubernetes#130887, open in v1.37): an uninstall, then an install again, left
+    the fence judging by a Lease gone by and the raw-name policy by settings gone by. The
+    chart's kept parameter anchors name both kinds for good."""
+    # The uninstall above left gpu-settings as the upgrade wrote it: forbidden.
+    _lease_now(release, "gone-replica", 7)
+    release.run("install", RELEASE, str(CHART), values=VALUES)
+    _serve_webhooks_again(release, tmp_path)
+    # allowed again: a tenant's GPU pod is admitted once the policy reads the new settings.
+    gpu_pod = _pod("gpu-pod-again", gpus=1)
+    wait_for(
+        lambda: (
+            _refusal(
+                lambda: release.kube.core.create_namespaced_pod(
+                    release.tenant, gpu_pod, dry_run="All"
+                )
+            )
+            is None
+        ),
+        30,
+        "the raw-name policy reading rawResourceNames: allowed after the install",
+    )
+    # The new leader takes the Lease over: its writes land, the gone leader's are refused.
+    _lease_now(release, "new-replica", 8)
+    wait_for(
+        lambda: _status_write(release, "gone-replica", 7) == 403,
+        30,
+        "the fence refusing a write of the overtaken term 7",
+    )
+    assert _status_write(release, "new-replica", 8) == 200

@@ -126,6 +126,26 @@ def own_plane() -> Iterator[cluster.ControlPlane]:
         plane.stop()
 
 
+@pytest.fixture(scope="module")
+def fence(own_plane: cluster.ControlPlane) -> Iterator[str]:
+    """The chart's claim-fence policy, installed once for the fence tests with its Lease in
+    the namespace this yields, and kept until the plane stops.
+
+    Kept, not installed and deleted per test: kube-apiserver stops the informer of a
+    built-in paramKind (the Lease) once no binding names it for one policy refresh, and a
+    policy created later reads that stopped informer's frozen store (kubernetes/kubernetes
+    #130887, open in v1.37): the fence then judges by a Lease it can no longer see change.
+    operations.md tells hosters the same about uninstalling and installing the chart again.
+    """
+    api = own_plane.api_client()
+    kube = Kube(api)
+    namespace = "ctl-fence"
+    kube.namespace(namespace)
+    _lease(kube, namespace, "r1", 4)
+    install_policies(api, helm_template("claim-fence-policy.yaml", namespace))
+    yield namespace
+
+
 def test_a_leaders_write_held_by_a_missing_etcd_never_lands_after_its_lease(
     own_plane: cluster.ControlPlane,
 ) -> None:
@@ -206,16 +226,13 @@ def _bind(claim: dict[str, Any], node: str) -> dict[str, Any]:
 
 
 def test_a_leaders_write_the_network_held_past_a_takeover_is_refused_by_its_term(
-    own_plane: cluster.ControlPlane,
+    own_plane: cluster.ControlPlane, fence: str
 ) -> None:
     api = own_plane.api_client()
     kube = Kube(api)
-    namespace = "ctl-fence"
-    kube.namespace(namespace)
+    namespace = fence
     kube.namespace("fenced")
     _lease(kube, namespace, "r1", 4)
-    fence = helm_template("claim-fence-policy.yaml", namespace)
-    install_policies(api, fence)
     port = int(own_plane.server.rsplit(":", 1)[1])
     answers: queue.Queue[Any] = queue.Queue()
     with Proxy(("127.0.0.1", port)) as proxy:
@@ -273,27 +290,18 @@ def test_a_leaders_write_the_network_held_past_a_takeover_is_refused_by_its_term
             assert kube.get_claim("fenced", "late")["status"]["phase"] == "Bound"
         finally:
             writer.stop()
-            admission = client.AdmissionregistrationV1Api(api)
-            for obj in fence:
-                if obj["kind"] == "ValidatingAdmissionPolicy":
-                    admission.delete_validating_admission_policy(obj["metadata"]["name"])
-                else:
-                    admission.delete_validating_admission_policy_binding(obj["metadata"]["name"])
 
 
 def test_a_booking_of_an_overtaken_leader_is_refused_by_its_term(
-    own_plane: cluster.ControlPlane,
+    own_plane: cluster.ControlPlane, fence: str
 ) -> None:
     """A reservation's booking holds a window's units as a bind holds a claim's: the same
     fence refuses one decided in a term the Lease has left, and lets the leader's own land."""
     api = own_plane.api_client()
     kube = Kube(api)
-    namespace = "ctl-fence-bookings"
-    kube.namespace(namespace)
+    namespace = fence
     kube.namespace("booked")
     _lease(kube, namespace, "r1", 4)
-    fence = helm_template("claim-fence-policy.yaml", namespace)
-    install_policies(api, fence)
     answers: queue.Queue[Any] = queue.Queue()
     stale = Writer(api, answers, 1, term=lambda: Term("r1", 4))
     stale.start()
@@ -330,9 +338,3 @@ def test_a_booking_of_an_overtaken_leader_is_refused_by_its_term(
         assert made["metadata"]["uid"] == kube.get_reservation("booked", "w")["metadata"]["uid"]
     finally:
         stale.stop()
-        admission = client.AdmissionregistrationV1Api(api)
-        for obj in fence:
-            if obj["kind"] == "ValidatingAdmissionPolicy":
-                admission.delete_validating_admission_policy(obj["metadata"]["name"])
-            else:
-                admission.delete_validating_admission_policy_binding(obj["metadata"]["name"])
