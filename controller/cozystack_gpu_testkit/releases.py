@@ -95,3 +95,30 @@ def git(cwd: Path, *args: str) -> str:
     if done.returncode != 0:
         raise AssertionError(f"git {' '.join(args)}: {done.stderr}")
     return done.stdout
+
+
+# The chart tarball docs/operations.md's upgrade command names; a test puts its chart there.
+DOCUMENTED_CHART = "cozystack-gpu-<new version>.tgz"
+# The 0.2.0 workaround docs/operations.md gives (its image has no passwd entry).
+DOCUMENTED_USER_FIX = "kubectl -n cozy-gpu set env deployment/cozystack-gpu-controller"
+
+
+def _documented_line(start: str, marker: str) -> str:
+    page = (REPO_ROOT / "docs" / "operations.md").read_text()
+    (line,) = [
+        part.strip("` ")
+        for text in page.splitlines()
+        for part in text.split("`")
+        if part.strip().startswith(start) and marker in part
+    ]
+    return line
+
+
+def documented_upgrade() -> str:
+    """The upgrade command docs/operations.md gives a hoster, word for word."""
+    return _documented_line("helm upgrade ", DOCUMENTED_CHART)
+
+
+def documented_user_fix() -> str:
+    """The command docs/operations.md gives to start 0.2.0's controller under containerd."""
+    return _documented_line(DOCUMENTED_USER_FIX, "USER=")

@@ -56,6 +56,7 @@ from cozystack_gpu_testkit.demo.hosts import H100, L40S_24C
 from cozystack_gpu_testkit.invariants import Invariants
 from cozystack_gpu_testkit.kubevirt import HANDLER_USER
 from cozystack_gpu_testkit.objects import Kube, order_webhook_answers, wait_for
+from cozystack_gpu_testkit.releases import DOCUMENTED_CHART, documented_upgrade
 
 pytestmark = pytest.mark.apiserver
 
@@ -422,20 +423,6 @@ def test_an_upgrade_and_its_rollback_keep_every_hold_attachment_and_record(
     )  # fmt: skip
     print(f"\nupgrade {c.release.version} -> this tree: {up}")
     print(f"rollback -> {c.release.version}: {back}")
-
-
-DOCUMENTED_CHART = "cozystack-gpu-<new version>.tgz"
-
-
-def documented_upgrade() -> str:
-    """The upgrade command docs/operations.md gives a hoster, word for word."""
-    page = (cluster.REPO_ROOT / "docs" / "operations.md").read_text()
-    (command,) = [
-        line.strip()
-        for line in page.splitlines()
-        if line.startswith("helm upgrade ") and DOCUMENTED_CHART in line
-    ]
-    return command
 
 
 def _revision(c: Cluster) -> int:

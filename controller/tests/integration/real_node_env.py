@@ -12,20 +12,30 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 
-from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit import cluster, releases, sysfs_tree
 from cozystack_gpu_testkit import node as real_node
+from cozystack_gpu_testkit.objects import Kube
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD_IMAGE = REPO / "tools" / "build-image.sh"
 RUNNING_TIMEOUT_S = 60.0
 NODE_TOLERATION = {"key": real_node.NODE_TAINT["key"], "operator": "Exists"}
+# The chart's release as docs/install.md installs it.
+RELEASE = "cozystack-gpu"
+NAMESPACE = "cozy-gpu"
+DEPLOYMENT = "cozystack-gpu-controller"
+DAEMONSET = "cozystack-gpu-agent"
+WEBHOOK_SERVICE = "cozystack-gpu-webhook"
+HELM_TIMEOUT = "300s"
 
 
 def start_plane() -> cluster.ControlPlane:
@@ -62,6 +72,48 @@ def build_controller_image(node: real_node.RealNode, scratch: Path) -> str:
     node.import_image(archive)
     archive.unlink()
     return image
+
+
+RELEASE_IMAGES = "localhost/cozystack-gpu-controller-release"
+
+
+def released_image(node: real_node.RealNode, release: releases.Release, scratch: Path) -> str:
+    """The image of a recorded release, built by that release's own tools/build-image.sh from
+    a worktree of its commit (as ``tools/release.py rebuild`` builds it), tagged
+    ``RELEASE_IMAGES:<version>-<commit>`` and kept there by commit, and imported into the
+    node's containerd. A tree's own builds prune other builds of the test image's name, never
+    this one's."""
+    reference = f"{RELEASE_IMAGES}:{release.version}-{release.commit[:12]}"
+    exists = subprocess.run(["podman", "image", "exists", reference], check=False)
+    if exists.returncode != 0:
+        tree = scratch / f"release-{release.version}"
+        releases.git(REPO, "worktree", "add", "--detach", str(tree), release.commit)
+        try:
+            built = subprocess.run(
+                ["bash", str(tree / "tools" / "build-image.sh")],
+                cwd=tree, capture_output=True, text=True, check=False,
+                env={
+                    **os.environ,
+                    "COZYSTACK_GPU_IMAGE_KEEP_OTHERS": "1",
+                    "COZYSTACK_GPU_PYTHON": sys.executable,
+                },
+            )  # fmt: skip
+            assert built.returncode == 0, (
+                f"release {release.version}'s build-image.sh failed:\n{built.stderr[-4000:]}"
+            )
+            image = built.stdout.strip().splitlines()[-1]
+            subprocess.run(["podman", "tag", image, reference], check=True)
+        finally:
+            releases.git(REPO, "worktree", "remove", "--force", str(tree))
+    archive = scratch / f"controller-{release.version}.oci.tar"
+    subprocess.run(
+        ["podman", "save", "--quiet", "--format", "oci-archive", "--output", str(archive),
+         reference],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    node.import_image(archive)
+    archive.unlink()
+    return reference
 
 
 def fresh_namespace(core: client.CoreV1Api, labels: dict[str, str] | None = None) -> str:
@@ -119,3 +171,88 @@ def wait_running(core: client.CoreV1Api, ns: str, name: str) -> Any:
         assert pod.status.phase not in ("Failed", "Succeeded"), pod.status
         time.sleep(0.2)
     raise AssertionError(f"pod {ns}/{name} not Running in {RUNNING_TIMEOUT_S:.0f} s: {pod}")
+
+
+def helm(plane: cluster.ControlPlane, *args: str, values: dict[str, Any] | None = None) -> str:
+    done = subprocess.run(
+        [
+            str(plane.bin_dir / "helm"),
+            f"--kubeconfig={plane.kubeconfig}",
+            *args,
+            *(("--values", "-") if values is not None else ()),
+        ],
+        input=yaml.safe_dump(values) if values is not None else None,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"helm {' '.join(args)} failed:\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+def chart_values(
+    image: str, tree: sysfs_tree.SysfsTree, node: real_node.RealNode
+) -> dict[str, Any]:
+    """The values a hoster gives (docs/install.md), with the node's own paths: the image
+    imported into its containerd, the fixture tree as the host's /sys and pci.ids, and
+    kubelet's pod-resources directory under the node's work directory."""
+    repository, tag = image.rsplit(":", 1)
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        # The node is tainted for tests of its own; a hoster's GPU nodes are tainted too.
+        "controller": {"tolerations": [NODE_TOLERATION]},
+        "agent": {
+            "hostPaths": {
+                "sys": str(tree.root / "sys"),
+                "podResources": str(node.pod_resources_socket.parent),
+                "pciIds": str(tree.pci_ids.parent),
+            },
+            "pollSeconds": 1,
+        },
+    }
+
+
+def pods_of(kube: Kube, selector: str) -> list[Any]:
+    return list(kube.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items)
+
+
+def launcher_pod(vmi: dict[str, Any], image: str) -> dict[str, Any]:
+    """The virt-launcher pod virt-controller renders for ``vmi`` (owned by it, its labels,
+    one extended-resource request per gpus entry), with the pause image as its container:
+    the pod webhook gates it, the leader pins it, the scheduler binds it, kubelet runs it."""
+    requests: dict[str, int] = {}
+    for gpu in vmi["spec"]["domain"]["devices"].get("gpus", []):
+        requests[gpu["deviceName"]] = requests.get(gpu["deviceName"], 0) + 1
+    resources = {k: str(v) for k, v in requests.items()}
+    return {
+        "metadata": {
+            "name": f"virt-launcher-{vmi['metadata']['name']}",
+            "labels": {
+                "kubevirt.io": "virt-launcher",
+                "kubevirt.io/created-by": vmi["metadata"]["uid"],
+                **vmi["metadata"].get("labels", {}),
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "name": vmi["metadata"]["name"],
+                    "uid": vmi["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "compute",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "resources": {"requests": resources, "limits": resources},
+                }
+            ],
+        },
+    }

@@ -19,21 +19,33 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from real_node_env import NODE_TOLERATION, delete_namespace, fresh_namespace
+from real_node_env import (
+    DAEMONSET,
+    DEPLOYMENT,
+    HELM_TIMEOUT,
+    NAMESPACE,
+    NODE_TOLERATION,
+    RELEASE,
+    WEBHOOK_SERVICE,
+    chart_values,
+    delete_namespace,
+    fresh_namespace,
+    helm,
+    launcher_pod,
+    pods_of,
+)
 
 from cozystack_gpu import keys
 from cozystack_gpu.agent import sysfs
-from cozystack_gpu_testkit import cluster, device_plugin, sysfs_scenarios, sysfs_tree
+from cozystack_gpu_testkit import cluster, device_plugin, sysfs_scenarios
 from cozystack_gpu_testkit import node as node_kit
 from cozystack_gpu_testkit.answer_gap import Gap
 from cozystack_gpu_testkit.chart import CHART
@@ -49,13 +61,7 @@ from cozystack_gpu_testkit.objects import (
 
 pytestmark = pytest.mark.apiserver
 
-RELEASE = "cozystack-gpu"
-NAMESPACE = "cozy-gpu"
-DEPLOYMENT = "cozystack-gpu-controller"
-DAEMONSET = "cozystack-gpu-agent"
-WEBHOOK_SERVICE = "cozystack-gpu-webhook"
 CLASS = "real-h100"
-HELM_TIMEOUT = "300s"
 
 
 @dataclass
@@ -71,44 +77,6 @@ class Installed:
     def passthrough(self) -> str:
         """A passthrough resource name of the fixture tree (device IDs are PCI addresses)."""
         return next(r for r, ids in sorted(self.advertised.items()) if ":" in ids[0])
-
-
-def helm(plane: cluster.ControlPlane, *args: str, values: dict[str, Any] | None = None) -> str:
-    done = subprocess.run(
-        [
-            str(plane.bin_dir / "helm"),
-            f"--kubeconfig={plane.kubeconfig}",
-            *args,
-            *(("--values", "-") if values is not None else ()),
-        ],
-        input=yaml.safe_dump(values) if values is not None else None,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    assert done.returncode == 0, f"helm {' '.join(args)} failed:\n{done.stderr[-4000:]}"
-    return done.stdout
-
-
-def chart_values(image: str, tree: sysfs_tree.SysfsTree, node: node_kit.RealNode) -> dict[str, Any]:
-    """The values a hoster gives (docs/install.md), with the node's own paths: the image
-    imported into its containerd, the fixture tree as the host's /sys and pci.ids, and
-    kubelet's pod-resources directory under the node's work directory."""
-    repository, tag = image.rsplit(":", 1)
-    return {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        # The node is tainted for tests of its own; a hoster's GPU nodes are tainted too.
-        "controller": {"tolerations": [NODE_TOLERATION]},
-        "agent": {
-            "hostPaths": {
-                "sys": str(tree.root / "sys"),
-                "podResources": str(node.pod_resources_socket.parent),
-                "pciIds": str(tree.pci_ids.parent),
-            },
-            "pollSeconds": 1,
-        },
-    }
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +150,6 @@ def installed(
 
 def delete_class(kube: Kube) -> None:
     kube.custom.delete_cluster_custom_object(keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, CLASS)
-
-
-def pods_of(kube: Kube, selector: str) -> list[Any]:
-    return list(kube.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items)
 
 
 def test_two_controller_replicas_and_the_agent_run_as_ready_pods_behind_the_pdb_and_service(
@@ -302,47 +266,6 @@ def test_the_replicas_webhooks_judge_orders_and_the_leader_binds_one_on_the_real
         assert kube.get_claim(tenant, "train")["status"]["phase"] == "Bound"
     finally:
         delete_class(kube)
-
-
-def launcher_pod(vmi: dict[str, Any], image: str) -> dict[str, Any]:
-    """The virt-launcher pod virt-controller renders for ``vmi`` (owned by it, its labels,
-    one extended-resource request per gpus entry), with the pause image as its container:
-    the pod webhook gates it, the leader pins it, the scheduler binds it, kubelet runs it."""
-    requests: dict[str, int] = {}
-    for gpu in vmi["spec"]["domain"]["devices"].get("gpus", []):
-        requests[gpu["deviceName"]] = requests.get(gpu["deviceName"], 0) + 1
-    resources = {k: str(v) for k, v in requests.items()}
-    return {
-        "metadata": {
-            "name": f"virt-launcher-{vmi['metadata']['name']}",
-            "labels": {
-                "kubevirt.io": "virt-launcher",
-                "kubevirt.io/created-by": vmi["metadata"]["uid"],
-                **vmi["metadata"].get("labels", {}),
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": "kubevirt.io/v1",
-                    "kind": "VirtualMachineInstance",
-                    "name": vmi["metadata"]["name"],
-                    "uid": vmi["metadata"]["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "compute",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "resources": {"requests": resources, "limits": resources},
-                }
-            ],
-        },
-    }
 
 
 def test_a_launcher_pods_gpu_is_pinned_allocated_by_kubelet_and_reported_by_the_agent_pod(
