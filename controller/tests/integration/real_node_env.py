@@ -77,6 +77,14 @@ def build_controller_image(node: real_node.RealNode, scratch: Path) -> str:
 RELEASE_IMAGES = "localhost/cozystack-gpu-controller-release"
 
 
+def _dangling_images() -> set[str]:
+    done = subprocess.run(
+        ["podman", "images", "--quiet", "--no-trunc", "--filter", "dangling=true"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return set(done.stdout.split())
+
+
 def released_image(node: real_node.RealNode, release: releases.Release, scratch: Path) -> str:
     """The image of a recorded release, built by that release's own tools/build-image.sh from
     a worktree of its commit (as ``tools/release.py rebuild`` builds it), tagged
@@ -86,6 +94,7 @@ def released_image(node: real_node.RealNode, release: releases.Release, scratch:
     reference = f"{RELEASE_IMAGES}:{release.version}-{release.commit[:12]}"
     exists = subprocess.run(["podman", "image", "exists", reference], check=False)
     if exists.returncode != 0:
+        dangling = _dangling_images()
         tree = scratch / f"release-{release.version}"
         releases.git(REPO, "worktree", "add", "--detach", str(tree), release.commit)
         try:
@@ -103,6 +112,9 @@ def released_image(node: real_node.RealNode, release: releases.Release, scratch:
             )
             image = built.stdout.strip().splitlines()[-1]
             subprocess.run(["podman", "tag", image, reference], check=True)
+            # Its builder stage (about 435 MB), which releases before 0.3 leave untagged.
+            for left in _dangling_images() - dangling:
+                subprocess.run(["podman", "rmi", left], capture_output=True, check=False)
         finally:
             releases.git(REPO, "worktree", "remove", "--force", str(tree))
     archive = scratch / f"controller-{release.version}.oci.tar"
