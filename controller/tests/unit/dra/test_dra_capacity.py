@@ -6,15 +6,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from dra_objects import (
-    DRIVER,
-    VFIO_DEVICE_CLASS,
-    allocated,
-    gpu_device,
-    passthrough_node,
-    resource_slice,
-    vfio_device,
-)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +15,15 @@ from cozystack_gpu.objects.dra import (
     compile_matcher,
     dra_capacity,
     node_devices,
+)
+from cozystack_gpu_testkit.dra_objects import (
+    DRIVER,
+    VFIO_DEVICE_CLASS,
+    allocated,
+    gpu_device,
+    passthrough_node,
+    resource_slice,
+    vfio_device,
 )
 
 VFIO = compile_matcher(VFIO_DEVICE_CLASS)

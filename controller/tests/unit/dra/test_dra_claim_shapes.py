@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import string
 
-from dra_objects import VFIO_CLASS, dra_class, gpu_claim
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,6 +23,7 @@ from cozystack_gpu.objects.dra import (
     vmi_claim_entries,
     vmi_claim_entry_name,
 )
+from cozystack_gpu_testkit.dra_objects import VFIO_CLASS, dra_class, gpu_claim
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 SOURCE = DraSource(VFIO_CLASS, ("device.attributes['gpu.nvidia.com'].numa == 0",))

@@ -9,12 +9,19 @@ from typing import Any
 
 import cel
 import pytest
-from dra_objects import DRIVER, H100, L40S, VFIO_DEVICE_CLASS, gpu_device, vfio_device
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cozystack_gpu.objects import dra_cel
 from cozystack_gpu.objects.dra import DeviceId, SliceDevice, compile_matcher, selector_errors
+from cozystack_gpu_testkit.dra_objects import (
+    DRIVER,
+    H100,
+    L40S,
+    VFIO_DEVICE_CLASS,
+    gpu_device,
+    vfio_device,
+)
 
 
 def device(raw: dict[str, Any], driver: str = DRIVER, node: str = "n1") -> SliceDevice:
