@@ -51,6 +51,11 @@ CONTAINERD = "containerd"
 KUBELET = "kubelet"
 # A kube-controller-manager running only the root-ca-certificate-publisher controller.
 CA_PUBLISHER = "root-ca-publisher"
+# A detached node's hold on the machine's node lock: a process of its own, stopped last, so
+# the lock is free only once the whole node is gone and the host put back (kubelet held it
+# once, and a node waiting for the lock took it over between kubelet's exit and the rest
+# of ``stop_detached``, which then waited for that node's whole session).
+LOCK_HOLDER = "node-lock-holder"
 CA_PUBLISHER_CONTROLLER = "root-ca-certificate-publisher-controller"
 STOP_ORDER = (KUBELET, CA_PUBLISHER, CONTAINERD)
 NODE_TAINT = {"key": "cozystack-gpu.test/real-node", "value": "true", "effect": "NoSchedule"}
@@ -103,7 +108,7 @@ class RealNode:
     # Every container id ``stop`` found, sandboxes' included (their CNI results, if left).
     _containers: set[str] = field(default_factory=set, repr=False)
     # Outlives the calling process (``make cluster``): its processes in sessions of their
-    # own, kubelet holding the machine's node lock; ``stop_detached`` stops it later.
+    # own, ``LOCK_HOLDER`` holding the machine's node lock; ``stop_detached`` stops it later.
     detach: bool = False
 
     @property
@@ -191,8 +196,8 @@ class RealNode:
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         """Starts one process, logging to ``<workdir>/<name>.log``; it dies with the calling
         process, even on SIGKILL (containerd's shims do not: ``stop`` finds them), unless
-        the node is detached. A detached kubelet holds the node lock."""
-        keeps_lock = self.detach and name == KUBELET
+        the node is detached. A detached node's ``LOCK_HOLDER`` holds the node lock."""
+        keeps_lock = self.detach and name == LOCK_HOLDER
         with (self.layout.workdir / f"{name}.log").open("ab") as log:
             proc = subprocess.Popen(
                 args,
@@ -403,6 +408,7 @@ def start(
             node.stop()
         raise
     if detach:
+        node._spawn(LOCK_HOLDER, ["sleep", "infinity"])
         lock.hand_over()
     return node
 
@@ -416,9 +422,9 @@ def import_hint(node: RealNode) -> str:
 
 
 def stop_detached(plane: ControlPlane, state: Mapping[str, Any], timeout: float = 10.0) -> None:
-    """Stops a detached node (``RealNode.state``) from another process: its pods while
-    kubelet runs, then kubelet (the lock is free once it is gone), then the rest as
-    ``RealNode.stop`` does, the host put back from the node's record."""
+    """Stops a detached node (``RealNode.state``) from another process as ``RealNode.stop``
+    does, the host put back from the node's record, and only then its ``LOCK_HOLDER``: the
+    lock is free once nothing of the node is left."""
     node = RealNode(
         plane=plane,
         name=str(state["name"]),
@@ -429,12 +435,12 @@ def stop_detached(plane: ControlPlane, state: Mapping[str, Any], timeout: float 
         _owns_workdir=True,
         detach=True,
     )
-    node._drain()
-    node._stop_process(KUBELET, timeout)
-    node._lock.acquire(LOCK_TIMEOUT_S)
     if node_host.RECORD_FILE.exists():
         node._host = node_host.HostRecord.load()
-    node.stop(timeout)
+    try:
+        node.stop(timeout)
+    finally:
+        node._stop_process(LOCK_HOLDER, timeout)
 
 
 def _clear_host() -> None:

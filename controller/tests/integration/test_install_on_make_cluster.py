@@ -16,12 +16,15 @@ real node share this machine's one node lock.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,35 @@ def inline_kubectl(text: str) -> list[str]:
     return re.findall(r"`(kubectl [^`]+)`", outside)
 
 
+class LockWaiter(threading.Thread):
+    """Polls the node lock much faster than ``NodeLock.acquire`` does, as another node
+    would wait for it; once it holds it, records what of the last node's host state is
+    still there, and lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.saw: dict[str, bool] = {}
+
+    def run(self) -> None:
+        fd = os.open(node_host.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + 170
+            while time.monotonic() < deadline:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    time.sleep(0.01)
+                    continue
+                self.saw = {
+                    "record": node_host.RECORD_FILE.exists(),
+                    "bridge": Path("/sys/class/net", node_config.BRIDGE).exists(),
+                }
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+        finally:
+            os.close(fd)
+
+
 @pytest.fixture(scope="module")
 def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``make cluster`` (``local_cluster up``) asked for its real node, and ``make
@@ -85,6 +117,11 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         state = json.loads((state_dir / "state.json").read_text())
         yield {"stderr": up.stderr, "exports": exports, "state": state, "dir": state_dir}
     finally:
+        # A node waiting for the lock meanwhile (a test session's) gets it only once the
+        # host is put back: it once took the lock between kubelet's exit and the rest of
+        # cluster-down, which then waited for that node's whole session.
+        waiter = LockWaiter()
+        waiter.start()
         down = subprocess.run(
             [*LOCAL_CLUSTER, "--dir", str(state_dir), "down"],
             capture_output=True,
@@ -93,7 +130,12 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             timeout=180,
             env=env,
         )
+        waiter.join(30)
         assert down.returncode == 0, down.stderr
+        assert waiter.saw == {"record": False, "bridge": False}, (
+            f"a node waiting for the lock got it before cluster-down had put the host back: "
+            f"{waiter.saw}"
+        )
         # The node is gone and the host put back: its bridge, its record, its lock.
         assert not Path("/sys/class/net", node_config.BRIDGE).exists()
         assert not node_host.RECORD_FILE.exists()
