@@ -89,6 +89,11 @@ class Rejections(BinderPart):
             pod = self.view.pod(pod_key)
             if pod is None or self.handle.writing((PodPin.what, *pod_key)):
                 continue
+            # First, as it rules out nearly every pod: every running VM's launcher pod stays
+            # pinned, and this runs on every turn of the loop.
+            refusal = gate.refused_for_resources(pod)
+            if refusal is None:
+                continue
             found = start_set(self.view, pod_key, pod)
             node = vmi_pods.pinned_node(pod)
             if found is None or node is None or not found.members:
@@ -96,9 +101,6 @@ class Rejections(BinderPart):
             vmi_key, vmi, members = found.vmi_key, found.vmi, found.members
             claims = [c for k in members if (c := self.snapshot.claim(k)) is not None]
             if len(claims) != len(members) or self.handle.in_flight(members):
-                continue
-            refusal = gate.refused_for_resources(pod)
-            if refusal is None:
                 continue
             classes = [self.snapshot.gpu_class(c.class_name) for c in claims]
             stay = any(k is not None and k.on_cordon is OnCordon.STAY for k in classes)

@@ -210,13 +210,13 @@ def refused_for_resources(pod: Obj) -> ResourceRefusal | None:
     """The scheduler's refusal of the pod for lack of any resource the pod requests
     (PodScheduled False, reason Unschedulable, "Insufficient <name>" or "Too many pods"),
     else None. A pinned pod can only go to one node, so the lack is that node's."""
-    wanted = requested_resources(pod)
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") != "PodScheduled" or cond.get("status") != "False":
             continue
         if cond.get("reason") != "Unschedulable":
             continue
         message = str(cond.get("message") or "")
+        wanted = requested_resources(pod)
         lacking = [name for name in _INSUFFICIENT.findall(message) if name in wanted]
         if _TOO_MANY_PODS in message:
             lacking.append("pods")
