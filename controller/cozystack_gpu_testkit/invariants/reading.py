@@ -143,19 +143,23 @@ def _claims_request(vmi: Mapping[str, Any]) -> annotation.ClaimsRequest | None:
 
 def _running_vmis(state: State) -> Iterator[tuple[MutableObj, str]]:
     """(VMI, node) for every VMI marked Running whose launcher pod (owned by its uid) is
-    bound to a node."""
-    bound: dict[tuple[str, str], str] = {}
+    bound to a node. During a live migration a VMI has two bound pods (source and target,
+    until the source pod goes): it runs on the one its ``status.nodeName`` names, which
+    virt-handler moves when it lands; failing that, the first by name."""
+    bound: dict[tuple[str, str], set[str]] = {}
     for pod in state.pods:
         node = (pod.get("spec") or {}).get("nodeName")
         owner = _owner_ref(pod, "VirtualMachineInstance")
         if node and owner is not None and not _meta(pod).get("deletionTimestamp"):
-            bound[(_namespace(pod), str(owner.get("uid")))] = str(node)
+            bound.setdefault((_namespace(pod), str(owner.get("uid"))), set()).add(str(node))
     for vmi in state.vmis:
-        if (vmi.get("status") or {}).get("phase") != "Running":
+        status = vmi.get("status") or {}
+        if status.get("phase") != "Running":
             continue
-        node = bound.get((_namespace(vmi), str(_meta(vmi).get("uid"))))
-        if node is not None:
-            yield vmi, node
+        nodes = bound.get((_namespace(vmi), str(_meta(vmi).get("uid"))))
+        if nodes:
+            named = status.get("nodeName")
+            yield vmi, str(named) if named in nodes else min(nodes)
 
 
 def _epoch(stamp: object) -> float | None:

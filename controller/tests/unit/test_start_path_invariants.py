@@ -277,3 +277,27 @@ def test_an_ended_vmis_pod_may_stay_pinned_where_its_claims_have_left() -> None:
     assert checker.pins_left_after_the_end == {f"{NS}/virt-launcher-vm"}
     unpinned = rules(state([ended], [moved], pods=[pod(ended, pin=None)]))
     assert (UNPINNED, f"{NS}/virt-launcher-vm") in unpinned
+
+
+def test_a_landed_vm_runs_where_its_vmi_says_while_its_source_pod_is_still_bound() -> None:
+    """After a live migration lands, the VMI's source and target launcher pods are both
+    bound until the source pod goes; the VM runs on the node its VMI names (virt-handler
+    moved ``nodeName``), and its claim, moved there, breaks no rule, whichever pod is
+    listed last. (The fuzz flagged it when the source pod's name sorted after the
+    target's.)"""
+    landed = vmi(uid="u1", templates=TEMPLATE)
+    landed["status"]["nodeName"] = "n3"
+    source = pod(landed)  # still bound on NODE, its launcher not yet gone
+    target = pod(landed)
+    target["metadata"]["name"] = "virt-launcher-vm-a0000"
+    target["spec"]["nodeName"] = "n3"
+    moved = claim("vm-gpu", uid="u1", template_of="u1")
+    moved["status"]["nodeName"] = "n3"
+    for pods in ([source, target], [target, source]):
+        found = rules(state([landed], [moved], pods=pods))
+        assert (NOT_ATTACHED, f"{NS}/vm-gpu") not in found, pods[-1]["spec"]["nodeName"]
+    # Before it lands, the VMI names the source: a claim already on the target is flagged.
+    before = copy.deepcopy(landed)
+    before["status"]["nodeName"] = NODE
+    found = rules(state([before], [moved], pods=[target, source]))
+    assert (NOT_ATTACHED, f"{NS}/vm-gpu") in found
