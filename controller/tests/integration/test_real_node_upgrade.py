@@ -29,6 +29,7 @@ import pytest
 from kubernetes import client
 from real_node_env import (
     DAEMONSET,
+    DEPLOYMENT,
     HELM_TIMEOUT,
     NAMESPACE,
     NODE_TOLERATION,
@@ -93,6 +94,29 @@ def _replicas_ready(kube: Kube, image: str) -> bool:
         and all(s.ready for s in p.status.container_statuses or [])
         for p in pods
     )
+
+
+def _tell_replicas(kube: Kube, node: node_kit.RealNode) -> None:
+    """What a rollout that did not finish left: the Deployment's counts, and each replica
+    pod's phase, readiness, restarts, environment and last log lines."""
+    deployment = client.AppsV1Api(kube.api).read_namespaced_deployment(DEPLOYMENT, NAMESPACE)
+    status = deployment.status
+    print(
+        f"deployment generation {deployment.metadata.generation} observed "
+        f"{status.observed_generation}: replicas {status.replicas} updated "
+        f"{status.updated_replicas} ready {status.ready_replicas} unavailable "
+        f"{status.unavailable_replicas}"
+    )
+    for pod in pods_of(kube, REPLICAS):
+        (container,) = pod.spec.containers
+        states = pod.status.container_statuses or []
+        print(
+            f"--- pod {pod.metadata.name} {pod.status.phase} deleting "
+            f"{pod.metadata.deletion_timestamp is not None} env "
+            f"{[e.name for e in container.env or []]} ready {[s.ready for s in states]} "
+            f"restarts {[s.restart_count for s in states]}"
+        )
+        print(node.container_logs(NAMESPACE, pod.metadata.name)[-1500:])
 
 
 def _holds(kube: Kube, tenant: str) -> dict[str, tuple[Any, ...]]:
@@ -202,10 +226,11 @@ def in_use(
         if release.version == "0.2.0":
             _kubectl(node_plane, releases.documented_user_fix())
         try:
-            wait_for(lambda: _replicas_ready(kube, old_image), 180, "the release's 2 replicas")
+            # The rollout the workaround starts replaces replicas that crash-loop; on a
+            # loaded machine it takes minutes.
+            wait_for(lambda: _replicas_ready(kube, old_image), 420, "the release's 2 replicas")
         except AssertionError:
-            for pod in pods_of(kube, REPLICAS):
-                print(real_node.container_logs(NAMESPACE, pod.metadata.name)[-3000:])
+            _tell_replicas(kube, real_node)
             raise
         apps = client.AppsV1Api(kube.api)
         wait_for(
@@ -269,7 +294,7 @@ def _roll(c: InUse, change: Callable[[], None], image: str) -> Rolled:
     probe = functools.partial(order_webhook_answers, c.kube, c.tenant, CLASS, unanswered)
     with Gap(probe, period_s=0.1) as gap:
         change()
-        wait_for(lambda: _replicas_ready(c.kube, image), 180, f"both replicas on {image}")
+        wait_for(lambda: _replicas_ready(c.kube, image), 300, f"both replicas on {image}")
     for pod in pods_of(c.kube, REPLICAS):
         (status,) = pod.status.container_statuses
         logs = c.node.container_logs(NAMESPACE, pod.metadata.name)
