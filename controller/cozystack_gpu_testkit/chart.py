@@ -3,13 +3,16 @@ and the fault suite install the chart's objects themselves, not copies of them."
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
+from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
 
 CHART = cluster.REPO_ROOT / "controller" / "chart"
@@ -68,3 +71,24 @@ def install_claim_fence(api: Any, namespace: str) -> None:
     its parameter): a binder's claim status write of a term that is not the Lease's is
     refused."""
     install_policies(api, helm_template("claim-fence-policy.yaml", namespace))
+
+
+def binder_lease(api: Any, namespace: str, holder: str, term: int, duration_s: int = 15) -> None:
+    """The binder's Lease (the claim fence's parameter) as an election leaves it: ``holder``
+    leads in ``term`` (``leaseTransitions``), renewed now."""
+    coordination = client.CoordinationV1Api(api)
+    body = {
+        "metadata": {"name": keys.LEASE_NAME_BINDER, "namespace": namespace},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration_s,
+            "renewTime": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "leaseTransitions": term,
+        },
+    }
+    try:
+        coordination.create_namespaced_lease(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        coordination.patch_namespaced_lease(keys.LEASE_NAME_BINDER, namespace, body)

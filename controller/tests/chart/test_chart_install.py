@@ -32,6 +32,7 @@ from webhook_endpoint import AdmissionRecorder, host_address, route_service, wri
 
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster
+from cozystack_gpu_testkit.chart import binder_lease
 from cozystack_gpu_testkit.controller_process import ControllerProcess
 from cozystack_gpu_testkit.objects import Kube, wait_for
 from cozystack_gpu_testkit.ports import free_port
@@ -793,18 +794,7 @@ def _serve_webhooks_again(release: Release, tmp: Path) -> None:
 
 
 def _lease_now(release: Release, holder: str, term: int) -> None:
-    """The binder's Lease as an election leaves it: ``holder`` leads in ``term``."""
-    coordination = client.CoordinationV1Api(release.api)
-    body = {
-        "metadata": {"name": keys.LEASE_NAME_BINDER, "namespace": NAMESPACE},
-        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": term},
-    }
-    try:
-        coordination.create_namespaced_lease(NAMESPACE, body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        coordination.patch_namespaced_lease(keys.LEASE_NAME_BINDER, NAMESPACE, body)
+    binder_lease(release.api, NAMESPACE, holder, term)
 
 
 def _status_write(release: Release, holder: str, term: int) -> int:

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 from binder_env import Corner
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
@@ -39,7 +38,7 @@ from cozystack_gpu.cluster.informer import Event, EventType
 from cozystack_gpu.leader import Term
 from cozystack_gpu.model import ClaimKey
 from cozystack_gpu_testkit import cluster, faults
-from cozystack_gpu_testkit.chart import helm_template, install_policies
+from cozystack_gpu_testkit.chart import binder_lease, helm_template, install_policies
 from cozystack_gpu_testkit.objects import Kube, binder_config, install_extra_crds, wait_for
 from cozystack_gpu_testkit.proxy import Proxy
 
@@ -187,22 +186,7 @@ def test_a_leaders_write_held_by_a_missing_etcd_never_lands_after_its_lease(
 
 def _lease(kube: Kube, namespace: str, holder: str, transitions: int) -> None:
     """The binder's Lease as an election leaves it: ``holder`` leads in that term."""
-    coordination = client.CoordinationV1Api(kube.api)
-    body = {
-        "metadata": {"name": keys.LEASE_NAME_BINDER, "namespace": namespace},
-        "spec": {
-            "holderIdentity": holder,
-            "leaseDurationSeconds": 3,
-            "renewTime": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "leaseTransitions": transitions,
-        },
-    }
-    try:
-        coordination.create_namespaced_lease(namespace, body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        coordination.patch_namespaced_lease(keys.LEASE_NAME_BINDER, namespace, body)
+    binder_lease(kube.api, namespace, holder, transitions, duration_s=3)
 
 
 def _fenced(kube: Kube, namespace: str, plural: str) -> bool:
