@@ -21,12 +21,12 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from cozystack_gpu_testkit import cluster, releases, sysfs_tree
+from cozystack_gpu_testkit import cluster, controller_image, releases, sysfs_tree
 from cozystack_gpu_testkit import node as real_node
 from cozystack_gpu_testkit.objects import Kube
 
 REPO = Path(__file__).resolve().parents[3]
-BUILD_IMAGE = REPO / "tools" / "build-image.sh"
+BUILD_IMAGE = controller_image.BUILD_IMAGE
 RUNNING_TIMEOUT_S = 60.0
 NODE_TOLERATION = {"key": real_node.NODE_TAINT["key"], "operator": "Exists"}
 # The chart's release as docs/install.md installs it.
@@ -49,29 +49,8 @@ def start_plane() -> cluster.ControlPlane:
 
 
 def build_controller_image(node: real_node.RealNode, scratch: Path) -> str:
-    """The controller image as tools/build-image.sh builds it (once per tree), saved as an
-    OCI archive and imported into the node's containerd. Other builds are kept: another
-    checkout's tests may be running theirs."""
-    built = subprocess.run(
-        ["bash", str(BUILD_IMAGE)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "COZYSTACK_GPU_IMAGE_KEEP_OTHERS": "1"},
-    )
-    assert built.returncode == 0, f"{BUILD_IMAGE} failed:\n{built.stderr[-4000:]}"
-    image = built.stdout.strip().splitlines()[-1]
-    archive = scratch / "controller.oci.tar"
-    saved = subprocess.run(
-        ["podman", "save", "--quiet", "--format", "oci-archive", "--output", str(archive), image],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert saved.returncode == 0, saved.stderr
-    node.import_image(archive)
-    archive.unlink()
-    return image
+    """The controller image as tools/build-image.sh builds it, in the node's containerd."""
+    return controller_image.build_into(node, scratch)
 
 
 RELEASE_IMAGES = "localhost/cozystack-gpu-controller-release"
@@ -117,14 +96,7 @@ def released_image(node: real_node.RealNode, release: releases.Release, scratch:
                 subprocess.run(["podman", "rmi", left], capture_output=True, check=False)
         finally:
             releases.git(REPO, "worktree", "remove", "--force", str(tree))
-    archive = scratch / f"controller-{release.version}.oci.tar"
-    subprocess.run(
-        ["podman", "save", "--quiet", "--format", "oci-archive", "--output", str(archive),
-         reference],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    node.import_image(archive)
-    archive.unlink()
+    controller_image.hand_to(node, reference, scratch)
     return reference
 
 
