@@ -149,15 +149,16 @@ cluster: setup binaries ## a local control plane with KubeVirt and (as root) a r
 cluster-down: setup ## stop the local control plane
 	@$(BIN)/python -m cozystack_gpu_testkit.local_cluster down
 
-# The chart's controller and agents as local processes, three simulated GPU hosts laid out by
-# the host playbook, tenants' orders, a VM's start, a node failure (controller/
-# cozystack_gpu_testkit/demo). The cluster stays up; demo-down stops all of it.
+# The chart's controller as pods on a real node (containerd and kubelet; where this machine
+# cannot run one, or NODE=no, as a local process), three simulated GPU hosts laid out by the
+# host playbook with their agents as local processes, tenants' orders, a VM's start, a node
+# failure (controller/cozystack_gpu_testkit/demo). The cluster stays up; demo-down stops it.
 # CLUSTER=existing runs it on the cluster $KUBECONFIG names (only where none of its objects is
 # there yet; each it makes is labelled demo.cozystack.io/run, and demo-down removes only those);
 # otherwise $KUBECONFIG is ignored.
 demo: setup binaries ## the whole story on a local control plane (CLUSTER=existing: on $KUBECONFIG's)
 	@COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) $(BIN)/python -m cozystack_gpu_testkit.demo up \
-		$(if $(filter existing,$(CLUSTER)),--existing-cluster)
+		$(if $(filter existing,$(CLUSTER)),--existing-cluster) $(if $(NODE),--node=$(NODE))
 
 demo-down: setup ## stop everything the demo started
 	@$(BIN)/python -m cozystack_gpu_testkit.demo down

@@ -11,7 +11,14 @@ import time
 from pathlib import Path
 
 from cozystack_gpu_testkit import cluster
-from cozystack_gpu_testkit.demo import existing_cluster, local_pods, platform, run_state, story
+from cozystack_gpu_testkit.demo import (
+    existing_cluster,
+    local_pods,
+    node_pods,
+    platform,
+    run_state,
+    story,
+)
 from cozystack_gpu_testkit.demo.console import DemoFailure
 
 DEFAULT_DIR = cluster.DEFAULT_STATE_DIR.parent / "demo"
@@ -30,6 +37,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run on the cluster $KUBECONFIG names (make demo CLUSTER=existing) instead of a "
         "local control plane of its own; without it $KUBECONFIG is ignored",
+    )
+    up.add_argument(
+        "--node",
+        choices=node_pods.CHOICES,
+        default="auto",
+        help="the controller's pods on a real node (containerd and kubelet): auto where this "
+        "machine can run one (root, `make binaries`, no other real node), yes refuses to go "
+        "on without one, no runs the controller as a local process",
     )
     sub.add_parser("down", help="stop what the demo started and remove its directory")
     kubelet = sub.add_parser(
@@ -90,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         demo = story.prepare(
             story.Options(
-                dir=directory, kubeconfig=kubeconfig, show=not args.quiet, down_command=down
+                dir=directory,
+                kubeconfig=kubeconfig,
+                show=not args.quiet,
+                down_command=down,
+                node=args.node,
             )
         )
     except ValueError as exc:

@@ -68,6 +68,9 @@ def down(directory: Path, say: Any = print) -> int:
         say(f"# no demo in {directory}")
         return 0
     left = [] if state.own_plane else remove_foreign(state, say)
+    attached = _ATTACHED_NODES.pop(directory.absolute(), None)
+    if attached is not None:
+        attached.stop()  # a detached one is in the plane's record: `cluster down` stops it
     pid = state.processes.get(LOCAL_KUBELET)
     if pid is not None:
         # First, and read the state again after it: it may have restarted pods since.
@@ -148,9 +151,17 @@ def audited_writes(directory: Path) -> list[AuditedWrite]:
     return found
 
 
-def start_plane(directory: Path, bin_dir: Path, *, detach: bool) -> cluster.ControlPlane:
+def start_plane(
+    directory: Path,
+    bin_dir: Path,
+    *,
+    detach: bool,
+    controllers: tuple[str, ...] = cluster.CONTROLLERS,
+) -> cluster.ControlPlane:
     """The test kit's control plane in ``directory/cluster``, with KubeVirt's CRDs (the
-    chart brings its own), recorded so the test kit's ``cluster down`` stops it too."""
+    chart brings its own), recorded so the test kit's ``cluster down`` stops it too (and
+    the real node :func:`record_node` adds). ``controllers``: what its
+    kube-controller-manager runs (``node_pods.NODE_CONTROLLERS`` with a real node)."""
     workdir = directory / "cluster"
     plane = cluster.start(
         workdir,
@@ -161,6 +172,7 @@ def start_plane(directory: Path, bin_dir: Path, *, detach: bool) -> cluster.Cont
         audit=AUDIT_RULES,
         scheduler=True,
         controller_manager=True,
+        controllers=controllers,
         crds=[cluster.kubevirt_crds(bin_dir)],
     )
     # KubeVirt's own virt-api (its webhooks) and virt-controller make the VM act's VMI and
@@ -177,6 +189,23 @@ def start_plane(directory: Path, bin_dir: Path, *, detach: bool) -> cluster.Cont
         )
     )
     return plane
+
+
+# Real nodes that die with this process (the e2e test's), by demo directory: `down` stops
+# them first. Their lock is this process's, so only this process can stop them.
+_ATTACHED_NODES: dict[Path, Any] = {}
+
+
+def record_node(directory: Path, node: Any) -> None:
+    """Makes :func:`down` stop the demo's real node: a detached one is added to the plane's
+    record (``RealNode.state``; ``cluster down`` stops it before the plane)."""
+    if not node.detach:
+        _ATTACHED_NODES[directory.absolute()] = node
+        return
+    path = directory / "cluster" / "state.json"
+    state = json.loads(path.read_text())
+    state["node"] = node.state()
+    path.write_text(json.dumps(state))
 
 
 # --- the chart -------------------------------------------------------------------------------

@@ -93,8 +93,14 @@ def finish(demo: Demo) -> None:
     say(f"  kubectl gpu explain claim {keys.template_claim_name(BURST, 'gpu')} -n {RESEARCH} "
         f"--as {TENANT_USER}; kubectl gpu top classes")  # fmt: skip
     say()
-    say("helm upgrade reaches the controller and agents: a local kubelet restarts their")
-    say("processes when the pod templates change (its log: local-kubelet.log), e.g.")
+    if demo.node is not None:
+        say(f"The controller runs as pods on the real node {demo.node.name}; the GPU hosts, their")
+        say("kubelets and KubeVirt's virt-handler are simulated. helm upgrade rolls the")
+        say("controller's pods (the Deployment) and the agents' local processes (a local")
+        say("kubelet, its log: local-kubelet.log), e.g.")
+    else:
+        say("helm upgrade reaches the controller and agents: a local kubelet restarts their")
+        say("processes when the pod templates change (its log: local-kubelet.log), e.g.")
     say(f"  helm upgrade {run_state.RELEASE} {run_state.CHART} -n {run_state.NAMESPACE} "
         "--reset-then-reuse-values --set controller.settings.writeWorkers=4")  # fmt: skip
     say()

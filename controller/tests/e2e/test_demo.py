@@ -1,5 +1,6 @@
 """`make demo`, shortened, as an end-to-end test: its own control plane, the chart's controller
-and agents as local processes, the host playbook on fixture trees, and every act checked.
+as pods on a real node (``--node=yes``), the agents of the simulated GPU hosts as local
+processes, the host playbook on fixture trees, and every act checked.
 
 Shortened: kubectl's tables are not shown, nothing is left running (the processes die with
 the test and are stopped after it), and nothing waits for a person. Every act still runs and
@@ -17,7 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from cozystack_gpu_testkit.demo import existing_cluster, platform, run_state, story
+from cozystack_gpu_testkit.demo import (
+    existing_cluster,
+    local_pods,
+    node_pods,
+    platform,
+    run_state,
+    story,
+)
+from cozystack_gpu_testkit.demo.acts.day_two import upgrade_controller
+from cozystack_gpu_testkit.demo.acts.platform_up import platform_act
 from cozystack_gpu_testkit.demo.console import DemoFailure
 
 pytestmark = pytest.mark.apiserver
@@ -51,15 +61,30 @@ def _marks(state: run_state.State) -> dict[str, str | None]:
     return marks
 
 
+def _ran_on_the_real_node(demo: story.Demo) -> dict[str, int]:
+    """The controller's pods at the end, by name, with their containers' restart counts:
+    each on the demo's real node, run by its containerd, Running and Ready."""
+    assert demo.node is not None
+    pods = node_pods.controller_pods(demo.api)
+    for pod in pods:
+        assert pod.spec.node_name == demo.node.name, pod.spec.node_name
+        assert pod.status.phase == "Running", pod.status
+        for container in pod.status.container_statuses:
+            assert container.ready and container.container_id.startswith("containerd://")
+    return {p.metadata.name: p.status.container_statuses[0].restart_count for p in pods}
+
+
 def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     # Short: kubelet's pod-resources sockets live below it (unix socket paths are short).
     directory = Path(tempfile.mkdtemp(prefix="cgd-"))
     out = io.StringIO()
-    demo = story.prepare(story.Options(dir=directory, detach=False, show=False, out=out))
+    options = story.Options(dir=directory, detach=False, show=False, out=out, node="yes")
+    demo = story.prepare(options)
     try:
         story.play(demo)
         writes = platform.audited_writes(directory)
         marks = _marks(demo.state)
+        controller_pods = _ran_on_the_real_node(demo)
     except DemoFailure as failure:
         kept = tmp_path / "demo-logs"
         shutil.copytree(directory / "logs", kept)
@@ -75,11 +100,24 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
     assert "✗" not in text
     # The story's own claims about the end, as the last act found them.
     assert f"free per class {story.FREE_AT_END}" in text, text
-    # helm upgrade reaches the local controller: the local kubelet rolled its pod.
+    # The controller ran as the Deployment's two pods on the real node, from the image; the
+    # agents of the simulated GPU hosts as local processes, followed by the local kubelet.
+    assert "a real node, worker-01: containerd and kubelet" in text, text
     assert "a local kubelet (pid " in text, text
-    rolled = re.search(r"cozystack-gpu-controller-0: pid (\d+) → (\d+), GPU_REJECTION_TTL", text)
-    assert rolled and rolled[1] != rolled[2], text
-    assert "GPU_REJECTION_TTL 600 → 300; Ready, Lease held by cozystack-gpu-controller-0" in text
+    assert "image localhost/cozystack-gpu-controller:" in text, text
+    # helm upgrade: the Deployment replaced both pods with pods of the new template.
+    rolled = re.search(
+        r"(\S+), (\S+) → (\S+) \(\S+\), (\S+) \(\S+\), GPU_REJECTION_TTL 600 → 300; "
+        r"Ready, Lease held by (\S+), webhooks answering",
+        text,
+    )
+    assert rolled, text
+    old, new = {rolled[1], rolled[2]}, {rolled[3], rolled[4]}
+    assert len(old) == len(new) == 2 and not old & new, rolled[0]
+    assert rolled[5] in new and new == set(controller_pods), (rolled[0], controller_pods)
+    assert set(controller_pods.values()) == {0}, (
+        f"a controller container restarted: {controller_pods}"
+    )
     # The licensed class: its token copied into the entitled tenant only, and the VM's disk.
     assert "l40s-24c: vgpu L40S-24C, capacity 6, free 6, licensed (nls-token" in text, text
     assert (
@@ -149,8 +187,34 @@ def test_the_demo_runs_every_act_to_its_checked_outcome(tmp_path: Path) -> None:
         *(f"node {n}" for n in existing_cluster.FOREIGN_NODES),
         f"secret {run_state.NAMESPACE}/{existing_cluster.FOREIGN_SECRET}",
         f"serviceaccount {run_state.NAMESPACE}/{existing_cluster.FOREIGN_SERVICE_ACCOUNT}",
-        f"endpointslice {run_state.NAMESPACE}/{existing_cluster.FOREIGN_ENDPOINT_SLICE}",
         existing_cluster.FOREIGN_RELEASE,
     }
     assert set(marks) >= made, marks
     assert {what for what, run in marks.items() if run != demo.state.run} == set(), marks
+
+
+def test_without_a_real_node_the_demo_runs_and_rolls_the_controller_as_a_local_process() -> None:
+    # The platform act and day two's upgrade only: the rest of the story does not depend on
+    # where the controller runs.
+    directory = Path(tempfile.mkdtemp(prefix="cgd-"))
+    out = io.StringIO()
+    options = story.Options(dir=directory, detach=False, show=False, out=out, node="no")
+    demo = story.prepare(options)
+    try:
+        platform_act(demo)
+        # The hosts act starts it once the agents run; it rolls the controller's process too.
+        local_pods.start_local_kubelet(demo.state, detach=False)
+        upgrade_controller(demo)
+        controller_pods = node_pods.controller_pods(demo.api)
+    except DemoFailure as failure:
+        pytest.fail(f"{out.getvalue()}{failure.explain()}", pytrace=False)
+    finally:
+        platform.down(directory, say=lambda _line: None)
+    text = out.getvalue()
+    assert "no real node: not asked for (--node=no)" in text, text
+    assert "a real node, " not in text, text
+    # No Deployment controller runs without the node: the one pod is the demo's.
+    assert [p.metadata.name for p in controller_pods] == ["cozystack-gpu-controller-0"]
+    rolled = re.search(r"cozystack-gpu-controller-0: pid (\d+) → (\d+), GPU_REJECTION_TTL", text)
+    assert rolled and rolled[1] != rolled[2], text
+    assert "GPU_REJECTION_TTL 600 → 300; Ready, Lease held by cozystack-gpu-controller-0" in text

@@ -91,15 +91,16 @@ def _capacity_is(demo: Demo, wanted: dict[str, int]) -> dict[str, int] | None:
 def _capacity(demo: Demo) -> dict[str, int]:
     """cozystack_gpu_class_capacity_units from the controller's /metrics (capacity is for the
     hoster only: GPUClass status does not show it)."""
-    assert demo.controller is not None
+    host, port = demo.metrics_endpoint()
     status, text = scrape(
-        demo.controller.ports["metrics"],
+        port,
         _metrics_token(demo),
         base64.b64decode(
             demo.kube.core.read_namespaced_secret(
                 "cozystack-gpu-webhook-tls", run_state.NAMESPACE
             ).data["ca.crt"]
         ),
+        host=host,
         server_name=f"cozystack-gpu-webhook.{run_state.NAMESPACE}.svc",
     )
     check(status == 200, "/metrics to answer the hoster's Prometheus", f"{status} {text}")

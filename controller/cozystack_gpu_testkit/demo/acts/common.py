@@ -19,7 +19,7 @@ from kubernetes.client.rest import ApiException
 from cozystack_gpu import keys
 from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit import cluster, kubevirt, tenants
-from cozystack_gpu_testkit.demo import existing_cluster, local_pods, run_state
+from cozystack_gpu_testkit.demo import existing_cluster, local_pods, node_pods, run_state
 from cozystack_gpu_testkit.demo.console import Console, check
 from cozystack_gpu_testkit.demo.hosts import Kubelets
 from cozystack_gpu_testkit.objects import Kube, unless
@@ -108,6 +108,9 @@ class Options:
     # a recorded release's, for the upgrade test; this checkout's by default.
     chart: Path = run_state.CHART
     images: dict[str, str] = field(default_factory=dict)
+    # A real node for the controller's pods (node_pods.CHOICES): auto where this machine
+    # can run one, yes or no.
+    node: str = "auto"
     out: TextIO = field(default_factory=lambda: sys.stdout)
 
 
@@ -120,7 +123,11 @@ class Demo:
     kube: Kube = field(init=False)
     kubelets: Kubelets = field(init=False)
     pods: local_pods.LocalPods = field(init=False)
+    # The controller: a local process (``controller``) or, on a real node (``node``, a
+    # node.RealNode), the Deployment's pods there.
     controller: local_pods.LocalPod | None = None
+    node: Any = None
+    plane: cluster.ControlPlane | None = None  # the demo's own (None on $KUBECONFIG's)
     agents: dict[str, local_pods.LocalPod] = field(default_factory=dict)
     claim_nodes: dict[str, str] = field(default_factory=dict)
     launcher: str = ""
@@ -165,6 +172,14 @@ class Demo:
     def show(self, *args: str) -> None:
         if self.options.show:
             self.console.show("kubectl " + " ".join(args), self.kubectl(*args))
+
+    def metrics_endpoint(self) -> tuple[str, int]:
+        """Where the leader's /metrics answers: its local process's port, or its pod's
+        address on the real node."""
+        if self.node is not None:
+            return node_pods.metrics_endpoint(self.api, _lease_holder(self))
+        assert self.controller is not None
+        return "127.0.0.1", self.controller.ports["metrics"]
 
     # --- reads -----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Any
 from cozystack_gpu import keys
 from cozystack_gpu.cli import main as kubectl_gpu
 from cozystack_gpu.model import Reason
-from cozystack_gpu_testkit.demo import local_pods, platform, run_state
+from cozystack_gpu_testkit.demo import local_pods, node_pods, platform, run_state
 from cozystack_gpu_testkit.demo.acts.common import (
     ACME,
     BURST,
@@ -41,48 +41,7 @@ def act_day_two(demo: Demo) -> None:
         "The hoster upgrades the chart; a tenant asks why its VM waits; the hoster looks at "
         "the nodes.",
     )
-    value_name, env_name, value = UPGRADE_SETTING
-    assert demo.controller is not None
-    pod_name = demo.controller.name
-    with console.step(
-        f"helm upgrade --set controller.settings.{value_name}={value}: the pod is rolled"
-    ) as found:
-        old_pid = local_pods.local_pid(demo.dir, pod_name)
-        old_value = local_pods.process_env(old_pid).get(env_name)
-        values = json.loads(json.dumps(demo.chart_values))
-        values["controller"].setdefault("settings", {})[value_name] = value
-        output = platform.helm_install(
-            demo.state, values, demo.logs / "helm.log", demo.options.chart
-        )
-        revision = next((ln for ln in output.splitlines() if ln.startswith("REVISION:")), "")
-        new_pid = wait_until(
-            lambda: _rolled(demo, pod_name, old_pid),
-            expected=f"the local kubelet to restart pod {pod_name} from the new template, Ready",
-            saw=lambda: (
-                f"pid {local_pods.local_pid(demo.dir, pod_name)}; the local kubelet's log:\n"
-                + _tail(demo.logs / "local-kubelet.log")
-            ),
-            timeout=60,
-        )
-        new_value = local_pods.process_env(new_pid).get(env_name)
-        check(new_value == str(value), f"{env_name}={value} in the new process", f"{new_value}")
-        wait_until(
-            lambda: _webhook_answers(demo),
-            expected="the webhooks answered by the new process (the Service's port is kept)",
-            saw=lambda: _webhook_error(demo),
-            timeout=60,
-        )
-        lease = wait_until(
-            lambda: _lease_holder(demo),
-            expected="the new process to hold the binder Lease",
-            saw=lambda: f"holder {_lease_holder(demo)!r}",
-            timeout=60,
-        )
-        found.append(f"{revision}; the Deployment's pod template changed ({env_name})")
-        found.append(
-            f"{pod_name}: pid {old_pid} → {new_pid}, {env_name} {old_value} → {new_value}; "
-            f"Ready, Lease held by {lease}, webhooks answering"
-        )
+    upgrade_controller(demo)
 
     claim_name = keys.template_claim_name(BURST, str(BURST_TEMPLATE["name"]))
     with console.step(
@@ -142,6 +101,104 @@ def act_day_two(demo: Demo) -> None:
         code, _lines, err = _kubectl_gpu(demo, "top", "nodes", "--as", TENANT_USER)
         check(code == 1, f"top as {TENANT_USER} refused (exit 1)", f"exit {code}")
         found.append(f"as {TENANT_USER}: exit {code}: {err.strip()}")
+
+
+def upgrade_controller(demo: Demo) -> None:
+    """Act 7's helm upgrade of a controller setting, and the controller rolled: its pods on
+    the real node, or its local process."""
+    if demo.node is not None:
+        _upgrade_pods(demo)
+    else:
+        _upgrade_process(demo)
+
+
+def _upgrade_pods(demo: Demo) -> None:
+    """helm upgrade of a setting: the Deployment replaces its pods on the real node, one at
+    a time (its PodDisruptionBudget and readiness keep a webhook server up)."""
+    value_name, env_name, value = UPGRADE_SETTING
+    with demo.console.step(
+        f"helm upgrade --set controller.settings.{value_name}={value}: the Deployment rolls "
+        "its pods"
+    ) as found:
+        before = node_pods.controller_pods(demo.api)
+        old = {p.metadata.name for p in before}
+        old_value = node_pods.container_env(before[0], env_name)
+        revision = _upgrade(demo, value_name, value)
+        pods = wait_until(
+            lambda: _replaced(demo, old),
+            expected=f"both pods replaced from the new template, Running and Ready on {WORKER}",
+            saw=lambda: node_pods.describe(node_pods.controller_pods(demo.api)),
+            timeout=240,
+        )
+        values = {node_pods.container_env(p, env_name) for p in pods}
+        check(values == {str(value)}, f"{env_name}={value} in the new pods", f"{values}")
+        new = {p.metadata.name for p in pods}
+        lease = _answering(demo, new)
+        found.append(f"{revision}; the Deployment's pod template changed ({env_name})")
+        found.append(
+            f"{', '.join(sorted(old))} → {node_pods.describe(pods)}, {env_name} {old_value} → "
+            f"{value}; Ready, Lease held by {lease}, webhooks answering"
+        )
+
+
+def _replaced(demo: Demo, old: set[str]) -> list[Any] | None:
+    pods = node_pods.rolled_out(demo.api)
+    return pods if pods and not old & {p.metadata.name for p in pods} else None
+
+
+def _upgrade_process(demo: Demo) -> None:
+    """helm upgrade of a setting: the local kubelet restarts the controller's process."""
+    value_name, env_name, value = UPGRADE_SETTING
+    assert demo.controller is not None
+    pod_name = demo.controller.name
+    with demo.console.step(
+        f"helm upgrade --set controller.settings.{value_name}={value}: the pod is rolled"
+    ) as found:
+        old_pid = local_pods.local_pid(demo.dir, pod_name)
+        old_value = local_pods.process_env(old_pid).get(env_name)
+        revision = _upgrade(demo, value_name, value)
+        new_pid = wait_until(
+            lambda: _rolled(demo, pod_name, old_pid),
+            expected=f"the local kubelet to restart pod {pod_name} from the new template, Ready",
+            saw=lambda: (
+                f"pid {local_pods.local_pid(demo.dir, pod_name)}; the local kubelet's log:\n"
+                + _tail(demo.logs / "local-kubelet.log")
+            ),
+            timeout=60,
+        )
+        new_value = local_pods.process_env(new_pid).get(env_name)
+        check(new_value == str(value), f"{env_name}={value} in the new process", f"{new_value}")
+        lease = _answering(demo, {pod_name})
+        found.append(f"{revision}; the Deployment's pod template changed ({env_name})")
+        found.append(
+            f"{pod_name}: pid {old_pid} → {new_pid}, {env_name} {old_value} → {new_value}; "
+            f"Ready, Lease held by {lease}, webhooks answering"
+        )
+
+
+def _upgrade(demo: Demo, value_name: str, value: object) -> str:
+    """helm upgrade with one controller setting changed; returns helm's REVISION line."""
+    values = json.loads(json.dumps(demo.chart_values))
+    values["controller"].setdefault("settings", {})[value_name] = value
+    output = platform.helm_install(demo.state, values, demo.logs / "helm.log", demo.options.chart)
+    return next((ln for ln in output.splitlines() if ln.startswith("REVISION:")), "")
+
+
+def _answering(demo: Demo, holders: set[str]) -> str:
+    """Waits for the webhooks to answer and one of ``holders`` to hold the binder Lease;
+    returns the holder."""
+    wait_until(
+        lambda: _webhook_answers(demo),
+        expected="the webhooks answered by the new controller (the Service is kept)",
+        saw=lambda: _webhook_error(demo),
+        timeout=60,
+    )
+    return wait_until(
+        lambda: holder if (holder := _lease_holder(demo)) in holders else None,
+        expected=f"one of {sorted(holders)} to hold the binder Lease",
+        saw=lambda: f"holder {_lease_holder(demo)!r}",
+        timeout=60,
+    )
 
 
 def _start_burst(demo: Demo, tenant: Kube) -> None:

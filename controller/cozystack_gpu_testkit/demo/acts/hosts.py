@@ -89,9 +89,10 @@ def act_hosts(demo: Demo) -> None:
         )
         # Every chart pod runs now: the local kubelet takes them over (and the state file).
         pid = local_pods.start_local_kubelet(demo.state, detach=demo.options.detach)
+        local = "these pods" if demo.node is not None else "these pods and the controller's"
         found.append(
-            f"a local kubelet (pid {pid}) restarts these pods and the controller's when their "
-            f"pod templates change, as a cluster rolls them; log {demo.logs}/local-kubelet.log"
+            f"a local kubelet (pid {pid}) restarts {local} when their pod templates change, "
+            f"as a cluster rolls them; log {demo.logs}/local-kubelet.log"
         )
 
     with console.step("GPUNodes: the agents' inventory, the binder's conditions") as found:
