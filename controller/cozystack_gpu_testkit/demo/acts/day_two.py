@@ -32,7 +32,6 @@ from cozystack_gpu_testkit.demo.hosts import HOSTS, WORKER
 from cozystack_gpu_testkit.objects import Kube
 
 
-# one piece: an act of the demo, its scenes in the order the viewer sees them
 def act_day_two(demo: Demo) -> None:
     console = demo.console
     console.act(
