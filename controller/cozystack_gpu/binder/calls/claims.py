@@ -107,6 +107,7 @@ class Decision(_ClaimStatus):
     what: ClassVar[str] = "claim-decision"
     priority: ClassVar[Priority] = Priority.BIND
     step: str = ""
+    heard: Heard | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:

@@ -9,7 +9,9 @@ the migration ends otherwise.
    already, budgets count them once). Each claim gets ``status.migration`` (node, uid,
    since) as a decision, so the snapshot counts the target's units on that node from the
    moment the write is sent. A set with no room keeps its pod gated, says why on the VMI.
-2. **Pin.** Once the view shows the target on every claim, the pod is pinned and ungated.
+2. **Pin.** Once the view shows the target on every claim, the pod is pinned and ungated:
+   as the last record's answer is applied (``_recorded``), not on the turn after it. A busy
+   leader's turn takes a second at 1,000 VMs, and a start's pod waits one turn, not two.
 3. **Follow.** A claim whose migration is recorded: moved to the target in one write when
    the VMI runs there (``nodeName``, ``migration`` cleared), or the target cleared when the
    migration failed, was cancelled, its pod went (``rules.migration.outcome``) or its target
@@ -69,7 +71,6 @@ class Migrations(BinderPart):
             uid = launcher.migration_of(pod) if pod is not None else None
             if pod is None or uid is None or self.handle.writing((PodPin.what, *pod_key)):
                 continue
-            self._targets[uid] = pod_key
             self._place(pod_key, pod, uid, now)
         for key in sorted(self._migrating):
             if self._follow(key, now):
@@ -87,24 +88,55 @@ class Migrations(BinderPart):
         if vmi is not None and uid not in self._targets and migration.ahead(job, vmi):
             self._target(namespace, vmi_name, vmi, uid, now)
 
-    def _place(self, pod_key: Key, pod: MutableObj, uid: str, now: float) -> None:
+    def _chosen(self, pod_key: Key, pod: MutableObj, uid: str) -> tuple[str, MutableObj] | None:
+        """The VMI (name, object) of which this pod is migration ``uid``'s one target pod,
+        now remembered as that migration's target; None for a pod the label alone names (no
+        open migration of that uid for its VMI, or a second target pod: never pinned)."""
         job = self.view.migrations.by_uid(uid)
         vmi_name = vmi_pods.owning_vmi(pod)
         vmi = self.view.vmi_object((pod_key[0], vmi_name)) if vmi_name else None
         if vmi_name is None or vmi is None or job is None or not launcher.migration_open(job):
-            return  # no open migration of that uid: the label alone pins nothing
+            return None
         vmi_uid = vmi_pods.owning_vmi_uid(pod)
         if translate.meta(vmi).get("uid") != vmi_uid:
-            return
+            return None
         if (job.get("spec") or {}).get("vmiName") != vmi_name:
+            return None
+        # Among all the VMI's pods, gated or not: once the target is pinned, a pod forged
+        # with the label later is still not it.
+        if self.view.migration_target((pod_key[0], vmi_name), vmi_uid, uid) != pod_key:
+            return None
+        self._targets[uid] = pod_key
+        return vmi_name, vmi
+
+    def _place(self, pod_key: Key, pod: MutableObj, uid: str, now: float) -> None:
+        chosen = self._chosen(pod_key, pod, uid)
+        if chosen is None:
             return
-        siblings = [p for k in self.view.gated_pods() if (p := self.view.pod(k)) is not None]
-        chosen = launcher.migration_target_of([pod, *siblings], vmi_uid, uid)
-        if chosen is None or translate.name_of(chosen) != pod_key[1]:
-            return  # a second target pod of the migration: never pinned
+        vmi_name, vmi = chosen
         node = self._target(pod_key[0], vmi_name, vmi, uid, now)
         members = gate.claim_keys((pod_key[0], vmi_name), vmi)
         if node is not None and all(self._shows_target(k, uid, node) for k in members):
+            self._pin(pod_key, pod, node, uid)
+
+    def _recorded(self, uid: str, answer: Answer) -> None:
+        """A record of migration ``uid``'s target answered, and applied to the view: its
+        target pod, if virt-controller has rendered it, pinned once every claim of the set
+        shows the target. Only pinned: a set still being recorded, or a refused record, is
+        judged on the next pass."""
+        pod_key = self._targets.get(uid)
+        if not answer.ok or pod_key is None or self.handle.writing((PodPin.what, *pod_key)):
+            return
+        pod = self.view.pod(pod_key)
+        if pod is None or pod_key not in self.view.gated_pods():
+            return
+        chosen = self._chosen(pod_key, pod, uid)
+        if chosen is None:
+            return
+        members = gate.claim_keys((pod_key[0], chosen[0]), chosen[1])
+        nodes = {self._recorded_node(k, uid) for k in members}
+        node = nodes.pop() if len(nodes) == 1 else None
+        if node is not None and not self.handle.in_flight(members):
             self._pin(pod_key, pod, node, uid)
 
     def _target(
@@ -136,14 +168,19 @@ class Migrations(BinderPart):
                 continue
             body = migration.record_patch(obj, target)
             updated = replace(claim, migration=target)
-            self.handle.decide(updated, Decision(*claim.key, body, "migrate"))
+            heard = partial(self._recorded, uid)
+            self.handle.decide(updated, Decision(*claim.key, body, "migrate", heard=heard))
             self._migrating.add(claim.key)
         return None
 
-    def _shows_target(self, key: ClaimKey, uid: str, node: str) -> bool:
+    def _recorded_node(self, key: ClaimKey, uid: str) -> str | None:
+        """The target node the claim's status records for migration ``uid``, if any."""
         obj = self.view.claim(key)
         recorded = translate.migration_target((obj or {}).get("status") or {})
-        return recorded is not None and (recorded.uid, recorded.node) == (uid, node)
+        return recorded.node if recorded is not None and recorded.uid == uid else None
+
+    def _shows_target(self, key: ClaimKey, uid: str, node: str) -> bool:
+        return self._recorded_node(key, uid) == node
 
     def _pin(self, pod_key: Key, pod: MutableObj, node: str, uid: str) -> None:
         self._told.pop(uid, None)

@@ -12,6 +12,7 @@ from typing import Any
 from test_parts_handle import NS, RES, FakeHandle, _handle, _meta
 
 from cozystack_gpu import keys
+from cozystack_gpu.binder.calls.base import Outcome
 from cozystack_gpu.binder.calls.claims import ClaimNote, Note
 from cozystack_gpu.binder.calls.start_path import PodPin
 from cozystack_gpu.binder.parts.migrations import Migrations
@@ -119,6 +120,36 @@ def test_a_target_pod_gets_its_set_placed_on_another_node_recorded_then_pinned()
     ]["nodeSelectorTerms"]
     assert all({"key": "metadata.name", "operator": "In", "values": ["n2"]} in t["matchFields"]
                for t in terms)  # fmt: skip
+
+
+def test_a_target_pod_is_pinned_as_its_record_is_answered_not_a_turn_later() -> None:
+    """A busy leader's turn takes a second: the target pod, there when its set's record is
+    sent, is pinned when the record's answer comes in (the view then shows it), not on the
+    turn after; a start path's pod waits one turn, a target pod no more."""
+    handle = _world(ATTACHED)
+    part = Migrations(handle)
+    part.run(1_800_000_000.0)
+    [(_recorded, decision)] = handle.decided
+    assert decision.heard is not None, "the record's answer is heard by the part"
+    sent = handle.unanswered[0]
+    _record(handle, decision.body["status"]["migration"])  # as the loop applies the answer
+    handle.unanswered.append(sent)
+    handle.answer(sent, Outcome.WRITTEN)
+    [pin] = handle.of(PodPin)
+    assert pin.name == "virt-launcher-vm-target"
+    assert pin.body["spec"]["schedulingGates"] is None
+    part.run(1_800_000_001.0)
+    assert len(handle.of(PodPin)) == 1, "and pinned once"
+
+
+def test_a_refused_record_pins_nothing_when_answered() -> None:
+    handle = _world(ATTACHED)
+    part = Migrations(handle)
+    part.run(1_800_000_000.0)
+    [_placed] = handle.decided
+    handle.out.clear()
+    handle.answer(handle.unanswered[0], Outcome.CONFLICT)
+    assert handle.of(PodPin) == [], "the view shows no record: the pod stays gated"
 
 
 def test_the_hold_follows_the_vm_when_it_lands_on_the_target() -> None:
@@ -278,3 +309,32 @@ def test_a_cancelled_migration_frees_its_target_once_its_pod_is_gone_or_never_ca
     part.run(1_800_000_001.0)
     [(cleared, _decision)] = handle.decided
     assert cleared.migration is None
+
+
+def test_a_forged_target_pod_deleted_leaves_the_migrations_target_standing() -> None:
+    """A tenant's pod forged with the migration's label beside the real target: deleting it
+    must not end the migration (its target freed while the VM moves there would let another
+    order take the units the VM lands on)."""
+    handle = _world(ATTACHED)
+    part = Migrations(handle)
+    part.run(1_800_000_000.0)
+    [(_recorded, decision)] = handle.decided
+    _record(handle, decision.body["status"]["migration"])
+    handle.snapshot = handle.view.build_snapshot(1_800_000_001.0)
+    part.run(1_800_000_001.0)
+    [pin] = handle.of(PodPin)
+    pinned = copy.deepcopy(handle.view.pod((NS, pin.name)))
+    assert pinned is not None
+    pinned["spec"].pop("schedulingGates")
+    pinned["spec"]["nodeName"] = "n2"
+    handle.view.apply(keys.POD.kind, pinned, deleted=False)
+    handle.unanswered.clear()
+    forged = _target_pod("forged", "2026-12-01T10:06:00Z")
+    handle.view.apply(keys.POD.kind, forged, deleted=False)
+    part.run(1_800_000_002.0)
+    assert [p.name for p in handle.of(PodPin)] == [pin.name], "the forged pod is never pinned"
+    handle.view.apply(keys.POD.kind, forged, deleted=True)
+    part.run(1_800_000_003.0)
+    ended = [d for _c, d in handle.decided if d.step == "migration-ended"]
+    assert ended == [], "the real target pod lives: the migration's target stands"
+    assert handle.snapshot.used("n2", RES) == 1
