@@ -17,6 +17,7 @@ BIN_DIR_FILE := $(CACHE)/bin-dir
 .PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule cluster cluster-down demo demo-down build docs release release-rebuild soak
 
 test: setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
+	@echo "== make test passed == ($$(date -u +%T))" >&2
 
 # `make help`: every target with the text after its `##`.
 help: ## list the targets
@@ -36,7 +37,7 @@ $(PROTO_OUT): $(PROTO) $(STAMP)
 	$(BIN)/python controller/gen_protos.py
 
 $(STAMP):
-	@echo "== python environment ($(PYTHON)) ==" >&2
+	@echo "== python environment ($(PYTHON)) == ($$(date -u +%T))" >&2
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements/dev.txt
@@ -49,7 +50,7 @@ $(STAMP):
 # distribution (runc, the CNI plugins, podman: tools/node-packages.sh, apt-get only when one
 # is missing).
 binaries: ## build the control plane, the real node, helm, KubeVirt and Prometheus from source, once per machine
-	@echo "== control plane binaries ==" >&2
+	@echo "== control plane binaries == ($$(date -u +%T))" >&2
 	tools/node-packages.sh
 	mkdir -p $(CACHE)
 	tools/build-binaries.sh > $(BIN_DIR_FILE).tmp && mv $(BIN_DIR_FILE).tmp $(BIN_DIR_FILE)
@@ -59,11 +60,11 @@ binaries: ## build the control plane, the real node, helm, KubeVirt and Promethe
 # and host-built wheels, once per machine for a given tree (tools/build-image.sh); the
 # image tests in pytest run it. Needs root; a first build takes about 3.5 minutes.
 image: setup ## build the controller's OCI image with podman (needs root)
-	@echo "== controller image ==" >&2
+	@echo "== controller image == ($$(date -u +%T))" >&2
 	tools/build-image.sh >/dev/null
 
 lint: setup ## ruff, mypy, the import layers and the changelog fragments
-	@echo "== ruff + mypy + import layers + changelog fragments ==" >&2
+	@echo "== ruff + mypy + import layers + changelog fragments == ($$(date -u +%T))" >&2
 	$(BIN)/antsibull-changelog lint
 	cd controller && $(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/ruff check --config controller/pyproject.toml plugins/module_utils plugins/action
@@ -79,12 +80,13 @@ lint: setup ## ruff, mypy, the import layers and the changelog fragments
 # The chart's alerting rules as it renders them: promtool check rules, then the rules' unit
 # tests (controller/tests/alerts); about a second.
 alerts: setup binaries ## promtool: check and unit-test the chart's alerting rules
-	@echo "== promtool: the chart's alerting rules ==" >&2
+	@echo "== promtool: the chart's alerting rules == ($$(date -u +%T))" >&2
 	PYTHON=$(BIN)/python COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/check-alerts.sh
 
 pytest: setup binaries ## unit, integration, chart, image and e2e tests against a real API server
-	@echo "== pytest (unit + integration against a real kube-apiserver) ==" >&2
-	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) $(BIN)/pytest -p no:cacheprovider
+	@echo "== pytest (unit + integration against a real kube-apiserver) == ($$(date -u +%T))" >&2
+	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) $(BIN)/pytest -p no:cacheprovider \
+	  --durations=25
 
 # The fault suite again and again beside a CPU load (controller/benchmarks/soak.py): each
 # run's outcome and figures, then the tally; RUNS=10 and BURNERS=4 by default. Not in `test`.
@@ -94,21 +96,21 @@ soak: setup binaries ## the fault suite RUNS times on a loaded machine (BURNERS 
 	  $(if $(TESTS),--tests $(TESTS))
 
 sanity: setup ## ansible-test sanity, offline
-	@echo "== ansible-test sanity (offline, no ignore file) ==" >&2
+	@echo "== ansible-test sanity (offline, no ignore file) == ($$(date -u +%T))" >&2
 	tools/ansible-test.sh sanity --python 3.11
 
 units: setup ## ansible-test units (modules and module_utils)
-	@echo "== ansible-test units (modules and module_utils) ==" >&2
+	@echo "== ansible-test units (modules and module_utils) == ($$(date -u +%T))" >&2
 	tools/ansible-test.sh units --python 3.11 --local
 
 ansible-lint: setup ## ansible-lint, production profile
-	@echo "== ansible-lint (production profile, offline) ==" >&2
+	@echo "== ansible-lint (production profile, offline) == ($$(date -u +%T))" >&2
 	tools/molecule-lint.sh
 
 # Roles in podman containers with real systemd; the platform (podman, runc, a debootstrapped
 # image) is prepared once per machine by tools/molecule-platform.sh. Needs root.
 molecule: setup binaries ## the roles in podman containers with real systemd (needs root)
-	@echo "== molecule scenarios ==" >&2
+	@echo "== molecule scenarios == ($$(date -u +%T))" >&2
 	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/molecule-test.sh
 
 # docs/api.md is generated from the CRDs (a unit test fails while it is stale).
@@ -122,7 +124,7 @@ build: setup ## the collection tarball
 # of its own made once per machine): a collection Galaxy would refuse fails here, and
 # `make release` runs the same on the release's tarball before recording it.
 galaxy-import: build ## Galaxy's upload checks (galaxy-importer) on the collection tarball
-	@echo "== galaxy-importer on the collection tarball ==" >&2
+	@echo "== galaxy-importer on the collection tarball == ($$(date -u +%T))" >&2
 	COZYSTACK_GPU_PYTHON=$(PYTHON) tools/galaxy-import.sh \
 	  $(CACHE)/dist/cozystack-gpu-$$(sed -n 's/^version: //p' galaxy.yml).tar.gz
 
