@@ -330,3 +330,49 @@ def test_a_failed_migration_frees_its_target_and_the_hold_stays(
     # The target's unit is orders' again.
     order(kube, env.tenant, "b", under_way.gpu_class, 1)
     assert env.wait_phase("b", "Bound", timeout=TIMEOUT)["status"]["nodeName"] == under_way.other
+
+
+def test_a_pod_forged_as_the_migrations_target_stays_gated_and_its_deletion_ends_nothing(
+    kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
+) -> None:
+    """The tenant admin makes a pod of its own beside the real, pinned target: the labels
+    of the migration's target pod and an owner reference to the VMI, no GPU request (no
+    raw-name policy judges it). It must stay gated, and deleting it must not end the
+    migration: the target's unit freed while the VM moves there would be ordered by another
+    tenant and used twice when the VM lands."""
+    env = vms
+    kube = env.kube
+    under_way = migration_under_way(env)
+    real = under_way.found()
+    vmi = kubevirt_kit.get_vmi(kube, env.tenant, "vm")
+    assert vmi is not None
+    labels = {
+        "kubevirt.io": "virt-launcher",
+        keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE,
+        keys.LABEL_MIGRATION_JOB_UID: under_way.uid,
+    }
+    owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": "vm",
+             "uid": vmi["metadata"]["uid"], "controller": True}  # fmt: skip
+    forged = {
+        "metadata": {"name": "forged-target", "labels": labels, "ownerReferences": [owner]},
+        "spec": {"containers": [{"name": "compute", "image": kubevirt_kit.LAUNCHER_IMAGE}]},
+    }
+    env.tenant_admin().core.create_namespaced_pod(env.tenant, forged)
+    spare = env.node("n3", 2)
+
+    def forged_pod() -> dict[str, Any]:
+        return dict(kube.core.read_namespaced_pod("forged-target", env.tenant).to_dict())
+
+    # An order bound after it: the leader has had its passes over the forged pod.
+    order(kube, env.tenant, "after-forged", under_way.gpu_class, 1)
+    assert env.wait_phase("after-forged", "Bound", timeout=TIMEOUT)["status"]["nodeName"] == spare
+    pod = forged_pod()
+    assert pod["spec"]["scheduling_gates"], "the forged pod was ungated"
+    assert not pod["spec"].get("affinity"), "the forged pod was pinned"
+
+    kube.core.delete_namespaced_pod("forged-target", env.tenant, grace_period_seconds=0)
+    order(kube, env.tenant, "after-delete", under_way.gpu_class, 1)
+    assert env.wait_phase("after-delete", "Bound", timeout=TIMEOUT)["status"]["nodeName"] == spare
+    status = kube.get_claim(env.tenant, "a")["status"]
+    assert (status.get("migration") or {}).get("migrationUID") == under_way.uid, status
+    assert under_way.found()["metadata"]["uid"] == real["metadata"]["uid"]
