@@ -94,6 +94,16 @@ def _record(handle: FakeHandle, target: dict[str, Any]) -> None:
     handle.unanswered.clear()
 
 
+def _placed_then_pinned(handle: FakeHandle, part: Migrations) -> None:
+    """Two passes: the first records the set's target, the view takes the record, the
+    second pins the target pod."""
+    part.run(1_800_000_000.0)
+    [(_recorded, decision)] = handle.decided
+    _record(handle, decision.body["status"]["migration"])
+    handle.snapshot = handle.view.build_snapshot(1_800_000_001.0)
+    part.run(1_800_000_001.0)
+
+
 def test_a_target_pod_gets_its_set_placed_on_another_node_recorded_then_pinned() -> None:
     handle = _world(ATTACHED)
     part = Migrations(handle)
@@ -221,12 +231,7 @@ def test_a_running_migration_keeps_its_target() -> None:
 def test_only_the_first_target_pod_of_a_migration_is_placed() -> None:
     handle = _world(ATTACHED)
     handle.view.apply(keys.POD.kind, _target_pod("forged", "2026-12-01T10:06:00Z"), deleted=False)
-    part = Migrations(handle)
-    part.run(1_800_000_000.0)
-    [(_recorded, decision)] = handle.decided
-    _record(handle, decision.body["status"]["migration"])
-    handle.snapshot = handle.view.build_snapshot(1_800_000_001.0)
-    part.run(1_800_000_001.0)
+    _placed_then_pinned(handle, Migrations(handle))
     assert [p.name for p in handle.of(PodPin)] == ["virt-launcher-vm-target"]
 
 
@@ -317,11 +322,7 @@ def test_a_forged_target_pod_deleted_leaves_the_migrations_target_standing() -> 
     order take the units the VM lands on)."""
     handle = _world(ATTACHED)
     part = Migrations(handle)
-    part.run(1_800_000_000.0)
-    [(_recorded, decision)] = handle.decided
-    _record(handle, decision.body["status"]["migration"])
-    handle.snapshot = handle.view.build_snapshot(1_800_000_001.0)
-    part.run(1_800_000_001.0)
+    _placed_then_pinned(handle, part)
     [pin] = handle.of(PodPin)
     pinned = copy.deepcopy(handle.view.pod((NS, pin.name)))
     assert pinned is not None
