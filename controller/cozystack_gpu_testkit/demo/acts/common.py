@@ -20,7 +20,7 @@ from cozystack_gpu import keys
 from cozystack_gpu.objects import vmi_pods
 from cozystack_gpu_testkit import cluster, kubevirt, tenants
 from cozystack_gpu_testkit.demo import existing_cluster, local_pods, node_pods, run_state
-from cozystack_gpu_testkit.demo.console import Console, check
+from cozystack_gpu_testkit.demo.console import Console, check, wait_until
 from cozystack_gpu_testkit.demo.hosts import Kubelets
 from cozystack_gpu_testkit.objects import Kube, unless
 
@@ -308,6 +308,27 @@ def _webhook_answers(demo: Demo) -> bool:
 
 def _webhook_error(demo: Demo) -> str:
     return _webhook_probe(demo) or "it answers now"
+
+
+def serving(
+    demo: Demo, holders: set[str] | None = None, log: Callable[[], str] | None = None
+) -> str:
+    """Waits for the API server to reach the webhooks through the chart's Service and for a
+    replica (one of ``holders``, when given) to hold the binder Lease; returns the holder.
+    ``log``: what the controller wrote, shown when it does not come."""
+    wait_until(
+        lambda: _webhook_answers(demo),
+        expected="the API server to reach the webhooks through the chart's Service",
+        saw=lambda: _webhook_error(demo) + (f"\n  controller log:\n{log()}" if log else ""),
+        timeout=60,
+    )
+    return wait_until(
+        lambda: h if (h := _lease_holder(demo)) and (holders is None or h in holders) else None,
+        expected=f"{'one of ' + str(sorted(holders)) if holders else 'a replica'} to hold "
+        "the binder Lease",
+        saw=lambda: f"holder {_lease_holder(demo)!r}",
+        timeout=60,
+    )
 
 
 def _lease_holder(demo: Demo) -> str | None:

@@ -21,10 +21,8 @@ from cozystack_gpu_testkit.demo.acts.common import (
     UPGRADE_SETTING,
     Demo,
     _condition,
-    _lease_holder,
     _phase_is,
-    _webhook_answers,
-    _webhook_error,
+    serving,
     summary,
 )
 from cozystack_gpu_testkit.demo.console import check, wait_until
@@ -132,7 +130,7 @@ def _upgrade_pods(demo: Demo) -> None:
         values = {node_pods.container_env(p, env_name) for p in pods}
         check(values == {str(value)}, f"{env_name}={value} in the new pods", f"{values}")
         new = {p.metadata.name for p in pods}
-        lease = _answering(demo, new)
+        lease = serving(demo, new)
         found.append(f"{revision}; the Deployment's pod template changed ({env_name})")
         found.append(
             f"{', '.join(sorted(old))} → {node_pods.describe(pods)}, {env_name} {old_value} → "
@@ -167,7 +165,7 @@ def _upgrade_process(demo: Demo) -> None:
         )
         new_value = local_pods.process_env(new_pid).get(env_name)
         check(new_value == str(value), f"{env_name}={value} in the new process", f"{new_value}")
-        lease = _answering(demo, {pod_name})
+        lease = serving(demo, {pod_name})
         found.append(f"{revision}; the Deployment's pod template changed ({env_name})")
         found.append(
             f"{pod_name}: pid {old_pid} → {new_pid}, {env_name} {old_value} → {new_value}; "
@@ -181,23 +179,6 @@ def _upgrade(demo: Demo, value_name: str, value: object) -> str:
     values["controller"].setdefault("settings", {})[value_name] = value
     output = platform.helm_install(demo.state, values, demo.logs / "helm.log", demo.options.chart)
     return next((ln for ln in output.splitlines() if ln.startswith("REVISION:")), "")
-
-
-def _answering(demo: Demo, holders: set[str]) -> str:
-    """Waits for the webhooks to answer and one of ``holders`` to hold the binder Lease;
-    returns the holder."""
-    wait_until(
-        lambda: _webhook_answers(demo),
-        expected="the webhooks answered by the new controller (the Service is kept)",
-        saw=lambda: _webhook_error(demo),
-        timeout=60,
-    )
-    return wait_until(
-        lambda: holder if (holder := _lease_holder(demo)) in holders else None,
-        expected=f"one of {sorted(holders)} to hold the binder Lease",
-        saw=lambda: f"holder {_lease_holder(demo)!r}",
-        timeout=60,
-    )
 
 
 def _start_burst(demo: Demo, tenant: Kube) -> None:

@@ -15,9 +15,7 @@ from cozystack_gpu_testkit.demo import node_pods, platform, run_state
 from cozystack_gpu_testkit.demo.acts.common import (
     CHART_VALUES,
     Demo,
-    _lease_holder,
-    _webhook_answers,
-    _webhook_error,
+    serving,
 )
 from cozystack_gpu_testkit.demo.console import Mismatch, check, wait_until
 from cozystack_gpu_testkit.demo.hosts import WORKER
@@ -124,18 +122,7 @@ def _controller_pods(demo: Demo) -> None:
         )
         nodes = {p.spec.node_name for p in pods}
         check(nodes == {WORKER}, f"the pods on {WORKER}", f"{nodes}")
-        wait_until(
-            lambda: _webhook_answers(demo),
-            expected="the API server to reach the webhooks through the chart's Service",
-            saw=lambda: _webhook_error(demo),
-            timeout=60,
-        )
-        lease = wait_until(
-            lambda: _lease_holder(demo),
-            expected="a replica to hold the binder Lease",
-            saw=lambda: f"holder {_lease_holder(demo)!r}",
-            timeout=60,
-        )
+        lease = serving(demo)
         image = pods[0].spec.containers[0].image
         found.append(f"{node_pods.describe(pods)}: image {image}, run by containerd")
         found.append(
@@ -178,18 +165,7 @@ def _controller_process(demo: Demo, no_node: str) -> None:
             demo.api, run_state.NAMESPACE, service, host_address(), pod.ports["webhook"],
             labels=state.mark,
         )  # fmt: skip
-        wait_until(
-            lambda: _webhook_answers(demo),
-            expected=f"the API server to reach the webhooks through Service {service}",
-            saw=lambda: _webhook_error(demo) + f"\n  controller log:\n{pod.log_tail()}",
-            timeout=60,
-        )
-        lease = wait_until(
-            lambda: _lease_holder(demo),
-            expected="the replica to hold the binder Lease",
-            saw=lambda: f"holder {_lease_holder(demo)!r}",
-            timeout=60,
-        )
+        lease = serving(demo, log=pod.log_tail)
         found.append(f"no real node: {no_node}")
         found.append(f"`python -m cozystack_gpu` with the Deployment's args and env; log {pod.log}")
         found.append(
