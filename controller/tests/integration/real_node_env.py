@@ -26,7 +26,6 @@ from cozystack_gpu_testkit import node as real_node
 from cozystack_gpu_testkit.objects import Kube
 
 REPO = Path(__file__).resolve().parents[3]
-BUILD_IMAGE = controller_image.BUILD_IMAGE
 RUNNING_TIMEOUT_S = 60.0
 NODE_TOLERATION = {"key": real_node.NODE_TAINT["key"], "operator": "Exists"}
 # The chart's release as docs/install.md installs it.

@@ -33,10 +33,10 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes import config as kube_config
-from real_node_env import BUILD_IMAGE, REPO
+from real_node_env import REPO
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit import cluster, node_config, node_host
+from cozystack_gpu_testkit import cluster, controller_image, node_config, node_host
 
 pytestmark = pytest.mark.apiserver
 
@@ -174,15 +174,7 @@ def test_install_md_brings_the_chart_up_as_pods_on_make_clusters_node(
     }
 
     # The release's image: this tree's, imported as install.md's ctr line does.
-    built = subprocess.run(
-        ["bash", str(BUILD_IMAGE)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "COZYSTACK_GPU_IMAGE_KEEP_OTHERS": "1"},
-    )
-    assert built.returncode == 0, built.stderr[-4000:]
-    image = built.stdout.strip().splitlines()[-1]
+    image = controller_image.build()
     archive = tmp_path / "controller.oci.tar"
     run(f"podman save --quiet --format oci-archive --output {archive} {image}", env, tmp_path)
     run(f"{hint} {archive}", env, tmp_path)
