@@ -4,6 +4,7 @@
 # their FQCN exactly as they do for a user of the collection.
 #
 # Usage: tools/molecule-test.sh [scenario ...]   (default: every scenario under molecule/)
+#        COZYSTACK_GPU_MOLECULE_LANES=1 tools/molecule-test.sh   (one scenario at a time)
 #        MOLECULE_COMMAND=converge tools/molecule-test.sh vfio   (any molecule subcommand)
 # Needs root (podman rootful, apt-get on the first run); prepares the platform itself.
 set -euo pipefail
@@ -62,17 +63,76 @@ else
 fi
 
 cd "$collection"
-failed=()
-for scenario in "${scenarios[@]}"; do
-  start=$SECONDS
-  log "scenario $scenario"
-  if molecule "${MOLECULE_COMMAND:-test}" -s "$scenario"; then
-    log "scenario $scenario passed in $((SECONDS - start)) s"
+
+# Scenarios run LANES at a time (default 2), each in its own container with its own output
+# file, printed whole when it ends: ansible drives one host per scenario and keeps about one
+# core busy, so two lanes on a two-core machine take about the time of the longest lane.
+# The longest scenarios of the last run start first (their seconds are kept in $work).
+lanes=${COZYSTACK_GPU_MOLECULE_LANES:-2}
+durations="$work/.durations"
+logs="$work/logs"
+rm -rf "$logs"
+mkdir -p "$logs"
+if [ -f "$durations" ]; then
+  mapfile -t scenarios < <(
+    for s in "${scenarios[@]}"; do
+      printf '%s %s\n' "$(awk -v s="$s" '$1 == s {print $2}' "$durations" | tail -n1)" "$s"
+    done | sort -k1,1nr -k2 | awk '{print $NF}'
+  )
+fi
+
+run_scenario() {
+  local scenario=$1 start=$SECONDS rc=0
+  molecule "${MOLECULE_COMMAND:-test}" -s "$scenario" >"$logs/$scenario.log" 2>&1 || rc=$?
+  echo "$rc $((SECONDS - start))" >"$logs/$scenario.rc"
+}
+
+report() {
+  local scenario=$1 rc seconds
+  read -r rc seconds <"$logs/$scenario.rc"
+  log "scenario $scenario output:"
+  cat "$logs/$scenario.log"
+  if [ "$rc" -eq 0 ]; then
+    log "scenario $scenario passed in $seconds s"
+    # Only a whole test's seconds order the next run.
+    if [ "${MOLECULE_COMMAND:-test}" = test ]; then
+      echo "$scenario $seconds" >>"$durations.new"
+    fi
   else
-    log "scenario $scenario FAILED after $((SECONDS - start)) s"
+    log "scenario $scenario FAILED after $seconds s"
     failed+=("$scenario")
   fi
+}
+
+failed=()
+declare -A running=()
+rm -f "$durations.new"
+for scenario in "${scenarios[@]}"; do
+  while [ ${#running[@]} -ge "$lanes" ]; do
+    wait -n || true
+    for done_scenario in "${!running[@]}"; do
+      if [ -f "$logs/$done_scenario.rc" ]; then
+        unset "running[$done_scenario]"
+        report "$done_scenario"
+      fi
+    done
+  done
+  log "scenario $scenario started"
+  run_scenario "$scenario" &
+  running[$scenario]=$!
 done
+wait
+for done_scenario in "${!running[@]}"; do
+  report "$done_scenario"
+done
+# This run's seconds, and the last known of the scenarios it did not pass.
+if [ -f "$durations.new" ]; then
+  { cat "$durations.new"
+    [ -f "$durations" ] && awk 'NR == FNR {seen[$1] = 1; next} !($1 in seen)' "$durations.new" "$durations"
+  } >"$durations.tmp" || true
+  mv "$durations.tmp" "$durations"
+  rm -f "$durations.new"
+fi
 
 if [ ${#failed[@]} -gt 0 ]; then
   log "failed: ${failed[*]}"
