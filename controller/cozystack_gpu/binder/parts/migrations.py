@@ -9,9 +9,11 @@ the migration ends otherwise.
    already, budgets count them once). Each claim gets ``status.migration`` (node, uid,
    since) as a decision, so the snapshot counts the target's units on that node from the
    moment the write is sent. A set with no room keeps its pod gated, says why on the VMI.
-2. **Pin.** Once the view shows the target on every claim, the pod is pinned and ungated:
-   as the last record's answer is applied (``_recorded``), not on the turn after it. A busy
-   leader's turn takes a second at 1,000 VMs, and a start's pod waits one turn, not two.
+2. **Pin.** Once the view shows the target on every claim, the pod is pinned and ungated,
+   in the turn that sent the records: the loop takes their answers in mid-turn and runs
+   ``place_gated`` again before the gate's pins (or, for an answer later than that, as it
+   is applied, ``_recorded``). A busy leader's turn takes a second at 1,000 VMs, and a
+   start's pod waits one turn, not two.
 3. **Follow.** A claim whose migration is recorded: moved to the target in one write when
    the VMI runs there (``nodeName``, ``migration`` cleared), or the target cleared when the
    migration failed, was cancelled, its pod went (``rules.migration.outcome``) or its target
@@ -66,15 +68,20 @@ class Migrations(BinderPart):
             job = self.view.migrations.get(job_key)
             if job is not None:
                 self._ahead(job_key[0], job, now)
+        self.place_gated(now)
+        for key in sorted(self._migrating):
+            if self._follow(key, now):
+                self._migrating.discard(key)
+
+    def place_gated(self, now: float) -> None:
+        """Each gated target pod placed, recorded or, once its set shows the target,
+        pinned; the loop runs it again mid-turn once the records' answers are in."""
         for pod_key in self.view.gated_pods():
             pod = self.view.pod(pod_key)
             uid = launcher.migration_of(pod) if pod is not None else None
             if pod is None or uid is None or self.handle.writing((PodPin.what, *pod_key)):
                 continue
             self._place(pod_key, pod, uid, now)
-        for key in sorted(self._migrating):
-            if self._follow(key, now):
-                self._migrating.discard(key)
 
     # --- place and pin -----------------------------------------------------------------
 
