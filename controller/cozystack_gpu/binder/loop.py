@@ -245,35 +245,39 @@ class Binder(Watcher):
     def _turn(self, now: float) -> None:
         """One leading turn after its flush: each part judges the view and sends its writes.
 
-        The migrations part goes first and the queue is taken in again before the gate: the
-        records it sent are answered while attachments run, so a target pod whose set is
-        now recorded is pinned in this turn, beside the starts, not after the whole turn
-        and the next drain (at 1,000 VMs a turn takes about a second).
+        A migration's target pod is pinned only once its set's records are answered, where a
+        start's pod is pinned at once. So the migrations part goes first, and the queue is
+        taken in again twice in the turn (before the gate, and before the publisher), each
+        time followed by the gated target pods: records sent at the turn's start are
+        answered while attachments run, and those of target pods that came in the first
+        catch-up while the gate and the plan run. Each target pod is then pinned in the
+        turn it came in, as a start's is, not after the whole turn and the next drain (at
+        1,000 VMs a turn takes about a second).
         """
         self.migrations.run(now)
         self.attachments.run(now)
         self.attachments.attach_started(now)
         self.publisher.protect(now)
-        if self._catch_up():
-            self.migrations.place_gated(now)
+        self._catch_up(now)
         self.gatekeeper.run(now)
         self.rejections.run(now)
         self.bookings.run(now)
         self.windows.run(now)
         self._decide(now)
         self.attachments.release_stuck_vmis()
+        self._catch_up(now)
         self.publisher.publish(now)
 
-    def _catch_up(self) -> bool:
-        """What came in since the turn's drain (answers, events), taken into the view and
-        the snapshot as at a turn's start; the parts not run yet judge on it. True when
-        anything came."""
+    def _catch_up(self, now: float) -> None:
+        """What came in since the last drain (answers, events), taken into the view and the
+        snapshot as at a turn's start, and the gated target pods placed or pinned on it;
+        the parts not run yet judge on it too."""
         items = self._threads.drain(0.0, MAX_BATCH)
         for item in items:
             self._handle(item)
         if items:
             self._flush()
-        return bool(items)
+            self.migrations.place_gated(now)
 
     # --- gather ----------------------------------------------------------------------
 

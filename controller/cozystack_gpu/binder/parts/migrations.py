@@ -10,10 +10,10 @@ the migration ends otherwise.
    since) as a decision, so the snapshot counts the target's units on that node from the
    moment the write is sent. A set with no room keeps its pod gated, says why on the VMI.
 2. **Pin.** Once the view shows the target on every claim, the pod is pinned and ungated,
-   in the turn that sent the records: the loop takes their answers in mid-turn and runs
-   ``place_gated`` again before the gate's pins (or, for an answer later than that, as it
-   is applied, ``_recorded``). A busy leader's turn takes a second at 1,000 VMs, and a
-   start's pod waits one turn, not two.
+   in the turn its pod came in: the loop takes the records' answers in twice in a turn
+   and runs ``place_gated`` after each (``Binder._turn``); an answer later than that pins
+   as it is applied (``_recorded``). A busy leader's turn takes a second at 1,000 VMs, and
+   a start's pod waits one turn, not two.
 3. **Follow.** A claim whose migration is recorded: moved to the target in one write when
    the VMI runs there (``nodeName``, ``migration`` cleared), or the target cleared when the
    migration failed, was cancelled, its pod went (``rules.migration.outcome``) or its target

@@ -1,7 +1,8 @@
 """The order of a leader's turn (``Binder._turn``): a migration's records go out first, and
-what is answered while attachments run is taken in before the gate, so a target pod whose
-set is recorded is pinned in the turn that sent the records (issue 44: at 1,000 VMs a turn
-takes about a second, and a target waited for the next drain where a start did not)."""
+what is answered while the parts run is taken in twice in the turn (before the gate, before
+the publisher), so a target pod whose set is recorded is pinned in the turn it came in
+(issue 44: at 1,000 VMs a turn takes about a second, and a target waited for the next drain
+where a start did not)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,21 @@ def test_a_record_answered_while_the_turn_runs_is_taken_in_before_the_gate_pins(
     claim = binder.snapshot.claim(KEY)
     assert claim is not None and claim.migration is not None
     assert claim.migration.node == "n2", "the snapshot took in what the answer brought"
+
+
+def test_a_record_sent_at_the_gate_and_answered_during_the_plan_pins_before_the_turn_ends() -> None:
+    """A target pod that came in the first catch-up has its record sent there; its answer,
+    in while the gate and the plan run, is taken in before the publisher."""
+    binder = Binder(_nowhere(), binder_config("ctl"))
+    binder.snapshot = binder.view.build_snapshot(NOW)
+    calls: list[str] = []
+    answered_meanwhile = {"gatekeeper.run": lambda: _record_sent_and_answered(binder, calls)}
+    _recording(binder, calls, on=answered_meanwhile)
+    binder._turn(NOW)
+    answered = calls.index("answered:WRITTEN")
+    assert calls.index("attachments.release_stuck_vmis") < answered
+    assert answered < calls.index("migrations.place_gated") < calls.index("publisher.publish")
+    assert calls[-1] == "publisher.publish"
 
 
 def test_a_turn_in_which_nothing_was_answered_places_the_gated_targets_once() -> None:
