@@ -14,21 +14,10 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule checks-beside-molecule cluster cluster-down demo demo-down build docs release release-rebuild soak
+.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule cluster cluster-down demo demo-down build docs release release-rebuild soak
 
-test: setup binaries image lint alerts pytest checks-beside-molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
+test: setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
 	@echo "== make test passed == ($$(date -u +%T))" >&2
-
-# The collection's checks (sanity, units, ansible-lint, galaxy-importer: about 4 minutes)
-# run while the molecule scenarios do (about 10): both run to their end, whichever fails,
-# and the target fails if either did. The scenarios print each one's output as it ends.
-checks-beside-molecule: setup binaries
-	@echo "== molecule scenarios, beside the collection's checks == ($$(date -u +%T))" >&2
-	COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/molecule-test.sh & molecule=$$!; \
-	checks=0; $(MAKE) --no-print-directory sanity units ansible-lint galaxy-import || checks=$$?; \
-	scenarios=0; wait $$molecule || scenarios=$$?; \
-	echo "== checks: exit $$checks; molecule: exit $$scenarios == ($$(date -u +%T))" >&2; \
-	test $$checks -eq 0 && test $$scenarios -eq 0
 
 # `make help`: every target with the text after its `##`.
 help: ## list the targets
