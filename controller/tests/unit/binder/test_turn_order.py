@@ -66,13 +66,20 @@ def _record_sent_and_answered(binder: Binder, calls: list[str]) -> None:
     binder._threads.queue.put(Answer(call, Outcome.WRITTEN, obj=landed))
 
 
-def test_a_record_answered_while_the_turn_runs_is_taken_in_before_the_gate_pins() -> None:
+def _turn_answered_during(step: str | None) -> tuple[Binder, list[str]]:
+    """One turn of a fresh binder whose parts record their steps; a record's answer comes
+    back while ``step`` runs (none with None). The binder and the steps, in order."""
     binder = Binder(_nowhere(), binder_config("ctl"))
     binder.snapshot = binder.view.build_snapshot(NOW)
     calls: list[str] = []
-    answered_meanwhile = {"migrations.run": lambda: _record_sent_and_answered(binder, calls)}
-    _recording(binder, calls, on=answered_meanwhile)
+    on = {step: lambda: _record_sent_and_answered(binder, calls)} if step else None
+    _recording(binder, calls, on=on)
     binder._turn(NOW)
+    return binder, calls
+
+
+def test_a_record_answered_while_the_turn_runs_is_taken_in_before_the_gate_pins() -> None:
+    binder, calls = _turn_answered_during("migrations.run")
     assert calls.index("migrations.run") == 0, "the records go out first"
     answered = calls.index("answered:WRITTEN")
     assert calls.index("publisher.protect") < answered < calls.index("migrations.place_gated")
@@ -86,12 +93,7 @@ def test_a_record_answered_while_the_turn_runs_is_taken_in_before_the_gate_pins(
 def test_a_record_sent_at_the_gate_and_answered_during_the_plan_pins_before_the_turn_ends() -> None:
     """A target pod that came in the first catch-up has its record sent there; its answer,
     in while the gate and the plan run, is taken in before the publisher."""
-    binder = Binder(_nowhere(), binder_config("ctl"))
-    binder.snapshot = binder.view.build_snapshot(NOW)
-    calls: list[str] = []
-    answered_meanwhile = {"gatekeeper.run": lambda: _record_sent_and_answered(binder, calls)}
-    _recording(binder, calls, on=answered_meanwhile)
-    binder._turn(NOW)
+    _binder, calls = _turn_answered_during("gatekeeper.run")
     answered = calls.index("answered:WRITTEN")
     assert calls.index("attachments.release_stuck_vmis") < answered
     assert answered < calls.index("migrations.place_gated") < calls.index("publisher.publish")
@@ -99,10 +101,6 @@ def test_a_record_sent_at_the_gate_and_answered_during_the_plan_pins_before_the_
 
 
 def test_a_turn_in_which_nothing_was_answered_places_the_gated_targets_once() -> None:
-    binder = Binder(_nowhere(), binder_config("ctl"))
-    binder.snapshot = binder.view.build_snapshot(NOW)
-    calls: list[str] = []
-    _recording(binder, calls)
-    binder._turn(NOW)
+    _binder, calls = _turn_answered_during(None)
     assert "migrations.place_gated" not in calls, "nothing new: run placed them already"
     assert [c for c in calls if c.startswith("gatekeeper")] == ["gatekeeper.run"]
