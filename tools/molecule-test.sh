@@ -66,7 +66,8 @@ cd "$collection"
 
 # Scenarios run LANES at a time (default 2), each in its own container with its own output
 # file, printed whole when it ends: ansible drives one host per scenario and keeps about one
-# core busy, so two lanes on a two-core machine take about the time of the longest lane.
+# core busy, so on two cores two lanes took 12 minutes where one after the other took 18
+# (2026-12-07; each scenario runs about a quarter slower beside another).
 # The longest scenarios of the last run start first (their seconds are kept in $work).
 lanes=${COZYSTACK_GPU_MOLECULE_LANES:-2}
 durations="$work/.durations"
