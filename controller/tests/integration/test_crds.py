@@ -196,15 +196,72 @@ def test_class_on_cordon_defaults_to_move_and_max_count_has_no_default(
     assert "maxCount" not in created["spec"]
 
 
-def test_class_source_needs_exactly_one_member_and_dra_is_reserved(api: Api, unique: str) -> None:
-    rule = (
-        "exactly one source must be set; devicePlugin is the only source supported, dra is reserved"
-    )
+DRA = {"dra": {"deviceClassName": "vfio.gpu.nvidia.com"}}
+PLUGIN = {"devicePlugin": {"resourceName": "nvidia.com/GH100_H100_SXM5_80GB"}}
+
+
+def test_class_source_needs_exactly_one_member(api: Api, unique: str) -> None:
+    rule = "exactly one source must be set, devicePlugin or dra"
     assert rule in refusal(lambda: api.create_class(_class_body(f"s-{unique}", source={})))
-    # An unknown member such as dra is pruned, which leaves no member.
-    assert rule in refusal(
-        lambda: api.create_class(_class_body(f"s-{unique}", source={"dra": {"className": "x"}}))
+    both = {**PLUGIN, **DRA}
+    assert rule in refusal(lambda: api.create_class(_class_body(f"s-{unique}", source=both)))
+    # A member the schema does not know is pruned, which leaves none.
+    unknown = {"cdi": {"name": "x"}}
+    assert rule in refusal(lambda: api.create_class(_class_body(f"s-{unique}", source=unknown)))
+
+
+def test_a_dra_class_names_a_device_class_and_keeps_its_source(api: Api, unique: str) -> None:
+    name = f"dra-{unique}"
+    selectors = [
+        {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName == "H100"'}}
+    ]
+    created = api.create_class(
+        _class_body(name, source={"dra": {**DRA["dra"], "selectors": selectors}})
     )
+    assert created["spec"]["source"]["dra"]["selectors"] == selectors
+
+    def replaced(source: dict[str, Any]) -> str:
+        changed = copy.deepcopy(created)
+        changed["spec"]["source"] = source
+        return refusal(
+            lambda: api.custom.replace_cluster_custom_object(
+                keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name, changed
+            )
+        )
+
+    assert "dra is immutable; create a new GPUClass instead" in replaced(DRA)
+    assert "a class cannot change between devicePlugin and dra" in replaced(PLUGIN)
+
+
+def test_a_device_plugin_class_cannot_become_a_dra_class(api: Api, unique: str) -> None:
+    name = f"dp-{unique}"
+    created = api.create_class(_class_body(name))
+    changed = copy.deepcopy(created)
+    changed["spec"]["source"] = DRA
+    message = refusal(
+        lambda: api.custom.replace_cluster_custom_object(
+            keys.GROUP, keys.VERSION, keys.PLURAL_CLASSES, name, changed
+        )
+    )
+    assert "a class cannot change between devicePlugin and dra" in message
+
+
+@pytest.mark.parametrize(
+    ("dra", "expected"),
+    [
+        ({}, "spec.source.dra.deviceClassName: Required value"),
+        ({"deviceClassName": "Not_A_Name"}, "spec.source.dra.deviceClassName in body should match"),
+        (
+            {"deviceClassName": "vfio.gpu.nvidia.com", "selectors": [{"cel": {}}]},
+            "spec.source.dra.selectors[0].cel.expression: Required value",
+        ),
+    ],
+)
+def test_a_dra_source_is_refused_without_a_valid_device_class_or_selector(
+    api: Api, unique: str, dra: dict[str, Any], expected: str
+) -> None:
+    message = refusal(lambda: api.create_class(_class_body(f"bad-{unique}", source={"dra": dra})))
+    assert expected in message
 
 
 def test_class_resource_name_has_the_shape_of_an_extended_resource(api: Api, unique: str) -> None:
