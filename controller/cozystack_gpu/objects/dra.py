@@ -290,6 +290,91 @@ class DraCapacity:
         return self.free.get(node, 0)
 
 
+def holders_of(resource_claims: Iterable[Obj]) -> dict[DeviceId, ClaimKey]:
+    """Which ResourceClaim's allocation holds each device (one of them, for a device shared
+    by several)."""
+    return {
+        device: key_of(resource_claim)
+        for resource_claim in resource_claims
+        for device in allocated_devices(resource_claim)
+    }
+
+
+@dataclass(frozen=True)
+class NodeUnits:
+    """What one node's devices give the ``dra`` classes, before the model takes their
+    claims' holds (the view's input to the model, per node).
+
+    - ``free``: by class, the devices it matches that no ResourceClaim holds, but those of
+      its own claims held on this node (see ``dra_capacity`` for why that is SPEC §13's
+      count once the model subtracts the holds);
+    - ``matching``: by class, the devices it matches, held or not;
+    - ``shared``: the classes one of whose devices (or its PCI function) another class also
+      matches here: neither is served on the node, as two classes of one resource name on
+      one node are not (``eligibility.shares_resource_on``), since a hold of one would not
+      be told apart from the other's free devices;
+    - ``errors``: by class, why a selector could not judge a device.
+    """
+
+    free: Mapping[str, int] = field(default_factory=dict)
+    matching: Mapping[str, int] = field(default_factory=dict)
+    shared: frozenset[str] = frozenset()
+    errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def node_units(
+    node: str,
+    devices: Iterable[SliceDevice],
+    holders: Mapping[DeviceId, ClaimKey],
+    matchers: Mapping[str, DeviceMatcher],
+    ours: Mapping[ClaimKey, tuple[str, str]],
+) -> NodeUnits:
+    """``node``'s units of each class of ``matchers`` (by class name), from its ``devices``
+    and the ResourceClaims holding them (``holders_of``).
+
+    ``ours`` maps the ResourceClaims the controller made for GPUClaims (``made_for``) to
+    the claim's class and the node where the model counts its units ("" where it counts
+    them nowhere: a Pending claim, a Lost one whose VM no longer runs). Only a class's own
+    claims held on this node leave their devices counted: any other holder's devices are
+    taken, and with them every device of the same PCI function (NVIDIA's driver offers a
+    GPU both as ``gpu-N`` and as ``gpu-vfio-N`` and withdraws the sibling only once one is
+    prepared)."""
+    every = list(devices)
+    usable = [d for d in every if d.allocatable]
+    matched: dict[str, list[SliceDevice]] = {}
+    errors: dict[str, tuple[str, ...]] = {}
+    for name, matcher in sorted(matchers.items()):
+        judged = [(device, matcher.judge(device)) for device in usable]
+        matched[name] = [device for device, judgement in judged if judgement.matches]
+        said = tuple(dict.fromkeys(j.error for _d, j in judged if j.error))
+        if said:
+            errors[name] = said
+    free: dict[str, int] = {}
+    for name, found in matched.items():
+        taken = {device for device, holder in holders.items() if ours.get(holder) != (name, node)}
+        functions = {d.pci_bus_id for d in every if d.id in taken and d.pci_bus_id}
+        free[name] = sum(
+            1
+            for d in found
+            if d.id not in taken and (not d.pci_bus_id or d.pci_bus_id not in functions)
+        )
+    return NodeUnits(
+        free, {name: len(found) for name, found in matched.items()}, _shared(matched), errors
+    )
+
+
+def _shared(matched: Mapping[str, list[SliceDevice]]) -> frozenset[str]:
+    """The classes one of whose devices, or a device of the same PCI function, another class
+    matches too."""
+    claimed: dict[Any, set[str]] = defaultdict(set)
+    for name, found in matched.items():
+        for device in found:
+            claimed[device.id].add(name)
+            if device.pci_bus_id:
+                claimed[("pci", device.pci_bus_id)].add(name)
+    return frozenset(name for names in claimed.values() if len(names) > 1 for name in names)
+
+
 def dra_capacity(
     slices: Iterable[Obj],
     resource_claims: Iterable[Obj],
@@ -297,7 +382,8 @@ def dra_capacity(
     ours: Mapping[ClaimKey, str],
 ) -> DraCapacity:
     """Per node, the devices the class matches, less those allocated to any ResourceClaim
-    that is not one of ours where its claim holds its units.
+    that is not one of ours where its claim holds its units: ``node_units`` for one class
+    over every node of ``slices``.
 
     ``ours`` maps the ResourceClaims the controller made for GPUClaims (``made_for``) to
     the node where the model counts their claim's units ("" where it counts them nowhere: a
@@ -314,40 +400,16 @@ def dra_capacity(
     through their devices, unallocated ones through their units. Our ResourceClaim
     allocated on any other node (its claim moved or lost its node) holds devices no unit
     stands for, so there it counts as anyone's.
-
-    Devices of one PCI function (NVIDIA's driver offers a GPU both as ``gpu-N`` and as
-    ``gpu-vfio-N`` and withdraws the sibling only once one is prepared) are one device:
-    a matching device whose function another ResourceClaim holds is not free either.
     """
-    devices = node_devices(slices)
-    where = {device.id: device for node in devices.values() for device in node}
-    taken: set[DeviceId] = set()
-    for resource_claim in resource_claims:
-        node = ours.get(key_of(resource_claim))
-        for device_id in allocated_devices(resource_claim):
-            held = where.get(device_id)
-            if node is None or held is None or held.node != node:
-                taken.add(device_id)
-    taken_functions = {
-        (where[d].node, where[d].pci_bus_id) for d in taken if d in where and where[d].pci_bus_id
-    }
+    holders = holders_of(resource_claims)
+    mine = {key: ("", node) for key, node in ours.items()}
     free: dict[str, int] = {}
     matching: dict[str, int] = {}
     errors: list[str] = []
-    for node, node_list in sorted(devices.items()):
-        matched = []
-        for device in node_list:
-            if not device.allocatable:
-                continue
-            judgement = matcher.judge(device)
-            if judgement.error:
-                errors.append(judgement.error)
-            if judgement.matches:
-                matched.append(device)
-        matching[node] = len(matched)
-        free[node] = sum(
-            1 for d in matched if d.id not in taken and (node, d.pci_bus_id) not in taken_functions
-        )
+    for node, devices in sorted(node_devices(slices).items()):
+        units = node_units(node, devices, holders, {"": matcher}, mine)
+        free[node], matching[node] = units.free[""], units.matching[""]
+        errors += units.errors.get("", ())
     return DraCapacity(free, matching, tuple(dict.fromkeys(errors)))
 
 
