@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 from cozystack_gpu import keys
+from cozystack_gpu.cluster.claim_links import ClaimLinks
 from cozystack_gpu.cluster.counted_union import CountedUnion
 from cozystack_gpu.cluster.dirty import Dirty
+from cozystack_gpu.cluster.dra_index import DraIndex
 from cozystack_gpu.cluster.migration_index import MigrationIndex
 from cozystack_gpu.cluster.pod_index import PodIndex
 from cozystack_gpu.cluster.reservation_index import ReservationIndex
@@ -62,15 +64,12 @@ class ClusterView:
         # Live VMIs that name claims they hold: the binder attaches those claims.
         self._holding: set[Key] = set()
         self._claim_vm: dict[ClaimKey, str] = {}
-        self._attached: dict[Key, set[ClaimKey]] = {}
+        self._links = ClaimLinks()  # claims by the VMI they are attached to or owned by
         # When this binder first saw each claim's current attachment: its grace counts from
         # then too, whatever clock the webhook replica that wrote attachedAt has.
         self._attachment_seen: dict[ClaimKey, tuple[tuple[str, str, str], float]] = {}
         # Where VMs' disks are, so a binding or a PV change re-reads the claims of those VMs.
         self._volumes = VolumeIndex(self.pv)
-        # Template claims by the VMI that owns them: with the attached ones, what covers the
-        # GPU requests of the VMI's launcher pods.
-        self._templates_of: dict[Key, set[ClaimKey]] = {}
         # What pods use, by node and namespace, and which pod is each VMI's launcher: the
         # pods and VMIs stay here, the index counts them.
         self._pod_index = PodIndex(
@@ -98,6 +97,7 @@ class ClusterView:
             lambda: self.raw.get(keys.GPU_RESERVATION.kind, {}), lambda: self.dirty
         )
         self.migrations = MigrationIndex(lambda: self.raw.get(keys.VMIM.kind, {}))
+        self.dra = DraIndex(lambda kind: self.raw.get(kind, {}), lambda: self.dirty, self._labels)
         # Which index each kind feeds; kinds without an entry are only stored.
         self._handlers: dict[str, Handler] = {
             keys.NODE.kind: self._on_node,
@@ -111,6 +111,9 @@ class ClusterView:
             keys.VMI.kind: self._on_vmi,
             keys.VM.kind: self._on_vm,
             keys.VMIM.kind: self.migrations.on_event,
+            keys.RESOURCE_SLICE.kind: self.dra.on_slice,
+            keys.DEVICE_CLASS.kind: self.dra.on_device_class,
+            keys.RESOURCE_CLAIM.kind: self.dra.on_resource_claim,
             keys.PVC.kind: self._on_pvc,
             keys.PV.kind: self._on_pv,
         }
@@ -205,6 +208,7 @@ class ClusterView:
             or translate.meta(old).get("labels") != translate.meta(new).get("labels")
         ):
             self.node_labels_version += 1
+            self.dra.on_node_labels(key[1])
         self._node_names(key[1])
 
     def _on_gpunode(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
@@ -225,6 +229,7 @@ class ClusterView:
 
     def _on_class(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         self.dirty.classes.add(key[1])
+        self.dra.on_class(key[1], new)
         resource = translate.class_resource_name(new) if new is not None else ""
         self._set_names((keys.GPU_CLASS.kind, key[1]), frozenset({resource} - {""}))
         before = translate.class_resource_name(old) if old is not None else ""
@@ -234,24 +239,8 @@ class ClusterView:
 
     def _on_claim(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         claim_key = ClaimKey(*key)
-        served: set[Key] = set()
-        for obj, add in ((old, False), (new, True)):
-            if obj is None:
-                continue
-            target = (obj.get("status") or {}).get("attachedTo")
-            if target:
-                index = self._attached.setdefault((key[0], target), set())
-                (index.add if add else index.discard)(claim_key)
-                if not index:
-                    del self._attached[(key[0], target)]
-                served.add((key[0], str(target)))
-            owner = pod_usage.template_owner(obj)
-            if owner is not None:
-                owned = self._templates_of.setdefault((key[0], owner), set())
-                (owned.add if add else owned.discard)(claim_key)
-                if not owned:
-                    del self._templates_of[(key[0], owner)]
-                served.add((key[0], owner))
+        served = self._links.on_claim(claim_key, old, new)
+        self.dra.on_claim(key, new)
         if new is None or not (new.get("status") or {}).get("attachedTo"):
             self._attachment_seen.pop(claim_key, None)
         self.dirty.claims.add(claim_key)
@@ -262,7 +251,7 @@ class ClusterView:
 
     def _claims_of_vmi(self, vmi: Key) -> list[MutableObj]:
         """The claims attached to the VMI or owned by it as templates."""
-        members = self._attached.get(vmi, set()) | self._templates_of.get(vmi, set())
+        members = self._links.members(vmi)
         return [obj for claim_key in members if (obj := self.claim(claim_key)) is not None]
 
     def _class_resource(self, class_name: str) -> str | None:
@@ -280,7 +269,7 @@ class ClusterView:
     def _on_vmi(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         namespace = key[0]
         before = self._vmis.pop(key, None)
-        touched: set[ClaimKey] = set(self._attached.get(key, set()))
+        touched: set[ClaimKey] = self._links.attached_to(key)
         # A live VMI that ends (final, or deleted) leaves its launcher pod finishing; a VMI
         # first seen ended names none, and its pods count as raw usage until they go.
         ending = new if new is not None and translate.vmi_state(new).final else None
@@ -389,6 +378,10 @@ class ClusterView:
 
     def node(self, name: str) -> MutableObj | None:
         return self.raw[keys.NODE.kind].get(("", name))
+
+    def _labels(self, name: str) -> Mapping[str, str] | None:
+        node = self.node(name)
+        return None if node is None else dict(translate.meta(node).get("labels") or {})
 
     def gpunode(self, name: str) -> MutableObj | None:
         return self.raw[keys.GPU_NODE.kind].get(("", name))
@@ -500,7 +493,7 @@ class ClusterView:
 
     def attachments(self) -> list[tuple[Key, frozenset[ClaimKey]]]:
         """Claims by the VMI their status names as attachedTo (namespace, VMI name)."""
-        return [(vmi, frozenset(members)) for vmi, members in self._attached.items()]
+        return self._links.attachments()
 
     # --- model inputs ----------------------------------------------------------------
 
@@ -509,11 +502,14 @@ class ClusterView:
         if node is None:
             return None
         usage = self._pod_index.usage_on_node(name)
+        dra_node = self.dra.node(name)
         return translate.node_info(
             node,
             self.gpunode(name),
             pod_usage.sum_usage(usage, self._gpu_names),
             stale=name in self._stale,
+            dra_units=dra_node.units if dra_node else None,
+            dra_shared=dra_node.shared if dra_node else frozenset(),
         )
 
     def namespace_info(self, name: str) -> NamespaceInfo | None:

@@ -44,7 +44,10 @@ def untolerated_taint(node: NodeInfo, cls: ClassInfo) -> str | None:
 
 
 def shares_resource_on(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInfo]) -> bool:
-    """Another class with the same resource name also selects this node."""
+    """Another class with the same resource name also selects this node, or (a ``dra``
+    class) another class selecting it matches one of its devices there."""
+    if cls.resource_name in node.dra_shared:
+        return True
     return any(
         other.name != cls.name
         and other.resource_name == cls.resource_name
@@ -63,6 +66,11 @@ def why_not_placeable(node: NodeInfo, cls: ClassInfo, classes: Iterable[ClassInf
     taint = untolerated_taint(node, cls)
     if taint is not None:
         return f"node {node.name} has taint {taint}, which class {cls.name} does not tolerate"
+    if cls.resource_name in node.dra_shared:
+        return (
+            f"node {node.name} has devices that another dra class also matches; give the "
+            f"classes selectors that no device matches twice"
+        )
     if shares_resource_on(node, cls, classes):
         return (
             f"node {node.name} is selected by another class with resource name {cls.resource_name}"

@@ -106,6 +106,11 @@ class NodeInfo:
     - ``inventory_stale``: the node agent has not refreshed the GPUNode for longer than the
       binder allows; nobody knows the devices' health, so nothing new is placed there, but
       its holds stay (kubelet's allocatable still caps them).
+    - ``dra_units``: units per ``dra`` class key (``translate.dra_units_key``): the node's
+      ResourceSlice devices the class matches that no other ResourceClaim holds (SPEC §13,
+      ``objects.dra.node_units``); ``dra_shared``, the keys of classes that match a device
+      another class matches here, which neither serves (as one resource name of two
+      classes).
     """
 
     name: str
@@ -117,6 +122,8 @@ class NodeInfo:
     devices: tuple[Device, ...] = ()
     raw_used: Mapping[str, int] = field(default_factory=dict)
     inventory_stale: bool = False
+    dra_units: Mapping[str, int] = field(default_factory=dict)
+    dra_shared: frozenset[str] = frozenset()
 
     @property
     def layout_pending(self) -> bool:
@@ -124,16 +131,19 @@ class NodeInfo:
         return self.labels.get(LABEL_NODE_LAYOUT_STATE) == LayoutState.PENDING.value
 
     def capacity(self) -> dict[str, int]:
-        """Units per resource name: device allocatable summed, capped at Node allocatable."""
+        """Units per resource name: device allocatable summed, capped at Node allocatable;
+        and per ``dra`` class key, its units from the node's ResourceSlices."""
         summed: dict[str, int] = {}
         for device in self.devices:
             summed[device.resource_name] = summed.get(device.resource_name, 0) + max(
                 device.allocatable, 0
             )
-        return {
+        units = {
             name: min(units, max(self.allocatable.get(name, 0), 0))
             for name, units in summed.items()
         }
+        units.update((key, max(count, 0)) for key, count in self.dra_units.items())
+        return units
 
 
 @dataclass(frozen=True)

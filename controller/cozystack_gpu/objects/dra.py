@@ -479,13 +479,19 @@ def made_for(resource_claim: Obj, gpu_claim: Obj) -> bool:
     uid = str((gpu_claim.get("metadata") or {}).get("uid") or "")
     if not uid or key_of(resource_claim) != key_of(gpu_claim):
         return False
-    return any(
-        ref.get("controller") is True
-        and ref.get("kind") == keys.KIND_CLAIM
-        and str(ref.get("apiVersion") or "").split("/", maxsplit=1)[0] == keys.GROUP
-        and ref.get("uid") == uid
-        for ref in (resource_claim.get("metadata") or {}).get("ownerReferences") or ()
-    )
+    return controller_claim_uid(resource_claim) == uid
+
+
+def controller_claim_uid(resource_claim: Obj) -> str:
+    """The uid of the GPUClaim a ResourceClaim names as its controller ("" for none)."""
+    for ref in (resource_claim.get("metadata") or {}).get("ownerReferences") or ():
+        if (
+            ref.get("controller") is True
+            and ref.get("kind") == keys.KIND_CLAIM
+            and str(ref.get("apiVersion") or "").split("/", maxsplit=1)[0] == keys.GROUP
+        ):
+            return str(ref.get("uid") or "")
+    return ""
 
 
 def reserved_for_entry(gpu_claim: Obj) -> dict[str, str]:

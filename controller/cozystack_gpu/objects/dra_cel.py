@@ -28,9 +28,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import cel
+# The library is imported where selectors are compiled and judged, not here: the cluster
+# view imports this module, and the layout checks that ship in the collection import the
+# view on hosts that have the standard library only.
+if TYPE_CHECKING:
+    import cel
 
 QUANTITY_KEY = "@quantity"
 SEMVER_KEY = "@semver"
@@ -272,6 +276,8 @@ class Selector:
     def evaluate(self, device: Mapping[str, Any]) -> bool | str:
         """True or False, or the text of why the selector could not judge the device (an
         evaluation error, or a result that is not a bool)."""
+        import cel  # where used: see the import block
+
         context = cel.Context(variables={"device": dict(device)}, functions=KUBERNETES_FUNCTIONS)
         try:
             result = self.program.execute(context)
@@ -286,6 +292,8 @@ class Selector:
 
 def compile_selector(expression: str) -> Selector | str:
     """The compiled selector, or the text of why it cannot be one."""
+    import cel  # where used: see the import block
+
     if not expression.strip():
         return "is empty"
     try:

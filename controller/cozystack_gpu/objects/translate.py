@@ -140,7 +140,13 @@ def inventory_stale(reported_at: float | None, now: float, stale_after: float) -
 
 
 def node_info(
-    node: Obj, gpunode: Obj | None, raw_used: Mapping[str, int], *, stale: bool = False
+    node: Obj,
+    gpunode: Obj | None,
+    raw_used: Mapping[str, int],
+    *,
+    stale: bool = False,
+    dra_units: Mapping[str, int] | None = None,
+    dra_shared: frozenset[str] = frozenset(),
 ) -> NodeInfo:
     spec = node.get("spec") or {}
     status = node.get("status") or {}
@@ -167,6 +173,8 @@ def node_info(
         devices=devices,
         raw_used=dict(raw_used),
         inventory_stale=stale,
+        dra_units=dict(dra_units or {}),
+        dra_shared=dra_shared,
     )
 
 
@@ -201,12 +209,28 @@ def class_resource_name(gpu_class: Obj) -> str:
     return str((source.get("devicePlugin") or {}).get("resourceName", ""))
 
 
+def dra_units_key(class_name: str) -> str:
+    """The key the model counts a ``dra`` class's units under. A class's devices are its
+    alone (two classes matching one device serve neither there) and no pod requests the
+    key, so it is never a resource name (a colon cannot be in one) nor raw usage."""
+    return "dra:" + class_name
+
+
+def class_units_key(gpu_class: Obj) -> str:
+    """What the model counts the class's units under: its resource name, or for a ``dra``
+    class a key of its own (``dra_units_key``)."""
+    source = (gpu_class.get("spec") or {}).get("source") or {}
+    if isinstance(source.get("dra"), Mapping):
+        return dra_units_key(name_of(gpu_class))
+    return class_resource_name(gpu_class)
+
+
 def class_info(gpu_class: Obj) -> ClassInfo:
     spec = gpu_class.get("spec") or {}
     return ClassInfo(
         name=name_of(gpu_class),
         mode=Mode(spec.get("mode", Mode.PASSTHROUGH.value)),
-        resource_name=class_resource_name(gpu_class),
+        resource_name=class_units_key(gpu_class),
         max_count=spec.get("maxCount"),
         node_selector=dict(spec.get("nodeSelector") or {}),
         tolerations=tuple(
