@@ -24,6 +24,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 
 from cozystack_gpu import config as settings
+from cozystack_gpu.cluster.discovery import resolve_dra
 from cozystack_gpu.cluster.gc_freeze import SurvivorFreezer
 from cozystack_gpu.cluster.informer import SharedInformers
 from cozystack_gpu.controller import Controller
@@ -129,9 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # One listing and watch per kind for the whole process, read by the admission feed of
     # every replica and by the binder; the binder first, so that a new leader's first bind
     # waits on neither kopf's import nor the webhooks'.
-    informers = SharedInformers(
-        api_client(args.kubeconfig, user_agent=user_agent(identity, "informers"))
-    )
+    informers_api = api_client(args.kubeconfig, user_agent=user_agent(identity, "informers"))
+    config = resolve_dra(informers_api, config)
+    informers = SharedInformers(informers_api)
     informers.start()
     controller = Controller(
         api_client(args.kubeconfig, user_agent=user_agent(identity, "binder")),

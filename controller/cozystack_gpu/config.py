@@ -12,7 +12,13 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cozystack_gpu.keys import RawNamesPolicy, parse_resource_names
+from cozystack_gpu.keys import (
+    BINDER_WATCHES,
+    DRA_WATCHES,
+    ApiKind,
+    RawNamesPolicy,
+    parse_resource_names,
+)
 from cozystack_gpu.model.reservations import BookingSettings
 
 DEFAULT_WEBHOOK_CERT_DIR = "/var/run/cozystack-gpu/webhook-certs"
@@ -104,6 +110,13 @@ SETTINGS: tuple[Setting, ...] = (
         "write cozystack.io Workload usage records: true|false",
     ),
     Setting(
+        "--dra",
+        "GPU_DRA",
+        "auto",
+        "read the DRA objects dra classes are served from (ResourceSlices, DeviceClasses, "
+        "ResourceClaims): auto (when the API serves resource.k8s.io/v1)|true|false",
+    ),
+    Setting(
         "--reservation-max-lead",
         "GPU_RESERVATION_MAX_LEAD",
         "90d",
@@ -174,6 +187,14 @@ class Config:
     reservation_max_length: int = 30 * 24 * 3600
     # reservations.warnBefore: the Ending condition and Events come this long before the end.
     reservation_warn_before: int = 30 * 60
+    # dra: auto, true or false; the process turns auto into true or false at its start
+    # (``cluster.discovery.resolve_dra``), and anything left auto reads no DRA object.
+    dra: str = "auto"
+
+    @property
+    def watches(self) -> tuple[ApiKind, ...]:
+        """The kinds the model is read from: the DRA objects with them when dra is true."""
+        return BINDER_WATCHES + (DRA_WATCHES if self.dra == "true" else ())
 
     @property
     def booking(self) -> BookingSettings:
@@ -200,6 +221,12 @@ def _bool(name: str, value: str) -> bool:
     if value.lower() in ("false", "0", "no"):
         return False
     raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value.lower() not in choices:
+        raise ValueError(f"{name} must be one of {'|'.join(choices)}, got {value!r}")
+    return value.lower()
 
 
 DURATION_UNITS = {"d": 24 * 3600, "h": 3600, "m": 60, "s": 1}
@@ -263,6 +290,7 @@ def from_arguments(args: argparse.Namespace | None = None) -> Config:
         write_workers=max(1, int(number("write_workers"))),
         metrics_port=int(number("metrics_port")),
         workload_records=_bool("workload-records", raw["workload_records"]),
+        dra=_choice("dra", raw["dra"], ("auto", "true", "false")),
         inventory_stale_after=number("inventory_stale_after"),
         webhook_port=_port("webhook-port", number("webhook_port")),
         webhook_cert_dir=raw["webhook_cert_dir"],

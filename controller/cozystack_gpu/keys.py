@@ -116,6 +116,7 @@ RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_CLAIM = ApiKind("ResourceClaim", RESOURCE_GROUP, "v1", "resourceclaims", True)
 RESOURCE_SLICE = ApiKind("ResourceSlice", RESOURCE_GROUP, "v1", "resourceslices", False)
 DEVICE_CLASS = ApiKind("DeviceClass", RESOURCE_GROUP, "v1", "deviceclasses", False)
+DRA_WATCHES = (RESOURCE_SLICE, DEVICE_CLASS, RESOURCE_CLAIM)  # read when DRA is served
 
 # Everything the binder watches, in one place: its informers and its cluster view are built
 # from this table. Usage records (WORKLOAD) are watched too unless they are switched off.

@@ -55,7 +55,7 @@ class SnapshotFeed(Watcher):
         config: Config,
         *,
         clock: Callable[[], float] = time.time,
-        watches: tuple[keys.ApiKind, ...] = keys.BINDER_WATCHES,
+        watches: tuple[keys.ApiKind, ...] | None = None,
         informers: SharedInformers | None = None,
         build_after: Callable[[], bool] | None = None,
     ) -> None:
@@ -63,6 +63,7 @@ class SnapshotFeed(Watcher):
         # The first build waits until this says so: in the leader, for the binder's first
         # pass, so that the two snapshot builds of one process do not share its start.
         self._build_after = build_after
+        watches = config.watches if watches is None else watches
         self.view = ClusterView(config, watches)
         self.synced = threading.Event()
         self._snapshot: Snapshot | None = None

@@ -126,7 +126,7 @@ class Binder(Watcher):
         self.is_leader = is_leader
         self.stats = Stats()
         self.synced = threading.Event()
-        watched = keys.BINDER_WATCHES + ((keys.WORKLOAD,) if config.workload_records else ())
+        watched = config.watches + ((keys.WORKLOAD,) if config.workload_records else ())
         self.view = ClusterView(config, watched)
         # The process's shared cache when given (one listing and watch per kind for the
         # admission feed and the binder), else informers of the binder's own.

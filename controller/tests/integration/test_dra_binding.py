@@ -1,0 +1,140 @@
+"""Orders of a ``dra`` class are bound by the devices of the nodes' ResourceSlices (SPEC §13),
+on a real API server serving resource.k8s.io/v1, by a binder with the dra setting on: a
+node gives the class the devices its DeviceClass and selectors match, less those another
+ResourceClaim holds; an order that does not fit waits, and is bound once the devices are
+let go."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from binder_env import GRACE_S, Corner, Env
+from kubernetes import client
+
+from cozystack_gpu.binder.loop import Binder
+from cozystack_gpu_testkit.dra_objects import (
+    H100,
+    L40S,
+    VFIO_DEVICE_CLASS,
+    allocated,
+    gpu_device,
+    resource_slice,
+    vfio_device,
+)
+from cozystack_gpu_testkit.objects import Kube, binder_config, unless
+
+pytestmark = pytest.mark.apiserver
+
+RESOURCE = "resource.k8s.io"
+PRODUCT = "device.attributes['gpu.nvidia.com'].productName == '{}'"
+
+
+@pytest.fixture
+def dra_env(api_client: Any, kube: Kube) -> Iterator[Env]:
+    """A corner with a binder of its own that reads the DRA objects (dra: true)."""
+    made = Corner.make(kube)
+    binder = Binder(
+        api_client, binder_config(made.controller_ns, attachment_grace=GRACE_S, dra="true")
+    )
+    binder.start()
+    assert binder.synced.wait(30), "the binder did not finish its first listing"
+    env = Env(kube, made.id, made.tenant, made.controller_ns, binder)
+    custom = client.CustomObjectsApi(kube.api)
+    try:
+        yield env
+    finally:
+        env.binder.stop()
+        for plural, label in (("resourceslices", env.id), ("deviceclasses", env.id)):
+            for item in custom.list_cluster_custom_object(RESOURCE, "v1", plural)["items"]:
+                if label in item["metadata"]["name"]:
+                    name = item["metadata"]["name"]
+                    unless(
+                        404,
+                        lambda p=plural, n=name: custom.delete_cluster_custom_object(
+                            RESOURCE, "v1", p, n
+                        ),
+                    )
+        env.clean_up()
+    assert env.binder.failure is None, f"the binder loop failed: {env.binder.failure}"
+
+
+def _device_class(env: Env) -> str:
+    """This test's copy of NVIDIA's VFIO DeviceClass (DeviceClasses are cluster-wide)."""
+    body = copy.deepcopy(VFIO_DEVICE_CLASS)
+    name = f"vfio-{env.id}.gpu.nvidia.com"
+    body["metadata"] = {"name": name}
+    client.CustomObjectsApi(env.kube.api).create_cluster_custom_object(
+        RESOURCE, "v1", "deviceclasses", body
+    )
+    return name
+
+
+def _gpu_host(env: Env, base: str, products: list[str]) -> str:
+    """A Ready node of this corner whose DRA driver publishes ``products``, both forms each."""
+    name = env.name(base)
+    env.kube.node(name, labels={**env.selector, "kubernetes.io/hostname": name}, allocatable={})
+    devices = [d for i, p in enumerate(products) for d in (gpu_device(i, p), vfio_device(i, p))]
+    body = resource_slice(name, devices, name=f"{name}-slice")
+    client.CustomObjectsApi(env.kube.api).create_cluster_custom_object(
+        RESOURCE, "v1", "resourceslices", body
+    )
+    return name
+
+
+def _dra_class(env: Env, device_class: str, product: str | None = None) -> str:
+    source: dict[str, Any] = {"deviceClassName": device_class}
+    if product is not None:
+        source["selectors"] = [{"cel": {"expression": PRODUCT.format(product)}}]
+    return env.gpu_class("h100", source={"dra": source})
+
+
+def test_orders_of_a_dra_class_are_bound_where_its_devices_are_until_none_is_left(
+    dra_env: Env,
+) -> None:
+    env = dra_env
+    device_class = _device_class(env)
+    h100_host = _gpu_host(env, "h100s", [H100, H100])
+    _gpu_host(env, "l40s", [L40S, L40S, L40S])
+    gpu_class = _dra_class(env, device_class, H100)
+    env.kube.claim(env.tenant, "a", gpu_class, 1)
+    env.kube.claim(env.tenant, "b", gpu_class, 1)
+    for name in ("a", "b"):
+        assert env.wait_phase(name, "Bound")["status"]["nodeName"] == h100_host
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    env.wait_phase("c", "Pending")
+    assert env.phase("c") == "Pending", "no H100 is left: the L40S host does not serve it"
+
+
+def test_a_device_another_resource_claim_holds_is_not_ordered_until_it_is_let_go(
+    dra_env: Env,
+) -> None:
+    env = dra_env
+    device_class = _device_class(env)
+    host = _gpu_host(env, "h100s", [H100, H100])
+    gpu_class = _dra_class(env, device_class)
+    custom = client.CustomObjectsApi(env.kube.api)
+    # Someone else's ResourceClaim, allocated one of the two VFIO devices (as kube-scheduler
+    # writes an allocation: the status subresource).
+    theirs = allocated("theirs", host, ["gpu-vfio-0"], namespace=env.tenant)
+    status = theirs.pop("status")
+    theirs["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": device_class}
+    custom.create_namespaced_custom_object(RESOURCE, "v1", env.tenant, "resourceclaims", theirs)
+    for result in status["allocation"]["devices"]["results"]:
+        result["driver"], result["pool"] = "gpu.nvidia.com", host
+    status["allocation"]["nodeSelector"] = {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [host]}]}
+        ]
+    }
+    custom.patch_namespaced_custom_object_status(
+        RESOURCE, "v1", env.tenant, "resourceclaims", "theirs", {"status": status}
+    )
+    env.kube.claim(env.tenant, "a", gpu_class, 1)
+    env.wait_phase("a", "Bound")
+    env.kube.claim(env.tenant, "b", gpu_class, 1)
+    env.wait_phase("b", "Pending")
+    custom.delete_namespaced_custom_object(RESOURCE, "v1", env.tenant, "resourceclaims", "theirs")
+    assert env.wait_phase("b", "Bound")["status"]["nodeName"] == host
