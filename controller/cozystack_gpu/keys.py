@@ -597,3 +597,4 @@ class EventReason(str, Enum):
     SET_NOT_PLACED = "GPUSetNotPlaced"  # on a VMI whose set fits nowhere yet
     NODE_REJECTED = "GPUNodeRejected"  # on a VMI whose pinned pod the scheduler refused
     DELETION_WAITS = "DeletionWaitsForVMI"  # on a claim deleted while attached
+    RESOURCE_CLAIM_TAKEN = "ResourceClaimNameTaken"  # on a dra claim (SPEC §13)

@@ -68,6 +68,9 @@ CONTROLLERS = (
     # Fills the built-in admin/edit/view roles from labelled roles, as in every cluster: the
     # chart's tenant roles aggregate into them.
     "clusterrole-aggregation-controller",
+    # Takes ended pods out of a ResourceClaim's reservedFor, lets an allocation go once none
+    # is left, and lifts its delete protection, as in every cluster serving DRA.
+    "resourceclaim-controller",
 )
 # What a chart's pods need on a plane with a real node (``node``): the Deployment's
 # ReplicaSet, the DaemonSet's pods, the Service's EndpointSlices (kube-apiserver calls the

@@ -32,6 +32,7 @@ from cozystack_gpu.binder.calls.claims import ClaimListing, ClaimRead, Decision
 from cozystack_gpu.binder.calls.reports import EventWrite
 from cozystack_gpu.binder.parts.attachments import ATTACHMENT_STEPS, Attachments
 from cozystack_gpu.binder.parts.bookings import Bookings
+from cozystack_gpu.binder.parts.dra_claims import DraClaims
 from cozystack_gpu.binder.parts.gatekeeper import Gatekeeper
 from cozystack_gpu.binder.parts.migrations import Migrations
 from cozystack_gpu.binder.parts.publisher import Publisher
@@ -167,6 +168,7 @@ class Binder(Watcher):
         self.bookings = Bookings(self)
         self.windows = Windows(self)
         self.migrations = Migrations(self)
+        self.dra_claims = DraClaims(self)
         # Claims whose placement write is out: no decision touches them until it returns.
         self.inflight: set[ClaimKey] = set()
         # Holds packing is moving off each node: no placement there is sent until their
@@ -263,6 +265,7 @@ class Binder(Watcher):
         self.rejections.run(now)
         self.bookings.run(now)
         self.windows.run(now)
+        self.dra_claims.run()
         self._decide(now)
         self.attachments.release_stuck_vmis()
         self._catch_up(now)
@@ -306,6 +309,7 @@ class Binder(Watcher):
         self.bookings.nodes_changed((), everything=True)
         self.windows.took_over()
         self.migrations.took_over()
+        self.dra_claims.took_over()
         log.info("binder leads: %s in its snapshot; listing the claims afresh", self.view.sizes())
 
     def _flush(self, *, standby: bool = False) -> None:
@@ -332,6 +336,7 @@ class Binder(Watcher):
         self.bookings.nodes_changed(dirty.nodes, everything=bool(dirty.classes))
         self.windows.changed(dirty.reservations, dirty.claims)
         self.migrations.changed(dirty.claims)
+        self.dra_claims.changed(dirty.claims)
         self.rejections.nodes_changed(dirty.nodes)
         for key in dirty.claims:
             if self.view.claim(key) is None:

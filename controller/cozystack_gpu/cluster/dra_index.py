@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from cozystack_gpu import keys
 from cozystack_gpu.cluster.dirty import Dirty
 from cozystack_gpu.keys import Phase
+from cozystack_gpu.model import ClaimKey
 from cozystack_gpu.objects import MutableObj, Obj, dra, translate
 
 Key = tuple[str, str]
@@ -101,6 +102,12 @@ class DraIndex:
         if new is not None:
             self._owner_uid[claim] = dra.controller_claim_uid(new)
         self._touch(self._nodes_of(before | after))
+        # The claim of its name is judged again (its ResourceClaim's next step).
+        self._dirty().claims.add(ClaimKey(*key))
+
+    def resource_claim(self, key: ClaimKey) -> MutableObj | None:
+        """The ResourceClaim of a claim's name and namespace, as the view holds it."""
+        return self._raw(keys.RESOURCE_CLAIM.kind).get((key.namespace, key.name))
 
     def on_class(self, name: str, obj: Obj | None) -> None:
         source = dra.dra_source(obj) if obj is not None else None

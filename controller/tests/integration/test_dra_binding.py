@@ -24,7 +24,7 @@ from cozystack_gpu_testkit.dra_objects import (
     resource_slice,
     vfio_device,
 )
-from cozystack_gpu_testkit.objects import Kube, binder_config, unless
+from cozystack_gpu_testkit.objects import Kube, binder_config, unless, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -138,3 +138,102 @@ def test_a_device_another_resource_claim_holds_is_not_ordered_until_it_is_let_go
     env.wait_phase("b", "Pending")
     custom.delete_namespaced_custom_object(RESOURCE, "v1", env.tenant, "resourceclaims", "theirs")
     assert env.wait_phase("b", "Bound")["status"]["nodeName"] == host
+
+
+TAINT = {"key": "test.cozystack.io/dra", "value": "fake-node", "effect": "NoSchedule"}
+
+
+def _launcher(env: Env, name: str, node: str, claim: str) -> None:
+    """A pod pinned to ``node`` that uses claim ``claim``'s ResourceClaim, as the launcher
+    pod of its VM does once the gate pins it (it tolerates the test node's taint)."""
+    env.kube.core.create_namespaced_pod(
+        env.tenant,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "tolerations": [{**TAINT, "operator": "Equal"}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
+                "containers": [
+                    {
+                        "name": "compute",
+                        "image": "pause",
+                        "resources": {"claims": [{"name": "gpus"}]},
+                    }
+                ],
+            },
+        },
+    )
+
+
+def _resource_claim(env: Env, name: str) -> dict[str, Any] | None:
+    custom = client.CustomObjectsApi(env.kube.api)
+    found: dict[str, Any] | None = unless(
+        404,
+        lambda: custom.get_namespaced_custom_object(
+            RESOURCE, "v1", env.tenant, "resourceclaims", name
+        ),
+    )
+    return found
+
+
+def test_a_claims_resource_claim_is_made_at_bind_kept_for_it_once_allocated_and_goes_with_it(
+    dra_env: Env,
+) -> None:
+    """Bound: its ResourceClaim made, owned by it, one request per unit. The VM's first
+    start (a pod pinned there) makes kube-scheduler allocate it on the claim's node, and the
+    controller reserves it for the claim, so the allocation outlives the pod. Deleting the
+    claim takes its entry out and the ResourceClaim goes with it."""
+    env = dra_env
+    device_class = _device_class(env)
+    # A fake node (no kubelet) tainted so no other test's pod lands on it.
+    host = env.name("h100s")
+    env.kube.node(
+        host,
+        labels={**env.selector, "kubernetes.io/hostname": host},
+        allocatable={},
+        taints=[TAINT],
+    )
+    devices = [d for i in range(2) for d in (gpu_device(i), vfio_device(i))]
+    custom = client.CustomObjectsApi(env.kube.api)
+    custom.create_cluster_custom_object(
+        RESOURCE, "v1", "resourceslices", resource_slice(host, devices, name=f"{host}-slice")
+    )
+    gpu_class = env.gpu_class(
+        "h100",
+        source={"dra": {"deviceClassName": device_class}},
+        tolerations=[{**TAINT, "operator": "Equal"}],
+    )
+    claim = env.kube.claim(env.tenant, "c", gpu_class, 2)
+    env.wait_phase("c", "Bound")
+    made = wait_for(lambda: _resource_claim(env, "c"), 15, "ResourceClaim c made")
+    owners = [(o["kind"], o["uid"]) for o in made["metadata"]["ownerReferences"]]
+    assert owners == [("GPUClaim", claim["metadata"]["uid"])]
+    assert [r["name"] for r in made["spec"]["devices"]["requests"]] == ["gpu-0", "gpu-1"]
+    _launcher(env, "virt-launcher-vm", host, "c")
+
+    def reserved() -> dict[str, Any] | None:
+        rc = _resource_claim(env, "c") or {}
+        consumers = (rc.get("status") or {}).get("reservedFor") or []
+        return rc if any(e.get("resource") == "gpuclaims" for e in consumers) else None
+
+    allocated_rc = wait_for(reserved, 30, "ResourceClaim c allocated and reserved for claim c")
+    results = allocated_rc["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["device"] for r in results) == ["gpu-vfio-0", "gpu-vfio-1"]
+    env.kube.core.delete_namespaced_pod("virt-launcher-vm", env.tenant, grace_period_seconds=0)
+    env.kube.custom.delete_namespaced_custom_object(
+        "gpu.cozystack.io", "v1alpha1", env.tenant, "gpuclaims", "c"
+    )
+    try:
+        wait_for(
+            lambda: _resource_claim(env, "c") is None, 30, "ResourceClaim c deleted with claim c"
+        )
+    except AssertionError:
+        rc = _resource_claim(env, "c")
+        print(
+            "DEBUG",
+            rc["metadata"],
+            rc.get("status", {}).get("reservedFor"),
+            env.kube.claims(env.tenant),
+        )
+        raise
