@@ -109,9 +109,8 @@ CLUSTER_INSTANCETYPE = ApiKind(
     "virtualmachineclusterinstancetypes",
     False,
 )
-# Dynamic resource allocation (SPEC §13): a `dra` class counts the devices of ResourceSlices
-# that a DeviceClass matches, less those ResourceClaims hold, and the controller makes one
-# ResourceClaim per claim of such a class. GA (v1) since Kubernetes 1.34.
+# Dynamic resource allocation (SPEC §13, GA in 1.34): a `dra` class's units are devices of
+# ResourceSlices, and the controller makes one ResourceClaim per claim of such a class.
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_CLAIM = ApiKind("ResourceClaim", RESOURCE_GROUP, "v1", "resourceclaims", True)
 RESOURCE_SLICE = ApiKind("ResourceSlice", RESOURCE_GROUP, "v1", "resourceslices", False)
@@ -589,6 +588,7 @@ class AdmissionReason(str, Enum):
     WINDOW_UNREADABLE = "WindowUnreadable"
     WINDOW_LABEL_MISUSED = "ReservationLabelMisused"
     WINDOW_NOT_OPEN = "WindowNotOpen"
+    DRA_TEMPLATE = "DRAClassTemplate"
 
 
 class EventReason(str, Enum):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cozystack_gpu import keys
 from cozystack_gpu.admission import vmi_rules
@@ -98,6 +98,7 @@ class Admitted:
 
     gpus: list[dict[str, str]]
     license_copy: str | None = None
+    resource_claims: list[dict[str, str]] = field(default_factory=list)
 
 
 class VMIWebhook:
@@ -131,7 +132,7 @@ class VMIWebhook:
         decision = vmi_rules.judge(vmi, request, facts)
         if isinstance(decision, vmi_rules.Refusal):
             raise Refused(decision.message, decision.reason, 403)
-        return Admitted(list(decision.gpus), decision.license_copy)
+        return Admitted(list(decision.gpus), decision.license_copy, list(decision.resource_claims))
 
     # --- reads -----------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys, metrics
-from cozystack_gpu.admission import pod_rules, vmi_rules
+from cozystack_gpu.admission import pod_rules, vmi_dra, vmi_rules
 from cozystack_gpu.admission.access import ApiAccess
 from cozystack_gpu.admission.errors import Refused
 from cozystack_gpu.admission.feed import SnapshotFeed
@@ -256,6 +256,7 @@ def mutate_vmi(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) ->
 
     def mutate(raw: Any) -> None:
         vmi_rules.set_gpus(cast(dict[str, Any], raw), admitted.gpus)
+        vmi_dra.set_resource_claims(cast(dict[str, Any], raw), admitted.resource_claims)
         vmi_rules.set_license(cast(dict[str, Any], raw), admitted.license_copy)
 
     patch.fns.append(mutate)

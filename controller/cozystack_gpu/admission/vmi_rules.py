@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cozystack_gpu import keys
+from cozystack_gpu.admission import vmi_dra
 from cozystack_gpu.keys import AdmissionReason, Mode
 from cozystack_gpu.licensing.rules import (
     Copy,
@@ -62,6 +63,8 @@ class Start:
     gpus: tuple[dict[str, str], ...]
     # The namespace's licence copy the VM gets as a disk (a licensed vGPU class), or None.
     license_copy: str | None = None
+    # One spec.resourceClaims entry per held claim of a dra class (``vmi_dra``).
+    resource_claims: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,7 @@ def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
     1. a held claim that is missing, not bound, or another VMI's (``held_claim_refusal``);
     2. held claims bound to more than one node;
     3. the set's shape: classes that do not exist, are being deleted, mix modes, or ask more
-       than a class's maxCount (``judge_set_shape``);
+       than a class's maxCount (``judge_set_shape``), or a template of a ``dra`` class;
     4. a vGPU claim template in a namespace not entitled to vGPU;
     5. a licensed class whose licence copy is missing or not the controller's;
     6. GPU entries the VMI asks for itself beside its claims;
@@ -219,6 +222,9 @@ def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
     if isinstance(judged, Refusal):
         return judged
     demand, modes = judged
+    words = vmi_dra.template_refusal(request.templates, facts.classes)  # 3
+    if words:
+        return Refusal(AdmissionReason.DRA_TEMPLATE.value, words)
     gpu_names = facts.settings_names | {
         res for klass in facts.classes.values() if (res := class_resource_name(klass))
     }
@@ -233,7 +239,9 @@ def judge(vmi: Obj, request: ClaimsRequest, facts: VMIFacts) -> Refusal | Start:
         return refusal
     licensed = licensed_classes(demand, facts.classes)
     copy = keys.license_copy_name(licensed[0]) if licensed else None
-    return Start(gpus=_gpu_entries(held, request, facts), license_copy=copy)
+    templates = [(entry.gpu_class, entry.count) for entry in request.templates]
+    made = vmi_dra.entries(held, templates, facts.classes)
+    return Start(made.gpus, license_copy=copy, resource_claims=made.resource_claims)
 
 
 Held = list[tuple[str, Obj]]  # (claim name, claim) of each claim the VMI holds
@@ -374,18 +382,6 @@ def _same_name_vmi_holds(held: Held, facts: VMIFacts, name: str) -> Refusal | No
         f"VirtualMachineInstance {name} still exists ({phase}) and holds the GPUClaims "
         "this one names; a new VMI of that name starts once it is gone",
     )
-
-
-def _gpu_entries(held: Held, request: ClaimsRequest, facts: VMIFacts) -> tuple[dict[str, str], ...]:
-    """One gpus entry per unit of the set, held claims first, then the templates."""
-    resources: list[str] = []
-    for _claim_name, claim in held:
-        spec = claim.get("spec") or {}
-        klass = facts.classes[str(spec.get("class"))]
-        resources += [class_resource_name(klass)] * int(spec.get("count") or 1)
-    for entry in request.templates:
-        resources += [class_resource_name(facts.classes[entry.gpu_class])] * entry.count
-    return tuple({"name": gpu_entry_name(i), "deviceName": res} for i, res in enumerate(resources))
 
 
 def _attached_to(claim: Obj) -> str:

@@ -163,6 +163,7 @@ class ClassInfo:
     tolerations: tuple[Toleration, ...] = ()
     on_cordon: OnCordon = OnCordon.MOVE
     deleting: bool = False
+    dra: bool = False  # served by DRA: its units are a key of its own, not a resource name
 
     def tolerates(self, taint: Taint) -> bool:
         return any(t.tolerates(taint) for t in self.tolerations)

@@ -116,6 +116,24 @@ def request_mismatch(pod: Obj, gpu_names: frozenset[str], cover: Mapping[str, in
     )
 
 
+def resource_claims_missing(pod: Obj, names: Iterable[str]) -> str | None:
+    """Why a launcher pod does not use every ResourceClaim of its ``dra`` claims (named as
+    the claims are), or None: virt-controller renders them from the VMI's resourceClaims,
+    which the VMI webhook wrote, so a pod without them was not made from that VMI."""
+    used = {
+        str(entry.get("resourceClaimName") or "")
+        for entry in (pod.get("spec") or {}).get("resourceClaims") or ()
+    }
+    missing = sorted(set(names) - used)
+    if not missing:
+        return None
+    return (
+        f"launcher pod {name_of(pod)} does not use the ResourceClaim(s) {', '.join(missing)} "
+        "of its claims of a class served by DRA: the VM's GPUs would not be its claims'. "
+        "Start the VM again so that its VMI carries them"
+    )
+
+
 # --- whose a pod is ----------------------------------------------------------------------
 
 

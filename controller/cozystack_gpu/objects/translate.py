@@ -231,6 +231,7 @@ def class_info(gpu_class: Obj) -> ClassInfo:
         name=name_of(gpu_class),
         mode=Mode(spec.get("mode", Mode.PASSTHROUGH.value)),
         resource_name=class_units_key(gpu_class),
+        dra=isinstance(((spec.get("source") or {}).get("dra")), Mapping),
         max_count=spec.get("maxCount"),
         node_selector=dict(spec.get("nodeSelector") or {}),
         tolerations=tuple(

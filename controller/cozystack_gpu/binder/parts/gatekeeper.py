@@ -245,12 +245,18 @@ class Gatekeeper(BinderPart):
         """Why the GPU names the pod requests (every container) are not exactly what its
         claims cover, or None (``launcher.request_mismatch``)."""
         cover: dict[str, int] = {}
+        resource_claims: list[str] = []  # a dra class's claims: their ResourceClaims
         for claim in claims:
             klass = self.snapshot.gpu_class(claim.class_name)
             if klass is None or not klass.resource_name:
                 return None  # a class gone: placement refuses the set and says so
-            cover[klass.resource_name] = cover.get(klass.resource_name, 0) + claim.count
-        return launcher.request_mismatch(pod, self.view.gpu_names, cover)
+            if klass.dra:
+                resource_claims.append(claim.key.name)
+            else:
+                cover[klass.resource_name] = cover.get(klass.resource_name, 0) + claim.count
+        return launcher.request_mismatch(
+            pod, self.view.gpu_names, cover
+        ) or launcher.resource_claims_missing(pod, resource_claims)
 
     def _create_templates(self, at: StartSet, now: float) -> bool:
         """Create the VMI's template claims that do not exist yet; True while any is
