@@ -36,6 +36,7 @@ HANDLER_CLIENT_CN = "kubevirt.io:system:client:virt-handler"
 # virt-api's readiness probe (virt-operator's), served to anyone.
 VIRT_API_HEALTHZ = "/apis/subresources.kubevirt.io/v1/healthz"
 KUBEVIRT_NAME = "kubevirt"
+DRA_GATE = "GPUsWithDRA"  # VMIs whose GPUs are ResourceClaims (SPEC §13)
 # KUBEVIRT_COMPONENTS_VERSION of tools/versions.env: the release virt-controller is built at.
 VERSION = "v1.8.2"
 # The image virt-controller writes into launcher pods (as virt-operator configures it);
@@ -130,7 +131,10 @@ def _deployed_kubevirt(custom: Any) -> None:
                 "apiVersion": "kubevirt.io/v1",
                 "kind": "KubeVirt",
                 "metadata": {"name": KUBEVIRT_NAME},
-                "spec": {"configuration": {}},
+                # GPUsWithDRA on from the start (on by default since KubeVirt v1.9): turned
+                # on later, virt-controller exits to start again with its DRA informers,
+                # which a Deployment would restart and the kit does not.
+                "spec": {"configuration": {"developerConfiguration": {"featureGates": [DRA_GATE]}}},
             },
         )
     )

@@ -31,13 +31,12 @@ from cozystack_gpu_testkit.dra_objects import (
     resource_slice,
     vfio_device,
 )
-from cozystack_gpu_testkit.kubevirt.install import KUBEVIRT_NAME, NAMESPACE
+from cozystack_gpu_testkit.kubevirt.install import DRA_GATE, KUBEVIRT_NAME, NAMESPACE
 from cozystack_gpu_testkit.objects import unless, wait_for
 
 pytestmark = pytest.mark.apiserver
 
 RESOURCE = "resource.k8s.io"
-GATE = "GPUsWithDRA"
 START_TIMEOUT_S = kubevirt_kit.START_TIMEOUT_S
 
 
@@ -45,21 +44,17 @@ START_TIMEOUT_S = kubevirt_kit.START_TIMEOUT_S
 def dra_vms(
     kubevirt: kubevirt_kit.VirtController, kubevirt_webhooks: Replica, vms: Env
 ) -> Iterator[Env]:
-    """This test's corner on virt-controller with GPUsWithDRA on, and its binder reading the
-    DRA objects (dra: true); the gate and this test's DRA objects go after it."""
+    """This test's corner on virt-controller (GPUsWithDRA on, as the kit installs it), and
+    its binder reading the DRA objects (dra: true); its DRA objects go after it."""
     custom = client.CustomObjectsApi(vms.kube.api)
     args = ("kubevirt.io", "v1", NAMESPACE, "kubevirts", KUBEVIRT_NAME)
-    before = custom.get_namespaced_custom_object(*args)["spec"].get("configuration") or {}
-    gates = {"developerConfiguration": {"featureGates": [GATE]}}
-    custom.patch_namespaced_custom_object(*args, {"spec": {"configuration": gates}})
+    gates = custom.get_namespaced_custom_object(*args)["spec"]["configuration"]
+    assert DRA_GATE in gates["developerConfiguration"]["featureGates"]
     vms.restart_binder(dra="true")
     try:
         yield vms
     finally:
         kubevirt_kit.removes_vms(vms.kube, vms.tenant)
-        restored = copy.deepcopy(before)
-        restored.setdefault("developerConfiguration", {}).setdefault("featureGates", None)
-        custom.patch_namespaced_custom_object(*args, {"spec": {"configuration": restored}})
         for plural in ("resourceslices", "deviceclasses"):
             for item in custom.list_cluster_custom_object(RESOURCE, "v1", plural)["items"]:
                 name = item["metadata"]["name"]
@@ -93,7 +88,7 @@ def _consumers(rc: dict[str, Any] | None) -> list[str]:
 
 
 def test_a_vm_on_a_dra_claim_starts_on_its_node_and_keeps_its_devices_while_stopped(
-    dra_vms: Env,
+    kubevirt: kubevirt_kit.VirtController, dra_vms: Env
 ) -> None:
     env = dra_vms
     kube, custom = env.kube, client.CustomObjectsApi(env.kube.api)
@@ -114,7 +109,14 @@ def test_a_vm_on_a_dra_claim_starts_on_its_node_and_keeps_its_devices_while_stop
     wait_for(lambda: _rc(env, "a"), START_TIMEOUT_S, "ResourceClaim a made at bind")
 
     kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": ["a"]})
-    vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
+    try:
+        vmi = kubevirt_kit.wait_vmi(kube, env.tenant, "vm")
+    except AssertionError:
+        vm = kubevirt_kit.get_vm(kube, env.tenant, "vm")
+        status = vm.get("status")
+        raise AssertionError(
+            f"VM status: {status}\nvirt-controller:\n{kubevirt.log_tail()}"
+        ) from None
     spec = vmi["spec"]
     assert spec["resourceClaims"] == [{"name": "gpu-cozystack-a", "resourceClaimName": "a"}]
     assert spec["domain"]["devices"]["gpus"] == [
