@@ -301,12 +301,12 @@ def template_claim_name(vmi_name: str, entry_name: str) -> str:
 
 # --- DRA (SPEC §13) ---------------------------------------------------------------------
 
-# The ResourceClaim the controller makes for a claim of a `dra` class has the claim's name
-# and namespace, is owned by it, and carries LABEL_MANAGED_BY: MANAGED_BY_CONTROLLER and
-# this label, whose value is the class's name (a DNS label, so a valid label value). Labels
-# only say what a ResourceClaim claims to be (a tenant may write them on its own): the
-# controller ownerReference naming the claim's uid says which ResourceClaims it made.
+# The ResourceClaim made for a claim of a `dra` class has the claim's name and namespace, its
+# owner reference, LABEL_MANAGED_BY and this label (the class's name). Labels only say what
+# it claims to be: the owner reference with the claim's uid says the controller made it.
 LABEL_DRA_CLASS = GROUP + "/class"
+# The settings ConfigMap's key listing the DeviceClasses of dra classes (the raw-name policy).
+SETTINGS_KEY_DRA_DEVICE_CLASSES = "draDeviceClasses"
 # Its requests, one per unit: gpu-0, gpu-1, ... (DNS labels, as the API wants request names).
 DRA_REQUEST_PREFIX = "gpu-"
 # Prefix of the spec.resourceClaims entries the VMI webhook adds, one per held claim of a

@@ -268,7 +268,9 @@ class Publisher(BinderPart):
             return
         if now < self._settings_retry_at:
             return
-        data = node_reports.settings_data(self.view.gpu_names, self.config.raw_resource_names)
+        data = node_reports.settings_data(
+            self.view.gpu_names, self.config.raw_resource_names, self.view.classes()
+        )
         if data == self._settings_written and now - self._settings_at < SETTINGS_REFRESH_S:
             return
         self._settings_written, self._settings_at = data, now

@@ -8,7 +8,7 @@ from typing import Any
 
 from cozystack_gpu import keys
 from cozystack_gpu.keys import NodeReason
-from cozystack_gpu.objects import Obj
+from cozystack_gpu.objects import Obj, dra
 from cozystack_gpu.objects.conditions import condition, merge_conditions, same_condition
 from cozystack_gpu.objects.translate import meta, name_of, rfc3339, timestamp
 from cozystack_gpu.objects.translate import node_ready as translate_node_ready
@@ -16,12 +16,17 @@ from cozystack_gpu.objects.translate import node_ready as translate_node_ready
 # --- Settings ----------------------------------------------------------------------------
 
 
-def settings_data(names: Iterable[str], raw_policy: keys.RawNamesPolicy) -> dict[str, str]:
-    """The gpu-settings ConfigMap's data: the effective GPU resource-name set and the
-    raw-name policy the ValidatingAdmissionPolicies take as a parameter."""
+def settings_data(
+    names: Iterable[str], raw_policy: keys.RawNamesPolicy, classes: Iterable[Obj] = ()
+) -> dict[str, str]:
+    """The gpu-settings ConfigMap's data: the effective GPU resource-name set, the
+    raw-name policy and the DeviceClasses of ``dra`` classes (a tenant's own ResourceClaim
+    of one is raw usage) that the ValidatingAdmissionPolicies take as a parameter."""
+    device_classes = {s.device_class for c in classes if (s := dra.dra_source(c)) is not None}
     return {
         keys.SETTINGS_KEY_RESOURCE_NAMES: keys.format_resource_names(list(names)),
         keys.SETTINGS_KEY_RAW_RESOURCE_NAMES: raw_policy.value,
+        keys.SETTINGS_KEY_DRA_DEVICE_CLASSES: ",".join(sorted(device_classes)),
     }
 
 

@@ -21,6 +21,7 @@ from cozystack_gpu.model import ClassStatus
 from cozystack_gpu.objects import attachment, conditions, launcher, pod_usage, translate
 from cozystack_gpu.objects.annotation import TemplateEntry
 from cozystack_gpu.objects.translate import VMIState
+from cozystack_gpu_testkit.dra_objects import dra_class
 
 NOW = 1_800_000_000.0
 GRACE = 120.0
@@ -373,7 +374,14 @@ def test_settings_list_every_gpu_name_once_sorted() -> None:
     assert data == {
         "resourceNames": "nvidia.com/A,nvidia.com/B,nvidia.com/C,nvidia.com/D",
         "rawResourceNames": "forbidden",
+        "draDeviceClasses": "",
     }
+
+
+def test_settings_list_the_device_classes_of_dra_classes_once() -> None:
+    classes = [dra_class("a"), dra_class("b"), {"metadata": {"name": "c"}, "spec": {}}]
+    data = node_reports.settings_data([], RawNamesPolicy.FORBIDDEN, classes)
+    assert data["draDeviceClasses"] == "vfio.gpu.nvidia.com"
 
 
 def _pod(labels: dict[str, str] | None = None, phase: str = "Running") -> dict[str, Any]:
