@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from binder_env import GRACE_S, Corner, Env
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu_testkit.dra_objects import (
@@ -225,3 +226,55 @@ def test_a_claims_resource_claim_is_made_at_bind_kept_for_it_once_allocated_and_
         "gpu.cozystack.io", "v1alpha1", env.tenant, "gpuclaims", "c"
     )
     wait_for(lambda: _resource_claim(env, "c") is None, 30, "ResourceClaim c deleted with claim c")
+
+
+def test_an_order_of_a_dra_class_beyond_its_devices_is_refused_at_create(
+    control_plane: Any, kube: Kube, tmp_path: Any
+) -> None:
+    """The claim webhook of a replica whose dra setting is auto (the API serves
+    resource.k8s.io/v1, so it reads the DRA objects) judges an order of a dra class against
+    the devices of the nodes' ResourceSlices, as the binder does."""
+    from admission_env import serving
+
+    corner = Corner.make(kube)
+    env = Env(kube, corner.id, corner.tenant, corner.controller_ns, None)  # type: ignore[arg-type]
+    try:
+        with serving(control_plane, kube, tmp_path, only=["gpuclaim.gpu.cozystack.io"]):
+            device_class = _device_class(env)
+            host = _gpu_host(env, "h100s", [H100, H100])
+            gpu_class = _dra_class(env, device_class)
+
+            def refusal_of(count: int) -> str:
+                body = {
+                    "apiVersion": "gpu.cozystack.io/v1alpha1",
+                    "kind": "GPUClaim",
+                    "metadata": {"name": f"o{count}"},
+                    "spec": {"class": gpu_class, "count": count},
+                }
+                try:
+                    env.kube.custom.create_namespaced_custom_object(
+                        "gpu.cozystack.io", "v1alpha1", env.tenant, "gpuclaims", body,
+                        dry_run="All",
+                    )  # fmt: skip
+                except ApiException as exc:
+                    return str(exc.body)
+                return ""
+
+            said = wait_for(
+                lambda: refusal_of(3) or None, 30, "an order of 3 refused by the claim webhook"
+            )
+            assert f"no node serving class {gpu_class} has 3 free units; the largest has 2" in said
+            assert refusal_of(2) == "", f"two fit on {host}"
+    finally:
+        corner.clean_up()
+        custom = client.CustomObjectsApi(kube.api)
+        for plural in ("resourceslices", "deviceclasses"):
+            for item in custom.list_cluster_custom_object(RESOURCE, "v1", plural)["items"]:
+                if corner.id in item["metadata"]["name"]:
+                    name = item["metadata"]["name"]
+                    unless(
+                        404,
+                        lambda p=plural, n=name: custom.delete_cluster_custom_object(
+                            RESOURCE, "v1", p, n
+                        ),
+                    )
