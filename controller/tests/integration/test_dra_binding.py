@@ -242,7 +242,8 @@ def test_an_order_of_a_dra_class_beyond_its_devices_is_refused_at_create(
         with serving(control_plane, kube, tmp_path, only=["gpuclaim.gpu.cozystack.io"]):
             device_class = _device_class(env)
             host = _gpu_host(env, "h100s", [H100, H100])
-            gpu_class = _dra_class(env, device_class)
+            source = {"dra": {"deviceClassName": device_class}}
+            gpu_class = env.gpu_class("h100", source=source, maxCount=8)
 
             def refusal_of(count: int) -> str:
                 body = {
