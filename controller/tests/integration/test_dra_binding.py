@@ -279,3 +279,61 @@ def test_an_order_of_a_dra_class_beyond_its_devices_is_refused_at_create(
                             RESOURCE, "v1", p, n
                         ),
                     )
+
+
+def _tainted_host(env: Env, base: str, gpus: int) -> str:
+    """A fake node (no kubelet), tainted so no other test's pod lands on it, whose DRA
+    driver publishes ``gpus`` H100s in both forms."""
+    host = env.name(base)
+    labels = {**env.selector, "kubernetes.io/hostname": host}
+    env.kube.node(host, labels=labels, allocatable={}, taints=[TAINT])
+    devices = [d for i in range(gpus) for d in (gpu_device(i), vfio_device(i))]
+    client.CustomObjectsApi(env.kube.api).create_cluster_custom_object(
+        RESOURCE, "v1", "resourceslices", resource_slice(host, devices, name=f"{host}-slice")
+    )
+    return host
+
+
+def _allocated_on(env: Env, name: str, node: str) -> dict[str, Any] | None:
+    rc = _resource_claim(env, name) or {}
+    terms = (((rc.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}).get(
+        "nodeSelectorTerms"
+    ) or []
+    values = [v for t in terms for f in t.get("matchFields") or [] for v in f.get("values") or []]
+    return rc if values == [node] else None
+
+
+def test_a_claim_whose_node_is_lost_is_bound_again_and_its_devices_follow_it(
+    dra_env: Env,
+) -> None:
+    """The claim's node goes while its VM is stopped: the claim goes Lost and is bound on
+    the other node; the allocation left on the lost node is let go (the claim's entry out,
+    the ResourceClaim deleted and made again), and the VM's next start allocates on the
+    claim's new node."""
+    env = dra_env
+    device_class = _device_class(env)
+    first, second = _tainted_host(env, "a", 2), _tainted_host(env, "b", 2)
+    toleration = [{**TAINT, "operator": "Equal"}]
+    source = {"dra": {"deviceClassName": device_class}}
+    gpu_class = env.gpu_class("h100", source=source, tolerations=toleration)
+    env.kube.claim(env.tenant, "c", gpu_class, 1)
+    held = env.wait_phase("c", "Bound")["status"]["nodeName"]
+    other = second if held == first else first
+    _launcher(env, "virt-launcher-vm", held, "c")
+    wait_for(lambda: _allocated_on(env, "c", held), 30, f"ResourceClaim c allocated on {held}")
+    env.kube.core.delete_namespaced_pod("virt-launcher-vm", env.tenant, grace_period_seconds=0)
+    # The node goes, and its driver's slice with it.
+    env.kube.core.delete_node(held)
+    client.CustomObjectsApi(env.kube.api).delete_cluster_custom_object(
+        RESOURCE, "v1", "resourceslices", f"{held}-slice"
+    )
+    moved = env.wait_phase("c", "Bound", timeout=60)
+    assert moved["status"]["nodeName"] == other
+
+    def made_again() -> dict[str, Any] | None:
+        rc = _resource_claim(env, "c") or {}
+        return rc if rc and not (rc.get("status") or {}).get("allocation") else None
+
+    wait_for(made_again, 60, "the allocation on the lost node let go, ResourceClaim c made again")
+    _launcher(env, "virt-launcher-vm-2", other, "c")
+    wait_for(lambda: _allocated_on(env, "c", other), 30, f"ResourceClaim c allocated on {other}")
