@@ -56,6 +56,13 @@ def resource_name_of(spec: Mapping[str, Any] | None) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def dra_device_class_of(spec: Mapping[str, Any] | None) -> str | None:
+    """The DeviceClass a ``dra`` class's devices come from, or None for another source."""
+    dra = ((spec or {}).get("source") or {}).get("dra") or {}
+    name = dra.get("deviceClassName") if isinstance(dra, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
 @dataclass(frozen=True)
 class ResourceNameConflict:
     """One other class that serves the same resource name on nodes this class also selects."""

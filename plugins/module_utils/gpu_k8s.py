@@ -106,6 +106,16 @@ class GpuClassApi:
         nodes = self.core.list_node().items
         return {n.metadata.name: dict((n.status and n.status.allocatable) or {}) for n in nodes}
 
+    def device_class_exists(self, name: str) -> bool:
+        """Whether the DeviceClass (``resource.k8s.io/v1``) exists."""
+        try:
+            self.api.get_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     @staticmethod
     def _dry(dry_run: bool) -> str | None:
         return "All" if dry_run else None
@@ -160,7 +170,7 @@ def advertisement_warnings(api: GpuClassApi, spec: Mapping[str, Any] | None) -> 
     """
     name = gpu_class_rules.resource_name_of(spec)
     if name is None:
-        return []
+        return _device_class_warnings(api, gpu_class_rules.dra_device_class_of(spec))
     try:
         allocatable = api.node_allocatable()
     except ApiException as exc:
@@ -173,6 +183,25 @@ def advertisement_warnings(api: GpuClassApi, spec: Mapping[str, Any] | None) -> 
         " in the device plugin's image, which may name the GPU otherwise than the pci.ids"
         " a prediction used (gpu_facts reports its pci_ids_version); compare with"
         " kubectl get node <node> -o jsonpath='{.status.allocatable}'"
+    ]
+
+
+def _device_class_warnings(api: GpuClassApi, device_class: str | None) -> list[str]:
+    """A warning when a ``dra`` class's DeviceClass does not exist (its DRA driver installs
+    it), or when that is unknown."""
+    if device_class is None:
+        return []
+    try:
+        if api.device_class_exists(device_class):
+            return []
+    except ApiException as exc:
+        return [
+            f"could not check whether DeviceClass {device_class} exists: {api_error_message(exc)}"
+        ]
+    return [
+        f"DeviceClass {device_class} does not exist, so no claim of this class can be placed "
+        "yet: it is installed with the DRA driver that serves the class's GPUs (NVIDIA's "
+        "installs vfio.gpu.nvidia.com with its PassthroughSupport feature)"
     ]
 
 

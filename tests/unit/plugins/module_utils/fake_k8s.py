@@ -20,10 +20,11 @@ def status_error(code, message):
 
 
 class FakeClassApi:
-    def __init__(self, *objects, nodes=None, nodes_error=None):
+    def __init__(self, *objects, nodes=None, nodes_error=None, device_classes=()):
         # Node name -> status.allocatable; nodes_error is raised instead of listing them.
         self.nodes = dict(nodes or {})
         self.nodes_error = nodes_error
+        self.device_classes = set(device_classes)
         self.objects = {}
         self.writes = []
         self.version = 100
@@ -85,6 +86,9 @@ class FakeClassApi:
         if not dry_run:
             self.writes.append(("delete", name))
             del self.objects[name]
+
+    def device_class_exists(self, name):
+        return name in self.device_classes
 
     def node_allocatable(self):
         if self.nodes_error is not None:

@@ -100,7 +100,9 @@ def test_the_connection_options_are_kubernetes_cores():
         assert "impersonate_user" in spec and "proxy" in spec
 
 
-def test_a_kubeconfig_that_cannot_be_read_fails_before_any_request(run_module, tmp_path, monkeypatch):
+def test_a_kubeconfig_that_cannot_be_read_fails_before_any_request(
+    run_module, tmp_path, monkeypatch
+):
     for name in [n for n in os.environ if n.startswith("K8S_AUTH_")]:
         monkeypatch.delenv(name)
     missing = str(tmp_path / "missing-kubeconfig")
@@ -130,6 +132,21 @@ def test_an_advertised_name_gives_no_warning_and_zero_is_not_advertised(run_modu
     result = run_module(gpu_class, {"name": "c", "spec": SPEC}, api=api)
     assert result["failed"] is False and "warnings" not in result
     assert "warnings" not in run_module(gpu_class, {"name": "c", "state": "absent"}, api=api)
+
+
+def test_a_dra_class_whose_device_class_is_missing_is_written_with_a_warning(run_module):
+    spec = dict(
+        SPEC, mode="passthrough", source={"dra": {"deviceClassName": "vfio.gpu.nvidia.com"}}
+    )
+    spec.pop("profile", None)
+    api = FakeClassApi()
+    result = run_module(gpu_class, {"name": "h100", "spec": spec}, check_mode=True, api=api)
+    assert result["failed"] is False and result["changed"] is True
+    (warning,) = result["warnings"]
+    assert warning.startswith("DeviceClass vfio.gpu.nvidia.com does not exist")
+    api.device_classes.add("vfio.gpu.nvidia.com")
+    result = run_module(gpu_class, {"name": "h100", "spec": spec}, check_mode=True, api=api)
+    assert "warnings" not in result, "no Node's allocatable is asked about a dra class"
 
 
 def test_nodes_it_may_not_list_make_a_warning_not_a_failure(run_module):
