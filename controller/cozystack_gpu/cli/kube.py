@@ -150,4 +150,10 @@ class Session:
                     continue
                 return None
             out[kind.kind] = items
+        # dra classes' devices, where the API serves them (an empty list where it does not)
+        # and the user may read them; without them a dra class counts no unit.
+        for kind in keys.DRA_WATCHES:
+            items = self.list_of(kind)
+            if items:
+                out[kind.kind] = items
         return out

@@ -18,8 +18,9 @@ def view_of_listing(
     """The binder's view of one listing of every kind it watches (by kind name), and the
     snapshot it would decide with at ``now``: for those who judge without watching (the
     kubectl plugin's what-if, the layout preview, tests of the binder's parts)."""
-    view = ClusterView(config, keys.BINDER_WATCHES)
-    for kind in keys.BINDER_WATCHES:
+    kinds = keys.BINDER_WATCHES + tuple(k for k in keys.DRA_WATCHES if k.kind in listing)
+    view = ClusterView(config, kinds)
+    for kind in kinds:
         view.relist(kind.kind, [dict(o) for o in listing.get(kind.kind, ())])
     view.refresh_staleness(now)
     return view, view.build_snapshot(now)

@@ -183,3 +183,21 @@ def test_a_node_whose_slice_is_withdrawn_has_no_units() -> None:
     assert "n2" in dirty.nodes and "n1" not in dirty.nodes
     assert snap.capacity("n2", H100_KEY) == 0
     assert ClaimKey("tenant", "x") not in set(dirty.claims)
+
+
+def test_kubectl_gpu_counts_a_dra_classs_units_from_the_listed_slices() -> None:
+    """The kubectl plugin judges from one listing: with the DRA objects in it, a dra class
+    has its slices' devices; without them (not served, or not readable), none."""
+    from cozystack_gpu.cli.top import class_rows
+
+    listing: dict[str, list[dict[str, Any]]] = {
+        keys.NODE.kind: [_node("n1")],
+        keys.GPU_CLASS.kind: [dra_class("h100")],
+        keys.RESOURCE_SLICE.kind: passthrough_node("n1", 3),
+        keys.DEVICE_CLASS.kind: [VFIO_DEVICE_CLASS],
+    }
+    [row] = class_rows(listing, binder_config("ctl"), NOW)
+    assert (row["class"], row["allocatable"], row["free"]) == ("h100", 3, 3)
+    without = {k: v for k, v in listing.items() if k != keys.RESOURCE_SLICE.kind}
+    [row] = class_rows(without, binder_config("ctl"), NOW)
+    assert row["allocatable"] == 0
