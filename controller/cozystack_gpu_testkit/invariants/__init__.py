@@ -36,7 +36,12 @@ Once the cluster has settled (``settled``), also:
   condition that gives a reason and a message (a template claim may wait at the gate
   with a Placed condition instead);
 - usage records exist exactly for the ordered Bound and Attached claims, owned by the claim
-  (its uid) and counting its class and units.
+  (its uid) and counting its class and units;
+- every Bound or Attached claim of a ``dra`` class has one ResourceClaim of its own,
+  allocated (if at all) only devices of its node, and none outlives its claim.
+
+For a ``dra`` class the capacity rule counts the class's units against the devices of the
+node's ResourceSlices that its DeviceClass and selectors match.
 
 The history rules compare each claim version with every earlier one, so a checker lives as
 long as the run it watches; ``watching`` looks in a background thread and follows every
@@ -66,6 +71,7 @@ from cozystack_gpu_testkit.invariants.state import (
     BOUND_TWICE,
     BUDGET,
     CAPACITY,
+    DRA_NOT_FOLLOWED,
     FOREIGN_TEMPLATE,
     FORGED_ADMITTED,
     NOT_ATTACHED,
@@ -92,6 +98,7 @@ __all__ = [
     "BUDGET",
     "CAPACITY",
     "CAPACITY_LOSS_GRACE_S",
+    "DRA_NOT_FOLLOWED",
     "FOREIGN_TEMPLATE",
     "FORGED_ADMITTED",
     "NOT_ATTACHED",

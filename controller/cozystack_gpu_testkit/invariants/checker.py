@@ -18,7 +18,7 @@ from kubernetes import client
 from cozystack_gpu import keys
 from cozystack_gpu.binder.rules import records
 from cozystack_gpu.cluster.informer import Event, EventType, Informer, source
-from cozystack_gpu.objects import MutableObj
+from cozystack_gpu.objects import MutableObj, dra
 from cozystack_gpu.objects.launcher import raw_usage
 from cozystack_gpu.objects.translate import vmi_state, whole_quantity
 from cozystack_gpu_testkit.invariants.reading import (
@@ -29,6 +29,7 @@ from cozystack_gpu_testkit.invariants.reading import (
     _claims_request,
     _class_resource,
     _count,
+    _dra_capacity,
     _foreign_template,
     _name,
     _namespace,
@@ -36,6 +37,7 @@ from cozystack_gpu_testkit.invariants.reading import (
     _owner_ref,
     _owning_vmi,
     _raw_pods,
+    _resource_name,
     _running_since,
     _running_vmis,
     _template,
@@ -47,6 +49,7 @@ from cozystack_gpu_testkit.invariants.state import (
     BOUND_TWICE,
     BUDGET,
     CAPACITY,
+    DRA_NOT_FOLLOWED,
     FOREIGN_TEMPLATE,
     NOT_ATTACHED,
     NOT_JUDGED,
@@ -155,7 +158,12 @@ class Invariants:
         state = state or read_state(self.api)
         found = self.check(state)
         with self._lock:
-            eventual = [*self._judged(state), *self._records(state), *self._windows_kept(state)]
+            eventual = [
+                *self._judged(state),
+                *self._records(state),
+                *self._windows_kept(state),
+                *self._dra_followed(state),
+            ]
             found += eventual
         return found
 
@@ -271,6 +279,7 @@ class Invariants:
         for (node_name, resource), (peak, who, booked_at) in windows.items():
             add(node_name, resource, peak, who, booked_at)
         devices = {_name(g): (g.get("status") or {}).get("devices") or [] for g in state.gpunodes}
+        dra_capacity = _dra_capacity(state)
         for node in state.nodes:
             if not self.scope.has_node(node):
                 continue
@@ -280,12 +289,15 @@ class Invariants:
                 units = held.get((_name(node), resource), 0)
                 if not units:
                     continue
-                reported = sum(
-                    int(d.get("allocatable") or 0)
-                    for d in devices.get(_name(node), [])
-                    if d.get("resourceName") == resource
-                )
-                capacity = min(reported, whole_quantity(allocatable.get(resource, 0)) or 0)
+                if _resource_name(resource):
+                    reported = sum(
+                        int(d.get("allocatable") or 0)
+                        for d in devices.get(_name(node), [])
+                        if d.get("resourceName") == resource
+                    )
+                    capacity = min(reported, whole_quantity(allocatable.get(resource, 0)) or 0)
+                else:  # a dra class: the devices of the node's slices it matches
+                    capacity = dra_capacity.get((_name(node), resource), 0)
                 lost_at, back_at = self._capacity_lost.get(_name(node), (None, None))
                 if back_at is not None and state.read_at >= back_at:
                     lost_at = None  # read with the unit back
@@ -322,8 +334,8 @@ class Invariants:
                 continue
             class_name = str((claim.get("spec") or {}).get("class"))
             charged = [keys.QUOTA_KEY_TOTAL, keys.quota_key(class_name)]
-            resource = resource_of.get(class_name)
-            if resource:
+            resource = resource_of.get(class_name, "")
+            if _resource_name(resource):
                 charged += keys.raw_quota_keys(resource)
             charge(_namespace(claim), charged, _count(claim))
         for pod in _raw_pods(state):
@@ -640,6 +652,53 @@ class Invariants:
             if not made or not (held or lost):
                 detail = f"Active on {node}, its claim {json.dumps(claim_status, sort_keys=True)}"
                 yield Violation(WINDOW_NOT_KEPT, subject, detail if made else "Active, no claim")
+
+    def _dra_followed(self, state: State) -> Iterator[Violation]:
+        """Every Bound or Attached claim of a ``dra`` class has one ResourceClaim of its
+        own (its uid as controlling owner, in its namespace), allocated, if at all, only
+        devices of its node (SPEC §13); no ResourceClaim outlives the claim it was made
+        for."""
+        dra_classes = {_name(c) for c in state.classes if dra.dra_source(c) is not None}
+        node_of = {
+            device.id: node
+            for node, devices in dra.node_devices(state.resource_slices).items()
+            for device in devices
+        }
+        made_for: dict[str, list[MutableObj]] = {}
+        for resource_claim in state.resource_claims:
+            uid = dra.controller_claim_uid(resource_claim)
+            if uid:
+                made_for.setdefault(uid, []).append(resource_claim)
+        claim_uids = set()
+        for claim in state.claims:
+            uid = str(_meta(claim).get("uid"))
+            claim_uids.add(uid)
+            status = claim.get("status") or {}
+            klass = str((claim.get("spec") or {}).get("class"))
+            if klass not in dra_classes or not self.scope.has_namespace(_namespace(claim)):
+                continue
+            if status.get("phase") not in HOLDING or not status.get("nodeName"):
+                continue
+            self.checks += 1
+            subject = f"{_namespace(claim)}/{_name(claim)}"
+            own = [rc for rc in made_for.get(uid, ()) if _namespace(rc) == _namespace(claim)]
+            if len(own) != 1:
+                yield Violation(DRA_NOT_FOLLOWED, subject, f"{len(own)} ResourceClaims of its own")
+                continue
+            elsewhere = sorted(
+                "/".join(d)
+                for d in dra.allocated_devices(own[0])
+                if node_of.get(d) != status["nodeName"]
+            )
+            if elsewhere:
+                detail = f"bound on {status['nodeName']}, allocated {elsewhere}"
+                yield Violation(DRA_NOT_FOLLOWED, subject, detail)
+        for uid, resource_claims in made_for.items():
+            if uid not in claim_uids:
+                for rc in resource_claims:
+                    if self.scope.has_namespace(_namespace(rc)):
+                        subject = f"{_namespace(rc)}/{_name(rc)}"
+                        yield Violation(DRA_NOT_FOLLOWED, subject, "its claim is gone")
 
     def _records(self, state: State) -> Iterator[Violation]:
         """Every Bound or Attached order, and every reservation from Booked until its

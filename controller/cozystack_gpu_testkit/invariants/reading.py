@@ -9,10 +9,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from cozystack_gpu import keys
-from cozystack_gpu.objects import MutableObj, annotation
+from cozystack_gpu.objects import MutableObj, annotation, dra
 from cozystack_gpu.objects.launcher import PodRole, launcher_usage, migration_of, pod_role
 from cozystack_gpu.objects.pod_usage import PodUsage, claims_cover, template_owner
-from cozystack_gpu.objects.translate import vmi_state
+from cozystack_gpu.objects.translate import dra_units_key, vmi_state
 from cozystack_gpu_testkit.invariants.state import State, _meta
 
 HOLDING = ("Bound", "Attached")  # claim phases that hold units on their node
@@ -90,8 +90,17 @@ def _count(claim: Mapping[str, Any]) -> int:
 
 
 def _class_resource(gpu_class: Mapping[str, Any]) -> str:
+    """What the class's units are counted under: its resource name, or for a ``dra``
+    class its own key (its devices serve no other class)."""
     source = (gpu_class.get("spec") or {}).get("source") or {}
+    if "dra" in source:
+        return dra_units_key(_name(gpu_class))
     return str((source.get("devicePlugin") or {}).get("resourceName") or "")
+
+
+def _resource_name(resource: str) -> bool:
+    """A resource name a pod or a quota may ask for (not a dra class's units key)."""
+    return bool(resource) and not resource.startswith(dra_units_key(""))
 
 
 def _ancestors(namespace: Mapping[str, Any]) -> frozenset[str]:
@@ -231,3 +240,22 @@ def required_pins(spec: Mapping[str, Any]) -> list[str | None]:
                 pin = str(values[0])
         pins.append(pin)
     return pins
+
+
+def _dra_capacity(state: State) -> dict[tuple[str, str], int]:
+    """Each node's devices of each ``dra`` class, by (node, the class's units key): those of
+    its slices that the class's DeviceClass and selectors match (CEL judged by the
+    product's matcher, the count by this rule). An upper bound: it keeps the devices other
+    ResourceClaims hold, which the fuzz's world never makes."""
+    sources = {_name(c): dra.dra_source(c) for c in state.classes}
+    device_classes = {_name(d): d for d in state.device_classes}
+    matchers = {
+        name: dra.compile_matcher(device_classes.get(source.device_class), source.selectors, name)
+        for name, source in sources.items()
+        if source is not None
+    }
+    capacity: dict[tuple[str, str], int] = {}
+    for node, devices in dra.node_devices(state.resource_slices).items():
+        for name, matcher in matchers.items():
+            capacity[(node, dra_units_key(name))] = sum(1 for d in devices if matcher.matches(d))
+    return capacity

@@ -30,6 +30,7 @@ FOREIGN_TEMPLATE = "running VMI uses a template claim not its own"
 SERVES_TWO = "claim serves two VMIs"
 UNPINNED = "launcher pod ungated without its pin"
 WINDOW_NOT_KEPT = "booked window not kept at its start or end"
+DRA_NOT_FOLLOWED = "dra claim's ResourceClaim missing, twice, or allocated off its node"
 # What a driver judges itself (``driver_looks``; the lifecycle fuzz's): a VMI or launcher pod
 # with GPU entries of its own admitted under ``forbidden``, a started VM stranded at a node
 # that refuses its pinned pod, a template claim left behind by its VMI, a tenant's own pod
@@ -86,6 +87,10 @@ class State:
     workloads: list[MutableObj]
     vmis: list[MutableObj]
     reservations: list[MutableObj] = field(default_factory=list)
+    # resource.k8s.io, where it is served (empty where not): a dra class's devices.
+    resource_slices: list[MutableObj] = field(default_factory=list)
+    device_classes: list[MutableObj] = field(default_factory=list)
+    resource_claims: list[MutableObj] = field(default_factory=list)
     resource_version: str | None = None  # the revision every list was served at
     read_at: float = field(default_factory=time.time)  # when its revision was served
 
@@ -101,6 +106,9 @@ _LISTS: dict[str, keys.ApiKind] = {
     "workloads": keys.WORKLOAD,
     "vmis": keys.VMI,
     "reservations": keys.GPU_RESERVATION,
+    "resource_slices": keys.RESOURCE_SLICE,
+    "device_classes": keys.DEVICE_CLASS,
+    "resource_claims": keys.RESOURCE_CLAIM,
 }
 
 
@@ -143,6 +151,9 @@ def read_state(api: client.ApiClient, at: str | None = None) -> State:
         workloads=items["workloads"],
         vmis=items["vmis"],
         reservations=items["reservations"],
+        resource_slices=items["resource_slices"],
+        device_classes=items["device_classes"],
+        resource_claims=items["resource_claims"],
         resource_version=revision,
         read_at=started,
     )

@@ -17,6 +17,7 @@ from cozystack_gpu_testkit.invariants.reading import (
     _name,
     _namespace,
     _owner_ref,
+    _resource_name,
 )
 from cozystack_gpu_testkit.invariants.state import State, _meta
 
@@ -164,8 +165,8 @@ def _booked_budgets(
     for obj, window in held:
         class_name = str((obj.get("spec") or {}).get("class"))
         charged = [keys.QUOTA_KEY_TOTAL, keys.quota_key(class_name)]
-        resource = resource_of.get(class_name)
-        if resource:
+        resource = resource_of.get(class_name, "")
+        if _resource_name(resource):
             charged += keys.raw_quota_keys(resource)
         namespace = _namespace(obj)
         for tenant in ancestors.get(namespace, frozenset({namespace})):
