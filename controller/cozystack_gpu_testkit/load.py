@@ -35,6 +35,7 @@ from kubernetes.client.rest import ApiException
 
 from cozystack_gpu import keys
 from cozystack_gpu.objects.translate import rfc3339 as _rfc3339
+from cozystack_gpu_testkit import dra_objects
 from cozystack_gpu_testkit.objects import Kube, unless, wait_for
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,22 @@ class World:
     canary_tenant: str
     canary_node: str
     gpus: int
+    # A third pool served by a DRA driver (SPEC §13): nodes whose GPUs are devices of
+    # ResourceSlices, none of the resource name, and the ``dra`` class over them (also in
+    # ``classes``); empty and None when the world has none.
+    dra_nodes: list[str] = field(default_factory=list)
+    dra_class: str | None = None
+
+    @property
+    def template_classes(self) -> list[str]:
+        """The classes a VM's claim templates may name: a ``dra`` class's claims are held
+        claims only (its templates are refused, DRAClassTemplate)."""
+        return [c for c in self.classes if c != self.dra_class]
+
+    @property
+    def vm_nodes(self) -> list[str]:
+        """Every node a GPU VM may run on: the resource name's and the DRA driver's."""
+        return [*self.nodes, *self.dra_nodes]
 
     @property
     def gpu_nodes(self) -> list[str]:
@@ -76,9 +93,13 @@ class World:
         return len(self.nodes) * self.gpus
 
 
-def build_world(kube: Kube, test_id: str, *, nodes: int = 6, gpus: int = 8) -> World:
+def build_world(
+    kube: Kube, test_id: str, *, nodes: int = 6, gpus: int = 8, dra_nodes: int = 0
+) -> World:
     """Two pools of GPU nodes with a passthrough class each (one resource name, disjoint
-    selectors); a parent tenant with a total budget below capacity and two children, one
+    selectors); with ``dra_nodes``, a third pool of that many nodes whose ``gpus`` GPUs
+    each a DRA driver publishes (NVIDIA's VFIO form and its sibling) and a ``dra`` class
+    over them; a parent tenant with a total budget below capacity and two children, one
     with a class budget of its own; a tenant without a budget; and the canary's node,
     class and tenant."""
     resource = f"nvidia.com/GPU_{test_id}"
@@ -95,6 +116,10 @@ def build_world(kube: Kube, test_id: str, *, nodes: int = 6, gpus: int = 8) -> W
         selector = {"test.cozystack.io/id": test_id, "test.cozystack.io/pool": pool}
         kube.gpu_class(name, resource, selector=selector, maxCount=2)
         classes.append(name)
+    dra_names = [f"d{i}-{test_id}" for i in range(dra_nodes)]
+    dra_class = _dra_pool(kube, test_id, dra_names, gpus) if dra_names else None
+    if dra_class is not None:
+        classes.append(dra_class)
     parent = f"p-{test_id}"
     kube.namespace(parent, {f"{keys.TENANT_LABEL_PREFIX}{parent}": ""})
     children = [f"{parent}-{c}" for c in ("x", "y")]
@@ -125,7 +150,35 @@ def build_world(kube: Kube, test_id: str, *, nodes: int = 6, gpus: int = 8) -> W
         canary_tenant=canary,
         canary_node=canary,
         gpus=gpus,
+        dra_nodes=dra_names,
+        dra_class=dra_class,
     )
+
+
+def _dra_pool(kube: Kube, test_id: str, nodes: list[str], gpus: int) -> str:
+    """The DRA pool's nodes (no GPUNode: the driver's slices are their inventory), this
+    world's copy of NVIDIA's VFIO DeviceClass (DeviceClasses are cluster-wide) and the
+    ``dra`` class over them; returns the class's name."""
+    custom = kube.custom
+    device_class = {**dra_objects.VFIO_DEVICE_CLASS, "metadata": {"name": f"vfio-{test_id}"}}
+    custom.create_cluster_custom_object(
+        keys.DEVICE_CLASS.group, keys.DEVICE_CLASS.version, keys.DEVICE_CLASS.plural,
+        device_class,
+    )  # fmt: skip
+    labels = {"test.cozystack.io/id": test_id, "test.cozystack.io/pool": "d"}
+    for node in nodes:
+        kube.node(node, labels=labels, allocatable={})
+        for body in dra_objects.passthrough_node(node, gpus):
+            custom.create_cluster_custom_object(
+                keys.RESOURCE_SLICE.group, keys.RESOURCE_SLICE.version,
+                keys.RESOURCE_SLICE.plural, body,
+            )  # fmt: skip
+    name = f"d-{test_id}"
+    kube.gpu_class(
+        name, "", selector=labels, maxCount=2,
+        source={"dra": {"deviceClassName": f"vfio-{test_id}"}},
+    )  # fmt: skip
+    return name
 
 
 class VMStage(Enum):

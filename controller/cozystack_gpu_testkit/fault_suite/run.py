@@ -100,6 +100,7 @@ class Run:
         load: LoadSettings | None = None,
         replica_args: Sequence[str] = (),
         webhooks: bool = False,
+        dra_nodes: int = 0,
     ) -> None:
         self.name = name
         self.workdir = workdir
@@ -131,7 +132,9 @@ class Run:
         try:
             self.api = self.plane.api_client()
             self.kube = Kube(self.api)
-            self.world: World = build_world(self.kube, name, nodes=nodes, gpus=gpus)
+            self.world: World = build_world(
+                self.kube, name, nodes=nodes, gpus=gpus, dra_nodes=dra_nodes
+            )
             self.namespace = f"ctl-{name}"
             self.kube.namespace(self.namespace)
             # As the chart installs it: a late claim write of an overtaken leader is refused.

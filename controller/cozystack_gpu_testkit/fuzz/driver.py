@@ -63,6 +63,7 @@ class LifecycleFuzz:
             self.workdir,
             nodes=settings.nodes,
             gpus=settings.gpus,
+            dra_nodes=settings.dra_nodes,
             webhooks=True,
             replica_args=("--raw-resource-names", "forbidden"),
         ) as run:

@@ -17,6 +17,9 @@ class FuzzSettings:
     operations: int = 80
     nodes: int = 4
     gpus: int = 2
+    # Nodes of a third pool served by a DRA driver, with a ``dra`` class beside the two
+    # device-plugin ones (SPEC §13): its orders, VMs and faults are drawn as theirs are.
+    dra_nodes: int = 2
     pause_s: tuple[float, float] = (0.1, 0.5)  # load between operations, not a wait
     settle_s: float = SETTLE_S
     # Relative weights of each operation.

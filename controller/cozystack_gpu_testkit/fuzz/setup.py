@@ -70,13 +70,14 @@ def prepare(run: Run, admission: Admission, stage: Stage) -> list[MutableObj]:
         ("claims-label-policy.yaml", {}),
         ("protection-policy.yaml", {}),
         ("launcher-gate-policy.yaml", {}),
+        ("dra-claims-policy.yaml", {"controller": {"settings": {"rawResourceNames": "forbidden"}}}),
     ):
         policies += admission.render(template, run.namespace, values)
     install_policies(run.api, [_as_replicas(p) for p in policies])
     grant(run, admission, world.tenants)
     stage.tenant = impersonating(run, TENANT_ADMIN)
     selector = f"{FUZZ_LABEL}={world.id}"
-    stage.kubevirt = RealKubeVirt(run.plane, run.kube, world.nodes, stage.journal, selector)
+    stage.kubevirt = RealKubeVirt(run.plane, run.kube, world.vm_nodes, stage.journal, selector)
     wait_enforced(run)
     return hooks
 
@@ -116,11 +117,11 @@ _CONTROLLER_USER = re.compile(r"system:serviceaccount:[a-z0-9-]+:[a-z0-9-]*contr
 
 
 def _as_replicas(policy: MutableObj) -> MutableObj:
-    """The chart's protection and launcher-gate policies exempt the controller's
+    """The chart's protection, launcher-gate and dra-claims policies exempt the controller's
     ServiceAccount; the replicas here run with the kit's admin identity, so that is the one
     they exempt."""
     name = policy.get("metadata", {}).get("name", "")
-    if "protection" not in name and "launcher-gate" not in name:
+    if not any(part in name for part in ("protection", "launcher-gate", "dra-claims")):
         return policy
     text = _CONTROLLER_USER.sub(ADMIN_USER, json.dumps(policy))
     exempting: MutableObj = json.loads(text)

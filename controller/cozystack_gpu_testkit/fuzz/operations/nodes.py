@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from cozystack_gpu import keys
+from cozystack_gpu_testkit import dra_objects
 from cozystack_gpu_testkit.fault_suite import Run
 from cozystack_gpu_testkit.fuzz.stage import Stage
 from cozystack_gpu_testkit.objects import NODE_BASE_RESOURCES
 
 
 def gpu_nodes(run: Run) -> list[str]:
-    return list(run.world.nodes)
+    return list(run.world.vm_nodes)
 
 
 def node_fault(stage: Stage, run: Run, fault: str) -> tuple[str, str, set[str]]:
@@ -41,7 +43,7 @@ def node_fault(stage: Stage, run: Run, fault: str) -> tuple[str, str, set[str]]:
         # taken, by the hardware's doing, not the binder's (the checker is told).
         if stage.checker is not None:
             stage.checker.capacity_lost(node)
-        allocatable(run, node, {run.world.resource: str(max(0, run.world.gpus - 1))})
+        gpus_left(run, node, max(0, run.world.gpus - 1))
     stage.faulted.setdefault(node, set()).add(fault)
     stage.faults += 1
     return node, fault, {node}
@@ -51,6 +53,21 @@ def allocatable(run: Run, node: str, values: Mapping[str, str]) -> None:
     """What kubelet reports when the node has less: allocatable and capacity."""
     body = {"status": {"allocatable": dict(values), "capacity": dict(values)}}
     run.kube.core.patch_node_status(node, body)
+
+
+def gpus_left(run: Run, node: str, gpus: int) -> None:
+    """The node has ``gpus`` GPUs: kubelet's allocatable of the resource name, or, on a
+    node of the DRA pool, the driver's slice with that many (a GPU gone is gone in both
+    its forms)."""
+    if node not in run.world.dra_nodes:
+        allocatable(run, node, {run.world.resource: str(gpus)})
+        return
+    (body,) = dra_objects.passthrough_node(node, gpus)
+    kind = keys.RESOURCE_SLICE
+    patch = {"spec": {"devices": body["spec"]["devices"]}}
+    run.kube.custom.patch_cluster_custom_object(
+        kind.group, kind.version, kind.plural, body["metadata"]["name"], patch
+    )
 
 
 def node_not_ready(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
@@ -85,7 +102,7 @@ def restore(stage: Stage, run: Run, node: str, op: str | None) -> tuple[str, str
     if "memory" in faults:
         allocatable(run, node, {"memory": NODE_BASE_RESOURCES["memory"]})
     if "gpu" in faults:
-        allocatable(run, node, {run.world.resource: str(run.world.gpus)})
+        gpus_left(run, node, run.world.gpus)
         if stage.checker is not None:
             stage.checker.capacity_restored(node)
     outcome = f"back from {', '.join(sorted(faults))}"

@@ -51,15 +51,18 @@ def create_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     held = tuple(stage.rng.sample(free, k=min(len(free), stage.rng.choice((0, 1, 1, 2)))))
     templates: tuple[Mapping[str, Any], ...] = ()
     if not held or stage.rng.random() < 0.4:
+        held_class = (
+            str((stage.claims[(namespace, held[0])].get("spec") or {}).get("class")) if held else ""
+        )
         templates = (
             {
                 "name": stage.rng.choice(("gpu", "extra")),
-                # One class with held claims most of the time: a set across the two
-                # pools never places, and stays gated (with its reason).
+                # One class with held claims most of the time: a set across pools never
+                # places, and stays gated (with its reason). A dra class has no templates.
                 "class": (
-                    str((stage.claims[(namespace, held[0])].get("spec") or {}).get("class"))
-                    if held and stage.rng.random() < 0.8
-                    else stage.rng.choice(world.classes)
+                    held_class
+                    if held_class in world.template_classes and stage.rng.random() < 0.8
+                    else stage.rng.choice(world.template_classes)
                 ),
                 "count": 1 if stage.rng.random() < 0.8 else 2,
             },
@@ -101,7 +104,7 @@ def nad_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     if (namespace, GPU_NAD) not in stage.nads:
         run.kube.nad(namespace, GPU_NAD, world.resource)
         stage.nads.add((namespace, GPU_NAD))
-    template = {"name": "gpu", "class": stage.rng.choice(world.classes), "count": 1}
+    template = {"name": "gpu", "class": stage.rng.choice(world.template_classes), "count": 1}
     vm = FuzzVM(namespace, stage.next_name("net"), (), (template,))
     request = {keys.ANNOTATION_MEMBER_TEMPLATES: [template]}
     labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
@@ -174,7 +177,7 @@ def preempting_vm(stage: Stage, run: Run) -> tuple[str, str, set[str]]:
     priority above launcherPolicy.maxPriority, preemption on), so the VM never starts."""
     world = run.world
     namespace = stage.rng.choice(world.tenants)
-    template = {"name": "gpu", "class": stage.rng.choice(world.classes), "count": 1}
+    template = {"name": "gpu", "class": stage.rng.choice(world.template_classes), "count": 1}
     vm = FuzzVM(namespace, stage.next_name("prio"), (), (template,))
     request = {keys.ANNOTATION_MEMBER_TEMPLATES: [template]}
     labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
