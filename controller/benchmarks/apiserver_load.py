@@ -5,7 +5,8 @@ top speed), a watch that times when each object is seen bound, and CPU time from
 Claims and pods are created and watched alike (no client-side models: bodies go out as
 dicts and answers are not deserialized), so the client costs the same for both. The same
 capacity can also be published for Dynamic Resource Allocation (resource.k8s.io/v1): one
-DeviceClass and, per node, a pool of ResourceSlices with one device per unit.
+DeviceClass and, per node, a pool of ResourceSlices with one device per unit, and served by
+a GPUClass of the dra source naming that DeviceClass.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from cozystack_gpu_testkit.objects import Kube, install_extra_crds, pod_body
 RESOURCE = "nvidia.com/NVIDIA_L40S-6C"
 POOL = {"bench.cozystack.io/pool": "l40s"}
 GPU_CLASS = "l40s-6c"
+DRA_CLASS = "bench-dra"  # a passthrough class of the dra source (``Bench.dra_class``)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # DRA: the driver the bench's ResourceSlices name and the DeviceClass selecting it.
 DRA_DRIVER = "gpu.bench.cozystack.io"
@@ -233,12 +235,39 @@ class Bench:
             answered(
                 resource.create_namespaced_resource_claim(namespace, claim, _preload_content=False)
             )
-            pod = pod_body(name)
-            pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
-            pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+            answered(core.create_namespaced_pod(namespace, dra_pod(name), _preload_content=False))
+
+        return create
+
+    def dra_class(self, max_count: int) -> str:
+        """A passthrough GPUClass of the dra source: the bench's DeviceClass on the vGPU
+        class's nodes (``POOL``), up to ``max_count`` units a claim; its name. Passthrough
+        needs no entitlement of the tenant. Call ``publish_devices`` for its devices."""
+        self.kube.gpu_class(
+            DRA_CLASS, RESOURCE, selector=POOL, maxCount=max_count,
+            source={"dra": {"deviceClassName": DEVICE_CLASS}},
+        )  # fmt: skip
+        return DRA_CLASS
+
+    def pinned_pod_creator(self, nodes: dict[str, str]) -> Callable[[str], None]:
+        """Creates a Pod using the ResourceClaim of its name, pinned to ``nodes[name]`` by a
+        required node affinity on ``metadata.name`` (as the product pins a claim's VM to the
+        claim's node)."""
+        core, namespace = self.kube.core, self.tenant
+
+        def create(name: str) -> None:
+            pod = dra_pod(name, pinned_to=nodes[name])
             answered(core.create_namespaced_pod(namespace, pod, _preload_content=False))
 
         return create
+
+    def resource_claim_names(self, prefix: str) -> set[str]:
+        """The names of the tenant's ResourceClaims named ``prefix``..."""
+        answer = client.ResourceV1Api(self.kube.api).list_namespaced_resource_claim(
+            self.tenant, _preload_content=False
+        )
+        names = (claim["metadata"]["name"] for claim in json.loads(answer.data)["items"])
+        return {name for name in names if name.startswith(prefix)}
 
     def allocated_devices(self, prefix: str) -> dict[str, list[tuple[str, str]]]:
         """The (pool, device) pairs allocated to each ResourceClaim named ``prefix``... that is
@@ -254,6 +283,15 @@ class Bench:
             results = ((status.get("allocation") or {}).get("devices") or {}).get("results")
             allocated[name] = [(r["pool"], r["device"]) for r in results or ()]
         return allocated
+
+
+def dra_pod(name: str, pinned_to: str | None = None) -> dict[str, Any]:
+    """A Pod using the ResourceClaim named ``name`` (no extended resource requested),
+    optionally pinned to one node."""
+    pod = pod_body(name, pinned_to=pinned_to)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return pod
 
 
 def _slices(node: str, units: int) -> list[dict[str, Any]]:
@@ -369,16 +407,19 @@ def _pod_node(obj: dict[str, Any]) -> str | None:
 
 
 def print_table(columns: dict[str, dict[str, float]], short: dict[str, str]) -> None:
-    """Each peer's figures in a column (the first peer's figures name the rows), then each
-    later peer's divided by the first's; a figure a peer lacks prints as nan."""
+    """Each peer's figures in a column (the first peer's figures name the first rows, then
+    any other peer's own), then each later peer's divided by the first's; a figure a peer
+    lacks prints as nan."""
     names = list(columns)
     base, others = names[0], names[1:]
     widths = [max(10, len(name)) for name in names]
     ratios = [f"{short[name]}/{short[base]}" for name in others]
     head = [f"{name:>{w}}" for name, w in zip(names, widths, strict=True)]
     print(f"  {'':38} " + " ".join(head + [f"{r:>13}" for r in ratios]))
-    for figure, value in columns[base].items():
+    figures = dict.fromkeys(figure for name in names for figure in columns[name])
+    for figure in figures:
         row = [columns[name].get(figure, float("nan")) for name in names]
+        value = row[0]
         cells = [f"{v:{w}.2f}" for v, w in zip(row, widths, strict=True)]
         cells += [f"{v / value if value else float('nan'):13.2f}" for v in row[1:]]
         print(f"  {figure:38} " + " ".join(cells))

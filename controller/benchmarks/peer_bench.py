@@ -1,6 +1,9 @@
-"""The binder against its peers: kube-scheduler binding Pods, and kube-scheduler allocating
-devices by Dynamic Resource Allocation, on the same control plane build, nodes and counts,
-one after the other in one run (issue 13's yardstick; DRA from issue 30).
+"""The binder against its peers: kube-scheduler binding Pods, kube-scheduler allocating
+devices by Dynamic Resource Allocation, and the binder serving a class of those devices, on
+the same control plane build, nodes and counts, one after the other in one run (issue 13's
+yardstick; DRA from issue 30; the binder's dra source from issue 45, whose goal is
+binder-dra's order -> Bound at least twice DRA's own allocation rate: bdra/dra >= 2 on
+binds/s).
 
     make setup binaries
     COZYSTACK_GPU_BIN_DIR=$(cat .cache/bin-dir) .venv/bin/python controller/benchmarks/peer_bench.py
@@ -8,6 +11,7 @@ one after the other in one run (issue 13's yardstick; DRA from issue 30).
     # where kube-apiserver's CPU goes: --phases throughput --pprof DIR, then
     #   go tool pprof -top -cum DIR/binder-kube-apiserver.pprof
     # some peers: --peers dra,binder (the first is the one the others are divided by)
+    # issue 45's line: --peers dra,binder-dra (fewer timed starts: --starts 2000)
 
 Every phase runs once per peer, each time on a fresh control plane (etcd and kube-apiserver
 of the test kit, the gpu and KubeVirt CRDs installed, ``--nodes`` Ready nodes of ``--units``
@@ -29,14 +33,32 @@ units of one resource name with their GPUNodes, one vGPU class serving them):
                   the claim is written before the binding, and after each phase every bound
                   pod's claim is checked to hold one device of its node's pool, no device
                   twice. A head-of-line order that fits no node selects a device none has
-                  (a claim may count at most 32 devices, fewer than a node's units).
+                  (a claim may count at most 32 devices, fewer than a node's units);
+  binder-dra      the controller as for binder, with ``--dra true``, and the devices
+                  published as for dra, binding GPUClaims of 1 unit of a passthrough class
+                  of the dra source (the bench's DeviceClass, the vGPU class's nodes and
+                  maxCount): a node's units are the class's devices in its ResourceSlices.
+                  The binder also makes one ResourceClaim per bound claim (after the
+                  binds, like its Events). Its head-of-line orders count more units than a
+                  node has, as binder's do.
 
 The load generator (8 client threads) and a watch that times binds run in this process,
 apart from every decider.
 
   throughput    --count objects created while no decider runs, then the decider starts:
                 binds/s from its start to the last bind seen, and from the first bind seen
-                to the last (sustained);
+                to the last (sustained). binder-dra then times the start step (``start_to_
+                allocation``), what a VM's first start on its claim costs: once the binder
+                is quiet and every bound claim's ResourceClaim exists, --starts of them
+                (default: all) get a Pod naming it, pinned to the claim's node by a required
+                node affinity on metadata.name (as the product's gate pins a launcher pod);
+                then kube-scheduler starts and allocates each on the pinned node. A pod seen
+                bound is its claim allocated; allocations/s from kube-scheduler's start to
+                the last and from the first to the last, CPU per allocation (kube-
+                scheduler's; the binder's, which reserves each allocated ResourceClaim for
+                its claim; kube-apiserver's and etcd's), and every allocation checked to be
+                one device of the pinned node's pool, no device twice. Only binder-dra has
+                these rows (nan for the others);
   burst         --count objects created at the client's top speed while the decider runs:
                 create -> bound p50 and p99 (create as returned to the client, bound as seen
                 by the watch; for dra an order's create is its claim's and then its pod's);
@@ -65,6 +87,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from apiserver_load import (
+    DRA_CLASS,
     NO_DEVICE,
     Bench,
     BoundWatcher,
@@ -81,12 +104,15 @@ from cozystack_gpu_testkit.controller_process import ControllerProcess
 SCHEDULER = "kube-scheduler"
 BINDER = "binder"
 DRA = "dra"
-PEERS = (SCHEDULER, BINDER, DRA)
-SHORT = {SCHEDULER: "sched", BINDER: "binder", DRA: "dra"}
+BINDER_DRA = "binder-dra"
+PEERS = (SCHEDULER, BINDER, DRA, BINDER_DRA)
+BINDERS = (BINDER, BINDER_DRA)  # the controller's process decides
+SHORT = {SCHEDULER: "sched", BINDER: "binder", DRA: "dra", BINDER_DRA: "bdra"}
 WHAT = {
     SCHEDULER: "kube-scheduler on Pods",
     BINDER: "the binder on GPUClaims",
     DRA: "kube-scheduler on ResourceClaims and their Pods (DRA)",
+    BINDER_DRA: "the binder on GPUClaims of a dra class, then kube-scheduler on their Pods",
 }
 WATCHED = ("kube-apiserver", "etcd")
 QUIET_CPU_S = 0.05  # a decider using less CPU than this in a second has gone quiet
@@ -105,8 +131,8 @@ class Figures:
 
 
 class Peer:
-    """kube-scheduler on Pods, the binder on GPUClaims or kube-scheduler on ResourceClaims,
-    started on demand in a bench."""
+    """kube-scheduler on Pods, the binder on GPUClaims (of the vGPU class or of the dra
+    class) or kube-scheduler on ResourceClaims, started on demand in a bench."""
 
     def __init__(self, name: str, bench: Bench, log_dir: Path) -> None:
         self.name = name
@@ -118,7 +144,7 @@ class Peer:
     @property
     def kind(self) -> str:
         # DRA: the pod bound is the allocation done (its claim is written first).
-        return "claims" if self.name == BINDER else "pods"
+        return "claims" if self.name in BINDERS else "pods"
 
     def creator(self, units: int = 1) -> Callable[[str], None]:
         if self.name == SCHEDULER:
@@ -126,13 +152,16 @@ class Peer:
         if self.name == DRA:
             # Orders are of one device; a larger one stands for an order fitting no node.
             return self.bench.dra_creator(NO_DEVICE if units > 1 else None)
+        if self.name == BINDER_DRA:
+            return self.bench.claim_creator(units, gpu_class=DRA_CLASS)
         return self.bench.claim_creator(units)
 
     def start(self) -> None:
-        if self.name == BINDER:
+        if self.name in BINDERS:
+            dra = ("--dra", "true") if self.name == BINDER_DRA else ()
             self.process = ControllerProcess(
                 self.bench.plane, self.bench.controller_ns, "bench", self.log_dir,
-                "--workload-records", "false", "--webhook-port", "0",
+                "--workload-records", "false", "--webhook-port", "0", *dra,
             )  # fmt: skip
             self.pid = self.process.proc.pid
         else:
@@ -174,20 +203,33 @@ class Peer:
             return self.process.log_tail()
         return str(self.bench.plane.log_tail(SCHEDULER))
 
+    def start_cpu(self) -> dict[str, float]:
+        """binder-dra's start step: kube-scheduler's CPU as the decider's, the binder's
+        (it reserves each allocated ResourceClaim for its claim) beside it."""
+        used = {name: cpu_seconds(self.bench.pid(name)) for name in (SCHEDULER, *WATCHED)}
+        used["binder"] = cpu_seconds(self.pid)
+        return used
+
 
 def follow(
-    peer: Peer, watcher: BoundWatcher, want: int, prefix: str, timeout: float
+    peer: Peer,
+    watcher: BoundWatcher,
+    want: int,
+    prefix: str,
+    timeout: float,
+    cpu: Callable[[], dict[str, float]] | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Poll until ``want`` objects named ``prefix``... are bound; the CPU used when the first
-    of them was seen bound and when the last was."""
+    """Poll until ``want`` objects named ``prefix``... are bound; the CPU used (``cpu``,
+    by default ``peer.cpu``) when the first of them was seen bound and when the last was."""
+    cpu = cpu or peer.cpu
     first: dict[str, float] | None = None
     deadline = time.monotonic() + timeout
     while True:
         bound = watcher.count(prefix)
         if first is None and bound:
-            first = peer.cpu()
+            first = cpu()
         if bound >= want:
-            return first or peer.cpu(), peer.cpu()
+            return first or cpu(), cpu()
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"{peer.name}: {bound} of {want} bound after {timeout:.0f} s\n{peer.failed()}"
@@ -243,7 +285,9 @@ def profile_from_first_bind(
     return thread
 
 
-def throughput(peer: Peer, count: int, pprof: Path | None = None) -> Figures:
+def throughput(
+    peer: Peer, count: int, pprof: Path | None = None, starts: int | None = None
+) -> Figures:
     figures = Figures()
     names = [f"t{i:05d}" for i in range(count)]
     create_many(peer.creator(), names)
@@ -275,7 +319,64 @@ def throughput(peer: Peer, count: int, pprof: Path | None = None) -> Figures:
         (quiet["kube-apiserver"] - first["kube-apiserver"]) / (count - 1) * 1000,
     )
     figures.put("decider CPU at first bind, s", first["decider"])
+    if peer.name == BINDER_DRA:
+        bound = {name: watcher.nodes[name] for name in names}
+        start_to_allocation(peer, figures, bound, count if starts is None else starts)
     return figures
+
+
+def start_to_allocation(peer: Peer, figures: Figures, bound: dict[str, str], starts: int) -> None:
+    """binder-dra, after its binds: ``starts`` of the bound claims started as the product
+    starts a VM on one, and timed until kube-scheduler has allocated their ResourceClaims.
+
+    Once every bound claim's ResourceClaim exists, one Pod per claim names it and is pinned
+    to the claim's node (what the product's gate does to a launcher pod); then kube-
+    scheduler starts. A pod seen bound is its claim allocated (kube-scheduler writes the
+    allocation before the binding); each allocation is then checked to be one device of the
+    pinned node's pool, no device twice, and no claim left unstarted allocated."""
+    bench = peer.bench
+    deadline = time.monotonic() + 120
+    while len(made := bench.resource_claim_names("t")) < len(bound):
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{peer.name}: {len(made)} of {len(bound)} ResourceClaims made after 120 s\n"
+                + peer.failed()
+            )
+        time.sleep(1.0)
+    names = sorted(bound)[:starts]
+    create_many(bench.pinned_pod_creator(bound), names)
+    pods = BoundWatcher(bench.kube.api, bench.tenant, "pods")
+    wait_until(lambda: pods.seen >= len(names), 120)  # listed before kube-scheduler starts
+    started = time.perf_counter()
+    bench.plane.start_scheduler()
+    try:
+        first, last = follow(peer, pods, len(names), "t", 900, peer.start_cpu)
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}\n{bench.plane.log_tail(SCHEDULER)}") from error
+    pods.stop()
+    allocated = bench.allocated_devices("t")
+    wrong = sorted(
+        name
+        for name in allocated.keys() | set(names)
+        if name not in names
+        or pods.nodes.get(name) != bound[name]
+        or [pool for pool, _device in allocated.get(name, ())] != [bound[name]]
+    )
+    devices = [device for pairs in allocated.values() for device in pairs]
+    if wrong or len(set(devices)) != len(devices):
+        raise AssertionError(
+            f"{peer.name}: {len(wrong)} claims not allocated on their pinned node (first: "
+            f"{wrong[:3]}), {len(devices) - len(set(devices))} devices allocated twice"
+        )
+    times = [pods.bound_at[name] for name in names]
+    figures.put("starts timed", len(names))
+    figures.put("allocations/s, start -> last", len(names) / (max(times) - started))
+    figures.put("allocations/s, first -> last", (len(names) - 1) / (max(times) - min(times)))
+    figures.put("first allocation after start, s", min(times) - started)
+    for name in (SCHEDULER, "binder", *WATCHED):
+        figures.put(
+            f"{name} CPU ms/allocation", (last[name] - first[name]) / (len(names) - 1) * 1000
+        )
 
 
 def latency(figures: Figures, created: dict[str, float], watcher: BoundWatcher) -> None:
@@ -336,10 +437,12 @@ def run_phase(
         with tempfile.TemporaryDirectory() as log_dir:
             peer = Peer(name, bench, Path(log_dir))
             try:
-                if name == DRA:
+                if name in (DRA, BINDER_DRA):
                     bench.publish_devices(args.nodes, args.units)
+                if name == BINDER_DRA:
+                    bench.dra_class(max_count=2 * args.units)
                 if phase == "throughput":
-                    results[name] = throughput(peer, args.count, args.pprof)
+                    results[name] = throughput(peer, args.count, args.pprof, args.starts)
                 elif phase == "burst":
                     results[name] = burst(peer, args.count)
                 else:
@@ -362,6 +465,12 @@ def main() -> None:
     parser.add_argument("--ok", type=int, default=1000, help="head-of-line: fit, after them")
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--units", type=int, default=64, help="units of the resource per node")
+    parser.add_argument(
+        "--starts",
+        type=int,
+        default=None,
+        help="binder-dra, throughput: bound claims started to time allocations (default: all)",
+    )
     parser.add_argument("--phases", default="throughput,burst,head-of-line", help="comma-joined")
     parser.add_argument(
         "--pprof",
@@ -377,6 +486,8 @@ def main() -> None:
     peers = args.peers.split(",")
     if not set(peers) <= set(PEERS) or len(set(peers)) != len(peers):
         parser.error(f"--peers {args.peers}: each once, of {', '.join(PEERS)}")
+    if args.starts is not None and args.starts < 2:
+        parser.error("--starts: at least 2 (a rate from the first allocation to the last)")
     bin_dir = cluster.binary_dir()
     if args.pprof is not None:
         args.pprof.mkdir(parents=True, exist_ok=True)
