@@ -36,7 +36,7 @@ from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle
 from cozystack_gpu.binder.rules import claim_status, gate, migration
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import ClaimReason, EventReason, Phase
-from cozystack_gpu.model import ClaimKey, MigrationTarget, Refusal
+from cozystack_gpu.model import ClaimInfo, ClaimKey, MigrationTarget, Refusal
 from cozystack_gpu.model.set_placement import place_migration
 from cozystack_gpu.objects import MutableObj, conditions, launcher, translate, vmi_pods
 
@@ -264,5 +264,27 @@ class Migrations(BinderPart):
         body = claim_status.claim_status_patch(obj, updated, cond)
         body["status"]["migration"] = None
         migration.told_ended(body, obj, target, state is migration.Outcome.LANDED, now)
-        self.handle.decide(updated, Decision(*key, body, step))
+        sent = self.handle.decide(updated, Decision(*key, body, step))
+        if sent and vmi is not None and state is migration.Outcome.LANDED:
+            self._source_pod_keeps(claim, vmi)
         return False  # done once the view shows no migration (``changed`` no longer adds it)
+
+    def _source_pod_keeps(self, claim: ClaimInfo, vmi: MutableObj) -> None:
+        """The hold has moved to the target, but the VM's source pod runs on until its
+        guest's last moments end: the units it uses at the source are no claim's now, as
+        the view counts them once the move is answered and the pod counted again. Until
+        then the snapshot counts them so, and no decision takes them meanwhile."""
+        klass = self.snapshot.gpu_class(claim.class_name)
+        node = self.snapshot.node(claim.node) if claim.node else None
+        if klass is None or klass.dra or not klass.resource_name or node is None:
+            return  # a dra class's devices stay its ResourceClaim's until they are let go
+        vmi_key = (translate.namespace_of(vmi), translate.name_of(vmi))
+        pod_key = self.view.launcher_pod(vmi_key, str(translate.meta(vmi).get("uid") or ""))
+        pod = self.view.pod(pod_key) if pod_key is not None else None
+        if pod is None or (pod.get("spec") or {}).get("nodeName") != claim.node:
+            return
+        if (pod.get("status") or {}).get("phase") in translate.FINAL_POD_PHASES:
+            return
+        raw = dict(node.raw_used)
+        raw[klass.resource_name] = raw.get(klass.resource_name, 0) + claim.count
+        self.snapshot.upsert_node(replace(node, raw_used=raw))

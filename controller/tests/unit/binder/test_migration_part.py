@@ -174,6 +174,34 @@ def test_the_hold_follows_the_vm_when_it_lands_on_the_target() -> None:
     assert (told["status"], told["reason"]) == ("False", "MigrationLanded")
 
 
+def test_a_landed_vms_source_pod_keeps_its_units_until_it_ends() -> None:
+    """The hold moves to the target when the VM lands, but the source pod runs on until
+    its guest's last moments end: its unit on the source is still in use, as the view will
+    count it once the move is answered. An order planned meanwhile must not be given it
+    (the lifecycle fuzz saw a node over capacity when one was)."""
+    target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
+    handle = _world({**ATTACHED, "migration": target}, vmi_node="n2")
+    capacity = handle.snapshot.capacity("n1", RES)
+    assert handle.snapshot.free("n1", RES) == capacity - 1
+    Migrations(handle).run(1_800_000_000.0)
+    [(moved, _decision)] = handle.decided
+    assert moved.node == "n2"
+    assert handle.snapshot.free("n1", RES) == capacity - 1, "the source pod still uses it"
+
+
+def test_a_landed_vms_source_pod_already_gone_leaves_its_units_free() -> None:
+    target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
+
+    def source_pod_ended(given: dict[str, list[dict[str, Any]]]) -> None:
+        source = next(p for p in given[keys.POD.kind] if p["spec"].get("nodeName") == "n1")
+        source["status"]["phase"] = "Succeeded"
+
+    handle = _world({**ATTACHED, "migration": target}, vmi_node="n2", more=source_pod_ended)
+    capacity = handle.snapshot.capacity("n1", RES)
+    Migrations(handle).run(1_800_000_000.0)
+    assert handle.snapshot.free("n1", RES) == capacity, "nothing runs there any more"
+
+
 def test_a_failed_migration_frees_its_target_and_the_claim_stays() -> None:
     target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
     state = {"migrationUid": UID, "failed": True, "targetNode": "n2"}
