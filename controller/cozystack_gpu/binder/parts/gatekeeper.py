@@ -85,7 +85,7 @@ class Gatekeeper(BinderPart):
             if target is None or self._bind(at, claims, target, now):
                 continue  # no node yet, or pin once the API confirms every claim on it
             if all(gate.bound_on(self.view.claim(k), target) for k in at.members) and all(
-                gate.held_for_start(self.view.claim(c.key), at.vmi_key[1])
+                gate.held_for_start(self.view.claim(c.key), at.vmi)
                 for c in claims
                 if not c.template
             ):

@@ -287,18 +287,23 @@ def held_claim_wait(claim_name: str, claim: Obj | None, vmi_name: str) -> tuple[
     return None
 
 
-def held_for_start(claim: Obj | None, vmi_name: str) -> bool:
+def held_for_start(claim: Obj | None, vmi: Obj) -> bool:
     """A held claim (one the tenant ordered) is ready for its VM's start: Attached to this
-    VMI and carrying the claim-protection finalizer. The pin waits for both, so a VM never
-    runs on a claim that could still be moved or deleted from under it (the binder attaches
-    a claim once it sees the VMI, ``attachments``, and protects it then where admission has
-    not)."""
+    very VMI and carrying the claim-protection finalizer. The pin waits for both, so a VM
+    never runs on a claim that could still be moved or deleted from under it (the binder
+    attaches a claim once it sees the VMI, ``attachments``, and protects it then where
+    admission has not). KubeVirt names every VMI of a VM alike: an attachment that names an
+    earlier VMI of the name (by uid, or by a 0.2.0 webhook's attachment id) is not this
+    one's, however quickly the VM was restarted."""
     if claim is None:
         return False
     status = claim.get("status") or {}
+    attached = attachment.attachment_of(claim)
     return (
         status.get("phase") == keys.Phase.ATTACHED.value
-        and status.get("attachedTo") == vmi_name
+        and attached is not None
+        and attached.vmi == name_of(vmi)
+        and attachment.same_vmi(attached, translate.vmi_state(vmi)) is not False
         and keys.FINALIZER_CLAIM in (meta(claim).get("finalizers") or [])
     )
 

@@ -244,3 +244,26 @@ def test_a_forged_or_leftover_claim_of_a_template_name_is_not_adopted() -> None:
     foreign["metadata"]["ownerReferences"][0]["name"] = "other-vm"
     problem = gate.template_claim_conflict(foreign, "vm", "uid-2", entry)
     assert problem is not None and "not controlled by this VirtualMachineInstance" in problem
+
+
+def _held(attached_to: str, uid: str | None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": "Attached", "attachedTo": attached_to, "nodeName": "n1"}
+    if uid is not None:
+        status["attachedToUID"] = uid
+    return {"metadata": {"name": "c", "finalizers": [keys.FINALIZER_CLAIM]}, "status": status}
+
+
+def _vmi(uid: str) -> dict[str, Any]:
+    return {"metadata": {"name": "vm", "namespace": "t", "uid": uid}, "status": {}}
+
+
+def test_a_held_claim_attached_to_an_earlier_vmi_of_the_name_is_not_ready_for_this_start() -> None:
+    """KubeVirt names every VMI of a VM after it: after a quick restart the claim may still
+    be attached, by uid, to the VMI before. The new VMI's pod is pinned only once the
+    claim is attached to this very VMI (the lifecycle fuzz saw a pod pinned so, its
+    claims covering nothing)."""
+    assert gate.held_for_start(_held("vm", "uid-now"), _vmi("uid-now"))
+    assert not gate.held_for_start(_held("vm", "uid-before"), _vmi("uid-now"))
+    assert not gate.held_for_start(_held("other", "uid-now"), _vmi("uid-now"))
+    # An attachment written without a uid (by 0.2.0's webhook) is judged by the name.
+    assert gate.held_for_start(_held("vm", None), _vmi("uid-now"))
