@@ -29,7 +29,9 @@ A "running VMI" is one whose launcher pod (owned by it, by uid) is bound to a no
 is marked Running. What the leader writes after the start (a template claim's attachment,
 the finalizer, an attachment back from Lost once the node is Ready again) gets
 ``start_grace_s`` from the VMI's Running transition or the node's Ready transition; held
-claims are attached by the VMI webhook before the VMI is stored, so they get none.
+claims are attached by the VMI webhook before the VMI is stored, so they get none. The
+release of a window's claim at the window's end gets the same grace: until then the claim
+holds nothing, and a window booked from that end counts in full.
 
 Once the cluster has settled (``settled``), also:
 - every order is judged: Bound or Attached on a node, or Pending (Lost) with a Bound

@@ -260,7 +260,8 @@ class Invariants:
             when = float("inf") if bound_at is None else bound_at
             latest_bind[(node, resource)] = max(latest_bind.get((node, resource), 0.0), when)
 
-        window_claims = _claim_holds(state, resource_of, add, holders)
+        # A window's end is the leader's to write, as a start's attachment is: the same grace.
+        window_claims = _claim_holds(state, resource_of, add, holders, self.start_grace_s)
         gpu_names = set(resource_of.values())
         for pod in _raw_pods(state):
             usage = raw_usage(pod)
@@ -322,7 +323,7 @@ class Invariants:
                     used[(tenant, key)] = used.get((tenant, key), 0) + units
 
         # The claim an Active window made counts until the window's end (SPEC §11).
-        open_windows = _open_windows(state)
+        open_windows = _open_windows(state, self.start_grace_s)
         window_claims: list[tuple[MutableObj, float]] = []
         for claim in state.claims:
             phase = (claim.get("status") or {}).get("phase")

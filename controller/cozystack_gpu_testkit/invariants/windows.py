@@ -59,18 +59,20 @@ def _claim_holds(
     resource_of: dict[str, str],
     add: Callable[..., None],
     holders: dict[tuple[str, str], list[str]],
+    release_grace_s: float = 0.0,
 ) -> dict[tuple[str, str], list[tuple[float, float, int]]]:
     """What claims hold, given to ``add``: a Bound or Attached claim on its node, a Lost one
     while its VMI runs there, and a live migration's target on the target node (SPEC §12).
     The claim an Active window made holds its units until the window's end, not for good
     (a window booked on the node after that end may count on them, SPEC §11): those are
-    returned as windows, per node and resource name."""
+    returned as windows, per node and resource name. A window that ended less than
+    ``release_grace_s`` ago has its claim's release due: it holds nothing."""
     running = {
         (_namespace(v), _name(v)): (v.get("status") or {}).get("nodeName")
         for v in state.vmis
         if (v.get("status") or {}).get("phase") not in FINAL_VMI
     }
-    open_windows = _open_windows(state)
+    open_windows = _open_windows(state, release_grace_s)
     window_claims: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     for claim in state.claims:
         status = claim.get("status") or {}
@@ -96,13 +98,19 @@ def _claim_holds(
     return window_claims
 
 
-def _open_windows(state: State) -> dict[str, float]:
-    """Active reservations whose window has not ended, by uid: the end of each."""
+def _open_windows(state: State, release_grace_s: float = 0.0) -> dict[str, float]:
+    """Active reservations whose window has not ended, by uid: the end of each. With
+    ``release_grace_s``, also those (Active or Ended) whose window ended less than that
+    ago: their claim's release is the leader's next write, and it holds nothing from now."""
     ends: dict[str, float] = {}
     for reservation in state.reservations:
         window = _window(reservation)
         phase = (reservation.get("status") or {}).get("phase")
-        if phase == "Active" and window is not None and window[1] > state.read_at:
+        if window is None:
+            continue
+        open_now = phase == "Active" and window[1] > state.read_at
+        release_due = phase in ("Active", "Ended") and state.read_at < window[1] + release_grace_s
+        if open_now or release_due:
             ends[str(_meta(reservation).get("uid"))] = window[1]
     return ends
 

@@ -11,7 +11,7 @@ from typing import Any
 from kubernetes import client
 
 from cozystack_gpu import keys
-from cozystack_gpu_testkit.invariants import CAPACITY, Invariants, State
+from cozystack_gpu_testkit.invariants import CAPACITY, START_GRACE_S, Invariants, State
 
 NS, NODE, RESOURCE = "tenant", "n1", "nvidia.com/X"
 OLD = "2026-01-01T00:00:00Z"
@@ -172,6 +172,24 @@ def test_an_open_windows_claim_holds_its_unit_until_the_end_only() -> None:
     ended = _reservation("now", "Ended", now - 2 * hour, now - hour)
     state.reservations = [ended, after]
     assert _over(checker, state)
+
+
+def test_a_window_that_just_ended_has_its_claims_release_due_not_held() -> None:
+    """Back-to-back windows on one unit: when the first ends, its claim's release is the
+    leader's next write (a leader killed then takes its Lease first), while the next window
+    counts from its start. For the checker's start grace the ended window's claim holds
+    nothing; past it, it holds its unit as any claim (the fault suite saw a new leader end
+    a window a few seconds late)."""
+    checker = Invariants(client.ApiClient())
+    now = time.time()
+    next_window = _reservation("later", "Booked", now - 5, now + 3600)
+    state = _state(1, [_window_claim("now")])
+    for phase in ("Active", "Ended"):
+        state.reservations = [_reservation("now", phase, now - 3600, now - 5), next_window]
+        assert not _over(checker, state), f"{phase}: ended 5 s ago, its release is due"
+    late = now - START_GRACE_S - 5
+    state.reservations = [_reservation("now", "Active", now - 3600, late), next_window]
+    assert _over(checker, state), "its release is overdue: it holds the unit again"
 
 
 def test_a_migration_target_counts_on_its_node_and_its_pod_is_covered_there() -> None:
