@@ -23,7 +23,7 @@ from cozystack_gpu.cluster.migration_index import MigrationIndex
 from cozystack_gpu.cluster.reservation_index import ReservationIndex
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.config import Config
-from cozystack_gpu.model import ClaimInfo, ClaimKey, Snapshot
+from cozystack_gpu.model import ClaimInfo, ClaimKey, NodeInfo, Snapshot
 from cozystack_gpu.objects import MutableObj, translate, vmi_pods
 from cozystack_gpu.objects.translate import VMIState
 
@@ -73,6 +73,7 @@ class ViewReader(Protocol):
     def holding_vmis(self) -> list[VMIState]: ...
     def attachments(self) -> list[tuple[Key, frozenset[ClaimKey]]]: ...
     def claim_info(self, key: ClaimKey, now: float) -> ClaimInfo | None: ...
+    def node_info(self, name: str) -> NodeInfo | None: ...
 
 
 class PartHandle(Protocol):

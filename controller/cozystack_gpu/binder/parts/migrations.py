@@ -264,10 +264,21 @@ class Migrations(BinderPart):
         body = claim_status.claim_status_patch(obj, updated, cond)
         body["status"]["migration"] = None
         migration.told_ended(body, obj, target, state is migration.Outcome.LANDED, now)
-        sent = self.handle.decide(updated, Decision(*key, body, step))
-        if sent and vmi is not None and state is migration.Outcome.LANDED:
+        landed = state is migration.Outcome.LANDED
+        # The source node is read again from the view once the move is answered, either way.
+        heard = partial(self._source_answered, claim.node) if landed and claim.node else None
+        sent = self.handle.decide(updated, Decision(*key, body, step, heard=heard))
+        if sent and vmi is not None and landed:
             self._source_pod_keeps(claim, vmi)
         return False  # done once the view shows no migration (``changed`` no longer adds it)
+
+    def _source_answered(self, node: str, _answer: Answer) -> None:
+        """The move is answered: the source node as the view counts it (the source pod's
+        units beyond the moved claims, or the claims back there after a refusal) replaces
+        what ``_source_pod_keeps`` counted."""
+        info = self.view.node_info(node)
+        if info is not None:
+            self.snapshot.upsert_node(info)
 
     def _source_pod_keeps(self, claim: ClaimInfo, vmi: MutableObj) -> None:
         """The hold has moved to the target, but the VM's source pod runs on until its

@@ -189,6 +189,21 @@ def test_a_landed_vms_source_pod_keeps_its_units_until_it_ends() -> None:
     assert handle.snapshot.free("n1", RES) == capacity - 1, "the source pod still uses it"
 
 
+def test_a_refused_move_leaves_the_source_as_the_view_counts_it() -> None:
+    """The move refused (a conflict: read again, judged again), the claim still holds its
+    source unit: the source pod's units are no longer counted beside it, or the unit would
+    be counted twice until something else changed on the node."""
+    target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
+    handle = _world({**ATTACHED, "migration": target}, vmi_node="n2")
+    Migrations(handle).run(1_800_000_000.0)
+    node = handle.snapshot.node("n1")
+    assert node is not None and node.raw_used.get(RES) == 1
+    [move] = handle.unanswered
+    handle.answer(move, Outcome.CONFLICT)
+    node = handle.snapshot.node("n1")
+    assert node is not None and node.raw_used.get(RES, 0) == 0
+
+
 def test_a_landed_vms_source_pod_already_gone_leaves_its_units_free() -> None:
     target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
 
