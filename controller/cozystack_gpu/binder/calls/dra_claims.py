@@ -17,10 +17,12 @@ _RC = (keys.RESOURCE_CLAIM.group, keys.RESOURCE_CLAIM.version)
 
 @dataclass(frozen=True)
 class ResourceClaimCreate(Call):
-    """The claim's ResourceClaim made. One made before (409) is brought by the watch."""
+    """The claim's ResourceClaim made. One made before (409) is brought by the watch.
+    Sent behind the binds, as a usage record is: a burst of orders is bound first; a VM
+    started meanwhile waits in kube-scheduler until the ResourceClaim its pod names exists."""
 
     what: ClassVar[str] = "resourceclaim"
-    priority: ClassVar[Priority] = Priority.BIND
+    priority: ClassVar[Priority] = Priority.RECORD
     done_when: ClassVar[frozenset[int]] = frozenset({409})
     unwritten: ClassVar[str] = "ResourceClaim %s not created"
     takes: ClassVar[keys.ApiKind] = keys.RESOURCE_CLAIM
