@@ -54,25 +54,27 @@ class Policy:
         """The policy installed, once the API server enforces it (a probe is refused)."""
         install_policies(self.kube.api, self.objects)
         self.installed = True
+        wait_for(self._enforced, 30, "the dra-claims policy to be enforced", interval=0.2)
+
+    def _enforced(self) -> bool:
+        """A tenant's own ResourceClaim of the GPU classes' DeviceClass is refused."""
         custom = client.CustomObjectsApi(self.admin.api)
-        tries = iter(range(1000))
-
-        def enforced() -> bool:
-            name = f"probe-{next(tries)}"
-            try:
-                custom.create_namespaced_custom_object(
-                    *RESOURCE, self.tenant, "resourceclaims", _claim(DRA_CLASS, name)
-                )
-            except ApiException as exc:
-                return exc.status in (403, 422)
-            custom.delete_namespaced_custom_object(*RESOURCE, self.tenant, "resourceclaims", name)
-            return False
-
-        wait_for(enforced, 30, "the dra-claims policy to be enforced", interval=0.2)
+        name = f"probe-{uuid.uuid4().hex[:8]}"
+        try:
+            custom.create_namespaced_custom_object(
+                *RESOURCE, self.tenant, "resourceclaims", _claim(DRA_CLASS, name)
+            )
+        except ApiException as exc:
+            return exc.status in (403, 422)
+        custom.delete_namespaced_custom_object(*RESOURCE, self.tenant, "resourceclaims", name)
+        return False
 
     def close(self) -> None:
+        """The policy removed, once the API server no longer enforces it: policies are
+        cluster-wide, and one still in force would refuse the next test's own writes."""
         if self.installed:
             remove_policies(self.kube.api, self.objects)
+            wait_for(lambda: not self._enforced(), 30, "the dra-claims policy gone", interval=0.2)
 
 
 @pytest.fixture
