@@ -307,6 +307,17 @@ class Kube:
         )
         return result
 
+    def resource_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ResourceClaim (resource.k8s.io/v1), or None where there is none."""
+        kind = keys.RESOURCE_CLAIM
+        found: dict[str, Any] | None = unless(
+            404,
+            lambda: self.custom.get_namespaced_custom_object(
+                kind.group, kind.version, namespace, kind.plural, name
+            ),
+        )
+        return found
+
     def claims(self, namespace: str) -> list[dict[str, Any]]:
         result = self.custom.list_namespaced_custom_object(
             keys.GROUP, keys.VERSION, namespace, keys.PLURAL_CLAIMS

@@ -167,17 +167,6 @@ def _launcher(env: Env, name: str, node: str, claim: str) -> None:
     )
 
 
-def _resource_claim(env: Env, name: str) -> dict[str, Any] | None:
-    custom = client.CustomObjectsApi(env.kube.api)
-    found: dict[str, Any] | None = unless(
-        404,
-        lambda: custom.get_namespaced_custom_object(
-            RESOURCE, "v1", env.tenant, "resourceclaims", name
-        ),
-    )
-    return found
-
-
 def test_a_claims_resource_claim_is_made_at_bind_kept_for_it_once_allocated_and_goes_with_it(
     dra_env: Env,
 ) -> None:
@@ -207,14 +196,14 @@ def test_a_claims_resource_claim_is_made_at_bind_kept_for_it_once_allocated_and_
     )
     claim = env.kube.claim(env.tenant, "c", gpu_class, 2)
     env.wait_phase("c", "Bound")
-    made = wait_for(lambda: _resource_claim(env, "c"), 15, "ResourceClaim c made")
+    made = wait_for(lambda: env.kube.resource_claim(env.tenant, "c"), 15, "ResourceClaim c made")
     owners = [(o["kind"], o["uid"]) for o in made["metadata"]["ownerReferences"]]
     assert owners == [("GPUClaim", claim["metadata"]["uid"])]
     assert [r["name"] for r in made["spec"]["devices"]["requests"]] == ["gpu-0", "gpu-1"]
     _launcher(env, "virt-launcher-vm", host, "c")
 
     def reserved() -> dict[str, Any] | None:
-        rc = _resource_claim(env, "c") or {}
+        rc = env.kube.resource_claim(env.tenant, "c") or {}
         consumers = (rc.get("status") or {}).get("reservedFor") or []
         return rc if any(e.get("resource") == "gpuclaims" for e in consumers) else None
 
@@ -225,7 +214,11 @@ def test_a_claims_resource_claim_is_made_at_bind_kept_for_it_once_allocated_and_
     env.kube.custom.delete_namespaced_custom_object(
         "gpu.cozystack.io", "v1alpha1", env.tenant, "gpuclaims", "c"
     )
-    wait_for(lambda: _resource_claim(env, "c") is None, 30, "ResourceClaim c deleted with claim c")
+    wait_for(
+        lambda: env.kube.resource_claim(env.tenant, "c") is None,
+        30,
+        "ResourceClaim c deleted with claim c",
+    )
 
 
 def test_an_order_of_a_dra_class_beyond_its_devices_is_refused_at_create(
@@ -295,7 +288,7 @@ def _tainted_host(env: Env, base: str, gpus: int) -> str:
 
 
 def _allocated_on(env: Env, name: str, node: str) -> dict[str, Any] | None:
-    rc = _resource_claim(env, name) or {}
+    rc = env.kube.resource_claim(env.tenant, name) or {}
     terms = (((rc.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}).get(
         "nodeSelectorTerms"
     ) or []
@@ -337,7 +330,7 @@ def test_a_claim_whose_node_is_lost_is_bound_again_and_its_devices_follow_it(
     wait_for(rebound, 60, f"claim c Bound again on {other}")
 
     def made_again() -> dict[str, Any] | None:
-        rc = _resource_claim(env, "c") or {}
+        rc = env.kube.resource_claim(env.tenant, "c") or {}
         return rc if rc and not (rc.get("status") or {}).get("allocation") else None
 
     wait_for(made_again, 60, "the allocation on the lost node let go, ResourceClaim c made again")

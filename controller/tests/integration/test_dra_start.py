@@ -67,17 +67,6 @@ def dra_vms(
                     )
 
 
-def _rc(env: Env, name: str) -> dict[str, Any] | None:
-    custom = client.CustomObjectsApi(env.kube.api)
-    found: dict[str, Any] | None = unless(
-        404,
-        lambda: custom.get_namespaced_custom_object(
-            RESOURCE, "v1", env.tenant, "resourceclaims", name
-        ),
-    )
-    return found
-
-
 def _devices(rc: dict[str, Any] | None) -> list[str]:
     results = (((rc or {}).get("status") or {}).get("allocation") or {}).get("devices") or {}
     return sorted(r["device"] for r in results.get("results") or [])
@@ -106,7 +95,11 @@ def test_a_vm_on_a_dra_claim_starts_on_its_node_and_keeps_its_devices_while_stop
     )
     order(kube, env.tenant, "a", gpu_class, 2)
     assert env.wait_phase("a", "Bound", timeout=START_TIMEOUT_S)["status"]["nodeName"] == node
-    wait_for(lambda: _rc(env, "a"), START_TIMEOUT_S, "ResourceClaim a made at bind")
+    wait_for(
+        lambda: env.kube.resource_claim(env.tenant, "a"),
+        START_TIMEOUT_S,
+        "ResourceClaim a made at bind",
+    )
 
     kubevirt_kit.create_vm(kube, env.tenant, "vm", {"claims": ["a"]})
     try:
@@ -131,7 +124,11 @@ def test_a_vm_on_a_dra_claim_starts_on_its_node_and_keeps_its_devices_while_stop
     assert vmi_pods.pinned_node(pod) == node and pod["spec"]["nodeName"] == node
     assert [c.get("resourceClaimName") for c in pod["spec"]["resourceClaims"]] == ["a"]
     reserved = wait_for(
-        lambda: (rc := _rc(env, "a")) and "gpuclaims" in _consumers(rc) and rc,
+        lambda: (
+            (rc := env.kube.resource_claim(env.tenant, "a"))
+            and "gpuclaims" in _consumers(rc)
+            and rc
+        ),
         START_TIMEOUT_S,
         "ResourceClaim a allocated on the claim's node and reserved for the claim",
     )
@@ -142,7 +139,11 @@ def test_a_vm_on_a_dra_claim_starts_on_its_node_and_keeps_its_devices_while_stop
 
     kubevirt_kit.stops(kube, env.tenant, "vm")
     kept = wait_for(
-        lambda: (rc := _rc(env, "a")) and _consumers(rc) == ["gpuclaims"] and rc,
+        lambda: (
+            (rc := env.kube.resource_claim(env.tenant, "a"))
+            and _consumers(rc) == ["gpuclaims"]
+            and rc
+        ),
         START_TIMEOUT_S,
         "the stopped VM's pod out of the ResourceClaim's consumers, the claim still in",
     )
@@ -153,4 +154,6 @@ def test_a_vm_on_a_dra_claim_starts_on_its_node_and_keeps_its_devices_while_stop
     again = kubevirt_kit.wait_vmi(kube, env.tenant, "vm", after=vmi)
     pod = kubevirt_kit.wait_launcher(kube, env.tenant, again, bound=True)
     assert pod["spec"]["nodeName"] == node
-    assert _devices(_rc(env, "a")) == first, "started again on the same devices"
+    assert _devices(env.kube.resource_claim(env.tenant, "a")) == first, (
+        "started again on the same devices"
+    )
