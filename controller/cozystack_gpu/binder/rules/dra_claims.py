@@ -11,7 +11,8 @@ an allocation), so the allocation stays while the VM is stopped and no pod uses 
 - Allocated elsewhere (the claim moved or was bound again after its node went), or the
   claim no longer held: let the allocation go, once no pod uses it: the claim's entry out
   of ``reservedFor`` first (the allocation is kept while any consumer is listed), then the
-  ResourceClaim deleted; the next look makes a new one where the claim is held.
+  ResourceClaim deleted (once: one being deleted is waited for); the next look makes a new
+  one where the claim is held.
 - A claim being deleted, or gone: its entry out of ``reservedFor``, so the garbage
   collector's deletion of the ResourceClaim (it is owned by the claim) is not held back.
 - A ResourceClaim of the claim's name the controller did not make for it: never touched;
@@ -88,7 +89,11 @@ def next_step(claim: Obj | None, source: dra.DraSource | None, resource_claim: O
         return Step.NONE if reserved else Step.RESERVE
     if pods_reserved(resource_claim):
         return Step.NONE  # a VM still runs on it: let go once it has stopped
-    return Step.RELEASE if reserved else Step.DELETE
+    if reserved:
+        return Step.RELEASE
+    # Deleted already, its finalizer held until kube-controller-manager lets the allocation
+    # go: asked again, the delete would be sent on every look until it is gone.
+    return Step.NONE if meta(resource_claim).get("deletionTimestamp") else Step.DELETE
 
 
 def _owners_entry(resource_claim: Obj) -> dict[str, str] | None:

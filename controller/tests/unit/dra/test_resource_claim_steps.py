@@ -75,6 +75,9 @@ def test_an_allocation_left_behind_is_let_go_once_no_vm_runs_on_it() -> None:
     assert next_step(moved, SOURCE, _made(moved, on="n1", consumers=[POD, entry])) is Step.NONE
     assert next_step(moved, SOURCE, _made(moved, on="n1", consumers=[entry])) is Step.RELEASE
     assert next_step(moved, SOURCE, _made(moved, on="n1")) is Step.DELETE
+    deleting = _made(moved, on="n1")
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z"
+    assert next_step(moved, SOURCE, deleting) is Step.NONE, "deleted once, then waited for"
     lost = _claim("Lost", "n1")
     assert next_step(lost, SOURCE, _made(lost, on="n1", consumers=[entry])) is Step.RELEASE
 
