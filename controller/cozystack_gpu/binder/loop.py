@@ -379,13 +379,11 @@ class Binder(Watcher):
                 if action.refusal is not None:
                     waits.append(action)
                 continue
-            if action.step in PLACING and self._vacated_in_flight(action.node):
+            if action.step in PLACING and self.vacated_in_flight(action.node):
                 # Planned into room whose moves are not answered yet: placed again by a
                 # pass after they are, on what they really left.
                 self._changed = True
                 continue
-            if action.step is Step.MOVE and action.from_node is not None:
-                self._vacating.setdefault(action.from_node, set()).update(action.claims)
             for key in action.claims:
                 updated = result.updates.get(key)
                 obj = self.view.claim(key)
@@ -404,7 +402,9 @@ class Binder(Watcher):
         metrics.PENDING.set(self.snapshot.waiting_count())
         metrics.set_oldest_waiting(self.snapshot.oldest_waiting())
 
-    def _vacated_in_flight(self, node: str | None) -> bool:
+    def vacated_in_flight(self, node: str | None) -> bool:
+        """Whether a claim's write taking it off ``node`` is still out (``decide``): room
+        there is not placed into until it is answered and the view counts what is left."""
         if node is None:
             return False
         moving = self._vacating.get(node)
@@ -428,6 +428,13 @@ class Binder(Watcher):
         write of the claim is out: the claim is decided again once it is answered."""
         if claim.key in self.inflight:
             return False
+        before = self.snapshot.claim(claim.key)
+        # The units it leaves are free in the snapshot at once, but not on the node until the
+        # write is answered: a VM's source pod runs on after its migration landed (a failed
+        # migration's target pod, until it goes), and the view counts that pod as the claim's
+        # until the claim is seen changed. A sync of the node meanwhile would count them free.
+        for node in before.nodes_held - claim.nodes_held if before is not None else ():
+            self._vacating.setdefault(node, set()).add(claim.key)
         self.snapshot.upsert_claim(claim)
         # Sent even when the Lease lapsed since the top of this turn: the writer asks again
         # before sending and answers a write it holds back as failed, so the claim is judged

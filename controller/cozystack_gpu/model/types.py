@@ -333,6 +333,14 @@ class ClaimInfo:
         return target.node
 
     @property
+    def nodes_held(self) -> frozenset[str]:
+        """Every node the claim takes units on: its own, and its migration's target."""
+        held = {self.node} if self.holds_node and self.node is not None else set()
+        if self.migrating_to is not None:
+            held.add(self.migrating_to)
+        return frozenset(held)
+
+    @property
     def set_key(self) -> tuple[str, str]:
         """Claims with one set key are placed, moved and rebound together."""
         if self.set_id is not None:

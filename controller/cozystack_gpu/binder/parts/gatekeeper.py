@@ -189,6 +189,11 @@ class Gatekeeper(BinderPart):
         """Bind (or move) to ``target`` each claim not held there yet; True when any was."""
         vmi_key, vmi_uid = at.vmi_key, vmi_pods.owning_vmi_uid(at.pod)
         moving = [c for c in claims if not (c.holds_node and c.node == target)]
+        if moving and self.handle.vacated_in_flight(target):
+            # Room another claim's move left there, its write not answered yet: the pod it
+            # leaves behind (a migrated VM's source pod) is counted only once it is. The
+            # set is placed again on the next pass.
+            return True
         for claim in moving:
             obj = self.view.claim(claim.key)
             if obj is None:

@@ -93,6 +93,10 @@ class PartHandle(Protocol):
     def in_flight(self, keys: Iterable[ClaimKey]) -> bool:
         """Whether a placement write about any of these claims is still out."""
 
+    def vacated_in_flight(self, node: str | None) -> bool:
+        """Whether a decision taking a claim off ``node`` is still out: what it left there
+        is placed into only once it is answered (``decide`` records it)."""
+
     def decide(self, claim: ClaimInfo, call: Decision) -> bool:
         """Record ``claim`` as decided in the snapshot and send ``call``, its status write;
         False, and nothing done, while a placement write of the claim is out."""

@@ -36,7 +36,7 @@ from cozystack_gpu.binder.parts.handle import BinderPart, PartHandle
 from cozystack_gpu.binder.rules import claim_status, gate, migration
 from cozystack_gpu.cluster.view import Key
 from cozystack_gpu.keys import ClaimReason, EventReason, Phase
-from cozystack_gpu.model import ClaimInfo, ClaimKey, MigrationTarget, Refusal
+from cozystack_gpu.model import ClaimKey, MigrationTarget, Refusal
 from cozystack_gpu.model.set_placement import place_migration
 from cozystack_gpu.objects import MutableObj, conditions, launcher, translate, vmi_pods
 
@@ -166,6 +166,8 @@ class Migrations(BinderPart):
         if isinstance(decision, Refusal):
             self._tell(uid, vmi, members, decision.message, now)
             return None
+        if self.handle.vacated_in_flight(decision.node):
+            return None  # room left by a move not answered yet: placed again once it is
         target = MigrationTarget(decision.node, uid, now)
         for claim in claims:
             if claim.migration is not None and claim.migration.uid == uid:
@@ -264,38 +266,8 @@ class Migrations(BinderPart):
         body = claim_status.claim_status_patch(obj, updated, cond)
         body["status"]["migration"] = None
         migration.told_ended(body, obj, target, state is migration.Outcome.LANDED, now)
-        landed = state is migration.Outcome.LANDED
-        # The source node is read again from the view once the move is answered, either way.
-        heard = partial(self._source_answered, claim.node) if landed and claim.node else None
-        sent = self.handle.decide(updated, Decision(*key, body, step, heard=heard))
-        if sent and vmi is not None and landed:
-            self._source_pod_keeps(claim, vmi)
+        # The source node's units are free in the snapshot at once; no decision places into
+        # them until this write is answered (``vacated_in_flight``), by when the view counts
+        # the VM's source pod, which runs on there for its guest's last moments.
+        self.handle.decide(updated, Decision(*key, body, step))
         return False  # done once the view shows no migration (``changed`` no longer adds it)
-
-    def _source_answered(self, node: str, _answer: Answer) -> None:
-        """The move is answered: the source node as the view counts it (the source pod's
-        units beyond the moved claims, or the claims back there after a refusal) replaces
-        what ``_source_pod_keeps`` counted."""
-        info = self.view.node_info(node)
-        if info is not None:
-            self.snapshot.upsert_node(info)
-
-    def _source_pod_keeps(self, claim: ClaimInfo, vmi: MutableObj) -> None:
-        """The hold has moved to the target, but the VM's source pod runs on until its
-        guest's last moments end: the units it uses at the source are no claim's now, as
-        the view counts them once the move is answered and the pod counted again. Until
-        then the snapshot counts them so, and no decision takes them meanwhile."""
-        klass = self.snapshot.gpu_class(claim.class_name)
-        node = self.snapshot.node(claim.node) if claim.node else None
-        if klass is None or klass.dra or not klass.resource_name or node is None:
-            return  # a dra class's devices stay its ResourceClaim's until they are let go
-        vmi_key = (translate.namespace_of(vmi), translate.name_of(vmi))
-        pod_key = self.view.launcher_pod(vmi_key, str(translate.meta(vmi).get("uid") or ""))
-        pod = self.view.pod(pod_key) if pod_key is not None else None
-        if pod is None or (pod.get("spec") or {}).get("nodeName") != claim.node:
-            return
-        if (pod.get("status") or {}).get("phase") in translate.FINAL_POD_PHASES:
-            return
-        raw = dict(node.raw_used)
-        raw[klass.resource_name] = raw.get(klass.resource_name, 0) + claim.count
-        self.snapshot.upsert_node(replace(node, raw_used=raw))

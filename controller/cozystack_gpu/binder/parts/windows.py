@@ -144,6 +144,8 @@ class Windows(BinderPart):
             # The window before it on the node still holds them (its VM is stopping): the
             # claim waits for them, never over the node's capacity.
             return False
+        if self.handle.vacated_in_flight(info.node):
+            return False  # a claim's move off the node is not answered yet: its pod may run on
         bound = replace(current, phase=Phase.BOUND, node=info.node, bound_at=now)
         cond = condition(
             keys.CONDITION_BOUND, True, ClaimReason.BOUND, windows.bound_words(info), now

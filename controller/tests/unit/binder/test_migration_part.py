@@ -9,12 +9,14 @@ import copy
 import json
 from typing import Any
 
-from test_parts_handle import NS, RES, FakeHandle, _handle, _meta
+from test_decision_counts import _nowhere
+from test_parts_handle import NOW, NS, RES, FakeHandle, _handle, _meta
 
 from cozystack_gpu import keys
-from cozystack_gpu.binder.calls.base import Outcome
-from cozystack_gpu.binder.calls.claims import ClaimNote, Note
+from cozystack_gpu.binder.calls.base import Answer, Outcome
+from cozystack_gpu.binder.calls.claims import ClaimNote, Decision, Note
 from cozystack_gpu.binder.calls.start_path import PodPin
+from cozystack_gpu.binder.loop import Binder
 from cozystack_gpu.binder.parts.migrations import Migrations
 from cozystack_gpu.binder.rules import migration
 from cozystack_gpu.model import ClaimKey, MigrationTarget
@@ -174,34 +176,115 @@ def test_the_hold_follows_the_vm_when_it_lands_on_the_target() -> None:
     assert (told["status"], told["reason"]) == ("False", "MigrationLanded")
 
 
-def test_a_landed_vms_source_pod_keeps_its_units_until_it_ends() -> None:
-    """The hold moves to the target when the VM lands, but the source pod runs on until
-    its guest's last moments end: its unit on the source is still in use, as the view will
-    count it once the move is answered. An order planned meanwhile must not be given it
-    (the lifecycle fuzz saw a node over capacity when one was)."""
-    target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
-    handle = _world({**ATTACHED, "migration": target}, vmi_node="n2")
-    capacity = handle.snapshot.capacity("n1", RES)
-    assert handle.snapshot.free("n1", RES) == capacity - 1
-    Migrations(handle).run(1_800_000_000.0)
-    [(moved, _decision)] = handle.decided
-    assert moved.node == "n2"
-    assert handle.snapshot.free("n1", RES) == capacity - 1, "the source pod still uses it"
+LANDED_TARGET = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
 
 
-def test_a_refused_move_leaves_the_source_as_the_view_counts_it() -> None:
-    """The move refused (a conflict: read again, judged again), the claim still holds its
-    source unit: the source pod's units are no longer counted beside it, or the unit would
-    be counted twice until something else changed on the node."""
-    target = {"node": "n2", "migrationUID": UID, "since": "2026-12-01T10:05:00Z"}
-    handle = _world({**ATTACHED, "migration": target}, vmi_node="n2")
-    Migrations(handle).run(1_800_000_000.0)
-    node = handle.snapshot.node("n1")
-    assert node is not None and node.raw_used.get(RES) == 1
-    [move] = handle.unanswered
-    handle.answer(move, Outcome.CONFLICT)
-    node = handle.snapshot.node("n1")
-    assert node is not None and node.raw_used.get(RES, 0) == 0
+def _second_vm(given: dict[str, list[dict[str, Any]]]) -> None:
+    """VM vm2, starting: its held claim d of 2 units, Pending, and its gated launcher pod
+    asking for them. Beside the landed VM, no node has 2 units free."""
+    [claim] = given[keys.GPU_CLAIM.kind]
+    d = copy.deepcopy(claim)
+    d["metadata"] = _meta("d", namespace=NS, creationTimestamp="2026-12-01T10:06:00Z")
+    d["spec"]["count"] = 2
+    d["status"] = {}
+    given[keys.GPU_CLAIM.kind].append(d)
+    vmi = copy.deepcopy(given[keys.VMI.kind][0])
+    vmi["metadata"] = _meta(
+        "vm2",
+        namespace=NS,
+        labels=vmi["metadata"]["labels"],
+        annotations={keys.ANNOTATION_CLAIMS: json.dumps({"claims": ["d"]})},
+    )
+    vmi["status"] = {"phase": "Scheduling"}
+    given[keys.VMI.kind].append(vmi)
+    owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": "vm2",
+             "uid": "uid-vm2", "controller": True}  # fmt: skip
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+    given[keys.POD.kind].append(
+        {
+            "metadata": _meta(
+                "virt-launcher-vm2", namespace=NS, labels=labels, ownerReferences=[owner]
+            ),
+            "spec": {
+                "containers": [{"name": "compute", "resources": {"limits": {RES: "2"}}}],
+                "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
+            },
+            "status": {"phase": "Pending"},
+        }
+    )
+
+
+def _binder_of(handle: FakeHandle) -> Binder:
+    """A leader's loop over the same objects as ``handle``'s view (its writes go nowhere)."""
+    binder = Binder(_nowhere(), handle.config)
+    for kind in binder.view.kinds:
+        binder.view.relist(kind, [copy.deepcopy(o) for o in handle.view.raw[kind].values()])
+    binder.snapshot = binder.view.build_snapshot(NOW)
+    return binder
+
+
+def _decisions(binder: Binder, name: str) -> list[Decision]:
+    return [
+        call
+        for _p, _s, call in list(binder.writer._jobs.queue)
+        if isinstance(call, Decision) and call.name == name
+    ]
+
+
+def test_a_landed_vms_source_node_takes_no_start_until_the_move_is_answered() -> None:
+    """The hold moves to the target when the VM lands, but the source pod runs on for its
+    guest's last moments, and the view counts it as the claim's until it sees the claim
+    moved. The node synced meanwhile (its agent's report) showed its units free, and the
+    lifecycle fuzz saw a 2-unit set started there beside the pod (3 units held on a node of
+    2)."""
+    handle = _world({**ATTACHED, "migration": LANDED_TARGET}, vmi_node="n2", more=_second_vm)
+    binder = _binder_of(handle)
+    assert binder.snapshot.free("n1", RES) == 1 and binder.snapshot.free("n2", RES) == 1
+    binder.migrations.run(NOW)
+    [move] = _decisions(binder, "c")
+    assert move.body["status"]["nodeName"] == "n2"
+
+    source = copy.deepcopy(binder.view.pod((NS, "virt-launcher-vm")))
+    assert source is not None and source["spec"]["nodeName"] == "n1"
+    source["metadata"]["deletionTimestamp"] = "2026-12-01T10:06:01Z"
+    binder.view.apply(keys.POD.kind, source, deleted=False)
+    # The agent's report of n1 comes in, as it does every few seconds: n1 is synced from
+    # the view, which still counts the source pod as c's.
+    report = copy.deepcopy(binder.view.gpunode("n1"))
+    assert report is not None
+    report["metadata"]["resourceVersion"] = "7"
+    binder.view.apply(keys.GPU_NODE.kind, report, deleted=False)
+    binder._flush()
+    assert binder.snapshot.free("n1", RES) == 2, "the snapshot shows n1 empty meanwhile"
+    binder.gatekeeper.run(NOW)
+    assert _decisions(binder, "d") == [], "placed into the room the move leaves, unanswered"
+
+    moved = copy.deepcopy(binder.view.claim(KEY))
+    assert moved is not None
+    moved["status"].update(nodeName="n2", migration=None)
+    moved["metadata"]["resourceVersion"] = "3"
+    binder._answered(Answer(move, Outcome.WRITTEN, obj=moved))
+    binder._flush()
+    assert binder.snapshot.free("n1", RES) == 1, "answered: the source pod counts as raw use"
+    binder.gatekeeper.run(NOW)
+    assert _decisions(binder, "d") == [], "and it still runs there"
+
+    binder.view.apply(keys.POD.kind, source, deleted=True)
+    binder._flush()
+    binder.gatekeeper.run(NOW)
+    [bind] = _decisions(binder, "d")
+    assert bind.body["status"]["nodeName"] == "n1", "gone: the set starts there"
+
+
+def test_a_migration_target_is_not_placed_where_a_move_is_out() -> None:
+    handle = _world(ATTACHED)
+    handle.vacating.add("n2")
+    Migrations(handle).run(NOW)
+    assert handle.decided == [], "n2 is the only other node: the target waits for the answer"
+    handle.vacating.clear()
+    Migrations(handle).run(NOW)
+    [(recorded, _decision)] = handle.decided
+    assert recorded.migration is not None and recorded.migration.node == "n2"
 
 
 def test_a_landed_vms_source_pod_already_gone_leaves_its_units_free() -> None:

@@ -50,6 +50,7 @@ class FakeHandle:
     sent: list[Call] = field(default_factory=list)
     events: list[tuple[str, str]] = field(default_factory=list)  # (object name, reason)
     unanswered: list[Call] = field(default_factory=list)
+    vacating: set[str] = field(default_factory=set)  # nodes a move off is out for (the loop's)
 
     def clock(self) -> float:
         return NOW
@@ -72,6 +73,9 @@ class FakeHandle:
 
     def writing(self, key: CallKey) -> bool:
         return any(c.key == key for c in self.unanswered)
+
+    def vacated_in_flight(self, node: str | None) -> bool:
+        return node in self.vacating
 
     def event(self, obj: Any, reason: str, message: str, warning: bool, **kw: Any) -> None:
         self.events.append((str(obj["metadata"]["name"]), reason))
