@@ -14,9 +14,9 @@ CACHE := .cache
 STAMP := $(VENV)/.installed-$(shell cat requirements/dev.txt controller/pyproject.toml | sha256sum | cut -c1-12)
 BIN_DIR_FILE := $(CACHE)/bin-dir
 
-.PHONY: help test-unit test setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule cluster cluster-down demo demo-down build docs release release-rebuild soak
+.PHONY: help test-unit test setup binaries image lint alerts pytest pytest-and-checks sanity units ansible-lint galaxy-import molecule cluster cluster-down demo demo-down build docs release release-rebuild soak
 
-test: setup binaries image lint alerts pytest sanity units ansible-lint galaxy-import molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
+test: setup binaries image lint alerts pytest-and-checks molecule ## set up everything on a fresh machine and run the whole suite (CI runs this)
 	@echo "== make test passed == ($$(date -u +%T))" >&2
 
 # `make help`: every target with the text after its `##`.
@@ -87,6 +87,13 @@ pytest: setup binaries ## unit, integration, chart, image and e2e tests against 
 	@echo "== pytest (unit + integration against a real kube-apiserver) == ($$(date -u +%T))" >&2
 	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) $(BIN)/pytest -p no:cacheprovider \
 	  --durations=25
+
+# pytest with the collection's checks (sanity, units, ansible-lint, galaxy-import) beside it
+# at the lowest CPU priority: they fill what pytest leaves idle instead of adding four
+# minutes after it (tools/beside-pytest.sh). Molecule is not among them: its two lanes keep
+# both cores busy.
+pytest-and-checks: setup binaries build ## pytest, and the collection's checks beside it (niced)
+	MAKE="$(MAKE)" tools/beside-pytest.sh
 
 # The fault suite again and again beside a CPU load (controller/benchmarks/soak.py): each
 # run's outcome and figures, then the tally; RUNS=10 and BURNERS=4 by default. Not in `test`.
