@@ -27,7 +27,7 @@ from cozystack_gpu.objects.translate import (
     namespace_of,
     whole_quantity,
 )
-from cozystack_gpu.objects.vmi_pods import owning_vmi_uid
+from cozystack_gpu.objects.vmi_pods import is_gated, owning_vmi_uid
 
 # A VirtualMachineInstanceMigration in one of these phases is over (KubeVirt's own words).
 MIGRATION_FINAL_PHASES = ("Succeeded", "Failed")
@@ -165,9 +165,12 @@ def migration_open(job: Obj) -> bool:
 
 
 def migration_target_of(pods: Iterable[Obj], vmi_uid: str, migration: str) -> Obj | None:
-    """The one target pod of a migration among ``pods``: the oldest that names the VMI by
-    uid, carries the migration's uid and is not final. A second one (or one forged with
-    the label later) is not it: it stays gated, and counts as raw usage."""
+    """The one target pod of a migration among ``pods``: of those that name the VMI by
+    uid, carry the migration's uid and are not final, the one the controller let go (it
+    ungated the target it pinned), else the oldest. A second one (or one forged with the
+    label later) is not it: it stays gated, and counts as raw usage. The pod let go comes
+    first because creationTimestamp has whole seconds: a pod forged in the second the real
+    target was made, and named to sort first, would otherwise take its place."""
     candidates = [
         p
         for p in pods
@@ -176,7 +179,7 @@ def migration_target_of(pods: Iterable[Obj], vmi_uid: str, migration: str) -> Ob
         and migration_of(p) == migration
         and (p.get("status") or {}).get("phase") not in FINAL_POD_PHASES
     ]
-    return min(candidates, key=_age_key) if candidates else None
+    return min(candidates, key=lambda p: (is_gated(p), *_age_key(p))) if candidates else None
 
 
 def _age_key(pod: Obj) -> tuple[str, str]:

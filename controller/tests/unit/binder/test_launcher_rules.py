@@ -188,3 +188,22 @@ def test_a_migration_target_pod_is_covered_by_the_target_its_claims_record_and_o
     # is the VM's pod there, covered by the claim as any launcher pod.
     landed = {**claim, "status": {"phase": "Attached", "nodeName": "n2", "attachedTo": "vm"}}
     assert pod_usage.claims_cover([landed], resource_of, "n2", "m1") == {GPU: 1}
+
+
+def test_a_pod_forged_as_a_pinned_target_in_the_same_second_does_not_displace_it() -> None:
+    """creationTimestamp has whole seconds: a tenant admin's pod with the migration's label,
+    made in the second its real target was made and pinned, and named to sort first, was
+    taken for the target and ungated (seen in CI, test_live_migration). The pod the
+    controller has pinned and ungated stays the target; a gated one never displaces it."""
+    mig = {keys.LABEL_MIGRATION_JOB_UID: "m1"}
+    second = "2026-12-01T10:05:00Z"
+    real = _pod("virt-launcher-vm-xyz", created=second, labels=mig)
+    forged = _pod("forged-target", created=second, labels=mig)
+    forged["spec"] = {**forged["spec"], "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}]}
+    forged["spec"].pop("nodeName")
+    for pods in ([real, forged], [forged, real]):
+        assert launcher.migration_target_of(pods, "u1", "m1") is real
+        assert launcher.pod_role(forged, _vmi(), pods) is PodRole.RAW
+    # Both still gated (neither let go yet): the older, then the name, as before.
+    real["spec"]["schedulingGates"] = [{"name": keys.SCHEDULING_GATE_CLAIMS}]
+    assert launcher.migration_target_of([real, forged], "u1", "m1") is forged
