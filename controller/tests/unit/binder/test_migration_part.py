@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from test_decision_counts import _nowhere
-from test_parts_handle import NOW, NS, RES, FakeHandle, _handle, _meta
+from test_parts_handle import NOW, NS, RES, FakeHandle, _gated_launcher, _handle, _meta
 
 from cozystack_gpu import keys
 from cozystack_gpu.binder.calls.base import Answer, Outcome
@@ -197,21 +197,7 @@ def _second_vm(given: dict[str, list[dict[str, Any]]]) -> None:
     )
     vmi["status"] = {"phase": "Scheduling"}
     given[keys.VMI.kind].append(vmi)
-    owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": "vm2",
-             "uid": "uid-vm2", "controller": True}  # fmt: skip
-    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
-    given[keys.POD.kind].append(
-        {
-            "metadata": _meta(
-                "virt-launcher-vm2", namespace=NS, labels=labels, ownerReferences=[owner]
-            ),
-            "spec": {
-                "containers": [{"name": "compute", "resources": {"limits": {RES: "2"}}}],
-                "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
-            },
-            "status": {"phase": "Pending"},
-        }
-    )
+    given[keys.POD.kind].append(_gated_launcher("vm2", units=2))
 
 
 def _binder_of(handle: FakeHandle) -> Binder:

@@ -102,8 +102,6 @@ def _meta(name: str, namespace: str = "", **more: Any) -> dict[str, Any]:
 
 def _objects(claim_status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
-    owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": "vm",
-             "uid": "uid-vm", "controller": True}  # fmt: skip
     return {
         keys.NODE.kind: [
             {
@@ -147,18 +145,25 @@ def _objects(claim_status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 "status": {"phase": "Scheduling"},
             }
         ],
-        keys.POD.kind: [
-            {
-                "metadata": _meta(
-                    "virt-launcher-vm", namespace=NS, labels=labels, ownerReferences=[owner]
-                ),
-                "spec": {
-                    "containers": [{"name": "compute", "resources": {"limits": {RES: "1"}}}],
-                    "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
-                },
-                "status": {"phase": "Pending"},
-            }
-        ],
+        keys.POD.kind: [_gated_launcher("vm")],
+    }
+
+
+def _gated_launcher(vmi: str, units: int = 1) -> dict[str, Any]:
+    """VMI ``vmi``'s launcher pod as virt-controller makes it and the webhook gates it,
+    asking for ``units`` of RES."""
+    labels = {keys.LABEL_CLAIMS_REF: keys.LABEL_CLAIMS_REF_VALUE}
+    owner = {"apiVersion": keys.VMI.api_version, "kind": keys.VMI.kind, "name": vmi,
+             "uid": f"uid-{vmi}", "controller": True}  # fmt: skip
+    return {
+        "metadata": _meta(
+            f"virt-launcher-{vmi}", namespace=NS, labels=labels, ownerReferences=[owner]
+        ),
+        "spec": {
+            "containers": [{"name": "compute", "resources": {"limits": {RES: str(units)}}}],
+            "schedulingGates": [{"name": keys.SCHEDULING_GATE_CLAIMS}],
+        },
+        "status": {"phase": "Pending"},
     }
 
 
