@@ -245,30 +245,32 @@ class Binder(Watcher):
             self._turn(now)
 
     def _turn(self, now: float) -> None:
-        """One leading turn after its flush: each part judges the view and sends its writes.
+        """One leading turn after its flush: each part judges the view and sends its writes,
+        and after each step the queue is taken in again (``_catch_up``).
 
         A migration's target pod is pinned only once its set's records are answered, where a
-        start's pod is pinned at once. So the migrations part goes first, and the queue is
-        taken in again twice in the turn (before the gate, and before the publisher), each
-        time followed by the gated target pods: records sent at the turn's start are
-        answered while attachments run, and those of target pods that came in the first
-        catch-up while the gate and the plan run. Each target pod is then pinned in the
-        turn it came in, as a start's is, not after the whole turn and the next drain (at
-        1,000 VMs a turn takes about a second).
+        start's pod is pinned at once by the gate. So the migrations part goes first, and
+        what came in while a step ran (a record's answer, a migration, a target pod) is
+        taken in before the next step: a record answered mid-turn pins its target pod then,
+        and a migration that came in has its target recorded then, not after the rest of the
+        turn and the next drain (at 1,000 VMs a busy turn takes a good part of a second).
         """
-        self.migrations.run(now)
-        self.attachments.run(now)
-        self.attachments.attach_started(now)
-        self.publisher.protect(now)
-        self._catch_up(now)
-        self.gatekeeper.run(now)
-        self.rejections.run(now)
-        self.bookings.run(now)
-        self.windows.run(now)
-        self.dra_claims.run()
-        self._decide(now)
-        self.attachments.release_stuck_vmis()
-        self._catch_up(now)
+        steps: tuple[Callable[[float], object], ...] = (
+            self.migrations.run,
+            self.attachments.run,
+            self.attachments.attach_started,
+            self.publisher.protect,
+            self.gatekeeper.run,
+            self.rejections.run,
+            self.bookings.run,
+            self.windows.run,
+            lambda _now: self.dra_claims.run(),
+            self._decide,
+            lambda _now: self.attachments.release_stuck_vmis(),
+        )
+        for step in steps:
+            step(now)
+            self._catch_up(now)
         self.publisher.publish(now)
 
     def _catch_up(self, now: float) -> None:
@@ -280,7 +282,7 @@ class Binder(Watcher):
             self._handle(item)
         if items:
             self._flush()
-            self.migrations.place_gated(now)
+            self.migrations.caught_up(now)
 
     # --- gather ----------------------------------------------------------------------
 

@@ -22,19 +22,30 @@ class MigrationIndex:
         self._raw = raw
         self._by_uid: dict[str, Key] = {}
         self._open: set[Key] = set()
+        # Opened or changed since the leader last looked (``take_fresh``): a turn's
+        # catch-up places their targets ahead without walking every open migration.
+        self._fresh: set[Key] = set()
 
     def on_event(self, key: Key, old: MutableObj | None, new: MutableObj | None) -> None:
         if old is not None and self._by_uid.get(_uid(old)) == key:
             del self._by_uid[_uid(old)]
         self._open.discard(key)
+        self._fresh.discard(key)
         if new is not None:
             self._by_uid[_uid(new)] = key
             if launcher.migration_open(new):
                 self._open.add(key)
+                self._fresh.add(key)
 
     def open(self) -> list[Key]:
         """The migrations not finished, failed or being deleted, in a stable order."""
         return sorted(self._open)
+
+    def take_fresh(self) -> list[Key]:
+        """The open migrations that came in or changed since the last call, in a stable
+        order; each is handed out once."""
+        fresh, self._fresh = sorted(self._fresh), set()
+        return fresh
 
     def get(self, key: Key) -> MutableObj | None:
         return self._raw().get(key)

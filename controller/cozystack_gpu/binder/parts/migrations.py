@@ -10,10 +10,10 @@ the migration ends otherwise.
    since) as a decision, so the snapshot counts the target's units on that node from the
    moment the write is sent. A set with no room keeps its pod gated, says why on the VMI.
 2. **Pin.** Once the view shows the target on every claim, the pod is pinned and ungated,
-   in the turn its pod came in: the loop takes the records' answers in twice in a turn
-   and runs ``place_gated`` after each (``Binder._turn``); an answer later than that pins
-   as it is applied (``_recorded``). A busy leader's turn takes a second at 1,000 VMs, and
-   a start's pod waits one turn, not two.
+   in the turn its pod came in: the loop takes its queue in after each step of a turn and
+   runs ``caught_up`` then (``Binder._turn``), which records the migrations that came in
+   and pins the pods whose records are answered; an answer applied elsewhere pins as it is
+   applied (``_recorded``).
 3. **Follow.** A claim whose migration is recorded: moved to the target in one write when
    the VMI runs there (``nodeName``, ``migration`` cleared), or the target cleared when the
    migration failed, was cancelled, its pod went (``rules.migration.outcome``) or its target
@@ -64,14 +64,25 @@ class Migrations(BinderPart):
         if not self._seen_all:
             self._seen_all = True
             self._migrating |= {c.key for c in self.snapshot.claims() if c.migration is not None}
-        for job_key in self.view.migrations.open():
-            job = self.view.migrations.get(job_key)
-            if job is not None:
-                self._ahead(job_key[0], job, now)
+        self.view.migrations.take_fresh()  # every open one is looked at here
+        self._place_ahead(self.view.migrations.open(), now)
         self.place_gated(now)
         for key in sorted(self._migrating):
             if self._follow(key, now):
                 self._migrating.discard(key)
+
+    def caught_up(self, now: float) -> None:
+        """What a mid-turn catch-up brought: the migrations that came in placed ahead (their
+        records sent now, not at the next turn's start, which their target pods would wait
+        for), and the gated target pods placed or pinned."""
+        self._place_ahead(self.view.migrations.take_fresh(), now)
+        self.place_gated(now)
+
+    def _place_ahead(self, job_keys: Iterable[Key], now: float) -> None:
+        for job_key in job_keys:
+            job = self.view.migrations.get(job_key)
+            if job is not None:
+                self._ahead(job_key[0], job, now)
 
     def place_gated(self, now: float) -> None:
         """Each gated target pod placed, recorded or, once its set shows the target,

@@ -1,14 +1,15 @@
 """The order of a leader's turn (``Binder._turn``): a migration's records go out first, and
-what is answered while the parts run is taken in twice in the turn (before the gate, before
-the publisher), so a target pod whose set is recorded is pinned in the turn it came in
-(issue 44: at 1,000 VMs a turn takes about a second, and a target waited for the next drain
-where a start did not)."""
+what is answered while a step runs is taken in before the next step, so a target pod whose
+set is recorded is pinned in the turn it came in, as soon as the record is answered
+(issue 44: at 1,000 VMs a busy turn takes a good part of a second, and a target waited for
+the next drain where a start did not)."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
+import pytest
 from test_decision_counts import BOUND, NS, _claim, _nowhere
 
 from cozystack_gpu import keys
@@ -21,19 +22,21 @@ from cozystack_gpu_testkit.objects import binder_config
 NOW = 1_800_000_000.0
 KEY = ClaimKey(NS, "c")
 TARGET = {"node": "n2", "migrationUID": "mig-1", "since": "2026-12-01T10:00:00Z"}
-PARTS = (
+# The steps of a turn, in order; the catch-up's placing of targets (``caught_up``) is
+# recorded too.
+STEPS = (
     ("migrations", "run"),
     ("attachments", "run"),
     ("attachments", "attach_started"),
     ("publisher", "protect"),
-    ("migrations", "place_gated"),
     ("gatekeeper", "run"),
     ("rejections", "run"),
     ("bookings", "run"),
     ("windows", "run"),
+    ("dra_claims", "run"),
     ("attachments", "release_stuck_vmis"),
-    ("publisher", "publish"),
 )
+PARTS = (*STEPS, ("migrations", "caught_up"), ("publisher", "publish"))
 
 
 def _recording(binder: Binder, calls: list[str], on: dict[str, Any] | None = None) -> None:
@@ -78,29 +81,32 @@ def _turn_answered_during(step: str | None) -> tuple[Binder, list[str]]:
     return binder, calls
 
 
-def test_a_record_answered_while_the_turn_runs_is_taken_in_before_the_gate_pins() -> None:
+@pytest.mark.parametrize("step", [f"{part}.{name}" for part, name in STEPS])
+def test_what_is_answered_while_a_step_runs_is_taken_in_before_the_next_step(step: str) -> None:
+    """Whichever step the record's answer comes back during, the target pod is placed on it
+    (``caught_up``) before the turn's next step, not at the end of the turn."""
+    _binder, calls = _turn_answered_during(step)
+    answered = calls.index("answered:WRITTEN")
+    assert calls[answered - 1] == step
+    assert calls[answered + 1] == "migrations.caught_up"
+    assert calls[-1] == "publisher.publish"
+
+
+def test_a_record_answered_while_the_migrations_run_is_in_the_snapshot_for_the_gate() -> None:
     binder, calls = _turn_answered_during("migrations.run")
     assert calls.index("migrations.run") == 0, "the records go out first"
-    answered = calls.index("answered:WRITTEN")
-    assert calls.index("publisher.protect") < answered < calls.index("migrations.place_gated")
-    assert calls.index("migrations.place_gated") < calls.index("gatekeeper.run")
+    assert calls.index("migrations.caught_up") < calls.index("attachments.run")
     assert not binder.inflight, "the answer released the claim for the rest of the turn"
     claim = binder.snapshot.claim(KEY)
     assert claim is not None and claim.migration is not None
     assert claim.migration.node == "n2", "the snapshot took in what the answer brought"
 
 
-def test_a_record_sent_at_the_gate_and_answered_during_the_plan_pins_before_the_turn_ends() -> None:
-    """A target pod that came in the first catch-up has its record sent there; its answer,
-    in while the gate and the plan run, is taken in before the publisher."""
-    _binder, calls = _turn_answered_during("gatekeeper.run")
-    answered = calls.index("answered:WRITTEN")
-    assert calls.index("attachments.release_stuck_vmis") < answered
-    assert answered < calls.index("migrations.place_gated") < calls.index("publisher.publish")
-    assert calls[-1] == "publisher.publish"
-
-
 def test_a_turn_in_which_nothing_was_answered_places_the_gated_targets_once() -> None:
     _binder, calls = _turn_answered_during(None)
-    assert "migrations.place_gated" not in calls, "nothing new: run placed them already"
+    assert "migrations.caught_up" not in calls, "nothing new: run placed them already"
     assert [c for c in calls if c.startswith("gatekeeper")] == ["gatekeeper.run"]
+    assert [c for c in calls if not c.startswith("migrations.caught")] == [
+        *(f"{part}.{name}" for part, name in STEPS),
+        "publisher.publish",
+    ]
