@@ -83,10 +83,12 @@ alerts: setup binaries ## promtool: check and unit-test the chart's alerting rul
 	@echo "== promtool: the chart's alerting rules == ($$(date -u +%T))" >&2
 	PYTHON=$(BIN)/python COZYSTACK_GPU_BIN_DIR=$$(cat $(BIN_DIR_FILE)) tools/check-alerts.sh
 
+# Two pytest processes at once (tools/pytest-lanes.sh): the tests that bring their own plane,
+# node or image (marked own_plane) beside those that share the session's plane.
 pytest: setup binaries ## unit, integration, chart, image and e2e tests against a real API server
 	@echo "== pytest (unit + integration against a real kube-apiserver) == ($$(date -u +%T))" >&2
-	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) $(BIN)/pytest -p no:cacheprovider \
-	  --durations=25
+	cd controller && COZYSTACK_GPU_BIN_DIR=$$(cat ../$(BIN_DIR_FILE)) PYTEST=$(BIN)/pytest \
+	  ../tools/pytest-lanes.sh --durations=25
 
 # pytest with the collection's checks (sanity, units, ansible-lint, galaxy-import) beside it
 # at the lowest CPU priority: they fill what pytest leaves idle instead of adding four

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs pytest and, beside it at the lowest CPU priority, the collection's checks (make
-# sanity units ansible-lint galaxy-import): about four minutes of CPU that pytest's half hour
-# leaves room for, since much of it waits on its control plane and on real time. Niced, the
+# Runs pytest (its two lanes, tools/pytest-lanes.sh) and, beside it at the lowest CPU
+# priority, the collection's checks (make sanity units ansible-lint galaxy-import): about
+# four minutes of CPU that pytest leaves room for, since much of it waits on its control
+# planes and on real time. Niced, the
 # checks take only CPU pytest leaves idle, so no test waits longer for them. Their output is
 # shown whole after pytest's, so the two do not interleave; the script fails when either did.
 #

@@ -8,6 +8,7 @@ image reference to the tree (``run_state.State.images``), as a node would pull t
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import shutil
@@ -59,6 +60,17 @@ def tree(release: Release) -> Path:
     path = CACHE / release.commit
     if (path / COMPLETE).exists():
         return path
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # make test runs two pytest processes at once (tools/pytest-lanes.sh), and both may ask
+    # for the same release on a fresh machine: one makes it while the other waits.
+    with (CACHE / f"{release.commit}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (path / COMPLETE).exists():
+            _make_tree(release, path)
+    return path
+
+
+def _make_tree(release: Release, path: Path) -> None:
     archive = subprocess.run(
         ["git", "archive", "--format=tar", release.commit],
         cwd=REPO_ROOT, capture_output=True, check=False,
@@ -82,7 +94,6 @@ def tree(release: Release) -> Path:
     (partial / COMPLETE).write_text(f"{release.version}\n")
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)
-    return path
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -61,6 +61,8 @@ def full_control_plane(control_plane: cluster.ControlPlane) -> cluster.ControlPl
 
 
 _VIRT_CONTROLLER: list[kubevirt_kit.VirtController] = []
+# Fixtures of the machine's one real node and of podman: their tests run in the own_plane lane.
+OWN_PLANE_FIXTURES = frozenset({"node_plane", "real_node", "controller_image", "podman"})
 
 
 def _uses_kubevirt(item: pytest.Item | None) -> bool:
@@ -72,8 +74,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     cluster (it would render launcher pods for the VMIs other tests write by hand, or fail
     them for lacking one), and virt-api's webhooks would default and judge those VMIs, so
     both run before any of those exist and stop after the last test that uses them
-    (``pytest_runtest_teardown``)."""
+    (``pytest_runtest_teardown``).
+
+    A test on the real node or podman must be marked ``own_plane``: make test runs those in
+    a pytest of their own beside the rest (tools/pytest-lanes.sh), and there is one real
+    node a machine."""
     items.sort(key=lambda item: not _uses_kubevirt(item))
+    unmarked = [
+        item.nodeid
+        for item in items
+        if OWN_PLANE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("own_plane") is None
+    ]
+    if unmarked:
+        fixtures = ", ".join(sorted(OWN_PLANE_FIXTURES))
+        raise pytest.UsageError(
+            f"{', '.join(unmarked)} use the real node or podman ({fixtures}) but are not "
+            "marked own_plane: add pytest.mark.own_plane to their pytestmark"
+        )
 
 
 @pytest.hookimpl(wrapper=True)

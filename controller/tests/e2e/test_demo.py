@@ -30,7 +30,7 @@ from cozystack_gpu_testkit.demo.acts.day_two import upgrade_controller
 from cozystack_gpu_testkit.demo.acts.platform_up import platform_act
 from cozystack_gpu_testkit.demo.console import DemoFailure
 
-pytestmark = pytest.mark.apiserver
+pytestmark = [pytest.mark.apiserver, pytest.mark.own_plane]
 
 ACTS = (
     "Hosts",

@@ -58,7 +58,7 @@ from cozystack_gpu_testkit.kubevirt import HANDLER_USER
 from cozystack_gpu_testkit.objects import Kube, order_webhook_answers, wait_for
 from cozystack_gpu_testkit.releases import DOCUMENTED_CHART, documented_upgrade
 
-pytestmark = pytest.mark.apiserver
+pytestmark = [pytest.mark.apiserver, pytest.mark.own_plane]
 
 RESEARCH, ACME = "tenant-acme-research", "tenant-acme"
 USERS = {RESEARCH: "alice", ACME: "bob"}

@@ -29,7 +29,7 @@ from cozystack_gpu_testkit.fake_kubelet import FakeKubelet, plugin_devices
 from cozystack_gpu_testkit.objects import Kube, install_extra_crds, wait_for
 from cozystack_gpu_testkit.ports import free_port
 
-pytestmark = pytest.mark.apiserver
+pytestmark = [pytest.mark.apiserver, pytest.mark.own_plane]
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD = REPO / "tools" / "build-image.sh"

@@ -38,7 +38,7 @@ from real_node_env import REPO
 from cozystack_gpu import keys
 from cozystack_gpu_testkit import cluster, controller_image, node_config, node_host
 
-pytestmark = pytest.mark.apiserver
+pytestmark = [pytest.mark.apiserver, pytest.mark.own_plane]
 
 INSTALL_MD = REPO / "docs" / "install.md"
 LOCAL_CLUSTER = (sys.executable, "-m", "cozystack_gpu_testkit.local_cluster")

@@ -41,7 +41,7 @@ from cozystack_gpu_testkit.fake_kubelet import plugin_devices
 from cozystack_gpu_testkit.objects import install_extra_crds, wait_for
 from cozystack_gpu_testkit.ports import free_port
 
-pytestmark = pytest.mark.apiserver
+pytestmark = [pytest.mark.apiserver, pytest.mark.own_plane]
 
 # How long the controller's container runs before the test looks at its restarts: the
 # liveness probe's initial delay, then four periods.

@@ -59,7 +59,7 @@ from cozystack_gpu_testkit.objects import (
     wait_for,
 )
 
-pytestmark = pytest.mark.apiserver
+pytestmark = [pytest.mark.apiserver, pytest.mark.own_plane]
 
 CLASS = "real-h100"
 

@@ -53,7 +53,7 @@ from cozystack_gpu_testkit.fake_kubelet import plugin_devices
 from cozystack_gpu_testkit.local_cluster import hand_crds_to_helm
 from cozystack_gpu_testkit.objects import Kube, install_extra_crds, order_webhook_answers, wait_for
 
-pytestmark = pytest.mark.apiserver
+pytestmark = [pytest.mark.apiserver, pytest.mark.own_plane]
 
 CLASS = "upgrade-h100"
 # Orders made after each roll: the H100s are both held (a running and a stopped VM).

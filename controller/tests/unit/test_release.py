@@ -14,12 +14,14 @@ import subprocess
 import sys
 import tarfile
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import yaml
 
+from cozystack_gpu_testkit import releases
 from cozystack_gpu_testkit.releases import git
 
 REPO = Path(__file__).resolve().parents[3]
@@ -255,3 +257,20 @@ def test_every_recorded_release_is_a_commit_in_history_carrying_its_version() ->
         files = {path: git(REPO, "show", f"{commit}:{path}") for path in VERSIONED}
         carried = release.versions_in(files)
         assert set(carried.values()) == {version}, (version, carried)
+
+
+def test_two_processes_asking_for_one_release_tree_at_once_both_get_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make test runs two pytest processes at once (tools/pytest-lanes.sh), and on a fresh
+    machine both may ask for the latest release's tree: one makes it, the other waits for
+    it, and neither removes what the other made."""
+    monkeypatch.setattr(releases, "CACHE", tmp_path / "releases")
+    release = releases.latest()
+    with ThreadPoolExecutor(2) as pool:
+        trees = list(pool.map(lambda _i: releases.tree(release), range(2)))
+    assert trees[0] == trees[1] == tmp_path / "releases" / release.commit
+    assert (trees[0] / releases.COMPLETE).read_text() == f"{release.version}\n"
+    assert (trees[0] / "controller" / "chart" / "Chart.yaml").is_file()
+    left = sorted(p.name for p in (tmp_path / "releases").iterdir())
+    assert left == [release.commit, f"{release.commit}.lock"], "no half-made tree left"
